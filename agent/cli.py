@@ -1,0 +1,274 @@
+"""The ``dlsub`` command: ``dlsub train.py`` is ``dlsub submit train.py``.
+
+Thin on purpose: options are parsed here, and the work is done by
+:mod:`dlsub.agent.submit`, :mod:`dlsub.agent.status` and the Slurm client.
+Bad input exits 2 with a message that says what to change; nothing is
+submitted and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+import dlsub
+from dlsub.agent.config import Settings, load_settings
+from dlsub.agent.planner import PlanningError
+from dlsub.agent.states import JobState
+from dlsub.agent.status import JobStatus, job_status, render_table
+from dlsub.agent.store import JobRecord, JobStore, UnknownJob
+from dlsub.agent.submit import SubmitError, SubmitRequest, plan_job, submit_plan
+from dlsub.containers.podman import ImageError
+from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable
+from dlsub.slurm_plugins.timespec import TimeSpecError, parse_time_limit
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+USAGE_ERRORS = (SubmitError, PlanningError, SlurmUnreachable, ImageError, UnknownJob, TimeSpecError)
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"dlsub: error: {message}", err=True)
+    sys.exit(code)
+
+
+def friendly_errors(func: F) -> F:
+    """Our errors as one clear message and an exit code: 2 for what the user can fix."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except USAGE_ERRORS as exc:
+            _fail(str(exc), 2)
+        except SlurmError as exc:
+            _fail(str(exc), 1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def parse_mem(text: str) -> int:
+    """Slurm's --mem syntax (``4096``, ``512M``, ``4G``, ``1T``) in megabytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)B?\s*", text, flags=re.I)
+    if not m or int(m.group(1)) == 0:
+        raise click.BadParameter(f"{text!r} is not a memory size; use e.g. 4096, 512M, 4G")
+    value, unit = int(m.group(1)), m.group(2).upper() or "M"
+    factor = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
+    return max(1, int(value * factor))
+
+
+# dlsub's own flags that may also follow the script (`dlsub train.py --json`).
+TRAILING_FLAGS = ("--json", "--dry-run")
+
+
+def split_trailing_options(args: tuple[str, ...]) -> tuple[tuple[str, ...], set[str]]:
+    """Take dlsub's --json/--dry-run off the end of the script's arguments.
+
+    Everything after a ``--`` goes to the script untouched, so a script that
+    itself takes --json gets it with ``dlsub train.py -- --json``.
+    """
+    if "--" in args:
+        cut = args.index("--")
+        head, tail = args[:cut], args[cut + 1:]
+    else:
+        head, tail = args, ()
+    flags: set[str] = set()
+    head_list = list(head)
+    while head_list and head_list[-1] in TRAILING_FLAGS:
+        flags.add(head_list.pop())
+    return (*head_list, *tail), flags
+
+
+class DefaultToSubmit(click.Group):
+    """``dlsub [OPTIONS] SCRIPT [ARGS]...`` means ``dlsub submit [OPTIONS] SCRIPT [ARGS]...``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = ["submit", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=DefaultToSubmit, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(dlsub.__version__, prog_name="dlsub")
+def main() -> None:
+    """Run deep-learning training on Slurm without writing a Slurm script.
+
+    \b
+      dlsub train.py --lr 0.1        submit (shorthand of `dlsub submit`)
+      dlsub status [JOB] [--json]    your jobs: state, step, loss, ETA
+      dlsub logs JOB [-f]            the job's output
+      dlsub cancel JOB               stop it; no container is left behind
+      dlsub requeue JOB              checkpoint now and continue in a new attempt
+    """
+
+
+def _context() -> tuple[Settings, SlurmClient, JobStore]:
+    settings = load_settings()
+    return settings, SlurmClient(), JobStore(settings.db_path)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--gpus", type=int, default=0, show_default=True, help="GPUs (on one node); one training process per GPU.")
+@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes (1 for now).")
+@click.option("--cpus", type=int, default=None, help="CPUs for the job [default: 2, or $DLSUB_CPUS].")
+@click.option("--mem", "mem", default=None, help="Memory per node, Slurm syntax (4096, 512M, 4G) [default: 4G].")
+@click.option("--time", "time_limit", default=None, help="Time limit, Slurm syntax (90, 1:30:00, 2-00) [default: the partition's].")
+@click.option("-p", "--partition", default=None, help="Partition; default: one that can run the job now.")
+@click.option("--image", default=None, help="Container image in your Podman storage.")
+@click.option("-J", "--name", default=None, help="Job name [default: the script's name].")
+@click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "slurm_job_id": ...}.')
+@click.argument("script", type=click.Path(path_type=Path, dir_okay=True, exists=False))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@friendly_errors
+def submit(
+    gpus: int, nodes: int, cpus: int | None, mem: str | None, time_limit: str | None, partition: str | None,
+    image: str | None, name: str | None, dry_run: bool, as_json: bool, script: Path, args: tuple[str, ...],
+) -> None:
+    """Submit SCRIPT (a PyTorch training script) with ARGS to Slurm, in a container, under torchrun.
+
+    Options go before SCRIPT; what follows it goes to the script, except a
+    trailing --json or --dry-run, which are dlsub's. Put `--` before the
+    script's arguments to pass those to the script instead.
+    """
+    if gpus < 0:
+        raise SubmitError(f"--gpus must be 0 or more, not {gpus}")
+    if cpus is not None and cpus < 1:
+        raise SubmitError(f"--cpus must be 1 or more, not {cpus}")
+    try:
+        mem_mb = parse_mem(mem) if mem is not None else None
+    except click.BadParameter as exc:
+        raise SubmitError(f"--mem: {exc.message}") from exc
+    args, trailing = split_trailing_options(args)
+    as_json = as_json or "--json" in trailing
+    dry_run = dry_run or "--dry-run" in trailing
+    limit = parse_time_limit(time_limit) if time_limit is not None else None
+    settings, client, store = _context()
+    request = SubmitRequest(
+        script=script, args=tuple(args), gpus=gpus, nodes=nodes, cpus=cpus, mem_mb=mem_mb,
+        time_limit_min=limit, partition=partition, image=image, name=name, workdir=Path.cwd(),
+    )
+    plan = plan_job(request, settings, client)
+    if dry_run:
+        click.echo(plan.script_text, nl=False)
+        click.echo(f"# dlsub: would submit to partition {plan.choice.partition}: {plan.choice.reason}", err=True)
+        return
+    record = submit_plan(plan, settings, client, store)
+    if as_json:
+        click.echo(json.dumps({"id": record.id, "slurm_job_id": record.slurm_job_id,
+                               "partition": record.partition, "job_dir": record.job_dir}))
+    else:
+        click.echo(
+            f"dlsub: submitted job {record.id} (Slurm job {record.slurm_job_id}) to partition "
+            f"{record.partition}: {plan.choice.reason}\n"
+            f"dlsub: follow it with `dlsub status {record.id}` and `dlsub logs -f {record.id}`"
+        )
+
+
+def _statuses(store: JobStore, client: SlurmClient, records: list[JobRecord]) -> list[JobStatus]:
+    ids = [r.slurm_job_id for r in records if r.slurm_job_id is not None]
+    slurm = {j.job_id: j for j in client.jobs(job_ids=ids)} if ids else {}
+    return [job_status(r, slurm.get(r.slurm_job_id or -1)) for r in records]
+
+
+@main.command()
+@click.argument("job", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object (one job) or list.")
+@friendly_errors
+def status(job: str | None, as_json: bool) -> None:
+    """State, partition, step, epoch, loss, throughput, ETA and attempts of your dlsub jobs."""
+    _, client, store = _context()
+    records = [store.get(job)] if job else store.all()
+    rows = _statuses(store, client, records)
+    if as_json:
+        payload: Any = rows[0].to_json() if job else [r.to_json() for r in rows]
+        click.echo(json.dumps(payload, indent=2))
+    elif rows:
+        click.echo(render_table(rows))
+    else:
+        click.echo("no dlsub jobs yet; submit one with `dlsub train.py`")
+
+
+def _output_file(record: JobRecord) -> Path:
+    return Path(record.job_dir) / f"slurm-{record.slurm_job_id}.out"
+
+
+@main.command()
+@click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+@friendly_errors
+def logs(job: str, follow: bool) -> None:
+    """Print the job's output (all attempts)."""
+    _, client, store = _context()
+    record = store.get(job)
+    path = _output_file(record)
+    offset = 0
+    last_check = 0.0
+    while True:
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            if chunk:
+                sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+                sys.stdout.flush()
+        if not follow:
+            if not path.exists():
+                click.echo(f"dlsub: no output yet for job {record.id} (it has not started)", err=True)
+            return
+        now = time.monotonic()
+        if now - last_check > 3:
+            last_check = now
+            (state,) = _statuses(store, client, [record])
+            if JobState(state.state).terminal or state.state == JobState.UNKNOWN.value:
+                time.sleep(0.5)
+                if path.exists() and path.stat().st_size > offset:
+                    continue
+                click.echo(f"dlsub: job {record.id} is {state.state}", err=True)
+                return
+        time.sleep(0.5)
+
+
+@main.command()
+@click.argument("job")
+@friendly_errors
+def cancel(job: str) -> None:
+    """Cancel the job; its container is stopped and removed."""
+    _, client, store = _context()
+    record = store.get(job)
+    (current,) = _statuses(store, client, [record])
+    if JobState(current.state).terminal:
+        click.echo(f"dlsub: job {record.id} already ended ({current.state}); nothing to cancel")
+        return
+    store.update(record.id, cancelled_at=time.time())
+    if record.slurm_job_id is not None:
+        client.cancel(record.slurm_job_id)
+    click.echo(f"dlsub: cancelled job {record.id} (Slurm job {record.slurm_job_id})")
+
+
+@main.command()
+@click.argument("job")
+@friendly_errors
+def requeue(job: str) -> None:
+    """Checkpoint the running job now and continue it in a new Slurm attempt."""
+    _, client, store = _context()
+    record = store.get(job)
+    (current,) = _statuses(store, client, [record])
+    if current.state != JobState.RUNNING.value or record.slurm_job_id is None:
+        raise SubmitError(f"job {record.id} is {current.state}, not RUNNING; only a running job can be requeued")
+    # The batch script's trap forwards SIGUSR1 into the container: checkpoint, exit 85, requeue.
+    client.cancel(record.slurm_job_id, signal="USR1", batch=True)
+    click.echo(f"dlsub: asked job {record.id} to checkpoint and continue in a new attempt")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Pick the partition a new job should go to (pure: value objects in, a choice out).
+
+Rules, in order:
+1. A partition must be up, exist, have nodes with enough GPUs, CPUs and memory
+   for the request, and a MaxTime at least the requested time.
+2. Among those, prefer one where the job can start now (enough idle GPUs,
+   CPUs and memory on some node).
+3. Jobs without GPUs prefer partitions without GPUs (don't hold GPU nodes
+   with CPU work); GPU jobs prefer longer MaxTime (a dev queue is the last
+   resort, or the choice when only it is free now).
+4. Then Slurm's default partition, then name, for a stable answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlsub.slurm_plugins.models import Node, Partition
+from dlsub.slurm_plugins.timespec import format_minutes
+
+
+@dataclass(frozen=True)
+class Request:
+    gpus_per_node: int
+    cpus: int
+    mem_mb: int
+    time_limit_min: int | None
+    nodes: int = 1
+    partition: str | None = None  # the user's explicit choice
+
+
+@dataclass(frozen=True)
+class Choice:
+    partition: str
+    starts_now: bool
+    reason: str
+
+
+class PlanningError(ValueError):
+    """The request cannot run anywhere; the message says why and what to change."""
+
+
+def _node_fits(node: Node, req: Request) -> bool:
+    return node.gpus >= req.gpus_per_node and node.cpus >= req.cpus and node.real_memory_mb >= req.mem_mb
+
+
+def _node_free(node: Node, req: Request) -> bool:
+    return node.idle_gpus >= req.gpus_per_node and node.idle_cpus >= req.cpus and node.free_memory_mb >= req.mem_mb
+
+
+def _why_not(p: Partition, req: Request) -> str | None:
+    if not p.up:
+        return f"{p.name} is {p.state}"
+    if req.time_limit_min is not None and p.max_time_min is not None and req.time_limit_min > p.max_time_min:
+        return f"{p.name} allows at most {format_minutes(p.max_time_min)}"
+    fitting = [n for n in p.nodes if _node_fits(n, req)]
+    if len(fitting) < req.nodes:
+        if p.max_gpus_per_node < req.gpus_per_node:
+            return f"{p.name} has at most {p.max_gpus_per_node} GPUs per node"
+        return f"{p.name} has no node with {req.cpus} CPUs and {req.mem_mb} MB"
+    return None
+
+
+def choose_partition(partitions: list[Partition], req: Request) -> Choice:
+    if req.gpus_per_node < 0:
+        raise PlanningError(f"--gpus must be 0 or more, not {req.gpus_per_node}")
+    names = [p.name for p in partitions]
+    if req.partition is not None:
+        if req.partition not in names:
+            raise PlanningError(f"unknown partition {req.partition!r}; this cluster has: {', '.join(names)}")
+        candidates = [p for p in partitions if p.name == req.partition]
+    else:
+        candidates = partitions
+
+    most_gpus = max((p.max_gpus_per_node for p in partitions if p.up), default=0)
+    if req.gpus_per_node > most_gpus:
+        best = [p.name for p in partitions if p.up and p.max_gpus_per_node == most_gpus and most_gpus]
+        where = f" (partition {', '.join(best)})" if best else ""
+        raise PlanningError(
+            f"--gpus {req.gpus_per_node}: no node of this cluster has that many; the most one node offers is "
+            f"{most_gpus}{where}. Ask for --gpus {most_gpus} or fewer."
+        )
+
+    fits, rejected = [], []
+    for p in candidates:
+        why = _why_not(p, req)
+        (rejected if why else fits).append(why or p)
+    if not fits:
+        raise PlanningError("no partition can run this job: " + "; ".join(str(r) for r in rejected))
+
+    def free_nodes(p: Partition) -> int:
+        return sum(1 for n in p.nodes if _node_free(n, req))
+
+    def rank(p: Partition) -> tuple[int, int, int, int, str]:
+        starts_now = free_nodes(p) >= req.nodes
+        gpu_mismatch = int(req.gpus_per_node == 0 and p.max_gpus_per_node > 0)
+        max_time = p.max_time_min if p.max_time_min is not None else 10**9
+        return (0 if starts_now else 1, gpu_mismatch, -max_time, 0 if p.default else 1, p.name)
+
+    best = min(fits, key=rank)
+    starts_now = free_nodes(best) >= req.nodes
+    idle = free_nodes(best)
+    parts = [f"{idle} of {len(best.nodes)} nodes free for it now" if starts_now else "no node is free for it now; it will queue"]
+    if req.partition is None:
+        others = [f"{r}" for r in rejected]
+        busy = [p.name for p in fits if p is not best and free_nodes(p) < req.nodes]
+        if busy and starts_now:
+            others.append(f"{', '.join(busy)} busy")
+        if others:
+            parts.append("; ".join(others))
+    else:
+        parts.insert(0, "as asked")
+    return Choice(best.name, starts_now, ", ".join(parts))

@@ -1,0 +1,136 @@
+"""What ``dlsub status`` shows: Slurm's view and the job directory's, merged (pure)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dlsub.agent.jobdir import Progress, read_attempts, summarize_progress
+from dlsub.agent.states import JobState, from_slurm
+from dlsub.agent.store import JobRecord
+from dlsub.slurm_plugins.models import SlurmJob
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    id: str
+    slurm_job_id: int | None
+    name: str
+    state: str
+    partition: str
+    nodes: str
+    step: int | None
+    epoch: float | None
+    loss: float | None
+    samples_per_s: float | None
+    steps_per_s: float | None
+    eta_s: float | None
+    attempts: int
+    last_checkpoint_step: int | None
+    reason: str
+    job_dir: str
+    submitted_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _state_without_slurm(record: JobRecord, attempts: list[dict[str, Any]], progress: Progress) -> JobState:
+    """Slurm has forgotten the job (MinJobAge passed): read the job directory's record."""
+    if record.cancelled_at:
+        return JobState.CANCELLED
+    ends = [a for a in attempts if a.get("event") == "end"]
+    if ends:
+        last = ends[-1]
+        if last.get("rc") == 0:
+            return JobState.COMPLETED
+        if last.get("action") != "requeue":
+            return JobState.FAILED
+    if progress.finished:
+        return JobState.COMPLETED
+    return JobState.UNKNOWN
+
+
+def job_status(record: JobRecord, slurm: SlurmJob | None) -> JobStatus:
+    job_dir = Path(record.job_dir)
+    progress = summarize_progress(job_dir)
+    attempts = read_attempts(job_dir)
+    started = {(a.get("slurm_job_id"), a.get("restart")) for a in attempts if a.get("event") == "start"}
+    if slurm is not None:
+        state = from_slurm(slurm.state)
+        if record.cancelled_at and state in (JobState.CANCELLED, JobState.FAILED, JobState.UNKNOWN):
+            state = JobState.CANCELLED
+        partition, nodes, reason = slurm.partition, slurm.nodes, slurm.reason
+        attempt_count = max(len(started), slurm.restart_count + (1 if state == JobState.RUNNING else 0))
+    else:
+        state = _state_without_slurm(record, attempts, progress)
+        last_start = [a for a in attempts if a.get("event") == "start"][-1:]
+        partition = last_start[0].get("partition", record.partition) if last_start else record.partition
+        nodes = last_start[0].get("node", "") if last_start else ""
+        reason = "" if state != JobState.UNKNOWN else "Slurm no longer lists the job and it left no end record"
+        attempt_count = len(started)
+    if state == JobState.RUNNING and reason == "None":
+        reason = ""
+    eta = progress.eta_s() if state in (JobState.RUNNING, JobState.COMPLETED) else None
+    if state == JobState.RUNNING and eta is not None and progress.last_time:
+        # The last report is a little old by now; count that time as done.
+        eta = max(0.0, eta - max(0.0, time.time() - progress.last_time))
+    return JobStatus(
+        id=record.id,
+        slurm_job_id=record.slurm_job_id,
+        name=record.name,
+        state=state.value,
+        partition=partition,
+        nodes=nodes,
+        step=progress.step,
+        epoch=progress.epoch,
+        loss=progress.loss,
+        samples_per_s=round(progress.samples_per_s, 2) if progress.samples_per_s else None,
+        steps_per_s=round(progress.steps_per_s, 3) if progress.steps_per_s else None,
+        eta_s=round(eta, 1) if eta is not None else None,
+        attempts=attempt_count,
+        last_checkpoint_step=progress.last_checkpoint_step,
+        reason=reason,
+        job_dir=record.job_dir,
+        submitted_at=record.submitted_at,
+    )
+
+
+def _fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def render_table(rows: list[JobStatus]) -> str:
+    header = ["ID", "SLURM", "NAME", "STATE", "PARTITION", "NODES", "STEP", "EPOCH", "LOSS", "SAMPLES/S", "ETA", "TRIES"]
+    body = [
+        [
+            r.id,
+            _fmt(r.slurm_job_id),
+            r.name[:20],
+            r.state + (f" ({r.reason})" if r.reason and r.state in ("PENDING", "UNKNOWN") else ""),
+            r.partition,
+            r.nodes or "-",
+            _fmt(r.step),
+            _fmt(r.epoch),
+            _fmt(r.loss, ".4f"),
+            _fmt(r.samples_per_s, ".1f"),
+            _fmt_duration(r.eta_s),
+            str(r.attempts),
+        ]
+        for r in rows
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *body])

@@ -1,0 +1,95 @@
+"""The user's dlsub jobs in SQLite (sqlite-utils, WAL): what Slurm does not keep.
+
+Slurm is the source of truth for what runs; this store maps a dlsub job to
+its Slurm job and remembers how it was asked for, and that a user cancelled it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+
+@dataclass
+class JobRecord:
+    id: str
+    name: str
+    user: str
+    script: str
+    args: list[str]
+    job_dir: str
+    partition: str
+    gpus_per_node: int
+    nodes: int
+    cpus: int
+    mem_mb: int
+    time_limit_min: int | None
+    image: str
+    slurm_job_id: int | None = None
+    submitted_at: float = field(default_factory=time.time)
+    cancelled_at: float | None = None
+
+    def to_row(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["args"] = json.dumps(self.args)
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> "JobRecord":
+        row = dict(row)
+        row["args"] = json.loads(row["args"])
+        return cls(**row)
+
+
+class UnknownJob(LookupError):
+    pass
+
+
+class JobStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.db = sqlite_utils.Database(path)
+        self.db.enable_wal()
+        self.jobs = self.db.table("jobs")
+        if not self.jobs.exists():
+            self.jobs.create(
+                {
+                    "id": str, "name": str, "user": str, "script": str, "args": str, "job_dir": str,
+                    "partition": str, "gpus_per_node": int, "nodes": int, "cpus": int, "mem_mb": int,
+                    "time_limit_min": int, "image": str, "slurm_job_id": int, "submitted_at": float,
+                    "cancelled_at": float,
+                },
+                pk="id",
+            )
+            self.jobs.create_index(["slurm_job_id"])
+
+    def add(self, record: JobRecord) -> None:
+        self.jobs.insert(record.to_row())
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        self.jobs.update(job_id, fields)
+
+    def remove(self, job_id: str) -> None:
+        self.jobs.delete(job_id)
+
+    def all(self) -> list[JobRecord]:
+        return [JobRecord.from_row(r) for r in self.jobs.rows_where(order_by="submitted_at")]
+
+    def get(self, key: str) -> JobRecord:
+        """By dlsub id, a unique prefix of one, or a Slurm job id."""
+        key = key.strip()
+        rows = list(self.jobs.rows_where("id = ?", [key]))
+        if not rows and key.isdigit():
+            rows = list(self.jobs.rows_where("slurm_job_id = ?", [int(key)]))
+        if not rows and key:
+            rows = list(self.jobs.rows_where("id LIKE ?", [key.replace("%", "").replace("_", "") + "%"]))
+        if len(rows) == 1:
+            return JobRecord.from_row(rows[0])
+        if len(rows) > 1:
+            raise UnknownJob(f"{key!r} matches several jobs ({', '.join(r['id'] for r in rows)}); give more of the id")
+        raise UnknownJob(f"no dlsub job {key!r} of yours; `dlsub status` lists them")

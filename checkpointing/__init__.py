@@ -1,0 +1,21 @@
+"""Checkpoint, resume and report progress from a training script.
+
+    from dlsub import checkpointing
+
+    run = checkpointing.init(total_steps=1000)
+    state = run.restore() or {"step": 0}
+    for step in range(state["step"], 1000):
+        ...
+        run.report(step=step, loss=loss, samples=seen)
+        if run.should_stop():           # SIGUSR1 before the time limit, SIGTERM, dlsub requeue
+            run.save({"step": step + 1, ...}, step=step + 1)
+            run.exit_for_resume()       # exits 85: "checkpointed, resume me"
+    run.finish()
+
+The same script runs unchanged off-cluster (a local ``./dlsub-run`` job dir).
+Nothing here installs signal handlers at import time: ``init()`` does.
+"""
+
+from dlsub.checkpointing.run import RESUME_EXIT_CODE, Run, init
+
+__all__ = ["RESUME_EXIT_CODE", "Run", "init"]

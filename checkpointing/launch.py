@@ -1,0 +1,153 @@
+"""The container's first process: runs torchrun and turns stop signals into checkpoints.
+
+``python3 -m dlsub.checkpointing.launch [--grace S] -- torchrun ... train.py ARGS``
+
+Why it exists: the batch script forwards SIGUSR1 (time limit near,
+``dlsub requeue``) and SIGTERM (scancel, preemption) into the container, but
+torchrun itself dies on SIGUSR1 and answers SIGTERM by killing its workers.
+This launcher, PID 1 of the container, keeps torchrun alive and delivers the
+stop request to the training processes themselves, once each has installed
+dlsub's handler (``checkpointing.init()``); they checkpoint and leave with
+:data:`RESUME_EXIT_CODE`. If they have not left ``--grace`` seconds after a
+SIGTERM, torchrun gets the SIGTERM. Its exit code is the training's, or
+RESUME_EXIT_CODE when an attempt asked to be resumed. It also reaps orphans,
+as a container's PID 1 must. Standard library only: any image with Python works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dlsub.checkpointing.run import RESUME_EXIT_CODE, resume_marker
+
+_SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
+
+
+def _log(message: str) -> None:
+    print(f"dlsub: launch: {message}", file=sys.stderr, flush=True)
+
+
+def _children_map() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def _descendants(root: int) -> list[int]:
+    tree = _children_map()
+    out, todo = [], list(tree.get(root, []))
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(tree.get(pid, []))
+    return out
+
+
+def _catches_usr1(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & _SIGUSR1_BIT)
+    except OSError:
+        pass
+    return False
+
+
+class Launcher:
+    def __init__(self, command: list[str], grace_s: float) -> None:
+        self.command = command
+        self.grace_s = grace_s
+        self.stop_signal: str | None = None
+        self.stop_since = 0.0
+        self.notified: set[int] = set()
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.stop_signal is None or name == "SIGTERM":
+            if self.stop_signal != name:
+                _log(f"received {name}: asking the training processes to checkpoint and stop")
+            self.stop_signal = name
+            self.stop_since = self.stop_since or time.monotonic()
+
+    def _deliver_stop(self) -> None:
+        """Signal every training process that handles SIGUSR1 and has not been told yet."""
+        assert self.child is not None
+        targets = _descendants(self.child.pid)
+        if not targets:  # the command is the training process itself (no torchrun)
+            targets = [self.child.pid]
+        for pid in targets:
+            if pid not in self.notified and _catches_usr1(pid):
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                    self.notified.add(pid)
+                except ProcessLookupError:
+                    pass
+
+    def run(self) -> int:
+        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self.child = subprocess.Popen(self.command)
+        status: int | None = None
+        terminated = False
+        while status is None:
+            # Reap everything (PID 1 duty); notice our own child among them.
+            try:
+                while True:
+                    pid, raw = os.waitpid(-1, os.WNOHANG)
+                    if pid == 0:
+                        break
+                    if pid == self.child.pid:
+                        status = os.waitstatus_to_exitcode(raw)
+            except ChildProcessError:
+                pass
+            if status is not None:
+                break
+            if self.stop_signal:
+                self._deliver_stop()
+                overdue = time.monotonic() - self.stop_since > self.grace_s
+                if self.stop_signal == "SIGTERM" and overdue and not terminated:
+                    _log(f"training did not stop within {self.grace_s:.0f} s: sending SIGTERM to {self.command[0]}")
+                    self.child.send_signal(signal.SIGTERM)
+                    terminated = True
+            time.sleep(0.2)
+        return self.exit_code(status)
+
+    def exit_code(self, status: int) -> int:
+        job_dir = os.environ.get("DLSUB_JOB_DIR")
+        if status == RESUME_EXIT_CODE or (job_dir and resume_marker(Path(job_dir)).exists()):
+            _log(f"training checkpointed and asked to be resumed (exit {RESUME_EXIT_CODE})")
+            return RESUME_EXIT_CODE
+        return 128 - status if status < 0 else status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m dlsub.checkpointing.launch")
+    parser.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and stopping torchrun")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command to run after --")
+    return Launcher(command, args.grace).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""The training script's side of dlsub: ``run = checkpointing.init()``.
+
+A :class:`Run` knows the job directory (``$DLSUB_JOB_DIR``, or a local
+``./dlsub-run`` off-cluster), saves and restores checkpoints, appends
+progress events, and turns SIGUSR1/SIGTERM into ``should_stop()``. Signal
+handlers are installed by :func:`init`, never at import, and only set a flag.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
+
+from dlsub.checkpointing.storage import restore_latest, save_checkpoint
+
+#: Exit code meaning "checkpointed, resume me": the batch script requeues the
+#: job when its container exits with it; ``dlsub status`` shows REQUEUED.
+RESUME_EXIT_CODE = 85
+
+PROGRESS_FILE = "progress.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+
+
+def attempt_key() -> str:
+    """Which Slurm attempt this is: ``<SLURM_JOB_ID>-<restart count>``, or ``local``."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"{job}-{os.environ.get('SLURM_RESTART_COUNT', '0')}" if job else "local"
+
+
+def resume_marker(job_dir: Path, key: str | None = None) -> Path:
+    """File whose presence tells the launcher that this attempt asked to be resumed."""
+    return job_dir / "attempts" / f"{key or attempt_key()}.resume"
+
+
+class Run:
+    """One training run's handle. Use :func:`init` to make one."""
+
+    def __init__(
+        self,
+        job_dir: Path,
+        *,
+        keep: int = 3,
+        total_steps: int | None = None,
+        total_epochs: int | None = None,
+    ) -> None:
+        self.job_dir = job_dir
+        self.checkpoint_dir = job_dir / CHECKPOINT_DIR
+        self.keep = keep
+        self.total_steps = total_steps
+        self.total_epochs = total_epochs
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.stop_reason: str | None = None
+        self._seq = 0
+        self._previous_handlers: dict[int, Any] = {}
+        self.restored_from: Path | None = None
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one process that writes checkpoints and progress."""
+        return self.rank == 0
+
+    # ------------------------------------------------------------------ signals
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        # Only set a flag: the training loop checks should_stop() between steps.
+        self.stop_reason = signal.Signals(signum).name
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def uninstall_signal_handlers(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers.clear()
+
+    def request_stop(self, reason: str = "requested") -> None:
+        self.stop_reason = reason
+
+    def should_stop(self) -> bool:
+        """True once a stop was requested (SIGUSR1 before the time limit, SIGTERM, ...).
+
+        Under torch.distributed every rank gets the same answer (a one-element
+        all-reduce), so all ranks leave the loop at the same step.
+        """
+        local = self.stop_reason is not None
+        dist = _initialized_dist()
+        if dist is None:
+            return local
+        import torch
+
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and not local:
+            self.stop_reason = "peer"
+        return bool(flag.item())
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, state: dict[str, Any], step: int | None = None) -> Path | None:
+        """Checkpoint ``state`` (rank 0 writes; other ranks wait for it). Returns the path on rank 0."""
+        if not isinstance(state, dict):
+            raise TypeError(f"run.save() takes a dict of state, not {type(state).__name__}")
+        seq = int(step) if step is not None else self._seq + 1
+        self._seq = max(self._seq, seq)
+        path = None
+        if self.is_main:
+            path = save_checkpoint(self.checkpoint_dir, seq, state, self.keep)
+            self._event("checkpoint", step=step, path=str(path), seq=seq)
+        _barrier()
+        return path
+
+    def restore(self, map_location: Any = "cpu") -> dict[str, Any] | None:
+        """The newest checkpoint that verifies (falling back past corrupt ones), or None."""
+        state, path, skipped = restore_latest(self.checkpoint_dir, map_location)
+        for reason in skipped:
+            print(f"dlsub: skipped checkpoint: {reason}", file=sys.stderr, flush=True)
+        if path is not None:
+            self.restored_from = path
+            self._seq = max(self._seq, int(path.name[5:13]))
+            self._event("restore", path=str(path), skipped=len(skipped))
+        return state
+
+    # ------------------------------------------------------------------ progress
+    def report(
+        self,
+        step: int | None = None,
+        epoch: int | float | None = None,
+        loss: float | None = None,
+        samples: int | None = None,
+        **metrics: float,
+    ) -> None:
+        """Append one progress event (rank 0). ``samples`` is the running total seen."""
+        fields: dict[str, Any] = {"step": step, "epoch": epoch, "loss": loss, "samples": samples}
+        if self.total_steps is not None:
+            fields["total_steps"] = self.total_steps
+        if self.total_epochs is not None:
+            fields["total_epochs"] = self.total_epochs
+        fields.update(metrics)
+        self._event("progress", **{k: v for k, v in fields.items() if v is not None})
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        if not self.is_main:
+            return
+        record = {"event": kind, "time": round(time.time(), 3), "attempt": attempt_key(), **fields}
+        self.job_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.job_dir / PROGRESS_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=float) + "\n")
+
+    # ------------------------------------------------------------------ ending
+    def exit_for_resume(self) -> NoReturn:
+        """Leave with :data:`RESUME_EXIT_CODE`: "checkpointed, resume me". Call after save().
+
+        Writes this attempt's resume marker first; under torchrun the process
+        exits 0 and dlsub's launcher turns the marker into RESUME_EXIT_CODE.
+        """
+        _barrier()
+        if self.is_main:
+            marker = resume_marker(self.job_dir)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(json.dumps({"reason": self.stop_reason, "time": time.time(), "host": socket.gethostname()}))
+            self._event("exit_for_resume", reason=self.stop_reason)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Under torchrun a non-zero exit is a worker failure: torchrun would
+        # print it as one, or restart the workers with --max-restarts. Exit 0
+        # there; dlsub's launcher sees the marker and exits RESUME_EXIT_CODE.
+        sys.exit(0 if os.environ.get("TORCHELASTIC_RUN_ID") else RESUME_EXIT_CODE)
+
+    def finish(self) -> None:
+        """Record that training completed."""
+        self._event("finished")
+
+
+def _initialized_dist() -> Any:
+    if "torch" not in sys.modules:
+        return None
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _barrier() -> None:
+    dist = _initialized_dist()
+    if dist is not None:
+        dist.barrier()
+
+
+def init(
+    job_dir: str | os.PathLike[str] | None = None,
+    *,
+    keep: int = 3,
+    total_steps: int | None = None,
+    total_epochs: int | None = None,
+    handle_signals: bool = True,
+) -> Run:
+    """Make the run's handle and install the stop-signal handlers.
+
+    The job directory is, in order: ``job_dir``, ``$DLSUB_JOB_DIR`` (set by
+    dlsub's batch script), or ``./dlsub-run`` so the same script works
+    unchanged off-cluster.
+    """
+    directory = Path(job_dir or os.environ.get("DLSUB_JOB_DIR") or "dlsub-run").resolve()
+    run = Run(directory, keep=keep, total_steps=total_steps, total_epochs=total_epochs)
+    if handle_signals:
+        run.install_signal_handlers()
+    if run.is_main:
+        directory.mkdir(parents=True, exist_ok=True)
+        run._event("start", rank=run.rank, world_size=run.world_size, host=socket.gethostname(), pid=os.getpid())
+    return run

@@ -1,0 +1,117 @@
+"""Crash-safe checkpoint files: write to a temp file, fsync, rename; verify on read.
+
+Layout of a checkpoint directory::
+
+    ckpt-00000120.pt          the state (torch.save, or pickle without torch)
+    ckpt-00000120.pt.sha256   its checksum, written and renamed *before* the data
+
+A checkpoint counts only when its data and checksum agree, so a file cut
+short by a crash, a full disk or a bad copy is passed over and the previous
+one restored. Only the newest ``keep`` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+_NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
+
+
+def _serialize(state: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    try:
+        import torch
+    except ImportError:  # the library works without torch (off-cluster, plain Python state)
+        pickle.dump(state, buf, protocol=pickle.HIGHEST_PROTOCOL)
+    else:
+        torch.save(state, buf)
+    return buf.getvalue()
+
+
+def _deserialize(data: bytes, map_location: Any) -> dict[str, Any]:
+    if data[:2] == b"PK":  # torch.save's zip container
+        import torch
+
+        # weights_only=False: the file is the user's own and its checksum matched.
+        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=False)
+    return pickle.loads(data)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def checkpoint_files(directory: Path) -> list[tuple[int, Path]]:
+    """(sequence number, path) of every checkpoint data file, newest first."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for p in directory.iterdir():
+        m = _NAME.match(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return sorted(found, reverse=True)
+
+
+def save_checkpoint(directory: Path, seq: int, state: dict[str, Any], keep: int) -> Path:
+    """Write checkpoint ``seq`` atomically and prune to the newest ``keep``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    data = _serialize(state)
+    path = directory / f"ckpt-{seq:08d}.pt"
+    _write_atomic(path.with_name(path.name + ".sha256"), hashlib.sha256(data).hexdigest().encode() + b"\n")
+    _write_atomic(path, data)
+    _fsync_dir(directory)
+    for _, old in checkpoint_files(directory)[max(keep, 1):]:
+        for victim in (old, old.with_name(old.name + ".sha256")):
+            victim.unlink(missing_ok=True)
+    return path
+
+
+def load_verified(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
+    """Load one checkpoint; raise ``ValueError`` when it is missing, cut short or corrupt."""
+    sidecar = path.with_name(path.name + ".sha256")
+    try:
+        expected = sidecar.read_text().strip()
+    except OSError as exc:
+        raise ValueError(f"{path.name}: no checksum file ({exc.strerror})") from exc
+    data = path.read_bytes()
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != expected:
+        raise ValueError(f"{path.name}: checksum mismatch (file is {len(data)} bytes; corrupt or truncated)")
+    state = _deserialize(data, map_location)
+    if not isinstance(state, dict):
+        raise ValueError(f"{path.name}: holds a {type(state).__name__}, not a dict")
+    return state
+
+
+def restore_latest(directory: Path, map_location: Any = "cpu") -> tuple[dict[str, Any] | None, Path | None, list[str]]:
+    """(state, path) of the newest checkpoint that verifies, and why newer ones were skipped.
+
+    ``(None, None, skipped)`` when no checkpoint verifies.
+    """
+    skipped: list[str] = []
+    for _, path in checkpoint_files(directory):
+        try:
+            return load_verified(path, map_location), path, skipped
+        except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint means: try the previous one
+            skipped.append(str(exc))
+    return None, None, skipped

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Build dlsub's default training image offline into USER's rootless Podman
+# storage (Podman storage is per user, so build as the user who runs jobs).
+#   1. debootstrap a minimal bookworm with python3 (as root), podman import it;
+#   2. pip download torch==2.13.0 + numpy wheels on the host;
+#   3. podman build the Containerfile with the wheels bind-mounted.
+# Each step is skipped when its result is already there and the recipe has
+# not changed. Usage: build-image.sh USER [IMAGE]
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+user="${1:?usage: build-image.sh USER [IMAGE]}"
+image="${2:-${DLSUB_IMAGE:-localhost/dlsub-torch:2.13.0-cpu}}"
+base="localhost/dlsub-base:bookworm"
+cache="${DLSUB_IMAGE_CACHE:-/var/cache/dlsub-image}"
+venv_pip="${DLSUB_PREFIX:-/opt/dlsub}/venv/bin/pip"
+
+say() { printf 'build-image: %s\n' "$*" >&2; }
+uid="$(id -u "$user")"
+home="$(getent passwd "$user" | cut -d: -f6)"
+as_user() {
+    (cd "$home" && runuser -u "$user" -- env HOME="$home" XDG_RUNTIME_DIR="/run/user/$uid" "$@")
+}
+install -d -m 700 -o "$user" -g "$user" "/run/user/$uid"
+
+recipe="$(cat "$here/Containerfile" "$0" | sha256sum | cut -c1-16)"
+if as_user podman image exists "$image" \
+   && [ "$(as_user podman image inspect --format '{{ index .Labels "dlsub.recipe" }}' "$image")" = "$recipe" ]; then
+    say "$image is up to date"
+    exit 0
+fi
+
+mkdir -p "$cache"
+chmod 755 "$cache"
+if ! as_user podman image exists "$base"; then
+    if [ ! -s "$cache/rootfs.tar" ]; then
+        say "debootstrap bookworm (minbase + python3)"
+        rm -rf "$cache/rootfs"
+        debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+            bookworm "$cache/rootfs" >"$cache/debootstrap.log" 2>&1 \
+            || { tail -20 "$cache/debootstrap.log" >&2; exit 1; }
+        rm -rf "$cache/rootfs/var/cache/apt/archives/"*.deb "$cache/rootfs/var/lib/apt/lists/"*
+        tar -C "$cache/rootfs" -cf "$cache/rootfs.tar.part" .
+        mv "$cache/rootfs.tar.part" "$cache/rootfs.tar"
+        rm -rf "$cache/rootfs"
+    fi
+    chmod 644 "$cache/rootfs.tar"
+    say "importing $base"
+    as_user podman import --quiet "$cache/rootfs.tar" "$base" >/dev/null
+fi
+
+ctx="$cache/context"
+if ! ls "$ctx/wheels"/torch-2.13.0*.whl >/dev/null 2>&1; then
+    say "downloading wheels (torch==2.13.0, numpy)"
+    mkdir -p "$ctx/wheels"
+    find_links=()
+    [ -d /opt/wheels ] && find_links=(--find-links /opt/wheels)
+    "$venv_pip" download -q --disable-pip-version-check "${find_links[@]}" \
+        -d "$ctx/wheels" "torch==2.13.0" numpy
+fi
+cp "$here/Containerfile" "$ctx/Containerfile"
+chmod -R a+rX "$ctx"
+say "building $image"
+as_user podman build --quiet --network host --label "dlsub.recipe=$recipe" -t "$image" -f "$ctx/Containerfile" "$ctx" >/dev/null
+# The first --userns keep-id container of an image pays a one-off ID-mapping
+# copy (~10 s here); pay it now rather than in the user's first job.
+as_user podman run --rm --network host --userns keep-id "$image" true
+say "built $image"

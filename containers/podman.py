@@ -1,0 +1,141 @@
+"""The ``podman run`` command for one attempt of a dlsub job, as a list of words.
+
+Words are literal strings (quoted when rendered) except :class:`Raw` words,
+which are shell text produced here from fixed templates, used only where the
+batch script must expand a variable at run time (``$SLURM_JOB_ID``, the GPU
+device arguments). User-supplied paths and arguments are never Raw.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_IMAGE = "localhost/dlsub-torch:2.13.0-cpu"
+#: Where the host's dlsub package is mounted inside the container (read-only).
+LIBRARY_MOUNT = "/opt/dlsub-lib"
+
+# Slurm's view of the job, passed into the container by name (Podman takes
+# each value from the batch script's environment; unset ones are skipped).
+SLURM_ENV = (
+    "SLURM_JOB_ID",
+    "SLURM_JOB_NAME",
+    "SLURM_JOB_PARTITION",
+    "SLURM_JOB_NODELIST",
+    "SLURM_NNODES",
+    "SLURM_NODEID",
+    "SLURM_RESTART_COUNT",
+    "SLURM_CPUS_PER_TASK",
+    "SLURM_CPUS_ON_NODE",
+    "SLURM_MEM_PER_NODE",
+    "SLURM_JOB_GPUS",
+    "SLURM_GPUS_ON_NODE",
+    "SLURM_SUBMIT_DIR",
+    "SLURM_CLUSTER_NAME",
+)
+
+
+class Raw(str):
+    """A word of shell text to be emitted unquoted (built from fixed templates only)."""
+
+
+class ImageError(RuntimeError):
+    """The requested image is not in the user's Podman storage, or Podman is missing."""
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    image: str
+    script: Path  # absolute
+    script_args: tuple[str, ...]
+    job_dir: Path  # absolute
+    workdir: Path  # absolute: the submit directory
+    library_dir: Path  # the host's installed ``dlsub`` package directory
+    nproc_per_node: int = 1
+    runtime: str = "runc"
+    grace_s: int = 30
+    env: tuple[tuple[str, str], ...] = ()
+    extra_mounts: tuple[Path, ...] = field(default_factory=tuple)
+
+    def mounts(self) -> list[Path]:
+        """Host directories bind-mounted at the same path: script dir, submit dir, job dir."""
+        kept: list[Path] = []
+        candidates = {self.script.parent, self.workdir, self.job_dir, *self.extra_mounts}
+        for p in sorted(candidates, key=lambda p: (len(p.parts), str(p))):
+            if not any(q == p or q in p.parents for q in kept):
+                kept.append(p)
+        return kept
+
+
+def check_mount_path(path: Path) -> None:
+    """Podman's ``-v SRC:DST`` cannot carry a ':' in a path; say so before submitting."""
+    if ":" in str(path):
+        raise ValueError(f"{path} contains ':', which Podman's --volume cannot mount; move or rename it")
+
+
+def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw, labels: Sequence[Raw | str]) -> list[list[str]]:
+    """``podman run ... launch -- torchrun ... script args`` for one node of one attempt.
+
+    Returned as lines of words (an option with its value per line) so the
+    rendered script reads well; join them for the plain argv.
+    """
+    lines: list[list[str]] = [["podman", "--runtime", spec.runtime, "run", "--rm"], ["--name", container_name]]
+    lines += [["--label", label] for label in labels]
+    lines += [
+        ["--userns", "keep-id"],
+        ["--network", "host"],  # /dev/net/tun is not usable by users; rendezvous uses host ports
+        ["--shm-size", "1g"],  # DataLoader workers pass batches through /dev/shm (64 MB by default)
+        ["--log-driver", "passthrough"],  # container stdio straight into Slurm's output file
+        ["--stop-timeout", str(spec.grace_s)],
+    ]
+    for mount in spec.mounts():
+        check_mount_path(mount)
+        lines.append(["--volume", f"{mount}:{mount}"])
+    check_mount_path(spec.library_dir)
+    lines.append(["--volume", f"{spec.library_dir}:{LIBRARY_MOUNT}/dlsub:ro"])
+    lines.append(["--workdir", str(spec.workdir)])
+    lines.append(["--env", f"PYTHONPATH={LIBRARY_MOUNT}"])
+    lines += [["--env", name] for name in ("DLSUB_JOB_ID", "DLSUB_JOB_DIR", *SLURM_ENV)]
+    lines.append(["--env", Raw('CUDA_VISIBLE_DEVICES="${container_cuda_devices}"')])
+    lines += [["--env", f"{key}={value}"] for key, value in spec.env]
+    lines.append([gpu_args])
+    lines.append([spec.image])
+    lines.append(["python3", "-m", "dlsub.checkpointing.launch", "--grace", str(spec.grace_s), "--"])
+    lines.append(["torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.nproc_per_node)])
+    lines.append([str(spec.script), *spec.script_args])
+    return lines
+
+
+def podman_run_words(spec: ContainerSpec, container_name: Raw, gpu_args: Raw, labels: Sequence[Raw | str]) -> list[str]:
+    return [w for line in podman_run_lines(spec, container_name, gpu_args, labels) for w in line]
+
+
+def _podman(argv: Sequence[str]) -> "subprocess.CompletedProcess[str]":
+    env = dict(os.environ)
+    if not env.get("XDG_RUNTIME_DIR"):
+        candidate = f"/run/user/{os.getuid()}"
+        env["XDG_RUNTIME_DIR"] = candidate if os.access(candidate, os.W_OK) else f"/tmp/dlsub-xdg-{os.getuid()}"
+    try:
+        return subprocess.run(["podman", *argv], capture_output=True, text=True, env=env, timeout=60, check=False)
+    except FileNotFoundError as exc:
+        raise ImageError("podman is not installed on this host; dlsub runs jobs in rootless Podman containers") from exc
+
+
+def local_images() -> list[str]:
+    result = _podman(["images", "--format", "{{.Repository}}:{{.Tag}}"])
+    return sorted({line for line in result.stdout.split() if "<none>" not in line})
+
+
+def check_image(image: str) -> None:
+    """Raise :class:`ImageError` unless ``image`` is in this user's Podman storage."""
+    if _podman(["image", "exists", image]).returncode == 0:
+        return
+    known = local_images()
+    listing = ", ".join(known) if known else "none"
+    raise ImageError(
+        f"image {image!r} is not in your Podman storage (images you have: {listing}); "
+        f"pass one of those with --image, or build/pull it first (podman build / podman load)"
+    )

@@ -1,0 +1,3 @@
+from dlsub.agent.cli import main
+
+main()

@@ -1,0 +1,19 @@
+#!/bin/sh
+# dlsub TaskEpilog: Slurm runs it as the job's owner after each task ends.
+# The batch script stops its own container on every exit path it can trap;
+# this catches what it cannot (SIGKILL after KillWait, a killed slurmstepd),
+# so a cancelled job never leaves a container behind.
+[ -n "${SLURM_JOB_ID:-}" ] || exit 0
+command -v podman >/dev/null 2>&1 || exit 0
+if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -w "${XDG_RUNTIME_DIR}" ]; then
+    XDG_RUNTIME_DIR="/run/user/$(id -u)"
+    [ -w "$XDG_RUNTIME_DIR" ] || XDG_RUNTIME_DIR="/tmp/dlsub-xdg-$(id -u)"
+    export XDG_RUNTIME_DIR
+fi
+[ -d "$XDG_RUNTIME_DIR" ] || exit 0
+ids=$(podman ps -aq --filter "label=dlsub.slurm_job_id=${SLURM_JOB_ID}" 2>/dev/null)
+[ -n "$ids" ] || exit 0
+echo "dlsub: taskepilog: removing containers of Slurm job ${SLURM_JOB_ID}: $ids" >&2
+# shellcheck disable=SC2086  # ids are podman's hex ids, one per word
+podman rm -f -t 5 $ids >/dev/null 2>&1 || true
+exit 0

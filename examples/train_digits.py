@@ -1,0 +1,141 @@
+"""Train a small CNN on handwritten digits (UCI optdigits, shipped in examples/data).
+
+Written with dlsub's checkpointing library, it survives SIGUSR1/SIGTERM,
+requeues and moves: it saves at every epoch and when asked to stop, and
+resumes from the last checkpoint at the exact batch it stopped. It runs the
+same off-cluster (``python train_digits.py``), under torchrun on any number of
+processes (DDP with gloo), and through ``dlsub train_digits.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dlsub import checkpointing
+
+DATA = Path(__file__).resolve().parent / "data" / "digits.csv.gz"
+
+
+def load_digits(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    with gzip.open(path, "rt") as f:
+        raw = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    images = torch.from_numpy(raw[:, :64] / 16.0).reshape(-1, 1, 8, 8)
+    labels = torch.from_numpy(raw[:, 64].astype(np.int64))
+    return images, labels
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 4 * 4, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--batch-size", type=int, default=64, help="per process")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--report-every", type=int, default=5, help="steps between progress reports")
+    p.add_argument("--throttle", type=float, default=0.0,
+                   help="sleep this many seconds per step, to stretch a demo run so it can be watched or signalled")
+    p.add_argument("--data", type=Path, default=DATA)
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if world > 1 else 0
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(world, 1)))
+
+    images, labels = load_digits(args.data)
+    split = int(0.8 * len(labels))
+    train_x, train_y = images[:split], labels[:split]
+    test_x, test_y = images[split:], labels[split:]
+    per_epoch = len(train_y) // (args.batch_size * world)
+    total_steps = args.epochs * per_epoch
+
+    run = checkpointing.init(total_steps=total_steps, total_epochs=args.epochs)
+    model = SmallCNN()
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+
+    state = run.restore()
+    step, epoch, batch_in_epoch = 0, 0, 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        if rank == 0:
+            print(f"resumed from step {step} (epoch {epoch}, batch {batch_in_epoch}) from {run.restored_from}", flush=True)
+    elif rank == 0:
+        print(f"starting from scratch: {args.epochs} epochs x {per_epoch} steps, world size {world}", flush=True)
+
+    def snapshot() -> dict:
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "args": vars(args) | {"data": str(args.data)}}
+
+    started = time.time()
+    while epoch < args.epochs:
+        # Same shuffle for an epoch on every attempt: resuming mid-epoch skips exactly the batches done.
+        order = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
+        model.train()
+        while batch_in_epoch < per_epoch:
+            start = (batch_in_epoch * world + rank) * args.batch_size
+            idx = order[start:start + args.batch_size]
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(train_x[idx]), train_y[idx])
+            loss.backward()
+            optimizer.step()
+            step += 1
+            batch_in_epoch += 1
+            if args.throttle:
+                time.sleep(args.throttle)
+            if step % args.report_every == 0 or batch_in_epoch == per_epoch:
+                run.report(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size * world)
+            if run.should_stop():
+                run.save(snapshot(), step=step)
+                if rank == 0:
+                    print(f"stop requested ({run.stop_reason}): checkpointed at step {step}", flush=True)
+                run.exit_for_resume()
+        epoch += 1
+        batch_in_epoch = 0
+        run.save(snapshot(), step=step)
+
+    model.eval()
+    with torch.no_grad():
+        accuracy = (model(test_x).argmax(1) == test_y).float().mean().item()
+    run.report(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size * world, test_accuracy=accuracy)
+    run.finish()
+    if rank == 0:
+        print(f"done: {step} steps in {time.time() - started:.1f} s this attempt, test accuracy {accuracy:.3f}", flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

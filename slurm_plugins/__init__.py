@@ -1,0 +1,11 @@
+"""The one Slurm client dlsub uses, batch-script rendering, and Slurm-side files.
+
+Everything that talks to Slurm goes through :class:`SlurmClient` and its
+single ``_run(argv)`` seam; :mod:`dlsub.slurm_plugins.fake` is a stateful
+stand-in behind that seam for unit tests.
+"""
+
+from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable
+from dlsub.slurm_plugins.models import Node, Partition, SlurmJob
+
+__all__ = ["SlurmClient", "SlurmError", "SlurmUnreachable", "Node", "Partition", "SlurmJob"]

@@ -1,0 +1,197 @@
+"""The one Slurm client: Slurm's CLI with ``--json``, behind a single ``_run`` seam.
+
+Every call to Slurm goes through :meth:`SlurmClient._run` with an argv list
+(never a shell). Failures raise :class:`SlurmError` carrying the argv, exit
+code, stdout, stderr and what to do next. Unit tests replace the runner with
+:class:`dlsub.slurm_plugins.fake.FakeSlurm`; integration tests use the live
+local cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dlsub.slurm_plugins.models import Node, Partition, SlurmJob, parse_key_values
+from dlsub.slurm_plugins.timespec import parse_slurm_duration
+
+Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+_UNREACHABLE_MARKERS = (
+    "Unable to contact slurm controller",
+    "Socket timed out",
+    "Connection refused",
+    "Zero Bytes were transmitted",
+    "Slurm backup controller in standby mode",
+    "Couldn't find the specified plugin name for auth/munge",
+    "Munge encode failed",
+)
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed. Carries everything needed to see why."""
+
+    def __init__(self, argv: Sequence[str], returncode: int, stdout: str, stderr: str, hint: str = "") -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        self.hint = hint
+        detail = (stderr or stdout).strip() or "(no output)"
+        message = f"{' '.join(self.argv)} exited with {returncode}: {detail}"
+        if hint:
+            message += f"\n{hint}"
+        super().__init__(message)
+
+
+class SlurmUnreachable(SlurmError):
+    """slurmctld did not answer (down, wrong host, or munge broken)."""
+
+
+def _default_runner(argv: Sequence[str]) -> "subprocess.CompletedProcess[str]":
+    env = dict(os.environ)
+    # Our parsers read Slurm's own formats; keep them stable.
+    env.pop("SQUEUE_FORMAT", None)
+    env.pop("SQUEUE_FORMAT2", None)
+    env.pop("SINFO_FORMAT", None)
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=120, check=False)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(
+            list(argv), 127, "", f"{argv[0]}: command not found (are Slurm's client tools installed and on PATH?)"
+        )
+    except subprocess.TimeoutExpired as exc:
+        return subprocess.CompletedProcess(list(argv), 124, "", f"timed out after {exc.timeout} s")
+
+
+class SlurmClient:
+    """Slurm through its command-line tools. One instance per process is plenty."""
+
+    def __init__(self, runner: Runner | None = None) -> None:
+        self._runner: Runner = runner or _default_runner
+
+    # ------------------------------------------------------------------ seam
+    def _run(self, argv: Sequence[str], *, check: bool = True) -> "subprocess.CompletedProcess[str]":
+        result = self._runner(argv)
+        if check and result.returncode != 0:
+            text = f"{result.stdout}\n{result.stderr}"
+            if result.returncode == 127 or any(m in text for m in _UNREACHABLE_MARKERS):
+                raise SlurmUnreachable(
+                    argv,
+                    result.returncode,
+                    result.stdout,
+                    result.stderr,
+                    hint="Slurm's controller (slurmctld) could not be reached: check `scontrol ping` and "
+                    "`sinfo`; on the local testbed run `sudo make testbed`.",
+                )
+            raise SlurmError(argv, result.returncode, result.stdout, result.stderr)
+        return result
+
+    def _json(self, argv: Sequence[str]) -> dict[str, Any]:
+        result = self._run(argv)
+        try:
+            data = json.loads(result.stdout)
+        except json.JSONDecodeError as exc:
+            raise SlurmError(argv, result.returncode, result.stdout, result.stderr, hint=f"output is not JSON: {exc}") from exc
+        errors = [e for e in data.get("errors") or [] if e]
+        if errors:
+            raise SlurmError(argv, result.returncode, result.stdout, json.dumps(errors))
+        return data
+
+    # ------------------------------------------------------------------ reads
+    def ping(self) -> None:
+        """Raise :class:`SlurmUnreachable` unless the primary slurmctld answers."""
+        result = self._run(["scontrol", "ping"], check=False)
+        if result.returncode != 0 or "UP" not in result.stdout:
+            raise SlurmUnreachable(
+                ["scontrol", "ping"],
+                result.returncode,
+                result.stdout,
+                result.stderr,
+                hint="Slurm's controller (slurmctld) is not answering: check `scontrol ping`; "
+                "on the local testbed run `sudo make testbed`.",
+            )
+
+    def nodes(self) -> list[Node]:
+        data = self._json(["sinfo", "--json"])
+        return [Node.from_sinfo(raw) for raw in data.get("nodes", [])]
+
+    def partitions(self) -> list[Partition]:
+        """Partitions with their limits (``scontrol show partition``) and nodes (``sinfo --json``)."""
+        nodes = self.nodes()
+        result = self._run(["scontrol", "show", "partition", "--oneliner"])
+        partitions = []
+        for line in result.stdout.splitlines():
+            kv = parse_key_values(line)
+            if "PartitionName" not in kv:
+                continue
+            name = kv["PartitionName"]
+            max_nodes = kv.get("MaxNodes", "UNLIMITED")
+            partitions.append(
+                Partition(
+                    name=name,
+                    nodes=tuple(n for n in nodes if name in n.partitions),
+                    max_time_min=parse_slurm_duration(kv.get("MaxTime", "UNLIMITED")),
+                    default_time_min=parse_slurm_duration(kv.get("DefaultTime", "NONE")),
+                    default=kv.get("Default", "NO") == "YES",
+                    state=kv.get("State", "UP"),
+                    max_nodes=None if max_nodes == "UNLIMITED" else int(max_nodes),
+                )
+            )
+        return partitions
+
+    def jobs(self, *, user: str | None = None, job_ids: Iterable[int] = ()) -> list[SlurmJob]:
+        """All jobs Slurm still knows, in one ``squeue --json`` call."""
+        argv = ["squeue", "--json"]
+        if user:
+            argv += ["--user", user]
+        ids = [str(int(j)) for j in job_ids]
+        if ids:
+            argv += ["--jobs", ",".join(ids)]
+        try:
+            data = self._json(argv)
+        except SlurmError as exc:
+            # squeue --jobs fails outright when a listed job has been purged.
+            if ids and "Invalid job id" in (exc.stderr + exc.stdout):
+                return []
+            raise
+        return [SlurmJob.from_squeue(raw) for raw in data.get("jobs", [])]
+
+    def job(self, job_id: int) -> SlurmJob | None:
+        found = [j for j in self.jobs(job_ids=[job_id]) if j.job_id == job_id]
+        return found[0] if found else None
+
+    # ------------------------------------------------------------------ writes
+    def submit(self, script: Path, *, args: Sequence[str] = ()) -> int:
+        """``sbatch --parsable SCRIPT``; returns the Slurm job id."""
+        result = self._run(["sbatch", "--parsable", *args, str(script)])
+        first = result.stdout.strip().split(";")[0]
+        try:
+            return int(first)
+        except ValueError as exc:
+            raise SlurmError(["sbatch", "--parsable", str(script)], 0, result.stdout, result.stderr,
+                             hint="sbatch did not print a job id") from exc
+
+    def test_only(self, script: Path, *, args: Sequence[str] = ()) -> str:
+        """Slurm's own start-time estimate, without submitting (``sbatch --test-only``)."""
+        result = self._run(["sbatch", "--test-only", *args, str(script)])
+        return (result.stderr or result.stdout).strip()
+
+    def cancel(self, job_id: int, *, signal: str | None = None, batch: bool = False) -> None:
+        argv = ["scancel"]
+        if signal:
+            argv += [f"--signal={signal}"]
+        if batch:
+            argv += ["--batch"]
+        self._run([*argv, str(int(job_id))])
+
+    def requeue(self, job_id: int) -> None:
+        self._run(["scontrol", "requeue", str(int(job_id))])
+
+    def update_job(self, job_id: int, **fields: str) -> None:
+        """``scontrol update jobid=N Key=Value ...`` (e.g. ``StartTime="now"``)."""
+        self._run(["scontrol", "update", f"jobid={int(job_id)}", *(f"{k}={v}" for k, v in fields.items())])

@@ -1,0 +1,213 @@
+"""A stateful fake Slurm behind :class:`SlurmClient`'s ``_run`` seam. Unit tests only.
+
+It answers the commands dlsub uses with output shaped like Slurm 22.05's
+(``sbatch --parsable``, ``squeue --json``, ``sinfo --json``,
+``scontrol show partition --oneliner``, ``scancel``, ``scontrol requeue``,
+``scontrol ping``) and keeps jobs in memory so a test can move them through
+states with :meth:`FakeSlurm.set_job_state`, as submitit's MockedSubprocess does.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class FakeNode:
+    name: str
+    partitions: list[str]
+    cpus: int = 4
+    memory_mb: int = 8000
+    gpus: int = 0
+    state: str = "idle"
+    gpus_used: int = 0
+
+
+@dataclass
+class FakePartition:
+    name: str
+    nodes: list[str]
+    max_time: str = "UNLIMITED"
+    default_time: str = "01:00:00"
+    default: bool = False
+    state: str = "UP"
+
+
+@dataclass
+class FakeJob:
+    job_id: int
+    script: str
+    options: dict[str, str]
+    user: str = "tester"
+    state: str = "PENDING"
+    nodes: str = ""
+    restart_cnt: int = 0
+    exit_code: int = 0
+    signals: list[str] = field(default_factory=list)
+
+
+def testbed_cluster() -> "FakeSlurm":
+    """A fake shaped like the local testbed: cpu (default), gpu, gpu-dev."""
+    return FakeSlurm(
+        nodes=[
+            FakeNode("cpu1", ["cpu"]),
+            FakeNode("cpu2", ["cpu"]),
+            FakeNode("gpu1", ["gpu", "gpu-dev"], gpus=4),
+            FakeNode("gpu2", ["gpu", "gpu-dev"], gpus=4),
+        ],
+        partitions=[
+            FakePartition("cpu", ["cpu1", "cpu2"], default=True),
+            FakePartition("gpu", ["gpu1", "gpu2"]),
+            FakePartition("gpu-dev", ["gpu1", "gpu2"], max_time="00:10:00", default_time="00:10:00"),
+        ],
+    )
+
+
+class FakeSlurm:
+    """Call it like ``subprocess.run``: ``FakeSlurm()(argv) -> CompletedProcess``."""
+
+    def __init__(self, nodes: list[FakeNode], partitions: list[FakePartition]) -> None:
+        self.nodes = {n.name: n for n in nodes}
+        self.partitions = {p.name: p for p in partitions}
+        self.jobs: dict[int, FakeJob] = {}
+        self.calls: list[list[str]] = []
+        self.reachable = True
+        self._next_id = 1000
+
+    # ---------------------------------------------------------------- test API
+    def set_job_state(self, job_id: int, state: str, *, nodes: str = "", exit_code: int = 0) -> None:
+        job = self.jobs[job_id]
+        job.state = state
+        job.exit_code = exit_code
+        if nodes:
+            job.nodes = nodes
+
+    def submitted(self) -> list[FakeJob]:
+        return list(self.jobs.values())
+
+    # ---------------------------------------------------------------- dispatch
+    def __call__(self, argv: Sequence[str]) -> "subprocess.CompletedProcess[str]":
+        argv = list(argv)
+        self.calls.append(argv)
+        if not self.reachable:
+            return self._done(argv, 1, "", f"{argv[0]}: error: Unable to contact slurm controller (connect failure)")
+        handler = {
+            "sbatch": self._sbatch,
+            "squeue": self._squeue,
+            "sinfo": self._sinfo,
+            "scancel": self._scancel,
+            "scontrol": self._scontrol,
+        }.get(argv[0])
+        if handler is None:
+            return self._done(argv, 127, "", f"{argv[0]}: command not found")
+        return handler(argv)
+
+    @staticmethod
+    def _done(argv: list[str], rc: int, out: str, err: str = "") -> "subprocess.CompletedProcess[str]":
+        return subprocess.CompletedProcess(argv, rc, out, err)
+
+    # ---------------------------------------------------------------- commands
+    def _sbatch(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+        script_path = argv[-1]
+        try:
+            text = Path(script_path).read_text()
+        except OSError as exc:
+            return self._done(argv, 1, "", f"sbatch: error: Unable to open file {script_path}: {exc}")
+        options = dict(re.findall(r"^#SBATCH --([\w-]+)=(.*)$", text, flags=re.M))
+        partition = options.get("partition") or next(p.name for p in self.partitions.values() if p.default)
+        if partition not in self.partitions:
+            return self._done(argv, 1, "", "sbatch: error: invalid partition specified: " + partition)
+        options["partition"] = partition
+        if "--test-only" in argv:
+            return self._done(argv, 0, "", f"sbatch: Job 0 to start at 2026-01-01T00:00:00 using 1 processors on nodes {self.partitions[partition].nodes[0]} in partition {partition}")
+        self._next_id += 1
+        self.jobs[self._next_id] = FakeJob(self._next_id, script_path, options)
+        return self._done(argv, 0, f"{self._next_id}\n")
+
+    def _job_json(self, job: FakeJob) -> dict[str, Any]:
+        gres = job.options.get("gres", "")
+        return {
+            "job_id": job.job_id,
+            "name": job.options.get("job-name", "fake"),
+            "user_name": job.user,
+            "job_state": job.state,
+            "partition": job.options.get("partition", ""),
+            "nodes": job.nodes,
+            "comment": job.options.get("comment", ""),
+            "restart_cnt": job.restart_cnt,
+            "state_reason": "None",
+            "time_limit": int(job.options["time"]) if job.options.get("time", "").isdigit() else 60,
+            "start_time": 1_700_000_000,
+            "submit_time": 1_700_000_000,
+            "exit_code": job.exit_code,
+            "tres_per_node": f"gres:{gres}" if gres else "",
+        }
+
+    def _squeue(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+        jobs = list(self.jobs.values())
+        if "--jobs" in argv:
+            wanted = {int(x) for x in argv[argv.index("--jobs") + 1].split(",")}
+            unknown = wanted - set(self.jobs)
+            if unknown:
+                return self._done(argv, 1, "", "slurm_load_jobs error: Invalid job id specified")
+            jobs = [j for j in jobs if j.job_id in wanted]
+        if "--user" in argv:
+            user = argv[argv.index("--user") + 1]
+            jobs = [j for j in jobs if j.user == user]
+        return self._done(argv, 0, json.dumps({"meta": {}, "errors": [], "jobs": [self._job_json(j) for j in jobs]}))
+
+    def _sinfo(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+        nodes = [
+            {
+                "name": n.name,
+                "state": n.state,
+                "state_flags": [],
+                "partitions": n.partitions,
+                "cpus": n.cpus,
+                "alloc_cpus": 0,
+                "real_memory": n.memory_mb,
+                "alloc_memory": 0,
+                "gres": f"gpu:{n.gpus}" if n.gpus else "",
+                "gres_used": f"gpu:{n.gpus_used}",
+            }
+            for n in self.nodes.values()
+        ]
+        return self._done(argv, 0, json.dumps({"meta": {}, "errors": [], "nodes": nodes}))
+
+    def _scancel(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+        job_id = int(argv[-1])
+        job = self.jobs.get(job_id)
+        if job is None:
+            return self._done(argv, 1, "", f"scancel: error: Kill job error on job id {job_id}: Invalid job id specified")
+        signal = next((a.split("=", 1)[1] for a in argv if a.startswith("--signal=")), None)
+        if signal:
+            job.signals.append(signal)
+        elif job.state not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.state = "CANCELLED"
+        return self._done(argv, 0, "")
+
+    def _scontrol(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+        if argv[1:2] == ["ping"]:
+            return self._done(argv, 0, "Slurmctld(primary) at localhost is UP\n")
+        if argv[1:3] == ["show", "partition"]:
+            lines = []
+            for p in self.partitions.values():
+                lines.append(
+                    f"PartitionName={p.name} Default={'YES' if p.default else 'NO'} DefaultTime={p.default_time} "
+                    f"MaxNodes=UNLIMITED MaxTime={p.max_time} Nodes={','.join(p.nodes)} State={p.state}"
+                )
+            return self._done(argv, 0, "\n".join(lines) + "\n")
+        if argv[1:2] == ["requeue"]:
+            job = self.jobs[int(argv[2])]
+            job.state = "PENDING"
+            job.restart_cnt += 1
+            return self._done(argv, 0, "")
+        if argv[1:2] == ["update"]:
+            return self._done(argv, 0, "")
+        return self._done(argv, 1, "", f"scontrol: error: fake does not know {' '.join(argv[1:])}")

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Stop what testbed/up.sh started, by pid file only. Packages, the user,
+# its image and Slurm's state stay, so the next `make testbed` is fast.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/common.sh"
+[ "$(id -u)" -eq 0 ] || die "run as root: sudo make testbed-down"
+stop_slurm
+stop_pidfile /run/munge/munged.pid
+say "testbed is down"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install dlsub system-wide, as a site would on a login node: a virtualenv
+# under /opt/dlsub (readable by every user) and `dlsub` on every user's PATH.
+# torch and numpy go in too: the examples and the bare-metal benchmark run on
+# the host as well as in the container.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+. "$here/common.sh"
+
+venv="$DLSUB_PREFIX/venv"
+pip_opts=(-q --disable-pip-version-check)
+# The machine's local torch wheel (a CPU build); without it pip would pull
+# the CUDA build and GBs of packages.
+[ -d /opt/wheels ] && pip_opts+=(--find-links /opt/wheels)
+
+if [ ! -x "$venv/bin/python" ]; then
+    say "creating $venv"
+    /usr/bin/python3 -m venv "$venv"
+fi
+if ! "$venv/bin/python" -c "import torch, numpy, pytest, click, sqlite_utils" 2>/dev/null; then
+    say "installing torch==2.13.0, numpy, pytest into $venv"
+    "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" numpy pytest "click>=8.1" "sqlite-utils>=3.35"
+fi
+# Build from a copy so that nothing is written into the checkout.
+build="$(mktemp -d)"
+trap 'rm -rf "$build"' EXIT
+tar -C "$repo" --exclude=.git --exclude=build --exclude='*.egg-info' -cf - . | tar -C "$build" -xf -
+"$venv/bin/pip" install "${pip_opts[@]}" --no-deps --force-reinstall "$build" >/dev/null
+ln -sf "$venv/bin/dlsub" /usr/local/bin/dlsub
+rm -rf "$DLSUB_PREFIX/examples"
+cp -r "$repo/examples" "$DLSUB_PREFIX/examples"
+chmod -R a+rX "$DLSUB_PREFIX"
+say "dlsub $("$venv/bin/dlsub" --version 2>/dev/null | awk '{print $NF}') installed in $venv"

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Bring up the dlsub local testbed on this machine, as root, idempotently:
+# munge, slurmctld and four slurmd (cpu1-2, gpu1-2 with 4 fake GPUs each),
+# the unprivileged job user, its rootless Podman, the default training image,
+# and dlsub installed system-wide. A second run only restarts what is down
+# and rebuilds only what changed. Facts behind each step: shared/TESTBED.md.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(dirname "$here")"
+# shellcheck source=testbed/common.sh
+. "$here/common.sh"
+
+[ "$(id -u)" -eq 0 ] || die "run as root (it installs packages and starts Slurm daemons): sudo make testbed"
+
+# ---------------------------------------------------------------- packages
+packages=(slurm-wlm slurm-client munge podman runc uidmap slirp4netns fuse-overlayfs
+          debootstrap python3 python3-venv ca-certificates procps)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    say "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# ---------------------------------------------------------------- munge
+if [ ! -s /etc/munge/munge.key ]; then
+    say "creating munge key"
+    mungekey -c
+    chown munge:munge /etc/munge/munge.key
+    chmod 400 /etc/munge/munge.key
+fi
+mkdir -p /run/munge /var/log/munge /var/lib/munge
+chown munge:munge /run/munge /var/log/munge /var/lib/munge
+if ! pid_alive /run/munge/munged.pid; then
+    say "starting munged"
+    runuser -u munge -- /usr/sbin/munged
+fi
+munge -n | unmunge >/dev/null || die "munge does not work: see /var/log/munge/munged.log"
+
+# ---------------------------------------------------------------- the job user
+if ! id "$TESTBED_USER" >/dev/null 2>&1; then
+    say "creating user $TESTBED_USER"
+    useradd -m -s /bin/bash "$TESTBED_USER"
+fi
+uid="$(id -u "$TESTBED_USER")"
+grep -q "^$TESTBED_USER:" /etc/subuid || usermod --add-subuids 200000-265535 "$TESTBED_USER"
+grep -q "^$TESTBED_USER:" /etc/subgid || usermod --add-subgids 200000-265535 "$TESTBED_USER"
+# What logind would make on a login node: the user's runtime directory.
+install -d -m 700 -o "$TESTBED_USER" -g "$TESTBED_USER" "/run/user/$uid"
+home="$(getent passwd "$TESTBED_USER" | cut -d: -f6)"
+install -d -m 755 -o "$TESTBED_USER" -g "$TESTBED_USER" "$home/.config" "$home/.config/containers"
+for f in containers.conf storage.conf; do
+    install -m 644 -o "$TESTBED_USER" -g "$TESTBED_USER" "$repo/etc/testbed/$f" "$home/.config/containers/$f"
+done
+
+# ---------------------------------------------------------------- dlsub, system-wide
+# Installed under /opt (readable by every user) because CI's clone may sit
+# where the job user cannot enter.
+"$here/install-dlsub.sh"
+
+# ---------------------------------------------------------------- Slurm
+mkdir -p /etc/slurm /etc/dlsub /run/dlsub-testbed /var/log/dlsub-testbed \
+         /var/spool/dlsub-testbed/slurmctld
+chown slurm:slurm /var/spool/dlsub-testbed/slurmctld /var/log/dlsub-testbed
+for node in gpu1 gpu2; do
+    d="/var/lib/dlsub-testbed/gpus/$node"
+    mkdir -p "$d"
+    for i in 0 1 2 3; do
+        [ -c "$d/nvidia$i" ] || mknod -m 666 "$d/nvidia$i" c 1 3
+    done
+done
+install -m 755 "$repo/etc/slurm/taskepilog.sh" /etc/dlsub/taskepilog
+changed=0
+for f in slurm.conf gres.conf; do
+    if ! cmp -s "$repo/etc/testbed/$f" "/etc/slurm/$f"; then
+        install -m 644 "$repo/etc/testbed/$f" "/etc/slurm/$f"
+        changed=1
+    fi
+done
+if [ "$changed" -eq 1 ]; then
+    say "Slurm configuration changed: restarting the daemons"
+    stop_slurm
+fi
+if ! pid_alive /run/dlsub-testbed/slurmctld.pid; then
+    say "starting slurmctld"
+    /usr/sbin/slurmctld
+fi
+for node in $TESTBED_NODES; do
+    if ! pid_alive "/run/dlsub-testbed/slurmd-$node.pid"; then
+        say "starting slurmd $node"
+        /usr/sbin/slurmd -N "$node"
+    fi
+done
+wait_for_nodes
+
+# ---------------------------------------------------------------- the image
+"$repo/containers/build-image.sh" "$TESTBED_USER"
+
+say "testbed is up: $(sinfo -h -o '%P %a %D %t' | tr '\n' ';')"

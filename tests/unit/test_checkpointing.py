@@ -1,0 +1,118 @@
+"""Unit: the checkpointing library — atomic saves, keep-K, fallback past
+corrupt or truncated checkpoints, signals, and exit_for_resume (real files,
+real signals, real subprocesses; no Slurm)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlsub import checkpointing
+from dlsub.checkpointing.storage import checkpoint_files
+
+
+@pytest.fixture
+def run(tmp_path: Path):  # type: ignore[no-untyped-def]
+    r = checkpointing.init(tmp_path / "job", keep=2, total_steps=100)
+    yield r
+    r.uninstall_signal_handlers()
+
+
+def test_save_restore_round_trip_with_tensors(run) -> None:  # type: ignore[no-untyped-def]
+    state = {"step": 7, "w": torch.arange(5.0)}
+    path = run.save(state, step=7)
+    assert path is not None and path.exists()
+    restored = run.restore()
+    assert restored["step"] == 7 and torch.equal(restored["w"], state["w"])
+    assert not [p for p in path.parent.iterdir() if ".tmp-" in p.name], "no temp files left"
+
+
+def test_keeps_only_last_k(run) -> None:  # type: ignore[no-untyped-def]
+    for step in (1, 2, 3, 4):
+        run.save({"step": step}, step=step)
+    assert [seq for seq, _ in checkpoint_files(run.checkpoint_dir)] == [4, 3]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "no-checksum"])
+def test_corrupt_newest_falls_back_to_previous(run, damage: str) -> None:  # type: ignore[no-untyped-def]
+    run.save({"step": 10}, step=10)
+    newest = run.save({"step": 20}, step=20)
+    data = newest.read_bytes()
+    if damage == "truncate":
+        newest.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        newest.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    elif damage == "empty":
+        newest.write_bytes(b"")
+    else:
+        newest.with_name(newest.name + ".sha256").unlink()
+    assert run.restore() == {"step": 10}
+    assert run.restored_from.name == "ckpt-00000010.pt"
+
+
+def test_restore_none_when_nothing_saved(run) -> None:  # type: ignore[no-untyped-def]
+    assert run.restore() is None
+
+
+def test_report_appends_progress_events(run) -> None:  # type: ignore[no-untyped-def]
+    run.report(step=5, epoch=0, loss=1.5, samples=320)
+    events = [json.loads(l) for l in (run.job_dir / "progress.jsonl").read_text().splitlines()]
+    last = events[-1]
+    assert last["event"] == "progress" and last["step"] == 5 and last["loss"] == 1.5 and last["total_steps"] == 100
+
+
+def test_signals_set_should_stop(run) -> None:  # type: ignore[no-untyped-def]
+    assert not run.should_stop()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert run.should_stop() and run.stop_reason == "SIGUSR1"
+
+
+def test_import_installs_no_signal_handlers() -> None:
+    code = "import signal, dlsub.checkpointing; print(signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"
+
+
+def test_non_dict_state_is_refused(run) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TypeError, match="dict"):
+        run.save([1, 2, 3])  # type: ignore[arg-type]
+
+
+TRAINER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from dlsub import checkpointing
+    run = checkpointing.init(os.environ["JOB"])
+    state = run.restore() or {"step": 0}
+    print("start", state["step"], flush=True)
+    for step in range(state["step"], 10**6):
+        if step == state["step"] + 3 and os.environ.get("SELF_SIGNAL"):
+            os.kill(os.getpid(), signal.SIGUSR1)
+        if run.should_stop():
+            run.save({"step": step}, step=step)
+            run.exit_for_resume()
+        time.sleep(0.01)
+    """
+)
+
+
+def test_exit_for_resume_exits_85_and_resumes_at_saved_step(tmp_path: Path) -> None:
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(TRAINER)
+    env = dict(os.environ, JOB=str(tmp_path / "job"), SELF_SIGNAL="1")
+    first = subprocess.run([sys.executable, str(trainer)], env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == checkpointing.RESUME_EXIT_CODE == 85
+    assert first.stdout.split() == ["start", "0"]
+    env.pop("SELF_SIGNAL")
+    proc = subprocess.Popen([sys.executable, str(trainer)], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().split() == ["start", "3"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 85

@@ -1,0 +1,69 @@
+"""Unit: the in-container launcher with real processes (no Slurm, no Podman).
+
+A signal to the launcher must reach the training process as SIGUSR1 once it
+handles it, and the launcher must exit 85 when the training asked to resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    from dlsub import checkpointing
+    time.sleep(float(os.environ.get("DELAY_INIT", "0")))   # not yet handling signals
+    run = checkpointing.init()
+    print("ready", flush=True)
+    step = 0
+    while not run.should_stop():
+        step += 1
+        time.sleep(0.01)
+    run.save({"step": step}, step=step)
+    run.exit_for_resume()
+    """
+)
+
+
+def _launch(tmp_path: Path, extra_env: dict[str, str], *command: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, DLSUB_JOB_DIR=str(tmp_path / "job"), SLURM_JOB_ID="5", SLURM_RESTART_COUNT="0", **extra_env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dlsub.checkpointing.launch", "--grace", "5", "--", *command],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_usr1_reaches_worker_late_and_launcher_exits_85(tmp_path: Path) -> None:
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    # The signal arrives before the worker installs its handler; the launcher
+    # must wait for it rather than kill it with an unhandled SIGUSR1.
+    proc = _launch(tmp_path, {"DELAY_INIT": "1.5"}, sys.executable, str(worker))
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 85, err
+    assert "ready" in out
+    assert (tmp_path / "job" / "attempts" / "5-0.resume").exists()
+    assert list((tmp_path / "job" / "checkpoints").glob("ckpt-*.pt"))
+
+
+def test_exit_code_passes_through(tmp_path: Path) -> None:
+    proc = _launch(tmp_path, {}, sys.executable, "-c", "raise SystemExit(3)")
+    proc.communicate(timeout=30)
+    assert proc.returncode == 3
+
+
+def test_term_stops_unresponsive_command_after_grace(tmp_path: Path) -> None:
+    proc = _launch(tmp_path, {}, "sleep", "600")
+    time.sleep(0.5)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 15
