@@ -1,0 +1,50 @@
+"""Integration fixtures: the live local Slurm testbed and rootless Podman.
+
+Tests run dlsub as the unprivileged testbed user, as a researcher would on a
+login node. They fail (not skip) when the testbed is down: `make testbed`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from livebed import USER, TestbedUser
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def user() -> TestbedUser:
+    if os.geteuid() != 0:
+        pytest.fail("integration tests run as root (they act as the testbed user through runuser): sudo make test")
+    try:
+        u = TestbedUser(USER)
+    except KeyError:
+        pytest.fail(f"user {USER} does not exist: bring the testbed up with `sudo make testbed`")
+    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
+    if "UP" not in ping.stdout:
+        pytest.fail(f"slurmctld is not up ({ping.stdout.strip()} {ping.stderr.strip()}): `sudo make testbed`")
+    return u
+
+
+@pytest.fixture
+def workdir(user: TestbedUser) -> Iterator[Path]:
+    """A fresh directory the testbed user owns (CI's clone may be unreadable to it)."""
+    path = Path(tempfile.mkdtemp(prefix="dlsub-it-"))
+    os.chown(path, user.uid, user.gid)
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
