@@ -173,7 +173,7 @@ def submit(
         )
 
 
-def _statuses(store: JobStore, client: SlurmClient, records: list[JobRecord]) -> list[JobStatus]:
+def _statuses(client: SlurmClient, records: list[JobRecord]) -> list[JobStatus]:
     ids = [r.slurm_job_id for r in records if r.slurm_job_id is not None]
     slurm = {j.job_id: j for j in client.jobs(job_ids=ids)} if ids else {}
     return [job_status(r, slurm.get(r.slurm_job_id or -1)) for r in records]
@@ -187,7 +187,7 @@ def status(job: str | None, as_json: bool) -> None:
     """State, partition, step, epoch, loss, throughput, ETA and attempts of your dlsub jobs."""
     _, client, store = _context()
     records = [store.get(job)] if job else store.all()
-    rows = _statuses(store, client, records)
+    rows = _statuses(client, records)
     if as_json:
         payload: Any = rows[0].to_json() if job else [r.to_json() for r in rows]
         click.echo(json.dumps(payload, indent=2))
@@ -228,7 +228,7 @@ def logs(job: str, follow: bool) -> None:
         now = time.monotonic()
         if now - last_check > 3:
             last_check = now
-            (state,) = _statuses(store, client, [record])
+            (state,) = _statuses(client, [record])
             if JobState(state.state).terminal or state.state == JobState.UNKNOWN.value:
                 time.sleep(0.5)
                 if path.exists() and path.stat().st_size > offset:
@@ -238,14 +238,20 @@ def logs(job: str, follow: bool) -> None:
         time.sleep(0.5)
 
 
+def _lookup(job: str) -> tuple[SlurmClient, JobStore, JobRecord, JobStatus]:
+    """One of the user's jobs by handle, with its current status."""
+    _, client, store = _context()
+    record = store.get(job)
+    (current,) = _statuses(client, [record])
+    return client, store, record, current
+
+
 @main.command()
 @click.argument("job")
 @friendly_errors
 def cancel(job: str) -> None:
     """Cancel the job; its container is stopped and removed."""
-    _, client, store = _context()
-    record = store.get(job)
-    (current,) = _statuses(store, client, [record])
+    client, store, record, current = _lookup(job)
     if JobState(current.state).terminal:
         click.echo(f"dlsub: job {record.id} already ended ({current.state}); nothing to cancel")
         return
@@ -260,9 +266,7 @@ def cancel(job: str) -> None:
 @friendly_errors
 def requeue(job: str) -> None:
     """Checkpoint the running job now and continue it in a new Slurm attempt."""
-    _, client, store = _context()
-    record = store.get(job)
-    (current,) = _statuses(store, client, [record])
+    client, _, record, current = _lookup(job)
     if current.state != JobState.RUNNING.value or record.slurm_job_id is None:
         raise SubmitError(f"job {record.id} is {current.state}, not RUNNING; only a running job can be requeued")
     # The batch script's trap forwards SIGUSR1 into the container: checkpoint, exit 85, requeue.

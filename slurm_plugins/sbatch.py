@@ -125,7 +125,7 @@ fi
 mkdir -p "$DLSUB_JOB_DIR/attempts"
 log_attempt() {{  # event, then extra JSON fields
     printf '{{"event":"%s","time":%s,"slurm_job_id":%s,"restart":%s,"node":"%s","partition":"%s"%s}}\\n' \\
-        "$1" "$(date +%s)" "$SLURM_JOB_ID" "${{SLURM_RESTART_COUNT:-0}}" "${{SLURMD_NODENAME:-$(hostname -s)}}" \\
+        "$1" "$(date +%s.%N)" "$SLURM_JOB_ID" "${{SLURM_RESTART_COUNT:-0}}" "${{SLURMD_NODENAME:-$(hostname -s)}}" \\
         "${{SLURM_JOB_PARTITION:-}}" "${{2:-}}" >> "$DLSUB_JOB_DIR/attempts.jsonl"
 }}
 

@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 
 USER = os.environ.get("DLSUB_TESTBED_USER", "dltest")
 EXAMPLES = Path(os.environ.get("DLSUB_PREFIX", "/opt/dlsub")) / "examples"
