@@ -87,3 +87,18 @@ def test_bad_input_live_submits_nothing(user: TestbedUser, workdir: Path) -> Non
     assert result.returncode == 2 and "not readable" in result.stderr
     after = subprocess.run(["squeue", "-h", "-u", user.name, "-o", "%i"], capture_output=True, text=True).stdout.split()
     assert sorted(after) == sorted(before), "nothing was submitted"
+
+
+def test_taskepilog_removes_container_when_batch_shell_is_killed(user: TestbedUser, workdir: Path) -> None:
+    """SIGKILL leaves the batch script's traps no chance (as after KillWait);
+    Podman's conmon lives outside the job's process tree, so without the
+    TaskEpilog the container would run on."""
+    job = user.submit(str(EXAMPLES / "train_digits.py"), "--epochs", "50", "--throttle", "0.2", cwd=workdir)
+    slurm_id = str(job["slurm_job_id"])
+    label = f"dlsub.slurm_job_id={slurm_id}"
+    wait_for("the job's container", lambda: user.containers(label), timeout=120)
+    pids = subprocess.run(["scontrol", "listpids", slurm_id], capture_output=True, text=True, check=True).stdout
+    batch_pids = [line.split()[0] for line in pids.splitlines()[1:] if line.split()[2:3] == ["batch"]]
+    assert batch_pids, pids
+    subprocess.run(["kill", "-9", *batch_pids], check=False)
+    wait_for("the TaskEpilog to remove the container", lambda: not user.containers(label), timeout=90)
