@@ -139,8 +139,6 @@ def submit(
     trailing --json or --dry-run, which are dlsub's. Put `--` before the
     script's arguments to pass those to the script instead.
     """
-    if gpus < 0:
-        raise SubmitError(f"--gpus must be 0 or more, not {gpus}")
     if cpus is not None and cpus < 1:
         raise SubmitError(f"--cpus must be 1 or more, not {cpus}")
     try:
