@@ -37,7 +37,7 @@ mkdir -p /run/munge /var/log/munge /var/lib/munge
 chown munge:munge /run/munge /var/log/munge /var/lib/munge
 if ! pid_alive /run/munge/munged.pid; then
     say "starting munged"
-    runuser -u munge -- /usr/sbin/munged
+    runuser -u munge -- /usr/sbin/munged --force  # --force: a stale socket from a killed munged must not block it
 fi
 munge -n | unmunge >/dev/null || die "munge does not work: see /var/log/munge/munged.log"
 
