@@ -30,15 +30,14 @@ from livebed import EXAMPLES, TestbedUser, wait_for  # noqa: E402
 VENV = Path(os.environ.get("DLSUB_PREFIX", "/opt/dlsub")) / "venv"
 
 
-def progress_times(job_dir: Path) -> tuple[float, list[tuple[int, float]]]:
+def progress_steps(job_dir: Path) -> list[tuple[int, float]]:
+    """(step, time) of each progress report the training wrote."""
     events = [json.loads(line) for line in (job_dir / "progress.jsonl").read_text().splitlines()]
-    start = next(e["time"] for e in events if e["event"] == "start")
-    steps = [(e["step"], e["time"]) for e in events if e["event"] == "progress"]
-    return start, steps
+    return [(e["step"], e["time"]) for e in events if e["event"] == "progress"]
 
 
 def measure(submitted_at: float, job_started_at: float, job_dir: Path, warmup: int) -> dict[str, float]:
-    _, steps = progress_times(job_dir)
+    steps = progress_steps(job_dir)
     first_step_time = steps[0][1]
     (s0, t0), (s1, t1) = steps[warmup], steps[-2]  # the last report carries the test evaluation
     return {

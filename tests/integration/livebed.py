@@ -8,7 +8,6 @@ import pwd
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -70,7 +69,3 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 120, inte
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
