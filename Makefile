@@ -1,11 +1,11 @@
-# dlsub: make testbed | make demo | make test | make bench
+# dlsub: make testbed | make demo | make test | make bench | make bench-policies
 # testbed, demo and test need root: they install packages and start Slurm.
 SHELL := /bin/bash
 PREFIX ?= /opt/dlsub
 VENV := $(PREFIX)/venv
 TEST_USER ?= dltest
 
-.PHONY: testbed testbed-down install demo test unit integration bench
+.PHONY: testbed testbed-down install demo test unit integration bench bench-policies
 
 testbed:
 	bash testbed/up.sh
@@ -30,3 +30,8 @@ integration: testbed
 
 bench: testbed
 	$(VENV)/bin/python benchmarks/container_overhead.py
+
+# Policies and simulator: no testbed needed, only the virtualenv.
+bench-policies: install
+	$(VENV)/bin/python benchmarks/policy_speed.py
+	$(VENV)/bin/python benchmarks/pollux_fidelity.py

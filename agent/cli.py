@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import click
 
 import dlsub
+from dlsub.agent.cli_simulate import simulate
 from dlsub.agent.config import Settings, load_settings
 from dlsub.agent.planner import PlanningError
 from dlsub.agent.states import JobState
@@ -270,6 +271,9 @@ def requeue(job: str) -> None:
     # The batch script's trap forwards SIGUSR1 into the container: checkpoint, exit 85, requeue.
     client.cancel(record.slurm_job_id, signal="USR1", batch=True)
     click.echo(f"dlsub: asked job {record.id} to checkpoint and continue in a new attempt")
+
+
+main.add_command(simulate)
 
 
 if __name__ == "__main__":

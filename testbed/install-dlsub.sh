@@ -18,9 +18,9 @@ if [ ! -x "$venv/bin/python" ]; then
     say "creating $venv"
     /usr/bin/python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c "import torch, numpy, pytest, click, sqlite_utils" 2>/dev/null; then
-    say "installing torch==2.13.0, numpy, pytest into $venv"
-    "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" numpy pytest "click>=8.1" "sqlite-utils>=3.35"
+if ! "$venv/bin/python" -c "import torch, numpy, scipy, matplotlib, apscheduler, pytest, click, sqlite_utils" 2>/dev/null; then
+    say "installing torch==2.13.0, numpy, scipy, matplotlib, apscheduler, pytest into $venv"
+    "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" numpy "scipy>=1.10" "matplotlib>=3.7" "apscheduler>=3.10,<4" pytest "click>=8.1" "sqlite-utils>=3.35"
 fi
 # Build from a copy so that nothing is written into the checkout.
 build="$(mktemp -d)"

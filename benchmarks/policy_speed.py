@@ -1,0 +1,97 @@
+"""How long one scheduling decision takes, and how long a full workload replay takes.
+
+    python benchmarks/policy_speed.py [--jobs 1000] [--nodes 256] [--repeats 5]
+
+Decision: 1,000 jobs drawn (seeded) from the Pollux applications at random
+epochs and progress, on 256 nodes x 4 GPUs, half of them already running.
+Prints the first (cold: every job's goodput curve computed from the traces)
+and the following (warm: curves cached, as in the live agent, whose jobs
+change epoch rarely) decision times, median of --repeats.
+Replay: workload-6 (1.0x, 160 jobs) for each policy, wall seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from pathlib import Path
+
+from dlsub.policies.api import ClusterView, JobView
+from dlsub.policies.registry import get_policy
+from dlsub.policies.sim.apps import load_application
+from dlsub.policies.sim.engine import simulate
+from dlsub.policies.sim.performance import performance_at
+from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
+
+APPS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+
+
+def synthetic_jobs(count: int, seed: int) -> list[JobView]:
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(count):
+        app = load_application(POLLUX_DIR / "traces" / rng.choice(APPS))
+        epoch = rng.randrange(app.epochs)
+        hi = 1 if app.name == "ncf" else min(64, app.max_batch_size // app.min_local_bsz)
+        jobs.append(
+            JobView(
+                name=f"job-{i}",
+                arrival_s=float(i),
+                gpus=1,
+                min_gpus=1,
+                max_gpus=hi,
+                batch_size=app.init_batch_size,
+                adaptive_batch=app.name != "ncf",
+                attained_gpu_s=rng.uniform(0, 3600 * 20),
+                remaining=app.total_progress - app.progress_at(epoch),
+                model=performance_at(app, epoch),
+            )
+        )
+    return jobs
+
+
+def time_decisions(policy_name: str, jobs: list[JobView], cluster: ClusterView, repeats: int) -> tuple[float, float]:
+    policy = get_policy(policy_name)
+    performance_at.cache_clear()
+    jobs = [JobView(**{**job.__dict__, "model": performance_at(job.model.app, job.model.epoch)}) for job in jobs]
+    start = time.perf_counter()
+    first = policy.decide(jobs, cluster, 0.0, {})
+    cold = time.perf_counter() - start
+    # Half the jobs keep running where the first decision put them.
+    previous = dict(list(first.items())[: len(first) // 2])
+    warm = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        policy.decide(jobs, cluster, 60.0, previous)
+        warm.append(time.perf_counter() - start)
+    return cold, statistics.median(warm)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--policies", default="goodput,optimus,tiresias,efifo,gang,fifo,rr")
+    parser.add_argument("--replay", default=str(POLLUX_DIR / "workloads" / "workload-6.csv"))
+    args = parser.parse_args()
+    cluster = ClusterView.uniform(args.nodes, 4)
+    jobs = synthetic_jobs(args.jobs, args.seed)
+    print(f"one decision, {args.jobs} jobs on {args.nodes} nodes x 4 GPUs (median of {args.repeats} warm):")
+    for name in args.policies.split(","):
+        cold, warm = time_decisions(name, jobs, cluster, args.repeats)
+        print(f"  {name:>9}: cold {cold * 1000:8.1f} ms   warm {warm * 1000:8.1f} ms")
+    workload = read_workload(Path(args.replay))
+    print(f"full replay of {Path(args.replay).name} ({len(workload)} jobs, 16 x 4 GPUs):")
+    for name in args.policies.split(","):
+        start = time.perf_counter()
+        result = simulate(workload, POLLUX_DIR / "traces", get_policy(name), ClusterView.uniform(16, 4))
+        wall = time.perf_counter() - start
+        print(f"  {name:>9}: {wall:6.2f} s wall, avg JCT {result.summary()['avg_jct_s']} s")
+
+
+if __name__ == "__main__":
+    main()

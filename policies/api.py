@@ -1,0 +1,169 @@
+"""The policy interface: plain value objects in, allocations out.
+
+A policy sees the jobs that want GPUs (:class:`JobView`), the cluster
+(:class:`ClusterView`), the time, and the allocations now in force, and
+returns the allocations it wants next (:class:`Allocation` per job; a job
+left out gets nothing). It does no I/O and keeps no state between calls:
+whatever it needs to remember (attained service, when a job last started
+or began to wait) arrives in the job views, so the live agent and the
+simulator can drive the same code and a decision can be replayed.
+
+Nothing here imports Slurm, Podman or SQLite.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+
+class PolicyError(ValueError):
+    """A policy name or a policy's input that cannot be used."""
+
+
+class PerformanceModel(Protocol):
+    """What a job is known to do on a placement; optional per job.
+
+    A placement is the GPUs used on each node, e.g. ``(4, 2)``.
+    """
+
+    def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
+        """Seconds per optimiser step at this total batch size."""
+        ...
+
+    def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
+        """Training progress per second (throughput times statistical efficiency)."""
+        ...
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        """The total batch size with the highest goodput here, and that goodput."""
+        ...
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One job as a policy sees it.
+
+    ``gpus`` is what the job asked for (a rigid job runs at exactly that);
+    elastic policies may give anything in ``[min_gpus, max_gpus]``.
+    ``remaining`` is the work left in the units of ``model``'s goodput
+    (progress), when known.
+    """
+
+    name: str
+    arrival_s: float
+    gpus: int = 1
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    batch_size: int | None = None
+    adaptive_batch: bool = False
+    attained_gpu_s: float = 0.0
+    checkpointable: bool = True
+    running_since_s: float | None = None
+    waiting_since_s: float | None = None
+    remaining: float | None = None
+    model: PerformanceModel | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def lo(self) -> int:
+        return self.gpus if self.min_gpus is None else self.min_gpus
+
+    @property
+    def hi(self) -> int:
+        return self.gpus if self.max_gpus is None else self.max_gpus
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    gpus: int
+    cpus: int = 0
+    partition: str = "gpu"
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    nodes: tuple[Node, ...]
+
+    @classmethod
+    def uniform(cls, num_nodes: int, gpus_per_node: int, partition: str = "gpu") -> "ClusterView":
+        return cls(tuple(Node(f"n{i:03d}", gpus_per_node, partition=partition) for i in range(num_nodes)))
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(node.gpus for node in self.nodes)
+
+    def capacity(self) -> dict[str, int]:
+        return {node.name: node.gpus for node in self.nodes}
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The node of each of a job's GPUs (a node repeats once per GPU), and its batch size."""
+
+    nodes: tuple[str, ...]
+    batch_size: int | None = None
+
+    @property
+    def gpus(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def placement(self) -> tuple[int, ...]:
+        """GPUs per node, in the order the nodes first appear."""
+        return tuple(Counter(self.nodes).values())
+
+    def same_gpus(self, other: "Allocation | None") -> bool:
+        return other is not None and Counter(self.nodes) == Counter(other.nodes)
+
+
+Decision = dict[str, Allocation]
+
+
+class Policy(Protocol):
+    """``decide`` must be a pure function of its arguments."""
+
+    name: ClassVar[str]
+
+    def decide(
+        self,
+        jobs: Sequence[JobView],
+        cluster: ClusterView,
+        now: float,
+        previous: Mapping[str, Allocation],
+    ) -> Decision: ...
+
+
+def used_gpus(allocations: Mapping[str, Allocation]) -> Counter[str]:
+    used: Counter[str] = Counter()
+    for alloc in allocations.values():
+        used.update(alloc.nodes)
+    return used
+
+
+def check_decision(
+    decision: Mapping[str, Allocation],
+    jobs: Sequence[JobView],
+    cluster: ClusterView,
+    *,
+    allow_partial: bool = False,
+) -> None:
+    """Raise PolicyError unless every node is within capacity and every job within its bounds."""
+    capacity = cluster.capacity()
+    names = {job.name for job in jobs}
+    for node, count in used_gpus(decision).items():
+        if node not in capacity:
+            raise PolicyError(f"allocation names unknown node {node!r}")
+        if count > capacity[node]:
+            raise PolicyError(f"node {node} over capacity: {count} > {capacity[node]} GPUs")
+    for job in jobs:
+        alloc = decision.get(job.name)
+        if alloc is None or alloc.gpus == 0:
+            continue
+        if alloc.gpus > job.hi or (alloc.gpus < job.lo and not allow_partial):
+            raise PolicyError(f"job {job.name} got {alloc.gpus} GPUs, outside [{job.lo}, {job.hi}]")
+    unknown = set(decision) - names
+    if unknown:
+        raise PolicyError(f"allocation for unknown jobs: {sorted(unknown)}")

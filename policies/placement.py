@@ -1,0 +1,77 @@
+"""Where a job's GPUs go, once a policy has decided how many it gets.
+
+Helpers shared by the policies; pure functions over free-GPU counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+from dlsub.policies.api import Allocation, ClusterView, used_gpus
+
+
+def free_gpus(cluster: ClusterView, allocations: Mapping[str, Allocation]) -> Counter[str]:
+    """Free GPUs per node, in the cluster's node order (ties resolve to the first node)."""
+    used = used_gpus(allocations)
+    return Counter({node.name: node.gpus - used[node.name] for node in cluster.nodes})
+
+
+def spread(free: Counter[str], count: int) -> tuple[str, ...] | None:
+    """Take ``count`` GPUs, each time from the node with the most free (as Tiresias did).
+
+    Updates ``free``; returns None, leaving ``free`` alone, when there are too few.
+    """
+    if count <= 0 or sum(free.values()) < count:
+        return None
+    nodes: list[str] = []
+    while len(nodes) < count:
+        node, available = max(free.items(), key=lambda item: item[1])
+        take = min(available, count - len(nodes))
+        nodes.extend([node] * take)
+        free[node] -= take
+    return tuple(nodes)
+
+
+def pack(
+    free: Counter[str],
+    count: int,
+    *,
+    capacity: Mapping[str, int] | None = None,
+) -> tuple[str, ...] | None:
+    """Take ``count`` GPUs on as few nodes as possible.
+
+    One node when one has room: the tightest fit or, given the nodes'
+    ``capacity``, an empty node before a shared one so that jobs stay off
+    each other's nodes. Otherwise nodes with the most free GPUs first.
+    Updates ``free``; returns None, leaving it alone, when there are too few.
+    """
+    if count <= 0 or sum(free.values()) < count:
+        return None
+    fitting = [node for node, available in free.items() if available >= count]
+    if fitting:
+        def fit_key(node: str) -> tuple[bool, int]:
+            shared = capacity is not None and free[node] < capacity[node]
+            return (shared, free[node]) if capacity is not None else (False, free[node])
+
+        node = min(fitting, key=fit_key)
+        free[node] -= count
+        return (node,) * count
+    nodes: list[str] = []
+    for node, available in sorted(free.items(), key=lambda item: -item[1]):
+        if len(nodes) == count:
+            break
+        take = min(available, count - len(nodes))
+        nodes.extend([node] * take)
+        free[node] -= take
+    return tuple(nodes)
+
+
+def packed_placement(count: int, gpus_per_node: int) -> tuple[int, ...]:
+    """The placement of ``count`` GPUs packed on whole nodes: 10 on 4-GPU nodes is (4, 4, 2)."""
+    full, rest = divmod(count, gpus_per_node)
+    return (gpus_per_node,) * full + ((rest,) if rest else ())
+
+
+def release(free: Counter[str], nodes: Iterable[str]) -> None:
+    free.update(nodes)

@@ -1,0 +1,181 @@
+"""The measured behaviour of one training application (one folder of traces).
+
+Step times come from ``placements.csv`` (interpolated over the local batch
+size for a measured placement) or, for unmeasured placements, a linear
+interpolation over (nodes, replicas, local batch) of the placement means
+and ``scalability.csv``. Statistical progress, epochs and gradient
+statistics come from ``validation-<B>.csv``, interpolated linearly between
+measured batch sizes.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+
+# Epochs each application trains for (README: "A job finishes after a fixed
+# number of epochs").
+EPOCHS = {"bert": 2, "cifar10": 100, "deepspeech2": 80, "imagenet": 90, "ncf": 10, "yolov3": 50}
+# Local batch limits that the traces do not show (README: "yolov3: max local 8").
+MAX_LOCAL_BATCH = {"yolov3": 8}
+
+
+def _read_csv(path: Path) -> dict[str, np.ndarray]:
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return {key: np.array([float(row[key]) for row in rows]) for key in rows[0]}
+
+
+def normalise(placement: tuple[int, ...]) -> tuple[int, ...]:
+    """Drop empty nodes and rotate to the lexicographically smallest form, as the traces key them."""
+    kept = tuple(p for p in placement if p)
+    if not kept:
+        return kept
+    return min(kept[i:] + kept[:i] for i in range(len(kept)))
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """How a total batch size runs on a number of replicas."""
+
+    atomic: int  # per replica per micro-step
+    accum_steps: int  # extra micro-steps per optimiser step
+
+    def total(self, replicas: int) -> int:
+        return replicas * self.atomic * (self.accum_steps + 1)
+
+
+class Application:
+    def __init__(self, trace_dir: Path, epochs: int | None = None, max_local_bsz: int | None = None) -> None:
+        self.name = trace_dir.name
+        self.validation: dict[int, dict[str, np.ndarray]] = {}
+        for path in trace_dir.glob("validation-*.csv"):
+            self.validation[int(path.stem.split("-")[-1])] = _read_csv(path)
+        if not self.validation:
+            raise ValueError(f"{trace_dir}: no validation-<B>.csv files")
+        self.validation = dict(sorted(self.validation.items()))
+        self.batch_sizes = np.array(list(self.validation), dtype=float)
+        self.init_batch_size = int(self.batch_sizes[0])
+        self.max_batch_size = int(self.batch_sizes[-1])
+        self.epochs = epochs or EPOCHS.get(self.name) or min(len(v["progress"]) for v in self.validation.values())
+        # Per-epoch gradient statistics as (batch sizes × epochs) grids.
+        n = min(len(v["progress"]) for v in self.validation.values())
+        self.grad_sqr = np.array([v["grad_sqr"][:n] for v in self.validation.values()])
+        self.grad_var = np.array([v["grad_var"][:n] for v in self.validation.values()])
+        # Epoch k ends at the smallest measured progress for epoch k.
+        self.epoch_end = np.array([min(v["progress"][k] for v in self.validation.values()) for k in range(n)])
+
+        placements = _read_csv(trace_dir / "placements.csv")
+        self.min_local_bsz = int(placements["local_bsz"].min())
+        self.max_local_bsz = int(max_local_bsz or MAX_LOCAL_BATCH.get(self.name) or placements["local_bsz"].max())
+        self._measured: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        groups: dict[tuple[int, int, float], list[tuple[float, float]]] = {}
+        for pid, local, step, sync in zip(
+            placements["placement"], placements["local_bsz"], placements["step_time"], placements["sync_time"]
+        ):
+            key = normalise(tuple(int(d) for d in str(int(pid))))
+            self._measured.setdefault(key, ([], [], []))  # type: ignore[arg-type]
+            for column, value in zip(self._measured[key], (local, step, sync)):
+                column.append(value)  # type: ignore[attr-defined]
+            groups.setdefault((len(key), sum(key), local), []).append((step, sync))
+        self._measured = {
+            key: tuple(np.array(col) for col in zip(*sorted(zip(*cols))))  # type: ignore[misc]
+            for key, cols in self._measured.items()
+        }
+        points = [list(key) for key in groups]
+        values = [np.mean(vals, axis=0) for vals in groups.values()]
+        scal = _read_csv(trace_dir / "scalability.csv")
+        for row in zip(scal["num_nodes"], scal["num_replicas"], scal["local_bsz"], scal["step_time"], scal["sync_time"]):
+            points.append(list(row[:3]))
+            values.append(np.array(row[3:]))
+        pts, vals = np.array(points, dtype=float), np.array(values, dtype=float)
+        self._linear = LinearNDInterpolator(pts, vals)
+        self._nearest = NearestNDInterpolator(pts, vals)
+        self.step_sync = functools.lru_cache(maxsize=None)(self._step_sync)  # type: ignore[method-assign]
+        self.grad_stats = functools.lru_cache(maxsize=None)(self._grad_stats)  # type: ignore[method-assign]
+        self.batch_config = functools.lru_cache(maxsize=None)(self._batch_config)  # type: ignore[method-assign]
+        self._micro_step = functools.lru_cache(maxsize=None)(self._micro_step_uncached)
+
+    # -- throughput ---------------------------------------------------------
+
+    def _step_sync(self, placement: tuple[int, ...], atomic_bsz: int) -> tuple[float, float]:
+        """(step time, sync time) in seconds of one micro-step on ``placement``."""
+        key = normalise(placement)
+        if key in self._measured:
+            local, step, sync = self._measured[key]
+            return float(np.interp(atomic_bsz, local, step)), float(np.interp(atomic_bsz, local, sync))
+        query = (min(len(key), 16), sum(key), atomic_bsz)
+        result = self._linear([query])[0]
+        if np.isnan(result).any():
+            # Outside the measured hull: the nearest measurement beats no answer.
+            result = self._nearest([query])[0]
+        return float(result[0]), float(result[1])
+
+    def _batch_config(self, replicas: int, batch_size: int) -> BatchConfig:
+        """Split a total batch over replicas, accumulating gradients above the local maximum."""
+        local = math.ceil(batch_size / replicas - 1e-8)
+        accum = math.ceil(local / self.max_local_bsz - 1e-8) - 1
+        if replicas == 1 and batch_size > self.init_batch_size:
+            # One GPU gains nothing from a bigger synchronous batch without accumulation.
+            accum = max(1, accum)
+        atomic = math.ceil(local / (accum + 1) - 1e-8)
+        atomic = min(atomic, int(self.max_batch_size / (replicas * (accum + 1))))
+        return BatchConfig(max(atomic, 1), accum)
+
+    def step_time(self, placement: tuple[int, ...], config: BatchConfig) -> float:
+        """Seconds per optimiser step: one synchronised micro-step plus the accumulated ones."""
+        return self._micro_step(placement, config.atomic, config.accum_steps)
+
+    def _micro_step_uncached(self, placement: tuple[int, ...], atomic: int, accum_steps: int) -> float:
+        step, sync = self.step_sync(normalise(placement), atomic)
+        return step + (step - sync) * accum_steps
+
+    # -- statistical efficiency --------------------------------------------
+
+    def _grad_stats(self, batch_size: int, epoch: int) -> tuple[float, float]:
+        epoch = min(epoch, self.grad_sqr.shape[1] - 1)
+        b = float(min(max(batch_size, self.batch_sizes[0]), self.batch_sizes[-1]))
+        return (
+            float(np.interp(b, self.batch_sizes, self.grad_sqr[:, epoch])),
+            float(np.interp(b, self.batch_sizes, self.grad_var[:, epoch])),
+        )
+
+    def efficiency(self, batch_size: int, epoch: int) -> float:
+        """Progress per step at ``batch_size`` relative to one step at the initial batch size."""
+        sqr, var = self.grad_stats(batch_size, epoch)
+        scale = batch_size / self.init_batch_size
+        return (var + sqr) / (var / scale + sqr)
+
+    def efficiencies(self, batch_sizes: np.ndarray, epoch: int) -> np.ndarray:
+        """:meth:`efficiency` for many batch sizes at once (the batch-size search)."""
+        epoch = min(epoch, self.grad_sqr.shape[1] - 1)
+        b = np.clip(batch_sizes, self.batch_sizes[0], self.batch_sizes[-1])
+        sqr = np.interp(b, self.batch_sizes, self.grad_sqr[:, epoch])
+        var = np.interp(b, self.batch_sizes, self.grad_var[:, epoch])
+        scale = batch_sizes / self.init_batch_size
+        return (var + sqr) / (var / scale + sqr)
+
+    def goodput(self, placement: tuple[int, ...], config: BatchConfig, epoch: int) -> float:
+        replicas = sum(placement)
+        return self.efficiency(config.total(replicas), epoch) / self.step_time(placement, config)
+
+    def progress_at(self, epoch: int) -> float:
+        """Statistical progress at which ``epoch`` epochs are done."""
+        return 0.0 if epoch <= 0 else float(self.epoch_end[epoch - 1])
+
+    @property
+    def total_progress(self) -> float:
+        return self.progress_at(self.epochs)
+
+
+@functools.lru_cache(maxsize=None)
+def load_application(trace_dir: Path) -> Application:
+    return Application(trace_dir)

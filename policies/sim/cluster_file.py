@@ -1,0 +1,75 @@
+"""``--cluster FILE``: the simulated cluster, in TOML.
+
+Either uniform::
+
+    nodes = 16
+    gpus_per_node = 4
+
+or node groups, each a partition::
+
+    [[group]]
+    partition = "gpu"
+    nodes = 8
+    gpus_per_node = 4
+
+Unknown keys are errors that list the valid ones.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from dlsub.policies.api import ClusterView, Node
+
+TOP_KEYS = {"nodes", "gpus_per_node", "cpus_per_node", "group"}
+GROUP_KEYS = {"partition", "nodes", "gpus_per_node", "cpus_per_node"}
+DEFAULT_NODES, DEFAULT_GPUS = 16, 4
+
+
+class ClusterFileError(ValueError):
+    pass
+
+
+def _positive(where: str, table: dict[str, Any], key: str, default: int | None) -> int:
+    value = table.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < (0 if key == "cpus_per_node" else 1):
+        raise ClusterFileError(f"{where}: {key} must be a positive integer, not {value!r}")
+    return value
+
+
+def _check_keys(where: str, table: dict[str, Any], valid: set[str]) -> None:
+    unknown = sorted(set(table) - valid)
+    if unknown:
+        raise ClusterFileError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(valid))}")
+
+
+def default_cluster() -> ClusterView:
+    return ClusterView.uniform(DEFAULT_NODES, DEFAULT_GPUS)
+
+
+def load_cluster(path: Path) -> ClusterView:
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ClusterFileError(f"cannot read cluster file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ClusterFileError(f"{path}: not valid TOML: {exc}") from None
+    _check_keys(str(path), data, TOP_KEYS)
+    groups = data.get("group")
+    if groups is None:
+        groups = [{k: v for k, v in data.items() if k != "group"}]
+    elif set(data) - {"group"}:
+        raise ClusterFileError(f"{path}: use either top-level nodes/gpus_per_node or [[group]] tables, not both")
+    nodes: list[Node] = []
+    for i, group in enumerate(groups):
+        where = f"{path}: group {i + 1}"
+        _check_keys(where, group, GROUP_KEYS)
+        count = _positive(where, group, "nodes", DEFAULT_NODES)
+        gpus = _positive(where, group, "gpus_per_node", DEFAULT_GPUS)
+        cpus = _positive(where, group, "cpus_per_node", 0)
+        partition = str(group.get("partition", "gpu"))
+        start = len(nodes)
+        nodes.extend(Node(f"{partition}{start + j:03d}", gpus, cpus, partition) for j in range(count))
+    return ClusterView(tuple(nodes))

@@ -1,0 +1,343 @@
+"""The simulation loop: advance every job one interval, then let the policy decide.
+
+Time moves in scheduling intervals (60 s). Inside an interval a job runs
+at the goodput of its placement and batch size, crossing epoch boundaries
+at the exact second; a job whose GPUs change pays the restart penalty
+(30 s without progress) first, its first start included. A job holding
+fewer GPUs than it needs to run (a partial gang) holds them and makes no
+progress.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dlsub.policies.api import Allocation, ClusterView, JobView, Policy, check_decision
+from dlsub.policies.sim.apps import Application, BatchConfig, load_application
+from dlsub.policies.sim.performance import performance_at
+from dlsub.policies.sim.workload import WorkloadError, WorkloadJob
+
+# Pollux ran ncf at a fixed batch size of 32768 on one GPU.
+FIXED_BATCH = {"ncf": 32768}
+MAX_REPLICAS = 64
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    interval_s: int = 60
+    restart_penalty_s: int = 30
+    seed: int = 0
+    arrival_jitter_s: float = 0.0
+    # Stop when nothing has progressed for this long while jobs wait (a deadlock).
+    stall_limit_s: float = 6 * 3600.0
+    max_time_s: float = 60 * 24 * 3600.0
+
+
+@dataclass
+class SimJob:
+    spec: WorkloadJob
+    app: Application
+    arrival_s: float
+    lo: int
+    hi: int
+    gpus: int
+    batch_size: int
+    adaptive: bool
+    progress: float = 0.0
+    epoch: int = 0
+    attained_gpu_s: float = 0.0
+    alloc: Allocation | None = None
+    config: BatchConfig | None = None
+    penalty_left: float = 0.0
+    starts: int = 0
+    first_start_s: float | None = None
+    completion_s: float | None = None
+    running_since_s: float | None = None
+    waiting_since_s: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def done(self) -> bool:
+        return self.completion_s is not None
+
+    @property
+    def placement(self) -> tuple[int, ...]:
+        return self.alloc.placement if self.alloc else ()
+
+    def can_run(self) -> bool:
+        return self.alloc is not None and self.lo <= self.alloc.gpus
+
+    def _choose_config(self) -> None:
+        assert self.alloc is not None
+        replicas = self.alloc.gpus
+        if self.adaptive:
+            batch = performance_at(self.app, self.epoch).best_batch(self.placement)[0]
+        else:
+            batch = self.alloc.batch_size or self.batch_size
+        self.config = self.app.batch_config(replicas, batch)
+
+    def reallocate(self, alloc: Allocation | None, now: float, penalty_s: float) -> None:
+        if alloc is None or alloc.gpus == 0:
+            self.alloc, self.config = None, None
+            self.running_since_s, self.waiting_since_s = None, now
+            return
+        self.alloc = alloc
+        if self.adaptive and alloc.batch_size:
+            self.config = self.app.batch_config(alloc.gpus, alloc.batch_size)
+        else:
+            self._choose_config()
+        self.penalty_left = penalty_s
+        self.starts += 1
+        if self.first_start_s is None:
+            self.first_start_s = now
+        self.running_since_s, self.waiting_since_s = now, None
+
+    def advance(self, start: float, seconds: float) -> bool:
+        """Run from ``start`` for ``seconds``; True when progress was made."""
+        if self.done or self.alloc is None:
+            return False
+        gpus = self.alloc.gpus
+        if not self.can_run():
+            return False
+        clock = start
+        delay = min(self.penalty_left, seconds)
+        self.penalty_left -= delay
+        self.attained_gpu_s += delay * gpus
+        clock += delay
+        seconds -= delay
+        progressed = False
+        while seconds > 0 and not self.done:
+            assert self.config is not None
+            batch = self.config.total(gpus)
+            rate = self.app.efficiency(batch, self.epoch) / self.app.step_time(self.placement, self.config)
+            epoch_end = self.app.progress_at(self.epoch + 1)
+            progressed = True
+            if self.progress + rate * seconds < epoch_end:
+                self.progress += rate * seconds
+                self.attained_gpu_s += seconds * gpus
+                seconds = 0
+            else:
+                delta = min(seconds, round((epoch_end - self.progress) / rate))
+                self.epoch += 1
+                self.progress = epoch_end
+                clock += delta
+                self.attained_gpu_s += delta * gpus
+                seconds -= delta
+                if self.epoch >= self.app.epochs:
+                    self.completion_s = clock
+                elif self.adaptive:
+                    self._choose_config()  # batch size re-tuned between epochs
+        return progressed
+
+    @property
+    def remaining(self) -> float:
+        return max(self.app.total_progress - self.progress, 0.0)
+
+    def view(self) -> JobView:
+        return JobView(
+            name=self.name,
+            arrival_s=self.arrival_s,
+            gpus=self.gpus,
+            min_gpus=self.lo,
+            max_gpus=self.hi,
+            batch_size=self.batch_size,
+            adaptive_batch=self.adaptive,
+            attained_gpu_s=self.attained_gpu_s,
+            running_since_s=self.running_since_s,
+            waiting_since_s=self.waiting_since_s,
+            remaining=self.remaining,
+            model=performance_at(self.app, self.epoch, None),
+        )
+
+
+@dataclass(frozen=True)
+class JobResult:
+    name: str
+    application: str
+    arrival_s: float
+    start_s: float | None
+    completion_s: float | None
+    restarts: int
+    gpu_s: float
+
+    @property
+    def jct_s(self) -> float | None:
+        return None if self.completion_s is None else self.completion_s - self.arrival_s
+
+
+@dataclass
+class Sample:
+    time_s: float
+    allocated_gpus: int
+    running_jobs: int
+    waiting_jobs: int
+
+
+@dataclass
+class SimResult:
+    policy: str
+    workload: str
+    total_gpus: int
+    jobs: list[JobResult]
+    timeline: list[Sample] = field(default_factory=list)
+    stalled: bool = False
+    wall_s: float = 0.0
+
+    def summary(self) -> dict[str, object]:
+        jcts = sorted(j.jct_s for j in self.jobs if j.jct_s is not None)
+        done = [j for j in self.jobs if j.completion_s is not None]
+        first = min((j.arrival_s for j in self.jobs), default=0.0)
+        end = max((j.completion_s for j in done), default=first) if done else first
+        span = [s for s in self.timeline if s.time_s <= end] or self.timeline
+        util = sum(s.allocated_gpus for s in span) / (len(span) * self.total_gpus) if span else 0.0
+        return {
+            "policy": self.policy,
+            "workload": self.workload,
+            "jobs": len(self.jobs),
+            "completed": len(done),
+            "stalled": self.stalled,
+            "avg_jct_s": round(sum(jcts) / len(jcts), 1) if jcts else None,
+            "p50_jct_s": round(_percentile(jcts, 50), 1) if jcts else None,
+            "p99_jct_s": round(_percentile(jcts, 99), 1) if jcts else None,
+            "makespan_s": round(end - first, 1) if len(done) == len(self.jobs) else None,
+            "gpu_utilization": round(util, 4),
+            "restarts": sum(j.restarts for j in self.jobs),
+            "wall_s": round(self.wall_s, 2),
+        }
+
+
+def _percentile(sorted_values: Sequence[float], pct: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if len(sorted_values) == 1:
+        return float(sorted_values[0])
+    rank = (len(sorted_values) - 1) * pct / 100
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (rank - lo))
+
+
+def make_jobs(
+    workload: Sequence[WorkloadJob], traces_dir: Path, policy: Policy, config: SimConfig
+) -> list[SimJob]:
+    """The jobs as the policy's kind runs them: rigid at the workload's tuned
+    settings, elastic with the tuned batch size, or adaptive (GPUs and batch)."""
+    elastic = getattr(policy, "elastic", False)
+    adapts = getattr(policy, "adapts_batch", False)
+    rng = random.Random(config.seed)
+    jobs = []
+    for spec in workload:
+        trace = traces_dir / spec.application
+        if not trace.is_dir():
+            known = sorted(p.name for p in traces_dir.iterdir() if p.is_dir())
+            raise WorkloadError(
+                f"job {spec.name}: no traces for application {spec.application!r} in {traces_dir}; "
+                f"known: {', '.join(known)}"
+            )
+        app = load_application(trace)
+        fixed = FIXED_BATCH.get(app.name)
+        adaptive = adapts and fixed is None
+        batch = fixed if (adapts and fixed) else spec.batch_size
+        if not elastic:
+            lo = hi = spec.num_replicas
+        elif adaptive:
+            lo, hi = 1, max(1, min(MAX_REPLICAS, app.max_batch_size // app.min_local_bsz))
+        else:
+            lo, hi = 1, max(1, min(MAX_REPLICAS, batch // app.min_local_bsz))
+        if app.name in FIXED_BATCH and elastic:
+            hi = 1  # as in the Pollux evaluation
+        jitter = rng.uniform(0, config.arrival_jitter_s) if config.arrival_jitter_s else 0.0
+        jobs.append(SimJob(spec, app, spec.arrival_s + jitter, lo, hi, spec.num_replicas, batch, adaptive))
+    return jobs
+
+
+ProgressFn = Callable[[int, int], None]
+
+
+def simulate(
+    workload: Sequence[WorkloadJob],
+    traces_dir: Path,
+    policy: Policy,
+    cluster: ClusterView,
+    config: SimConfig = SimConfig(),
+    *,
+    workload_name: str = "",
+    on_progress: ProgressFn | None = None,
+) -> SimResult:
+    wall = time.perf_counter()
+    jobs = make_jobs(workload, traces_dir, policy, config)
+    for job in jobs:
+        if job.lo > cluster.total_gpus:
+            raise WorkloadError(f"job {job.name} needs {job.lo} GPUs; the cluster has {cluster.total_gpus}")
+    result = SimResult(policy.name, workload_name, cluster.total_gpus, [])
+    allocations: dict[str, Allocation] = {}
+    now = 0.0
+    last_progress = 0.0
+    while not all(job.done for job in jobs):
+        moved = False
+        for job in jobs:
+            if job.advance(now, config.interval_s):
+                moved = True
+        now += config.interval_s
+        active = [job for job in jobs if job.arrival_s <= now and not job.done]
+        if moved or not any(job.alloc for job in active):
+            last_progress = now
+        if now - last_progress > config.stall_limit_s or now > config.max_time_s:
+            result.stalled = True
+            break
+        for job in jobs:
+            if job.done and job.alloc is not None:
+                job.alloc = None
+        for job in active:
+            if job.waiting_since_s is None and job.alloc is None:
+                job.waiting_since_s = job.arrival_s
+        views = [job.view() for job in active]
+        live = {job.name for job in active}
+        previous = {name: alloc for name, alloc in allocations.items() if name in live}
+        decision = policy.decide(views, cluster, now, previous)
+        # Only a policy that says so may leave a job holding less than it needs.
+        check_decision(decision, views, cluster, allow_partial=getattr(policy, "holds_partial", False))
+        for job in active:
+            new, old = decision.get(job.name), previous.get(job.name)
+            if new is not None and new.gpus == 0:
+                new = None
+            if new is None and old is None:
+                continue
+            if new is not None and new.same_gpus(old):
+                if new.batch_size != (old.batch_size if old else None) and job.adaptive and new.batch_size:
+                    job.alloc = new  # a new batch size needs no restart
+                    job.config = job.app.batch_config(new.gpus, new.batch_size)
+                continue
+            job.reallocate(new, now, config.restart_penalty_s)
+        allocations = {name: alloc for name, alloc in decision.items() if alloc.gpus > 0}
+        result.timeline.append(
+            Sample(
+                now,
+                sum(alloc.gpus for alloc in allocations.values()),
+                sum(1 for job in active if job.alloc is not None),
+                sum(1 for job in active if job.alloc is None),
+            )
+        )
+        if on_progress is not None:
+            on_progress(sum(job.done for job in jobs), len(jobs))
+    result.jobs = [
+        JobResult(
+            job.name,
+            job.app.name,
+            job.arrival_s,
+            job.first_start_s,
+            job.completion_s,
+            max(job.starts - 1, 0),
+            job.attained_gpu_s,
+        )
+        for job in jobs
+    ]
+    result.wall_s = time.perf_counter() - wall
+    return result

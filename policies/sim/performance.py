@@ -1,0 +1,62 @@
+"""What the simulator tells a policy about a job: its application's measured
+performance at the job's current epoch (the model a job would have
+profiled by then), as a :class:`dlsub.policies.api.PerformanceModel`."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from dlsub.policies.sim.apps import Application
+
+
+class AppPerformance:
+    """One application at one epoch; shared by every job of that application and epoch."""
+
+    def __init__(self, app: Application, epoch: int, max_batch_size: int | None = None) -> None:
+        self.app = app
+        self.epoch = epoch
+        self.max_batch_size = max_batch_size or app.max_batch_size
+        self._best: dict[tuple[int, ...], tuple[int, float]] = {}
+
+    def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return self.app.step_time(placement, self.app.batch_config(sum(placement), batch_size))
+
+    def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
+        config = self.app.batch_config(sum(placement), batch_size)
+        return self.app.goodput(placement, config, self.epoch)
+
+    def batch_candidates(self, replicas: int) -> list[int]:
+        """Batch sizes worth trying on ``replicas``: from each replica's
+        minimum up to the largest measured, on a geometric grid plus the
+        measured sizes, so that a search is a few dozen evaluations."""
+        app = self.app
+        lo = max(app.init_batch_size, app.min_local_bsz * replicas)
+        hi = self.max_batch_size
+        if lo >= hi:
+            return [hi]
+        steps = 12
+        grid = {int(round(lo * (hi / lo) ** (i / steps))) for i in range(steps + 1)}
+        grid.update(int(b) for b in app.batch_sizes if lo <= b <= hi)
+        # Multiples of the replica count split evenly.
+        grid.update(replicas * k for k in (app.min_local_bsz, app.max_local_bsz) if lo <= replicas * k <= hi)
+        return sorted(grid)
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        key = tuple(sorted(placement))
+        if key not in self._best:
+            replicas = sum(placement)
+            candidates = self.batch_candidates(replicas)
+            configs = [self.app.batch_config(replicas, batch) for batch in candidates]
+            totals = np.array([config.total(replicas) for config in configs], dtype=float)
+            steps = np.array([self.app.step_time(placement, config) for config in configs])
+            rates = self.app.efficiencies(totals, self.epoch) / steps
+            best = int(np.argmax(rates))
+            self._best[key] = (candidates[best], float(rates[best]))
+        return self._best[key]
+
+
+@functools.lru_cache(maxsize=4096)
+def performance_at(app: Application, epoch: int, max_batch_size: int | None = None) -> AppPerformance:
+    return AppPerformance(app, epoch, max_batch_size)

@@ -1,0 +1,70 @@
+"""Workload files: ``name,time,application,num_replicas,batch_size`` per job."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+REQUIRED = ("name", "time", "application", "num_replicas", "batch_size")
+
+
+class WorkloadError(ValueError):
+    """A workload file that cannot be replayed; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class WorkloadJob:
+    name: str
+    arrival_s: float
+    application: str
+    num_replicas: int
+    batch_size: int
+
+
+# The Pollux artifact's data, shipped with dlsub (see pollux/README.md).
+POLLUX_DIR = Path(__file__).resolve().parent / "pollux"
+SCENARIOS_DIR = Path(__file__).resolve().parent / "scenarios"
+
+
+def default_traces_dir(workload: Path) -> Path:
+    """The ``traces/`` folder beside a Pollux-style ``workloads/`` folder, else the shipped Pollux traces."""
+    for parent in (workload.parent, workload.parent.parent):
+        candidate = parent / "traces"
+        if candidate.is_dir():
+            return candidate
+    return POLLUX_DIR / "traces"
+
+
+def read_workload(path: Path) -> list[WorkloadJob]:
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = [col for col in REQUIRED if col not in (reader.fieldnames or [])]
+            if missing:
+                raise WorkloadError(
+                    f"{path}: missing column(s) {', '.join(missing)}; a workload needs {','.join(REQUIRED)}"
+                )
+            jobs = []
+            for line, row in enumerate(reader, start=2):
+                try:
+                    job = WorkloadJob(
+                        name=row["name"],
+                        arrival_s=float(row["time"]),
+                        application=row["application"],
+                        num_replicas=int(row["num_replicas"]),
+                        batch_size=int(row["batch_size"]),
+                    )
+                except (TypeError, ValueError) as exc:
+                    raise WorkloadError(f"{path}:{line}: {exc}") from None
+                if job.num_replicas < 1 or job.batch_size < 1 or job.arrival_s < 0:
+                    raise WorkloadError(f"{path}:{line}: time must be >= 0, num_replicas and batch_size >= 1")
+                jobs.append(job)
+    except OSError as exc:
+        raise WorkloadError(f"cannot read workload {path}: {exc.strerror}") from None
+    if not jobs:
+        raise WorkloadError(f"{path}: no jobs")
+    names = [job.name for job in jobs]
+    if len(set(names)) != len(names):
+        raise WorkloadError(f"{path}: job names must be unique")
+    return jobs
