@@ -20,9 +20,11 @@ from typing import Any, TypeVar
 import click
 
 import dlsub
+from dlsub.agent.agent_cli import agent, backfill, config, why
 from dlsub.agent.cli_simulate import simulate
 from dlsub.agent.config import Settings, load_settings
 from dlsub.agent.planner import PlanningError
+from dlsub.agent.policy_file import PolicyFileError, load_policy
 from dlsub.agent.states import JobState
 from dlsub.agent.status import JobStatus, job_status, render_table
 from dlsub.agent.store import JobRecord, JobStore, UnknownJob
@@ -111,6 +113,15 @@ def main() -> None:
     """
 
 
+def default_mode() -> str:
+    """The site's default submission mode (policy.toml), immediate when it says none."""
+    try:
+        return load_policy().default_mode
+    except PolicyFileError as exc:
+        click.echo(f"dlsub: warning: {exc}; submitting in immediate mode", err=True)
+        return "immediate"
+
+
 def _context() -> tuple[Settings, SlurmClient, JobStore]:
     settings = load_settings()
     return settings, SlurmClient(), JobStore(settings.db_path)
@@ -125,6 +136,9 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
 @click.option("-p", "--partition", default=None, help="Partition; default: one that can run the job now.")
 @click.option("--image", default=None, help="Container image in your Podman storage.")
 @click.option("-J", "--name", default=None, help="Job name [default: the script's name].")
+@click.option("--mode", type=click.Choice(["immediate", "ideal"]), default=None,
+              help="immediate: start now on what is free (CPU or dev nodes) and move onto GPUs when they free up; "
+                   "ideal: wait for the ideal partition [default: the site policy's, else immediate].")
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "slurm_job_id": ...}.')
 @click.argument("script", type=click.Path(path_type=Path, dir_okay=True, exists=False))
@@ -132,7 +146,8 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
 @friendly_errors
 def submit(
     gpus: int, nodes: int, cpus: int | None, mem: str | None, time_limit: str | None, partition: str | None,
-    image: str | None, name: str | None, dry_run: bool, as_json: bool, script: Path, args: tuple[str, ...],
+    image: str | None, name: str | None, mode: str | None, dry_run: bool, as_json: bool, script: Path,
+    args: tuple[str, ...],
 ) -> None:
     """Submit SCRIPT (a PyTorch training script) with ARGS to Slurm, in a container, under torchrun.
 
@@ -154,6 +169,7 @@ def submit(
     request = SubmitRequest(
         script=script, args=tuple(args), gpus=gpus, nodes=nodes, cpus=cpus, mem_mb=mem_mb,
         time_limit_min=limit, partition=partition, image=image, name=name, workdir=Path.cwd(),
+        mode=mode or default_mode(),
     )
     plan = plan_job(request, settings, client)
     if dry_run:
@@ -163,7 +179,8 @@ def submit(
     record = submit_plan(plan, settings, client, store)
     if as_json:
         click.echo(json.dumps({"id": record.id, "slurm_job_id": record.slurm_job_id,
-                               "partition": record.partition, "job_dir": record.job_dir}))
+                               "partition": record.partition, "job_dir": record.job_dir,
+                               "mode": request.mode, "ideal_partition": plan.choice.ideal_partition or record.partition}))
     else:
         click.echo(
             f"dlsub: submitted job {record.id} (Slurm job {record.slurm_job_id}) to partition "
@@ -274,6 +291,10 @@ def requeue(job: str) -> None:
 
 
 main.add_command(simulate)
+main.add_command(agent)
+main.add_command(why)
+main.add_command(backfill)
+main.add_command(config)
 
 
 if __name__ == "__main__":

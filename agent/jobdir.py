@@ -41,6 +41,7 @@ class Progress:
     samples_per_s: float | None = None
     last_time: float | None = None
     last_checkpoint_step: int | None = None
+    last_checkpoint_time: float | None = None
     finished: bool = False
 
     def eta_s(self) -> float | None:
@@ -81,6 +82,7 @@ def summarize_progress(job_dir: Path) -> Progress:
         samples_per_s=_rate(first, last, "samples") if len(same) > 1 else None,
         last_time=last.get("time"),
         last_checkpoint_step=checkpoints[-1].get("step") if checkpoints else None,
+        last_checkpoint_time=checkpoints[-1].get("time") if checkpoints else None,
         finished=finished,
     )
 

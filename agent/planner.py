@@ -9,6 +9,10 @@ Rules, in order:
    with CPU work); GPU jobs prefer longer MaxTime (a dev queue is the last
    resort, or the choice when only it is free now).
 4. Then Slurm's default partition, then name, for a stable answer.
+5. In immediate mode, a GPU job that cannot start now anywhere with GPUs
+   starts now on a partition without GPUs instead (its processes on CPUs);
+   the choice names the ideal partition, which the agent moves it to when
+   GPUs free up.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class Request:
     time_limit_min: int | None
     nodes: int = 1
     partition: str | None = None  # the user's explicit choice
+    immediate: bool = False
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,8 @@ class Choice:
     partition: str
     starts_now: bool
     reason: str
+    ideal_partition: str | None = None  # set when placed elsewhere for now (immediate mode)
+    gpus_now: int | None = None  # GPUs it gets where it starts, when not what it asked for
 
 
 class PlanningError(ValueError):
@@ -99,6 +106,15 @@ def choose_partition(partitions: list[Partition], req: Request) -> Choice:
 
     best = min(fits, key=rank)
     starts_now = free_nodes(best) >= req.nodes
+    if req.immediate and not starts_now and req.gpus_per_node > 0 and req.partition is None:
+        fallback = _start_without_gpus(partitions, req)
+        if fallback is not None:
+            return Choice(
+                fallback.name, True,
+                f"immediate mode: no GPUs free now ({best.name} would queue); starting on {fallback.name} "
+                f"without GPUs, to move to {best.name} when {req.gpus_per_node} GPU(s) free up",
+                ideal_partition=best.name, gpus_now=0,
+            )
     idle = free_nodes(best)
     parts = [f"{idle} of {len(best.nodes)} nodes free for it now" if starts_now else "no node is free for it now; it will queue"]
     if req.partition is None:
@@ -111,3 +127,14 @@ def choose_partition(partitions: list[Partition], req: Request) -> Choice:
     else:
         parts.insert(0, "as asked")
     return Choice(best.name, starts_now, ", ".join(parts))
+
+
+def _start_without_gpus(partitions: list[Partition], req: Request) -> Partition | None:
+    """A partition without GPUs where the job, run on CPUs, can start now."""
+    cpu_req = Request(0, req.cpus, req.mem_mb, req.time_limit_min, req.nodes)
+    ready = [
+        p for p in partitions
+        if p.max_gpus_per_node == 0 and _why_not(p, cpu_req) is None
+        and sum(1 for n in p.nodes if _node_free(n, cpu_req)) >= req.nodes
+    ]
+    return min(ready, key=lambda p: (0 if p.default else 1, p.name), default=None)

@@ -52,7 +52,7 @@ class UnknownJob(LookupError):
 
 class JobStore:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
         self.db = sqlite_utils.Database(path)
         self.db.enable_wal()
         self.jobs = self.db.table("jobs")

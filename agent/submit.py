@@ -41,6 +41,7 @@ class SubmitRequest:
     image: str | None
     name: str | None
     workdir: Path
+    mode: str = "ideal"  # "immediate": start on what is free now, move to GPUs later
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     choice = choose_partition(
         client.partitions(),
         Request(gpus_per_node=req.gpus, cpus=cpus, mem_mb=mem_mb, time_limit_min=req.time_limit_min,
-                nodes=req.nodes, partition=req.partition),
+                nodes=req.nodes, partition=req.partition, immediate=req.mode == "immediate"),
     )
     if check_images:
         check_image(image)
@@ -99,7 +100,7 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         job_dir=job_dir,
         workdir=req.workdir,
         library_dir=library_dir(),
-        nproc_per_node=max(1, req.gpus),
+        nproc_per_node=None,  # one per GPU of each attempt (they may differ after a move)
         runtime=settings.runtime,
         grace_s=max(5, settings.signal_grace_s // 2),
     )
@@ -109,21 +110,37 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         partition=choice.partition,
         container=container,
         nodes=req.nodes,
-        gpus_per_node=req.gpus,
+        gpus_per_node=req.gpus if choice.gpus_now is None else choice.gpus_now,
         cpus_per_task=cpus,
         mem_mb=mem_mb,
         time_limit_min=req.time_limit_min,
         signal_grace_s=settings.signal_grace_s,
         dlsub_version=dlsub.__version__,
+        tags=(("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus))),
     )
     return Plan(dlsub_id, choice, batch, render_sbatch(batch))
+
+
+def let_the_agent_traverse(directory: Path) -> None:
+    """Add o+x (not o+r) to a directory of ours that lacks it: one made before dlsub made them 0711."""
+    try:
+        info = directory.stat()
+        if info.st_uid == os.getuid() and info.st_mode & 0o001 == 0:
+            directory.chmod((info.st_mode & 0o7777) | 0o001)
+    except OSError:
+        pass
 
 
 def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobStore) -> JobRecord:
     """Write the job directory, sbatch it, record it; undo the directory if sbatch fails."""
     spec = plan.batch
     job_dir = spec.container.job_dir
-    job_dir.mkdir(parents=True, mode=0o700)
+    # 0711: the agent (another account) may open the progress and attempt
+    # records it is told the names of, but cannot list or read the rest.
+    job_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+    for directory in (settings.home, job_dir.parent):
+        let_the_agent_traverse(directory)
+    job_dir.mkdir(mode=0o711)
     try:
         script_path = job_dir / BATCH_SCRIPT
         script_path.write_text(plan.script_text)
@@ -135,7 +152,7 @@ def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobS
             args=list(spec.container.script_args),
             job_dir=str(job_dir),
             partition=spec.partition,
-            gpus_per_node=spec.gpus_per_node,
+            gpus_per_node=int(dict(spec.tags).get("gpus", spec.gpus_per_node)),
             nodes=spec.nodes,
             cpus=spec.cpus_per_task,
             mem_mb=spec.mem_mb,

@@ -74,7 +74,7 @@ def checkpoint_files(directory: Path) -> list[tuple[int, Path]]:
 
 def save_checkpoint(directory: Path, seq: int, state: dict[str, Any], keep: int) -> Path:
     """Write checkpoint ``seq`` atomically and prune to the newest ``keep``."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)  # the job dir is 0711: keep checkpoints private
     data = _serialize(state)
     path = directory / f"ckpt-{seq:08d}.pt"
     _write_atomic(path.with_name(path.name + ".sha256"), hashlib.sha256(data).hexdigest().encode() + b"\n")

@@ -54,7 +54,7 @@ class ContainerSpec:
     job_dir: Path  # absolute
     workdir: Path  # absolute: the submit directory
     library_dir: Path  # the host's installed ``dlsub`` package directory
-    nproc_per_node: int = 1
+    nproc_per_node: int | None = None  # None: one per GPU the attempt got, else 1
     runtime: str = "runc"
     grace_s: int = 30
     env: tuple[tuple[str, str], ...] = ()
@@ -104,7 +104,10 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw, la
     lines.append([gpu_args])
     lines.append([spec.image])
     lines.append(["python3", "-m", "dlsub.checkpointing.launch", "--grace", str(spec.grace_s), "--"])
-    lines.append(["torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.nproc_per_node)])
+    # One process per GPU of this attempt: the batch script counts them, since
+    # a job moved between CPU and GPU partitions gets different ones.
+    nproc: str | Raw = str(spec.nproc_per_node) if spec.nproc_per_node else Raw('"${nproc}"')
+    lines.append(["torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node", nproc])
     lines.append([str(spec.script), *spec.script_args])
     return lines
 

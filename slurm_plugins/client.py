@@ -195,3 +195,15 @@ class SlurmClient:
     def update_job(self, job_id: int, **fields: str) -> None:
         """``scontrol update jobid=N Key=Value ...`` (e.g. ``StartTime="now"``)."""
         self._run(["scontrol", "update", f"jobid={int(job_id)}", *(f"{k}={v}" for k, v in fields.items())])
+
+    def hold(self, job_id: int) -> None:
+        self._run(["scontrol", "hold", str(int(job_id))])
+
+    def release(self, job_id: int) -> None:
+        """Release a held job and lift a requeued job's BeginTime wait, so it may start now."""
+        self._run(["scontrol", "release", str(int(job_id))])
+        self.update_job(job_id, StartTime="now")
+
+    def retarget(self, job_id: int, partition: str, gpus_per_node: int) -> None:
+        """Point a pending job at another partition, with that many GPUs per node (0: none)."""
+        self.update_job(job_id, Partition=partition, TresPerNode=f"gres:gpu:{gpus_per_node}" if gpus_per_node else "")

@@ -111,9 +111,32 @@ class SlurmJob:
 
     @property
     def dlsub_id(self) -> str | None:
-        """The dlsub job this Slurm job is an attempt of (from ``--comment=dlsub:ID``)."""
-        m = re.match(r"^dlsub:([0-9a-f]+)$", self.comment or "")
+        """The dlsub job this Slurm job is an attempt of (from ``--comment=dlsub:ID[;key=value...]``)."""
+        m = re.match(r"^dlsub:([0-9a-f]+)(;|$)", self.comment or "")
         return m.group(1) if m else None
+
+    @property
+    def dlsub_tags(self) -> dict[str, str]:
+        """The ``key=value`` tags dlsub put after the id in the comment (mode, ideal partition, GPUs)."""
+        return parse_comment_tags(self.comment)
+
+    @property
+    def held(self) -> bool:
+        """Held by a user or an admin (priority 0): it will not start until released."""
+        return self.state == "PENDING" and self.reason in ("JobHeldUser", "JobHeldAdmin")
+
+    @property
+    def end_time(self) -> int:
+        return _epoch(self.extra.get("end_time"))
+
+    @property
+    def user_id(self) -> int | None:
+        value = self.extra.get("user_id")
+        return int(value) if isinstance(value, int) else None
+
+    @property
+    def standard_output(self) -> str:
+        return str(self.extra.get("standard_output", "") or "")
 
     @property
     def terminal(self) -> bool:
@@ -147,6 +170,22 @@ class SlurmJob:
             gpus_per_node=_gpus_in(raw.get("tres_per_node")),
             extra=raw,
         )
+
+
+COMMENT_TAG = re.compile(r"^[a-z_]+=[A-Za-z0-9._-]*$")
+
+
+def parse_comment_tags(comment: str) -> dict[str, str]:
+    """``dlsub:ID;mode=immediate;ideal=gpu;gpus=1`` -> {"mode": ..., ...}; malformed tags are ignored."""
+    parts = (comment or "").split(";")
+    if not parts or not parts[0].startswith("dlsub:"):
+        return {}
+    tags = {}
+    for part in parts[1:]:
+        if COMMENT_TAG.match(part):
+            key, _, value = part.partition("=")
+            tags[key] = value
+    return tags
 
 
 def _epoch(value: Any) -> int:

@@ -11,6 +11,10 @@ whole resume protocol, so no daemon is needed for it:
   requeued by the script: Slurm decides (cancel, or requeue on preemption).
 * When the container exits with RESUME_EXIT_CODE after anything but SIGTERM,
   the script runs ``scontrol requeue``; the next attempt restores the checkpoint.
+* SIGUSR2 is the agent's "checkpoint for a move": the training is asked to
+  checkpoint (SIGUSR1 to the container) and the job is requeued *held*
+  (``scontrol requeuehold``), so that the agent can change its partition and
+  GPUs before releasing it; the next attempt resumes there.
 * The EXIT trap removes the attempt's container; the TaskEpilog in etc/slurm
   catches what a trap cannot (SIGKILL after KillWait).
 
@@ -43,6 +47,8 @@ class BatchSpec:
     time_limit_min: int | None = None  # None: the partition's DefaultTime
     signal_grace_s: int = 60
     dlsub_version: str = ""
+    # Tags after the id in --comment, for the agent: mode, ideal partition, GPUs wanted.
+    tags: tuple[tuple[str, str], ...] = ()
 
 
 def safe_job_name(text: str) -> str:
@@ -78,7 +84,7 @@ def render_sbatch(spec: BatchSpec) -> str:
         "--open-mode=append",
         f"--signal=B:USR1@{spec.signal_grace_s}",
         "--requeue",
-        f"--comment=dlsub:{spec.dlsub_id}",
+        "--comment=" + ";".join([f"dlsub:{spec.dlsub_id}", *(f"{k}={v}" for k, v in spec.tags)]),
     ]
     for d in directives:
         if any(ch in d for ch in "\n\r"):
@@ -122,6 +128,13 @@ if [ -n "$container_cuda_devices" ] && grep -qs 'nvidia.com/gpu' /etc/cdi/*.yaml
     container_cuda_devices="$(IFS=,; echo "${{renumbered[*]}}")"
 fi
 
+# One training process per GPU Slurm gave this attempt, one on a CPU node.
+nproc=1
+if [ -n "${{CUDA_VISIBLE_DEVICES:-}}" ]; then
+    IFS=, read -ra visible_gpus <<< "$CUDA_VISIBLE_DEVICES"
+    nproc="${{#visible_gpus[@]}}"
+fi
+
 mkdir -p "$DLSUB_JOB_DIR/attempts"
 log_attempt() {{  # event, then extra JSON fields
     printf '{{"event":"%s","time":%s,"slurm_job_id":%s,"restart":%s,"node":"%s","partition":"%s"%s}}\\n' \\
@@ -136,7 +149,9 @@ forward() {{
     echo "dlsub: received SIG$1: asking the training to checkpoint and stop" >&2
     [ -n "$child" ] && kill -s "$1" "$child" 2>/dev/null
 }}
+move_requested=""
 trap 'forward USR1' USR1
+trap 'move_requested=1; forward USR1' USR2
 trap 'forward TERM' TERM
 cleanup() {{ podman rm -f -t 5 --ignore "$container" >/dev/null 2>&1 || true; }}
 trap cleanup EXIT
@@ -156,6 +171,14 @@ while :; do
 done
 child=""
 
+if [ "$rc" -eq "$RESUME_EXIT_CODE" ] && [ "$stop_signal" != TERM ] && [ -n "$move_requested" ]; then
+    log_attempt end ",\\"rc\\":$rc,\\"action\\":\\"move\\""
+    echo "dlsub: checkpointed for a move; requeueing Slurm job $SLURM_JOB_ID held for the agent" >&2
+    if scontrol requeuehold "$SLURM_JOB_ID"; then
+        exit 0
+    fi
+    echo "dlsub: scontrol requeuehold failed; requeueing where it was" >&2
+fi
 if [ "$rc" -eq "$RESUME_EXIT_CODE" ] && [ "$stop_signal" != TERM ]; then
     log_attempt end ",\\"rc\\":$rc,\\"action\\":\\"requeue\\""
     echo "dlsub: checkpointed; requeueing Slurm job $SLURM_JOB_ID to resume" >&2

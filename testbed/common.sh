@@ -53,3 +53,7 @@ wait_for_nodes() {
     done
     die "nodes did not come up: $states (see /var/log/dlsub-testbed/)"
 }
+
+# The agent's service account (a Slurm Operator) and MariaDB's pid file.
+AGENT_USER="${DLSUB_AGENT_USER:-dlsub}"
+MARIADB_PIDFILE=/run/mysqld/mysqld.pid  

@@ -5,6 +5,9 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/common.sh"
 [ "$(id -u)" -eq 0 ] || die "run as root: sudo make testbed-down"
+"$here/agent.sh" stop
 stop_slurm
+stop_pidfile /run/dlsub-testbed/slurmdbd.pid
+stop_pidfile "$MARIADB_PIDFILE"
 stop_pidfile /run/munge/munged.pid
 say "testbed is down"

@@ -14,7 +14,7 @@ repo="$(dirname "$here")"
 [ "$(id -u)" -eq 0 ] || die "run as root (it installs packages and starts Slurm daemons): sudo make testbed"
 
 # ---------------------------------------------------------------- packages
-packages=(slurm-wlm slurm-client munge podman runc uidmap slirp4netns fuse-overlayfs
+packages=(slurm-wlm slurm-client slurmdbd mariadb-server munge podman runc uidmap slirp4netns fuse-overlayfs
           debootstrap python3 python3-venv ca-certificates procps)
 missing=()
 for p in "${packages[@]}"; do
@@ -57,6 +57,12 @@ for f in containers.conf storage.conf; do
     install -m 644 -o "$TESTBED_USER" -g "$TESTBED_USER" "$repo/etc/testbed/$f" "$home/.config/containers/$f"
 done
 
+# The agent's service account: unprivileged, made a Slurm Operator below.
+if ! id "$AGENT_USER" >/dev/null 2>&1; then
+    say "creating service account $AGENT_USER"
+    useradd -r -m -d /var/lib/dlsub -s /usr/sbin/nologin "$AGENT_USER"
+fi
+
 # ---------------------------------------------------------------- dlsub, system-wide
 # Installed under /opt (readable by every user) because CI's clone may sit
 # where the job user cannot enter.
@@ -74,6 +80,7 @@ for node in gpu1 gpu2; do
     done
 done
 install -m 755 "$repo/etc/slurm/taskepilog.sh" /etc/dlsub/taskepilog
+install -m 644 "$repo/etc/testbed/policy.toml" /etc/dlsub/policy.toml
 changed=0
 for f in slurm.conf gres.conf; do
     if ! cmp -s "$repo/etc/testbed/$f" "/etc/slurm/$f"; then
@@ -85,6 +92,8 @@ if [ "$changed" -eq 1 ]; then
     say "Slurm configuration changed: restarting the daemons"
     stop_slurm
 fi
+# Accounting: MariaDB, then slurmdbd, before slurmctld (which registers with it).
+"$here/accounting.sh"
 if ! pid_alive /run/dlsub-testbed/slurmctld.pid; then
     say "starting slurmctld"
     /usr/sbin/slurmctld
@@ -96,6 +105,11 @@ for node in $TESTBED_NODES; do
     fi
 done
 wait_for_nodes
+"$here/accounting.sh" associations
+
+# ---------------------------------------------------------------- the agent
+# Restarted every time: dlsub was just reinstalled and its policy may have changed.
+"$here/agent.sh" restart
 
 # ---------------------------------------------------------------- the image
 "$repo/containers/build-image.sh" "$TESTBED_USER"

@@ -104,7 +104,8 @@ def test_good_submit_json_and_status(cli_env: FakeSlurm, tmp_path: Path, script:
     out = json.loads(result.output)
     assert out["slurm_job_id"] == cli_env.submitted()[0].job_id and out["partition"] == "gpu"
     job = cli_env.submitted()[0]
-    assert job.options["gres"] == "gpu:2" and job.options["comment"] == f"dlsub:{out['id']}"
+    assert job.options["gres"] == "gpu:2"
+    assert job.options["comment"] == f"dlsub:{out['id']};mode=immediate;ideal=gpu;gpus=2"
     assert "--epochs 3" in Path(job.script).read_text()
     cli_env.set_job_state(job.job_id, "RUNNING", nodes="gpu1")
     status = json.loads(invoke("status", out["id"], "--json").output)

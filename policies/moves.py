@@ -1,0 +1,415 @@
+"""What the agent should do next with each dlsub job (pure: views in, actions out).
+
+The agent observes Slurm and the jobs' progress, builds these value objects,
+and carries out the actions this module returns. Nothing here talks to
+Slurm or reads files, so every rule is tested with a fake clock.
+
+Rules, checked for each job every tick:
+
+* **Move** (immediate mode): a job running on a CPU or dev partition while
+  its ideal GPU partition has room moves there, if it checkpoints, the
+  policy allows moving its owner's jobs, the owner stays within the GPU
+  limit, and the time it is expected to save (from its ETA and the
+  partitions' relative speeds) beats the restart cost by the margin. When
+  several jobs could take the same GPUs, the scheduling policy named in
+  policy.toml picks which.
+* **Continue** past a time limit: a running job whose allocation ends
+  within the checkpoint grace while it still has work to do is asked to
+  checkpoint and continue in a new attempt (at most N times).
+* **Backfill**: inside an off-hours window, a job waiting for its GPU
+  partition goes to an idle node of a backfill role (dev, cpu); before the
+  window closes it is checkpointed and sent back.
+* **Resume fast**: a job that requeued itself after a checkpoint waits for
+  Slurm's BeginTime hold (121 s by default); the agent lifts it.
+
+A move in flight is a small state machine (``MovePhase``) that each tick
+advances from what Slurm shows, so a restarted agent picks it up where
+Slurm is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from dlsub.policies.api import ClusterView, JobView, Node
+from dlsub.policies.registry import get_policy
+
+
+class MovePhase(str, Enum):
+    """planned → signalled → (job requeued held) → updated → released → done.
+
+    ``planned`` is written before the signal is sent, so a crash between the
+    two re-sends it. A job that ends on its own during a move makes it
+    ``abandoned``.
+    """
+
+    PLANNED = "planned"
+    SIGNALLED = "signalled"
+    UPDATED = "updated"
+    RELEASED = "released"
+    DONE = "done"
+    ABANDONED = "abandoned"
+
+
+@dataclass(frozen=True)
+class MoveView:
+    kind: str  # "move" (onto GPUs), "return" (out of a backfill window), "continue" (time limit)
+    phase: MovePhase
+    target_partition: str
+    target_gpus: int
+    since: float  # when the phase was entered
+    signals: int = 0
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    dlsub_id: str
+    slurm_job_id: int
+    user: str
+    state: str  # Slurm's: PENDING, RUNNING, ...
+    reason: str
+    partition: str
+    mode: str  # immediate | ideal
+    ideal_partition: str
+    gpus_wanted: int
+    gpus_now: int
+    submit_time: float
+    start_time: float
+    end_time: float  # when the current allocation's time limit ends (0: none known)
+    held: bool = False
+    checkpointable: bool = False
+    last_checkpoint_time: float | None = None
+    eta_s: float | None = None
+    finished: bool = False
+    last_attempt_action: str | None = None  # "requeue" or "move" when the last attempt ended that way
+    continuations: int = 0
+    backfilled_from: str | None = None  # the partition it waited in before a backfill
+    move: MoveView | None = None
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    name: str
+    role: str | None  # gpu | cpu | dev | None (not in the policy)
+    speed: float
+    nodes: tuple[tuple[str, int, int], ...]  # (node, idle GPUs, idle CPUs) for nodes that are up
+    pending_gpus: int = 0  # GPUs wanted by jobs already waiting there (not ours to overtake)
+    max_time_s: float | None = None
+
+    @property
+    def idle_gpus(self) -> int:
+        return sum(g for _, g, _ in self.nodes)
+
+    def idle_node_for(self, gpus: int, cpus: int) -> bool:
+        return any(g >= gpus and c >= cpus for _, g, c in self.nodes)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The parts of policy.toml the planner needs, as plain values."""
+
+    policy: str = "fifo"
+    moves_enabled: bool = True
+    movable_users: tuple[str, ...] = ("*",)
+    restart_cost_s: float = 60.0
+    min_saving_s: float = 60.0
+    checkpoint_grace_s: float = 90.0
+    continue_jobs: bool = True
+    max_continuations: int = 20
+    max_gpus_per_user: int = 64
+    max_jobs_per_user: int = 100
+    backfill_enabled: bool = True
+    backfill_roles: tuple[str, ...] = ("dev", "cpu")
+    job_cpus: int = 2
+
+    def may_move(self, user: str) -> bool:
+        return self.moves_enabled and ("*" in self.movable_users or user in self.movable_users)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The state of the backfill windows at ``now``: open or not, and when that changes."""
+
+    open: bool
+    name: str = ""
+    closes_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing to do to one job, and why, in words a user reads in `dlsub why`."""
+
+    kind: str
+    dlsub_id: str
+    slurm_job_id: int
+    reason: str
+    partition: str | None = None
+    gpus: int | None = None
+    details: dict[str, float | str | int | None] = field(default_factory=dict)
+
+
+# Action kinds the agent carries out.
+SIGNAL_MOVE = "signal-move"  # SIGUSR2 to the batch shell: checkpoint, requeue held
+SIGNAL_CONTINUE = "signal-continue"  # SIGUSR1: checkpoint, requeue (same partition)
+RETARGET = "retarget"  # scontrol update Partition=... TresPerNode=... (pending job)
+RELEASE = "release"  # scontrol release + StartTime=now
+LIFT_BEGIN_TIME = "lift-begin-time"  # scontrol update StartTime=now
+FINISH_MOVE = "finish-move"  # the move is complete (bookkeeping)
+ABANDON_MOVE = "abandon-move"
+BACKFILL = "backfill"  # a RETARGET into a backfill partition
+NOTE = "note"  # no action; a decision worth telling the user (once)
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
+    """The next step of a move in flight, from what Slurm shows now."""
+    move = job.move
+    assert move is not None
+    common = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+    if job.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                     "BOOT_FAIL", "DEADLINE") or job.finished:
+        return [Action(ABANDON_MOVE, reason=f"the job ended ({job.state}) before the {move.kind} finished", **common)]
+    if move.kind == "continue":
+        if job.state == "PENDING":
+            if job.reason == "BeginTime":
+                return [Action(LIFT_BEGIN_TIME, reason="checkpointed before its time limit; continuing now", **common)]
+            return [Action(FINISH_MOVE, reason="continued in a new attempt", **common)]
+        if job.state == "RUNNING" and job.start_time > move.since:
+            return [Action(FINISH_MOVE, reason="continued in a new attempt", **common)]
+        if job.state == "RUNNING" and now - move.since > 2 * rules.checkpoint_grace_s:
+            return [Action(SIGNAL_CONTINUE, reason="no checkpoint yet after the first request; asking again", **common)]
+        return []
+    # move / return
+    if job.state == "RUNNING":
+        if job.partition == move.target_partition and job.start_time >= move.since - 1:
+            return [Action(FINISH_MOVE, reason=f"running on {job.partition}", **common)]
+        if move.phase in (MovePhase.PLANNED,) or (
+            move.phase == MovePhase.SIGNALLED and now - move.since > 2 * rules.checkpoint_grace_s
+        ):
+            why = "sending the checkpoint request" if move.phase == MovePhase.PLANNED else \
+                "no checkpoint yet after the first request; asking again"
+            return [Action(SIGNAL_MOVE, reason=why, partition=move.target_partition, gpus=move.target_gpus, **common)]
+        return []
+    if job.state == "PENDING":
+        actions = []
+        if job.partition != move.target_partition or job.gpus_now != move.target_gpus:
+            actions.append(Action(RETARGET, reason=f"checkpointed; now for {move.target_partition}",
+                                  partition=move.target_partition, gpus=move.target_gpus, **common))
+        if job.held or job.reason == "BeginTime":
+            actions.append(Action(RELEASE, reason=f"released to start on {move.target_partition}", **common))
+        elif not actions:
+            return [Action(FINISH_MOVE, reason=f"waiting to start on {move.target_partition}", **common)]
+        return actions
+    return []
+
+
+def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules,
+                     now: float) -> tuple[list[JobInfo], list[Action]]:
+    """Jobs that could move onto their ideal GPU partition now, and notes on those that should not."""
+    candidates, notes = [], []
+    for job in jobs:
+        if job.move is not None or job.state != "RUNNING" or job.mode != "immediate":
+            continue
+        here, ideal = partitions.get(job.partition), partitions.get(job.ideal_partition)
+        if ideal is None or job.partition == job.ideal_partition or job.gpus_wanted <= 0:
+            continue
+        if job.backfilled_from:
+            continue  # placed by backfill: returns when the window closes
+        common = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+        free = ideal.idle_gpus - ideal.pending_gpus
+        if not ideal.idle_node_for(job.gpus_wanted, rules.job_cpus) or free < job.gpus_wanted:
+            continue  # nothing to decide yet: no room there
+        if not rules.may_move(job.user):
+            notes.append(Action(NOTE, reason=f"not moved to {ideal.name}: the site policy does not move "
+                                f"{job.user}'s jobs", **common))
+            continue
+        if not job.checkpointable:
+            notes.append(Action(NOTE, reason=f"not moved to {ideal.name}: the job has not written a checkpoint "
+                                "yet (only jobs that checkpoint are moved)", **common))
+            continue
+        if job.eta_s is None:
+            notes.append(Action(NOTE, reason=f"not moved to {ideal.name} yet: no progress reported, so no "
+                                "estimate of the time a move would save", **common))
+            continue
+        speed_here = here.speed if here else 1.0
+        eta_there = job.eta_s * speed_here / ideal.speed
+        saved = job.eta_s - eta_there - rules.restart_cost_s
+        if saved < rules.min_saving_s:
+            notes.append(Action(NOTE, reason=(
+                f"not moved to {ideal.name}: it would save about {_hours(max(saved, 0))} after a restart "
+                f"costing {_hours(rules.restart_cost_s)}, less than the {_hours(rules.min_saving_s)} a move must "
+                f"save (ETA {_hours(job.eta_s)} here)"), **common))
+            continue
+        candidates.append(replace(job, eta_s=job.eta_s))
+    return candidates, notes
+
+
+def _gpus_in_use(jobs: Sequence[JobInfo], user: str) -> int:
+    return sum(j.gpus_now for j in jobs if j.user == user and j.state in ("RUNNING", "PENDING"))
+
+
+def _choose_movers(candidates: list[JobInfo], jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo],
+                   rules: Rules, now: float) -> list[Action]:
+    """Which candidates take the idle GPUs, by the configured scheduling policy."""
+    actions = []
+    by_ideal: dict[str, list[JobInfo]] = {}
+    for job in candidates:
+        by_ideal.setdefault(job.ideal_partition, []).append(job)
+    for name, group in by_ideal.items():
+        ideal = partitions[name]
+        # The ideal partition's idle GPUs, minus what jobs already waiting there want.
+        spare = ideal.pending_gpus
+        nodes = []
+        for node, gpus, _ in ideal.nodes:
+            take = min(spare, gpus)
+            spare -= take
+            if gpus - take > 0:
+                nodes.append(Node(node, gpus - take, partition=name))
+        if not nodes:
+            continue
+        views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=j.gpus_wanted, remaining=j.eta_s,
+                         model=_EtaModel(j.eta_s or 0.0)) for j in group]
+        try:
+            decision = get_policy(rules.policy).decide(views, ClusterView(tuple(nodes)), now, {})
+        except ValueError:
+            decision = get_policy("fifo").decide(views, ClusterView(tuple(nodes)), now, {})
+        for job in group:
+            alloc = decision.get(job.dlsub_id)
+            if alloc is None or alloc.gpus < job.gpus_wanted:
+                continue
+            if _gpus_in_use(jobs, job.user) - job.gpus_now + job.gpus_wanted > rules.max_gpus_per_user:
+                actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id,
+                                      f"not moved to {name}: {job.user} would exceed the limit of "
+                                      f"{rules.max_gpus_per_user} GPUs per user"))
+                continue
+            here = partitions.get(job.partition)
+            eta = job.eta_s or 0.0
+            saved = eta - eta * (here.speed if here else 1.0) / ideal.speed - rules.restart_cost_s
+            age = now - job.last_checkpoint_time if job.last_checkpoint_time else None
+            actions.append(Action(
+                SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
+                f"moving to {name}: {ideal.idle_gpus} GPU(s) idle"
+                + (f", checkpoint {_hours(age)} old" if age is not None else "")
+                + f", est. {_hours(saved)} saved",
+                partition=name, gpus=job.gpus_wanted,
+                details={"saved_s": round(saved), "idle_gpus": ideal.idle_gpus, "eta_s": round(eta),
+                         "checkpoint_age_s": round(age) if age is not None else None},
+            ))
+    return actions
+
+
+class _EtaModel:
+    """A job's known time left, for policies that weigh GPUs by remaining time (linear in GPUs)."""
+
+    def __init__(self, eta_s: float) -> None:
+        self.eta_s = max(eta_s, 1.0)
+
+    def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return 1.0 / max(sum(placement), 1)
+
+    def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return float(sum(placement))
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        return 1, float(sum(placement))
+
+
+def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules,
+                   now: float) -> list[Action]:
+    actions = []
+    for job in jobs:
+        if job.move is not None or job.state != "RUNNING" or not job.end_time:
+            continue
+        left = job.end_time - now
+        if left > rules.checkpoint_grace_s:
+            continue
+        common = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+        if job.finished or (job.eta_s is not None and job.eta_s <= max(left, 0)):
+            continue  # it will finish in time
+        if not rules.continue_jobs:
+            actions.append(Action(NOTE, reason=f"its time limit on {job.partition} ends in {_hours(max(left, 0))}; "
+                                  "the site policy does not continue jobs past it", **common))
+        elif not job.checkpointable:
+            actions.append(Action(NOTE, reason="its time limit is near but it has not checkpointed: not continued",
+                                  **common))
+        elif job.continuations >= rules.max_continuations:
+            actions.append(Action(NOTE, reason=f"time limit near; already continued {job.continuations} times, "
+                                  f"the most the site allows", **common))
+        else:
+            eta = f", about {_hours(job.eta_s)} of work left" if job.eta_s is not None else ""
+            actions.append(Action(SIGNAL_CONTINUE, reason=(
+                f"its time limit on {job.partition} ends in {_hours(max(left, 0))}{eta}: checkpointing to "
+                f"continue in a new attempt ({job.continuations + 1} of at most {rules.max_continuations})"),
+                partition=job.partition, **common))
+    return actions
+
+
+def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules, window: Window,
+              now: float) -> list[Action]:
+    actions: list[Action] = []
+    if not rules.backfill_enabled:
+        return actions
+    if window.open:
+        closes_in = (window.closes_at - now) if window.closes_at else None
+        if closes_in is not None and closes_in <= 2 * rules.checkpoint_grace_s + rules.restart_cost_s:
+            pass  # too late to start anything in this window
+        else:
+            taken: dict[str, int] = {}
+            for job in sorted(jobs, key=lambda j: j.submit_time):
+                if job.move is not None or job.state != "PENDING" or job.held or job.backfilled_from:
+                    continue
+                if job.reason not in ("Resources", "Priority", "ReqNodeNotAvail", "Nodes_required_for_job_are_"
+                                      "DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions"):
+                    continue
+                if sum(1 for j in jobs if j.user == job.user and j.backfilled_from) >= rules.max_jobs_per_user:
+                    continue
+                for part in partitions.values():
+                    if part.role not in rules.backfill_roles or part.name == job.partition:
+                        continue
+                    gpus = job.gpus_wanted if part.role != "cpu" else 0
+                    free_nodes = [n for n, g, c in part.nodes if g >= gpus and c >= rules.job_cpus]
+                    if len(free_nodes) <= taken.get(part.name, 0):
+                        continue
+                    taken[part.name] = taken.get(part.name, 0) + 1
+                    actions.append(Action(BACKFILL, job.dlsub_id, job.slurm_job_id,
+                                          f"off-hours window '{window.name}' is open and {part.name} is idle: "
+                                          f"starting there instead of waiting for {job.partition}",
+                                          partition=part.name, gpus=gpus))
+                    break
+    for job in jobs:
+        if not job.backfilled_from or job.move is not None or job.state != "RUNNING":
+            continue
+        closes_in = (window.closes_at - now) if (window.open and window.closes_at) else 0.0
+        if closes_in <= 2 * rules.checkpoint_grace_s:
+            why = (f"the off-hours window '{window.name}' closes in {_hours(max(closes_in, 0))}"
+                   if window.open else "the off-hours window has closed")
+            actions.append(Action(SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
+                                  f"{why}: checkpointing and moving back to {job.backfilled_from}",
+                                  partition=job.backfilled_from, gpus=job.gpus_wanted,
+                                  details={"kind": "return"}))
+    return actions
+
+
+def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Rules, now: float,
+         window: Window = Window(False)) -> list[Action]:
+    """Everything the agent should do this tick, moves in flight first."""
+    by_name = {p.name: p for p in partitions}
+    actions: list[Action] = []
+    for job in jobs:
+        if job.move is not None:
+            actions += _advance_move(job, now, rules)
+        elif job.state == "PENDING" and job.reason == "BeginTime" and job.last_attempt_action == "requeue":
+            actions.append(Action(LIFT_BEGIN_TIME, job.dlsub_id, job.slurm_job_id,
+                                  "checkpointed and requeued; lifting Slurm's wait before a requeued job may start"))
+    actions += _continuations(jobs, by_name, rules, now)
+    actions += _backfill(jobs, by_name, rules, window, now)
+    busy = {a.dlsub_id for a in actions if a.kind != NOTE}
+    candidates, notes = _move_candidates([j for j in jobs if j.dlsub_id not in busy], by_name, rules, now)
+    actions += notes
+    actions += _choose_movers(candidates, jobs, by_name, rules, now)
+    return actions

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The dlsub agent as the testbed runs it: `dlsub agent run` as the service
+# account, from its pid file (a site would use etc/systemd/dlsub-agent.service).
+#   agent.sh start | stop | restart | kill9   (kill9: as a crash would, for tests)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+. "$here/common.sh"
+
+pidfile=/run/dlsub/agent.pid
+start() {
+    install -d -m 755 -o "$AGENT_USER" -g "$AGENT_USER" /run/dlsub /var/lib/dlsub /var/log/dlsub
+    pid_alive "$pidfile" && return 0
+    say "starting the dlsub agent as $AGENT_USER"
+    runuser -u "$AGENT_USER" -- setsid "$DLSUB_PREFIX/venv/bin/dlsub" agent run --pidfile "$pidfile" \
+        >>/var/log/dlsub/agent.log 2>&1 </dev/null &
+    local i
+    for i in $(seq 1 50); do
+        pid_alive "$pidfile" && return 0
+        sleep 0.2
+    done
+    die "the agent did not start: see /var/log/dlsub/agent.log"
+}
+
+case "${1:-start}" in
+    start) start ;;
+    stop) stop_pidfile "$pidfile" ;;
+    restart) stop_pidfile "$pidfile"; start ;;
+    kill9)
+        if pid_alive "$pidfile"; then kill -9 "$(cat "$pidfile")"; fi
+        ;;
+    *) die "usage: agent.sh start|stop|restart|kill9" ;;
+esac
