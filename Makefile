@@ -30,6 +30,7 @@ integration: testbed
 
 bench: testbed
 	$(VENV)/bin/python benchmarks/container_overhead.py
+	$(VENV)/bin/python benchmarks/immediate_vs_ideal.py
 
 # Policies and simulator: no testbed needed, only the virtualenv.
 bench-policies: install

@@ -41,14 +41,30 @@ class Decision:
     details: dict[str, Any]
 
 
+def _open_readonly(path: Path) -> sqlite3.Connection:
+    """Another user's view of the agent's database.
+
+    While the agent runs, its WAL index (``-shm``) exists and a read-only
+    connection shares it. When no agent is connected SQLite has removed
+    that file, a reader without write access cannot recreate it, and the
+    database (fully checkpointed then) is read as immutable instead.
+    """
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10, check_same_thread=False)
+    try:
+        conn.execute("select count(*) from sqlite_master").fetchone()
+        return conn
+    except sqlite3.OperationalError:
+        conn.close()
+    return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+
+
 class AgentStore:
     def __init__(self, path: Path, *, readonly: bool = False) -> None:
         self.path = path
         if readonly:
             if not path.exists():
                 raise FileNotFoundError(path)
-            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10, check_same_thread=False)
-            self.db = sqlite_utils.Database(conn)
+            self.db = sqlite_utils.Database(_open_readonly(path))
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         # The scheduler ticks in a worker thread (one at a time).
@@ -70,7 +86,7 @@ class AgentStore:
                 "dlsub_id": str, "user": str, "slurm_job_id": int, "job_dir": str, "mode": str,
                 "ideal_partition": str, "gpus_wanted": int, "first_seen": float, "last_seen": float,
                 "last_state": str, "last_partition": str, "continuations": int, "backfilled_from": str,
-                "last_note": str,
+                "backfilled_limit_min": int, "last_note": str,
             }, pk="dlsub_id", not_null={"continuations"}, defaults={"continuations": 0})
         if "attempts" not in db.table_names():
             db["attempts"].create({
@@ -92,7 +108,7 @@ class AgentStore:
         if "moves" not in db.table_names():
             db["moves"].create({
                 "dlsub_id": str, "slurm_job_id": int, "kind": str, "phase": str, "target_partition": str,
-                "target_gpus": int, "since": float, "signals": int, "created": float,
+                "target_gpus": int, "since": float, "signals": int, "created": float, "time_limit_min": int,
             }, pk="dlsub_id")
         if "meta" not in db.table_names():
             db["meta"].create({"key": str, "value": str}, pk="key")
@@ -106,7 +122,7 @@ class AgentStore:
         self.db["jobs"].upsert(row, pk="dlsub_id", alter=True)
 
     def set_job(self, dlsub_id: str, **fields: Any) -> None:
-        self.db["jobs"].update(dlsub_id, fields)
+        self.db["jobs"].update(dlsub_id, fields, alter=True)
 
     def record_attempt(self, row: dict[str, Any]) -> None:
         self.db["attempts"].upsert(row, pk=("slurm_job_id", "restart"))
@@ -144,10 +160,10 @@ class AgentStore:
         return list(self.db["moves"].rows)
 
     def start_move(self, row: dict[str, Any]) -> None:
-        self.db["moves"].insert(row, pk="dlsub_id", replace=True)
+        self.db["moves"].insert(row, pk="dlsub_id", replace=True, alter=True)
 
     def set_move(self, dlsub_id: str, **fields: Any) -> None:
-        self.db["moves"].update(dlsub_id, fields)
+        self.db["moves"].update(dlsub_id, fields, alter=True)
 
     def end_move(self, dlsub_id: str) -> None:
         self.db["moves"].delete_where("dlsub_id = ?", [dlsub_id])

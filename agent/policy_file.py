@@ -155,6 +155,11 @@ def _simple(where: str, cls: type, table: Any) -> Any:
     spelled = {renames.get(k, k): k for k in table}
     names = {f.name: f for f in fields(cls)}
     _check_keys(where, table, [next((t for t, f in renames.items() if f == n), n) for n in names])
+    from dataclasses import MISSING
+
+    missing = [n for n, f in names.items() if f.default is MISSING and f.default_factory is MISSING and n not in spelled]
+    if missing:
+        raise PolicyFileError(f"{where}: missing key{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     values: dict[str, Any] = {}
     for name, original in spelled.items():
         hint = str(names[name].type)

@@ -120,14 +120,14 @@ class Agent:
             progress = summarize_progress(job_dir) if job_dir else None
             attempts = read_attempts(job_dir) if job_dir else []
             ends = [a for a in attempts if a.get("event") == "end" and a.get("slurm_job_id") == job.job_id]
+            # As of the last report (seconds ago): the agent's clock may be a test's fake one.
             eta = progress.eta_s() if progress else None
-            if eta is not None and progress and progress.last_time:
-                eta = max(0.0, eta - max(0.0, now - float(progress.last_time)))
             move_row = self.store.move(job.dlsub_id)
             move = None
             if move_row:
                 move = MoveView(move_row["kind"], MovePhase(move_row["phase"]), move_row["target_partition"],
-                                int(move_row["target_gpus"]), float(move_row["since"]), int(move_row["signals"] or 0))
+                                int(move_row["target_gpus"]), float(move_row["since"]), int(move_row["signals"] or 0),
+                                move_row.get("time_limit_min"))
             info = JobInfo(
                 dlsub_id=job.dlsub_id, slurm_job_id=job.job_id, user=job.user, state=job.state,
                 reason=job.reason, partition=job.partition, mode=mode, ideal_partition=ideal,
@@ -140,6 +140,8 @@ class Agent:
                 last_attempt_action=ends[-1].get("action") if ends else None,
                 continuations=int(row["continuations"] or 0) if row else 0,
                 backfilled_from=row["backfilled_from"] if row else None,
+                backfilled_limit_min=row.get("backfilled_limit_min") if row else None,
+                time_limit_min=job.time_limit_min,
                 move=move,
             )
             infos.append(info)
@@ -205,7 +207,7 @@ class Agent:
                 store.start_move({
                     "dlsub_id": dlsub_id, "slurm_job_id": job_id, "kind": kind, "phase": MovePhase.PLANNED.value,
                     "target_partition": action.partition, "target_gpus": action.gpus or 0, "since": now,
-                    "signals": 0, "created": now,
+                    "signals": 0, "created": now, "time_limit_min": action.time_limit_min,
                 })
                 store.decide(now, dlsub_id, job_id, user, kind, action.reason, action.details)
             client.cancel(job_id, signal="USR2", batch=True)
@@ -227,7 +229,7 @@ class Agent:
             store.set_move(dlsub_id, phase=MovePhase.SIGNALLED.value, since=now, signals=signals)
             return
         if action.kind == planner.RETARGET:
-            client.retarget(job_id, action.partition or "", action.gpus or 0)
+            client.retarget(job_id, action.partition or "", action.gpus or 0, action.time_limit_min)
             store.set_move(dlsub_id, phase=MovePhase.UPDATED.value)
             return
         if action.kind == planner.RELEASE:
@@ -250,9 +252,10 @@ class Agent:
         if action.kind == planner.BACKFILL:
             row = store.job(dlsub_id) or {}
             # Write-ahead, as for moves: where it came from is known before it leaves.
-            store.set_job(dlsub_id, backfilled_from=row.get("last_partition"))
+            store.set_job(dlsub_id, backfilled_from=row.get("last_partition"),
+                          backfilled_limit_min=action.details.get("limit_min"))
             store.decide(now, dlsub_id, job_id, user, "backfill", action.reason, action.details)
-            client.retarget(job_id, action.partition or "", action.gpus or 0)
+            client.retarget(job_id, action.partition or "", action.gpus or 0, action.time_limit_min)
             return
         raise ValueError(f"unknown action {action.kind}")
 

@@ -58,6 +58,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--report-every", type=int, default=5, help="steps between progress reports")
     p.add_argument("--throttle", type=float, default=0.0,
                    help="sleep this many seconds per step, to stretch a demo run so it can be watched or signalled")
+    p.add_argument("--cpu-slowdown", type=float, default=1.0,
+                   help="multiply --throttle by this when no GPU is visible: on a testbed whose GPUs are fake, "
+                        "makes a CPU node as much slower than a GPU one as it would be on real hardware")
     p.add_argument("--data", type=Path, default=DATA)
     return p.parse_args()
 
@@ -114,7 +117,7 @@ def main() -> None:
             step += 1
             batch_in_epoch += 1
             if args.throttle:
-                time.sleep(args.throttle)
+                time.sleep(args.throttle * (1.0 if os.environ.get("CUDA_VISIBLE_DEVICES") else args.cpu_slowdown))
             if step % args.report_every == 0 or batch_in_epoch == per_epoch:
                 run.report(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size * world)
             if run.should_stop():

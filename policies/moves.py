@@ -16,9 +16,13 @@ Rules, checked for each job every tick:
 * **Continue** past a time limit: a running job whose allocation ends
   within the checkpoint grace while it still has work to do is asked to
   checkpoint and continue in a new attempt (at most N times).
-* **Backfill**: inside an off-hours window, a job waiting for its GPU
-  partition goes to an idle node of a backfill role (dev, cpu); before the
-  window closes it is checkpointed and sent back.
+* **Backfill**: inside an off-hours window, a job waiting for its
+  partition goes to an idle node of a backfill role (dev, cpu), its time
+  limit cut to that partition's MaxTime; before the window closes it is
+  checkpointed and sent back with its own limit. A GPU job only goes where
+  there are idle GPUs: Slurm 22.05 cannot take a GPU request off a pending
+  job (the job stays "never runnable" on CPU nodes), so GPU jobs reach CPU
+  nodes only by being submitted there in immediate mode.
 * **Resume fast**: a job that requeued itself after a checkpoint waits for
   Slurm's BeginTime hold (121 s by default); the agent lifts it.
 
@@ -61,6 +65,7 @@ class MoveView:
     target_gpus: int
     since: float  # when the phase was entered
     signals: int = 0
+    time_limit_min: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,8 @@ class JobInfo:
     last_attempt_action: str | None = None  # "requeue" or "move" when the last attempt ended that way
     continuations: int = 0
     backfilled_from: str | None = None  # the partition it waited in before a backfill
+    backfilled_limit_min: int | None = None  # its own time limit, restored when it goes back
+    time_limit_min: int | None = None
     move: MoveView | None = None
 
 
@@ -148,6 +155,7 @@ class Action:
     partition: str | None = None
     gpus: int | None = None
     details: dict[str, float | str | int | None] = field(default_factory=dict)
+    time_limit_min: int | None = None  # set the job's time limit too (backfill, and back)
 
 
 # Action kinds the agent carries out.
@@ -199,7 +207,8 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
         actions = []
         if job.partition != move.target_partition or job.gpus_now != move.target_gpus:
             actions.append(Action(RETARGET, reason=f"checkpointed; now for {move.target_partition}",
-                                  partition=move.target_partition, gpus=move.target_gpus, **common))
+                                  partition=move.target_partition, gpus=move.target_gpus,
+                                  time_limit_min=move.time_limit_min, **common))
         if job.held or job.reason == "BeginTime":
             actions.append(Action(RELEASE, reason=f"released to start on {move.target_partition}", **common))
         elif not actions:
@@ -371,15 +380,18 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
                 for part in partitions.values():
                     if part.role not in rules.backfill_roles or part.name == job.partition:
                         continue
-                    gpus = job.gpus_wanted if part.role != "cpu" else 0
-                    free_nodes = [n for n, g, c in part.nodes if g >= gpus and c >= rules.job_cpus]
+                    free_nodes = [n for n, g, c in part.nodes if g >= job.gpus_wanted and c >= rules.job_cpus]
                     if len(free_nodes) <= taken.get(part.name, 0):
                         continue
                     taken[part.name] = taken.get(part.name, 0) + 1
+                    limit = job.time_limit_min
+                    if part.max_time_s is not None and (limit is None or limit * 60 > part.max_time_s):
+                        limit = int(part.max_time_s // 60)
                     actions.append(Action(BACKFILL, job.dlsub_id, job.slurm_job_id,
                                           f"off-hours window '{window.name}' is open and {part.name} is idle: "
                                           f"starting there instead of waiting for {job.partition}",
-                                          partition=part.name, gpus=gpus))
+                                          partition=part.name, gpus=job.gpus_wanted, time_limit_min=limit,
+                                          details={"from": job.partition, "limit_min": job.time_limit_min}))
                     break
     for job in jobs:
         if not job.backfilled_from or job.move is not None or job.state != "RUNNING":
@@ -391,7 +403,7 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
             actions.append(Action(SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
                                   f"{why}: checkpointing and moving back to {job.backfilled_from}",
                                   partition=job.backfilled_from, gpus=job.gpus_wanted,
-                                  details={"kind": "return"}))
+                                  details={"kind": "return"}, time_limit_min=job.backfilled_limit_min))
     return actions
 
 

@@ -204,6 +204,15 @@ class SlurmClient:
         self._run(["scontrol", "release", str(int(job_id))])
         self.update_job(job_id, StartTime="now")
 
-    def retarget(self, job_id: int, partition: str, gpus_per_node: int) -> None:
-        """Point a pending job at another partition, with that many GPUs per node (0: none)."""
-        self.update_job(job_id, Partition=partition, TresPerNode=f"gres:gpu:{gpus_per_node}" if gpus_per_node else "")
+    def retarget(self, job_id: int, partition: str, gpus_per_node: int, time_limit_min: int | None = None) -> None:
+        """Point a pending job at another partition, with that many GPUs per node, and a time limit.
+
+        GPUs are only ever added or kept: Slurm 22.05 leaves a pending job
+        "never runnable" on CPU nodes after its GPU request is cleared.
+        """
+        fields = {"Partition": partition}
+        if gpus_per_node:
+            fields["TresPerNode"] = f"gres:gpu:{gpus_per_node}"
+        if time_limit_min is not None:
+            fields["TimeLimit"] = str(time_limit_min)
+        self.update_job(job_id, **fields)

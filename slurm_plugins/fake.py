@@ -50,6 +50,10 @@ class FakeJob:
     restart_cnt: int = 0
     exit_code: int = 0
     signals: list[str] = field(default_factory=list)
+    reason: str = "None"
+    user_id: int = 1000
+    start_time: int = 1_700_000_000
+    end_time: int = 0
 
 
 def testbed_cluster() -> "FakeSlurm":
@@ -90,6 +94,26 @@ class FakeSlurm:
 
     def submitted(self) -> list[FakeJob]:
         return list(self.jobs.values())
+
+    def start(self, job_id: int, node: str, now: int) -> None:
+        """The job starts on ``node`` at ``now`` (its partition's time limit counts from there)."""
+        job = self.jobs[job_id]
+        job.state, job.nodes, job.reason, job.start_time = "RUNNING", node, "None", now
+        job.end_time = now + 3600
+        self._use(job, +1)
+
+    def requeue_held(self, job_id: int) -> None:
+        """What the batch script does after a checkpoint for a move: ``scontrol requeuehold``."""
+        job = self.jobs[job_id]
+        self._use(job, -1)
+        job.state, job.reason, job.nodes = "PENDING", "JobHeldUser", ""
+        job.restart_cnt += 1
+
+    def _use(self, job: FakeJob, sign: int) -> None:
+        node = self.nodes.get(job.nodes)
+        gres = job.options.get("gres", "")
+        if node is not None and gres.startswith("gpu:"):
+            node.gpus_used += sign * int(gres.split(":")[1])
 
     # ---------------------------------------------------------------- dispatch
     def __call__(self, argv: Sequence[str]) -> "subprocess.CompletedProcess[str]":
@@ -141,9 +165,12 @@ class FakeSlurm:
             "nodes": job.nodes,
             "comment": job.options.get("comment", ""),
             "restart_cnt": job.restart_cnt,
-            "state_reason": "None",
+            "state_reason": job.reason,
+            "user_id": job.user_id,
+            "standard_output": job.options.get("output", ""),
+            "end_time": job.end_time,
             "time_limit": int(job.options["time"]) if job.options.get("time", "").isdigit() else 60,
-            "start_time": 1_700_000_000,
+            "start_time": job.start_time,
             "submit_time": 1_700_000_000,
             "exit_code": job.exit_code,
             "tres_per_node": f"gres:{gres}" if gres else "",
@@ -209,5 +236,20 @@ class FakeSlurm:
             job.restart_cnt += 1
             return self._done(argv, 0, "")
         if argv[1:2] == ["update"]:
+            fields = dict(a.split("=", 1) for a in argv[2:])
+            job = self.jobs[int(fields.pop("jobid"))]
+            if "Partition" in fields:
+                if job.state != "PENDING":
+                    return self._done(argv, 1, "", "scontrol: error: Job is no longer pending execution")
+                job.options["partition"] = fields["Partition"]
+            if "TresPerNode" in fields:
+                value = fields["TresPerNode"]
+                job.options["gres"] = value.removeprefix("gres:") if value else ""
+            if fields.get("StartTime") == "now" and job.reason == "BeginTime":
+                job.reason = "None"
+            return self._done(argv, 0, "")
+        if argv[1:2] in (["release"], ["hold"]):
+            job = self.jobs[int(argv[2])]
+            job.reason = "None" if argv[1] == "release" else "JobHeldUser"
             return self._done(argv, 0, "")
         return self._done(argv, 1, "", f"scontrol: error: fake does not know {' '.join(argv[1:])}")

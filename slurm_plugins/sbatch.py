@@ -174,6 +174,7 @@ child=""
 if [ "$rc" -eq "$RESUME_EXIT_CODE" ] && [ "$stop_signal" != TERM ] && [ -n "$move_requested" ]; then
     log_attempt end ",\\"rc\\":$rc,\\"action\\":\\"move\\""
     echo "dlsub: checkpointed for a move; requeueing Slurm job $SLURM_JOB_ID held for the agent" >&2
+    trap 'exit 0' TERM  # the requeue ends this attempt; there is nothing left to forward
     if scontrol requeuehold "$SLURM_JOB_ID"; then
         exit 0
     fi
@@ -182,6 +183,7 @@ fi
 if [ "$rc" -eq "$RESUME_EXIT_CODE" ] && [ "$stop_signal" != TERM ]; then
     log_attempt end ",\\"rc\\":$rc,\\"action\\":\\"requeue\\""
     echo "dlsub: checkpointed; requeueing Slurm job $SLURM_JOB_ID to resume" >&2
+    trap 'exit 0' TERM
     if scontrol requeue "$SLURM_JOB_ID"; then
         exit 0
     fi

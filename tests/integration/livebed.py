@@ -69,3 +69,62 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 120, inte
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT_USER = os.environ.get("DLSUB_AGENT_USER", "dlsub")
+
+
+def slurm_job(job_id: int) -> dict[str, Any] | None:
+    """Slurm's own record of a job (squeue --json, as root), or None once it is gone."""
+    out = subprocess.run(["squeue", "--json"], capture_output=True, text=True, check=True).stdout
+    found = [j for j in json.loads(out).get("jobs", []) if j.get("job_id") == job_id]
+    return found[0] if found else None
+
+
+def agent_service(action: str) -> None:
+    """Start, stop or kill -9 the testbed's agent (testbed/agent.sh, by its pid file)."""
+    subprocess.run(["bash", str(REPO / "testbed" / "agent.sh"), action], check=True, capture_output=True)
+
+
+def agent_tick(db: Path, now: float | None = None, policy: Path | None = None) -> list[dict[str, Any]]:
+    """One agent tick as the service account, with a fake clock when ``now`` is given."""
+    argv = ["runuser", "-u", AGENT_USER, "--", "dlsub", "agent", "tick", "--db", str(db), "--json"]
+    if policy is not None:
+        argv += ["--policy", str(policy)]
+    if now is not None:
+        argv += ["--now", f"{now:.3f}"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise AssertionError(f"agent tick failed: {result.stdout}\n{result.stderr}")
+    return json.loads(result.stdout)
+
+
+def blockers(user: TestbedUser, count: int = 2, gpus: int = 4) -> list[int]:
+    """Jobs that hold every GPU of the testbed, as a busy GPU queue would."""
+    ids = []
+    for _ in range(count):
+        out = user.run("sbatch", "--parsable", "-p", "gpu", f"--gres=gpu:{gpus}", "-J", "blocker", "--mem=200",
+                       "--cpus-per-task=1", "--time=30", "--wrap", "sleep 900", check=True)
+        ids.append(int(out.stdout.strip().split(";")[0]))
+    wait_for("the blockers to hold the GPUs",
+             lambda: all((slurm_job(i) or {}).get("job_state") == "RUNNING" for i in ids), timeout=60)
+    return ids
+
+
+def attempts(job_dir: str) -> list[dict[str, Any]]:
+    path = Path(job_dir) / "attempts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def node_back(node: str) -> None:
+    """Start a node's slurmd again and return the node to service (it was marked down)."""
+    subprocess.run(["/usr/sbin/slurmd", "-N", node], check=False)
+
+    def up() -> bool:
+        state = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], capture_output=True, text=True).stdout.strip()
+        if "down" in state or "drain" in state:
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+        return state.rstrip("*") in ("idle", "mix", "alloc")
+
+    wait_for(f"{node} back in service", up, timeout=90, interval=2)

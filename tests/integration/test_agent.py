@@ -1,0 +1,289 @@
+"""Integration tests (live testbed: real Slurm with slurmdbd, rootless Podman, PyTorch): the agent.
+
+The agent runs as the service account `dlsub`, a Slurm Operator. Some tests
+use the testbed's agent service as it runs; those where time matters stop
+it and drive single ticks with a fake clock (`dlsub agent tick --now`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from livebed import (
+    EXAMPLES,
+    TestbedUser,
+    agent_service,
+    agent_tick,
+    attempts,
+    blockers,
+    node_back,
+    slurm_job,
+    wait_for,
+)
+
+TRAIN = str(EXAMPLES / "train_digits.py")
+SERVICE_DB = Path("/var/lib/dlsub/agent.db")
+
+
+@pytest.fixture
+def gpus_busy(user: TestbedUser) -> Iterator[list[int]]:
+    ids = blockers(user)
+    yield ids
+    subprocess.run(["scancel", *map(str, ids)], check=False)
+
+
+@pytest.fixture
+def service_agent() -> Iterator[None]:
+    agent_service("start")
+    yield
+    agent_service("start")  # whatever a test did to it, leave it running
+
+
+@pytest.fixture
+def manual_agent(tmp_path: Path) -> Iterator[Path]:
+    """The service stopped; the test ticks an agent of its own (own state database) by hand."""
+    agent_service("stop")
+    db = Path(f"/var/lib/dlsub/it-{os.getpid()}-{time.monotonic_ns()}.db")
+    yield db
+    agent_service("start")
+    for suffix in ("", "-wal", "-shm", ".lock"):
+        Path(str(db) + suffix).unlink(missing_ok=True)
+
+
+def checkpointed(user: TestbedUser, job: str) -> int | None:
+    status = user.status(job)
+    return status["last_checkpoint_step"] if status["state"] == "RUNNING" else None
+
+
+def output(job_dir: str) -> str:
+    return "".join(p.read_text() for p in sorted(Path(job_dir).glob("slurm-*.out")))
+
+
+def test_immediate_mode_starts_on_cpu_and_moves_to_gpu_when_it_frees(
+    user: TestbedUser, workdir: Path, gpus_busy: list[int], service_agent: None
+) -> None:
+    """The issue's "done when", as a new user would try it, with the agent service running."""
+    job = user.submit("--mode", "immediate", "--gpus", "1", TRAIN, "--epochs", "12", "--throttle", "0.2",
+                      cwd=workdir)
+    assert job["partition"] == "cpu" and job["ideal_partition"] == "gpu" and job["mode"] == "immediate"
+    step_at_move = wait_for("a checkpoint on cpu", lambda: checkpointed(user, job["id"]), timeout=120)
+    subprocess.run(["scancel", *map(str, gpus_busy)], check=True)
+
+    def on_gpu() -> dict | None:
+        status = user.status(job["id"])
+        return status if status["partition"] == "gpu" and status["state"] == "RUNNING" and status["step"] else None
+
+    moved = wait_for("the job to run on gpu", on_gpu, timeout=120)
+    assert moved["slurm_job_id"] == job["slurm_job_id"], "a move is the same Slurm job, requeued"
+    wait_for("progress past the checkpoint on gpu",
+             lambda: (user.status(job["id"])["step"] or 0) > step_at_move, timeout=60)
+    why = wait_for("the agent to record the move as done",
+                   lambda: w if "running on gpu" in (w := user.dlsub("why", job["id"]).stdout) else None, timeout=30)
+    assert re.search(r"moving to gpu: \d+ GPU\(s\) idle, checkpoint \d+ s old, est\. .* saved", why), why
+    final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s, timeout=180)
+    assert final["attempts"] == 2
+    runs = attempts(job["job_dir"])
+    starts = [a for a in runs if a["event"] == "start"]
+    assert [a["partition"] for a in starts] == ["cpu", "gpu"] and starts[1]["gpus"] != ""
+    assert [a.get("action") for a in runs if a["event"] == "end"][0] == "move"
+    text = output(job["job_dir"])
+    resumed = re.search(r"resumed from step (\d+)", text)
+    assert resumed and int(resumed.group(1)) >= step_at_move, text
+    assert re.search(r"done: \d+ steps", text), text
+
+
+def test_time_limit_continuation_on_gpu_dev(user: TestbedUser, workdir: Path, manual_agent: Path) -> None:
+    """Fake clock: the agent is told the allocation ends in 30 s, so it continues the job now."""
+    job = user.submit("--mode", "ideal", "-p", "gpu-dev", "--gpus", "1", "--time", "5", TRAIN,
+                      "--epochs", "12", "--throttle", "0.2", cwd=workdir)
+    step = wait_for("a checkpoint on gpu-dev", lambda: checkpointed(user, job["id"]), timeout=120)
+    end_time = slurm_job(job["slurm_job_id"])["end_time"]  # type: ignore[index]
+    actions = agent_tick(manual_agent, now=end_time - 30)
+    assert [a["kind"] for a in actions] == ["signal-continue"], actions
+    assert "time limit on gpu-dev ends in 30 s" in actions[0]["reason"]
+
+    def continued() -> bool:
+        agent_tick(manual_agent)  # real time from here: lifts Slurm's requeue wait, finishes the move
+        record = slurm_job(job["slurm_job_id"]) or {}
+        return record.get("job_state") == "RUNNING" and record.get("restart_cnt", 0) >= 1
+
+    wait_for("the job to continue in a new attempt", continued, timeout=120, interval=2)
+    final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s, timeout=180)
+    assert final["attempts"] == 2 and final["partition"] == "gpu-dev"
+    text = output(job["job_dir"])
+    resumed = re.search(r"resumed from step (\d+)", text)
+    assert resumed and int(resumed.group(1)) >= step, text
+    why = user.dlsub("why", job["id"], "--db", str(manual_agent)).stdout
+    assert "continue" in why and "time limit on gpu-dev ends in 30 s" in why
+
+
+def window_policy(db: Path, start: float, minutes: int) -> Path:
+    """The testbed policy with its backfill window moved to [start, start + minutes) today, local time."""
+    policy = Path("/etc/dlsub/policy.toml").read_text()
+    a, b = datetime.fromtimestamp(start), datetime.fromtimestamp(start + minutes * 60)
+    window = (f'[[backfill.window]]\nname = "it-window"\nstart = "{a.minute} {a.hour} * * *"\n'
+              f'end = "{b.minute} {b.hour} * * *"\n')
+    text = policy[: policy.index("[[backfill.window]]")] + window
+    path = Path(str(db) + ".policy.toml")
+    path.write_text(text)
+    path.chmod(0o644)
+    return path
+
+
+@pytest.fixture
+def cpus_busy(user: TestbedUser) -> Iterator[list[int]]:
+    """Jobs that take every CPU of the cpu partition."""
+    ids = []
+    for _ in range(2):
+        out = user.run("sbatch", "--parsable", "-p", "cpu", "--cpus-per-task=4", "-J", "blocker", "--mem=200",
+                       "--time=30", "--wrap", "sleep 900", check=True)
+        ids.append(int(out.stdout.strip()))
+    wait_for("the cpu blockers", lambda: all((slurm_job(i) or {}).get("job_state") == "RUNNING" for i in ids))
+    yield ids
+    subprocess.run(["scancel", *map(str, ids)], check=False)
+
+
+def test_off_hours_window_opens_and_closes(
+    user: TestbedUser, workdir: Path, cpus_busy: list[int], manual_agent: Path
+) -> None:
+    """Fake clock: a window that opens in a few minutes; ticks just before, inside, and near its close.
+
+    A CPU job waits for the busy cpu partition; inside the window it runs on the idle dev nodes
+    (its time limit cut to gpu-dev's 10 min) and goes back to cpu, checkpointed, before the window closes.
+    """
+    job = user.submit("--mode", "ideal", "-p", "cpu", TRAIN, "--epochs", "15", "--throttle", "0.2", cwd=workdir)
+    wait_for("the job to wait for CPUs",
+             lambda: (slurm_job(job["slurm_job_id"]) or {}).get("state_reason") in ("Resources", "Priority"))
+    opens = (int(time.time()) // 60 + 2) * 60
+    policy = window_policy(manual_agent, opens, 5)
+    assert agent_tick(manual_agent, now=opens - 60, policy=policy) == [], "outside the window nothing moves"
+    inside = opens + 30
+    actions = agent_tick(manual_agent, now=inside, policy=policy)
+    assert [(a["kind"], a["partition"]) for a in actions] == [("backfill", "gpu-dev")], actions
+    step = wait_for("a checkpoint on gpu-dev", lambda: checkpointed(user, job["id"]), timeout=120)
+    assert user.status(job["id"])["partition"] == "gpu-dev"
+    assert (slurm_job(job["slurm_job_id"]) or {}).get("time_limit") == 10
+    assert agent_tick(manual_agent, now=inside + 60, policy=policy) == [], "it stays while the window is open"
+    closing = opens + 4 * 60
+    actions = agent_tick(manual_agent, now=closing, policy=policy)
+    assert [(a["kind"], a["partition"]) for a in actions] == [("signal-move", "cpu")], actions
+    assert "closes in 1 min" in actions[0]["reason"] or "closes in 60 s" in actions[0]["reason"], actions
+
+    def back_in_cpu_queue() -> bool:
+        agent_tick(manual_agent, now=max(closing + 10, time.time()), policy=policy)
+        record = slurm_job(job["slurm_job_id"]) or {}
+        return record.get("partition") == "cpu" and record.get("job_state") == "PENDING" \
+            and record.get("state_reason") not in ("JobHeldUser", "JobHeldAdmin")
+
+    wait_for("the job to go back to waiting for cpu", back_in_cpu_queue, timeout=120, interval=2)
+    assert (slurm_job(job["slurm_job_id"]) or {}).get("time_limit") == 60, "its own time limit back"
+    subprocess.run(["scancel", *map(str, cpus_busy)], check=True)
+    final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s, timeout=180)
+    assert final["partition"] == "cpu" and final["attempts"] == 2
+    resumed = re.search(r"resumed from step (\d+)", output(job["job_dir"]))
+    assert resumed and int(resumed.group(1)) >= step
+    why = user.dlsub("why", job["id"], "--db", str(manual_agent)).stdout
+    assert "off-hours window 'it-window' is open" in why and "moving back to cpu" in why, why
+
+
+def _moves(db: Path) -> list[tuple[str, str]]:
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            return conn.execute("select dlsub_id, phase from moves").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return []
+
+
+def test_agent_killed_mid_move_loses_and_duplicates_nothing(
+    user: TestbedUser, workdir: Path, gpus_busy: list[int], service_agent: None
+) -> None:
+    job = user.submit("--mode", "immediate", "--gpus", "1", TRAIN, "--epochs", "12", "--throttle", "0.2",
+                      cwd=workdir)
+    assert job["partition"] == "cpu"
+    wait_for("a checkpoint on cpu", lambda: checkpointed(user, job["id"]), timeout=120)
+    subprocess.run(["scancel", *map(str, gpus_busy)], check=True)
+    wait_for("the agent to start the move", lambda: (job["id"], "signalled") in _moves(SERVICE_DB),
+             timeout=60, interval=0.1)
+    agent_service("kill9")
+    assert user.run("dlsub", "agent", "status").returncode == 3, "a killed agent is reported as not running"
+    # Without the agent the job checkpoints and waits, held, for someone to finish the move.
+    wait_for("the job to checkpoint and wait held",
+             lambda: (slurm_job(job["slurm_job_id"]) or {}).get("state_reason") == "JobHeldUser", timeout=90)
+    time.sleep(3)
+    assert (slurm_job(job["slurm_job_id"]) or {}).get("job_state") == "PENDING", "nothing moved it meanwhile"
+    agent_service("start")
+    final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s, timeout=240)
+    assert final["partition"] == "gpu" and final["attempts"] == 2
+    # One dlsub job, one Slurm job, two attempts: nothing lost, nothing duplicated.
+    mine = [j for j in json.loads(subprocess.run(["squeue", "--json"], capture_output=True, text=True).stdout)["jobs"]
+            if str(j.get("comment", "")).startswith(f"dlsub:{job['id']}")]
+    assert {j["job_id"] for j in mine} <= {job["slurm_job_id"]}
+    starts = [a for a in attempts(job["job_dir"]) if a["event"] == "start"]
+    assert [(a["slurm_job_id"], a["partition"]) for a in starts] == [
+        (job["slurm_job_id"], "cpu"), (job["slurm_job_id"], "gpu")]
+    why = wait_for("the agent to record the move as done",
+                   lambda: w if "running on gpu" in (w := user.dlsub("why", job["id"]).stdout) else None, timeout=30)
+    assert why.count("moving to gpu") == 1, why
+
+
+def _job_pids(slurm_job_id: int) -> list[int]:
+    out = subprocess.run(["scontrol", "listpids", str(slurm_job_id)], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines()[1:] if line.split() and line.split()[0].isdigit()]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def test_slurmd_stopped_under_a_running_job_resumes_from_its_checkpoint_elsewhere(
+    user: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    job = user.submit("-p", "cpu", TRAIN, "--epochs", "15", "--throttle", "0.2", cwd=workdir)
+    step = wait_for("a checkpoint", lambda: checkpointed(user, job["id"]), timeout=120)
+    node = slurm_job(job["slurm_job_id"])["nodes"]  # type: ignore[index]
+    pidfile = Path(f"/run/dlsub-testbed/slurmd-{node}.pid")
+    # The node "dies": its slurmd, the job's processes and its container go at once.
+    pids = _job_pids(job["slurm_job_id"])
+    stepds = {p for p in (_parent(pid) for pid in pids) if p and "slurmstepd" in Path(f"/proc/{p}/comm").read_text()}
+    try:
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        for pid in [*stepds, *pids]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for name in user.containers(f"dlsub.job_id={job['id']}"):
+            user.run("podman", "rm", "-f", name)
+        wait_for(f"Slurm to see {node} down and requeue the job",
+                 lambda: (slurm_job(job["slurm_job_id"]) or {}).get("restart_cnt", 0) >= 1, timeout=150, interval=2)
+        final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s,
+                         timeout=240)
+    finally:
+        pidfile.unlink(missing_ok=True)
+        node_back(node)
+    starts = [a for a in attempts(job["job_dir"]) if a["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["node"] != node, starts
+    text = output(job["job_dir"])
+    resumed = re.search(r"resumed from step (\d+)", text)
+    assert resumed and int(resumed.group(1)) >= step, text
+    assert final["attempts"] == 2

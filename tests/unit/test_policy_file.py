@@ -1,0 +1,57 @@
+"""Unit tests (pure; no Slurm): the admin's policy.toml and `dlsub config check`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dlsub.agent.cli import main
+from dlsub.agent.policy_file import PolicyFileError, Window, load_policy, parse_policy
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("path", ["etc/policy.toml.example", "etc/testbed/policy.toml"])
+def test_shipped_policy_files_are_valid(path: str) -> None:
+    policy = load_policy(REPO / path)
+    assert policy.role_of("gpu") == "gpu" and policy.role_of("cpu") == "cpu"
+    result = CliRunner().invoke(main, ["config", "check", str(REPO / path)])
+    assert result.exit_code == 0 and ": ok: policy" in result.output
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"tick_interval": 5}, "unknown key tick_interval; valid keys: backfill, checkpoint_grace_s"),
+    ({"moves": {"enable": True}}, "moves: unknown key enable; valid keys: enabled, min_saving_s"),
+    ({"policy": "sjf"}, "unknown policy 'sjf'; valid policies: efifo, fifo, gang, goodput"),
+    ({"default_mode": "asap"}, "valid modes: immediate, ideal"),
+    ({"tick_interval_s": "fast"}, "tick_interval_s: expected float"),
+    ({"partitions": {"gpu": {"role": "accelerator"}}}, "valid roles: gpu, cpu, dev"),
+    ({"time_limits": {"continue": "yes"}}, "time_limits.continue: expected bool"),
+    ({"backfill": {"window": [{"name": "n", "start": "0 25 * * *", "end": "0 7 * * *"}]}}, "not a cron expression"),
+    ({"backfill": {"window": [{"name": "n", "start": "0 19 * * *"}]}}, "window\\[0\\]: missing key end"),
+])
+def test_bad_policy_is_refused_with_the_fix(data: dict, message: str) -> None:
+    with pytest.raises(PolicyFileError, match=message):
+        parse_policy(data)
+
+
+def test_config_check_exits_2_on_a_bad_file(tmp_path: Path) -> None:
+    bad = tmp_path / "policy.toml"
+    bad.write_text("polcy = 'fifo'\n")
+    result = CliRunner().invoke(main, ["config", "check", str(bad)])
+    assert result.exit_code == 2 and "unknown key polcy" in result.output
+
+
+def test_cron_weekdays_mean_what_crontab_says() -> None:
+    """0 is Sunday in crontab(5); APScheduler's own parser would make it Monday."""
+    window = Window("weeknights", "0 19 * * 1-5", "0 7 * * 2-6")
+    saturday_noon = datetime(2026, 11, 21, 12, 0).timestamp()
+    monday_21h = datetime(2026, 11, 23, 21, 0).timestamp()
+    assert window.state(saturday_noon)[0] is False
+    is_open, closes = window.state(monday_21h)
+    assert is_open and datetime.fromtimestamp(closes) == datetime(2026, 11, 24, 7, 0)
+    sunday = Window("sunday", "0 0 * * 0", "0 0 * * 1")
+    assert sunday.state(datetime(2026, 11, 22, 12, 0).timestamp())[0] is True
