@@ -9,11 +9,12 @@ check FILE`` runs exactly this. etc/policy.toml.example documents each key.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
+
+from dlsub.strict import read_toml, unknown_keys
 
 DEFAULT_PATH = Path("/etc/dlsub/policy.toml")
 ROLES = ("gpu", "cpu", "dev")
@@ -129,12 +130,9 @@ _TOML_KEYS = {  # the file's own spellings where they differ from the fields
 
 
 def _check_keys(where: str, table: dict[str, Any], valid: list[str]) -> None:
-    unknown = sorted(set(table) - set(valid))
-    if unknown:
-        raise PolicyFileError(
-            f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
-            f"valid keys: {', '.join(sorted(valid))}"
-        )
+    message = unknown_keys(where, table, valid)
+    if message:
+        raise PolicyFileError(message)
 
 
 def _typed(where: str, key: str, value: Any, kind: type) -> Any:
@@ -303,10 +301,4 @@ def load_policy(path: Path | None = None) -> AgentPolicy:
         path = Path(env) if env else DEFAULT_PATH
         if not path.exists():
             return AgentPolicy()
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise PolicyFileError(f"cannot read policy file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyFileError(f"{path}: not valid TOML: {exc}") from None
-    return parse_policy(data, str(path))
+    return parse_policy(read_toml(path, "policy file", PolicyFileError), str(path))

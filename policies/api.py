@@ -120,6 +120,8 @@ class Allocation:
 
 
 Decision = dict[str, Allocation]
+Jobs = Sequence[JobView]
+Allocations = Mapping[str, Allocation]  # what is in force now, by job name
 
 
 class Policy(Protocol):
@@ -127,13 +129,7 @@ class Policy(Protocol):
 
     name: ClassVar[str]
 
-    def decide(
-        self,
-        jobs: Sequence[JobView],
-        cluster: ClusterView,
-        now: float,
-        previous: Mapping[str, Allocation],
-    ) -> Decision: ...
+    def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision: ...
 
 
 def used_gpus(allocations: Mapping[str, Allocation]) -> Counter[str]:

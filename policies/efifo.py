@@ -8,10 +8,9 @@ maximum. Jobs whose count does not change keep their GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from dlsub.policies.api import Allocation, ClusterView, Decision, JobView
+from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs
 from dlsub.policies.elastic import place_counts
 from dlsub.policies.rigid import by_arrival
 
@@ -20,13 +19,7 @@ class ElasticFifoPolicy:
     name: ClassVar[str] = "efifo"
     elastic: ClassVar[bool] = True
 
-    def decide(
-        self,
-        jobs: Sequence[JobView],
-        cluster: ClusterView,
-        now: float,
-        previous: Mapping[str, Allocation],
-    ) -> Decision:
+    def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
         left = cluster.total_gpus
         counts: dict[str, int] = {}
         ordered = by_arrival(jobs)

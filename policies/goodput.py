@@ -24,10 +24,9 @@ live agent (one decision for 1,000 jobs on 256 nodes takes milliseconds):
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from dlsub.policies.api import Allocation, ClusterView, Decision, JobView
+from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs
 from dlsub.policies.elastic import place_counts
 from dlsub.policies.speedup import RemainingTime
 
@@ -73,13 +72,7 @@ class GoodputPolicy:
                 best = (-saved / k, k)
         return best
 
-    def decide(
-        self,
-        jobs: Sequence[JobView],
-        cluster: ClusterView,
-        now: float,
-        previous: Mapping[str, Allocation],
-    ) -> Decision:
+    def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
         per_node = max((node.gpus for node in cluster.nodes), default=1)
         curves = {job.name: RemainingTime(job, per_node, adapt_batch=True) for job in jobs}
         order = sorted(jobs, key=lambda job: (curves[job.name].time(max(job.lo, 1)), job.arrival_s, job.name))

@@ -9,10 +9,9 @@ up to the job's maximum. The batch size stays the job's own.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from dlsub.policies.api import Allocation, ClusterView, Decision, JobView
+from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs
 from dlsub.policies.elastic import place_counts
 from dlsub.policies.rigid import by_arrival
 from dlsub.policies.speedup import RemainingTime
@@ -22,13 +21,7 @@ class OptimusPolicy:
     name: ClassVar[str] = "optimus"
     elastic: ClassVar[bool] = True
 
-    def decide(
-        self,
-        jobs: Sequence[JobView],
-        cluster: ClusterView,
-        now: float,
-        previous: Mapping[str, Allocation],
-    ) -> Decision:
+    def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
         per_node = max((node.gpus for node in cluster.nodes), default=1)
         left = cluster.total_gpus
         counts: dict[str, int] = {}

@@ -10,10 +10,9 @@ policy keeps no state. Jobs are rigid; smaller jobs backfill.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from dlsub.policies.api import Allocation, ClusterView, Decision, JobView
+from dlsub.policies.api import Allocations, ClusterView, Decision, JobView, Jobs
 from dlsub.policies.placement import pack
 from dlsub.policies.rigid import admit_by_count, place_keeping
 
@@ -33,13 +32,7 @@ class RoundRobinPolicy:
             joined = job.waiting_since_s if job.waiting_since_s is not None else job.arrival_s
         return (1, joined, job.arrival_s, job.name)
 
-    def decide(
-        self,
-        jobs: Sequence[JobView],
-        cluster: ClusterView,
-        now: float,
-        previous: Mapping[str, Allocation],
-    ) -> Decision:
+    def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
         line = sorted(jobs, key=lambda job: self._line_key(job, now))
         admitted = admit_by_count(line, cluster.total_gpus)
         return place_keeping(admitted, previous, cluster, pack)

@@ -11,10 +11,9 @@ its place is preempted.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from dlsub.policies.api import Allocation, ClusterView, Decision, JobView
+from dlsub.policies.api import Allocations, ClusterView, Decision, JobView, Jobs
 from dlsub.policies.rigid import admit_by_count, by_arrival, place_keeping
 
 SIXTEEN_GPU_HOURS = 16 * 3600.0
@@ -29,13 +28,7 @@ class TiresiasPolicy:
     def queue_of(self, job: JobView) -> int:
         return 0 if job.attained_gpu_s < self.threshold_gpu_s else 1
 
-    def decide(
-        self,
-        jobs: Sequence[JobView],
-        cluster: ClusterView,
-        now: float,
-        previous: Mapping[str, Allocation],
-    ) -> Decision:
+    def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
         ordered = by_arrival(jobs)
         line = [job for job in ordered if self.queue_of(job) == 0] + [
             job for job in ordered if self.queue_of(job) == 1

@@ -10,10 +10,9 @@ start. It exists to show that (the gang scenario); ``gang`` is the fix.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
-from dlsub.policies.api import Allocation, ClusterView, Decision, JobView
+from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs
 from dlsub.policies.placement import free_gpus, spread
 from dlsub.policies.rigid import by_arrival
 
@@ -22,13 +21,7 @@ class WorkerGreedyPolicy:
     name: ClassVar[str] = "worker-greedy"
     holds_partial: ClassVar[bool] = True
 
-    def decide(
-        self,
-        jobs: Sequence[JobView],
-        cluster: ClusterView,
-        now: float,
-        previous: Mapping[str, Allocation],
-    ) -> Decision:
+    def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
         live = {job.name for job in jobs}
         held: dict[str, list[str]] = {
             name: list(alloc.nodes) for name, alloc in previous.items() if name in live

@@ -17,11 +17,11 @@ Unknown keys are errors that list the valid ones.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from dlsub.policies.api import ClusterView, Node
+from dlsub.strict import read_toml, unknown_keys
 
 TOP_KEYS = {"nodes", "gpus_per_node", "cpus_per_node", "group"}
 GROUP_KEYS = {"partition", "nodes", "gpus_per_node", "cpus_per_node"}
@@ -40,9 +40,9 @@ def _positive(where: str, table: dict[str, Any], key: str, default: int | None) 
 
 
 def _check_keys(where: str, table: dict[str, Any], valid: set[str]) -> None:
-    unknown = sorted(set(table) - valid)
-    if unknown:
-        raise ClusterFileError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(valid))}")
+    message = unknown_keys(where, table, valid)
+    if message:
+        raise ClusterFileError(message)
 
 
 def default_cluster() -> ClusterView:
@@ -50,12 +50,7 @@ def default_cluster() -> ClusterView:
 
 
 def load_cluster(path: Path) -> ClusterView:
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ClusterFileError(f"cannot read cluster file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ClusterFileError(f"{path}: not valid TOML: {exc}") from None
+    data = read_toml(path, "cluster file", ClusterFileError)
     _check_keys(str(path), data, TOP_KEYS)
     groups = data.get("group")
     if groups is None:
