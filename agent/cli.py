@@ -190,8 +190,12 @@ def submit(
 
 
 def _statuses(client: SlurmClient, records: list[JobRecord]) -> list[JobStatus]:
-    ids = [r.slurm_job_id for r in records if r.slurm_job_id is not None]
-    slurm = {j.job_id: j for j in client.jobs(job_ids=ids)} if ids else {}
+    """One squeue call for all the jobs; sacct for those Slurm no longer lists (purged after MinJobAge)."""
+    ids = {r.slurm_job_id for r in records if r.slurm_job_id is not None}
+    slurm = {j.job_id: j for j in client.jobs() if j.job_id in ids} if ids else {}
+    gone = sorted(ids - set(slurm))
+    if gone:
+        slurm.update({j.job_id: j for j in client.accounting(gone)})
     return [job_status(r, slurm.get(r.slurm_job_id or -1)) for r in records]
 
 

@@ -161,6 +161,22 @@ class SlurmClient:
             raise
         return [SlurmJob.from_squeue(raw) for raw in data.get("jobs", [])]
 
+    def accounting(self, job_ids: Iterable[int]) -> list[SlurmJob]:
+        """Finished jobs from Slurm's accounting (``sacct``), for those squeue no longer lists.
+
+        Empty when the cluster keeps no accounting: callers then fall back
+        to what the job left in its directory.
+        """
+        ids = ",".join(str(int(j)) for j in job_ids)
+        if not ids:
+            return []
+        argv = ["sacct", "-X", "-n", "-P", "-j", ids, "--format=JobIDRaw,JobName,User,State,Partition,NodeList,"
+                "ExitCode,Comment"]
+        result = self._run(argv, check=False)
+        if result.returncode != 0:
+            return []
+        return [job for line in result.stdout.splitlines() if (job := SlurmJob.from_sacct(line)) is not None]
+
     def job(self, job_id: int) -> SlurmJob | None:
         found = [j for j in self.jobs(job_ids=[job_id]) if j.job_id == job_id]
         return found[0] if found else None

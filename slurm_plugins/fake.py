@@ -80,6 +80,7 @@ class FakeSlurm:
         self.nodes = {n.name: n for n in nodes}
         self.partitions = {p.name: p for p in partitions}
         self.jobs: dict[int, FakeJob] = {}
+        self.history: dict[int, FakeJob] = {}  # purged from squeue, kept by accounting
         self.calls: list[list[str]] = []
         self.reachable = True
         self._next_id = 1000
@@ -127,6 +128,7 @@ class FakeSlurm:
             "sinfo": self._sinfo,
             "scancel": self._scancel,
             "scontrol": self._scontrol,
+            "sacct": self._sacct,
         }.get(argv[0])
         if handler is None:
             return self._done(argv, 127, "", f"{argv[0]}: command not found")
@@ -188,6 +190,19 @@ class FakeSlurm:
             user = argv[argv.index("--user") + 1]
             jobs = [j for j in jobs if j.user == user]
         return self._done(argv, 0, json.dumps({"meta": {}, "errors": [], "jobs": [self._job_json(j) for j in jobs]}))
+
+    def purge(self, job_id: int) -> None:
+        """Slurm forgets a finished job (MinJobAge); only accounting still has it."""
+        self.history[job_id] = self.jobs.pop(job_id)
+
+    def _sacct(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+        wanted = {int(x) for x in argv[argv.index("-j") + 1].split(",")}
+        lines = [
+            "|".join([str(j.job_id), j.options.get("job-name", "fake"), j.user, j.state,
+                      j.options.get("partition", ""), j.nodes or "None assigned", f"{j.exit_code}:0", j.options.get("comment", "")])
+            for j in {**self.jobs, **self.history}.values() if j.job_id in wanted
+        ]
+        return self._done(argv, 0, "".join(line + "\n" for line in lines))
 
     def _sinfo(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
         nodes = [

@@ -143,6 +143,23 @@ class SlurmJob:
         return self.state in TERMINAL_SLURM_STATES
 
     @classmethod
+    def from_sacct(cls, line: str) -> "SlurmJob | None":
+        """One ``sacct -P`` line: JobIDRaw|JobName|User|State|Partition|NodeList|ExitCode|Comment."""
+        parts = line.split("|")
+        if len(parts) < 8 or not parts[0].isdigit():
+            return None
+        job_id, name, user, state, partition, nodes, exit_code = parts[:7]
+        comment = "|".join(parts[7:])  # a comment may itself hold '|'
+        code = exit_code.split(":")[0]
+        return cls(
+            job_id=int(job_id), name=name, user=user,
+            state=state.split()[0].upper() if state else "UNKNOWN",  # "CANCELLED by 1001"
+            partition=partition, nodes=nodes if nodes != "None assigned" else "", comment=comment,
+            restart_count=0, reason="", time_limit_min=None,
+            start_time=0, submit_time=0, exit_code=int(code) if code.isdigit() else None,
+        )
+
+    @classmethod
     def from_squeue(cls, raw: dict[str, Any]) -> "SlurmJob":
         state = raw.get("job_state", "UNKNOWN")
         if isinstance(state, list):  # Slurm >= 23.02 gives a list of flags

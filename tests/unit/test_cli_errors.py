@@ -114,6 +114,11 @@ def test_good_submit_json_and_status(cli_env: FakeSlurm, tmp_path: Path, script:
     assert status["state"] == "RUNNING" and status["nodes"] == "gpu1"
     # The Slurm job id works as a handle too.
     assert json.loads(invoke("status", str(job.job_id), "--json").output)["id"] == out["id"]
+    # Once Slurm has purged the finished job, its accounting (sacct) still says how it ended.
+    cli_env.set_job_state(job.job_id, "FAILED", nodes="gpu1", exit_code=3)
+    cli_env.purge(job.job_id)
+    status = json.loads(invoke("status", out["id"], "--json").output)
+    assert status["state"] == "FAILED" and status["nodes"] == "gpu1" and status["partition"] == "gpu"
 
 
 def test_dry_run_prints_script_and_submits_nothing(cli_env: FakeSlurm, tmp_path: Path, script: Path) -> None:
