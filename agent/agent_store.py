@@ -125,7 +125,8 @@ class AgentStore:
         self.db["jobs"].update(dlsub_id, fields, alter=True)
 
     def record_attempt(self, row: dict[str, Any]) -> None:
-        self.db["attempts"].upsert(row, pk=("slurm_job_id", "restart"))
+        """The first sighting of an attempt; later ones change nothing (it keeps its first_seen)."""
+        self.db["attempts"].insert(row, pk=("slurm_job_id", "restart"), ignore=True)
 
     def record_progress(self, row: dict[str, Any]) -> None:
         last = list(self.db["progress"].rows_where("dlsub_id = ?", [row["dlsub_id"]], order_by="time desc", limit=1))

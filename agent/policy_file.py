@@ -111,15 +111,9 @@ class AgentPolicy:
         role = self.partitions.get(partition)
         return role.role if role else None
 
-    def partitions_with(self, role: str) -> list[str]:
-        return [name for name, p in self.partitions.items() if p.role == role]
-
     def speed_of(self, partition: str) -> float:
         role = self.partitions.get(partition)
         return role.speed if role else 1.0
-
-    def may_move(self, user: str) -> bool:
-        return self.moves.enabled and ("*" in self.moves.users or user in self.moves.users)
 
 
 # ---------------------------------------------------------------- parsing

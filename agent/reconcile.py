@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlsub.agent.agent_store import AgentStore
-from dlsub.agent.jobdir import read_attempts, summarize_progress
+from dlsub.agent.jobdir import Progress, read_attempts, summarize_progress
 from dlsub.agent.policy_file import AgentPolicy
 from dlsub.policies import moves as planner
 from dlsub.policies.moves import Action, JobInfo, MovePhase, MoveView, PartitionInfo, Rules, Window
@@ -30,8 +30,6 @@ from dlsub.slurm_plugins.client import SlurmClient, SlurmError
 from dlsub.slurm_plugins.models import SlurmJob
 
 log = logging.getLogger("dlsub.agent")
-
-ACTIVE = ("PENDING", "RUNNING", "SUSPENDED", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING")
 
 
 def rules_from(policy: AgentPolicy) -> Rules:
@@ -75,7 +73,6 @@ class Observation:
     jobs: list[JobInfo]
     partitions: list[PartitionInfo]
     window: Window
-    users: dict[str, str]  # dlsub id -> user
 
 
 class Agent:
@@ -101,12 +98,14 @@ class Agent:
         partitions = self.client.partitions()
         ours = [j for j in slurm_jobs if j.dlsub_id is not None]
         known = {p.name for p in partitions}
-        infos, users = [], {}
+        moves = {m["dlsub_id"]: m for m in self.store.moves()}
+        infos = []
         for job in ours:
             assert job.dlsub_id is not None
-            row = self.store.job(job.dlsub_id)
-            if job.state not in ACTIVE and not (row and self.store.move(job.dlsub_id)):
+            move_row = moves.get(job.dlsub_id)
+            if job.terminal and move_row is None:
                 continue
+            row = self.store.job(job.dlsub_id)
             tags = job.dlsub_tags
             ideal = tags.get("ideal", job.partition)
             if ideal not in known:
@@ -122,7 +121,6 @@ class Agent:
             ends = [a for a in attempts if a.get("event") == "end" and a.get("slurm_job_id") == job.job_id]
             # As of the last report (seconds ago): the agent's clock may be a test's fake one.
             eta = progress.eta_s() if progress else None
-            move_row = self.store.move(job.dlsub_id)
             move = None
             if move_row:
                 move = MoveView(move_row["kind"], MovePhase(move_row["phase"]), move_row["target_partition"],
@@ -130,7 +128,7 @@ class Agent:
                                 move_row.get("time_limit_min"))
             info = JobInfo(
                 dlsub_id=job.dlsub_id, slurm_job_id=job.job_id, user=job.user, state=job.state,
-                reason=job.reason, partition=job.partition, mode=mode, ideal_partition=ideal,
+                reason=job.reason, ended=job.terminal, partition=job.partition, mode=mode, ideal_partition=ideal,
                 gpus_wanted=gpus_wanted, gpus_now=job.gpus_per_node, submit_time=float(job.submit_time),
                 start_time=float(job.start_time), end_time=float(job.end_time) if job.state == "RUNNING" else 0.0,
                 held=job.held,
@@ -145,27 +143,24 @@ class Agent:
                 move=move,
             )
             infos.append(info)
-            users[job.dlsub_id] = job.user
             self._record_seen(job, info, job_dir, progress, now, row)
         pending_gpus: dict[str, int] = {}
         for job in slurm_jobs:
             if job.state == "PENDING" and not job.held and job.gpus_per_node:
-                in_move = job.dlsub_id is not None and self.store.move(job.dlsub_id) is not None
-                if not in_move:
+                if job.dlsub_id not in moves:
                     pending_gpus[job.partition] = pending_gpus.get(job.partition, 0) + job.gpus_per_node
         parts = []
         for p in partitions:
-            role = self.policy.partitions.get(p.name)
             up_nodes = tuple((n.name, n.idle_gpus, n.idle_cpus) for n in p.nodes if n.usable)
             parts.append(PartitionInfo(
-                name=p.name, role=role.role if role else None, speed=role.speed if role else 1.0,
+                name=p.name, role=self.policy.role_of(p.name), speed=self.policy.speed_of(p.name),
                 nodes=up_nodes, pending_gpus=pending_gpus.get(p.name, 0),
                 max_time_s=p.max_time_min * 60.0 if p.max_time_min else None,
             ))
-        return Observation(infos, parts, self.window_at(now), users)
+        return Observation(infos, parts, self.window_at(now))
 
-    def _record_seen(self, job: SlurmJob, info: JobInfo, job_dir: Path | None, progress: object, now: float,
-                     row: dict | None) -> None:
+    def _record_seen(self, job: SlurmJob, info: JobInfo, job_dir: Path | None, progress: Progress | None,
+                     now: float, row: dict | None) -> None:
         fields = {
             "dlsub_id": info.dlsub_id, "user": info.user, "slurm_job_id": info.slurm_job_id,
             "job_dir": str(job_dir) if job_dir else None, "mode": info.mode,
@@ -181,11 +176,11 @@ class Agent:
                 "partition": job.partition, "nodes": job.nodes, "first_seen": now,
                 "start_time": float(job.start_time), "state": job.state,
             })
-        if progress is not None and getattr(progress, "step", None) is not None:
+        if progress is not None and progress.step is not None:
             self.store.record_progress({
-                "dlsub_id": info.dlsub_id, "time": now, "step": progress.step,  # type: ignore[attr-defined]
-                "eta_s": info.eta_s, "steps_per_s": getattr(progress, "steps_per_s", None),
-                "checkpoint_step": getattr(progress, "last_checkpoint_step", None), "partition": job.partition,
+                "dlsub_id": info.dlsub_id, "time": now, "step": progress.step, "eta_s": info.eta_s,
+                "steps_per_s": progress.steps_per_s, "checkpoint_step": progress.last_checkpoint_step,
+                "partition": job.partition,
             })
 
     # ---------------------------------------------------------------- act
@@ -200,33 +195,10 @@ class Agent:
             store.decide(now, dlsub_id, job_id, user, "wait", action.reason, action.details)
             return
         if action.kind == planner.SIGNAL_MOVE:
-            move = store.move(dlsub_id)
-            if move is None:
-                kind = str(action.details.get("kind") or "move")
-                # Write-ahead: the intent exists before the signal, so a crash in between re-sends it.
-                store.start_move({
-                    "dlsub_id": dlsub_id, "slurm_job_id": job_id, "kind": kind, "phase": MovePhase.PLANNED.value,
-                    "target_partition": action.partition, "target_gpus": action.gpus or 0, "since": now,
-                    "signals": 0, "created": now, "time_limit_min": action.time_limit_min,
-                })
-                store.decide(now, dlsub_id, job_id, user, kind, action.reason, action.details)
-            client.cancel(job_id, signal="USR2", batch=True)
-            signals = int((store.move(dlsub_id) or {}).get("signals") or 0) + 1
-            store.set_move(dlsub_id, phase=MovePhase.SIGNALLED.value, since=now, signals=signals)
+            self._signal(action, now, user, str(action.details.get("kind") or "move"), "USR2")
             return
         if action.kind == planner.SIGNAL_CONTINUE:
-            if store.move(dlsub_id) is None:
-                store.start_move({
-                    "dlsub_id": dlsub_id, "slurm_job_id": job_id, "kind": "continue",
-                    "phase": MovePhase.PLANNED.value, "target_partition": action.partition or "",
-                    "target_gpus": 0, "since": now, "signals": 0, "created": now,
-                })
-                row = store.job(dlsub_id) or {}
-                store.set_job(dlsub_id, continuations=int(row.get("continuations") or 0) + 1)
-                store.decide(now, dlsub_id, job_id, user, "continue", action.reason, action.details)
-            client.cancel(job_id, signal="USR1", batch=True)
-            signals = int((store.move(dlsub_id) or {}).get("signals") or 0) + 1
-            store.set_move(dlsub_id, phase=MovePhase.SIGNALLED.value, since=now, signals=signals)
+            self._signal(action, now, user, "continue", "USR1")
             return
         if action.kind == planner.RETARGET:
             client.retarget(job_id, action.partition or "", action.gpus or 0, action.time_limit_min)
@@ -259,6 +231,28 @@ class Agent:
             return
         raise ValueError(f"unknown action {action.kind}")
 
+    def _signal(self, action: Action, now: float, user: str, kind: str, signal: str) -> None:
+        """Ask the job's batch shell to checkpoint (USR2: for a move, USR1: to continue), recording the move first.
+
+        Write-ahead: the intent exists before the signal, so a crash in between re-sends it.
+        """
+        store, dlsub_id = self.store, action.dlsub_id
+        move = store.move(dlsub_id)
+        if move is None:
+            move = {
+                "dlsub_id": dlsub_id, "slurm_job_id": action.slurm_job_id, "kind": kind,
+                "phase": MovePhase.PLANNED.value, "target_partition": action.partition or "",
+                "target_gpus": action.gpus or 0, "since": now, "signals": 0, "created": now,
+                "time_limit_min": action.time_limit_min,
+            }
+            store.start_move(move)
+            if kind == "continue":
+                row = store.job(dlsub_id) or {}
+                store.set_job(dlsub_id, continuations=int(row.get("continuations") or 0) + 1)
+            store.decide(now, dlsub_id, action.slurm_job_id, user, kind, action.reason, action.details)
+        self.client.cancel(action.slurm_job_id, signal=signal, batch=True)
+        store.set_move(dlsub_id, phase=MovePhase.SIGNALLED.value, since=now, signals=int(move["signals"] or 0) + 1)
+
     # ---------------------------------------------------------------- tick
     def tick(self, now: float | None = None) -> list[Action]:
         now = self.clock() if now is None else now
@@ -271,9 +265,10 @@ class Agent:
             log.warning("observe failed: %s", exc)
             return []
         actions = planner.plan(seen.jobs, seen.partitions, self.rules, now, seen.window)
+        users = {job.dlsub_id: job.user for job in seen.jobs}
         done = []
         for action in actions:
-            user = seen.users.get(action.dlsub_id, "")
+            user = users.get(action.dlsub_id, "")
             try:
                 self.act(action, now, user)
                 done.append(action)

@@ -34,7 +34,7 @@ Slurm is.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 
 from dlsub.policies.api import ClusterView, JobView, Node
@@ -75,6 +75,7 @@ class JobInfo:
     user: str
     state: str  # Slurm's: PENDING, RUNNING, ...
     reason: str
+    ended: bool  # Slurm's state is a final one (completed, failed, cancelled, timed out, ...)
     partition: str
     mode: str  # immediate | ideal
     ideal_partition: str
@@ -179,8 +180,7 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
     move = job.move
     assert move is not None
     common = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
-    if job.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
-                     "BOOT_FAIL", "DEADLINE") or job.finished:
+    if job.ended or job.finished:
         return [Action(ABANDON_MOVE, reason=f"the job ended ({job.state}) before the {move.kind} finished", **common)]
     if move.kind == "continue":
         if job.state == "PENDING":
@@ -218,8 +218,9 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
 
 
 def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules,
-                     now: float) -> tuple[list[JobInfo], list[Action]]:
-    """Jobs that could move onto their ideal GPU partition now, and notes on those that should not."""
+                     now: float) -> tuple[list[tuple[JobInfo, float]], list[Action]]:
+    """Jobs that could move onto their ideal GPU partition now, with the seconds a move would save,
+    and notes on those that should not move."""
     candidates, notes = [], []
     for job in jobs:
         if job.move is not None or job.state != "RUNNING" or job.mode != "immediate":
@@ -254,7 +255,7 @@ def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInf
                 f"costing {_hours(rules.restart_cost_s)}, less than the {_hours(rules.min_saving_s)} a move must "
                 f"save (ETA {_hours(job.eta_s)} here)"), **common))
             continue
-        candidates.append(replace(job, eta_s=job.eta_s))
+        candidates.append((job, saved))
     return candidates, notes
 
 
@@ -262,13 +263,13 @@ def _gpus_in_use(jobs: Sequence[JobInfo], user: str) -> int:
     return sum(j.gpus_now for j in jobs if j.user == user and j.state in ("RUNNING", "PENDING"))
 
 
-def _choose_movers(candidates: list[JobInfo], jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo],
-                   rules: Rules, now: float) -> list[Action]:
+def _choose_movers(candidates: list[tuple[JobInfo, float]], jobs: Sequence[JobInfo],
+                   partitions: dict[str, PartitionInfo], rules: Rules, now: float) -> list[Action]:
     """Which candidates take the idle GPUs, by the configured scheduling policy."""
     actions = []
-    by_ideal: dict[str, list[JobInfo]] = {}
-    for job in candidates:
-        by_ideal.setdefault(job.ideal_partition, []).append(job)
+    by_ideal: dict[str, list[tuple[JobInfo, float]]] = {}
+    for job, saved in candidates:
+        by_ideal.setdefault(job.ideal_partition, []).append((job, saved))
     for name, group in by_ideal.items():
         ideal = partitions[name]
         # The ideal partition's idle GPUs, minus what jobs already waiting there want.
@@ -282,12 +283,9 @@ def _choose_movers(candidates: list[JobInfo], jobs: Sequence[JobInfo], partition
         if not nodes:
             continue
         views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=j.gpus_wanted, remaining=j.eta_s,
-                         model=_EtaModel(j.eta_s or 0.0)) for j in group]
-        try:
-            decision = get_policy(rules.policy).decide(views, ClusterView(tuple(nodes)), now, {})
-        except ValueError:
-            decision = get_policy("fifo").decide(views, ClusterView(tuple(nodes)), now, {})
-        for job in group:
+                         model=_LinearModel()) for j, _ in group]
+        decision = get_policy(rules.policy).decide(views, ClusterView(tuple(nodes)), now, {})
+        for job, saved in group:
             alloc = decision.get(job.dlsub_id)
             if alloc is None or alloc.gpus < job.gpus_wanted:
                 continue
@@ -296,9 +294,6 @@ def _choose_movers(candidates: list[JobInfo], jobs: Sequence[JobInfo], partition
                                       f"not moved to {name}: {job.user} would exceed the limit of "
                                       f"{rules.max_gpus_per_user} GPUs per user"))
                 continue
-            here = partitions.get(job.partition)
-            eta = job.eta_s or 0.0
-            saved = eta - eta * (here.speed if here else 1.0) / ideal.speed - rules.restart_cost_s
             age = now - job.last_checkpoint_time if job.last_checkpoint_time else None
             actions.append(Action(
                 SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
@@ -306,17 +301,15 @@ def _choose_movers(candidates: list[JobInfo], jobs: Sequence[JobInfo], partition
                 + (f", checkpoint {_hours(age)} old" if age is not None else "")
                 + f", est. {_hours(saved)} saved",
                 partition=name, gpus=job.gpus_wanted,
-                details={"saved_s": round(saved), "idle_gpus": ideal.idle_gpus, "eta_s": round(eta),
+                details={"saved_s": round(saved), "idle_gpus": ideal.idle_gpus, "eta_s": round(job.eta_s or 0.0),
                          "checkpoint_age_s": round(age) if age is not None else None},
             ))
     return actions
 
 
-class _EtaModel:
-    """A job's known time left, for policies that weigh GPUs by remaining time (linear in GPUs)."""
-
-    def __init__(self, eta_s: float) -> None:
-        self.eta_s = max(eta_s, 1.0)
+class _LinearModel:
+    """What the agent knows of a job's scaling: nothing measured, so linear in GPUs. With the job's
+    ETA as its remaining work, policies that weigh GPUs by remaining time can rank jobs."""
 
     def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
         return 1.0 / max(sum(placement), 1)

@@ -6,7 +6,7 @@ Helpers shared by the policies; pure functions over free-GPU counts.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from dlsub.policies.api import Allocation, ClusterView, used_gpus
 
@@ -71,7 +71,3 @@ def packed_placement(count: int, gpus_per_node: int) -> tuple[int, ...]:
     """The placement of ``count`` GPUs packed on whole nodes: 10 on 4-GPU nodes is (4, 4, 2)."""
     full, rest = divmod(count, gpus_per_node)
     return (gpus_per_node,) * full + ((rest,) if rest else ())
-
-
-def release(free: Counter[str], nodes: Iterable[str]) -> None:
-    free.update(nodes)

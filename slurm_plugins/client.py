@@ -212,9 +212,6 @@ class SlurmClient:
         """``scontrol update jobid=N Key=Value ...`` (e.g. ``StartTime="now"``)."""
         self._run(["scontrol", "update", f"jobid={int(job_id)}", *(f"{k}={v}" for k, v in fields.items())])
 
-    def hold(self, job_id: int) -> None:
-        self._run(["scontrol", "hold", str(int(job_id))])
-
     def release(self, job_id: int) -> None:
         """Release a held job and lift a requeued job's BeginTime wait, so it may start now."""
         self._run(["scontrol", "release", str(int(job_id))])

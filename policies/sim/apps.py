@@ -76,19 +76,17 @@ class Application:
         placements = _read_csv(trace_dir / "placements.csv")
         self.min_local_bsz = int(placements["local_bsz"].min())
         self.max_local_bsz = int(max_local_bsz or MAX_LOCAL_BATCH.get(self.name) or placements["local_bsz"].max())
-        self._measured: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        rows: dict[tuple[int, ...], list[tuple[float, float, float]]] = {}
         groups: dict[tuple[int, int, float], list[tuple[float, float]]] = {}
         for pid, local, step, sync in zip(
             placements["placement"], placements["local_bsz"], placements["step_time"], placements["sync_time"]
         ):
             key = normalise(tuple(int(d) for d in str(int(pid))))
-            self._measured.setdefault(key, ([], [], []))  # type: ignore[arg-type]
-            for column, value in zip(self._measured[key], (local, step, sync)):
-                column.append(value)  # type: ignore[attr-defined]
+            rows.setdefault(key, []).append((local, step, sync))
             groups.setdefault((len(key), sum(key), local), []).append((step, sync))
-        self._measured = {
-            key: tuple(np.array(col) for col in zip(*sorted(zip(*cols))))  # type: ignore[misc]
-            for key, cols in self._measured.items()
+        # Per measured placement: (local batch, step time, sync time) columns, by local batch.
+        self._measured: dict[tuple[int, ...], tuple[np.ndarray, ...]] = {
+            key: tuple(np.array(col) for col in zip(*sorted(found))) for key, found in rows.items()
         }
         points = [list(key) for key in groups]
         values = [np.mean(vals, axis=0) for vals in groups.values()]

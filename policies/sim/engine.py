@@ -277,7 +277,6 @@ def simulate(
         if job.lo > cluster.total_gpus:
             raise WorkloadError(f"job {job.name} needs {job.lo} GPUs; the cluster has {cluster.total_gpus}")
     result = SimResult(policy.name, workload_name, cluster.total_gpus, [])
-    allocations: dict[str, Allocation] = {}
     now = 0.0
     last_progress = 0.0
     while not all(job.done for job in jobs):
@@ -299,8 +298,7 @@ def simulate(
             if job.waiting_since_s is None and job.alloc is None:
                 job.waiting_since_s = job.arrival_s
         views = [job.view() for job in active]
-        live = {job.name for job in active}
-        previous = {name: alloc for name, alloc in allocations.items() if name in live}
+        previous = {job.name: job.alloc for job in active if job.alloc is not None}
         decision = policy.decide(views, cluster, now, previous)
         # Only a policy that says so may leave a job holding less than it needs.
         check_decision(decision, views, cluster, allow_partial=getattr(policy, "holds_partial", False))
@@ -316,11 +314,10 @@ def simulate(
                     job.config = job.app.batch_config(new.gpus, new.batch_size)
                 continue
             job.reallocate(new, now, config.restart_penalty_s)
-        allocations = {name: alloc for name, alloc in decision.items() if alloc.gpus > 0}
         result.timeline.append(
             Sample(
                 now,
-                sum(alloc.gpus for alloc in allocations.values()),
+                sum(job.alloc.gpus for job in active if job.alloc is not None),
                 sum(1 for job in active if job.alloc is not None),
                 sum(1 for job in active if job.alloc is None),
             )

@@ -20,7 +20,7 @@ def parts(gpu_idle: int = 4, cpu_idle_cpus: int = 4) -> list[PartitionInfo]:
 
 
 def job(**kw: object) -> JobInfo:
-    base = dict(dlsub_id="aaaa0001", slurm_job_id=10, user="alice", state="RUNNING", reason="None",
+    base = dict(dlsub_id="aaaa0001", slurm_job_id=10, user="alice", state="RUNNING", reason="None", ended=False,
                 partition="cpu", mode="immediate", ideal_partition="gpu", gpus_wanted=1, gpus_now=0,
                 submit_time=NOW - 600, start_time=NOW - 500, end_time=NOW + 3600, checkpointable=True,
                 last_checkpoint_time=NOW - 40, eta_s=3 * 3600.0)
@@ -98,7 +98,7 @@ def test_a_move_in_flight_advances_from_what_slurm_shows() -> None:
     moved = job(partition="gpu", gpus_now=1, start_time=NOW - 5, move=move(MovePhase.RELEASED, since=NOW - 8))
     assert kinds(m.plan([moved], parts(), RULES, NOW)) == [m.FINISH_MOVE]
     # The job ended on its own meanwhile.
-    ended = job(state="COMPLETED", move=move(MovePhase.SIGNALLED))
+    ended = job(state="COMPLETED", ended=True, move=move(MovePhase.SIGNALLED))
     assert kinds(m.plan([ended], parts(), RULES, NOW)) == [m.ABANDON_MOVE]
 
 
