@@ -189,7 +189,7 @@ def status(db: Path | None, as_json: bool) -> None:
 def why(job: str, db: Path | None, as_json: bool) -> None:
     """What the agent decided about JOB (a dlsub id, its prefix, or a Slurm job id), and why."""
     from dlsub.agent.config import load_settings
-    from dlsub.agent.store import JobStore, UnknownJob
+    from dlsub.agent.user_store import JobStore, UnknownJob
 
     db = db or default_db_path()
     me = getpass.getuser()

@@ -25,9 +25,9 @@ from dlsub.agent.cli_simulate import simulate
 from dlsub.agent.config import Settings, load_settings
 from dlsub.agent.planner import PlanningError
 from dlsub.agent.policy_file import PolicyFileError, load_policy
-from dlsub.agent.states import JobState
+from dlsub.contract import JobState
 from dlsub.agent.status import JobStatus, job_status, render_table
-from dlsub.agent.store import JobRecord, JobStore, UnknownJob
+from dlsub.agent.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.agent.submit import SubmitError, SubmitRequest, plan_job, submit_plan
 from dlsub.containers.podman import ImageError
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable

@@ -7,9 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlsub.checkpointing.run import PROGRESS_FILE
-
-ATTEMPTS_FILE = "attempts.jsonl"
+from dlsub.contract import ATTEMPTS_FILE, PROGRESS_FILE
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:

@@ -91,8 +91,20 @@ class TimeLimits:
 
 @dataclass(frozen=True)
 class Limits:
+    # Counted over everything the user holds in Slurm (dlsub's jobs or not),
+    # moves in flight and the same tick's decisions: the agent starts no move
+    # or backfill that would take a user past either.
     max_jobs_per_user: int = 100
     max_gpus_per_user: int = 64
+    # The most GPUs the agent gives one job, whatever it asked for at submit.
+    max_gpus_per_job: int = 8
+
+
+@dataclass(frozen=True)
+class Retention:
+    # The agent's database keeps progress samples and decisions this long.
+    progress_days: float = 14.0
+    decisions_days: float = 90.0
 
 
 @dataclass(frozen=True)
@@ -100,12 +112,27 @@ class AgentPolicy:
     policy: str = "fifo"
     default_mode: str = "immediate"
     tick_interval_s: float = 30.0
+    # A tick that takes longer stops observing more jobs (they wait for the
+    # next tick) and `dlsub agent status` shows it late.
+    tick_deadline_s: float = 20.0
     checkpoint_grace_s: float = 90.0
+    # Users who see every job's decisions (root always does).
+    admins: tuple[str, ...] = ()
+    # The agent's service account: job directories grant it read access to
+    # the progress and attempt files, and nothing else.
+    agent_user: str = "dlsub"
+    # Where the agent answers `dlsub why` and `dlsub agent status` (a Unix
+    # socket; the kernel tells the agent who is asking).
+    socket: str = "/run/dlsub/agent.sock"
     partitions: dict[str, PartitionRole] = field(default_factory=dict)
     moves: Moves = Moves()
     time_limits: TimeLimits = TimeLimits()
     backfill: Backfill = Backfill()
     limits: Limits = Limits()
+    retention: Retention = Retention()
+
+    def is_admin(self, user: str) -> bool:
+        return user == "root" or user in self.admins
 
     def role_of(self, partition: str) -> str | None:
         role = self.partitions.get(partition)
@@ -235,10 +262,17 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
     top = [f.name for f in fields(AgentPolicy)]
     _check_keys(where, data, top)
     values: dict[str, Any] = {}
-    for key in ("policy", "default_mode"):
+    for key in ("policy", "default_mode", "agent_user", "socket"):
         if key in data:
             values[key] = _typed(where, key, data[key], str)
-    for key in ("tick_interval_s", "checkpoint_grace_s"):
+    if "admins" in data:
+        admins = data["admins"]
+        if not isinstance(admins, list) or not all(isinstance(a, str) for a in admins):
+            raise PolicyFileError(f"{where}.admins: expected a list of user names")
+        values["admins"] = tuple(admins)
+    if "socket" in values and not values["socket"].startswith("/"):
+        raise PolicyFileError(f"{where}.socket: expected an absolute path, got {values['socket']!r}")
+    for key in ("tick_interval_s", "tick_deadline_s", "checkpoint_grace_s"):
         if key in data:
             values[key] = _typed(where, key, data[key], float)
             if values[key] <= 0:
@@ -270,6 +304,8 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
         values["time_limits"] = _simple(f"{where}.time_limits", TimeLimits, data["time_limits"])
     if "limits" in data:
         values["limits"] = _simple(f"{where}.limits", Limits, data["limits"])
+    if "retention" in data:
+        values["retention"] = _simple(f"{where}.retention", Retention, data["retention"])
     if "backfill" in data:
         table = data["backfill"]
         if not isinstance(table, dict):

@@ -106,15 +106,13 @@ class Agent:
             if job.terminal and move_row is None:
                 continue
             row = self.store.job(job.dlsub_id)
-            tags = job.dlsub_tags
-            ideal = tags.get("ideal", job.partition)
+            tags = job.tags
+            assert tags is not None
+            ideal = tags.ideal or job.partition
             if ideal not in known:
                 ideal = job.partition
-            try:
-                gpus_wanted = max(0, min(int(tags.get("gpus", job.gpus_per_node)), 64))
-            except ValueError:
-                gpus_wanted = job.gpus_per_node
-            mode = tags.get("mode", "ideal") if tags.get("mode") in ("immediate", "ideal") else "ideal"
+            gpus_wanted = min(tags.gpus, 64)
+            mode = tags.mode
             job_dir = trusted_job_dir(job)
             progress = summarize_progress(job_dir) if job_dir else None
             attempts = read_attempts(job_dir) if job_dir else []

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent.jobdir import Progress, read_attempts, summarize_progress
-from dlsub.agent.states import JobState, from_slurm
-from dlsub.agent.store import JobRecord
+from dlsub.contract import JobState
+from dlsub.agent.user_store import JobRecord
 from dlsub.slurm_plugins.models import SlurmJob
 
 
@@ -59,7 +59,7 @@ def job_status(record: JobRecord, slurm: SlurmJob | None) -> JobStatus:
     attempts = read_attempts(job_dir)
     started = {(a.get("slurm_job_id"), a.get("restart")) for a in attempts if a.get("event") == "start"}
     if slurm is not None:
-        state = from_slurm(slurm.state)
+        state = JobState.from_slurm(slurm.state)
         if record.cancelled_at and state in (JobState.CANCELLED, JobState.FAILED, JobState.UNKNOWN):
             state = JobState.CANCELLED
         partition, nodes, reason = slurm.partition, slurm.nodes, slurm.reason

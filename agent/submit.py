@@ -16,7 +16,7 @@ from pathlib import Path
 import dlsub
 from dlsub.agent.config import Settings
 from dlsub.agent.planner import Choice, Request, choose_partition
-from dlsub.agent.store import JobRecord, JobStore
+from dlsub.agent.user_store import JobRecord, JobStore
 from dlsub.containers.podman import ContainerSpec, check_image, check_mount_path
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.sbatch import BatchSpec, render_sbatch, safe_job_name

@@ -24,7 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from dlsub.checkpointing.run import RESUME_EXIT_CODE, resume_marker
+from dlsub.checkpointing.run import resume_marker
+from dlsub.contract import RESUME_EXIT_CODE
 
 _SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
 

@@ -18,14 +18,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
+from dlsub import contract
 from dlsub.checkpointing.storage import restore_latest, save_checkpoint
-
-#: Exit code meaning "checkpointed, resume me": the batch script requeues the
-#: job when its container exits with it; ``dlsub status`` shows REQUEUED.
-RESUME_EXIT_CODE = 85
-
-PROGRESS_FILE = "progress.jsonl"
-CHECKPOINT_DIR = "checkpoints"
+from dlsub.contract import CHECKPOINT_DIR, PROGRESS_FILE, RESUME_EXIT_CODE
 
 
 def attempt_key() -> str:
@@ -36,7 +31,7 @@ def attempt_key() -> str:
 
 def resume_marker(job_dir: Path, key: str | None = None) -> Path:
     """File whose presence tells the launcher that this attempt asked to be resumed."""
-    return job_dir / "attempts" / f"{key or attempt_key()}.resume"
+    return contract.resume_marker(job_dir, key or attempt_key())
 
 
 class Run:

@@ -2,26 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-# Job states in which Slurm will not run the job again.
-TERMINAL_SLURM_STATES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
-)
-
-
-def _gpus_in(gres: str | None) -> int:
-    """GPU count in a GRES string such as ``gpu:4``, ``gpu:a100:2(S:0)`` or ``gres:gpu:2``."""
-    total = 0
-    for item in (gres or "").split(","):
-        parts = item.split("(")[0].split(":")
-        if parts and parts[0] == "gres":
-            parts = parts[1:]
-        if parts and parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
-            total += int(parts[-1])
-    return total
+from dlsub.contract import JobState, SubmitRecord, Tags, gpus_in_tres as _gpus_in
 
 
 @dataclass(frozen=True)
@@ -110,15 +94,24 @@ class SlurmJob:
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
-    def dlsub_id(self) -> str | None:
-        """The dlsub job this Slurm job is an attempt of (from ``--comment=dlsub:ID[;key=value...]``)."""
-        m = re.match(r"^dlsub:([0-9a-f]+)(;|$)", self.comment or "")
-        return m.group(1) if m else None
+    def tags(self) -> Tags | None:
+        """What the comment says now (public, and its owner may rewrite it: see :attr:`submit_record`)."""
+        return Tags.parse(self.comment)
 
     @property
-    def dlsub_tags(self) -> dict[str, str]:
-        """The ``key=value`` tags dlsub put after the id in the comment (mode, ideal partition, GPUs)."""
-        return parse_comment_tags(self.comment)
+    def dlsub_id(self) -> str | None:
+        """The dlsub job this Slurm job claims to be an attempt of (from its comment)."""
+        tags = self.tags
+        return tags.dlsub_id if tags else None
+
+    @property
+    def submit_record(self) -> SubmitRecord | None:
+        """The request as job_submit.lua froze it at submit time (AdminComment; users cannot change it)."""
+        return SubmitRecord.parse(str(self.extra.get("admin_comment", "") or ""))
+
+    @property
+    def dlsub_state(self) -> JobState:
+        return JobState.from_slurm(self.state)
 
     @property
     def held(self) -> bool:
@@ -140,7 +133,8 @@ class SlurmJob:
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL_SLURM_STATES
+        """Slurm has ended the job (completed, failed, cancelled, timed out, preempted, ...)."""
+        return self.dlsub_state.terminal
 
     @classmethod
     def from_sacct(cls, line: str) -> "SlurmJob | None":
@@ -187,22 +181,6 @@ class SlurmJob:
             gpus_per_node=_gpus_in(raw.get("tres_per_node")),
             extra=raw,
         )
-
-
-COMMENT_TAG = re.compile(r"^[a-z_]+=[A-Za-z0-9._-]*$")
-
-
-def parse_comment_tags(comment: str) -> dict[str, str]:
-    """``dlsub:ID;mode=immediate;ideal=gpu;gpus=1`` -> {"mode": ..., ...}; malformed tags are ignored."""
-    parts = (comment or "").split(";")
-    if not parts or not parts[0].startswith("dlsub:"):
-        return {}
-    tags = {}
-    for part in parts[1:]:
-        if COMMENT_TAG.match(part):
-            key, _, value = part.partition("=")
-            tags[key] = value
-    return tags
 
 
 def _epoch(value: Any) -> int:

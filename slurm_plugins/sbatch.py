@@ -29,7 +29,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlsub.checkpointing.run import RESUME_EXIT_CODE
+from dlsub.contract import RESUME_EXIT_CODE
 from dlsub.containers.podman import ContainerSpec, Raw, podman_run_lines
 from dlsub.slurm_plugins.timespec import format_minutes
 

@@ -56,4 +56,4 @@ wait_for_nodes() {
 
 # The agent's service account (a Slurm Operator) and MariaDB's pid file.
 AGENT_USER="${DLSUB_AGENT_USER:-dlsub}"
-MARIADB_PIDFILE=/run/mysqld/mysqld.pid  
+MARIADB_PIDFILE=/run/mysqld/mysqld.pid  # written by mariadbd itself, as user mysql

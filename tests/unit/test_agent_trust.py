@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 from dlsub.agent.reconcile import trusted_job_dir
-from dlsub.slurm_plugins.models import SlurmJob, parse_comment_tags
+from dlsub.contract import Tags
+from dlsub.slurm_plugins.models import SlurmJob
 
 
 def slurm_job(out: str, user_id: int, comment: str = "dlsub:0123abcd;mode=immediate") -> SlurmJob:
@@ -35,8 +36,12 @@ def test_trusts_only_the_users_own_real_job_directory(tmp_path: Path) -> None:
 
 
 def test_comment_tags_are_parsed_strictly() -> None:
-    assert parse_comment_tags("dlsub:0123abcd;mode=immediate;ideal=gpu;gpus=1") == {
-        "mode": "immediate", "ideal": "gpu", "gpus": "1"}
-    assert parse_comment_tags("dlsub:0123abcd;ideal=gpu $(id);gpus=1") == {"gpus": "1"}
-    assert parse_comment_tags("something else;mode=immediate") == {}
+    assert Tags.parse("dlsub:0123abcd;mode=immediate;ideal=gpu;gpus=1") == Tags("0123abcd", "immediate", "gpu", 1)
+    # One bad tag rejects the whole comment: nothing is half-trusted.
+    assert Tags.parse("dlsub:0123abcd;ideal=gpu $(id);gpus=1") is None
+    assert Tags.parse("dlsub:0123abcd;gpus=1;gpus=2") is None
+    assert Tags.parse("dlsub:0123abcd;gpus=99999999") is None
+    assert Tags.parse("dlsub:0123abcd;colour=red") is None
+    assert Tags.parse("dlsub:../../etc;mode=ideal") is None
+    assert Tags.parse("something else;mode=immediate") is None
     assert slurm_job("/x", 0).dlsub_id == "0123abcd"

@@ -1,0 +1,325 @@
+"""dlsub's one contract between the CLI, the batch script, the launcher, the
+training library and the agent.
+
+Everything the parts say to each other is defined here and nowhere else:
+the tags in a Slurm job's ``--comment``, the record ``job_submit.lua``
+freezes at submit time, the files of a job directory, the exit code that
+means "checkpointed, resume me", what each signal asks for, and the one
+job-state model with its legal transitions.
+
+Standard library only: the training library imports it inside containers
+whose images have nothing but Python and torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+# ---------------------------------------------------------------- exit codes
+
+#: The training exits with this after a checkpoint: "checkpointed, resume me".
+#: The batch script then requeues the job (bounded by ``max_continuations``).
+RESUME_EXIT_CODE = 85
+
+# ---------------------------------------------------------------- signals
+# Names as ``scancel --signal`` and bash's ``trap`` take them.
+
+#: To the batch shell: checkpoint and continue in a new attempt on the same
+#: partition. Slurm sends it ``--signal=B:USR1@GRACE`` before the time limit;
+#: ``dlsub requeue`` and the agent's time-limit continuation send it too.
+#: Inside the container the launcher hands it to the training processes.
+CHECKPOINT_SIGNAL = "USR1"
+#: To the batch shell, from the agent only: checkpoint for a move. The batch
+#: script requeues the job *held*, so the agent can point it elsewhere first.
+MOVE_SIGNAL = "USR2"
+#: scancel and preemption: stop. Slurm, not dlsub, decides what follows.
+STOP_SIGNAL = "TERM"
+
+# ---------------------------------------------------------------- the job directory
+# ``$DLSUB_HOME/jobs/<dlsub id>/`` (``~/.dlsub/jobs/<id>/`` by default).
+
+BATCH_SCRIPT = "job.sbatch"
+#: Slurm's output file, one per Slurm job (``%j``); all attempts append to it.
+OUTPUT_PATTERN = "slurm-%j.out"
+#: JSON lines from the training library (rank 0): start, progress, checkpoint,
+#: restore, exit_for_resume, finished. The agent reads it.
+PROGRESS_FILE = "progress.jsonl"
+#: JSON lines from the batch script: one ``start`` and one ``end`` per attempt.
+ATTEMPTS_FILE = "attempts.jsonl"
+#: Checkpoints (mode 0700: only the job's owner reads them).
+CHECKPOINT_DIR = "checkpoints"
+#: Per-attempt markers (``<slurm id>-<restart>.resume``) and the batch
+#: script's count of resume-requeues (``requeues``).
+MARKERS_DIR = "attempts"
+REQUEUE_COUNT_FILE = "requeues"
+
+#: The files of a job directory the agent's account may read (and nothing else).
+AGENT_READABLE = (PROGRESS_FILE, ATTEMPTS_FILE)
+
+
+def output_file(job_dir: Path, slurm_job_id: int) -> Path:
+    return job_dir / OUTPUT_PATTERN.replace("%j", str(int(slurm_job_id)))
+
+
+def resume_marker(job_dir: Path, attempt: str) -> Path:
+    """The file whose presence says that ``attempt`` asked to be resumed."""
+    return job_dir / MARKERS_DIR / f"{attempt}.resume"
+
+
+# Progress events (``PROGRESS_FILE``) and attempt events (``ATTEMPTS_FILE``).
+EVENT_START = "start"
+EVENT_PROGRESS = "progress"
+EVENT_CHECKPOINT = "checkpoint"
+EVENT_RESTORE = "restore"
+EVENT_EXIT_FOR_RESUME = "exit_for_resume"
+EVENT_FINISHED = "finished"
+EVENT_END = "end"
+#: How an attempt ended, in an ``end`` event's ``action``: requeued to resume
+#: where it was, or requeued held for the agent to move.
+ACTION_REQUEUE = "requeue"
+ACTION_MOVE = "move"
+
+# ---------------------------------------------------------------- ids and comment tags
+
+#: A dlsub job's own id: 8 lower-case hex digits.
+DLSUB_ID = re.compile(r"^[0-9a-f]{8}$")
+COMMENT_PREFIX = "dlsub:"
+MODES = ("immediate", "ideal")
+ROLES = ("main", "worker")
+_PARTITION = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_TAG = re.compile(r"^([a-z_]{1,32})=([A-Za-z0-9._-]{0,64})$")
+#: Most GPUs a tag may ask for; the admin's policy caps it further.
+MAX_GPUS = 1024
+
+
+class ContractError(ValueError):
+    """Something claims to follow the contract and does not."""
+
+
+@dataclass(frozen=True)
+class Tags:
+    """What a dlsub job says about itself in its Slurm ``--comment``.
+
+    ``dlsub:<id>;mode=immediate;ideal=gpu;gpus=1``. Comments are public
+    (``squeue -o %k``) and their owner may rewrite them at any time
+    (``scontrol update Comment=``): the agent trusts only the copy that
+    ``job_submit.lua`` froze at submit time (:class:`SubmitRecord`).
+    """
+
+    dlsub_id: str
+    mode: str = "ideal"
+    ideal: str | None = None  # the partition it should end up on (None: where it is)
+    gpus: int = 0  # GPUs per node it asked for (immediate mode starts some jobs with none)
+    role: str = "main"
+
+    def __post_init__(self) -> None:
+        if not DLSUB_ID.match(self.dlsub_id):
+            raise ContractError(f"dlsub id {self.dlsub_id!r} is not 8 hex digits")
+        if self.mode not in MODES:
+            raise ContractError(f"mode {self.mode!r}; valid modes: {', '.join(MODES)}")
+        if self.ideal is not None and not _PARTITION.match(self.ideal):
+            raise ContractError(f"partition name {self.ideal!r} has characters Slurm does not use")
+        if not 0 <= self.gpus <= MAX_GPUS:
+            raise ContractError(f"gpus={self.gpus} is outside 0..{MAX_GPUS}")
+        if self.role not in ROLES:
+            raise ContractError(f"role {self.role!r}; valid roles: {', '.join(ROLES)}")
+
+    def comment(self) -> str:
+        parts = [f"{COMMENT_PREFIX}{self.dlsub_id}", f"mode={self.mode}"]
+        if self.ideal:
+            parts.append(f"ideal={self.ideal}")
+        parts.append(f"gpus={self.gpus}")
+        if self.role != "main":
+            parts.append(f"role={self.role}")
+        return ";".join(parts)
+
+    @classmethod
+    def parse(cls, comment: str | None) -> "Tags | None":
+        """The tags of a dlsub comment; None when it is not one, or is malformed in any way.
+
+        Strict: one bad tag, an unknown key or a repeated key rejects the
+        whole comment rather than trusting part of it.
+        """
+        text = comment or ""
+        if not text.startswith(COMMENT_PREFIX) or len(text) > 512:
+            return None
+        head, *rest = text[len(COMMENT_PREFIX):].split(";")
+        values: dict[str, str] = {}
+        for part in rest:
+            m = _TAG.match(part)
+            if not m or m.group(1) in values or m.group(1) not in ("mode", "ideal", "gpus", "role"):
+                return None
+            values[m.group(1)] = m.group(2)
+        gpus = values.get("gpus", "0")
+        if not gpus.isdigit() or len(gpus) > 5:
+            return None
+        try:
+            return cls(head, values.get("mode", "ideal"), values.get("ideal") or None, int(gpus),
+                       values.get("role", "main"))
+        except ContractError:
+            return None
+
+
+# ---------------------------------------------------------------- the submit record
+# job_submit.lua (slurm_plugins/job_submit.lua) runs inside slurmctld at
+# submit time and copies the job's request into its AdminComment, which
+# users cannot update (only Slurm administrators can). The agent trusts
+# this record, not the comment:
+#
+#   dlsub-submit:v1;uid=1001;partition=cpu;time=60;tres=gres:gpu:1|<comment as submitted>
+#
+# ``time`` is minutes (empty: the partition's default), ``tres`` is Slurm's
+# TresPerNode (empty: no GRES), ``partition`` empty means the default one.
+
+SUBMIT_RECORD_PREFIX = "dlsub-submit:v1;"
+_RECORD_FIELD = re.compile(r"^(uid|partition|time|tres)=([A-Za-z0-9._:,/=-]{0,128})$")
+
+
+@dataclass(frozen=True)
+class SubmitRecord:
+    """The request a dlsub job was submitted with, as job_submit.lua froze it."""
+
+    uid: int
+    partition: str | None
+    time_limit_min: int | None
+    gpus_per_node: int  # from Slurm's own TresPerNode at submit
+    tags: Tags  # the comment as it was at submit
+
+    @classmethod
+    def parse(cls, admin_comment: str | None) -> "SubmitRecord | None":
+        text = admin_comment or ""
+        if not text.startswith(SUBMIT_RECORD_PREFIX) or "|" not in text or len(text) > 1024:
+            return None
+        head, _, comment = text[len(SUBMIT_RECORD_PREFIX):].partition("|")
+        values: dict[str, str] = {}
+        for part in head.split(";"):
+            m = _RECORD_FIELD.match(part)
+            if not m or m.group(1) in values:
+                return None
+            values[m.group(1)] = m.group(2)
+        tags = Tags.parse(comment)
+        uid, time_text = values.get("uid", ""), values.get("time", "")
+        if tags is None or not uid.isdigit() or (time_text and not time_text.isdigit()):
+            return None
+        partition = values.get("partition") or None
+        if partition is not None and not all(_PARTITION.match(p) for p in partition.split(",")):
+            return None
+        return cls(int(uid), partition, int(time_text) if time_text else None,
+                   gpus_in_tres(values.get("tres", "")), tags)
+
+
+def gpus_in_tres(tres: str | None) -> int:
+    """GPUs in a GRES/TRES string: ``gpu:4``, ``gres:gpu:2``, ``gres/gpu=2``, ``gpu:a100:2(S:0)``."""
+    total = 0
+    for item in (tres or "").split(","):
+        item = item.split("(")[0].replace("gres/", "gres:").replace("=", ":")
+        parts = item.split(":")
+        if parts and parts[0] == "gres":
+            parts = parts[1:]
+        if parts and parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
+
+
+# ---------------------------------------------------------------- job states
+
+
+class JobState(str, Enum):
+    """A dlsub job's state, one model for the CLI, the stores and the agent.
+
+    ::
+
+        PENDING ──► RUNNING ──► COMPLETED | FAILED | CANCELLED | TIMEOUT | PREEMPTED
+           ▲  │        │ ▲
+           │  │        ▼ │
+           └──┼──── REQUEUED        (checkpointed: time limit, dlsub requeue,
+              │                      a move, a node failure; same Slurm job)
+              └──► CANCELLED | FAILED   (ended before it ever ran)
+
+    ``UNKNOWN`` is "cannot tell now" (Slurm has forgotten the job and it
+    left no end record): reachable from any live state, and any state may
+    follow it. The five final states never change again; the stores refuse
+    to leave them. ``PREEMPTED`` is final: Slurm shows it only for a job it
+    ended by preemption; a job Slurm requeues on preemption shows
+    ``REQUEUED``/``PENDING`` instead and carries on.
+    """
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    REQUEUED = "REQUEUED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    PREEMPTED = "PREEMPTED"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def terminal(self) -> bool:
+        return self in FINAL_STATES
+
+    def may_become(self, new: "JobState") -> bool:
+        return new == self or new in _NEXT[self]
+
+    @classmethod
+    def from_slurm(cls, slurm_state: str) -> "JobState":
+        """Slurm's job state (``squeue``/``sacct``; ``CANCELLED by 1001`` too) as a dlsub state."""
+        word = (slurm_state or "").split()[0].upper() if (slurm_state or "").strip() else ""
+        return _FROM_SLURM.get(word, cls.UNKNOWN)
+
+
+FINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
+                          JobState.PREEMPTED})
+_LIVE = (JobState.PENDING, JobState.RUNNING, JobState.REQUEUED)
+_NEXT: dict[JobState, frozenset[JobState]] = {
+    JobState.PENDING: frozenset({JobState.RUNNING, JobState.REQUEUED, JobState.CANCELLED, JobState.FAILED,
+                                 JobState.UNKNOWN}),
+    JobState.RUNNING: frozenset({JobState.PENDING, JobState.REQUEUED, JobState.UNKNOWN, *FINAL_STATES}),
+    JobState.REQUEUED: frozenset({JobState.PENDING, JobState.RUNNING, JobState.CANCELLED, JobState.FAILED,
+                                  JobState.UNKNOWN}),
+    JobState.UNKNOWN: frozenset({*_LIVE, *FINAL_STATES}),
+    **{s: frozenset() for s in FINAL_STATES},
+}
+
+_FROM_SLURM = {
+    "PENDING": JobState.PENDING,
+    "CONFIGURING": JobState.PENDING,
+    "RUNNING": JobState.RUNNING,
+    "COMPLETING": JobState.RUNNING,
+    "SUSPENDED": JobState.RUNNING,
+    "STOPPED": JobState.RUNNING,
+    "RESIZING": JobState.RUNNING,
+    "SIGNALING": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "REQUEUED": JobState.REQUEUED,
+    "REQUEUE_FED": JobState.REQUEUED,
+    "REQUEUE_HOLD": JobState.REQUEUED,
+    "COMPLETED": JobState.COMPLETED,
+    "CANCELLED": JobState.CANCELLED,
+    "TIMEOUT": JobState.TIMEOUT,
+    "DEADLINE": JobState.TIMEOUT,
+    "FAILED": JobState.FAILED,
+    "NODE_FAIL": JobState.FAILED,
+    "OUT_OF_MEMORY": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED,
+    "PREEMPTED": JobState.PREEMPTED,
+}
+
+
+class IllegalTransition(ContractError):
+    """A store was asked to move a job between states the model does not connect."""
+
+
+def check_transition(old: JobState | str | None, new: JobState | str) -> JobState:
+    """``new`` as a JobState, if a job in ``old`` (None: never seen) may be in it next; else raise."""
+    target = JobState(new)
+    if old is None:
+        return target
+    current = JobState(old)
+    if not current.may_become(target):
+        raise IllegalTransition(f"a {current.value} job cannot become {target.value}"
+                                + (" (final states never change)" if current.terminal else ""))
+    return target
