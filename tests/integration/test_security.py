@@ -1,0 +1,308 @@
+"""Integration tests (live testbed: real Slurm with slurmdbd and job_submit.lua, rootless Podman): two users.
+
+The victim is the testbed user; the attacker a second unprivileged user
+who does what any user can: plain `sbatch` with a forged comment, files of
+any kind in its own job directories, squatting in /tmp. Each test asserts
+that the victim's Slurm job is untouched (partition, GRES, hold, restart
+count) and that the agent keeps ticking. The agent is ticked by hand, as
+its service account, on a database of its own (`manual_agent`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from livebed import (
+    AGENT_USER,
+    EXAMPLES,
+    TestbedUser,
+    agent_tick,
+    put,
+    slurm_job,
+    wait_for,
+)
+
+TRAIN = str(EXAMPLES / "train_digits.py")
+
+
+def snapshot(job_id: int) -> dict[str, Any]:
+    """What the agent must never change on someone else's behalf."""
+    record = slurm_job(job_id) or {}
+    return {key: record.get(key) for key in ("partition", "tres_per_node", "restart_cnt", "priority", "state_reason",
+                                             "time_limit")}
+
+
+def running_snapshot(job_id: int) -> dict[str, Any]:
+    record = slurm_job(job_id) or {}
+    assert record.get("job_state") == "RUNNING", record.get("job_state")
+    return snapshot(job_id)
+
+
+def rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """The agent's private database, read as root."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
+def sbatch(who: TestbedUser, *args: str) -> int:
+    out = who.run("sbatch", "--parsable", "--mem=100", "--cpus-per-task=1", "--time=10", *args, check=True)
+    return int(out.stdout.strip().split(";")[0])
+
+
+def running_job(user: TestbedUser, workdir: Path, *args: str) -> dict[str, Any]:
+    """A dlsub training job of the victim's, running, with a checkpoint written."""
+    job = user.submit(*args, TRAIN, "--epochs", "30", "--throttle", "0.3", cwd=workdir)
+    wait_for("the victim's job to checkpoint",
+             lambda: (s := user.status(job["id"]))["state"] == "RUNNING" and s["last_checkpoint_step"] is not None,
+             timeout=120)
+    return job
+
+
+def forged_progress(directory: Path) -> str:
+    now = time.time()
+    events = [
+        {"event": "progress", "time": now - 20, "step": 10, "total_steps": 100000, "attempt": "x"},
+        {"event": "progress", "time": now - 1, "step": 20, "total_steps": 100000, "attempt": "x"},
+        {"event": "checkpoint", "time": now - 2, "step": 19, "attempt": "x"},
+    ]
+    return "".join(json.dumps(e) + "\n" for e in events)
+
+
+def attacker_dir(attacker: TestbedUser, name: str) -> Path:
+    path = attacker.home / ".dlsub-forged" / name
+    attacker.run("mkdir", "-p", str(path), check=True)
+    attacker.run("chmod", "-R", "755", str(attacker.home / ".dlsub-forged"), check=True)
+    return path
+
+
+def test_another_users_job_reusing_my_id_moves_nothing_of_mine(
+    user: TestbedUser, attacker: TestbedUser, workdir: Path, manual_agent: Path
+) -> None:
+    """A plain sbatch job of the attacker's whose comment names the victim's dlsub id."""
+    victim = running_job(user, workdir, "--mode", "ideal", "-p", "gpu", "--gpus", "1")
+    before = running_snapshot(victim["slurm_job_id"])
+    agent_tick(manual_agent)  # the victim's id is bound to the victim's uid from here on
+    fake = attacker_dir(attacker, victim["id"])
+    put(attacker, fake / "progress.jsonl", forged_progress(fake))
+    forged = sbatch(attacker, "-p", "cpu", f"--output={fake}/slurm-%j.out",
+                    f"--comment=dlsub:{victim['id']};mode=immediate;ideal=gpu-dev;gpus=2", "--wrap", "sleep 120")
+    try:
+        wait_for("the forged job to run", lambda: (slurm_job(forged) or {}).get("job_state") == "RUNNING")
+        for _ in range(3):
+            actions = agent_tick(manual_agent)
+            assert all(a["slurm_job_id"] != victim["slurm_job_id"] for a in actions if a["kind"] != "note"), actions
+            assert all(a["slurm_job_id"] != forged for a in actions if a["kind"] != "note"), actions
+        assert running_snapshot(victim["slurm_job_id"]) == before
+        assert (slurm_job(forged) or {}).get("partition") == "cpu"
+        attacker_uid = attacker.uid
+        ignored = rows(manual_agent, "select kind, reason from decisions where slurm_job_id = ? and uid = ?",
+                       forged, attacker_uid)
+        assert any(kind == "ignored" for kind, _ in ignored), ignored
+        # The attacker's forged decision is not the victim's to read, and the victim's not the attacker's.
+        assert victim["id"] not in attacker.dlsub("why", victim["id"], check=False).stdout.replace(
+            f"job {victim['id']}", "")
+    finally:
+        subprocess.run(["scancel", str(forged), str(victim["slurm_job_id"])], check=False)
+
+
+def test_my_directory_named_by_another_users_job_is_never_read(
+    user: TestbedUser, attacker: TestbedUser, workdir: Path, manual_agent: Path
+) -> None:
+    """The attacker's job points its output (and so its job directory) into the victim's job directory."""
+    victim = running_job(user, workdir, "--mode", "ideal", "-p", "cpu")
+    job_dir = Path(victim["job_dir"])
+    before = running_snapshot(victim["slurm_job_id"])
+    forged = sbatch(attacker, "-p", "cpu", f"--output={job_dir}/slurm-%j.out",
+                    "--comment=dlsub:0badc0de;mode=immediate;ideal=gpu;gpus=1", "--wrap", "sleep 120")
+    try:
+        wait_for("the forged job to be seen", lambda: slurm_job(forged) is not None)
+        agent_tick(manual_agent)
+        agent_tick(manual_agent)
+        assert running_snapshot(victim["slurm_job_id"]) == before
+        # Nothing the agent stored for the forged job came from the victim's files.
+        progress = rows(manual_agent, "select count(*) from progress where slurm_job_id = ?", forged)
+        assert progress == [(0,)], progress
+    finally:
+        subprocess.run(["scancel", str(forged), str(victim["slurm_job_id"])], check=False)
+
+
+@pytest.fixture
+def hostile_jobs(attacker: TestbedUser, workdir: Path) -> Iterator[list[int]]:
+    """Attacker's dlsub jobs whose progress and attempt files are a FIFO, a symlink to /dev/zero,
+    a 64 MiB line, and malformed values."""
+    script = put(attacker, workdir / "attacker" / "idle.py", "import time\ntime.sleep(300)\n")
+    ids, dirs = [], []
+    for _ in range(4):
+        job = attacker.submit("-p", "cpu", "--cpus", "1", "--mem", "200M", str(script), cwd=script.parent)
+        ids.append(job["slurm_job_id"])
+        dirs.append(Path(job["job_dir"]))
+    fifo, zero, huge, bad = dirs
+    for name in ("progress.jsonl", "attempts.jsonl"):
+        attacker.run("rm", "-f", str(fifo / name), str(zero / name), check=True)
+        attacker.run("mkfifo", str(fifo / name), check=True)
+        attacker.run("ln", "-s", "/dev/zero", str(zero / name), check=True)
+        attacker.run("sh", "-c", f"head -c 67108864 /dev/zero | tr '\\0' a > '{huge / name}'", check=True)
+    malformed = [{"event": "progress", "time": "x", "step": 1}, {"event": "progress", "time": 1e999, "step": "y"},
+                 {"event": "checkpoint", "time": float("nan"), "step": -5}, ["not", "an", "object"],
+                 {"event": "progress", "time": time.time(), "step": 10**30, "total_steps": -1}]
+    text = "\n".join(json.dumps(m) for m in malformed) + "\n"
+    put(attacker, bad / "progress.jsonl", text)
+    yield ids
+    subprocess.run(["scancel", *map(str, ids)], check=False)
+
+
+def test_hostile_files_cost_only_their_own_job_an_observation(
+    user: TestbedUser, attacker: TestbedUser, workdir: Path, hostile_jobs: list[int], manual_agent: Path
+) -> None:
+    victim = running_job(user, workdir, "--mode", "ideal", "-p", "cpu")
+    wait_for("the hostile jobs to run",
+             lambda: all((slurm_job(i) or {}).get("job_state") == "RUNNING" for i in hostile_jobs), timeout=90)
+    started = time.monotonic()
+    agent_tick(manual_agent)
+    agent_tick(manual_agent)
+    elapsed = time.monotonic() - started
+    assert elapsed < 30, f"two ticks took {elapsed:.0f} s"
+    # The victim was observed: the agent recorded its progress.
+    seen = rows(manual_agent, "select count(*) from progress where slurm_job_id = ?", victim["slurm_job_id"])
+    assert seen[0][0] >= 1, seen
+    # Each hostile job was skipped with a reason its owner can read.
+    for job_id in hostile_jobs[:3]:
+        reasons = rows(manual_agent, "select reason from decisions where slurm_job_id = ?", job_id)
+        assert reasons, f"no recorded reason for hostile job {job_id}"
+    subprocess.run(["scancel", str(victim["slurm_job_id"])], check=False)
+
+
+def test_output_and_checkpoints_are_private_and_the_agent_reads_only_its_files(
+    user: TestbedUser, attacker: TestbedUser, workdir: Path
+) -> None:
+    victim = running_job(user, workdir, "--mode", "ideal", "-p", "cpu")
+    job_dir = Path(victim["job_dir"])
+    output = job_dir / f"slurm-{victim['slurm_job_id']}.out"
+    try:
+        for path in (output, job_dir / "progress.jsonl", job_dir / "attempts.jsonl", job_dir / "checkpoints"):
+            assert attacker.run("cat", str(path)).returncode != 0, f"{attacker.name} can read {path}"
+        assert attacker.run("ls", str(job_dir / "checkpoints")).returncode != 0
+        agent = ["runuser", "-u", AGENT_USER, "--"]
+        for path in (job_dir / "progress.jsonl", job_dir / "attempts.jsonl"):
+            assert subprocess.run([*agent, "head", "-c", "1", str(path)], capture_output=True).returncode == 0, path
+        for path in (output, job_dir / "checkpoints"):
+            assert subprocess.run([*agent, "ls", str(path)], capture_output=True).returncode != 0, path
+    finally:
+        subprocess.run(["scancel", str(victim["slurm_job_id"])], check=False)
+
+
+def test_a_script_that_exits_85_forever_is_requeued_at_most_max_continuations_times(
+    user: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    """The batch script itself bounds resume-requeues (the testbed policy allows 5); the agent lifts no more."""
+    script = put(user, workdir / "loop 85; x.py", "import sys\nsys.exit(85)\n")
+    job = user.submit("-p", "cpu", "--cpus", "1", "--mem", "200M", str(script), cwd=workdir)
+    final = wait_for("the loop to end", lambda: (s := user.status(job["id"]))["state"] not in (
+        "PENDING", "RUNNING", "REQUEUED") and s, timeout=240, interval=2)
+    record = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(job["slurm_job_id"]), "--format=State,Restarts"],
+                            capture_output=True, text=True).stdout
+    assert final["attempts"] <= 6, (final, record)
+    out = (Path(job["job_dir"]) / f"slurm-{job['slurm_job_id']}.out").read_text()
+    assert "continuations" in out, out
+
+
+def test_a_squatted_runtime_directory_is_refused_not_used(
+    user: TestbedUser, attacker: TestbedUser, workdir: Path
+) -> None:
+    """Without /run/user/UID the batch script falls back to /tmp/dlsub-xdg-UID; another user made it first."""
+    runtime = Path(f"/run/user/{user.uid}")
+    aside = runtime.with_name(f"{user.uid}.aside-{os.getpid()}")
+    squat = Path(f"/tmp/dlsub-xdg-{user.uid}")
+    had_squat = squat.exists()
+    if had_squat:
+        shutil.move(str(squat), f"{squat}.aside-{os.getpid()}")
+    attacker.run("mkdir", "-m", "777", str(squat), check=True)
+    runtime.rename(aside)
+    try:
+        script = put(user, workdir / "hello.py", "print('hello')\n")
+        job = user.submit("-p", "cpu", "--cpus", "1", "--mem", "200M", str(script), cwd=workdir)
+        final = wait_for("the job to end", lambda: (s := user.status(job["id"]))["state"] in (
+            "FAILED", "COMPLETED", "CANCELLED") and s, timeout=120, interval=2)
+        assert final["state"] == "FAILED"
+        out = (Path(job["job_dir"]) / f"slurm-{job['slurm_job_id']}.out").read_text()
+        assert str(squat) in out and "hello" not in out, out
+        assert not any(p.owner() == user.name for p in squat.rglob("*")), "the victim wrote into the squat"
+    finally:
+        aside.rename(runtime)
+        shutil.rmtree(squat, ignore_errors=True)
+        if had_squat:
+            shutil.move(f"{squat}.aside-{os.getpid()}", str(squat))
+
+
+def test_an_admin_hold_on_a_moving_job_is_never_released_by_the_agent(
+    user: TestbedUser, workdir: Path, gpus_busy: list[int], manual_agent: Path
+) -> None:
+    job = user.submit("--mode", "immediate", "--gpus", "1", TRAIN, "--epochs", "30", "--throttle", "0.2",
+                      cwd=workdir)
+    slurm_id = job["slurm_job_id"]
+    try:
+        wait_for("a checkpoint on cpu",
+                 lambda: (s := user.status(job["id"]))["state"] == "RUNNING" and s["last_checkpoint_step"], timeout=120)
+        subprocess.run(["scancel", *map(str, gpus_busy)], check=True)
+        wait_for("the move to start", lambda: any(a["kind"] == "signal-move" for a in agent_tick(manual_agent)),
+                 timeout=60, interval=2)
+        wait_for("the job to checkpoint and wait held",
+                 lambda: (slurm_job(slurm_id) or {}).get("state_reason") == "JobHeldUser", timeout=90)
+        subprocess.run(["scontrol", "hold", str(slurm_id)], check=True)  # root: an administrator's hold
+        wait_for("the admin hold", lambda: (slurm_job(slurm_id) or {}).get("state_reason") == "JobHeldAdmin")
+        held = snapshot(slurm_id)
+        for _ in range(3):
+            actions = agent_tick(manual_agent)
+            assert not [a for a in actions if a["kind"] in ("release", "retarget")], actions
+        assert snapshot(slurm_id) == held, "the agent touched an administrator's hold"
+        subprocess.run(["scontrol", "release", str(slurm_id)], check=True)
+    finally:
+        subprocess.run(["scancel", str(slurm_id)], check=False)
+
+
+def test_the_gpu_limit_counts_every_job_of_the_user_and_moves_in_the_same_tick(
+    user: TestbedUser, attacker: TestbedUser, workdir: Path, manual_agent: Path
+) -> None:
+    """Limit 2 GPUs: the user holds 1 in a plain sbatch job; of two jobs waiting to move, only one may."""
+    policy = Path(str(manual_agent) + ".policy.toml")
+    text = Path("/etc/dlsub/policy.toml").read_text().replace("max_gpus_per_user = 8", "max_gpus_per_user = 2")
+    assert "max_gpus_per_user = 2" in text
+    policy.write_text(text)
+    policy.chmod(0o644)
+    # The attacker's jobs keep the GPUs busy so that the user's two jobs start on cpu.
+    blockers = [sbatch(attacker, "-p", "gpu", "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(2)]
+    ids: list[int] = []
+    try:
+        wait_for("the GPUs busy", lambda: all((slurm_job(b) or {}).get("job_state") == "RUNNING" for b in blockers))
+        jobs = [user.submit("--mode", "immediate", "--gpus", "1", TRAIN, "--epochs", "30", "--throttle", "0.3",
+                            cwd=workdir) for _ in range(2)]
+        ids = [j["slurm_job_id"] for j in jobs]
+        assert [j["partition"] for j in jobs] == ["cpu", "cpu"]
+        for j in jobs:
+            wait_for("checkpoints on cpu", lambda j=j: user.status(j["id"])["last_checkpoint_step"], timeout=150)
+        subprocess.run(["scancel", str(blockers[0])], check=True)
+        wait_for("a GPU node idle", lambda: slurm_job(blockers[0]) is None
+                 or (slurm_job(blockers[0]) or {}).get("job_state") != "RUNNING")
+        plain = sbatch(user, "-p", "gpu", "--gres=gpu:1", "--wrap", "sleep 600")
+        ids.append(plain)
+        wait_for("the user's plain GPU job to run", lambda: (slurm_job(plain) or {}).get("job_state") == "RUNNING")
+        actions = agent_tick(manual_agent, policy=policy)
+        moves = [a for a in actions if a["kind"] == "signal-move"]
+        assert len(moves) == 1, actions
+        notes = [a for a in actions if a["kind"] == "note" and "limit" in a["reason"]]
+        assert len(notes) == 1, actions
+    finally:
+        subprocess.run(["scancel", *map(str, [*blockers, *ids])], check=False)
