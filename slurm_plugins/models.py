@@ -128,6 +128,14 @@ class SlurmJob:
         return int(value) if isinstance(value, int) else None
 
     @property
+    def node_count(self) -> int:
+        """Nodes it runs on or asked for (0: Slurm did not say)."""
+        value = self.extra.get("node_count")
+        if isinstance(value, dict):  # newer Slurm: {"set": .., "number": ..}
+            value = value.get("number")
+        return value if isinstance(value, int) and value > 0 else 0
+
+    @property
     def standard_output(self) -> str:
         return str(self.extra.get("standard_output", "") or "")
 
