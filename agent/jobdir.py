@@ -119,18 +119,27 @@ class Cursor:
             return None
 
 
-def read_new_lines(dir_fd: int, name: str, uid: int | None, cursor: Cursor | None,
-                   max_bytes: int = MAX_READ_BYTES) -> tuple[list[bytes], Cursor | None, bool]:
-    """Complete lines appended to ``name`` since ``cursor``: (lines, new cursor, restarted).
+@dataclass
+class Chunk:
+    """What one bounded read of a file gave."""
 
-    ``restarted`` says the file is new, was replaced or shrank, so reading
-    began again (from its tail when it is larger than ``max_bytes``). A
-    file that does not exist yet gives no lines and no cursor.
+    lines: list[bytes]
+    cursor: Cursor | None
+    restarted: bool = False  # new, replaced or shrunk: read again from its start (or tail)
+    dropped: int = 0  # bytes passed over unread: before the tail, or in lines over MAX_LINE_BYTES
+
+
+def read_new_lines(dir_fd: int, name: str, uid: int | None, cursor: Cursor | None,
+                   max_bytes: int = MAX_READ_BYTES) -> Chunk:
+    """Complete lines appended to ``name`` since ``cursor``, at most ``max_bytes`` of them.
+
+    A file that is new, was replaced or shrank is read again from its tail
+    (its last ``max_bytes``). A file that does not exist yet gives nothing.
     """
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
-        return [], None, cursor is not None
+        return Chunk([], None, cursor is not None)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise Unreadable(f"{name} is a symlink (the agent reads only regular files)") from None
@@ -152,18 +161,27 @@ def read_new_lines(dir_fd: int, name: str, uid: int | None, cursor: Cursor | Non
         data = os.pread(fd, want, start) if want > 0 else b""
     finally:
         os.close(fd)
+    dropped = start if restarted else 0
     pos = 0
     if skipping:
         newline = data.find(b"\n")
         if newline < 0:
-            return [], Cursor(info.st_dev, info.st_ino, start + len(data), True), restarted
+            return Chunk([], Cursor(info.st_dev, info.st_ino, start + len(data), True), restarted,
+                         dropped + len(data))
         pos, skipping = newline + 1, False
+        dropped += pos
     last = data.rfind(b"\n")
     consumed = last + 1 if last >= pos else pos
-    lines = [line for line in data[pos:consumed].split(b"\n") if line and len(line) <= MAX_LINE_BYTES]
+    lines = []
+    for line in data[pos:consumed].split(b"\n"):
+        if len(line) > MAX_LINE_BYTES:
+            dropped += len(line)
+        elif line:
+            lines.append(line)
     if len(data) - consumed > MAX_LINE_BYTES:
+        dropped += len(data) - consumed
         consumed, skipping = len(data), True  # an unfinished line already too long: drop it
-    return lines, Cursor(info.st_dev, info.st_ino, start + consumed, skipping), restarted
+    return Chunk(lines, Cursor(info.st_dev, info.st_ino, start + consumed, skipping), restarted, dropped)
 
 
 # ---------------------------------------------------------------- checking events
@@ -412,7 +430,7 @@ def _read_checked(job_dir: Path, name: str, check: Any) -> list[dict[str, Any]]:
     except Unreadable:
         return []
     try:
-        lines, _, _ = read_new_lines(dir_fd, name, None, None)
+        lines = read_new_lines(dir_fd, name, None, None).lines
     except Unreadable:
         return []
     finally:
@@ -433,7 +451,7 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     except Unreadable:
         return []
     try:
-        lines, _, _ = read_new_lines(dir_fd, path.name, None, None)
+        lines = read_new_lines(dir_fd, path.name, None, None).lines
     except Unreadable:
         return []
     finally:

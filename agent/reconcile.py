@@ -386,13 +386,18 @@ class Agent:
         cursors = dict(data.get("files") or {})
         progress = ProgressSummary.from_dict(data.get("progress"))
         attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
+        dropped: list[str] = []
         try:
             dir_fd = open_dir(Path(job_dir), row.uid)
             try:
                 for name, check, summary in ((PROGRESS_FILE, check_progress_event, progress),
                                              (ATTEMPTS_FILE, check_attempt_event, attempts)):
-                    lines, cursor, _ = read_new_lines(dir_fd, name, row.uid, Cursor.from_dict(cursors.get(name)))
-                    for line in lines:
+                    chunk = read_new_lines(dir_fd, name, row.uid, Cursor.from_dict(cursors.get(name)))
+                    if chunk.dropped:
+                        dropped.append(f"{name}: {chunk.dropped} bytes passed over (lines over 64 KiB, or more "
+                                       "than 1 MiB behind)")
+                    cursor = chunk.cursor
+                    for line in chunk.lines:
                         raw = parse_line(line)
                         event = check(raw) if raw is not None else None
                         if event is None:
@@ -408,6 +413,8 @@ class Agent:
         data["files"] = cursors
         data["progress"] = progress.to_dict()
         data["attempts"] = attempts.to_dict()
+        if dropped:
+            self._once(row, "dropped", "read in part: " + "; ".join(dropped), now, writes, "skipped")
         said = data.get("said") or {}
         if said.get("files"):
             # Readable again: the same trouble later is worth saying again.
