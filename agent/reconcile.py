@@ -297,7 +297,8 @@ class Agent:
                      writes: Writes, read: bool) -> JobInfo | None:
         job, request = seen.job, seen.request
         row = seen.row
-        before = row.encoded(), row.state
+        # Nested values are replaced, never changed in place, so a shallow copy tells what changed.
+        before = dict(row.data), row.state
         data = row.data
         data["request"] = request
         note = data.pop("first_note", None)
@@ -368,8 +369,8 @@ class Agent:
         return info
 
     @staticmethod
-    def _changed(row: JobRow, before: tuple[str, str | None], writes: Writes) -> None:
-        if (row.encoded(), row.state) != before:
+    def _changed(row: JobRow, before: tuple[dict[str, Any], str | None], writes: Writes) -> None:
+        if (row.data, row.state) != before:
             writes.jobs[row.key()] = row
 
     def _read_files(self, row: JobRow, job: SlurmJob, dlsub_id: str, now: float, writes: Writes) -> None:
@@ -386,6 +387,7 @@ class Agent:
         cursors = dict(data.get("files") or {})
         progress = ProgressSummary.from_dict(data.get("progress"))
         attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
+        fed = {PROGRESS_FILE: False, ATTEMPTS_FILE: False}
         dropped: list[str] = []
         try:
             dir_fd = open_dir(Path(job_dir), row.uid)
@@ -397,6 +399,7 @@ class Agent:
                         dropped.append(f"{name}: {chunk.dropped} bytes passed over (lines over 64 KiB, or more "
                                        "than 1 MiB behind)")
                     cursor = chunk.cursor
+                    fed[name] = bool(chunk.lines)
                     for line in chunk.lines:
                         raw = parse_line(line)
                         event = check(raw) if raw is not None else None
@@ -410,9 +413,12 @@ class Agent:
         except Unreadable as exc:
             self._once(row, "files", f"not read this tick: {exc.reason}", now, writes, "skipped")
             return
-        data["files"] = cursors
-        data["progress"] = progress.to_dict()
-        data["attempts"] = attempts.to_dict()
+        if cursors != data.get("files"):
+            data["files"] = cursors
+        if fed[PROGRESS_FILE] or "progress" not in data:
+            data["progress"] = progress.to_dict()
+        if fed[ATTEMPTS_FILE] or "attempts" not in data:
+            data["attempts"] = attempts.to_dict()
         if dropped:
             self._once(row, "dropped", "read in part: " + "; ".join(dropped), now, writes, "skipped")
         said = data.get("said") or {}
