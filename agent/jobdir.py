@@ -110,7 +110,7 @@ class Cursor:
         return {"dev": self.dev, "ino": self.ino, "offset": self.offset, "skipping": self.skipping}
 
     @classmethod
-    def from_dict(cls, raw: Any) -> "Cursor | None":
+    def from_dict(cls, raw: Any) -> Cursor | None:
         if not isinstance(raw, dict):
             return None
         try:
@@ -203,18 +203,22 @@ def parse_line(line: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+class _BadField(Exception):
+    """A field of the wrong type or out of range: the whole event is dropped."""
+
+
 def _int(value: Any, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError
+        raise _BadField
     return value
 
 
 def _num(value: Any, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError
+        raise _BadField
     number = float(value)
     if not math.isfinite(number) or not lo <= number <= hi:
-        raise ValueError
+        raise _BadField
     return number
 
 
@@ -225,7 +229,7 @@ def _opt(raw: dict[str, Any], key: str, check: Any, *bounds: Any) -> Any:
 
 def _text(value: Any, limit: int = 64) -> str:
     if not isinstance(value, str) or len(value) > limit:
-        raise ValueError
+        raise _BadField
     return value
 
 
@@ -251,7 +255,7 @@ def check_progress_event(raw: dict[str, Any]) -> dict[str, Any] | None:
             "total_epochs": _opt(raw, "total_epochs", _int, 1, MAX_EPOCH),
             "seq": _opt(raw, "seq", _int, 0, MAX_STEP),
         }
-    except ValueError:
+    except _BadField:
         return None
 
 
@@ -278,7 +282,7 @@ def check_attempt_event(raw: dict[str, Any]) -> dict[str, Any] | None:
             "gpus": _opt(raw, "gpus", _text, 4096),
         }
         return {k: v for k, v in checked.items() if v is not None}
-    except ValueError:
+    except _BadField:
         return None
 
 
@@ -349,7 +353,8 @@ class ProgressSummary:
                                           "total_epochs") if event.get(k) is not None}
             if self.last is None or slim.get("attempt") != self.last.get("attempt"):
                 self.window = []  # a new attempt: its rate starts afresh
-            self.window = [*self.window, {k: slim[k] for k in ("time", "step", "samples") if k in slim}][-RATE_WINDOW:]
+            point: dict[str, Any] = {k: slim[k] for k in ("time", "step", "samples") if k in slim}
+            self.window = [*self.window, point][-RATE_WINDOW:]
             self.last = slim
         elif kind == EVENT_CHECKPOINT:
             # A checkpoint counts whether or not it names a step (``run.save(state)``);
@@ -386,7 +391,7 @@ class ProgressSummary:
                 "finished": self.finished, "first_time": self.first_time, "bad_events": self.bad_events}
 
     @classmethod
-    def from_dict(cls, raw: Any) -> "ProgressSummary":
+    def from_dict(cls, raw: Any) -> ProgressSummary:
         if not isinstance(raw, dict):
             return cls()
         try:
@@ -418,7 +423,7 @@ class AttemptsSummary:
                 "last_end_restart": self.last_end_restart, "bad_events": self.bad_events}
 
     @classmethod
-    def from_dict(cls, raw: Any, slurm_job_id: int) -> "AttemptsSummary":
+    def from_dict(cls, raw: Any, slurm_job_id: int) -> AttemptsSummary:
         if not isinstance(raw, dict) or raw.get("slurm_job_id") != slurm_job_id:
             return cls(slurm_job_id)
         try:

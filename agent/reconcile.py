@@ -43,7 +43,6 @@ from dlsub.agent.agent_store import AgentStore, JobRow, Writes
 from dlsub.agent.jobdir import (
     AttemptsSummary,
     Cursor,
-    Progress,
     ProgressSummary,
     Unreadable,
     check_attempt_event,
@@ -53,11 +52,27 @@ from dlsub.agent.jobdir import (
     read_new_lines,
 )
 from dlsub.agent.policy_file import AgentPolicy
-from dlsub.contract import ATTEMPTS_FILE, PROGRESS_FILE, IllegalTransition, JobState, Tags
 from dlsub.policies import moves as planner
-from dlsub.policies.moves import Action, JobInfo, MovePhase, MoveView, PartitionInfo, Rules, Usage, Window
+from dlsub.policies.moves import (
+    Action,
+    JobInfo,
+    MovePhase,
+    MoveView,
+    PartitionInfo,
+    Rules,
+    Usage,
+    Window,
+)
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
 from dlsub.slurm_plugins.models import Partition, SlurmJob
+
+from dlsub.contract import (
+    ATTEMPTS_FILE,
+    PROGRESS_FILE,
+    IllegalTransition,
+    JobState,
+    Tags,
+)
 
 log = logging.getLogger("dlsub.agent")
 
@@ -214,7 +229,7 @@ class Agent:
                 else:
                     read = True
                 info = self._observe_job(seen, moves.get(seen.row.key()), known, now, writes, read)
-            except Exception as exc:  # noqa: BLE001 - one job's failure never stops the tick
+            except Exception as exc:
                 log.exception("observing Slurm job %s failed", seen.job.job_id)
                 self._once(seen.row, "failed", f"observing this job failed ({type(exc).__name__}: {exc}); "
                            "skipped this tick", now, writes, "skipped")
@@ -226,9 +241,9 @@ class Agent:
         self._seen = {s.job.job_id: s for s in observed}
         pending_gpus: dict[str, int] = {}
         for job in slurm_jobs:
-            if job.state == "PENDING" and not job.held and job.gpus_per_node and job.user_id is not None:
-                if (job.user_id, job.job_id) not in moves:
-                    pending_gpus[job.partition] = pending_gpus.get(job.partition, 0) + job.gpus_per_node
+            if (job.state == "PENDING" and not job.held and job.gpus_per_node and job.user_id is not None
+                    and (job.user_id, job.job_id) not in moves):
+                pending_gpus[job.partition] = pending_gpus.get(job.partition, 0) + job.gpus_per_node
         parts = []
         for p in partitions:
             up_nodes = tuple((n.name, n.idle_gpus, n.idle_cpus) for n in p.nodes if n.usable)

@@ -25,11 +25,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dlsub.agent.agent_store import AgentStore  # noqa: E402
-from dlsub.agent.policy_file import parse_policy  # noqa: E402
-from dlsub.agent.reconcile import Agent  # noqa: E402
-from dlsub.slurm_plugins.client import SlurmClient  # noqa: E402
-from dlsub.slurm_plugins.fake import FakeSlurm, testbed_cluster  # noqa: E402
+from dlsub.agent.agent_store import AgentStore
+from dlsub.agent.policy_file import parse_policy
+from dlsub.agent.reconcile import Agent
+from dlsub.slurm_plugins.client import SlurmClient
+from dlsub.slurm_plugins.fake import FakeSlurm, testbed_cluster
 
 NOW = 1_800_000_000.0
 POLICY = parse_policy({

@@ -47,10 +47,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypedDict
 
-from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE
 from dlsub.policies.api import ClusterView, JobView, Node
 from dlsub.policies.registry import get_policy
+
+from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE
 
 
 class MovePhase(str, Enum):
@@ -197,6 +199,11 @@ BACKFILL = "backfill"  # a RETARGET into a backfill partition
 NOTE = "note"  # no action; a decision worth telling the user (once)
 
 
+class _Ids(TypedDict):
+    dlsub_id: str
+    slurm_job_id: int
+
+
 def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
@@ -205,7 +212,7 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
     """The next step of a move in flight, from what Slurm shows now."""
     move = job.move
     assert move is not None
-    common = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+    common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
     if job.ended or job.finished:
         # PREEMPTED is final too: Slurm will not run this job again, so nothing is left to move.
         return [Action(ABANDON_MOVE, reason=f"the job ended ({job.state}) before the {move.kind} finished", **common)]
@@ -277,7 +284,7 @@ def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInf
             continue
         if job.backfilled_from:
             continue  # placed by backfill: returns when the window closes
-        common = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+        common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
         free = ideal.idle_gpus - ideal.pending_gpus
         if not ideal.idle_node_for(job.gpus_wanted, rules.job_cpus) or free < job.gpus_wanted:
             continue  # nothing to decide yet: no room there
@@ -418,7 +425,7 @@ def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo]
         left = job.end_time - now
         if left > rules.checkpoint_grace_s:
             continue
-        common = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+        common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
         if job.finished or (job.eta_s is not None and job.eta_s <= max(left, 0)):
             continue  # it will finish in time
         if not rules.continue_jobs:
@@ -454,8 +461,8 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
             for job in sorted(jobs, key=lambda j: j.submit_time):
                 if job.move is not None or job.state != "PENDING" or job.held or job.backfilled_from:
                     continue
-                if job.reason not in ("Resources", "Priority", "ReqNodeNotAvail", "Nodes_required_for_job_are_"
-                                      "DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions"):
+                if job.reason not in ("Resources", "Priority", "ReqNodeNotAvail", (
+                        "Nodes_required_for_job_are_DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions")):
                     continue
                 gpus = min(job.gpus_wanted, rules.max_gpus_per_job)
                 if _over_limit(job, max(0, gpus - job.gpus_now), usage, rules):

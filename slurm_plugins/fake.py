@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlsub.contract import COMMENT_PREFIX, SUBMIT_RECORD_PREFIX
 from dlsub.slurm_plugins.timespec import parse_slurm_duration
+
+from dlsub.contract import COMMENT_PREFIX, SUBMIT_RECORD_PREFIX
 
 
 @dataclass
@@ -70,7 +71,7 @@ class FakeJob:
     node_count: int = 1
 
 
-def testbed_cluster() -> "FakeSlurm":
+def testbed_cluster() -> FakeSlurm:
     """A fake shaped like the local testbed: cpu (default), gpu, gpu-dev."""
     return FakeSlurm(
         nodes=[
@@ -153,7 +154,7 @@ class FakeSlurm:
             node.gpus_used += sign * int(gres.split(":")[1])
 
     # ---------------------------------------------------------------- dispatch
-    def __call__(self, argv: Sequence[str]) -> "subprocess.CompletedProcess[str]":
+    def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         argv = list(argv)
         self.calls.append(argv)
         if not self.reachable:
@@ -171,17 +172,17 @@ class FakeSlurm:
         return handler(argv)
 
     @staticmethod
-    def _done(argv: list[str], rc: int, out: str, err: str = "") -> "subprocess.CompletedProcess[str]":
+    def _done(argv: list[str], rc: int, out: str, err: str = "") -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, rc, out, err)
 
     # ---------------------------------------------------------------- commands
-    def _sbatch(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+    def _sbatch(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         script_path = argv[-1]
         try:
             text = Path(script_path).read_text()
         except OSError as exc:
             return self._done(argv, 1, "", f"sbatch: error: Unable to open file {script_path}: {exc}")
-        options = dict(re.findall(r"^#SBATCH --([\w-]+)=(.*)$", text, flags=re.M))
+        options = dict(re.findall(r"^#SBATCH --([\w-]+)=(.*)$", text, flags=re.MULTILINE))
         partition = options.get("partition") or next(p.name for p in self.partitions.values() if p.default)
         if partition not in self.partitions:
             return self._done(argv, 1, "", "sbatch: error: invalid partition specified: " + partition)
@@ -226,7 +227,7 @@ class FakeSlurm:
             "node_count": job.node_count,
         }
 
-    def _squeue(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+    def _squeue(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         jobs = list(self.jobs.values())
         if "--jobs" in argv:
             wanted = {int(x) for x in argv[argv.index("--jobs") + 1].split(",")}
@@ -246,7 +247,7 @@ class FakeSlurm:
         """Slurm forgets a finished job (MinJobAge); only accounting still has it."""
         self.history[job_id] = self.jobs.pop(job_id)
 
-    def _sacct(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+    def _sacct(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         wanted = {int(x) for x in argv[argv.index("-j") + 1].split(",")}
         lines = [
             "|".join([str(j.job_id), j.options.get("job-name", "fake"), j.user, j.state,
@@ -255,7 +256,7 @@ class FakeSlurm:
         ]
         return self._done(argv, 0, "".join(line + "\n" for line in lines))
 
-    def _sinfo(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+    def _sinfo(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         nodes = [
             {
                 "name": n.name,
@@ -273,10 +274,10 @@ class FakeSlurm:
         ]
         return self._done(argv, 0, json.dumps({"meta": {}, "errors": [], "nodes": nodes}))
 
-    def _invalid(self, argv: list[str], job_id: str) -> "subprocess.CompletedProcess[str]":
+    def _invalid(self, argv: list[str], job_id: str) -> subprocess.CompletedProcess[str]:
         return self._done(argv, 1, "", f"{argv[0]}: error: Invalid job id specified ({job_id})")
 
-    def _scancel(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+    def _scancel(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         job_id = int(argv[-1])
         job = self.jobs.get(job_id)
         if job is None:
@@ -288,7 +289,7 @@ class FakeSlurm:
             job.state = "CANCELLED"
         return self._done(argv, 0, "")
 
-    def _scontrol(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+    def _scontrol(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         if argv[1:2] == ["ping"]:
             return self._done(argv, 0, "Slurmctld(primary) at localhost is UP\n")
         if argv[1:3] == ["show", "partition"]:

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dlsub.policies import moves as m
-from dlsub.policies.moves import JobInfo, MovePhase, MoveView, PartitionInfo, Rules, Window
+from dlsub.policies.moves import (
+    JobInfo,
+    MovePhase,
+    MoveView,
+    PartitionInfo,
+    Rules,
+    Window,
+)
 
 NOW = 1_000_000.0
 RULES = Rules(restart_cost_s=60, min_saving_s=60, checkpoint_grace_s=90)
@@ -20,10 +27,11 @@ def parts(gpu_idle: int = 4, cpu_idle_cpus: int = 4) -> list[PartitionInfo]:
 
 
 def job(**kw: object) -> JobInfo:
-    base = dict(dlsub_id="aaaa0001", slurm_job_id=10, user="alice", state="RUNNING", reason="None", ended=False,
-                partition="cpu", mode="immediate", ideal_partition="gpu", gpus_wanted=1, gpus_now=0,
-                submit_time=NOW - 600, start_time=NOW - 500, end_time=NOW + 3600, checkpointable=True,
-                last_checkpoint_time=NOW - 40, eta_s=3 * 3600.0)
+    base: dict[str, object] = {
+        "dlsub_id": "aaaa0001", "slurm_job_id": 10, "user": "alice", "state": "RUNNING", "reason": "None",
+        "ended": False, "partition": "cpu", "mode": "immediate", "ideal_partition": "gpu", "gpus_wanted": 1,
+        "gpus_now": 0, "submit_time": NOW - 600, "start_time": NOW - 500, "end_time": NOW + 3600,
+        "checkpointable": True, "last_checkpoint_time": NOW - 40, "eta_s": 3 * 3600.0}
     base.update(kw)
     return JobInfo(**base)  # type: ignore[arg-type]
 
