@@ -171,6 +171,7 @@ class Agent:
         # Real elapsed time for the tick's deadline (the tick clock may be a test's fake one).
         self.deadline_clock = deadline_clock
         self._seen: dict[int, _Seen] = {}
+        self._unread = 0  # jobs whose files could not be read this tick
 
     # ---------------------------------------------------------------- observe
     def window_at(self, now: float) -> Window:
@@ -216,6 +217,7 @@ class Agent:
             writes.bindings.append((dlsub_id, first.row.uid, first.job.job_id, now))
         observed: list[_Seen] = []
         skipped, late = 0, False
+        self._unread = 0
         for seen in candidates:
             owner = bindings[seen.request["dlsub_id"]]
             if owner != seen.row.uid:
@@ -253,7 +255,7 @@ class Agent:
                 max_time_s=p.max_time_min * 60.0 if p.max_time_min else None,
             ))
         infos = [s.info for s in observed if s.info is not None]
-        return Observation(infos, parts, self.window_at(now), usage, skipped, late)
+        return Observation(infos, parts, self.window_at(now), usage, skipped + self._unread, late)
 
     def _identify(self, job: SlurmJob, uid: int, rows: dict[tuple[int, int], JobRow], now: float,
                   writes: Writes) -> _Seen | None:
@@ -330,8 +332,8 @@ class Agent:
         if new_state.terminal and move_row is None:
             self._changed(row, before, writes)
             return None
-        if read:
-            self._read_files(row, job, request["dlsub_id"], now, writes)
+        if read and not self._read_files(row, job, request["dlsub_id"], now, writes):
+            self._unread += 1
         progress = ProgressSummary.from_dict(data.get("progress")).progress()
         attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
         ideal_name = request.get("ideal") or request.get("partition") or job.partition
@@ -388,8 +390,11 @@ class Agent:
         if (row.data, row.state) != before:
             writes.jobs[row.key()] = row
 
-    def _read_files(self, row: JobRow, job: SlurmJob, dlsub_id: str, now: float, writes: Writes) -> None:
-        """Fold what was appended to the job's progress and attempt files since last time into its row."""
+    def _read_files(self, row: JobRow, job: SlurmJob, dlsub_id: str, now: float, writes: Writes) -> bool:
+        """Fold what was appended to the job's progress and attempt files since last time into its row.
+
+        False: they could not be read (the reason is recorded once); the row keeps its last summary.
+        """
         data = row.data
         if "job_dir" not in data:
             found = job_dir_of(job, dlsub_id)
@@ -398,7 +403,7 @@ class Agent:
         if not job_dir:
             self._once(row, "files", "Slurm's record of this job names no job directory called "
                        f"{dlsub_id} for its output: progress is not read", now, writes, "skipped")
-            return
+            return False
         cursors = dict(data.get("files") or {})
         progress = ProgressSummary.from_dict(data.get("progress"))
         attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
@@ -427,7 +432,7 @@ class Agent:
                 os.close(dir_fd)
         except Unreadable as exc:
             self._once(row, "files", f"not read this tick: {exc.reason}", now, writes, "skipped")
-            return
+            return False
         if cursors != data.get("files"):
             data["files"] = cursors
         if fed[PROGRESS_FILE] or "progress" not in data:
@@ -440,6 +445,7 @@ class Agent:
         if said.get("files"):
             # Readable again: the same trouble later is worth saying again.
             data["said"] = {k: v for k, v in said.items() if k != "files"}
+        return True
 
     # ---------------------------------------------------------------- act
     def _prepare(self, action: Action, now: float, writes: Writes) -> bool:

@@ -199,10 +199,10 @@ def test_one_jobs_failure_costs_only_that_job(tmp_path: Path, monkeypatch: pytes
         w.progress(d, j)
     original = Agent._read_files
 
-    def flaky(self: Agent, row: Any, job: Any, dlsub_id: str, now: float, writes: Writes) -> None:
+    def flaky(self: Agent, row: Any, job: Any, dlsub_id: str, now: float, writes: Writes) -> bool:
         if job.job_id == bad_id:
             raise RuntimeError("disk on fire")
-        original(self, row, job, dlsub_id, now, writes)
+        return original(self, row, job, dlsub_id, now, writes)
 
     monkeypatch.setattr(Agent, "_read_files", flaky)
     actions = w.agent().tick(NOW)

@@ -145,6 +145,8 @@ def test_hostile_files_cost_only_their_job_an_observation(tmp_path: Path, kind: 
         assert data[key]["bad_events"] >= 8
     else:
         assert len(skipped) == 1, "one decision per reason, not one per tick"
+        if kind != "huge":
+            assert w.store.meta()["skipped"] == 1
         assert name in skipped[0] or "not a regular file" in skipped[0] or "symlink" in skipped[0]
 
 
