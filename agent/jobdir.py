@@ -237,24 +237,29 @@ _PROGRESS_EVENTS = (EVENT_START, EVENT_PROGRESS, EVENT_CHECKPOINT, EVENT_RESTORE
                     EVENT_FINISHED)
 
 
+_PROGRESS_FIELDS: tuple[tuple[str, Any, tuple[Any, ...]], ...] = (
+    ("step", _int, (0, MAX_STEP)),
+    ("epoch", _num, (0, MAX_EPOCH)),
+    ("loss", _num, (-MAX_ABS_LOSS, MAX_ABS_LOSS)),
+    ("samples", _int, (0, MAX_SAMPLES)),
+    ("total_steps", _int, (1, MAX_STEP)),
+    ("total_epochs", _int, (1, MAX_EPOCH)),
+    ("seq", _int, (0, MAX_STEP)),
+    ("attempt", _text, ()),
+)
+
+
 def check_progress_event(raw: dict[str, Any]) -> dict[str, Any] | None:
     """The fields of a progress event the agent uses, each type- and range-checked; None if any is bad."""
     try:
-        event = _text(raw.get("event"))
+        event = raw.get("event")
         if event not in _PROGRESS_EVENTS:
             return None
-        return {
-            "event": event,
-            "time": _num(raw.get("time"), MIN_TIME, MAX_TIME),
-            "attempt": _opt(raw, "attempt", _text),
-            "step": _opt(raw, "step", _int, 0, MAX_STEP),
-            "epoch": _opt(raw, "epoch", _num, 0, MAX_EPOCH),
-            "loss": _opt(raw, "loss", _num, -MAX_ABS_LOSS, MAX_ABS_LOSS),
-            "samples": _opt(raw, "samples", _int, 0, MAX_SAMPLES),
-            "total_steps": _opt(raw, "total_steps", _int, 1, MAX_STEP),
-            "total_epochs": _opt(raw, "total_epochs", _int, 1, MAX_EPOCH),
-            "seq": _opt(raw, "seq", _int, 0, MAX_STEP),
-        }
+        checked: dict[str, Any] = {"event": event, "time": _num(raw.get("time"), MIN_TIME, MAX_TIME)}
+        for key, check, bounds in _PROGRESS_FIELDS:
+            value = raw.get(key)
+            checked[key] = None if value is None else check(value, *bounds)
+        return checked
     except _BadField:
         return None
 
