@@ -1,28 +1,43 @@
-"""The agent's own state (SQLite through sqlite-utils, WAL): what Slurm does not keep.
+"""The agent's own state (SQLite, WAL): what Slurm does not keep.
 
-Tables: ``jobs`` (dlsub jobs the agent has seen, their mode and placement
-history), ``attempts`` (their Slurm attempts), ``progress`` (samples),
-``decisions`` (every decision, with its reason in plain words), ``moves``
-(moves in flight: the write-ahead record that makes a move survive a
-crash) and ``meta`` (the agent's own pid, last tick, what it is doing).
+Every row about a job is keyed by ``(uid, slurm_job_id)``: the uid is
+Slurm's ``user_id`` of the job, never anything its user wrote. Tables:
 
-Slurm stays the source of truth for what runs; after a crash the agent
-rebuilds everything else from Slurm and the job directories, and finishes
-the moves recorded here.
+* ``bindings``: each dlsub id and the uid it was first seen with (its owner);
+* ``jobs``: the Slurm jobs the agent follows, their one :class:`JobState`,
+  the request it trusts (submit record or the tags first seen), and where
+  reading the job's files stopped (``data``, JSON);
+* ``attempts``: their Slurm attempts; ``progress``: samples;
+* ``decisions``: every decision with its reason in plain words, and the uid
+  it is about (who may read it);
+* ``moves``: moves in flight, the write-ahead record that makes a move
+  survive a crash, with Slurm's restart count when it was signalled;
+* ``meta``: the agent's own pid, last tick, what it is doing.
+
+The tick writes once, in one transaction, and only rows that changed
+(:class:`Writes`); a move's intent is written before its signal. The files
+are created private (0600): users ask the agent through its socket.
+A database written by the previous schema (keyed by dlsub id) is migrated
+on open, moves in flight included.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import sqlite3
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
+from dlsub.contract import IllegalTransition, JobState, check_transition
 
 DEFAULT_DB = Path("/var/lib/dlsub/agent.db")
+SCHEMA_VERSION = 2
+#: Retention pruning runs at most this often.
+PRUNE_EVERY_S = 3600.0
 
 
 def default_db_path() -> Path:
@@ -33,6 +48,7 @@ def default_db_path() -> Path:
 @dataclass(frozen=True)
 class Decision:
     time: float
+    uid: int | None
     dlsub_id: str
     slurm_job_id: int | None
     user: str
@@ -41,8 +57,89 @@ class Decision:
     details: dict[str, Any]
 
 
+_DDL = """
+CREATE TABLE IF NOT EXISTS bindings (
+    dlsub_id TEXT PRIMARY KEY, uid INTEGER NOT NULL, slurm_job_id INTEGER, bound REAL);
+CREATE TABLE IF NOT EXISTS jobs (
+    uid INTEGER NOT NULL, slurm_job_id INTEGER NOT NULL, dlsub_id TEXT, user TEXT, state TEXT,
+    data TEXT NOT NULL DEFAULT '{}', PRIMARY KEY (uid, slurm_job_id));
+CREATE TABLE IF NOT EXISTS attempts (
+    uid INTEGER NOT NULL, slurm_job_id INTEGER NOT NULL, restart INTEGER NOT NULL, dlsub_id TEXT,
+    partition TEXT, nodes TEXT, first_seen REAL, start_time REAL, state TEXT,
+    PRIMARY KEY (uid, slurm_job_id, restart));
+CREATE TABLE IF NOT EXISTS progress (
+    uid INTEGER NOT NULL, slurm_job_id INTEGER NOT NULL, dlsub_id TEXT, time REAL, step INTEGER,
+    eta_s REAL, steps_per_s REAL, checkpoint_step INTEGER, partition TEXT);
+CREATE INDEX IF NOT EXISTS progress_job_time ON progress (uid, slurm_job_id, time);
+CREATE INDEX IF NOT EXISTS progress_time ON progress (time);
+CREATE TABLE IF NOT EXISTS decisions (
+    id INTEGER PRIMARY KEY, time REAL, uid INTEGER, dlsub_id TEXT, slurm_job_id INTEGER, user TEXT,
+    kind TEXT, reason TEXT, details TEXT);
+CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time);
+CREATE INDEX IF NOT EXISTS decisions_dlsub ON decisions (dlsub_id, time);
+CREATE INDEX IF NOT EXISTS decisions_slurm ON decisions (slurm_job_id, time);
+CREATE INDEX IF NOT EXISTS decisions_uid ON decisions (uid, time);
+CREATE TABLE IF NOT EXISTS moves (
+    uid INTEGER NOT NULL, slurm_job_id INTEGER NOT NULL, dlsub_id TEXT, kind TEXT, phase TEXT,
+    target_partition TEXT, target_gpus INTEGER, since REAL, signals INTEGER, created REAL,
+    time_limit_min INTEGER, restart_count INTEGER, PRIMARY KEY (uid, slurm_job_id));
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+"""
+
+MOVE_COLUMNS = ("uid", "slurm_job_id", "dlsub_id", "kind", "phase", "target_partition", "target_gpus", "since",
+                "signals", "created", "time_limit_min", "restart_count")
+_ATTEMPT_COLUMNS = ("uid", "slurm_job_id", "restart", "dlsub_id", "partition", "nodes", "first_seen", "start_time",
+                    "state")
+_PROGRESS_COLUMNS = ("uid", "slurm_job_id", "dlsub_id", "time", "step", "eta_s", "steps_per_s", "checkpoint_step",
+                     "partition")
+
+
+@dataclass
+class JobRow:
+    """One Slurm job the agent follows: (uid, slurm_job_id) and what it keeps about it."""
+
+    uid: int
+    slurm_job_id: int
+    dlsub_id: str
+    user: str
+    state: str | None  # a JobState value
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def key(self) -> tuple[int, int]:
+        return self.uid, self.slurm_job_id
+
+    def encoded(self) -> str:
+        return json.dumps(self.data, sort_keys=True, separators=(",", ":"))
+
+    def set_state(self, new: JobState | str) -> None:
+        """Move to ``new``; raises :class:`IllegalTransition` for a move the job-state model forbids."""
+        self.state = check_transition(self.state, new).value
+
+
+@dataclass
+class Writes:
+    """Everything one tick (or one step of it) writes, committed in one transaction."""
+
+    jobs: dict[tuple[int, int], JobRow] = field(default_factory=dict)
+    bindings: list[tuple[str, int, int, float]] = field(default_factory=list)
+    decisions: list[Decision] = field(default_factory=list)
+    progress: list[dict[str, Any]] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    moves: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    ended_moves: set[tuple[int, int]] = field(default_factory=set)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def decide(self, when: float, uid: int | None, dlsub_id: str, slurm_job_id: int | None, user: str, kind: str,
+               reason: str, details: dict[str, Any] | None = None) -> None:
+        self.decisions.append(Decision(when, uid, dlsub_id, slurm_job_id, user, kind, reason, dict(details or {})))
+
+    def __bool__(self) -> bool:
+        return bool(self.jobs or self.bindings or self.decisions or self.progress or self.attempts or self.moves
+                    or self.ended_moves or self.meta)
+
+
 def _open_readonly(path: Path) -> sqlite3.Connection:
-    """Another user's view of the agent's database.
+    """A read-only view of the database, for another thread or process of the service account.
 
     While the agent runs, its WAL index (``-shm``) exists and a read-only
     connection shares it. When no agent is connected SQLite has removed
@@ -58,124 +155,252 @@ def _open_readonly(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
 
 
+def _uid_of_user(name: str) -> int | None:
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except (KeyError, TypeError):
+        return None
+
+
 class AgentStore:
-    def __init__(self, path: Path, *, readonly: bool = False) -> None:
+    def __init__(self, path: Path, *, readonly: bool = False,
+                 uid_of: Callable[[str], int | None] = _uid_of_user) -> None:
         self.path = path
+        self.readonly = readonly
         if readonly:
             if not path.exists():
                 raise FileNotFoundError(path)
-            self.db = sqlite_utils.Database(_open_readonly(path))
+            self.conn = _open_readonly(path)
+            self.conn.row_factory = sqlite3.Row
             return
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Private from the start: SQLite gives -wal and -shm the database file's mode.
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600))
         # The scheduler ticks in a worker thread (one at a time).
-        conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
-        self.db = sqlite_utils.Database(conn)
-        self.db.enable_wal()
-        self._create()
-        # Readers are other users (`dlsub why`, `dlsub agent status`): the files are world-readable.
-        for suffix in ("", "-wal", "-shm"):
+        self.conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")
+        self._migrate(uid_of)
+
+    # ---------------------------------------------------------------- schema
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self.conn.execute("select name from sqlite_master where type = 'table'")}
+
+    def _columns(self, table: str) -> set[str]:
+        return {r[1] for r in self.conn.execute(f'pragma table_info("{table}")')}
+
+    def _migrate(self, uid_of: Callable[[str], int | None]) -> None:
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            tables = self._tables()
+            v1 = "jobs" in tables and "uid" not in self._columns("jobs")
+            if v1:
+                for name in ("jobs", "attempts", "progress", "decisions", "moves"):
+                    if name in tables:
+                        conn.execute(f'ALTER TABLE "{name}" RENAME TO "v1_{name}"')
+                for index in ("idx_progress_dlsub_id_time", "idx_decisions_dlsub_id_time"):
+                    conn.execute(f'DROP INDEX IF EXISTS "{index}"')
+            for statement in _DDL.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            if v1:
+                self._copy_v1(uid_of)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _copy_v1(self, uid_of: Callable[[str], int | None]) -> None:
+        """Rows of the schema keyed by dlsub id, re-keyed by (uid, Slurm job id).
+
+        The uid comes from the user name the old agent recorded (Slurm's own);
+        rows whose user no longer resolves are dropped. Moves keep their
+        phase; Slurm's restart count at their signal is unknown, and is
+        adopted from what Slurm shows when the agent first sees the job again.
+        """
+        conn = self.conn
+        tables = self._tables()
+        owners: dict[str, tuple[int, int]] = {}
+        for r in conn.execute("select * from v1_jobs").fetchall():
+            uid = uid_of(r["user"] or "")
+            if uid is None or r["slurm_job_id"] is None:
+                continue
+            owners[r["dlsub_id"]] = (uid, int(r["slurm_job_id"]))
+            state = JobState.from_slurm(r["last_state"] or "")
+            data = {
+                "request": {"source": "migrated", "mode": r["mode"], "ideal": r["ideal_partition"],
+                            "gpus": int(r["gpus_wanted"] or 0), "time_limit_min": r["backfilled_limit_min"],
+                            "partition": r["backfilled_from"] or r["last_partition"]},
+                "job_dir": r["job_dir"], "continuations": int(r["continuations"] or 0),
+                "backfilled_from": r["backfilled_from"], "backfilled_limit_min": r["backfilled_limit_min"],
+                "last_note": r["last_note"], "partition": r["last_partition"],
+            }
+            conn.execute("insert or ignore into jobs (uid, slurm_job_id, dlsub_id, user, state, data) "
+                         "values (?, ?, ?, ?, ?, ?)",
+                         (uid, int(r["slurm_job_id"]), r["dlsub_id"], r["user"], state.value,
+                          json.dumps(data, sort_keys=True, separators=(",", ":"))))
+            conn.execute("insert or ignore into bindings values (?, ?, ?, ?)",
+                         (r["dlsub_id"], uid, int(r["slurm_job_id"]), r["first_seen"]))
+        if "v1_moves" in tables:
+            for r in conn.execute("select * from v1_moves").fetchall():
+                if r["dlsub_id"] not in owners:
+                    continue
+                uid, _ = owners[r["dlsub_id"]]
+                conn.execute(f"insert or replace into moves ({', '.join(MOVE_COLUMNS)}) values "
+                             f"({', '.join('?' * len(MOVE_COLUMNS))})",
+                             (uid, r["slurm_job_id"], r["dlsub_id"], r["kind"], r["phase"], r["target_partition"],
+                              r["target_gpus"], r["since"], r["signals"], r["created"], r["time_limit_min"], None))
+        if "v1_attempts" in tables:
+            for r in conn.execute("select * from v1_attempts").fetchall():
+                if r["dlsub_id"] in owners:
+                    conn.execute("insert or ignore into attempts values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (owners[r["dlsub_id"]][0], r["slurm_job_id"], r["restart"], r["dlsub_id"],
+                                  r["partition"], r["nodes"], r["first_seen"], r["start_time"], r["state"]))
+        if "v1_progress" in tables:
+            for r in conn.execute("select * from v1_progress").fetchall():
+                if r["dlsub_id"] in owners:
+                    uid, sjid = owners[r["dlsub_id"]]
+                    conn.execute("insert into progress values (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                 (uid, sjid, r["dlsub_id"], r["time"], r["step"], r["eta_s"], r["steps_per_s"],
+                                  r["checkpoint_step"], r["partition"]))
+        if "v1_decisions" in tables:
+            for r in conn.execute("select * from v1_decisions order by id").fetchall():
+                conn.execute("insert into decisions (time, uid, dlsub_id, slurm_job_id, user, kind, reason, details) "
+                             "values (?, ?, ?, ?, ?, ?, ?, ?)",
+                             (r["time"], uid_of(r["user"] or ""), r["dlsub_id"], r["slurm_job_id"], r["user"],
+                              r["kind"], r["reason"], r["details"]))
+        for name in ("jobs", "attempts", "progress", "decisions", "moves"):
+            conn.execute(f'DROP TABLE IF EXISTS "v1_{name}"')
+
+    # ---------------------------------------------------------------- reads
+    def jobs(self) -> dict[tuple[int, int], JobRow]:
+        rows = {}
+        for r in self.conn.execute("select uid, slurm_job_id, dlsub_id, user, state, data from jobs"):
             try:
-                os.chmod(str(path) + suffix, 0o644)
-            except OSError:
-                pass
+                data = json.loads(r["data"] or "{}")
+            except ValueError:
+                data = {}
+            row = JobRow(int(r["uid"]), int(r["slurm_job_id"]), r["dlsub_id"] or "", r["user"] or "", r["state"],
+                         data if isinstance(data, dict) else {})
+            rows[row.key()] = row
+        return rows
 
-    def _create(self) -> None:
-        db = self.db
-        if "jobs" not in db.table_names():
-            db["jobs"].create({
-                "dlsub_id": str, "user": str, "slurm_job_id": int, "job_dir": str, "mode": str,
-                "ideal_partition": str, "gpus_wanted": int, "first_seen": float, "last_seen": float,
-                "last_state": str, "last_partition": str, "continuations": int, "backfilled_from": str,
-                "backfilled_limit_min": int, "last_note": str,
-            }, pk="dlsub_id", not_null={"continuations"}, defaults={"continuations": 0})
-        if "attempts" not in db.table_names():
-            db["attempts"].create({
-                "slurm_job_id": int, "restart": int, "dlsub_id": str, "partition": str, "nodes": str,
-                "first_seen": float, "start_time": float, "state": str,
-            }, pk=("slurm_job_id", "restart"))
-        if "progress" not in db.table_names():
-            db["progress"].create({
-                "dlsub_id": str, "time": float, "step": int, "eta_s": float, "steps_per_s": float,
-                "checkpoint_step": int, "partition": str,
-            })
-            db["progress"].create_index(["dlsub_id", "time"])
-        if "decisions" not in db.table_names():
-            db["decisions"].create({
-                "id": int, "time": float, "dlsub_id": str, "slurm_job_id": int, "user": str, "kind": str,
-                "reason": str, "details": str,
-            }, pk="id")
-            db["decisions"].create_index(["dlsub_id", "time"])
-        if "moves" not in db.table_names():
-            db["moves"].create({
-                "dlsub_id": str, "slurm_job_id": int, "kind": str, "phase": str, "target_partition": str,
-                "target_gpus": int, "since": float, "signals": int, "created": float, "time_limit_min": int,
-            }, pk="dlsub_id")
-        if "meta" not in db.table_names():
-            db["meta"].create({"key": str, "value": str}, pk="key")
+    def job(self, uid: int, slurm_job_id: int) -> JobRow | None:
+        return self.jobs().get((uid, slurm_job_id))
 
-    # ---------------------------------------------------------------- jobs
-    def job(self, dlsub_id: str) -> dict[str, Any] | None:
-        rows = list(self.db["jobs"].rows_where("dlsub_id = ?", [dlsub_id]))
-        return rows[0] if rows else None
+    def bindings(self) -> dict[str, int]:
+        return {r["dlsub_id"]: int(r["uid"]) for r in self.conn.execute("select dlsub_id, uid from bindings")}
 
-    def upsert_job(self, row: dict[str, Any]) -> None:
-        self.db["jobs"].upsert(row, pk="dlsub_id", alter=True)
-
-    def set_job(self, dlsub_id: str, **fields: Any) -> None:
-        self.db["jobs"].update(dlsub_id, fields, alter=True)
-
-    def record_attempt(self, row: dict[str, Any]) -> None:
-        """The first sighting of an attempt; later ones change nothing (it keeps its first_seen)."""
-        self.db["attempts"].insert(row, pk=("slurm_job_id", "restart"), ignore=True)
-
-    def record_progress(self, row: dict[str, Any]) -> None:
-        last = list(self.db["progress"].rows_where("dlsub_id = ?", [row["dlsub_id"]], order_by="time desc", limit=1))
-        if last and last[0]["step"] == row["step"] and last[0]["checkpoint_step"] == row["checkpoint_step"]:
-            return
-        self.db["progress"].insert(row)
-
-    # ---------------------------------------------------------------- decisions
-    def decide(self, when: float, dlsub_id: str, slurm_job_id: int | None, user: str, kind: str, reason: str,
-               details: dict[str, Any] | None = None) -> None:
-        self.db["decisions"].insert({
-            "time": when, "dlsub_id": dlsub_id, "slurm_job_id": slurm_job_id, "user": user, "kind": kind,
-            "reason": reason, "details": json.dumps(details or {}),
-        })
-
-    def decisions(self, dlsub_id: str | None = None, slurm_job_id: int | None = None) -> list[Decision]:
-        if dlsub_id is not None:
-            rows = self.db["decisions"].rows_where("dlsub_id = ?", [dlsub_id], order_by="time, id")
-        elif slurm_job_id is not None:
-            rows = self.db["decisions"].rows_where("slurm_job_id = ?", [slurm_job_id], order_by="time, id")
-        else:
-            rows = self.db["decisions"].rows_where(order_by="time, id")
-        return [Decision(r["time"], r["dlsub_id"], r["slurm_job_id"], r["user"], r["kind"], r["reason"],
-                         json.loads(r["details"] or "{}")) for r in rows]
-
-    # ---------------------------------------------------------------- moves
-    def move(self, dlsub_id: str) -> dict[str, Any] | None:
-        rows = list(self.db["moves"].rows_where("dlsub_id = ?", [dlsub_id]))
-        return rows[0] if rows else None
+    def move(self, uid: int, slurm_job_id: int) -> dict[str, Any] | None:
+        rows = self.conn.execute("select * from moves where uid = ? and slurm_job_id = ?",
+                                 (uid, slurm_job_id)).fetchall()
+        return dict(rows[0]) if rows else None
 
     def moves(self) -> list[dict[str, Any]]:
-        return list(self.db["moves"].rows)
+        return [dict(r) for r in self.conn.execute("select * from moves order by created, slurm_job_id")]
 
-    def start_move(self, row: dict[str, Any]) -> None:
-        self.db["moves"].insert(row, pk="dlsub_id", replace=True, alter=True)
+    def decisions(self, dlsub_id: str | None = None, slurm_job_id: int | None = None,
+                  uid: int | None = None) -> list[Decision]:
+        where, args = [], []
+        for column, value in (("dlsub_id", dlsub_id), ("slurm_job_id", slurm_job_id), ("uid", uid)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        sql = "select * from decisions" + (" where " + " and ".join(where) if where else "") + " order by time, id"
+        out = []
+        for r in self.conn.execute(sql, args):
+            try:
+                details = json.loads(r["details"] or "{}")
+            except ValueError:
+                details = {}
+            out.append(Decision(r["time"], r["uid"], r["dlsub_id"] or "", r["slurm_job_id"], r["user"] or "",
+                                r["kind"], r["reason"], details if isinstance(details, dict) else {}))
+        return out
 
-    def set_move(self, dlsub_id: str, **fields: Any) -> None:
-        self.db["moves"].update(dlsub_id, fields, alter=True)
-
-    def end_move(self, dlsub_id: str) -> None:
-        self.db["moves"].delete_where("dlsub_id = ?", [dlsub_id])
-
-    # ---------------------------------------------------------------- meta
-    def set_meta(self, **values: Any) -> None:
-        for key, value in values.items():
-            self.db["meta"].upsert({"key": key, "value": json.dumps(value)}, pk="key")
+    def progress(self, uid: int, slurm_job_id: int) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.conn.execute(
+            "select * from progress where uid = ? and slurm_job_id = ? order by time", (uid, slurm_job_id))]
 
     def meta(self) -> dict[str, Any]:
-        if "meta" not in self.db.table_names():
+        if "meta" not in self._tables():
             return {}
-        return {r["key"]: json.loads(r["value"]) for r in self.db["meta"].rows}
+        out = {}
+        for r in self.conn.execute("select key, value from meta"):
+            try:
+                out[r["key"]] = json.loads(r["value"])
+            except (TypeError, ValueError):
+                out[r["key"]] = r["value"]
+        return out
 
+    # ---------------------------------------------------------------- writes
+    def set_meta(self, **values: Any) -> None:
+        self.write(Writes(meta=values))
+
+    def write(self, writes: Writes) -> None:
+        """Commit ``writes`` in one transaction."""
+        if not writes:
+            return
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for (dlsub_id, uid, slurm_job_id, when) in writes.bindings:
+                conn.execute("insert or ignore into bindings values (?, ?, ?, ?)", (dlsub_id, uid, slurm_job_id, when))
+            conn.executemany(
+                "insert into jobs (uid, slurm_job_id, dlsub_id, user, state, data) values (?, ?, ?, ?, ?, ?) "
+                "on conflict (uid, slurm_job_id) do update set dlsub_id = excluded.dlsub_id, user = excluded.user, "
+                "state = excluded.state, data = excluded.data",
+                [(r.uid, r.slurm_job_id, r.dlsub_id, r.user, r.state, r.encoded()) for r in writes.jobs.values()])
+            conn.executemany(
+                f"insert or ignore into attempts ({', '.join(_ATTEMPT_COLUMNS)}) "
+                f"values ({', '.join('?' * len(_ATTEMPT_COLUMNS))})",
+                [tuple(a.get(c) for c in _ATTEMPT_COLUMNS) for a in writes.attempts])
+            conn.executemany(
+                f"insert into progress ({', '.join(_PROGRESS_COLUMNS)}) values ({', '.join('?' * len(_PROGRESS_COLUMNS))})",
+                [tuple(p.get(c) for c in _PROGRESS_COLUMNS) for p in writes.progress])
+            for key in writes.ended_moves:
+                conn.execute("delete from moves where uid = ? and slurm_job_id = ?", key)
+            conn.executemany(
+                f"insert or replace into moves ({', '.join(MOVE_COLUMNS)}) values ({', '.join('?' * len(MOVE_COLUMNS))})",
+                [tuple(m.get(c) for c in MOVE_COLUMNS) for m in writes.moves.values()])
+            conn.executemany(
+                "insert into decisions (time, uid, dlsub_id, slurm_job_id, user, kind, reason, details) "
+                "values (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(d.time, d.uid, d.dlsub_id, d.slurm_job_id, d.user, d.kind, d.reason,
+                  json.dumps(d.details, default=str)) for d in writes.decisions])
+            conn.executemany("insert or replace into meta (key, value) values (?, ?)",
+                             [(k, json.dumps(v, default=str)) for k, v in writes.meta.items()])
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def prune(self, now: float, progress_days: float, decisions_days: float) -> bool:
+        """Drop progress samples and decisions past their retention; at most once an hour. True if it ran."""
+        last = self.meta().get("last_prune")
+        if isinstance(last, (int, float)) and now - last < PRUNE_EVERY_S:
+            return False
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("delete from progress where time < ?", (now - progress_days * 86400.0,))
+            conn.execute("delete from decisions where time < ?", (now - decisions_days * 86400.0,))
+            conn.execute("insert or replace into meta (key, value) values ('last_prune', ?)", (json.dumps(now),))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return True
+
+    def forget(self, keys: Iterable[tuple[int, int]]) -> None:
+        """Drop job rows the agent no longer needs (Slurm has forgotten the job and no move is in flight)."""
+        keys = list(keys)
+        if keys:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.executemany("delete from jobs where uid = ? and slurm_job_id = ?", keys)
+            self.conn.execute("COMMIT")
+
+
+__all__ = ["AgentStore", "Decision", "IllegalTransition", "JobRow", "Writes", "default_db_path"]

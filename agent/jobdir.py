@@ -1,30 +1,297 @@
-"""Read what a job leaves in its directory: progress events and attempt records (pure I/O)."""
+"""Read what a job leaves in its directory: progress events and attempt records.
+
+Everything in a job directory is written by its user, so to the agent it is
+hostile input. The hardened reader here:
+
+* opens the directory with ``O_DIRECTORY|O_NOFOLLOW`` and each file relative
+  to it with ``O_RDONLY|O_NOFOLLOW|O_NONBLOCK|O_NOCTTY`` (a symlink, to
+  ``/dev/zero`` or to another user's file, fails to open; a FIFO opens
+  without blocking and is then refused);
+* accepts only a directory and regular files owned by the job's uid;
+* reads incrementally from a remembered ``(dev, inode, offset)``, at most
+  :data:`MAX_READ_BYTES` per call, drops lines longer than
+  :data:`MAX_LINE_BYTES`, and restarts from the tail when the file is
+  replaced or shrinks;
+* type- and range-checks every field; a bad event is skipped, never trusted
+  in part.
+
+A file it refuses raises :class:`Unreadable` with a reason in plain words.
+``summarize_progress`` and ``read_attempts`` (``dlsub status``, on the
+user's own directory) use the same reader.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
-from dataclasses import dataclass
+import math
+import os
+import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlsub.contract import ATTEMPTS_FILE, PROGRESS_FILE
+from dlsub.contract import (
+    ACTION_MOVE,
+    ACTION_REQUEUE,
+    ATTEMPTS_FILE,
+    EVENT_CHECKPOINT,
+    EVENT_END,
+    EVENT_EXIT_FOR_RESUME,
+    EVENT_FINISHED,
+    EVENT_PROGRESS,
+    EVENT_RESTORE,
+    EVENT_START,
+    PROGRESS_FILE,
+)
+
+#: The most bytes read from one file in one call (one tick).
+MAX_READ_BYTES = 1 << 20
+#: A longer line is dropped unread: no event the contract writes comes close.
+MAX_LINE_BYTES = 64 << 10
+#: Sane bounds for the fields of an event.
+MIN_TIME, MAX_TIME = 946_684_800.0, 4_102_444_800.0  # 2000-01-01 .. 2100-01-01
+MAX_STEP = 10**12
+MAX_SAMPLES = 10**15
+MAX_EPOCH = 10**9
+MAX_ABS_LOSS = 1e12
+#: Reports of the current attempt the step rate is measured over.
+RATE_WINDOW = 20
+
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
-def read_events(path: Path) -> list[dict[str, Any]]:
-    """JSON lines, skipping a torn last line (the writer may be mid-append)."""
+class Unreadable(Exception):
+    """The agent will not read this directory or file; ``reason`` says why, for `dlsub why`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# ---------------------------------------------------------------- opening
+
+
+def _owner_check(info: os.stat_result, uid: int | None, what: str) -> None:
+    if uid is not None and info.st_uid != uid:
+        raise Unreadable(f"{what} is owned by uid {info.st_uid}, not by the job's user (uid {uid})")
+
+
+def open_dir(path: Path, uid: int | None) -> int:
+    """A descriptor of the job directory ``path``: a real directory (no symlink) owned by ``uid``."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    events = []
-    for line in text.splitlines():
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise Unreadable(f"the job directory {path} is a symlink or not a directory") from None
+        raise Unreadable(f"cannot open the job directory {path}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISDIR(info.st_mode):
+            raise Unreadable(f"the job directory {path} is not a directory")
+        _owner_check(info, uid, f"the job directory {path}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@dataclass
+class Cursor:
+    """Where reading a file stopped: the file's identity and the offset of the next unread byte."""
+
+    dev: int
+    ino: int
+    offset: int
+    skipping: bool = False  # inside an over-long line: drop bytes up to the next newline
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dev": self.dev, "ino": self.ino, "offset": self.offset, "skipping": self.skipping}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Cursor | None:
+        if not isinstance(raw, dict):
+            return None
         try:
-            value = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            events.append(value)
-    return events
+            return cls(int(raw["dev"]), int(raw["ino"]), int(raw["offset"]), bool(raw.get("skipping")))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+@dataclass
+class Chunk:
+    """What one bounded read of a file gave."""
+
+    lines: list[bytes]
+    cursor: Cursor | None
+    restarted: bool = False  # new, replaced or shrunk: read again from its start (or tail)
+    dropped: int = 0  # bytes passed over unread: before the tail, or in lines over MAX_LINE_BYTES
+
+
+def read_new_lines(dir_fd: int, name: str, uid: int | None, cursor: Cursor | None,
+                   max_bytes: int = MAX_READ_BYTES) -> Chunk:
+    """Complete lines appended to ``name`` since ``cursor``, at most ``max_bytes`` of them.
+
+    A file that is new, was replaced or shrank is read again from its tail
+    (its last ``max_bytes``). A file that does not exist yet gives nothing.
+    """
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return Chunk([], None, cursor is not None)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Unreadable(f"{name} is a symlink (the agent reads only regular files)") from None
+        raise Unreadable(f"cannot open {name}: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Unreadable(f"{name} is not a regular file (a FIFO, device or directory)")
+        _owner_check(info, uid, name)
+        size = info.st_size
+        restarted = cursor is None or (cursor.dev, cursor.ino) != (info.st_dev, info.st_ino) or size < cursor.offset
+        if restarted:
+            start = max(0, size - max_bytes)
+            skipping = start > 0  # the tail begins mid-line: drop that partial line
+        else:
+            assert cursor is not None
+            start, skipping = cursor.offset, cursor.skipping
+        want = min(size - start, max_bytes)
+        data = os.pread(fd, want, start) if want > 0 else b""
+    finally:
+        os.close(fd)
+    dropped = start if restarted else 0
+    pos = 0
+    if skipping:
+        newline = data.find(b"\n")
+        if newline < 0:
+            return Chunk([], Cursor(info.st_dev, info.st_ino, start + len(data), True), restarted,
+                         dropped + len(data))
+        pos, skipping = newline + 1, False
+        dropped += pos
+    last = data.rfind(b"\n")
+    consumed = last + 1 if last >= pos else pos
+    lines = []
+    for line in data[pos:consumed].split(b"\n"):
+        if len(line) > MAX_LINE_BYTES:
+            dropped += len(line)
+        elif line:
+            lines.append(line)
+    if len(data) - consumed > MAX_LINE_BYTES:
+        dropped += len(data) - consumed
+        consumed, skipping = len(data), True  # an unfinished line already too long: drop it
+    return Chunk(lines, Cursor(info.st_dev, info.st_ino, start + consumed, skipping), restarted, dropped)
+
+
+# ---------------------------------------------------------------- checking events
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
+def parse_line(line: bytes) -> dict[str, Any] | None:
+    """One JSON object, or None (not JSON, NaN/Infinity, huge integers, nesting too deep, not an object)."""
+    try:
+        value = _DECODER.decode(line.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class _BadField(Exception):
+    """A field of the wrong type or out of range: the whole event is dropped."""
+
+
+def _int(value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _BadField
+    return value
+
+
+def _num(value: Any, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _BadField
+    number = float(value)
+    if not math.isfinite(number) or not lo <= number <= hi:
+        raise _BadField
+    return number
+
+
+def _opt(raw: dict[str, Any], key: str, check: Any, *bounds: Any) -> Any:
+    value = raw.get(key)
+    return None if value is None else check(value, *bounds)
+
+
+def _text(value: Any, limit: int = 64) -> str:
+    if not isinstance(value, str) or len(value) > limit:
+        raise _BadField
+    return value
+
+
+_PROGRESS_EVENTS = (EVENT_START, EVENT_PROGRESS, EVENT_CHECKPOINT, EVENT_RESTORE, EVENT_EXIT_FOR_RESUME,
+                    EVENT_FINISHED)
+
+
+_PROGRESS_FIELDS: tuple[tuple[str, Any, tuple[Any, ...]], ...] = (
+    ("step", _int, (0, MAX_STEP)),
+    ("epoch", _num, (0, MAX_EPOCH)),
+    ("loss", _num, (-MAX_ABS_LOSS, MAX_ABS_LOSS)),
+    ("samples", _int, (0, MAX_SAMPLES)),
+    ("total_steps", _int, (1, MAX_STEP)),
+    ("total_epochs", _int, (1, MAX_EPOCH)),
+    ("seq", _int, (0, MAX_STEP)),
+    ("attempt", _text, ()),
+)
+
+
+def check_progress_event(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The fields of a progress event the agent uses, each type- and range-checked; None if any is bad."""
+    try:
+        event = raw.get("event")
+        if event not in _PROGRESS_EVENTS:
+            return None
+        checked: dict[str, Any] = {"event": event, "time": _num(raw.get("time"), MIN_TIME, MAX_TIME)}
+        for key, check, bounds in _PROGRESS_FIELDS:
+            value = raw.get(key)
+            checked[key] = None if value is None else check(value, *bounds)
+        return checked
+    except _BadField:
+        return None
+
+
+def check_attempt_event(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """An attempt record (``start``/``end``) with checked fields; None if any is bad."""
+    try:
+        event = _text(raw.get("event"))
+        if event not in (EVENT_START, EVENT_END):
+            return None
+        action = _opt(raw, "action", _text)
+        if action not in (None, ACTION_REQUEUE, ACTION_MOVE):
+            return None
+        checked = {
+            "event": event,
+            "time": _num(raw.get("time"), MIN_TIME, MAX_TIME),
+            "slurm_job_id": _int(raw.get("slurm_job_id"), 1, 2**63),
+            "restart": _int(raw.get("restart", 0), 0, 10**6),
+            "rc": _opt(raw, "rc", _int, -(2**31), 2**31),
+            "action": action,
+            "signal": _opt(raw, "signal", _text),
+            "node": _opt(raw, "node", _text, 256),
+            "partition": _opt(raw, "partition", _text),
+            "nodes": _opt(raw, "nodes", _text, 4096),
+            "gpus": _opt(raw, "gpus", _text, 4096),
+        }
+        return {k: v for k, v in checked.items() if v is not None}
+    except _BadField:
+        return None
+
+
+# ---------------------------------------------------------------- summaries
 
 
 @dataclass(frozen=True)
@@ -41,6 +308,8 @@ class Progress:
     last_checkpoint_step: int | None = None
     last_checkpoint_time: float | None = None
     finished: bool = False
+    checkpoints: int = 0  # checkpoint events seen, with a step or not (``run.save(state)``)
+    first_time: float | None = None  # the first event seen (the job's own clock)
 
     def eta_s(self) -> float | None:
         if self.finished:
@@ -49,41 +318,170 @@ class Progress:
             return max(0.0, (self.total_steps - self.step) / self.steps_per_s)
         return None
 
+    @property
+    def ran_s(self) -> float | None:
+        """How long the job has reported progress for, on its own clock."""
+        if self.first_time is None or self.last_time is None:
+            return None
+        return max(0.0, self.last_time - self.first_time)
+
 
 def _rate(a: dict[str, Any], b: dict[str, Any], key: str) -> float | None:
+    if a.get(key) is None or b.get(key) is None:
+        return None
     dt = float(b["time"]) - float(a["time"])
-    if key not in a or key not in b or dt <= 0:
+    if dt <= 0:
         return None
     rate = (float(b[key]) - float(a[key])) / dt
-    return rate if rate > 0 else None
+    return rate if rate > 0 and math.isfinite(rate) else None
+
+
+@dataclass
+class ProgressSummary:
+    """A progress file folded event by event, so the agent never re-reads what it has read."""
+
+    last: dict[str, Any] | None = None  # the last progress report
+    window: list[dict[str, Any]] = field(default_factory=list)  # recent reports of the last one's attempt
+    checkpoints: int = 0
+    checkpoint_step: int | None = None
+    checkpoint_time: float | None = None
+    finished: bool = False
+    first_time: float | None = None
+    bad_events: int = 0
+
+    def feed(self, event: dict[str, Any]) -> None:
+        if self.first_time is None:
+            self.first_time = event["time"]
+        kind = event["event"]
+        if kind == EVENT_PROGRESS:
+            slim = {k: event[k] for k in ("time", "attempt", "step", "epoch", "loss", "samples", "total_steps",
+                                          "total_epochs") if event.get(k) is not None}
+            if self.last is None or slim.get("attempt") != self.last.get("attempt"):
+                self.window = []  # a new attempt: its rate starts afresh
+            point: dict[str, Any] = {k: slim[k] for k in ("time", "step", "samples") if k in slim}
+            self.window = [*self.window, point][-RATE_WINDOW:]
+            self.last = slim
+        elif kind == EVENT_CHECKPOINT:
+            # A checkpoint counts whether or not it names a step (``run.save(state)``);
+            # its step is then the last report's.
+            self.checkpoints += 1
+            step = event.get("step")
+            self.checkpoint_step = step if step is not None else (self.last or {}).get("step")
+            self.checkpoint_time = event["time"]
+        elif kind == EVENT_FINISHED:
+            self.finished = True
+
+    def progress(self) -> Progress:
+        last = self.last
+        if last is None:
+            return Progress(finished=self.finished, checkpoints=self.checkpoints,
+                            last_checkpoint_step=self.checkpoint_step, last_checkpoint_time=self.checkpoint_time,
+                            first_time=self.first_time)
+        first = self.window[0] if self.window else last
+        several = len(self.window) > 1
+        return Progress(
+            step=last.get("step"), epoch=last.get("epoch"), loss=last.get("loss"), samples=last.get("samples"),
+            total_steps=last.get("total_steps"), total_epochs=last.get("total_epochs"),
+            steps_per_s=_rate(first, self.window[-1], "step") if several else None,
+            samples_per_s=_rate(first, self.window[-1], "samples") if several else None,
+            last_time=last.get("time"), last_checkpoint_step=self.checkpoint_step,
+            last_checkpoint_time=self.checkpoint_time, finished=self.finished, checkpoints=self.checkpoints,
+            first_time=self.first_time,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        # By hand: dataclasses.asdict deep-copies, which costs a big tick most of its time.
+        return {"last": self.last, "window": list(self.window), "checkpoints": self.checkpoints,
+                "checkpoint_step": self.checkpoint_step, "checkpoint_time": self.checkpoint_time,
+                "finished": self.finished, "first_time": self.first_time, "bad_events": self.bad_events}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> ProgressSummary:
+        if not isinstance(raw, dict):
+            return cls()
+        try:
+            return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+        except TypeError:
+            return cls()
+
+
+@dataclass
+class AttemptsSummary:
+    """What the attempt records say about one Slurm job: how its attempts ended."""
+
+    slurm_job_id: int
+    requeues: int = 0  # resume-requeues (``end`` with action "requeue"); moves do not count
+    last_end_action: str | None = None
+    last_end_restart: int | None = None
+    bad_events: int = 0
+
+    def feed(self, event: dict[str, Any]) -> None:
+        if event["event"] != EVENT_END or event["slurm_job_id"] != self.slurm_job_id:
+            return
+        self.last_end_action = event.get("action")
+        self.last_end_restart = event["restart"]
+        if event.get("action") == ACTION_REQUEUE:
+            self.requeues += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"slurm_job_id": self.slurm_job_id, "requeues": self.requeues, "last_end_action": self.last_end_action,
+                "last_end_restart": self.last_end_restart, "bad_events": self.bad_events}
+
+    @classmethod
+    def from_dict(cls, raw: Any, slurm_job_id: int) -> AttemptsSummary:
+        if not isinstance(raw, dict) or raw.get("slurm_job_id") != slurm_job_id:
+            return cls(slurm_job_id)
+        try:
+            return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+        except TypeError:
+            return cls(slurm_job_id)
+
+
+# ---------------------------------------------------------------- whole-file readers (dlsub status)
+
+
+def _read_checked(job_dir: Path, name: str, check: Any) -> list[dict[str, Any]]:
+    """The checked events of the last :data:`MAX_READ_BYTES` of one file; [] when it cannot be read."""
+    try:
+        dir_fd = open_dir(job_dir, None)
+    except Unreadable:
+        return []
+    try:
+        lines = read_new_lines(dir_fd, name, None, None).lines
+    except Unreadable:
+        return []
+    finally:
+        os.close(dir_fd)
+    events = []
+    for line in lines:
+        raw = parse_line(line)
+        checked = check(raw) if raw is not None else None
+        if checked is not None:
+            events.append(checked)
+    return events
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """JSON objects, one a line, read as :func:`read_new_lines` does (no symlinks, bounded), unchecked."""
+    try:
+        dir_fd = open_dir(path.parent, None)
+    except Unreadable:
+        return []
+    try:
+        lines = read_new_lines(dir_fd, path.name, None, None).lines
+    except Unreadable:
+        return []
+    finally:
+        os.close(dir_fd)
+    return [value for line in lines if (value := parse_line(line)) is not None]
 
 
 def summarize_progress(job_dir: Path) -> Progress:
-    events = read_events(job_dir / PROGRESS_FILE)
-    reports = [e for e in events if e.get("event") == "progress"]
-    checkpoints = [e for e in events if e.get("event") == "checkpoint"]
-    finished = any(e.get("event") == "finished" for e in events)
-    if not reports:
-        return Progress(finished=finished)
-    last = reports[-1]
-    # Rate over the recent reports of the current attempt (restarts reset the clock).
-    same = [e for e in reports if e.get("attempt") == last.get("attempt")][-20:]
-    first = same[0]
-    return Progress(
-        step=last.get("step"),
-        epoch=last.get("epoch"),
-        loss=last.get("loss"),
-        samples=last.get("samples"),
-        total_steps=last.get("total_steps"),
-        total_epochs=last.get("total_epochs"),
-        steps_per_s=_rate(first, last, "step") if len(same) > 1 else None,
-        samples_per_s=_rate(first, last, "samples") if len(same) > 1 else None,
-        last_time=last.get("time"),
-        last_checkpoint_step=checkpoints[-1].get("step") if checkpoints else None,
-        last_checkpoint_time=checkpoints[-1].get("time") if checkpoints else None,
-        finished=finished,
-    )
+    summary = ProgressSummary()
+    for event in _read_checked(job_dir, PROGRESS_FILE, check_progress_event):
+        summary.feed(event)
+    return summary.progress()
 
 
 def read_attempts(job_dir: Path) -> list[dict[str, Any]]:
-    return read_events(job_dir / ATTEMPTS_FILE)
+    return _read_checked(job_dir, ATTEMPTS_FILE, check_attempt_event)

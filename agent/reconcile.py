@@ -4,11 +4,28 @@
 an interval and at the edges of the off-hours windows, tests call it with a
 fake clock. One ``squeue --json`` and one ``sinfo --json`` per tick.
 
-Trust: the agent runs as an unprivileged Slurm Operator. It acts only on
-jobs whose comment marks them as dlsub's, reads progress only from the
-job directory that Slurm's own record of the job points at (its output
-file), and only when that directory is owned by the job's user and is not
-a symlink, so nothing a user writes can make it act on someone else's job.
+Trust. The agent runs as a Slurm Operator, so everything a user can write
+is hostile input to it:
+
+* Identity: everything is keyed by (uid, Slurm job id), the uid being
+  Slurm's ``user_id`` of the job. A dlsub id belongs to the first uid seen
+  with it (``bindings``); a Slurm job of another uid that claims it is
+  ignored: one decision, no action, its files never read.
+* The request: trusted only from the submit record job_submit.lua froze in
+  AdminComment (users cannot update it) when its uid is the job's. Without
+  one, the tags the agent first saw are frozen and the comment is never
+  read again. The agent changes partition, GPUs, time limit and holds only
+  within that request and the policy.
+* Files: read through :mod:`dlsub.agent.jobdir` (no symlinks, regular files
+  owned by the job's uid, bounded and incremental, every field checked). A
+  bad file or a failure costs that one job its observation, with a
+  recorded reason; the tick has a deadline past which remaining jobs keep
+  their last summary.
+
+Writes: what the tick observed and decided (moves' intents included) is
+committed in one transaction before the agent acts on Slurm, which makes
+it the write-ahead record; the outcome (phases, errors, meta) follows in a
+second one.
 """
 
 from __future__ import annotations
@@ -18,18 +35,48 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from dlsub.agent.agent_store import AgentStore
-from dlsub.agent.jobdir import Progress, read_attempts, summarize_progress
+from dlsub.agent.agent_store import AgentStore, JobRow, Writes
+from dlsub.agent.jobdir import (
+    AttemptsSummary,
+    Cursor,
+    ProgressSummary,
+    Unreadable,
+    check_attempt_event,
+    check_progress_event,
+    open_dir,
+    parse_line,
+    read_new_lines,
+)
 from dlsub.agent.policy_file import AgentPolicy
 from dlsub.policies import moves as planner
-from dlsub.policies.moves import Action, JobInfo, MovePhase, MoveView, PartitionInfo, Rules, Window
+from dlsub.policies.moves import (
+    Action,
+    JobInfo,
+    MovePhase,
+    MoveView,
+    PartitionInfo,
+    Rules,
+    Usage,
+    Window,
+)
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
-from dlsub.slurm_plugins.models import SlurmJob
+from dlsub.slurm_plugins.models import Partition, SlurmJob
+
+from dlsub.contract import (
+    ATTEMPTS_FILE,
+    PROGRESS_FILE,
+    IllegalTransition,
+    JobState,
+    Tags,
+)
 
 log = logging.getLogger("dlsub.agent")
+
+_LIVE = (JobState.PENDING, JobState.RUNNING, JobState.REQUEUED)
 
 
 def rules_from(policy: AgentPolicy) -> Rules:
@@ -44,18 +91,27 @@ def rules_from(policy: AgentPolicy) -> Rules:
         max_continuations=policy.time_limits.max_continuations,
         max_gpus_per_user=policy.limits.max_gpus_per_user,
         max_jobs_per_user=policy.limits.max_jobs_per_user,
+        max_gpus_per_job=policy.limits.max_gpus_per_job,
         backfill_enabled=policy.backfill.enabled,
         backfill_roles=policy.backfill.roles,
     )
 
 
-def trusted_job_dir(job: SlurmJob) -> Path | None:
-    """The job's directory, from Slurm's record of its output file, if its owner is the job's user."""
+def job_dir_of(job: SlurmJob, dlsub_id: str) -> Path | None:
+    """Where the job's directory should be, from Slurm's record of its output file (None: nowhere usable)."""
     out = job.standard_output
-    if not out.startswith("/") or job.dlsub_id is None:
+    if not out.startswith("/") or "\0" in out:
         return None
     directory = Path(out).parent
-    if directory.name != job.dlsub_id:
+    return directory if directory.name == dlsub_id else None
+
+
+def trusted_job_dir(job: SlurmJob) -> Path | None:
+    """The job's directory if it is a real directory (no symlink) owned by the job's user."""
+    if job.dlsub_id is None:
+        return None
+    directory = job_dir_of(job, job.dlsub_id)
+    if directory is None:
         return None
     try:
         info = os.lstat(directory)
@@ -68,21 +124,54 @@ def trusted_job_dir(job: SlurmJob) -> Path | None:
     return directory
 
 
+def _request_from_record(job: SlurmJob, uid: int) -> dict[str, Any] | None:
+    record = job.submit_record
+    if record is None or record.uid != uid:
+        return None
+    tags = record.tags
+    return {"source": "record", "dlsub_id": tags.dlsub_id, "mode": tags.mode, "ideal": tags.ideal,
+            "gpus": tags.gpus or record.gpus_per_node, "partition": record.partition,
+            "time_limit_min": record.time_limit_min}
+
+
+def _request_from_tags(job: SlurmJob, tags: Tags) -> dict[str, Any]:
+    return {"source": "comment", "dlsub_id": tags.dlsub_id, "mode": tags.mode, "ideal": tags.ideal,
+            "gpus": tags.gpus, "partition": job.partition, "time_limit_min": job.time_limit_min}
+
+
+@dataclass
+class _Seen:
+    """One dlsub Slurm job this tick: Slurm's view, the agent's row, and what the planner gets."""
+
+    job: SlurmJob
+    row: JobRow
+    request: dict[str, Any]
+    info: JobInfo | None = None
+
+
 @dataclass
 class Observation:
     jobs: list[JobInfo]
     partitions: list[PartitionInfo]
     window: Window
+    usage: dict[int, Usage] = field(default_factory=dict)
+    skipped: int = 0
+    late: bool = False
 
 
 class Agent:
     def __init__(self, client: SlurmClient, store: AgentStore, policy: AgentPolicy,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 deadline_clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.store = store
         self.policy = policy
         self.rules = rules_from(policy)
         self.clock = clock
+        # Real elapsed time for the tick's deadline (the tick clock may be a test's fake one).
+        self.deadline_clock = deadline_clock
+        self._seen: dict[int, _Seen] = {}
+        self._unread = 0  # jobs whose files could not be read this tick
 
     # ---------------------------------------------------------------- observe
     def window_at(self, now: float) -> Window:
@@ -93,60 +182,70 @@ class Agent:
                 best = Window(True, window.name, change)
         return best
 
-    def observe(self, now: float) -> Observation:
-        slurm_jobs = self.client.jobs()
-        partitions = self.client.partitions()
-        ours = [j for j in slurm_jobs if j.dlsub_id is not None]
-        known = {p.name for p in partitions}
-        moves = {m["dlsub_id"]: m for m in self.store.moves()}
-        infos = []
-        for job in ours:
-            assert job.dlsub_id is not None
-            move_row = moves.get(job.dlsub_id)
-            if job.terminal and move_row is None:
+    def observe(self, now: float, slurm_jobs: list[SlurmJob], partitions: list[Partition], writes: Writes,
+                deadline: float) -> Observation:
+        rows = self.store.jobs()
+        bindings = self.store.bindings()
+        moves = {(int(m["uid"]), int(m["slurm_job_id"])): m for m in self.store.moves()}
+        known = {p.name: p for p in partitions}
+        usage: dict[int, Usage] = {}
+        candidates: list[_Seen] = []
+        for job in slurm_jobs:
+            uid = job.user_id
+            if uid is None:
                 continue
-            row = self.store.job(job.dlsub_id)
-            tags = job.tags
-            assert tags is not None
-            ideal = tags.ideal or job.partition
-            if ideal not in known:
-                ideal = job.partition
-            gpus_wanted = min(tags.gpus, 64)
-            mode = tags.mode
-            job_dir = trusted_job_dir(job)
-            progress = summarize_progress(job_dir) if job_dir else None
-            attempts = read_attempts(job_dir) if job_dir else []
-            ends = [a for a in attempts if a.get("event") == "end" and a.get("slurm_job_id") == job.job_id]
-            # As of the last report (seconds ago): the agent's clock may be a test's fake one.
-            eta = progress.eta_s() if progress else None
-            move = None
-            if move_row:
-                move = MoveView(move_row["kind"], MovePhase(move_row["phase"]), move_row["target_partition"],
-                                int(move_row["target_gpus"]), float(move_row["since"]), int(move_row["signals"] or 0),
-                                move_row.get("time_limit_min"))
-            info = JobInfo(
-                dlsub_id=job.dlsub_id, slurm_job_id=job.job_id, user=job.user, state=job.state,
-                reason=job.reason, ended=job.terminal, partition=job.partition, mode=mode, ideal_partition=ideal,
-                gpus_wanted=gpus_wanted, gpus_now=job.gpus_per_node, submit_time=float(job.submit_time),
-                start_time=float(job.start_time), end_time=float(job.end_time) if job.state == "RUNNING" else 0.0,
-                held=job.held,
-                checkpointable=bool(progress and progress.last_checkpoint_step is not None),
-                last_checkpoint_time=progress.last_checkpoint_time if progress else None,
-                eta_s=eta, finished=bool(progress and progress.finished and job.state != "RUNNING"),
-                last_attempt_action=ends[-1].get("action") if ends else None,
-                continuations=int(row["continuations"] or 0) if row else 0,
-                backfilled_from=row["backfilled_from"] if row else None,
-                backfilled_limit_min=row.get("backfilled_limit_min") if row else None,
-                time_limit_min=job.time_limit_min,
-                move=move,
-            )
-            infos.append(info)
-            self._record_seen(job, info, job_dir, progress, now, row)
+            state = job.dlsub_state
+            if state in _LIVE:
+                gpus = job.gpus_per_node * max(1, job.node_count)
+                move = moves.get((uid, job.job_id))
+                if move is not None:
+                    gpus = max(gpus, int(move["target_gpus"] or 0) * max(1, job.node_count))
+                old = usage.get(uid, Usage())
+                usage[uid] = Usage(old.gpus + gpus, old.jobs + 1)
+            seen = self._identify(job, uid, rows, now, writes)
+            if seen is not None:
+                candidates.append(seen)
+        # Bind unbound ids: the earliest submit (then the lowest job id) of this tick wins.
+        claims: dict[str, list[_Seen]] = {}
+        for seen in candidates:
+            dlsub_id = seen.request["dlsub_id"]
+            if dlsub_id not in bindings:
+                claims.setdefault(dlsub_id, []).append(seen)
+        for dlsub_id, group in claims.items():
+            first = min(group, key=lambda s: (s.job.submit_time, s.job.job_id))
+            bindings[dlsub_id] = first.row.uid
+            writes.bindings.append((dlsub_id, first.row.uid, first.job.job_id, now))
+        observed: list[_Seen] = []
+        skipped, late = 0, False
+        self._unread = 0
+        for seen in candidates:
+            owner = bindings[seen.request["dlsub_id"]]
+            if owner != seen.row.uid:
+                self._ignore(seen, owner, now, writes)
+                continue
+            try:
+                if self.deadline_clock() > deadline:
+                    late = True
+                    skipped += 1
+                    read = False
+                else:
+                    read = True
+                info = self._observe_job(seen, moves.get(seen.row.key()), known, now, writes, read)
+            except Exception as exc:
+                log.exception("observing Slurm job %s failed", seen.job.job_id)
+                self._once(seen.row, "failed", f"observing this job failed ({type(exc).__name__}: {exc}); "
+                           "skipped this tick", now, writes, "skipped")
+                skipped += 1
+                continue
+            if info is not None:
+                seen.info = info
+                observed.append(seen)
+        self._seen = {s.job.job_id: s for s in observed}
         pending_gpus: dict[str, int] = {}
         for job in slurm_jobs:
-            if job.state == "PENDING" and not job.held and job.gpus_per_node:
-                if job.dlsub_id not in moves:
-                    pending_gpus[job.partition] = pending_gpus.get(job.partition, 0) + job.gpus_per_node
+            if (job.state == "PENDING" and not job.held and job.gpus_per_node and job.user_id is not None
+                    and (job.user_id, job.job_id) not in moves):
+                pending_gpus[job.partition] = pending_gpus.get(job.partition, 0) + job.gpus_per_node
         parts = []
         for p in partitions:
             up_nodes = tuple((n.name, n.idle_gpus, n.idle_cpus) for n in p.nodes if n.usable)
@@ -155,131 +254,326 @@ class Agent:
                 nodes=up_nodes, pending_gpus=pending_gpus.get(p.name, 0),
                 max_time_s=p.max_time_min * 60.0 if p.max_time_min else None,
             ))
-        return Observation(infos, parts, self.window_at(now))
+        infos = [s.info for s in observed if s.info is not None]
+        return Observation(infos, parts, self.window_at(now), usage, skipped + self._unread, late)
 
-    def _record_seen(self, job: SlurmJob, info: JobInfo, job_dir: Path | None, progress: Progress | None,
-                     now: float, row: dict | None) -> None:
-        fields = {
-            "dlsub_id": info.dlsub_id, "user": info.user, "slurm_job_id": info.slurm_job_id,
-            "job_dir": str(job_dir) if job_dir else None, "mode": info.mode,
-            "ideal_partition": info.ideal_partition, "gpus_wanted": info.gpus_wanted, "last_seen": now,
-            "last_state": info.state, "last_partition": info.partition,
-        }
+    def _identify(self, job: SlurmJob, uid: int, rows: dict[tuple[int, int], JobRow], now: float,
+                  writes: Writes) -> _Seen | None:
+        """The job's trusted request, if it is a dlsub job the agent may follow; None otherwise."""
+        row = rows.get((uid, job.job_id))
+        if row is not None and row.data.get("ignored"):
+            return None  # decided once: never acted on, never read
+        request = _request_from_record(job, uid)
+        first_note = None
+        if request is None:
+            frozen = row.data.get("request") if row is not None else None
+            if isinstance(frozen, dict) and frozen.get("dlsub_id"):
+                request = frozen  # the tags first seen; the comment is not read again
+            else:
+                tags = job.tags
+                if tags is None:
+                    return None  # not dlsub's
+                request = _request_from_tags(job, tags)
+                first_note = ("no submit record from job_submit.lua: the agent trusts the tags it saw first "
+                              f"({tags.comment()}) and will not read this job's comment again")
+        # What the record leaves open (the default partition, its default time) is fixed at first sight.
+        frozen = (row.data.get("request") if row is not None else None) or {}
+        for key, now_value in (("partition", job.partition), ("time_limit_min", job.time_limit_min)):
+            if request.get(key) is None:
+                request = {**request, key: frozen.get(key) if row is not None else now_value}
         if row is None:
-            fields.update(first_seen=now, continuations=0)
-        self.store.upsert_job(fields)
-        if job.state == "RUNNING":
-            self.store.record_attempt({
-                "slurm_job_id": job.job_id, "restart": job.restart_count, "dlsub_id": info.dlsub_id,
+            row = JobRow(uid, job.job_id, request["dlsub_id"], job.user, None, {})
+        elif row.data.get("request") != request:
+            row = JobRow(row.uid, row.slurm_job_id, row.dlsub_id, row.user, row.state, dict(row.data))
+        seen = _Seen(job, row, request)
+        if first_note is not None:
+            seen.row.data["first_note"] = first_note
+        return seen
+
+    def _ignore(self, seen: _Seen, owner: int, now: float, writes: Writes) -> None:
+        row = JobRow(seen.row.uid, seen.job.job_id, seen.request["dlsub_id"], seen.job.user, seen.row.state,
+                     {"ignored": True})
+        writes.jobs[row.key()] = row
+        writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "ignored",
+                      f"this Slurm job's comment names dlsub job {row.dlsub_id}, which belongs to another user: "
+                      "the agent ignores this job (it never acts on it or reads its files)")
+        log.warning("Slurm job %s (uid %s) claims dlsub id %s of uid %s: ignored", row.slurm_job_id, row.uid,
+                    row.dlsub_id, owner)
+
+    def _once(self, row: JobRow, slot: str, reason: str, now: float, writes: Writes, kind: str = "wait") -> None:
+        """Record ``reason`` as a decision unless it is the last one recorded in ``slot``."""
+        notes = dict(row.data.get("said") or {})
+        if notes.get(slot) == reason:
+            return
+        notes[slot] = reason
+        row.data["said"] = notes
+        writes.jobs[row.key()] = row
+        writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, kind, reason)
+
+    def _observe_job(self, seen: _Seen, move_row: dict[str, Any] | None, known: dict[str, Partition], now: float,
+                     writes: Writes, read: bool) -> JobInfo | None:
+        job, request = seen.job, seen.request
+        row = seen.row
+        # Nested values are replaced, never changed in place, so a shallow copy tells what changed.
+        before = dict(row.data), row.state
+        data = row.data
+        data["request"] = request
+        note = data.pop("first_note", None)
+        if note:
+            writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "trust", note)
+        new_state = job.dlsub_state
+        try:
+            row.set_state(new_state)
+        except IllegalTransition as exc:
+            self._once(row, "state", f"Slurm shows this job {new_state.value} after {row.state}: {exc}; "
+                       "the agent leaves it alone", now, writes)
+            self._changed(row, before, writes)
+            return None
+        if new_state.terminal and move_row is None:
+            self._changed(row, before, writes)
+            return None
+        if read and not self._read_files(row, job, request["dlsub_id"], now, writes):
+            self._unread += 1
+        progress = ProgressSummary.from_dict(data.get("progress")).progress()
+        attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
+        ideal_name = request.get("ideal") or request.get("partition") or job.partition
+        if ideal_name not in known:
+            ideal_name = job.partition
+        ideal = known.get(ideal_name)
+        per_node = ideal.max_gpus_per_node if ideal is not None else 0
+        gpus_wanted = max(0, min(int(request.get("gpus") or 0), self.policy.limits.max_gpus_per_job, per_node))
+        move = None
+        if move_row is not None:
+            restart = move_row.get("restart_count")
+            if restart is None:
+                # A move recorded before restart counts were (a migrated database): adopt Slurm's now.
+                restart = job.restart_count - (1 if job.state == "PENDING" else 0)
+                writes.moves[row.key()] = {**move_row, "restart_count": restart}
+            move = MoveView(move_row["kind"], MovePhase(move_row["phase"]), move_row["target_partition"],
+                            int(move_row["target_gpus"] or 0), float(move_row["since"]),
+                            int(move_row["signals"] or 0), move_row.get("time_limit_min"), int(restart))
+        info = JobInfo(
+            dlsub_id=row.dlsub_id, slurm_job_id=job.job_id, user=job.user, state=job.state,
+            reason=job.reason, ended=new_state.terminal, partition=job.partition, mode=str(request.get("mode")),
+            ideal_partition=ideal_name, gpus_wanted=gpus_wanted, gpus_now=job.gpus_per_node,
+            submit_time=float(job.submit_time), start_time=float(job.start_time),
+            end_time=float(job.end_time) if job.state == "RUNNING" else 0.0, held=job.held,
+            checkpointable=progress.checkpoints > 0, last_checkpoint_time=progress.last_checkpoint_time,
+            eta_s=progress.eta_s(), finished=bool(progress.finished and job.state != "RUNNING"),
+            last_attempt_action=attempts.last_end_action,
+            continuations=int(data.get("continuations") or 0),
+            backfilled_from=data.get("backfilled_from"), backfilled_limit_min=data.get("backfilled_limit_min"),
+            time_limit_min=request.get("time_limit_min"), move=move, uid=row.uid,
+            restart_count=job.restart_count, requeues=attempts.requeues, ran_s=progress.ran_s,
+        )
+        data["partition"] = job.partition
+        if job.state == "RUNNING" and data.get("attempt_seen") != job.restart_count:
+            data["attempt_seen"] = job.restart_count
+            writes.attempts.append({
+                "uid": row.uid, "slurm_job_id": job.job_id, "restart": job.restart_count, "dlsub_id": row.dlsub_id,
                 "partition": job.partition, "nodes": job.nodes, "first_seen": now,
                 "start_time": float(job.start_time), "state": job.state,
             })
-        if progress is not None and progress.step is not None:
-            self.store.record_progress({
-                "dlsub_id": info.dlsub_id, "time": now, "step": progress.step, "eta_s": info.eta_s,
-                "steps_per_s": progress.steps_per_s, "checkpoint_step": progress.last_checkpoint_step,
-                "partition": job.partition,
+        sample = [progress.step, progress.last_checkpoint_step, progress.checkpoints]
+        if progress.step is not None and data.get("sample") != sample:
+            data["sample"] = sample
+            writes.progress.append({
+                "uid": row.uid, "slurm_job_id": job.job_id, "dlsub_id": row.dlsub_id, "time": now,
+                "step": progress.step, "eta_s": info.eta_s, "steps_per_s": progress.steps_per_s,
+                "checkpoint_step": progress.last_checkpoint_step, "partition": job.partition,
             })
+        self._changed(row, before, writes)
+        return info
+
+    @staticmethod
+    def _changed(row: JobRow, before: tuple[dict[str, Any], str | None], writes: Writes) -> None:
+        if (row.data, row.state) != before:
+            writes.jobs[row.key()] = row
+
+    def _read_files(self, row: JobRow, job: SlurmJob, dlsub_id: str, now: float, writes: Writes) -> bool:
+        """Fold what was appended to the job's progress and attempt files since last time into its row.
+
+        False: they could not be read (the reason is recorded once); the row keeps its last summary.
+        """
+        data = row.data
+        if "job_dir" not in data:
+            found = job_dir_of(job, dlsub_id)
+            data["job_dir"] = str(found) if found else None  # fixed at first sight
+        job_dir = data.get("job_dir")
+        if not job_dir:
+            self._once(row, "files", "Slurm's record of this job names no job directory called "
+                       f"{dlsub_id} for its output: progress is not read", now, writes, "skipped")
+            return False
+        cursors = dict(data.get("files") or {})
+        progress = ProgressSummary.from_dict(data.get("progress"))
+        attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
+        fed = {PROGRESS_FILE: False, ATTEMPTS_FILE: False}
+        dropped: list[str] = []
+        try:
+            dir_fd = open_dir(Path(job_dir), row.uid)
+            try:
+                for name, check, summary in ((PROGRESS_FILE, check_progress_event, progress),
+                                             (ATTEMPTS_FILE, check_attempt_event, attempts)):
+                    chunk = read_new_lines(dir_fd, name, row.uid, Cursor.from_dict(cursors.get(name)))
+                    if chunk.dropped:
+                        dropped.append(f"{name}: {chunk.dropped} bytes passed over (lines over 64 KiB, or more "
+                                       "than 1 MiB behind)")
+                    cursor = chunk.cursor
+                    fed[name] = bool(chunk.lines)
+                    for line in chunk.lines:
+                        raw = parse_line(line)
+                        event = check(raw) if raw is not None else None
+                        if event is None:
+                            summary.bad_events += 1
+                        else:
+                            summary.feed(event)
+                    cursors[name] = cursor.to_dict() if cursor else None
+            finally:
+                os.close(dir_fd)
+        except Unreadable as exc:
+            self._once(row, "files", f"not read this tick: {exc.reason}", now, writes, "skipped")
+            return False
+        if cursors != data.get("files"):
+            data["files"] = cursors
+        if fed[PROGRESS_FILE] or "progress" not in data:
+            data["progress"] = progress.to_dict()
+        if fed[ATTEMPTS_FILE] or "attempts" not in data:
+            data["attempts"] = attempts.to_dict()
+        if dropped:
+            self._once(row, "dropped", "read in part: " + "; ".join(dropped), now, writes, "skipped")
+        said = data.get("said") or {}
+        if said.get("files"):
+            # Readable again: the same trouble later is worth saying again.
+            data["said"] = {k: v for k, v in said.items() if k != "files"}
+        return True
 
     # ---------------------------------------------------------------- act
-    def act(self, action: Action, now: float, user: str) -> None:
-        store, client = self.store, self.client
-        job_id, dlsub_id = action.slurm_job_id, action.dlsub_id
+    def _prepare(self, action: Action, now: float, writes: Writes) -> bool:
+        """Write-ahead: record the decision (and a move's intent) before acting. False: nothing to do in Slurm."""
+        seen = self._seen[action.slurm_job_id]
+        row, job = seen.row, seen.job
+        key = row.key()
         if action.kind == planner.NOTE:
-            row = store.job(dlsub_id)
-            if row and row.get("last_note") == action.reason:
-                return  # said already
-            store.set_job(dlsub_id, last_note=action.reason)
-            store.decide(now, dlsub_id, job_id, user, "wait", action.reason, action.details)
-            return
-        if action.kind == planner.SIGNAL_MOVE:
-            self._signal(action, now, user, str(action.details.get("kind") or "move"), "USR2")
-            return
-        if action.kind == planner.SIGNAL_CONTINUE:
-            self._signal(action, now, user, "continue", "USR1")
-            return
-        if action.kind == planner.RETARGET:
-            client.retarget(job_id, action.partition or "", action.gpus or 0, action.time_limit_min)
-            store.set_move(dlsub_id, phase=MovePhase.UPDATED.value)
-            return
-        if action.kind == planner.RELEASE:
-            client.release(job_id)
-            store.set_move(dlsub_id, phase=MovePhase.RELEASED.value, since=now)
-            return
-        if action.kind == planner.LIFT_BEGIN_TIME:
-            client.update_job(job_id, StartTime="now")
-            if store.move(dlsub_id) is None:
-                store.decide(now, dlsub_id, job_id, user, "resume", action.reason)
-            return
+            if row.data.get("last_note") != action.reason:
+                row.data["last_note"] = action.reason
+                writes.jobs[key] = row
+                writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, "wait", action.reason, action.details)
+            return False
+        if action.kind in (planner.SIGNAL_MOVE, planner.SIGNAL_CONTINUE):
+            if seen.info is not None and seen.info.move is None:
+                kind = "continue" if action.kind == planner.SIGNAL_CONTINUE else str(action.details.get("kind") or "move")
+                writes.moves[key] = {
+                    "uid": row.uid, "slurm_job_id": job.job_id, "dlsub_id": row.dlsub_id, "kind": kind,
+                    "phase": MovePhase.PLANNED.value, "target_partition": action.partition or "",
+                    "target_gpus": action.gpus or 0, "since": now, "signals": 0, "created": now,
+                    "time_limit_min": action.time_limit_min, "restart_count": job.restart_count,
+                }
+                if kind == "continue":
+                    row.data["continuations"] = int(row.data.get("continuations") or 0) + 1
+                    writes.jobs[key] = row
+                writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, kind, action.reason, action.details)
+            return True
         if action.kind in (planner.FINISH_MOVE, planner.ABANDON_MOVE):
-            move = store.move(dlsub_id)
-            store.end_move(dlsub_id)
-            if move and move["kind"] == "return":
-                store.set_job(dlsub_id, backfilled_from=None)
+            move = seen.info.move if seen.info is not None else None
+            writes.ended_moves.add(key)
+            writes.moves.pop(key, None)
+            if move is not None and move.kind == "return":
+                row.data["backfilled_from"] = None
+                writes.jobs[key] = row
             what = "done" if action.kind == planner.FINISH_MOVE else "abandoned"
-            store.decide(now, dlsub_id, job_id, user, f"{move['kind'] if move else 'move'}-{what}", action.reason)
-            return
+            writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user,
+                          f"{move.kind if move else 'move'}-{what}", action.reason)
+            return False
         if action.kind == planner.BACKFILL:
-            row = store.job(dlsub_id) or {}
-            # Write-ahead, as for moves: where it came from is known before it leaves.
-            store.set_job(dlsub_id, backfilled_from=row.get("last_partition"),
-                          backfilled_limit_min=action.details.get("limit_min"))
-            store.decide(now, dlsub_id, job_id, user, "backfill", action.reason, action.details)
-            client.retarget(job_id, action.partition or "", action.gpus or 0, action.time_limit_min)
-            return
-        raise ValueError(f"unknown action {action.kind}")
+            # Where it came from and its own limit are known before it leaves.
+            row.data["backfilled_from"] = job.partition
+            row.data["backfilled_limit_min"] = seen.request.get("time_limit_min")
+            writes.jobs[key] = row
+            writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, "backfill", action.reason,
+                          action.details)
+            return True
+        if action.kind == planner.LIFT_BEGIN_TIME:
+            if seen.info is not None and seen.info.move is None:
+                writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, "resume", action.reason)
+            return True
+        return action.kind in (planner.RETARGET, planner.RELEASE)
 
-    def _signal(self, action: Action, now: float, user: str, kind: str, signal: str) -> None:
-        """Ask the job's batch shell to checkpoint (USR2: for a move, USR1: to continue), recording the move first.
-
-        Write-ahead: the intent exists before the signal, so a crash in between re-sends it.
-        """
-        store, dlsub_id = self.store, action.dlsub_id
-        move = store.move(dlsub_id)
-        if move is None:
-            move = {
-                "dlsub_id": dlsub_id, "slurm_job_id": action.slurm_job_id, "kind": kind,
-                "phase": MovePhase.PLANNED.value, "target_partition": action.partition or "",
-                "target_gpus": action.gpus or 0, "since": now, "signals": 0, "created": now,
-                "time_limit_min": action.time_limit_min,
-            }
-            store.start_move(move)
-            if kind == "continue":
-                row = store.job(dlsub_id) or {}
-                store.set_job(dlsub_id, continuations=int(row.get("continuations") or 0) + 1)
-            store.decide(now, dlsub_id, action.slurm_job_id, user, kind, action.reason, action.details)
-        self.client.cancel(action.slurm_job_id, signal=signal, batch=True)
-        store.set_move(dlsub_id, phase=MovePhase.SIGNALLED.value, since=now, signals=int(move["signals"] or 0) + 1)
+    def _perform(self, action: Action, now: float, writes: Writes) -> None:
+        """Carry out one action in Slurm and note the move's new phase."""
+        seen = self._seen[action.slurm_job_id]
+        key, job_id = seen.row.key(), action.slurm_job_id
+        move = self.store.move(*key) if action.kind != planner.BACKFILL else None
+        if action.kind in (planner.SIGNAL_MOVE, planner.SIGNAL_CONTINUE):
+            signal = "USR1" if action.kind == planner.SIGNAL_CONTINUE else "USR2"
+            self.client.cancel(job_id, signal=signal, batch=True)
+            if move is not None:
+                writes.moves[key] = {**move, "phase": MovePhase.SIGNALLED.value, "since": now,
+                                     "signals": int(move["signals"] or 0) + 1}
+        elif action.kind in (planner.RETARGET, planner.BACKFILL):
+            self.client.retarget(job_id, action.partition or "", action.gpus or 0, action.time_limit_min)
+            if move is not None:
+                writes.moves[key] = {**move, "phase": MovePhase.UPDATED.value}
+        elif action.kind == planner.RELEASE:
+            self.client.release(job_id)
+            if move is not None:
+                writes.moves[key] = {**writes.moves.get(key, move), "phase": MovePhase.RELEASED.value, "since": now}
+        elif action.kind == planner.LIFT_BEGIN_TIME:
+            self.client.update_job(job_id, StartTime="now")
+        else:
+            raise ValueError(f"unknown action {action.kind}")
 
     # ---------------------------------------------------------------- tick
     def tick(self, now: float | None = None) -> list[Action]:
         now = self.clock() if now is None else now
+        started = self.deadline_clock()
+        deadline = started + self.policy.tick_deadline_s
         self.store.set_meta(last_tick_started=now, doing="observing")
         try:
-            seen = self.observe(now)
+            slurm_jobs = self.client.jobs()
+            partitions = self.client.partitions()
         except SlurmError as exc:
             # Stale data: decide nothing this tick; the loop goes on.
             self.store.set_meta(doing=f"waiting for Slurm: {exc}", last_tick=now, last_error=str(exc))
             log.warning("observe failed: %s", exc)
             return []
-        actions = planner.plan(seen.jobs, seen.partitions, self.rules, now, seen.window)
-        users = {job.dlsub_id: job.user for job in seen.jobs}
-        done = []
+        writes = Writes()
+        seen = self.observe(now, slurm_jobs, partitions, writes, deadline)
+        actions = planner.plan(seen.jobs, seen.partitions, self.rules, now, seen.window, seen.usage)
+        todo: list[Action] = []
+        done: list[Action] = []
         for action in actions:
-            user = users.get(action.dlsub_id, "")
-            try:
-                self.act(action, now, user)
+            if action.slurm_job_id not in self._seen:
+                continue
+            if self._prepare(action, now, writes):
+                todo.append(action)
+            else:
                 done.append(action)
-                if action.kind != planner.NOTE:
-                    log.info("%s %s (Slurm %s): %s", action.kind, action.dlsub_id, action.slurm_job_id, action.reason)
-            except SlurmError as exc:
-                self.store.decide(now, action.dlsub_id, action.slurm_job_id, user, "error",
-                                  f"{action.kind} failed: {exc}")
+        self.store.write(writes)  # what was observed and decided, before anything is done about it
+        outcome = Writes()
+        for action in todo:
+            seen_job = self._seen[action.slurm_job_id]
+            try:
+                self._perform(action, now, outcome)
+                done.append(action)
+                log.info("%s %s (Slurm %s): %s", action.kind, action.dlsub_id, action.slurm_job_id, action.reason)
+            except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
+                row = seen_job.row
+                outcome.decide(now, row.uid, row.dlsub_id, action.slurm_job_id, row.user, "error",
+                               f"{action.kind} failed: {exc}")
                 log.warning("%s %s failed: %s", action.kind, action.dlsub_id, exc)
         in_flight = self.store.moves()
-        doing = (", ".join(f"{m['kind']} {m['dlsub_id']} to {m['target_partition']} ({m['phase']})" for m in in_flight)
-                 or f"watching {len(seen.jobs)} dlsub job(s)")
+        doing = (", ".join(f"{m['kind']} {m['dlsub_id']} to {m['target_partition']} ({m['phase']})"
+                           for m in in_flight[:20]) or f"watching {len(seen.jobs)} dlsub job(s)")
         if seen.window.open:
             doing += f"; off-hours window '{seen.window.name}' open"
-        self.store.set_meta(last_tick=now, doing=doing, jobs=len(seen.jobs), last_error=None)
+        if seen.late:
+            doing += f"; late: {seen.skipped} job(s) left for the next tick"
+        outcome.meta = {"last_tick": now, "doing": doing, "jobs": len(seen.jobs), "last_error": None,
+                        "late": seen.late, "skipped": seen.skipped,
+                        "last_tick_duration_s": round(self.deadline_clock() - started, 3)}
+        self.store.write(outcome)
+        try:
+            self.store.prune(now, self.policy.retention.progress_days, self.policy.retention.decisions_days)
+        except Exception as exc:  # noqa: BLE001 - pruning can wait for the next hour
+            log.warning("pruning old progress and decisions failed: %s", exc)
         return done

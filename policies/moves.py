@@ -24,11 +24,22 @@ Rules, checked for each job every tick:
   job (the job stays "never runnable" on CPU nodes), so GPU jobs reach CPU
   nodes only by being submitted there in immediate mode.
 * **Resume fast**: a job that requeued itself after a checkpoint waits for
-  Slurm's BeginTime hold (121 s by default); the agent lifts it.
+  Slurm's BeginTime hold (121 s by default); the agent lifts it while the
+  job's resume-requeues stay below ``max_continuations`` (a script that
+  exits 85 in a loop waits Slurm's delay once past that).
+* **Limits**: a move or backfill is started only while its user stays within
+  the GPU and job limits, counted over everything the user holds in Slurm
+  (``Usage``: every job of that uid, dlsub's or not, and moves in flight),
+  plus what this same tick has already decided.
 
 A move in flight is a small state machine (``MovePhase``) that each tick
 advances from what Slurm shows, so a restarted agent picks it up where
-Slurm is.
+Slurm is. It advances by Slurm's restart count and partition, never by
+comparing Slurm's clock with the agent's, and it releases a hold only when
+its own protocol placed it: held by the user's side (``JobHeldUser``, as
+``scontrol requeuehold`` leaves it), requeued since the signal, and the
+attempt's last record says it ended for a move. An admin's hold is never
+released.
 """
 
 from __future__ import annotations
@@ -36,9 +47,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TypedDict
 
 from dlsub.policies.api import ClusterView, JobView, Node
 from dlsub.policies.registry import get_policy
+
+from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE
 
 
 class MovePhase(str, Enum):
@@ -63,9 +77,10 @@ class MoveView:
     phase: MovePhase
     target_partition: str
     target_gpus: int
-    since: float  # when the phase was entered
+    since: float  # when the phase was entered (the agent's clock)
     signals: int = 0
     time_limit_min: int | None = None
+    restart_count: int = 0  # Slurm's restart count of the job when the move was signalled
 
 
 @dataclass(frozen=True)
@@ -93,8 +108,20 @@ class JobInfo:
     continuations: int = 0
     backfilled_from: str | None = None  # the partition it waited in before a backfill
     backfilled_limit_min: int | None = None  # its own time limit, restored when it goes back
-    time_limit_min: int | None = None
+    time_limit_min: int | None = None  # the limit it was submitted with (never raised beyond it)
     move: MoveView | None = None
+    uid: int = 0  # Slurm's user_id of the job: limits are per uid
+    restart_count: int = 0  # Slurm's restart count
+    requeues: int = 0  # resume-requeues of this Slurm job (its attempt records); moves do not count
+    ran_s: float | None = None  # how long it has reported progress (for a job that declares no total)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one user holds in Slurm: every job of that uid, dlsub's or not, running or pending."""
+
+    gpus: int = 0
+    jobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,6 +155,7 @@ class Rules:
     max_continuations: int = 20
     max_gpus_per_user: int = 64
     max_jobs_per_user: int = 100
+    max_gpus_per_job: int = 8
     backfill_enabled: bool = True
     backfill_roles: tuple[str, ...] = ("dev", "cpu")
     job_cpus: int = 2
@@ -171,6 +199,11 @@ BACKFILL = "backfill"  # a RETARGET into a backfill partition
 NOTE = "note"  # no action; a decision worth telling the user (once)
 
 
+class _Ids(TypedDict):
+    dlsub_id: str
+    slurm_job_id: int
+
+
 def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
@@ -179,42 +212,63 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
     """The next step of a move in flight, from what Slurm shows now."""
     move = job.move
     assert move is not None
-    common = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+    common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
     if job.ended or job.finished:
+        # PREEMPTED is final too: Slurm will not run this job again, so nothing is left to move.
         return [Action(ABANDON_MOVE, reason=f"the job ended ({job.state}) before the {move.kind} finished", **common)]
+    requeued = job.restart_count > move.restart_count
+    if job.state == "PENDING" and job.reason == "JobHeldAdmin":
+        return [Action(NOTE, reason="held by an administrator: the agent leaves it held and waits "
+                       f"(its {move.kind} to {move.target_partition} continues once an administrator releases it)",
+                       **common)]
     if move.kind == "continue":
-        if job.state == "PENDING":
-            if job.reason == "BeginTime":
-                return [Action(LIFT_BEGIN_TIME, reason="checkpointed before its time limit; continuing now", **common)]
+        if job.state == "RUNNING" and requeued:
             return [Action(FINISH_MOVE, reason="continued in a new attempt", **common)]
-        if job.state == "RUNNING" and job.start_time > move.since:
+        if job.state == "PENDING" and requeued:
+            if job.reason == "BeginTime" and job.last_attempt_action == ACTION_REQUEUE:
+                if job.requeues < rules.max_continuations:
+                    return [Action(LIFT_BEGIN_TIME, reason="checkpointed before its time limit; continuing now",
+                                   **common)]
+                return [Action(FINISH_MOVE, reason=f"requeued {job.requeues} times, the most the site allows "
+                               f"({rules.max_continuations}): left to Slurm's own requeue delay", **common)]
             return [Action(FINISH_MOVE, reason="continued in a new attempt", **common)]
         if job.state == "RUNNING" and now - move.since > 2 * rules.checkpoint_grace_s:
             return [Action(SIGNAL_CONTINUE, reason="no checkpoint yet after the first request; asking again", **common)]
         return []
     # move / return
     if job.state == "RUNNING":
-        if job.partition == move.target_partition and job.start_time >= move.since - 1:
-            return [Action(FINISH_MOVE, reason=f"running on {job.partition}", **common)]
-        if move.phase in (MovePhase.PLANNED,) or (
+        if requeued:
+            if job.partition == move.target_partition:
+                return [Action(FINISH_MOVE, reason=f"running on {job.partition}", **common)]
+            return [Action(ABANDON_MOVE, reason=f"it started again on {job.partition}, not {move.target_partition}",
+                           **common)]
+        if move.phase == MovePhase.PLANNED or (
             move.phase == MovePhase.SIGNALLED and now - move.since > 2 * rules.checkpoint_grace_s
         ):
             why = "sending the checkpoint request" if move.phase == MovePhase.PLANNED else \
                 "no checkpoint yet after the first request; asking again"
-            return [Action(SIGNAL_MOVE, reason=why, partition=move.target_partition, gpus=move.target_gpus, **common)]
+            return [Action(SIGNAL_MOVE, reason=why, partition=move.target_partition, gpus=move.target_gpus,
+                           details={"kind": move.kind}, time_limit_min=move.time_limit_min, **common)]
         return []
-    if job.state == "PENDING":
-        actions = []
-        if job.partition != move.target_partition or job.gpus_now != move.target_gpus:
-            actions.append(Action(RETARGET, reason=f"checkpointed; now for {move.target_partition}",
-                                  partition=move.target_partition, gpus=move.target_gpus,
-                                  time_limit_min=move.time_limit_min, **common))
-        if job.held or job.reason == "BeginTime":
-            actions.append(Action(RELEASE, reason=f"released to start on {move.target_partition}", **common))
-        elif not actions:
-            return [Action(FINISH_MOVE, reason=f"waiting to start on {move.target_partition}", **common)]
-        return actions
-    return []
+    if job.state != "PENDING" or not requeued:
+        return []
+    if job.last_attempt_action != ACTION_MOVE:
+        # Requeued, but not by the move's checkpoint (node failure, the user, Slurm): not the agent's to steer.
+        return [Action(ABANDON_MOVE, reason="it was requeued without checkpointing for the move; left as it is",
+                       **common)]
+    actions = []
+    if job.partition != move.target_partition or job.gpus_now != move.target_gpus or (
+            move.time_limit_min is not None and job.time_limit_min != move.time_limit_min):
+        actions.append(Action(RETARGET, reason=f"checkpointed; now for {move.target_partition}",
+                              partition=move.target_partition, gpus=move.target_gpus,
+                              time_limit_min=move.time_limit_min, **common))
+    if job.reason == "JobHeldUser":
+        actions.append(Action(RELEASE, reason=f"released to start on {move.target_partition}", **common))
+    elif job.reason == "BeginTime":
+        actions.append(Action(LIFT_BEGIN_TIME, reason=f"starting on {move.target_partition} now", **common))
+    elif not actions:
+        return [Action(FINISH_MOVE, reason=f"waiting to start on {move.target_partition}", **common)]
+    return actions
 
 
 def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules,
@@ -230,7 +284,7 @@ def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInf
             continue
         if job.backfilled_from:
             continue  # placed by backfill: returns when the window closes
-        common = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+        common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
         free = ideal.idle_gpus - ideal.pending_gpus
         if not ideal.idle_node_for(job.gpus_wanted, rules.job_cpus) or free < job.gpus_wanted:
             continue  # nothing to decide yet: no room there
@@ -242,28 +296,65 @@ def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInf
             notes.append(Action(NOTE, reason=f"not moved to {ideal.name}: the job has not written a checkpoint "
                                 "yet (only jobs that checkpoint are moved)", **common))
             continue
-        if job.eta_s is None:
+        eta, basis = remaining_s(job)
+        if eta is None:
             notes.append(Action(NOTE, reason=f"not moved to {ideal.name} yet: no progress reported, so no "
                                 "estimate of the time a move would save", **common))
             continue
         speed_here = here.speed if here else 1.0
-        eta_there = job.eta_s * speed_here / ideal.speed
-        saved = job.eta_s - eta_there - rules.restart_cost_s
+        eta_there = eta * speed_here / ideal.speed
+        saved = eta - eta_there - rules.restart_cost_s
         if saved < rules.min_saving_s:
             notes.append(Action(NOTE, reason=(
                 f"not moved to {ideal.name}: it would save about {_hours(max(saved, 0))} after a restart "
                 f"costing {_hours(rules.restart_cost_s)}, less than the {_hours(rules.min_saving_s)} a move must "
-                f"save (ETA {_hours(job.eta_s)} here)"), **common))
+                f"save (ETA {_hours(eta)} here{'; ' + basis if basis else ''})"), **common))
             continue
         candidates.append((job, saved))
     return candidates, notes
 
 
-def _gpus_in_use(jobs: Sequence[JobInfo], user: str) -> int:
-    return sum(j.gpus_now for j in jobs if j.user == user and j.state in ("RUNNING", "PENDING"))
+def remaining_s(job: JobInfo) -> tuple[float | None, str]:
+    """The job's remaining time here, and how it was estimated when it declared no total.
+
+    A job that reports progress but no total is assumed to need about as long
+    again as it has run: never left on CPUs forever for want of an estimate.
+    """
+    if job.eta_s is not None:
+        return job.eta_s, ""
+    if job.ran_s is not None and job.ran_s > 0:
+        return job.ran_s, f"no total declared: assuming about as long again as the {_hours(job.ran_s)} it has run"
+    return None, ""
 
 
-def _choose_movers(candidates: list[tuple[JobInfo, float]], jobs: Sequence[JobInfo],
+def usage_of(jobs: Sequence[JobInfo]) -> dict[int, Usage]:
+    """Usage counted from these jobs alone (when the caller has no fuller view of Slurm)."""
+    usage: dict[int, Usage] = {}
+    for j in jobs:
+        if j.state in ("RUNNING", "PENDING"):
+            held = max(j.gpus_now, j.move.target_gpus if j.move else 0)
+            old = usage.get(j.uid, Usage())
+            usage[j.uid] = Usage(old.gpus + held, old.jobs + 1)
+    return usage
+
+
+def _over_limit(job: JobInfo, extra_gpus: int, usage: dict[int, Usage], rules: Rules) -> str | None:
+    """Why giving ``job`` ``extra_gpus`` more would take its user past a limit (None: it would not)."""
+    mine = usage.get(job.uid, Usage())
+    if mine.jobs > rules.max_jobs_per_user:
+        return f"{job.user} holds {mine.jobs} jobs in Slurm, more than the limit of {rules.max_jobs_per_user} per user"
+    if mine.gpus + extra_gpus > rules.max_gpus_per_user:
+        return (f"{job.user} would exceed the limit of {rules.max_gpus_per_user} GPUs per user "
+                f"({mine.gpus} held in Slurm and in moves, {extra_gpus} more wanted)")
+    return None
+
+
+def _charge(usage: dict[int, Usage], uid: int, gpus: int) -> None:
+    old = usage.get(uid, Usage())
+    usage[uid] = Usage(old.gpus + gpus, old.jobs)
+
+
+def _choose_movers(candidates: list[tuple[JobInfo, float]], usage: dict[int, Usage],
                    partitions: dict[str, PartitionInfo], rules: Rules, now: float) -> list[Action]:
     """Which candidates take the idle GPUs, by the configured scheduling policy."""
     actions = []
@@ -282,27 +373,31 @@ def _choose_movers(candidates: list[tuple[JobInfo, float]], jobs: Sequence[JobIn
                 nodes.append(Node(node, gpus - take, partition=name))
         if not nodes:
             continue
-        views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=j.gpus_wanted, remaining=j.eta_s,
-                         model=_LinearModel()) for j, _ in group]
+        views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=min(j.gpus_wanted, rules.max_gpus_per_job),
+                         remaining=remaining_s(j)[0], model=_LinearModel()) for j, _ in group]
         decision = get_policy(rules.policy).decide(views, ClusterView(tuple(nodes)), now, {})
-        for job, saved in group:
+        # Oldest first, so the earlier decisions of this tick count against the later ones.
+        for job, saved in sorted(group, key=lambda js: (js[0].submit_time, js[0].slurm_job_id)):
             alloc = decision.get(job.dlsub_id)
-            if alloc is None or alloc.gpus < job.gpus_wanted:
+            gpus = min(job.gpus_wanted, rules.max_gpus_per_job)
+            if alloc is None or alloc.gpus < gpus:
                 continue
-            if _gpus_in_use(jobs, job.user) - job.gpus_now + job.gpus_wanted > rules.max_gpus_per_user:
-                actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id,
-                                      f"not moved to {name}: {job.user} would exceed the limit of "
-                                      f"{rules.max_gpus_per_user} GPUs per user"))
+            over = _over_limit(job, max(0, gpus - job.gpus_now), usage, rules)
+            if over:
+                actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id, f"not moved to {name}: {over}"))
                 continue
+            _charge(usage, job.uid, max(0, gpus - job.gpus_now))
             age = now - job.last_checkpoint_time if job.last_checkpoint_time else None
+            eta, basis = remaining_s(job)
             actions.append(Action(
                 SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
                 f"moving to {name}: {ideal.idle_gpus} GPU(s) idle"
                 + (f", checkpoint {_hours(age)} old" if age is not None else "")
-                + f", est. {_hours(saved)} saved",
-                partition=name, gpus=job.gpus_wanted,
-                details={"saved_s": round(saved), "idle_gpus": ideal.idle_gpus, "eta_s": round(job.eta_s or 0.0),
-                         "checkpoint_age_s": round(age) if age is not None else None},
+                + f", est. {_hours(saved)} saved" + (f" ({basis})" if basis else ""),
+                partition=name, gpus=gpus,
+                details={"saved_s": round(saved), "idle_gpus": ideal.idle_gpus, "eta_s": round(eta or 0.0),
+                         "checkpoint_age_s": round(age) if age is not None else None,
+                         "eta_basis": basis or None},
             ))
     return actions
 
@@ -330,7 +425,7 @@ def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo]
         left = job.end_time - now
         if left > rules.checkpoint_grace_s:
             continue
-        common = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+        common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
         if job.finished or (job.eta_s is not None and job.eta_s <= max(left, 0)):
             continue  # it will finish in time
         if not rules.continue_jobs:
@@ -339,8 +434,9 @@ def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo]
         elif not job.checkpointable:
             actions.append(Action(NOTE, reason="its time limit is near but it has not checkpointed: not continued",
                                   **common))
-        elif job.continuations >= rules.max_continuations:
-            actions.append(Action(NOTE, reason=f"time limit near; already continued {job.continuations} times, "
+        elif max(job.continuations, job.requeues) >= rules.max_continuations:
+            done = max(job.continuations, job.requeues)
+            actions.append(Action(NOTE, reason=f"time limit near; already continued {done} times, "
                                   f"the most the site allows", **common))
         else:
             eta = f", about {_hours(job.eta_s)} of work left" if job.eta_s is not None else ""
@@ -352,7 +448,7 @@ def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo]
 
 
 def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules, window: Window,
-              now: float) -> list[Action]:
+              now: float, usage: dict[int, Usage]) -> list[Action]:
     actions: list[Action] = []
     if not rules.backfill_enabled:
         return actions
@@ -365,25 +461,28 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
             for job in sorted(jobs, key=lambda j: j.submit_time):
                 if job.move is not None or job.state != "PENDING" or job.held or job.backfilled_from:
                     continue
-                if job.reason not in ("Resources", "Priority", "ReqNodeNotAvail", "Nodes_required_for_job_are_"
-                                      "DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions"):
+                if job.reason not in ("Resources", "Priority", "ReqNodeNotAvail", (
+                        "Nodes_required_for_job_are_DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions")):
                     continue
-                if sum(1 for j in jobs if j.user == job.user and j.backfilled_from) >= rules.max_jobs_per_user:
+                gpus = min(job.gpus_wanted, rules.max_gpus_per_job)
+                if _over_limit(job, max(0, gpus - job.gpus_now), usage, rules):
                     continue
                 for part in partitions.values():
                     if part.role not in rules.backfill_roles or part.name == job.partition:
                         continue
-                    free_nodes = [n for n, g, c in part.nodes if g >= job.gpus_wanted and c >= rules.job_cpus]
+                    free_nodes = [n for n, g, c in part.nodes if g >= gpus and c >= rules.job_cpus]
                     if len(free_nodes) <= taken.get(part.name, 0):
                         continue
                     taken[part.name] = taken.get(part.name, 0) + 1
+                    _charge(usage, job.uid, max(0, gpus - job.gpus_now))
+                    # Never above the limit it was submitted with; cut to the partition's MaxTime.
                     limit = job.time_limit_min
                     if part.max_time_s is not None and (limit is None or limit * 60 > part.max_time_s):
                         limit = int(part.max_time_s // 60)
                     actions.append(Action(BACKFILL, job.dlsub_id, job.slurm_job_id,
                                           f"off-hours window '{window.name}' is open and {part.name} is idle: "
                                           f"starting there instead of waiting for {job.partition}",
-                                          partition=part.name, gpus=job.gpus_wanted, time_limit_min=limit,
+                                          partition=part.name, gpus=gpus, time_limit_min=limit,
                                           details={"from": job.partition, "limit_min": job.time_limit_min}))
                     break
     for job in jobs:
@@ -401,20 +500,32 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
 
 
 def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Rules, now: float,
-         window: Window = Window(False)) -> list[Action]:
-    """Everything the agent should do this tick, moves in flight first."""
+         window: Window = Window(False), usage: dict[int, Usage] | None = None) -> list[Action]:
+    """Everything the agent should do this tick, moves in flight first.
+
+    ``usage`` is what each uid holds in Slurm (all its jobs, moves in
+    flight); without it, it is counted from ``jobs``. Moves and backfills
+    decided here are added to it as they are decided.
+    """
     by_name = {p.name: p for p in partitions}
+    usage = dict(usage_of(jobs) if usage is None else usage)
     actions: list[Action] = []
     for job in jobs:
         if job.move is not None:
             actions += _advance_move(job, now, rules)
-        elif job.state == "PENDING" and job.reason == "BeginTime" and job.last_attempt_action == "requeue":
-            actions.append(Action(LIFT_BEGIN_TIME, job.dlsub_id, job.slurm_job_id,
-                                  "checkpointed and requeued; lifting Slurm's wait before a requeued job may start"))
+        elif job.state == "PENDING" and job.reason == "BeginTime" and job.last_attempt_action == ACTION_REQUEUE:
+            if job.requeues < rules.max_continuations:
+                actions.append(Action(LIFT_BEGIN_TIME, job.dlsub_id, job.slurm_job_id,
+                                      "checkpointed and requeued; lifting Slurm's wait before a requeued job may "
+                                      f"start ({job.requeues} of at most {rules.max_continuations} requeues)"))
+            else:
+                actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id,
+                                      f"requeued itself {job.requeues} times, the most the site allows "
+                                      f"({rules.max_continuations}): the agent no longer lifts Slurm's requeue delay"))
     actions += _continuations(jobs, by_name, rules, now)
-    actions += _backfill(jobs, by_name, rules, window, now)
-    busy = {a.dlsub_id for a in actions if a.kind != NOTE}
-    candidates, notes = _move_candidates([j for j in jobs if j.dlsub_id not in busy], by_name, rules, now)
+    actions += _backfill(jobs, by_name, rules, window, now, usage)
+    busy = {a.slurm_job_id for a in actions if a.kind != NOTE}
+    candidates, notes = _move_candidates([j for j in jobs if j.slurm_job_id not in busy], by_name, rules, now)
     actions += notes
-    actions += _choose_movers(candidates, jobs, by_name, rules, now)
+    actions += _choose_movers(candidates, usage, by_name, rules, now)
     return actions

@@ -3,19 +3,31 @@
 It answers the commands dlsub uses with output shaped like Slurm 22.05's
 (``sbatch --parsable``, ``squeue --json``, ``sinfo --json``,
 ``scontrol show partition --oneliner``, ``scancel``, ``scontrol requeue``,
-``scontrol ping``) and keeps jobs in memory so a test can move them through
-states with :meth:`FakeSlurm.set_job_state`, as submitit's MockedSubprocess does.
+``scontrol update/hold/release``, ``scontrol ping``) and keeps jobs in memory
+so a test can move them through states with :meth:`FakeSlurm.set_job_state`,
+as submitit's MockedSubprocess does.
+
+Like the testbed's job_submit.lua, ``sbatch`` of a job whose comment starts
+with ``dlsub:`` freezes its request into AdminComment
+(:class:`dlsub.contract.SubmitRecord`); ``job_submit_lua = False`` turns
+that off. ``submit_uid``/``submit_user`` say who submits. A benchmark can
+add thousands of ready-made ``squeue --json`` records with
+:meth:`FakeSlurm.add_raw_jobs`; they are served as given, serialized once.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dlsub.slurm_plugins.timespec import parse_slurm_duration
+
+from dlsub.contract import COMMENT_PREFIX, SUBMIT_RECORD_PREFIX
 
 
 @dataclass
@@ -54,9 +66,12 @@ class FakeJob:
     user_id: int = 1000
     start_time: int = 1_700_000_000
     end_time: int = 0
+    admin_comment: str = ""
+    submit_time: int = 1_700_000_000
+    node_count: int = 1
 
 
-def testbed_cluster() -> "FakeSlurm":
+def testbed_cluster() -> FakeSlurm:
     """A fake shaped like the local testbed: cpu (default), gpu, gpu-dev."""
     return FakeSlurm(
         nodes=[
@@ -84,6 +99,11 @@ class FakeSlurm:
         self.calls: list[list[str]] = []
         self.reachable = True
         self._next_id = 1000
+        self.submit_uid = 1000
+        self.submit_user = "tester"
+        self.job_submit_lua = True
+        self._raw_json = ""  # pre-serialized records from add_raw_jobs, comma-joined
+        self._raw_ids: set[int] = set()
 
     # ---------------------------------------------------------------- test API
     def set_job_state(self, job_id: int, state: str, *, nodes: str = "", exit_code: int = 0) -> None:
@@ -110,6 +130,23 @@ class FakeSlurm:
         job.state, job.reason, job.nodes = "PENDING", "JobHeldUser", ""
         job.restart_cnt += 1
 
+    def requeue_self(self, job_id: int) -> None:
+        """What the batch script does after exit 85: ``scontrol requeue``; Slurm then holds it back (BeginTime)."""
+        job = self.jobs[job_id]
+        self._use(job, -1)
+        job.state, job.reason, job.nodes = "PENDING", "BeginTime", ""
+        job.restart_cnt += 1
+
+    def admin_hold(self, job_id: int) -> None:
+        """An administrator holds the job (``scontrol hold`` as root): Reason=JobHeldAdmin."""
+        self.jobs[job_id].reason = "JobHeldAdmin"
+
+    def add_raw_jobs(self, records: list[dict[str, Any]]) -> None:
+        """Serve these ``squeue --json`` job records as they are (a big cluster, for benchmarks)."""
+        text = ",".join(json.dumps(r, separators=(",", ":")) for r in records)
+        self._raw_json = f"{self._raw_json},{text}" if self._raw_json and text else (self._raw_json or text)
+        self._raw_ids.update(int(r["job_id"]) for r in records)
+
     def _use(self, job: FakeJob, sign: int) -> None:
         node = self.nodes.get(job.nodes)
         gres = job.options.get("gres", "")
@@ -117,7 +154,7 @@ class FakeSlurm:
             node.gpus_used += sign * int(gres.split(":")[1])
 
     # ---------------------------------------------------------------- dispatch
-    def __call__(self, argv: Sequence[str]) -> "subprocess.CompletedProcess[str]":
+    def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         argv = list(argv)
         self.calls.append(argv)
         if not self.reachable:
@@ -135,25 +172,35 @@ class FakeSlurm:
         return handler(argv)
 
     @staticmethod
-    def _done(argv: list[str], rc: int, out: str, err: str = "") -> "subprocess.CompletedProcess[str]":
+    def _done(argv: list[str], rc: int, out: str, err: str = "") -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, rc, out, err)
 
     # ---------------------------------------------------------------- commands
-    def _sbatch(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+    def _sbatch(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         script_path = argv[-1]
         try:
             text = Path(script_path).read_text()
         except OSError as exc:
             return self._done(argv, 1, "", f"sbatch: error: Unable to open file {script_path}: {exc}")
-        options = dict(re.findall(r"^#SBATCH --([\w-]+)=(.*)$", text, flags=re.M))
+        options = dict(re.findall(r"^#SBATCH --([\w-]+)=(.*)$", text, flags=re.MULTILINE))
         partition = options.get("partition") or next(p.name for p in self.partitions.values() if p.default)
         if partition not in self.partitions:
             return self._done(argv, 1, "", "sbatch: error: invalid partition specified: " + partition)
+        requested = options.get("partition", "")
         options["partition"] = partition
         if "--test-only" in argv:
             return self._done(argv, 0, "", f"sbatch: Job 0 to start at 2026-01-01T00:00:00 using 1 processors on nodes {self.partitions[partition].nodes[0]} in partition {partition}")
         self._next_id += 1
-        self.jobs[self._next_id] = FakeJob(self._next_id, script_path, options)
+        job = FakeJob(self._next_id, script_path, options, user=self.submit_user, user_id=self.submit_uid,
+                      submit_time=1_700_000_000 + self._next_id)
+        comment = options.get("comment", "")
+        if self.job_submit_lua and comment.startswith(COMMENT_PREFIX):
+            minutes = parse_slurm_duration(options["time"]) if options.get("time") else None
+            gres = options.get("gres", "")
+            job.admin_comment = (f"{SUBMIT_RECORD_PREFIX}uid={job.user_id};partition={requested};"
+                                 f"time={minutes if minutes is not None else ''};"
+                                 f"tres={'gres:' + gres if gres else ''}|{comment}")
+        self.jobs[self._next_id] = job
         return self._done(argv, 0, f"{self._next_id}\n")
 
     def _job_json(self, job: FakeJob) -> dict[str, Any]:
@@ -171,14 +218,16 @@ class FakeSlurm:
             "user_id": job.user_id,
             "standard_output": job.options.get("output", ""),
             "end_time": job.end_time,
-            "time_limit": int(job.options["time"]) if job.options.get("time", "").isdigit() else 60,
+            "time_limit": _minutes(job.options.get("time", "")),
             "start_time": job.start_time,
-            "submit_time": 1_700_000_000,
+            "submit_time": job.submit_time,
             "exit_code": job.exit_code,
             "tres_per_node": f"gres:{gres}" if gres else "",
+            "admin_comment": job.admin_comment,
+            "node_count": job.node_count,
         }
 
-    def _squeue(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+    def _squeue(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         jobs = list(self.jobs.values())
         if "--jobs" in argv:
             wanted = {int(x) for x in argv[argv.index("--jobs") + 1].split(",")}
@@ -189,13 +238,16 @@ class FakeSlurm:
         if "--user" in argv:
             user = argv[argv.index("--user") + 1]
             jobs = [j for j in jobs if j.user == user]
-        return self._done(argv, 0, json.dumps({"meta": {}, "errors": [], "jobs": [self._job_json(j) for j in jobs]}))
+        own = ",".join(json.dumps(self._job_json(j)) for j in jobs)
+        raw = self._raw_json if "--jobs" not in argv and "--user" not in argv else ""
+        body = ",".join(t for t in (raw, own) if t)
+        return self._done(argv, 0, '{"meta": {}, "errors": [], "jobs": [' + body + "]}")
 
     def purge(self, job_id: int) -> None:
         """Slurm forgets a finished job (MinJobAge); only accounting still has it."""
         self.history[job_id] = self.jobs.pop(job_id)
 
-    def _sacct(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+    def _sacct(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         wanted = {int(x) for x in argv[argv.index("-j") + 1].split(",")}
         lines = [
             "|".join([str(j.job_id), j.options.get("job-name", "fake"), j.user, j.state,
@@ -204,7 +256,7 @@ class FakeSlurm:
         ]
         return self._done(argv, 0, "".join(line + "\n" for line in lines))
 
-    def _sinfo(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+    def _sinfo(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         nodes = [
             {
                 "name": n.name,
@@ -222,7 +274,10 @@ class FakeSlurm:
         ]
         return self._done(argv, 0, json.dumps({"meta": {}, "errors": [], "nodes": nodes}))
 
-    def _scancel(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+    def _invalid(self, argv: list[str], job_id: str) -> subprocess.CompletedProcess[str]:
+        return self._done(argv, 1, "", f"{argv[0]}: error: Invalid job id specified ({job_id})")
+
+    def _scancel(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         job_id = int(argv[-1])
         job = self.jobs.get(job_id)
         if job is None:
@@ -234,7 +289,7 @@ class FakeSlurm:
             job.state = "CANCELLED"
         return self._done(argv, 0, "")
 
-    def _scontrol(self, argv: list[str]) -> "subprocess.CompletedProcess[str]":
+    def _scontrol(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         if argv[1:2] == ["ping"]:
             return self._done(argv, 0, "Slurmctld(primary) at localhost is UP\n")
         if argv[1:3] == ["show", "partition"]:
@@ -245,6 +300,8 @@ class FakeSlurm:
                     f"MaxNodes=UNLIMITED MaxTime={p.max_time} Nodes={','.join(p.nodes)} State={p.state}"
                 )
             return self._done(argv, 0, "\n".join(lines) + "\n")
+        if argv[1:2] in (["requeue"], ["release"], ["hold"]) and int(argv[2]) not in self.jobs:
+            return self._invalid(argv, argv[2])
         if argv[1:2] == ["requeue"]:
             job = self.jobs[int(argv[2])]
             job.state = "PENDING"
@@ -252,7 +309,16 @@ class FakeSlurm:
             return self._done(argv, 0, "")
         if argv[1:2] == ["update"]:
             fields = dict(a.split("=", 1) for a in argv[2:])
-            job = self.jobs[int(fields.pop("jobid"))]
+            job_id = fields.pop("jobid")
+            if int(job_id) not in self.jobs:
+                return self._invalid(argv, job_id)
+            job = self.jobs[int(job_id)]
+            if "AdminComment" in fields:
+                return self._done(argv, 1, "", "scontrol: error: Access/permission denied")
+            if "Comment" in fields:
+                job.options["comment"] = fields["Comment"]
+            if "TimeLimit" in fields:
+                job.options["time"] = fields["TimeLimit"]
             if "Partition" in fields:
                 if job.state != "PENDING":
                     return self._done(argv, 1, "", "scontrol: error: Job is no longer pending execution")
@@ -268,3 +334,9 @@ class FakeSlurm:
             job.reason = "None" if argv[1] == "release" else "JobHeldUser"
             return self._done(argv, 0, "")
         return self._done(argv, 1, "", f"scontrol: error: fake does not know {' '.join(argv[1:])}")
+
+
+def _minutes(text: str) -> int:
+    """A job's time limit in minutes as squeue --json gives it (60 when none was asked for)."""
+    minutes = parse_slurm_duration(text) if text else None
+    return minutes if minutes is not None else 60

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlsub.contract import JobState, SubmitRecord, Tags, gpus_in_tres as _gpus_in
+from dlsub.contract import JobState, SubmitRecord, Tags
+from dlsub.contract import gpus_in_tres as _gpus_in
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class Node:
         return max(0, self.real_memory_mb - self.alloc_memory_mb) if self.usable else 0
 
     @classmethod
-    def from_sinfo(cls, raw: dict[str, Any]) -> "Node":
+    def from_sinfo(cls, raw: dict[str, Any]) -> Node:
         return cls(
             name=raw["name"],
             state=str(raw.get("state", "unknown")).lower(),
@@ -128,6 +129,14 @@ class SlurmJob:
         return int(value) if isinstance(value, int) else None
 
     @property
+    def node_count(self) -> int:
+        """Nodes it runs on or asked for (0: Slurm did not say)."""
+        value = self.extra.get("node_count")
+        if isinstance(value, dict):  # newer Slurm: {"set": .., "number": ..}
+            value = value.get("number")
+        return value if isinstance(value, int) and value > 0 else 0
+
+    @property
     def standard_output(self) -> str:
         return str(self.extra.get("standard_output", "") or "")
 
@@ -137,7 +146,7 @@ class SlurmJob:
         return self.dlsub_state.terminal
 
     @classmethod
-    def from_sacct(cls, line: str) -> "SlurmJob | None":
+    def from_sacct(cls, line: str) -> SlurmJob | None:
         """One ``sacct -P`` line: JobIDRaw|JobName|User|State|Partition|NodeList|ExitCode|Comment."""
         parts = line.split("|")
         if len(parts) < 8 or not parts[0].isdigit():
@@ -154,7 +163,7 @@ class SlurmJob:
         )
 
     @classmethod
-    def from_squeue(cls, raw: dict[str, Any]) -> "SlurmJob":
+    def from_squeue(cls, raw: dict[str, Any]) -> SlurmJob:
         state = raw.get("job_state", "UNKNOWN")
         if isinstance(state, list):  # Slurm >= 23.02 gives a list of flags
             state = state[0] if state else "UNKNOWN"

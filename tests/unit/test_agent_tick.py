@@ -1,82 +1,292 @@
-"""Unit tests (stateful fake Slurm, fake clock): the agent's tick end to end, and a crash mid-move."""
+"""Unit tests (stateful fake Slurm, fake clock, job directories in tmp_path): the agent's tick end to end.
+
+A move through all its phases, a crash (a new Agent on the same database)
+after each phase, holds the agent did not place, PREEMPTED, the exit-85
+loop, the deadline, one job's failure, and what the tick writes.
+"""
 
 from __future__ import annotations
 
 import json
-import os
+import stat
 from pathlib import Path
+from typing import Any
 
-from dlsub.agent.agent_store import AgentStore
-from dlsub.agent.policy_file import parse_policy
+import pytest
+from agent_world import ME, NOW, World, policy
+from dlsub.agent.agent_store import AgentStore, Writes
 from dlsub.agent.reconcile import Agent
-from dlsub.slurm_plugins.client import SlurmClient
-from dlsub.slurm_plugins.fake import FakeSlurm
-
-NOW = 1_800_000_000.0
-POLICY = parse_policy({
-    "policy": "fifo", "checkpoint_grace_s": 30,
-    "partitions": {"gpu": {"role": "gpu", "speed": 1.0}, "gpu-dev": {"role": "dev"},
-                   "cpu": {"role": "cpu", "speed": 0.1}},
-    "moves": {"restart_cost_s": 15, "min_saving_s": 5},
-})
 
 
-def submit_immediate(fake: FakeSlurm, tmp_path: Path) -> tuple[int, Path]:
-    job_dir = tmp_path / "home" / "0123abcd"
-    job_dir.mkdir(parents=True)
-    script = job_dir / "job.sbatch"
-    script.write_text("#!/bin/bash\n#SBATCH --partition=cpu\n"
-                      f"#SBATCH --output={job_dir}/slurm-%j.out\n"
-                      "#SBATCH --comment=dlsub:0123abcd;mode=immediate;ideal=gpu;gpus=1\n")
-    job_id = SlurmClient(runner=fake).submit(script)
-    fake.jobs[job_id].user_id = os.getuid()
-    fake.start(job_id, "cpu1", int(NOW - 100))
-    events = [
-        {"event": "progress", "time": NOW - 20, "step": 10, "total_steps": 1000, "attempt": f"{job_id}-0"},
-        {"event": "progress", "time": NOW - 10, "step": 20, "total_steps": 1000, "attempt": f"{job_id}-0"},
-        {"event": "checkpoint", "time": NOW - 12, "step": 18, "attempt": f"{job_id}-0"},
-    ]
-    (job_dir / "progress.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    return job_id, job_dir
-
-
-def test_a_move_runs_through_and_survives_an_agent_restart(fake_slurm: FakeSlurm, tmp_path: Path) -> None:
-    job_id, _ = submit_immediate(fake_slurm, tmp_path)
-    db = tmp_path / "agent.db"
-    client = SlurmClient(runner=fake_slurm)
-    actions = Agent(client, AgentStore(db), POLICY).tick(NOW)
-    assert [a.kind for a in actions] == ["signal-move"]
-    assert fake_slurm.jobs[job_id].signals == ["USR2"]
-    assert AgentStore(db).move("0123abcd")["phase"] == "signalled"
-    # The agent "crashes"; a new one starts from the same state while the job checkpoints and requeues held.
-    fake_slurm.requeue_held(job_id)
-    again = Agent(client, AgentStore(db), POLICY)
-    assert [a.kind for a in again.tick(NOW + 5)] == ["retarget", "release"]
-    job = fake_slurm.jobs[job_id]
+def test_a_move_runs_through_by_restart_count_and_partition(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    job_id, job_dir = w.submit("0123abcd")
+    w.progress(job_dir, job_id)
+    agent = w.agent()
+    assert [a.kind for a in agent.tick(NOW)] == ["signal-move"]
+    assert w.fake.jobs[job_id].signals == ["USR2"]
+    move = w.store.move(ME, job_id)
+    assert move["phase"] == "signalled" and move["restart_count"] == 0 and move["uid"] == ME
+    assert move["target_partition"] == "gpu" and move["target_gpus"] == 1
+    w.batch_script_moves(job_dir, job_id)
+    assert [a.kind for a in agent.tick(NOW + 5)] == ["retarget", "release"]
+    job = w.fake.jobs[job_id]
     assert job.options["partition"] == "gpu" and job.options["gres"] == "gpu:1" and job.reason == "None"
-    fake_slurm.start(job_id, "gpu1", int(NOW + 8))
-    assert [a.kind for a in again.tick(NOW + 10)] == ["finish-move"]
-    store = AgentStore(db)
-    assert store.moves() == [] and len(fake_slurm.jobs) == 1 and job.restart_cnt == 1
-    assert [d.kind for d in store.decisions("0123abcd")] == ["move", "move-done"]
-    assert "est. " in store.decisions("0123abcd")[0].reason
-    assert again.tick(NOW + 20) == [], "nothing more to do"
+    # Slurm's clock may be far off the agent's: the move finishes by restart count and partition.
+    w.fake.start(job_id, "gpu1", int(NOW - 2000))  # before the signal, by the agent's clock
+    assert [a.kind for a in agent.tick(NOW + 10)] == ["finish-move"]
+    assert w.store.moves() == [] and len(w.fake.jobs) == 1 and job.restart_cnt == 1
+    kinds = [d.kind for d in w.store.decisions("0123abcd")]
+    assert kinds == ["move", "move-done"]
+    assert all(d.uid == ME for d in w.store.decisions("0123abcd"))
+    assert agent.tick(NOW + 20) == [], "nothing more to do"
 
 
-def test_a_crash_between_intent_and_signal_resends_it(fake_slurm: FakeSlurm, tmp_path: Path) -> None:
-    job_id, _ = submit_immediate(fake_slurm, tmp_path)
-    db = tmp_path / "agent.db"
-    store = AgentStore(db)
-    store.start_move({"dlsub_id": "0123abcd", "slurm_job_id": job_id, "kind": "move", "phase": "planned",
-                      "target_partition": "gpu", "target_gpus": 1, "since": NOW - 1, "signals": 0, "created": NOW})
-    actions = Agent(SlurmClient(runner=fake_slurm), store, POLICY).tick(NOW)
-    assert [a.kind for a in actions] == ["signal-move"] and fake_slurm.jobs[job_id].signals == ["USR2"]
-    assert [d.kind for d in store.decisions("0123abcd")] == [], "the decision was recorded with the intent"
+class Crash(BaseException):
+    """kill -9 of the agent: nothing after this point of the tick happens."""
 
 
-def test_slurm_down_marks_the_tick_stale_and_changes_nothing(fake_slurm: FakeSlurm, tmp_path: Path) -> None:
-    submit_immediate(fake_slurm, tmp_path)
-    fake_slurm.reachable = False
-    store = AgentStore(tmp_path / "agent.db")
-    assert Agent(SlurmClient(runner=fake_slurm), store, POLICY).tick(NOW) == []
-    assert "waiting for Slurm" in store.meta()["doing"] and store.moves() == []
+CRASH_POINTS = {
+    # phase reached when the agent dies: (command, before or after Slurm carried it out)
+    "planned": (("scancel",), "before"),
+    "signalled": (("scancel",), "after"),
+    "requeue-held": (("scontrol", "update"), "before"),
+    "updated": (("scontrol", "update"), "after"),
+    "released": (("scontrol", "release"), "after"),
+}
+
+
+@pytest.mark.parametrize("point", list(CRASH_POINTS))
+def test_a_crash_after_each_move_phase_finishes_the_move_once(tmp_path: Path, point: str) -> None:
+    w = World(tmp_path)
+    job_id, job_dir = w.submit("0123abcd")
+    w.progress(job_dir, job_id)
+    prefix, when = CRASH_POINTS[point]
+    real = w.fake.__call__
+    armed = [True]
+
+    def runner(argv: Any) -> Any:
+        hit = armed[0] and tuple(argv[:len(prefix)]) == prefix
+        if hit and when == "before":
+            armed[0] = False
+            raise Crash(point)
+        result = real(argv)
+        if hit:
+            armed[0] = False
+            raise Crash(point)
+        return result
+
+    w.client._runner = runner
+    crashes, t = 0, NOW
+    agent = w.agent()
+    for _ in range(12):
+        try:
+            agent.tick(t)
+        except Crash:
+            crashes += 1
+            agent = w.agent()  # restarted on the same database
+        job = w.fake.jobs[job_id]
+        if job.state == "RUNNING" and job.signals and job.restart_cnt == 0:
+            w.batch_script_moves(job_dir, job_id)  # the checkpoint and requeuehold, once
+        elif job.state == "PENDING" and job.reason == "None" and job.options["partition"] == "gpu":
+            w.fake.start(job_id, "gpu1", int(t))
+        t += 5
+        if job.state == "RUNNING" and job.options["partition"] == "gpu" and not w.store.moves():
+            break
+    job = w.fake.jobs[job_id]
+    assert crashes == 1
+    assert len(w.fake.jobs) == 1, "one Slurm job throughout"
+    assert job.state == "RUNNING" and job.options["partition"] == "gpu" and job.options["gres"] == "gpu:1"
+    assert job.restart_cnt == 1, "exactly one requeue: no duplicate attempt"
+    assert w.store.moves() == []
+    kinds = [d.kind for d in w.store.decisions("0123abcd")]
+    assert kinds.count("move") == 1 and kinds[-1] == "move-done"
+    rows = w.store.conn.execute("select restart from attempts where slurm_job_id = ?", (job_id,)).fetchall()
+    assert sorted(r[0] for r in rows) == [0, 1]
+
+
+def test_an_admin_hold_on_a_moving_job_is_never_released(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    job_id, job_dir = w.submit("0123abcd")
+    w.progress(job_dir, job_id)
+    agent = w.agent()
+    agent.tick(NOW)
+    w.batch_script_moves(job_dir, job_id)
+    w.fake.admin_hold(job_id)
+    before = w.snapshot(job_id)
+    for i in range(3):
+        assert [a.kind for a in agent.tick(NOW + 5 + i)] in (["note"], [])
+    assert w.snapshot(job_id) == before and w.fake.jobs[job_id].reason == "JobHeldAdmin"
+    assert not [c for c in w.fake.calls if c[:2] in (["scontrol", "release"], ["scontrol", "update"])]
+    waits = [d for d in w.store.decisions("0123abcd") if d.kind == "wait"]
+    assert len(waits) == 1 and "held by an administrator" in waits[0].reason
+
+
+def test_a_users_own_hold_without_a_move_checkpoint_is_not_released(tmp_path: Path) -> None:
+    """JobHeldUser alone is not proof: the last attempt must have ended for the move, after the signal."""
+    w = World(tmp_path)
+    job_id, job_dir = w.submit("0123abcd")
+    w.progress(job_dir, job_id)
+    agent = w.agent()
+    agent.tick(NOW)
+    w.fake.requeue_held(job_id)  # requeued held, but no `end` record with action "move"
+    before = w.snapshot(job_id)
+    assert [a.kind for a in agent.tick(NOW + 5)] == ["abandon-move"]
+    assert w.snapshot(job_id) == before and w.store.moves() == []
+
+
+def test_preempted_is_final_and_abandons_a_move_in_flight(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    job_id, job_dir = w.submit("0123abcd")
+    w.progress(job_dir, job_id)
+    agent = w.agent()
+    agent.tick(NOW)
+    w.end_attempt(job_dir, job_id, "move")
+    w.fake.jobs[job_id].restart_cnt += 1
+    w.fake.set_job_state(job_id, "PREEMPTED")
+    assert [a.kind for a in agent.tick(NOW + 5)] == ["abandon-move"]
+    assert w.store.moves() == []
+    assert w.store.job(ME, job_id).state == "PREEMPTED"
+    # Slurm showing it PENDING again is not a transition the model allows: left alone, said once.
+    w.fake.set_job_state(job_id, "PENDING")
+    w.fake.jobs[job_id].reason = "JobHeldUser"
+    before = w.snapshot(job_id)
+    assert agent.tick(NOW + 10) == [] and agent.tick(NOW + 15) == []
+    assert w.snapshot(job_id) == before
+    illegal = [d for d in w.store.decisions("0123abcd") if "leaves it alone" in d.reason]
+    assert len(illegal) == 1 and "PENDING after PREEMPTED" in illegal[0].reason
+
+
+def test_an_exit_85_loop_gets_its_delay_lifted_only_up_to_max_continuations(tmp_path: Path) -> None:
+    w = World(tmp_path, policy(time_limits={"max_continuations": 3}))
+    job_id, job_dir = w.submit("0123abcd", comment="dlsub:0123abcd;mode=ideal;ideal=gpu;gpus=1", partition="gpu",
+                               gres="gpu:1", start_on="gpu1")
+    agent = w.agent()
+    lifted = []
+    for i in range(5):
+        w.batch_script_requeues(job_dir, job_id)
+        actions = agent.tick(NOW + 10 * i)
+        lifted.append([a.kind for a in actions])
+        if w.fake.jobs[job_id].reason == "None":
+            w.fake.start(job_id, "gpu1", int(NOW + 10 * i + 1))
+    assert lifted[:2] == [["lift-begin-time"], ["lift-begin-time"]]
+    assert lifted[2] == ["note"] and w.fake.jobs[job_id].reason == "BeginTime", "third requeue: Slurm's delay stays"
+    assert [d.kind for d in w.store.decisions("0123abcd")].count("resume") == 2
+
+
+def test_the_tick_deadline_leaves_remaining_jobs_for_the_next_tick(tmp_path: Path) -> None:
+    w = World(tmp_path, policy(tick_deadline_s=1.0))
+    for n in range(3):
+        job_id, job_dir = w.submit(f"0123abc{n}")
+        w.progress(job_dir, job_id)
+    w.busy_gpus()
+    ticks = iter(float(i) * 0.6 for i in range(1000))
+    agent = w.agent(deadline_clock=lambda: next(ticks))
+    agent.tick(NOW)
+    meta = w.store.meta()
+    assert meta["late"] is True and meta["skipped"] >= 1 and "late" in meta["doing"]
+    assert meta["jobs"] == 3, "skipped jobs keep their last summary"
+    calm = w.agent()
+    calm.tick(NOW + 1)
+    assert calm.store.meta()["late"] is False and calm.store.meta()["skipped"] == 0
+
+
+def test_one_jobs_failure_costs_only_that_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(tmp_path)
+    bad_id, bad_dir = w.submit("0badbad0")
+    good_id, good_dir = w.submit("0123abcd")
+    for j, d in ((bad_id, bad_dir), (good_id, good_dir)):
+        w.progress(d, j)
+    original = Agent._read_files
+
+    def flaky(self: Agent, row: Any, job: Any, dlsub_id: str, now: float, writes: Writes) -> bool:
+        if job.job_id == bad_id:
+            raise RuntimeError("disk on fire")
+        return original(self, row, job, dlsub_id, now, writes)
+
+    monkeypatch.setattr(Agent, "_read_files", flaky)
+    actions = w.agent().tick(NOW)
+    assert [(a.kind, a.slurm_job_id) for a in actions] == [("signal-move", good_id)]
+    assert any("disk on fire" in d.reason for d in w.store.decisions("0badbad0"))
+    assert w.store.meta()["skipped"] == 1
+
+
+def test_the_tick_writes_only_changed_rows_in_one_transaction(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    for n in range(3):
+        job_id, job_dir = w.submit(f"0123abc{n}")
+        w.progress(job_dir, job_id)
+    w.busy_gpus()
+    agent = w.agent()
+    seen: list[Writes] = []
+    real = agent.store.write
+    agent.store.write = lambda writes: (seen.append(writes), real(writes))[1]  # type: ignore[method-assign]
+    agent.tick(NOW)
+    first = [s for s in seen if s.jobs]
+    assert len(first) == 1 and len(first[0].jobs) == 3
+    seen.clear()
+    agent.tick(NOW + 30)
+    assert not [s for s in seen if s.jobs or s.progress or s.decisions], "nothing changed: no job rows written"
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"event": "progress", "time": NOW + 25, "step": 40, "total_steps": 1000,
+                            "attempt": f"{job_id}-0"}) + "\n")
+    seen.clear()
+    agent.tick(NOW + 60)
+    changed = [k for s in seen for k in s.jobs]
+    assert changed == [(ME, job_id)]
+
+
+def test_a_job_that_saves_without_a_step_and_declares_no_total_is_still_moved(tmp_path: Path) -> None:
+    """``run.save(state)`` (no step) with ``checkpointing.init()`` (no total): the agent estimates and says how."""
+    w = World(tmp_path)
+    job_id, job_dir = w.submit("0123abcd")
+    w.progress(job_dir, job_id, total=None, checkpoint_step=None, ran=720)
+    actions = w.agent().tick(NOW)
+    assert [a.kind for a in actions] == ["signal-move"]
+    why = w.store.decisions("0123abcd")[0].reason
+    assert "no total declared: assuming about as long again as the 12 min it has run" in why
+
+
+def test_the_database_is_private_and_old_rows_are_pruned_hourly(tmp_path: Path) -> None:
+    w = World(tmp_path, policy(retention={"progress_days": 1.0, "decisions_days": 2.0}))
+    job_id, job_dir = w.submit("0123abcd")
+    w.progress(job_dir, job_id)
+    w.busy_gpus()
+    agent = w.agent()
+    agent.tick(NOW)
+    assert stat.S_IMODE(w.db.stat().st_mode) == 0o600
+    store = agent.store
+    old = Writes()
+    old.decide(NOW - 3 * 86400, ME, "0123abcd", job_id, "alice", "wait", "ancient")
+    old.progress.append({"uid": ME, "slurm_job_id": job_id, "dlsub_id": "0123abcd", "time": NOW - 2 * 86400,
+                         "step": 1})
+    store.write(old)
+    agent.tick(NOW + 60)  # within the hour of the last pruning: kept
+    assert any(d.reason == "ancient" for d in store.decisions())
+    agent.tick(NOW + 3700)
+    assert not any(d.reason == "ancient" for d in store.decisions())
+    assert all(p["time"] >= NOW for p in store.progress(ME, job_id))
+    plans = store.conn.execute("explain query plan delete from decisions where time < 1").fetchall()
+    assert "decisions_time" in " ".join(str(tuple(p)) for p in plans)
+
+
+def test_slurm_down_marks_the_tick_stale_and_changes_nothing(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    w.submit("0123abcd")
+    w.fake.reachable = False
+    agent = w.agent()
+    assert agent.tick(NOW) == []
+    assert "waiting for Slurm" in w.store.meta()["doing"] and w.store.moves() == []
+
+
+def test_readonly_store_sees_moves_meta_and_decisions(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    job_id, job_dir = w.submit("0123abcd")
+    w.progress(job_dir, job_id)
+    w.agent().tick(NOW)
+    ro = AgentStore(w.db, readonly=True)
+    assert [m["dlsub_id"] for m in ro.moves()] == ["0123abcd"]
+    assert set(ro.moves()[0]) >= {"uid", "dlsub_id", "slurm_job_id", "kind", "phase", "target_partition",
+                                  "target_gpus"}
+    assert ro.meta()["jobs"] == 1 and ro.decisions(uid=ME)[0].kind == "move"
+    assert ro.decisions(uid=ME + 1) == [] and ro.decisions(slurm_job_id=job_id)[0].uid == ME

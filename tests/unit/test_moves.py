@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from dlsub.policies import moves as m
-from dlsub.policies.moves import JobInfo, MovePhase, MoveView, PartitionInfo, Rules, Window
+from dlsub.policies.moves import (
+    JobInfo,
+    MovePhase,
+    MoveView,
+    PartitionInfo,
+    Rules,
+    Window,
+)
 
 NOW = 1_000_000.0
 RULES = Rules(restart_cost_s=60, min_saving_s=60, checkpoint_grace_s=90)
@@ -20,10 +27,11 @@ def parts(gpu_idle: int = 4, cpu_idle_cpus: int = 4) -> list[PartitionInfo]:
 
 
 def job(**kw: object) -> JobInfo:
-    base = dict(dlsub_id="aaaa0001", slurm_job_id=10, user="alice", state="RUNNING", reason="None", ended=False,
-                partition="cpu", mode="immediate", ideal_partition="gpu", gpus_wanted=1, gpus_now=0,
-                submit_time=NOW - 600, start_time=NOW - 500, end_time=NOW + 3600, checkpointable=True,
-                last_checkpoint_time=NOW - 40, eta_s=3 * 3600.0)
+    base: dict[str, object] = {
+        "dlsub_id": "aaaa0001", "slurm_job_id": 10, "user": "alice", "state": "RUNNING", "reason": "None",
+        "ended": False, "partition": "cpu", "mode": "immediate", "ideal_partition": "gpu", "gpus_wanted": 1,
+        "gpus_now": 0, "submit_time": NOW - 600, "start_time": NOW - 500, "end_time": NOW + 3600,
+        "checkpointable": True, "last_checkpoint_time": NOW - 40, "eta_s": 3 * 3600.0}
     base.update(kw)
     return JobInfo(**base)  # type: ignore[arg-type]
 
@@ -76,8 +84,8 @@ def test_the_policy_decides_which_job_takes_scarce_gpus() -> None:
     assert [(a.kind, a.dlsub_id) for a in actions] == [(m.SIGNAL_MOVE, "aaaa0001")]
 
 
-def move(phase: MovePhase, since: float = NOW - 10, kind: str = "move") -> MoveView:
-    return MoveView(kind, phase, "gpu", 1, since)
+def move(phase: MovePhase, since: float = NOW - 10, kind: str = "move", restart: int = 0) -> MoveView:
+    return MoveView(kind, phase, "gpu", 1, since, restart_count=restart)
 
 
 def test_a_move_in_flight_advances_from_what_slurm_shows() -> None:
@@ -88,15 +96,25 @@ def test_a_move_in_flight_advances_from_what_slurm_shows() -> None:
     assert kinds(m.plan([slow], parts(), RULES, NOW)) == [m.SIGNAL_MOVE]
     # Planned but the signal never went out (crash between): send it.
     assert kinds(m.plan([job(move=move(MovePhase.PLANNED))], parts(), RULES, NOW)) == [m.SIGNAL_MOVE]
-    # Requeued held on cpu: retarget, then release.
-    held = job(state="PENDING", reason="JobHeldUser", held=True, move=move(MovePhase.SIGNALLED))
+    # Requeued held on cpu after checkpointing for the move: retarget, then release.
+    held = job(state="PENDING", reason="JobHeldUser", held=True, move=move(MovePhase.SIGNALLED), restart_count=1,
+               last_attempt_action="move")
     assert kinds(m.plan([held], parts(), RULES, NOW)) == [m.RETARGET, m.RELEASE]
     # Retargeted (a crash before release): release only.
     retargeted = replace(held, partition="gpu", gpus_now=1, move=move(MovePhase.UPDATED))
     assert kinds(m.plan([retargeted], parts(), RULES, NOW)) == [m.RELEASE]
-    # Running on the target since the move began: done.
-    moved = job(partition="gpu", gpus_now=1, start_time=NOW - 5, move=move(MovePhase.RELEASED, since=NOW - 8))
+    # Holds the agent did not place stay: an admin's, one from before the signal, one without a move record.
+    assert kinds(m.plan([replace(held, reason="JobHeldAdmin")], parts(), RULES, NOW)) == [m.NOTE]
+    assert m.plan([replace(held, restart_count=0)], parts(), RULES, NOW) == []
+    assert kinds(m.plan([replace(held, last_attempt_action="requeue")], parts(), RULES, NOW)) == [m.ABANDON_MOVE]
+    # Running on the target after a restart: done, whatever Slurm's clock says.
+    moved = job(partition="gpu", gpus_now=1, start_time=NOW - 99_999, restart_count=1,
+                move=move(MovePhase.RELEASED, since=NOW - 8))
     assert kinds(m.plan([moved], parts(), RULES, NOW)) == [m.FINISH_MOVE]
+    assert kinds(m.plan([replace(moved, partition="cpu")], parts(), RULES, NOW)) == [m.ABANDON_MOVE]
+    # Preempted is final: the move is abandoned.
+    preempted = replace(held, state="PREEMPTED", ended=True)
+    assert kinds(m.plan([preempted], parts(), RULES, NOW)) == [m.ABANDON_MOVE]
     # The job ended on its own meanwhile.
     ended = job(state="COMPLETED", ended=True, move=move(MovePhase.SIGNALLED))
     assert kinds(m.plan([ended], parts(), RULES, NOW)) == [m.ABANDON_MOVE]
@@ -114,8 +132,14 @@ def test_time_limit_continuation_before_the_allocation_ends() -> None:
     off = m.plan([dev], parts(), replace(RULES, continue_jobs=False), NOW)
     assert kinds(off) == [m.NOTE] and "does not continue" in off[0].reason
     # After the checkpoint the job requeued itself: lift the BeginTime wait, then done.
-    waiting = replace(dev, state="PENDING", reason="BeginTime", move=move(MovePhase.SIGNALLED, kind="continue"))
+    waiting = replace(dev, state="PENDING", reason="BeginTime", move=move(MovePhase.SIGNALLED, kind="continue"),
+                      restart_count=1, requeues=1, last_attempt_action="requeue")
     assert kinds(m.plan([waiting], parts(), RULES, NOW)) == [m.LIFT_BEGIN_TIME]
+    over = m.plan([replace(waiting, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)
+    assert kinds(over) == [m.FINISH_MOVE] and "the most the site allows" in over[0].reason
+    # The script's own requeues count against continuations too.
+    capped = m.plan([replace(dev, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)
+    assert kinds(capped) == [m.NOTE]
 
 
 def test_backfill_inside_a_window_and_back_out_before_it_closes() -> None:
@@ -150,7 +174,36 @@ def test_gpu_jobs_are_backfilled_only_where_gpus_are_idle() -> None:
     assert [(a.kind, a.partition, a.gpus) for a in actions] == [(m.BACKFILL, "gpu-dev", 1)]
 
 
-def test_a_self_requeued_job_starts_again_without_slurms_wait() -> None:
-    requeued = job(state="PENDING", reason="BeginTime", last_attempt_action="requeue")
+def test_a_self_requeued_job_starts_again_without_slurms_wait_up_to_max_continuations() -> None:
+    requeued = job(state="PENDING", reason="BeginTime", last_attempt_action="requeue", requeues=1)
     assert kinds(m.plan([requeued], parts(), RULES, NOW)) == [m.LIFT_BEGIN_TIME]
     assert m.plan([replace(requeued, last_attempt_action=None)], parts(), RULES, NOW) == []
+    looping = m.plan([replace(requeued, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)
+    assert kinds(looping) == [m.NOTE] and "no longer lifts" in looping[0].reason
+    # A move's requeue ("move") is not a resume-requeue: it never counts.
+    assert kinds(m.plan([replace(requeued, requeues=2)], parts(), replace(RULES, max_continuations=3), NOW)) == [
+        m.LIFT_BEGIN_TIME]
+
+
+def test_limits_count_the_users_holdings_and_this_ticks_decisions() -> None:
+    jobs = [job(dlsub_id=f"aaaa000{n}", slurm_job_id=10 + n, submit_time=NOW - 600 + n) for n in range(3)]
+    usage = {0: m.Usage(gpus=1, jobs=4)}  # one GPU already held, e.g. by a plain sbatch job
+    actions = m.plan(jobs, parts(), replace(RULES, max_gpus_per_user=2), NOW, usage=usage)
+    assert [(a.kind, a.slurm_job_id) for a in actions if a.kind == m.SIGNAL_MOVE] == [(m.SIGNAL_MOVE, 10)]
+    assert sum(1 for a in actions if a.kind == m.NOTE and "limit of 2 GPUs" in a.reason) == 2
+    # Another user's holdings never count.
+    actions = m.plan(jobs, parts(), replace(RULES, max_gpus_per_user=2), NOW, usage={7: m.Usage(gpus=50, jobs=1)})
+    assert sum(1 for a in actions if a.kind == m.SIGNAL_MOVE) == 2
+    # Over the job limit: no help from the agent.
+    actions = m.plan(jobs[:1], parts(), replace(RULES, max_jobs_per_user=3), NOW, usage={0: m.Usage(0, 4)})
+    assert kinds(actions) == [m.NOTE] and "more than the limit of 3" in actions[0].reason
+    # The per-job cap.
+    big = m.plan([job(gpus_wanted=4)], parts(), replace(RULES, max_gpus_per_job=2), NOW)
+    assert [(a.kind, a.gpus) for a in big] == [(m.SIGNAL_MOVE, 2)]
+
+
+def test_a_job_without_a_total_is_estimated_from_the_time_it_has_run() -> None:
+    actions = m.plan([job(eta_s=None, ran_s=720.0)], parts(), RULES, NOW)
+    assert kinds(actions) == [m.SIGNAL_MOVE]
+    assert "no total declared: assuming about as long again as the 12 min it has run" in actions[0].reason
+    assert kinds(m.plan([job(eta_s=None, ran_s=None)], parts(), RULES, NOW)) == [m.NOTE]

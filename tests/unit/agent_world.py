@@ -1,0 +1,119 @@
+"""A small world for agent unit tests: the stateful fake Slurm, job directories in tmp_path, a fake clock.
+
+Helpers only (no tests here): submit dlsub or plain jobs as a given uid,
+write their progress and attempt records, and play the batch script's part
+(requeue held after SIGUSR2, requeue after exit 85).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from dlsub.agent.agent_store import AgentStore
+from dlsub.agent.policy_file import AgentPolicy, parse_policy
+from dlsub.agent.reconcile import Agent
+from dlsub.slurm_plugins.client import SlurmClient
+from dlsub.slurm_plugins.fake import FakeSlurm, testbed_cluster
+
+from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE
+
+NOW = 1_800_000_000.0
+ME = os.getuid()
+OTHER = ME + 4242  # a second, unprivileged user
+
+
+def policy(**overrides: Any) -> AgentPolicy:
+    base: dict[str, Any] = {
+        "policy": "fifo", "checkpoint_grace_s": 30,
+        "partitions": {"gpu": {"role": "gpu", "speed": 1.0}, "gpu-dev": {"role": "dev"},
+                       "cpu": {"role": "cpu", "speed": 0.1}},
+        "moves": {"restart_cost_s": 15, "min_saving_s": 5},
+    }
+    base.update(overrides)
+    return parse_policy(base)
+
+
+class World:
+    def __init__(self, tmp_path: Path, pol: AgentPolicy | None = None, fake: FakeSlurm | None = None) -> None:
+        self.tmp = tmp_path
+        self.fake = fake or testbed_cluster()
+        self.client = SlurmClient(runner=self.fake)
+        self.db = tmp_path / "agent.db"
+        self.policy = pol or policy()
+        self.store: AgentStore | None = None
+
+    def agent(self, **kw: Any) -> Agent:
+        """A new agent on the same database (as after a restart)."""
+        self.store = AgentStore(self.db)
+        return Agent(self.client, self.store, self.policy, **kw)
+
+    def submit(self, dlsub_id: str, *, uid: int = ME, user: str = "alice", comment: str | None = None,
+               partition: str = "cpu", gres: str = "", time: str = "", lua: bool = True,
+               job_dir: Path | None = None, start_on: str | None = "cpu1", start: float = NOW - 600) -> tuple[int, Path]:
+        job_dir = job_dir or self.tmp / f"home-{uid}" / dlsub_id
+        job_dir.mkdir(parents=True, exist_ok=True)
+        comment = comment if comment is not None else f"dlsub:{dlsub_id};mode=immediate;ideal=gpu;gpus=1"
+        lines = ["#!/bin/bash", f"#SBATCH --partition={partition}", f"#SBATCH --output={job_dir}/slurm-%j.out"]
+        if comment:
+            lines.append(f"#SBATCH --comment={comment}")
+        if gres:
+            lines.append(f"#SBATCH --gres={gres}")
+        if time:
+            lines.append(f"#SBATCH --time={time}")
+        script = job_dir / f"job-{len(self.fake.jobs)}.sbatch"
+        script.write_text("\n".join(lines) + "\n")
+        self.fake.submit_uid, self.fake.submit_user, self.fake.job_submit_lua = uid, user, lua
+        job_id = self.client.submit(script)
+        if start_on:
+            self.fake.start(job_id, start_on, int(start))
+        return job_id, job_dir
+
+    def progress(self, job_dir: Path, job_id: int, *, total: int | None = 1000, checkpoint_step: int | None = 18,
+                 ran: float = 600.0) -> None:
+        attempt = f"{job_id}-0"
+        events: list[dict[str, Any]] = [{"event": "start", "time": NOW - ran, "attempt": attempt}]
+        for t, step in ((NOW - 20, 10), (NOW - 10, 20)):
+            e: dict[str, Any] = {"event": "progress", "time": t, "step": step, "attempt": attempt}
+            if total:
+                e["total_steps"] = total
+            events.append(e)
+        events.append({"event": "checkpoint", "time": NOW - 12, "step": checkpoint_step, "seq": 1, "attempt": attempt})
+        with open(job_dir / "progress.jsonl", "a") as f:
+            f.write("".join(json.dumps(e) + "\n" for e in events))
+
+    def end_attempt(self, job_dir: Path, job_id: int, action: str) -> None:
+        restart = self.fake.jobs[job_id].restart_cnt
+        with open(job_dir / "attempts.jsonl", "a") as f:
+            f.write(json.dumps({"event": "end", "time": NOW, "slurm_job_id": job_id, "restart": restart,
+                                "rc": 85, "action": action}) + "\n")
+
+    def batch_script_moves(self, job_dir: Path, job_id: int) -> None:
+        """The batch script after SIGUSR2: checkpoint, log the end for a move, ``scontrol requeuehold``."""
+        self.end_attempt(job_dir, job_id, ACTION_MOVE)
+        self.fake.requeue_held(job_id)
+
+    def batch_script_requeues(self, job_dir: Path, job_id: int) -> None:
+        """The batch script after exit 85: log the end for a resume, ``scontrol requeue``."""
+        self.end_attempt(job_dir, job_id, ACTION_REQUEUE)
+        self.fake.requeue_self(job_id)
+
+    def busy_gpus(self) -> None:
+        for node in ("gpu1", "gpu2"):
+            self.fake.nodes[node].gpus_used = 4
+
+    def free_gpus(self) -> None:
+        for node in ("gpu1", "gpu2"):
+            self.fake.nodes[node].gpus_used = 0
+
+    def snapshot(self, job_id: int) -> tuple[Any, ...]:
+        """What a victim's job must keep: partition, gres, hold, restart count, time limit, state, signals."""
+        j = self.fake.jobs[job_id]
+        return (j.options.get("partition"), j.options.get("gres", ""), j.reason, j.restart_cnt,
+                j.options.get("time", ""), j.state, tuple(j.signals))
+
+    def mutating_calls(self, job_id: int) -> list[list[str]]:
+        return [c for c in self.fake.calls if c[0] in ("scancel", "scontrol") and c[1:2] != ["show"]
+                and c[1:2] != ["ping"] and any(str(job_id) == a or a == f"jobid={job_id}" for a in c)]
