@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlsub.agent import failpoints
 from dlsub.agent.agent_store import AgentStore, JobRow, Writes
 from dlsub.agent.jobdir import (
     AttemptsSummary,
@@ -77,6 +78,12 @@ from dlsub.contract import (
 log = logging.getLogger("dlsub.agent")
 
 _LIVE = (JobState.PENDING, JobState.RUNNING, JobState.REQUEUED)
+
+
+# Where a test may SIGKILL the tick (dlsub.agent.failpoints): before an action is
+# carried out, and once its outcome is recorded.
+_BEFORE = {planner.SIGNAL_MOVE: "move-planned", planner.RETARGET: "move-retarget"}
+_AFTER = {planner.SIGNAL_MOVE: "move-signalled", planner.RELEASE: "move-released"}
 
 
 def rules_from(policy: AgentPolicy) -> Rules:
@@ -506,11 +513,15 @@ class Agent:
         if action.kind in (planner.SIGNAL_MOVE, planner.SIGNAL_CONTINUE):
             signal = "USR1" if action.kind == planner.SIGNAL_CONTINUE else "USR2"
             self.client.cancel(job_id, signal=signal, batch=True)
+            if action.kind == planner.SIGNAL_MOVE:
+                failpoints.reach("move-signal-sent")
             if move is not None:
                 writes.moves[key] = {**move, "phase": MovePhase.SIGNALLED.value, "since": now,
                                      "signals": int(move["signals"] or 0) + 1}
         elif action.kind in (planner.RETARGET, planner.BACKFILL):
             self.client.retarget(job_id, action.partition or "", action.gpus or 0, action.time_limit_min)
+            if action.kind == planner.RETARGET:
+                failpoints.reach("move-updated")
             if move is not None:
                 writes.moves[key] = {**move, "phase": MovePhase.UPDATED.value}
         elif action.kind == planner.RELEASE:
@@ -552,6 +563,7 @@ class Agent:
         outcome = Writes()
         for action in todo:
             seen_job = self._seen[action.slurm_job_id]
+            failpoints.reach(_BEFORE.get(action.kind, ""))
             try:
                 self._perform(action, now, outcome)
                 done.append(action)
@@ -572,6 +584,8 @@ class Agent:
                         "late": seen.late, "skipped": seen.skipped,
                         "last_tick_duration_s": round(self.deadline_clock() - started, 3)}
         self.store.write(outcome)
+        for action in done:
+            failpoints.reach(_AFTER.get(action.kind, ""))
         try:
             self.store.prune(now, self.policy.retention.progress_days, self.policy.retention.decisions_days)
         except Exception as exc:  # noqa: BLE001 - pruning can wait for the next hour
