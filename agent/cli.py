@@ -189,7 +189,7 @@ def check_values(values: dict[str, Any]) -> tuple[int | None, int | None, int | 
     return cpus, mem_mb, limit
 
 
-_SENTINEL = "\0dlsub-script"
+_SENTINEL = "dlsub-directive-placeholder-script"
 
 
 def _parse_directive(ctx: click.Context, script: Path, directive: Directive) -> dict[str, Any]:
@@ -203,7 +203,7 @@ def _parse_directive(ctx: click.Context, script: Path, directive: Directive) -> 
         sub = submit.make_context(ctx.info_name, [*directive.words, "--", _SENTINEL], parent=ctx.parent)
     except click.ClickException as exc:
         raise DirectiveError(f"{where}: {exc.format_message()}; fix or remove the line") from exc
-    if sub.params["script"] != _SENTINEL:
+    if str(sub.params["script"]) != _SENTINEL:
         stray = str(sub.params["script"])
         what = (f"unknown option {stray}" if stray.startswith("-") else f"{stray!r} is not an option")
         raise DirectiveError(f"{where}: {what}; #DLSUB lines hold dlsub's submit options only "
