@@ -142,16 +142,16 @@ def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobS
     job_dir = spec.container.job_dir
     access = AgentAccess(agent_user)
     warnings: list[str] = []
-    blocked = blocked_ancestor(job_dir.parent, agent_user)
-    if blocked is not None:
-        warnings.append(
-            f"the agent (user {agent_user}) cannot enter {blocked}, so it cannot follow this job's progress "
-            f"or move it; set DLSUB_HOME to a directory on shared storage that it can enter, "
-            f"or let it pass with `setfacl -m u:{agent_user}:x {blocked}`")
     if job_dir.exists() or job_dir.is_symlink():
         raise SubmitError(f"{job_dir} already exists; submit again for a fresh job id")
     try:
         make_job_dir(job_dir, access)
+        blocked = blocked_ancestor(job_dir, agent_user)
+        if blocked is not None:
+            warnings.append(
+                f"the agent (user {agent_user}) cannot enter {blocked}, so it cannot follow this job's progress "
+                f"or move it; set DLSUB_HOME to a directory on shared storage that it can enter, "
+                f"or let it pass with `setfacl -m u:{agent_user}:x {blocked}`")
         script_path = job_dir / BATCH_SCRIPT
         fd = os.open(script_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:

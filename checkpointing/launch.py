@@ -146,7 +146,7 @@ class Launcher:
                     _log(f"{why}: sending SIGTERM to {self.command[0]}")
                     self.child.send_signal(signal.SIGTERM)
                     terminated = True
-                elif not handled and not unhandled_logged:
+                elif self.stop_signal != "SIGTERM" and not handled and not unhandled_logged:
                     # A checkpoint request nothing handles changes nothing (plain
                     # sbatch sends none): the training runs on to its time limit.
                     _log(f"no training process handles {self.stop_signal} (checkpointing.init() not called yet); "
