@@ -112,7 +112,8 @@ class Launcher:
                     self.notified.add(pid)
                 except ProcessLookupError:
                     pass
-        return handled
+        # A process told earlier may have checkpointed and left already.
+        return handled or bool(self.notified)
 
     def run(self) -> int:
         for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):

@@ -95,6 +95,7 @@ def test_term_keeps_the_grace_for_a_script_that_checkpoints(tmp_path: Path) -> N
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 85, err
     assert list((tmp_path / "job" / "checkpoints").glob("ckpt-*.pt"))
+    assert "no training process handles" not in err, "the worker handled it, then left"
 
 
 def test_unhandled_usr1_is_logged_and_ignored(tmp_path: Path) -> None:
