@@ -91,6 +91,9 @@ forward() {
     echo "dlsub: received SIG$1: asking the training to checkpoint and stop" >&2
     if [ -n "$child" ]; then
         kill -s "$1" "$child" 2>/dev/null
+        # Say it to the container directly too: podman run's signal proxy can
+        # lose a signal when scancel's SIGTERM also hits its helper processes.
+        podman kill --signal "$1" "$container" >/dev/null 2>&1 || true
     fi
 }
 move_requested=""

@@ -65,7 +65,7 @@ def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_r
     log = tmp_path / "calls.jsonl"
     # Stand-ins record their argv as JSON; python3 keeps the record exact.
     record = f'python3 -c \'import json,sys; print(json.dumps(sys.argv[1:]))\' "$(basename "$0")" "$@" >> {log}\n'
-    _stub(bin_dir, "podman", record + '[ "$1" = rm ] && exit 0\n' + (podman_body or f"exit {container_rc}\n"))
+    _stub(bin_dir, "podman", record + 'case "$1" in rm | kill) exit 0 ;; esac\n' + (podman_body or f"exit {container_rc}\n"))
     _stub(bin_dir, "scontrol", record + "exit 0\n")
     text = render_sbatch(spec(tmp_path, script, args, max_continuations=max_continuations))
     # The fallback runtime directory, under tmp_path rather than the shared /tmp.
@@ -220,6 +220,7 @@ def test_a_move_requeues_held_and_does_not_count(tmp_path: Path) -> None:
                           after_start=_send_when_started(signal.SIGUSR2))
     assert rc == 0, (tmp_path / "stderr.txt").read_text()
     assert ["scontrol", "requeuehold", "77"] in _calls(log)
+    assert ["podman", "kill", "--signal", "USR1", "dlsub-0123abcd-77-0"] in _calls(log), "said to the container too"
     assert not _counter(tmp_path).exists(), "a move is not a continuation"
 
 
