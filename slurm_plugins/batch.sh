@@ -117,8 +117,17 @@ child=$!
 while :; do
     wait "$child"
     rc=$?
-    if [ "$rc" -gt 128 ] && kill -0 "$child" 2>/dev/null; then
-        continue
+    if [ "$rc" -gt 128 ]; then
+        if kill -0 "$child" 2>/dev/null; then
+            continue
+        fi
+        # The container ended while a trap ran: that wait reported the trap;
+        # a second one gives the container's own status (127: already taken).
+        wait "$child"
+        status=$?
+        if [ "$status" -ne 127 ]; then
+            rc=$status
+        fi
     fi
     break
 done

@@ -204,9 +204,9 @@ def test_a_garbled_counter_reads_as_zero(tmp_path: Path) -> None:
 def _send_when_started(sig: signal.Signals):  # type: ignore[no-untyped-def]
     def send(proc: subprocess.Popen[str], log: Path) -> None:
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (log.exists() and '"run"' in log.read_text()):
+        ready = log.with_name("container-ready")  # the stand-in container has its trap
+        while time.monotonic() < deadline and not ready.exists():
             time.sleep(0.05)
-        time.sleep(0.2)
         proc.send_signal(sig)
     return send
 
@@ -215,7 +215,8 @@ def test_a_move_requeues_held_and_does_not_count(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("")
     # The stand-in container checkpoints (exit 85) when the batch shell forwards USR1.
-    body = "sleep 20 &\npid=$!\ntrap 'kill $pid; exit 85' USR1\nwait $pid\nexit 0\n"
+    body = ("sleep 20 &\npid=$!\ntrap 'kill $pid; exit 85' USR1\n"
+            f"touch {tmp_path / 'container-ready'}\nwait $pid\nexit 0\n")
     rc, log = _run_script(tmp_path, script, (), container_rc=0, max_continuations=0, podman_body=body,
                           after_start=_send_when_started(signal.SIGUSR2))
     assert rc == 0, (tmp_path / "stderr.txt").read_text()
