@@ -19,21 +19,21 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-
-import dlsub
 from dlsub.agent.agent_cli import agent, backfill, config, why
 from dlsub.agent.cli_simulate import simulate
 from dlsub.agent.config import Settings, load_settings
 from dlsub.agent.directives import Directive, DirectiveError, read_directives
 from dlsub.agent.planner import PlanningError
 from dlsub.agent.policy_file import AgentPolicy, PolicyFileError, load_policy
-from dlsub.contract import JobState, output_file
 from dlsub.agent.status import JobStatus, job_status, render_table
-from dlsub.agent.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.agent.submit import SubmitError, SubmitRequest, plan_job, submit_plan
+from dlsub.agent.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.containers.podman import ImageError
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable
 from dlsub.slurm_plugins.timespec import TimeSpecError, parse_time_limit
+
+import dlsub
+from dlsub.contract import JobState, output_file
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,7 +62,7 @@ def friendly_errors(func: F) -> F:
 
 def parse_mem(text: str) -> int:
     """Slurm's --mem syntax (``4096``, ``512M``, ``4G``, ``1T``) in megabytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)B?\s*", text, flags=re.I)
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)B?\s*", text, flags=re.IGNORECASE)
     if not m or int(m.group(1)) == 0:
         raise click.BadParameter(f"{text!r} is not a memory size; use e.g. 4096, 512M, 4G")
     value, unit = int(m.group(1)), m.group(2).upper() or "M"

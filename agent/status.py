@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent.jobdir import Progress, read_attempts, summarize_progress
-from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE, EVENT_END, EVENT_START, JobState
 from dlsub.agent.user_store import JobRecord
 from dlsub.slurm_plugins.models import SlurmJob
+
+from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE, EVENT_END, EVENT_START, JobState
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class JobRecord:
         return row
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "JobRecord":
+    def from_row(cls, row: dict[str, Any]) -> JobRecord:
         row = dict(row)
         row["args"] = json.loads(row["args"])
         return cls(**row)

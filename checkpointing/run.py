@@ -9,6 +9,7 @@ handlers are installed by :func:`init`, never at import, and only set a flag.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -18,8 +19,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from dlsub import contract
 from dlsub.checkpointing.storage import checkpoint_step, restore_latest, save_checkpoint
+
+from dlsub import contract
 from dlsub.contract import CHECKPOINT_DIR, PROGRESS_FILE, RESUME_EXIT_CODE
 
 
@@ -148,7 +150,7 @@ class Run:
     def report(
         self,
         step: int | None = None,
-        epoch: int | float | None = None,
+        epoch: float | None = None,
         loss: float | None = None,
         samples: int | None = None,
         **metrics: float,
@@ -206,7 +208,7 @@ def _as_step(value: Any) -> int | None:
         number = float(value)
     except (TypeError, ValueError):
         return None
-    if number != number or number in (float("inf"), float("-inf")) or number != int(number):
+    if not math.isfinite(number) or number != int(number):
         return None
     return int(number)
 

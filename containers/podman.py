@@ -147,7 +147,7 @@ def podman_run_words(spec: ContainerSpec, container_name: Raw, gpu_args: Raw, la
     return [w for line in podman_run_lines(spec, container_name, gpu_args, labels) for w in line]
 
 
-def _podman(argv: Sequence[str]) -> "subprocess.CompletedProcess[str]":
+def _podman(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     if not env.get("XDG_RUNTIME_DIR") or not os.access(env["XDG_RUNTIME_DIR"], os.W_OK):
         candidate = f"/run/user/{os.getuid()}"

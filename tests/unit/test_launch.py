@@ -63,7 +63,7 @@ def test_term_stops_unresponsive_command_after_grace(tmp_path: Path) -> None:
     # Like torchrun over a worker that installs dlsub's handler but never
     # looks at should_stop(): the command (sleep) dies of the SIGTERM.
     code = "import time; from dlsub import checkpointing; checkpointing.init(); print('up', flush=True); time.sleep(20)"
-    proc = _launch(tmp_path, {}, "sh", "-c", f'"$0" -c "$1" & exec sleep 600', sys.executable, code)
+    proc = _launch(tmp_path, {}, "sh", "-c", '"$0" -c "$1" & exec sleep 600', sys.executable, code)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)

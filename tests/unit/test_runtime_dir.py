@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from dlsub.containers.podman import RuntimeDirError, private_runtime_dir
 
 

@@ -15,11 +15,17 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from dlsub.agent.user_store import JobRecord, JobStore
 from dlsub.agent.cli import main
-from dlsub.contract import ATTEMPTS_FILE, BATCH_SCRIPT, PROGRESS_FILE, IllegalTransition, JobState
+from dlsub.agent.user_store import JobRecord, JobStore
 from dlsub.slurm_plugins.fake import FakeSlurm
+
+from dlsub.contract import (
+    ATTEMPTS_FILE,
+    BATCH_SCRIPT,
+    PROGRESS_FILE,
+    IllegalTransition,
+    JobState,
+)
 
 
 def invoke(*args: str):  # type: ignore[no-untyped-def]
@@ -106,7 +112,7 @@ def test_a_bad_dlsub_line_exits_2_naming_the_line(cli_env: FakeSlurm, tmp_path: 
 
 
 def _acl(path: Path) -> str:
-    return subprocess.run(["getfacl", "-p", "--omit-header", str(path)], capture_output=True, text=True).stdout
+    return subprocess.run(["getfacl", "-p", "--omit-header", str(path)], capture_output=True, text=True, check=False).stdout
 
 
 needs_acl = pytest.mark.skipif(shutil.which("setfacl") is None, reason="setfacl is not installed")
@@ -115,7 +121,7 @@ needs_acl = pytest.mark.skipif(shutil.which("setfacl") is None, reason="setfacl 
 @needs_acl
 def test_job_directory_is_private_with_acls_for_the_agent(cli_env: FakeSlurm, tmp_path: Path, script: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import dlsub.agent.cli as cli
+    from dlsub.agent import cli
     from dlsub.agent.policy_file import AgentPolicy
 
     monkeypatch.setattr(cli, "load_policy", lambda: AgentPolicy(agent_user="nobody"))
@@ -159,7 +165,7 @@ def test_without_acls_falls_back_to_0711_and_0644_and_says_so(cli_env: FakeSlurm
 
 def test_a_home_the_agent_cannot_enter_is_pointed_out(cli_env: FakeSlurm, tmp_path: Path, script: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    import dlsub.agent.private_files as private_files
+    from dlsub.agent import private_files
 
     closed = tmp_path / "closed"
     monkeypatch.setattr(private_files, "agent_can_traverse", lambda path, user: path != closed)
