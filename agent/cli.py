@@ -8,6 +8,7 @@ submitted and nothing is left behind.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -18,24 +19,25 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-
-import dlsub
 from dlsub.agent.agent_cli import agent, backfill, config, why
 from dlsub.agent.cli_simulate import simulate
 from dlsub.agent.config import Settings, load_settings
+from dlsub.agent.directives import Directive, DirectiveError, read_directives
 from dlsub.agent.planner import PlanningError
-from dlsub.agent.policy_file import PolicyFileError, load_policy
-from dlsub.contract import JobState
+from dlsub.agent.policy_file import AgentPolicy, PolicyFileError, load_policy
 from dlsub.agent.status import JobStatus, job_status, render_table
-from dlsub.agent.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.agent.submit import SubmitError, SubmitRequest, plan_job, submit_plan
+from dlsub.agent.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.containers.podman import ImageError
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable
 from dlsub.slurm_plugins.timespec import TimeSpecError, parse_time_limit
 
+import dlsub
+from dlsub.contract import JobState, output_file
+
 F = TypeVar("F", bound=Callable[..., Any])
 
-USAGE_ERRORS = (SubmitError, PlanningError, SlurmUnreachable, ImageError, UnknownJob, TimeSpecError)
+USAGE_ERRORS = (SubmitError, PlanningError, SlurmUnreachable, ImageError, UnknownJob, TimeSpecError, DirectiveError)
 
 
 def _fail(message: str, code: int) -> None:
@@ -60,34 +62,12 @@ def friendly_errors(func: F) -> F:
 
 def parse_mem(text: str) -> int:
     """Slurm's --mem syntax (``4096``, ``512M``, ``4G``, ``1T``) in megabytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)B?\s*", text, flags=re.I)
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)B?\s*", text, flags=re.IGNORECASE)
     if not m or int(m.group(1)) == 0:
         raise click.BadParameter(f"{text!r} is not a memory size; use e.g. 4096, 512M, 4G")
     value, unit = int(m.group(1)), m.group(2).upper() or "M"
     factor = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
     return max(1, int(value * factor))
-
-
-# dlsub's own flags that may also follow the script (`dlsub train.py --json`).
-TRAILING_FLAGS = ("--json", "--dry-run")
-
-
-def split_trailing_options(args: tuple[str, ...]) -> tuple[tuple[str, ...], set[str]]:
-    """Take dlsub's --json/--dry-run off the end of the script's arguments.
-
-    Everything after a ``--`` goes to the script untouched, so a script that
-    itself takes --json gets it with ``dlsub train.py -- --json``.
-    """
-    if "--" in args:
-        cut = args.index("--")
-        head, tail = args[:cut], args[cut + 1:]
-    else:
-        head, tail = args, ()
-    flags: set[str] = set()
-    head_list = list(head)
-    while head_list and head_list[-1] in TRAILING_FLAGS:
-        flags.add(head_list.pop())
-    return (*head_list, *tail), flags
 
 
 class DefaultToSubmit(click.Group):
@@ -113,13 +93,18 @@ def main() -> None:
     """
 
 
+def site_policy() -> AgentPolicy:
+    """The site's policy.toml; its defaults, with a warning, when it cannot be read."""
+    try:
+        return load_policy()
+    except PolicyFileError as exc:
+        click.echo(f"dlsub: warning: {exc}; using dlsub's default policy (immediate mode)", err=True)
+        return AgentPolicy()
+
+
 def default_mode() -> str:
     """The site's default submission mode (policy.toml), immediate when it says none."""
-    try:
-        return load_policy().default_mode
-    except PolicyFileError as exc:
-        click.echo(f"dlsub: warning: {exc}; submitting in immediate mode", err=True)
-        return "immediate"
+    return site_policy().default_mode
 
 
 def _context() -> tuple[Settings, SlurmClient, JobStore]:
@@ -151,33 +136,35 @@ def submit(
 ) -> None:
     """Submit SCRIPT (a PyTorch training script) with ARGS to Slurm, in a container, under torchrun.
 
-    Options go before SCRIPT; what follows it goes to the script, except a
-    trailing --json or --dry-run, which are dlsub's. Put `--` before the
-    script's arguments to pass those to the script instead.
+    dlsub's options go before SCRIPT; everything after it is the script's,
+    as with sbatch (a `--` and a --json or --dry-run included). Options may
+    also be written in the script itself, on `#DLSUB` lines in its first
+    comment block (e.g. `#DLSUB --gpus 2 --time 1:00:00`); the command line wins.
     """
-    if cpus is not None and cpus < 1:
-        raise SubmitError(f"--cpus must be 1 or more, not {cpus}")
-    try:
-        mem_mb = parse_mem(mem) if mem is not None else None
-    except click.BadParameter as exc:
-        raise SubmitError(f"--mem: {exc.message}") from exc
-    args, trailing = split_trailing_options(args)
-    as_json = as_json or "--json" in trailing
-    dry_run = dry_run or "--dry-run" in trailing
-    limit = parse_time_limit(time_limit) if time_limit is not None else None
+    values: dict[str, Any] = {"gpus": gpus, "nodes": nodes, "cpus": cpus, "mem": mem, "time_limit": time_limit,
+                              "partition": partition, "image": image, "name": name, "mode": mode,
+                              "dry_run": dry_run, "as_json": as_json}
+    values.update(options_from_directives(click.get_current_context(), script))
+    values["cpus"], values["mem_mb"], values["limit"] = check_values(values)
+    policy = site_policy()
     settings, client, store = _context()
     request = SubmitRequest(
-        script=script, args=tuple(args), gpus=gpus, nodes=nodes, cpus=cpus, mem_mb=mem_mb,
-        time_limit_min=limit, partition=partition, image=image, name=name, workdir=Path.cwd(),
-        mode=mode or default_mode(),
+        script=script, args=tuple(args), gpus=values["gpus"], nodes=values["nodes"], cpus=values["cpus"],
+        mem_mb=values["mem_mb"], time_limit_min=values["limit"], partition=values["partition"],
+        image=values["image"], name=values["name"], workdir=Path.cwd(),
+        mode=values["mode"] or policy.default_mode,
+        max_continuations=policy.time_limits.max_continuations if policy.time_limits.continue_jobs else 0,
     )
     plan = plan_job(request, settings, client)
-    if dry_run:
+    if values["dry_run"]:
         click.echo(plan.script_text, nl=False)
         click.echo(f"# dlsub: would submit to partition {plan.choice.partition}: {plan.choice.reason}", err=True)
         return
-    record = submit_plan(plan, settings, client, store)
-    if as_json:
+    submitted = submit_plan(plan, settings, client, store, agent_user=policy.agent_user)
+    for warning in submitted.warnings:
+        click.echo(f"dlsub: warning: {warning}", err=True)
+    record = submitted.record
+    if values["as_json"]:
         click.echo(json.dumps({"id": record.id, "slurm_job_id": record.slurm_job_id,
                                "partition": record.partition, "job_dir": record.job_dir,
                                "mode": request.mode, "ideal_partition": plan.choice.ideal_partition or record.partition}))
@@ -189,14 +176,76 @@ def submit(
         )
 
 
-def _statuses(client: SlurmClient, records: list[JobRecord]) -> list[JobStatus]:
-    """One squeue call for all the jobs; sacct for those Slurm no longer lists (purged after MinJobAge)."""
+def check_values(values: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """(cpus, memory in MB, time limit in minutes) from the submit options, checked."""
+    cpus = values["cpus"]
+    if cpus is not None and cpus < 1:
+        raise SubmitError(f"--cpus must be 1 or more, not {cpus}")
+    try:
+        mem_mb = parse_mem(values["mem"]) if values["mem"] is not None else None
+    except click.BadParameter as exc:
+        raise SubmitError(f"--mem: {exc.message}") from exc
+    limit = parse_time_limit(values["time_limit"]) if values["time_limit"] is not None else None
+    return cpus, mem_mb, limit
+
+
+_SENTINEL = "dlsub-directive-placeholder-script"
+
+
+def _parse_directive(ctx: click.Context, script: Path, directive: Directive) -> dict[str, Any]:
+    """The options one ``#DLSUB`` line sets, checked; DirectiveError naming the line otherwise."""
+    where = f"{script.name} line {directive.line}: {directive.text!r}"
+    options = sorted(o for p in submit.params if isinstance(p, click.Option) for o in p.opts if o.startswith("--"))
+    for word in directive.words:
+        if word in ("-h", "--help", "--version"):
+            raise DirectiveError(f"{where}: {word} does not belong on a #DLSUB line; remove it")
+    try:
+        sub = submit.make_context(ctx.info_name, [*directive.words, "--", _SENTINEL], parent=ctx.parent)
+    except click.ClickException as exc:
+        raise DirectiveError(f"{where}: {exc.format_message()}; fix or remove the line") from exc
+    if str(sub.params["script"]) != _SENTINEL:
+        stray = str(sub.params["script"])
+        what = (f"unknown option {stray}" if stray.startswith("-") else f"{stray!r} is not an option")
+        raise DirectiveError(f"{where}: {what}; #DLSUB lines hold dlsub's submit options only "
+                             f"({', '.join(options)}); fix or remove the line")
+    given = {name: value for name, value in sub.params.items()
+             if name not in ("script", "args")
+             and sub.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+    try:
+        check_values({"cpus": None, "mem": None, "time_limit": None, **given})
+        if given.get("gpus", 0) < 0:
+            raise SubmitError(f"--gpus must be 0 or more, not {given['gpus']}")
+    except (SubmitError, TimeSpecError) as exc:
+        raise DirectiveError(f"{where}: {exc}; fix or remove the line") from exc
+    return given
+
+
+def options_from_directives(ctx: click.Context, script: Path) -> dict[str, Any]:
+    """Options from the script's ``#DLSUB`` lines that the command line left at their defaults."""
+    from_script: dict[str, Any] = {}
+    for directive in read_directives(script):
+        from_script.update(_parse_directive(ctx, script, directive))  # a later line wins, as a later option does
+    return {name: value for name, value in from_script.items()
+            if ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE}
+
+
+def _statuses(client: SlurmClient, store: JobStore, records: list[JobRecord]) -> list[JobStatus]:
+    """One squeue call for all the jobs; sacct for those Slurm no longer lists (purged after MinJobAge).
+
+    Each state seen is recorded in the store, which keeps a final state
+    final: a job once seen COMPLETED is not shown UNKNOWN after Slurm forgets it.
+    """
     ids = {r.slurm_job_id for r in records if r.slurm_job_id is not None}
     slurm = {j.job_id: j for j in client.jobs() if j.job_id in ids} if ids else {}
     gone = sorted(ids - set(slurm))
     if gone:
         slurm.update({j.job_id: j for j in client.accounting(gone)})
-    return [job_status(r, slurm.get(r.slurm_job_id or -1)) for r in records]
+    rows = []
+    for record in records:
+        row = job_status(record, slurm.get(record.slurm_job_id or -1))
+        shown = store.observed(record.id, row.state)
+        rows.append(row if shown.value == row.state else dataclasses.replace(row, state=shown.value))
+    return rows
 
 
 @main.command()
@@ -207,7 +256,7 @@ def status(job: str | None, as_json: bool) -> None:
     """State, partition, step, epoch, loss, throughput, ETA and attempts of your dlsub jobs."""
     _, client, store = _context()
     records = [store.get(job)] if job else store.all()
-    rows = _statuses(client, records)
+    rows = _statuses(client, store, records)
     if as_json:
         payload: Any = rows[0].to_json() if job else [r.to_json() for r in rows]
         click.echo(json.dumps(payload, indent=2))
@@ -218,7 +267,7 @@ def status(job: str | None, as_json: bool) -> None:
 
 
 def _output_file(record: JobRecord) -> Path:
-    return Path(record.job_dir) / f"slurm-{record.slurm_job_id}.out"
+    return output_file(Path(record.job_dir), record.slurm_job_id or 0)
 
 
 @main.command()
@@ -248,7 +297,7 @@ def logs(job: str, follow: bool) -> None:
         now = time.monotonic()
         if now - last_check > 3:
             last_check = now
-            (state,) = _statuses(client, [record])
+            (state,) = _statuses(client, store, [record])
             if JobState(state.state).terminal or state.state == JobState.UNKNOWN.value:
                 time.sleep(0.5)
                 if path.exists() and path.stat().st_size > offset:
@@ -262,7 +311,7 @@ def _lookup(job: str) -> tuple[SlurmClient, JobStore, JobRecord, JobStatus]:
     """One of the user's jobs by handle, with its current status."""
     _, client, store = _context()
     record = store.get(job)
-    (current,) = _statuses(client, [record])
+    (current,) = _statuses(client, store, [record])
     return client, store, record, current
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent.jobdir import Progress, read_attempts, summarize_progress
-from dlsub.contract import JobState
 from dlsub.agent.user_store import JobRecord
 from dlsub.slurm_plugins.models import SlurmJob
+
+from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE, EVENT_END, EVENT_START, JobState
 
 
 @dataclass(frozen=True)
@@ -41,12 +42,12 @@ def _state_without_slurm(record: JobRecord, attempts: list[dict[str, Any]], prog
     """Slurm has forgotten the job (MinJobAge passed): read the job directory's record."""
     if record.cancelled_at:
         return JobState.CANCELLED
-    ends = [a for a in attempts if a.get("event") == "end"]
+    ends = [a for a in attempts if a.get("event") == EVENT_END]
     if ends:
         last = ends[-1]
         if last.get("rc") == 0:
             return JobState.COMPLETED
-        if last.get("action") != "requeue":
+        if last.get("action") not in (ACTION_REQUEUE, ACTION_MOVE):
             return JobState.FAILED
     if progress.finished:
         return JobState.COMPLETED
@@ -57,7 +58,7 @@ def job_status(record: JobRecord, slurm: SlurmJob | None) -> JobStatus:
     job_dir = Path(record.job_dir)
     progress = summarize_progress(job_dir)
     attempts = read_attempts(job_dir)
-    started = {(a.get("slurm_job_id"), a.get("restart")) for a in attempts if a.get("event") == "start"}
+    started = {(a.get("slurm_job_id"), a.get("restart")) for a in attempts if a.get("event") == EVENT_START}
     if slurm is not None:
         state = JobState.from_slurm(slurm.state)
         if record.cancelled_at and state in (JobState.CANCELLED, JobState.FAILED, JobState.UNKNOWN):
@@ -66,7 +67,7 @@ def job_status(record: JobRecord, slurm: SlurmJob | None) -> JobStatus:
         attempt_count = max(len(started), slurm.restart_count + (1 if state == JobState.RUNNING else 0))
     else:
         state = _state_without_slurm(record, attempts, progress)
-        last_start = [a for a in attempts if a.get("event") == "start"][-1:]
+        last_start = [a for a in attempts if a.get("event") == EVENT_START][-1:]
         partition = last_start[0].get("partition", record.partition) if last_start else record.partition
         nodes = last_start[0].get("node", "") if last_start else ""
         reason = "" if state != JobState.UNKNOWN else "Slurm no longer lists the job and it left no end record"

@@ -10,18 +10,19 @@ import getpass
 import os
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import dlsub
 from dlsub.agent.config import Settings
 from dlsub.agent.planner import Choice, Request, choose_partition
+from dlsub.agent.private_files import AgentAccess, blocked_ancestor, make_job_dir
 from dlsub.agent.user_store import JobRecord, JobStore
 from dlsub.containers.podman import ContainerSpec, check_image, check_mount_path
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.sbatch import BatchSpec, render_sbatch, safe_job_name
 
-BATCH_SCRIPT = "job.sbatch"
+import dlsub
+from dlsub.contract import BATCH_SCRIPT
 
 
 class SubmitError(ValueError):
@@ -42,6 +43,9 @@ class SubmitRequest:
     name: str | None
     workdir: Path
     mode: str = "ideal"  # "immediate": start on what is free now, move to GPUs later
+    # From the site's policy: resume-requeues the batch script may make
+    # (time_limits.max_continuations; 0 when continuation is off).
+    max_continuations: int = 20
 
 
 @dataclass(frozen=True)
@@ -117,33 +121,42 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         signal_grace_s=settings.signal_grace_s,
         dlsub_version=dlsub.__version__,
         tags=(("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus))),
+        max_continuations=max(0, req.max_continuations),
     )
     return Plan(dlsub_id, choice, batch, render_sbatch(batch))
 
 
-def let_the_agent_traverse(directory: Path) -> None:
-    """Add o+x (not o+r) to a directory of ours that lacks it: one made before dlsub made them 0711."""
-    try:
-        info = directory.stat()
-        if info.st_uid == os.getuid() and info.st_mode & 0o001 == 0:
-            directory.chmod((info.st_mode & 0o7777) | 0o001)
-    except OSError:
-        pass
+@dataclass
+class Submitted:
+    record: JobRecord
+    warnings: list[str] = field(default_factory=list)
 
 
-def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobStore) -> JobRecord:
-    """Write the job directory, sbatch it, record it; undo the directory if sbatch fails."""
+def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobStore,
+                agent_user: str = "dlsub") -> Submitted:
+    """Write the job directory, sbatch it, record it; undo the directory if sbatch fails.
+
+    The job directory is private to the user except the progress and attempt
+    files, which the agent's account may read (see :mod:`dlsub.agent.private_files`).
+    """
     spec = plan.batch
     job_dir = spec.container.job_dir
-    # 0711: the agent (another account) may open the progress and attempt
-    # records it is told the names of, but cannot list or read the rest.
-    job_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
-    for directory in (settings.home, job_dir.parent):
-        let_the_agent_traverse(directory)
-    job_dir.mkdir(mode=0o711)
+    access = AgentAccess(agent_user)
+    warnings: list[str] = []
+    if job_dir.exists() or job_dir.is_symlink():
+        raise SubmitError(f"{job_dir} already exists; submit again for a fresh job id")
     try:
+        make_job_dir(job_dir, access)
+        blocked = blocked_ancestor(job_dir, agent_user)
+        if blocked is not None:
+            warnings.append(
+                f"the agent (user {agent_user}) cannot enter {blocked}, so it cannot follow this job's progress "
+                f"or move it; set DLSUB_HOME to a directory on shared storage that it can enter, "
+                f"or let it pass with `setfacl -m u:{agent_user}:x {blocked}`")
         script_path = job_dir / BATCH_SCRIPT
-        script_path.write_text(plan.script_text)
+        fd = os.open(script_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(plan.script_text)
         record = JobRecord(
             id=plan.dlsub_id,
             name=spec.job_name,
@@ -160,15 +173,19 @@ def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobS
             image=spec.container.image,
         )
         store.add(record)
+        # Slurm creates the output file with the umask sbatch had: owner-only.
+        previous_umask = os.umask(0o077)
         try:
             # sbatch runs in the user's current directory: that is SLURM_SUBMIT_DIR.
             slurm_job_id = client.submit(script_path)
         except BaseException:
             store.remove(record.id)
             raise
+        finally:
+            os.umask(previous_umask)
     except BaseException:
         shutil.rmtree(job_dir, ignore_errors=True)
         raise
     store.update(record.id, slurm_job_id=slurm_job_id)
     record.slurm_job_id = slurm_job_id
-    return record
+    return Submitted(record, warnings + access.warnings)

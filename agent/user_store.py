@@ -1,7 +1,12 @@
 """The user's dlsub jobs in SQLite (sqlite-utils, WAL): what Slurm does not keep.
 
 Slurm is the source of truth for what runs; this store maps a dlsub job to
-its Slurm job and remembers how it was asked for, and that a user cancelled it.
+its Slurm job and remembers how it was asked for, that a user cancelled it,
+and the last :class:`~dlsub.contract.JobState` ``dlsub status`` observed. It
+refuses transitions the contract's model does not allow (a final state never
+changes), so a job seen COMPLETED stays COMPLETED after Slurm forgets it.
+
+A ``dlsub.db`` made before states were kept gains the columns on open.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+
+from dlsub.contract import IllegalTransition, JobState, check_transition
 
 
 @dataclass
@@ -33,6 +40,8 @@ class JobRecord:
     slurm_job_id: int | None = None
     submitted_at: float = field(default_factory=time.time)
     cancelled_at: float | None = None
+    state: str | None = None  # the last JobState observed (None: never observed)
+    state_at: float | None = None
 
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
@@ -40,7 +49,7 @@ class JobRecord:
         return row
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> "JobRecord":
+    def from_row(cls, row: dict[str, Any]) -> JobRecord:
         row = dict(row)
         row["args"] = json.loads(row["args"])
         return cls(**row)
@@ -50,10 +59,17 @@ class UnknownJob(LookupError):
     pass
 
 
+# Columns added since the first schema, with their types; added on open.
+_ADDED_COLUMNS = {"state": str, "state_at": float}
+
+
 class JobStore:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        new = not path.exists()
         self.db = sqlite_utils.Database(path)
+        if new:
+            path.chmod(0o600)  # the user's own record of their jobs
         self.db.enable_wal()
         self.jobs = self.db.table("jobs")
         if not self.jobs.exists():
@@ -62,17 +78,42 @@ class JobStore:
                     "id": str, "name": str, "user": str, "script": str, "args": str, "job_dir": str,
                     "partition": str, "gpus_per_node": int, "nodes": int, "cpus": int, "mem_mb": int,
                     "time_limit_min": int, "image": str, "slurm_job_id": int, "submitted_at": float,
-                    "cancelled_at": float,
+                    "cancelled_at": float, **_ADDED_COLUMNS,
                 },
                 pk="id",
             )
             self.jobs.create_index(["slurm_job_id"])
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Add the columns a store made by an older dlsub lacks (its rows read as never observed)."""
+        have = set(self.jobs.columns_dict)
+        for name, kind in _ADDED_COLUMNS.items():
+            if name not in have:
+                self.jobs.add_column(name, kind)
 
     def add(self, record: JobRecord) -> None:
         self.jobs.insert(record.to_row())
 
     def update(self, job_id: str, **fields: Any) -> None:
+        if "state" in fields:
+            raise ValueError("a job's state changes through observe(), which checks the transition")
         self.jobs.update(job_id, fields)
+
+    def observe(self, job_id: str, state: JobState | str, now: float | None = None) -> JobState:
+        """Record that the job was seen in ``state``; raise IllegalTransition if the model forbids it."""
+        current = self.jobs.get(job_id).get("state")
+        new = check_transition(current, state)
+        if current != new.value:
+            self.jobs.update(job_id, {"state": new.value, "state_at": time.time() if now is None else now})
+        return new
+
+    def observed(self, job_id: str, state: JobState | str) -> JobState:
+        """What to show for a job seen in ``state``: that, unless the model forbids it (then the recorded state)."""
+        try:
+            return self.observe(job_id, state)
+        except IllegalTransition:
+            return JobState(self.jobs.get(job_id)["state"])
 
     def remove(self, job_id: str) -> None:
         self.jobs.delete(job_id)

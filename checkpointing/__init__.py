@@ -2,13 +2,13 @@
 
     from dlsub import checkpointing
 
-    run = checkpointing.init(total_steps=1000)
+    run = checkpointing.init()
     state = run.restore() or {"step": 0}
     for step in range(state["step"], 1000):
         ...
         run.report(step=step, loss=loss, samples=seen)
         if run.should_stop():           # SIGUSR1 before the time limit, SIGTERM, dlsub requeue
-            run.save({"step": step + 1, ...}, step=step + 1)
+            run.save({"step": step + 1, ...})   # recorded at the last report()'s step
             run.exit_for_resume()       # exits 85: "checkpointed, resume me"
     run.finish()
 

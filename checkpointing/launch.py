@@ -9,7 +9,10 @@ This launcher, PID 1 of the container, keeps torchrun alive and delivers the
 stop request to the training processes themselves, once each has installed
 dlsub's handler (``checkpointing.init()``); they checkpoint and leave with
 :data:`RESUME_EXIT_CODE`. If they have not left ``--grace`` seconds after a
-SIGTERM, torchrun gets the SIGTERM. Its exit code is the training's, or
+SIGTERM, torchrun gets the SIGTERM. A signal nothing handles has its default
+effect at once, as under plain sbatch: on SIGTERM with no training process
+handling dlsub's signals, torchrun gets the SIGTERM immediately; a SIGUSR1
+nobody handles is logged and otherwise ignored (the training runs on). Its exit code is the training's, or
 RESUME_EXIT_CODE when an attempt asked to be resumed. It also reaps orphans,
 as a container's PID 1 must. Standard library only: any image with Python works.
 """
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 
 from dlsub.checkpointing.run import resume_marker
+
 from dlsub.contract import RESUME_EXIT_CODE
 
 _SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
@@ -88,19 +92,29 @@ class Launcher:
             self.stop_signal = name
             self.stop_since = self.stop_since or time.monotonic()
 
-    def _deliver_stop(self) -> None:
-        """Signal every training process that handles SIGUSR1 and has not been told yet."""
+    def _deliver_stop(self) -> bool:
+        """Send SIGUSR1 to every training process that handles it and has not been told yet.
+
+        Returns whether any process handles it (dlsub's handler, installed by
+        ``checkpointing.init()``), told now or earlier.
+        """
         assert self.child is not None
         targets = _descendants(self.child.pid)
         if not targets:  # the command is the training process itself (no torchrun)
             targets = [self.child.pid]
+        handled = False
         for pid in targets:
-            if pid not in self.notified and _catches_usr1(pid):
+            if not _catches_usr1(pid):
+                continue
+            handled = True
+            if pid not in self.notified:
                 try:
                     os.kill(pid, signal.SIGUSR1)
                     self.notified.add(pid)
                 except ProcessLookupError:
                     pass
+        # A process told earlier may have checkpointed and left already.
+        return handled or bool(self.notified)
 
     def run(self) -> int:
         for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
@@ -108,6 +122,7 @@ class Launcher:
         self.child = subprocess.Popen(self.command)
         status: int | None = None
         terminated = False
+        unhandled_logged = False
         while status is None:
             # Reap everything (PID 1 duty); notice our own child among them.
             try:
@@ -122,12 +137,23 @@ class Launcher:
             if status is not None:
                 break
             if self.stop_signal:
-                self._deliver_stop()
+                handled = self._deliver_stop()
                 overdue = time.monotonic() - self.stop_since > self.grace_s
-                if self.stop_signal == "SIGTERM" and overdue and not terminated:
-                    _log(f"training did not stop within {self.grace_s:.0f} s: sending SIGTERM to {self.command[0]}")
+                if self.stop_signal == "SIGTERM" and not terminated and (not handled or overdue):
+                    # Nothing in the container will checkpoint: SIGTERM has its
+                    # default effect at once, as under plain sbatch. A training
+                    # that handles it gets the grace to checkpoint first.
+                    why = (f"training did not stop within {self.grace_s:.0f} s" if handled
+                           else "no training process handles it (checkpointing.init() not called)")
+                    _log(f"{why}: sending SIGTERM to {self.command[0]}")
                     self.child.send_signal(signal.SIGTERM)
                     terminated = True
+                elif self.stop_signal != "SIGTERM" and not handled and not unhandled_logged:
+                    # A checkpoint request nothing handles changes nothing (plain
+                    # sbatch sends none): the training runs on to its time limit.
+                    _log(f"no training process handles {self.stop_signal} (checkpointing.init() not called yet); "
+                         "the training runs on, and gets it if it installs the handler later")
+                    unhandled_logged = True
             time.sleep(0.2)
         return self.exit_code(status)
 

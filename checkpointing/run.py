@@ -9,6 +9,7 @@ handlers are installed by :func:`init`, never at import, and only set a flag.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -18,8 +19,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
+from dlsub.checkpointing.storage import checkpoint_step, restore_latest, save_checkpoint
+
 from dlsub import contract
-from dlsub.checkpointing.storage import restore_latest, save_checkpoint
 from dlsub.contract import CHECKPOINT_DIR, PROGRESS_FILE, RESUME_EXIT_CODE
 
 
@@ -54,6 +56,9 @@ class Run:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.stop_reason: str | None = None
         self._seq = 0
+        # The training step a save() without one is recorded at: the last
+        # report()'s, a save(step=)'s or the restored checkpoint's.
+        self._last_step: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self.restored_from: Path | None = None
 
@@ -100,15 +105,29 @@ class Run:
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, state: dict[str, Any], step: int | None = None) -> Path | None:
-        """Checkpoint ``state`` (rank 0 writes; other ranks wait for it). Returns the path on rank 0."""
+        """Checkpoint ``state`` (rank 0 writes; other ranks wait for it). Returns the path on rank 0.
+
+        The checkpoint event records an integer ``step``: ``step`` when given,
+        else the last :meth:`report`'s step (or the restored checkpoint's),
+        else the checkpoint's sequence number; and always ``seq``.
+        """
         if not isinstance(state, dict):
             raise TypeError(f"run.save() takes a dict of state, not {type(state).__name__}")
-        seq = int(step) if step is not None else self._seq + 1
-        self._seq = max(self._seq, seq)
+        given = _as_step(step)
+        if step is not None and given is None:
+            raise TypeError(f"run.save(step=...) takes an integer step, not {step!r}")
+        # File names follow the sequence: a given step names the file when it
+        # moves forward, so checkpoints stay in order whatever the steps do.
+        seq = given if given is not None and given > self._seq else self._seq + 1
+        self._seq = seq
+        if given is not None:
+            self._last_step = given
+        known = self._last_step  # None: no step was ever given; the sequence stands in
+        recorded = known if known is not None else seq
         path = None
         if self.is_main:
-            path = save_checkpoint(self.checkpoint_dir, seq, state, self.keep)
-            self._event("checkpoint", step=step, path=str(path), seq=seq)
+            path = save_checkpoint(self.checkpoint_dir, seq, state, self.keep, step=known)
+            self._event(contract.EVENT_CHECKPOINT, step=recorded, path=str(path), seq=seq)
         _barrier()
         return path
 
@@ -119,27 +138,34 @@ class Run:
             print(f"dlsub: skipped checkpoint: {reason}", file=sys.stderr, flush=True)
         if path is not None:
             self.restored_from = path
-            self._seq = max(self._seq, int(path.name[5:13]))
-            self._event("restore", path=str(path), skipped=len(skipped))
+            seq = int(path.name[5:].split(".")[0])
+            self._seq = max(self._seq, seq)
+            # None when the checkpoint was saved with no step known (or by an older dlsub).
+            self._last_step = checkpoint_step(path)
+            step = self._last_step if self._last_step is not None else seq
+            self._event(contract.EVENT_RESTORE, path=str(path), skipped=len(skipped), step=step, seq=seq)
         return state
 
     # ------------------------------------------------------------------ progress
     def report(
         self,
         step: int | None = None,
-        epoch: int | float | None = None,
+        epoch: float | None = None,
         loss: float | None = None,
         samples: int | None = None,
         **metrics: float,
     ) -> None:
         """Append one progress event (rank 0). ``samples`` is the running total seen."""
+        as_int = _as_step(step)
+        if as_int is not None:
+            self._last_step = as_int
         fields: dict[str, Any] = {"step": step, "epoch": epoch, "loss": loss, "samples": samples}
         if self.total_steps is not None:
             fields["total_steps"] = self.total_steps
         if self.total_epochs is not None:
             fields["total_epochs"] = self.total_epochs
         fields.update(metrics)
-        self._event("progress", **{k: v for k, v in fields.items() if v is not None})
+        self._event(contract.EVENT_PROGRESS, **{k: v for k, v in fields.items() if v is not None})
 
     def _event(self, kind: str, **fields: Any) -> None:
         if not self.is_main:
@@ -161,7 +187,7 @@ class Run:
             marker = resume_marker(self.job_dir)
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_text(json.dumps({"reason": self.stop_reason, "time": time.time(), "host": socket.gethostname()}))
-            self._event("exit_for_resume", reason=self.stop_reason)
+            self._event(contract.EVENT_EXIT_FOR_RESUME, reason=self.stop_reason)
         sys.stdout.flush()
         sys.stderr.flush()
         # Under torchrun a non-zero exit is a worker failure: torchrun would
@@ -171,7 +197,20 @@ class Run:
 
     def finish(self) -> None:
         """Record that training completed."""
-        self._event("finished")
+        self._event(contract.EVENT_FINISHED)
+
+
+def _as_step(value: Any) -> int | None:
+    """An integral step (``int``, ``7.0``, a 0-d tensor) as an int; None for anything else."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(number) or number != int(number):
+        return None
+    return int(number)
 
 
 def _initialized_dist() -> Any:
@@ -208,5 +247,5 @@ def init(
         run.install_signal_handlers()
     if run.is_main:
         directory.mkdir(parents=True, exist_ok=True)
-        run._event("start", rank=run.rank, world_size=run.world_size, host=socket.gethostname(), pid=os.getpid())
+        run._event(contract.EVENT_START, rank=run.rank, world_size=run.world_size, host=socket.gethostname(), pid=os.getpid())
     return run

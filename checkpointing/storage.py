@@ -7,13 +7,20 @@ Layout of a checkpoint directory::
 
 A checkpoint counts only when its data and checksum agree, so a file cut
 short by a crash, a full disk or a bad copy is passed over and the previous
-one restored. Only the newest ``keep`` checkpoints are kept.
+one restored. Only the newest ``keep`` checkpoints are kept, and never at the
+cost of the newest one that verifies: when the ``keep`` newest are all
+corrupt, the newest good one older than them stays too.
+
+The checksum file's first line is the data's SHA-256; a second line, when
+present, is JSON about the checkpoint (``{"step": N}``), so a restore knows
+the training step it resumes at even when ``save()`` was given none.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import pickle
 import re
@@ -72,25 +79,78 @@ def checkpoint_files(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def save_checkpoint(directory: Path, seq: int, state: dict[str, Any], keep: int) -> Path:
-    """Write checkpoint ``seq`` atomically and prune to the newest ``keep``."""
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)  # the job dir is 0711: keep checkpoints private
+def _sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def save_checkpoint(directory: Path, seq: int, state: dict[str, Any], keep: int, step: int | None = None) -> Path:
+    """Write checkpoint ``seq`` atomically and prune to the newest ``keep`` (see :func:`prune`)."""
+    # Owner-only whatever the job directory grants (the agent may traverse
+    # that one; it never reads checkpoints).
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     data = _serialize(state)
     path = directory / f"ckpt-{seq:08d}.pt"
-    _write_atomic(path.with_name(path.name + ".sha256"), hashlib.sha256(data).hexdigest().encode() + b"\n")
+    sidecar = hashlib.sha256(data).hexdigest() + "\n"
+    if step is not None:
+        sidecar += json.dumps({"step": int(step)}) + "\n"
+    _write_atomic(_sidecar(path), sidecar.encode())
     _write_atomic(path, data)
     _fsync_dir(directory)
-    for _, old in checkpoint_files(directory)[max(keep, 1):]:
-        for victim in (old, old.with_name(old.name + ".sha256")):
-            victim.unlink(missing_ok=True)
+    prune(directory, keep)
     return path
+
+
+def verifies(path: Path) -> bool:
+    """Whether a checkpoint's data matches its checksum (what a restore checks first)."""
+    try:
+        expected = _sidecar(path).read_text().split("\n", 1)[0].strip()
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return False
+    return bool(expected) and digest.hexdigest() == expected
+
+
+def prune(directory: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints, never the newest one that verifies.
+
+    Verifies newest-first and stops at the first good one, so the usual
+    case (the checkpoint just written is good) reads one file. Returns what
+    it deleted.
+    """
+    files = [p for _, p in checkpoint_files(directory)]
+    kept = set(files[:max(keep, 1)])
+    for path in files:
+        if verifies(path):
+            kept.add(path)
+            break
+    deleted = []
+    for old in files:
+        if old in kept:
+            continue
+        for victim in (old, _sidecar(old)):
+            victim.unlink(missing_ok=True)
+        deleted.append(old)
+    return deleted
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The training step recorded with a checkpoint (None for ones written before steps were)."""
+    try:
+        lines = _sidecar(path).read_text().splitlines()
+        meta = json.loads(lines[1]) if len(lines) > 1 else {}
+    except (OSError, ValueError):
+        return None
+    step = meta.get("step") if isinstance(meta, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def load_verified(path: Path, map_location: Any = "cpu") -> dict[str, Any]:
     """Load one checkpoint; raise ``ValueError`` when it is missing, cut short or corrupt."""
-    sidecar = path.with_name(path.name + ".sha256")
     try:
-        expected = sidecar.read_text().strip()
+        expected = _sidecar(path).read_text().split("\n", 1)[0].strip()
     except OSError as exc:
         raise ValueError(f"{path.name}: no checksum file ({exc.strerror})") from exc
     data = path.read_bytes()

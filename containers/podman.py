@@ -9,6 +9,7 @@ device arguments). User-supplied paths and arguments are never Raw.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,36 @@ class Raw(str):
 
 class ImageError(RuntimeError):
     """The requested image is not in the user's Podman storage, or Podman is missing."""
+
+
+class RuntimeDirError(ImageError):
+    """Podman's runtime directory is not private to the user (e.g. squatted in /tmp by another)."""
+
+
+def runtime_dir_fallback(uid: int | None = None) -> Path:
+    return Path(f"/tmp/dlsub-xdg-{os.getuid() if uid is None else uid}")
+
+
+def private_runtime_dir(path: Path) -> Path:
+    """Make ``path`` (mode 0700) if missing; raise unless it is a real directory of ours with mode 0700.
+
+    The fallback lives in /tmp, where another user may have made it first
+    (or left a symlink there) to watch or hijack our Podman.
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise RuntimeDirError(f"cannot create Podman's runtime directory {path}: {exc.strerror}") from exc
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() \
+            or info.st_mode & 0o777 != 0o700:
+        raise RuntimeDirError(
+            f"{path}, Podman's runtime directory, is not a directory of yours with mode 700 "
+            f"(someone else may have made it); remove it, or set XDG_RUNTIME_DIR to a private directory"
+        )
+    return path
 
 
 @dataclass(frozen=True)
@@ -116,11 +147,14 @@ def podman_run_words(spec: ContainerSpec, container_name: Raw, gpu_args: Raw, la
     return [w for line in podman_run_lines(spec, container_name, gpu_args, labels) for w in line]
 
 
-def _podman(argv: Sequence[str]) -> "subprocess.CompletedProcess[str]":
+def _podman(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
-    if not env.get("XDG_RUNTIME_DIR"):
+    if not env.get("XDG_RUNTIME_DIR") or not os.access(env["XDG_RUNTIME_DIR"], os.W_OK):
         candidate = f"/run/user/{os.getuid()}"
-        env["XDG_RUNTIME_DIR"] = candidate if os.access(candidate, os.W_OK) else f"/tmp/dlsub-xdg-{os.getuid()}"
+        if os.access(candidate, os.W_OK):
+            env["XDG_RUNTIME_DIR"] = candidate
+        else:
+            env["XDG_RUNTIME_DIR"] = str(private_runtime_dir(runtime_dir_fallback()))
     try:
         return subprocess.run(["podman", *argv], capture_output=True, text=True, env=env, timeout=60, check=False)
     except FileNotFoundError as exc:

@@ -11,7 +11,7 @@ as_user() {
 }
 cd /tmp
 echo "\$ dlsub $prefix/examples/train_digits.py --epochs 15 --throttle 0.02   (as $user)"
-out="$(as_user dlsub "$prefix/examples/train_digits.py" --epochs 15 --throttle 0.02 --json)"
+out="$(as_user dlsub --json "$prefix/examples/train_digits.py" --epochs 15 --throttle 0.02)"
 echo "$out"
 id="$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$out")"
 while :; do

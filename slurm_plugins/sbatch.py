@@ -18,20 +18,35 @@ whole resume protocol, so no daemon is needed for it:
 * The EXIT trap removes the attempt's container; the TaskEpilog in etc/slurm
   catches what a trap cannot (SIGKILL after KillWait).
 
-Every user-supplied string is quoted with :func:`shlex.quote`; the only
-unquoted words are :class:`~dlsub.containers.podman.Raw` templates.
+* Resume-requeues are bounded by the site's ``max_continuations``, counted
+  in the job directory (``contract.MARKERS_DIR/REQUEUE_COUNT_FILE``); moves
+  do not count.
+
+The script is the packaged template ``batch.sh`` (valid bash, checked by
+shellcheck). Its ``@NAME@`` placeholders take contract constants (checked to
+be plain words) and user strings quoted with :func:`shlex.quote`; the only
+unquoted words of the ``podman run`` line are
+:class:`~dlsub.containers.podman.Raw` templates. A ``# @NAME@`` line takes
+whole lines (the ``#SBATCH`` directives).
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 
-from dlsub.contract import RESUME_EXIT_CODE
 from dlsub.containers.podman import ContainerSpec, Raw, podman_run_lines
 from dlsub.slurm_plugins.timespec import format_minutes
+
+from dlsub import contract
+
+TEMPLATE = "batch.sh"
+_PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")
+_LINE_PLACEHOLDER = re.compile(r"^# @([A-Z][A-Z0-9_]*)@$", re.MULTILINE)
+_WORD = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,8 @@ class BatchSpec:
     dlsub_version: str = ""
     # Tags after the id in --comment, for the agent: mode, ideal partition, GPUs wanted.
     tags: tuple[tuple[str, str], ...] = ()
+    # Resume-requeues the script may make (policy time_limits.max_continuations; 0: none).
+    max_continuations: int = 20
 
 
 def safe_job_name(text: str) -> str:
@@ -63,9 +80,48 @@ def lines_to_shell(lines: Sequence[Sequence[str]], indent: str = "    ") -> str:
     return (" \\\n" + indent).join(rendered)
 
 
+def template_text() -> str:
+    return resources.files("dlsub.slurm_plugins").joinpath(TEMPLATE).read_text(encoding="utf-8")
+
+
+def fill_template(template: str, words: Mapping[str, str], lines: Mapping[str, str]) -> str:
+    """Replace ``# @NAME@`` lines by ``lines[NAME]`` and ``@NAME@`` by ``words[NAME]``, in one pass each.
+
+    Every placeholder must have a value and every value a placeholder, so a
+    renamed one fails here rather than reaching Slurm. Values are inserted
+    as they are: callers quote them.
+    """
+    used: set[str] = set()
+
+    def take(table: Mapping[str, str], match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in table:
+            raise KeyError(f"template {TEMPLATE} has @{name}@, which the renderer does not fill")
+        used.add(name)
+        return table[name]
+
+    text = _LINE_PLACEHOLDER.sub(lambda m: take(lines, m), template)
+    # The podman line goes in last: user strings in it are never scanned for placeholders.
+    text = _PLACEHOLDER.sub(lambda m: take(words, m), text)
+    missing = (set(words) | set(lines)) - used
+    if missing:
+        raise KeyError(f"template {TEMPLATE} lacks {', '.join(sorted('@' + m + '@' for m in missing))}")
+    return text
+
+
+def _word(value: object) -> str:
+    """A contract constant as a bare shell word (no quoting needed, and none inside JSON strings)."""
+    text = str(value)
+    if not _WORD.match(text):
+        raise ValueError(f"{text!r} is not a plain word; contract names, codes and signals must be")
+    return text
+
+
 def render_sbatch(spec: BatchSpec) -> str:
     if spec.nodes != 1:
         raise ValueError("multi-node jobs are not supported yet; use --nodes 1")
+    if spec.max_continuations < 0:
+        raise ValueError(f"max_continuations must be 0 or more, not {spec.max_continuations}")
     c = spec.container
     directives = [
         f"--job-name={safe_job_name(spec.job_name)}",
@@ -80,11 +136,11 @@ def render_sbatch(spec: BatchSpec) -> str:
     if spec.gpus_per_node:
         directives.append(f"--gres=gpu:{spec.gpus_per_node}")
     directives += [
-        f"--output={c.job_dir}/slurm-%j.out",
+        f"--output={c.job_dir}/{contract.OUTPUT_PATTERN}",
         "--open-mode=append",
-        f"--signal=B:USR1@{spec.signal_grace_s}",
+        f"--signal=B:{contract.CHECKPOINT_SIGNAL}@{spec.signal_grace_s}",
         "--requeue",
-        "--comment=" + ";".join([f"dlsub:{spec.dlsub_id}", *(f"{k}={v}" for k, v in spec.tags)]),
+        "--comment=" + ";".join([f"{contract.COMMENT_PREFIX}{spec.dlsub_id}", *(f"{k}={v}" for k, v in spec.tags)]),
     ]
     for d in directives:
         if any(ch in d for ch in "\n\r"):
@@ -93,102 +149,23 @@ def render_sbatch(spec: BatchSpec) -> str:
     labels = [f"dlsub.job_id={spec.dlsub_id}", Raw('"dlsub.slurm_job_id=${SLURM_JOB_ID}"'), Raw('"dlsub.attempt=${attempt}"')]
     podman = lines_to_shell(podman_run_lines(c, Raw('"$container"'), Raw('"${gpu_args[@]}"'), labels))
     q = shlex.quote
-    header = "\n".join(f"#SBATCH {d}" for d in directives)
-    return f"""#!/bin/bash
-# Generated by dlsub {spec.dlsub_version} for dlsub job {spec.dlsub_id}; `dlsub submit --dry-run` shows it.
-{header}
-set -uo pipefail
-
-export DLSUB_JOB_ID={q(spec.dlsub_id)}
-export DLSUB_JOB_DIR={q(str(c.job_dir))}
-RESUME_EXIT_CODE={RESUME_EXIT_CODE}
-attempt="${{SLURM_JOB_ID}}-${{SLURM_RESTART_COUNT:-0}}"
-container="dlsub-${{DLSUB_JOB_ID}}-${{attempt}}"
-
-# Rootless Podman needs a runtime directory; Slurm jobs get none from logind.
-if [ -z "${{XDG_RUNTIME_DIR:-}}" ] || [ ! -w "${{XDG_RUNTIME_DIR}}" ]; then
-    XDG_RUNTIME_DIR="/run/user/$(id -u)"
-    [ -w "$XDG_RUNTIME_DIR" ] || XDG_RUNTIME_DIR="/tmp/dlsub-xdg-$(id -u)"
-    export XDG_RUNTIME_DIR
-fi
-mkdir -p -m 700 "$XDG_RUNTIME_DIR"
-
-# GPUs: Slurm sets CUDA_VISIBLE_DEVICES. With a CDI spec for NVIDIA GPUs the
-# devices themselves go into the container and are renumbered from 0 there;
-# without one the indices are passed through as Slurm gave them.
-gpu_args=()
-container_cuda_devices="${{CUDA_VISIBLE_DEVICES:-}}"
-if [ -n "$container_cuda_devices" ] && grep -qs 'nvidia.com/gpu' /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; then
-    IFS=, read -ra slurm_gpus <<< "$CUDA_VISIBLE_DEVICES"
-    renumbered=()
-    for i in "${{!slurm_gpus[@]}}"; do
-        gpu_args+=(--device "nvidia.com/gpu=${{slurm_gpus[$i]}}")
-        renumbered+=("$i")
-    done
-    container_cuda_devices="$(IFS=,; echo "${{renumbered[*]}}")"
-fi
-
-# One training process per GPU Slurm gave this attempt, one on a CPU node.
-nproc=1
-if [ -n "${{CUDA_VISIBLE_DEVICES:-}}" ]; then
-    IFS=, read -ra visible_gpus <<< "$CUDA_VISIBLE_DEVICES"
-    nproc="${{#visible_gpus[@]}}"
-fi
-
-mkdir -p "$DLSUB_JOB_DIR/attempts"
-log_attempt() {{  # event, then extra JSON fields
-    printf '{{"event":"%s","time":%s,"slurm_job_id":%s,"restart":%s,"node":"%s","partition":"%s"%s}}\\n' \\
-        "$1" "$(date +%s.%N)" "$SLURM_JOB_ID" "${{SLURM_RESTART_COUNT:-0}}" "${{SLURMD_NODENAME:-$(hostname -s)}}" \\
-        "${{SLURM_JOB_PARTITION:-}}" "${{2:-}}" >> "$DLSUB_JOB_DIR/attempts.jsonl"
-}}
-
-stop_signal=""
-child=""
-forward() {{
-    stop_signal="$1"
-    echo "dlsub: received SIG$1: asking the training to checkpoint and stop" >&2
-    [ -n "$child" ] && kill -s "$1" "$child" 2>/dev/null
-}}
-move_requested=""
-trap 'forward USR1' USR1
-trap 'move_requested=1; forward USR1' USR2
-trap 'forward TERM' TERM
-cleanup() {{ podman rm -f -t 5 --ignore "$container" >/dev/null 2>&1 || true; }}
-trap cleanup EXIT
-
-log_attempt start ",\\"nodes\\":\\"${{SLURM_JOB_NODELIST:-}}\\",\\"gpus\\":\\"${{CUDA_VISIBLE_DEVICES:-}}\\""
-echo "dlsub: job $DLSUB_JOB_ID attempt $attempt on ${{SLURMD_NODENAME:-$(hostname -s)}} (partition ${{SLURM_JOB_PARTITION:-?}})" >&2
-{podman} &
-child=$!
-# wait returns early (status > 128) whenever a trapped signal arrives.
-while :; do
-    wait "$child"
-    rc=$?
-    if [ "$rc" -gt 128 ] && kill -0 "$child" 2>/dev/null; then
-        continue
-    fi
-    break
-done
-child=""
-
-if [ "$rc" -eq "$RESUME_EXIT_CODE" ] && [ "$stop_signal" != TERM ] && [ -n "$move_requested" ]; then
-    log_attempt end ",\\"rc\\":$rc,\\"action\\":\\"move\\""
-    echo "dlsub: checkpointed for a move; requeueing Slurm job $SLURM_JOB_ID held for the agent" >&2
-    trap 'exit 0' TERM  # the requeue ends this attempt; there is nothing left to forward
-    if scontrol requeuehold "$SLURM_JOB_ID"; then
-        exit 0
-    fi
-    echo "dlsub: scontrol requeuehold failed; requeueing where it was" >&2
-fi
-if [ "$rc" -eq "$RESUME_EXIT_CODE" ] && [ "$stop_signal" != TERM ]; then
-    log_attempt end ",\\"rc\\":$rc,\\"action\\":\\"requeue\\""
-    echo "dlsub: checkpointed; requeueing Slurm job $SLURM_JOB_ID to resume" >&2
-    trap 'exit 0' TERM
-    if scontrol requeue "$SLURM_JOB_ID"; then
-        exit 0
-    fi
-    echo "dlsub: scontrol requeue failed; the job ends here and its checkpoint stays in $DLSUB_JOB_DIR" >&2
-fi
-log_attempt end ",\\"rc\\":$rc,\\"signal\\":\\"$stop_signal\\""
-exit "$rc"
-"""
+    words = {
+        "DLSUB_VERSION": _word(spec.dlsub_version or "unknown"),
+        "DLSUB_ID": _word(spec.dlsub_id),
+        "JOB_DIR": q(str(c.job_dir)),
+        "RESUME_EXIT_CODE": _word(contract.RESUME_EXIT_CODE),
+        "CHECKPOINT_SIGNAL": _word(contract.CHECKPOINT_SIGNAL),
+        "MOVE_SIGNAL": _word(contract.MOVE_SIGNAL),
+        "STOP_SIGNAL": _word(contract.STOP_SIGNAL),
+        "MAX_CONTINUATIONS": _word(int(spec.max_continuations)),
+        "ATTEMPTS_FILE": _word(contract.ATTEMPTS_FILE),
+        "MARKERS_DIR": _word(contract.MARKERS_DIR),
+        "REQUEUE_COUNT_FILE": _word(contract.REQUEUE_COUNT_FILE),
+        "EVENT_START": _word(contract.EVENT_START),
+        "EVENT_END": _word(contract.EVENT_END),
+        "ACTION_MOVE": _word(contract.ACTION_MOVE),
+        "ACTION_REQUEUE": _word(contract.ACTION_REQUEUE),
+        "PODMAN_RUN": podman,
+    }
+    lines = {"SBATCH_DIRECTIVES": "\n".join(f"#SBATCH {d}" for d in directives)}
+    return fill_template(template_text(), words, lines)

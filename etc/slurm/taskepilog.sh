@@ -7,7 +7,16 @@
 command -v podman >/dev/null 2>&1 || exit 0
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -w "${XDG_RUNTIME_DIR}" ]; then
     XDG_RUNTIME_DIR="/run/user/$(id -u)"
-    [ -w "$XDG_RUNTIME_DIR" ] || XDG_RUNTIME_DIR="/tmp/dlsub-xdg-$(id -u)"
+    if [ ! -w "$XDG_RUNTIME_DIR" ]; then
+        XDG_RUNTIME_DIR="/tmp/dlsub-xdg-$(id -u)"
+        [ -e "$XDG_RUNTIME_DIR" ] || [ -L "$XDG_RUNTIME_DIR" ] || exit 0  # no Podman ran here from a job
+        # Another user may have made it first: use it only if it is ours and private.
+        if [ -L "$XDG_RUNTIME_DIR" ] || [ ! -d "$XDG_RUNTIME_DIR" ] \
+            || [ "$(stat -c '%u %a' "$XDG_RUNTIME_DIR")" != "$(id -u) 700" ]; then
+            echo "dlsub: taskepilog: $XDG_RUNTIME_DIR is not a directory of yours with mode 700; not running podman there" >&2
+            exit 0
+        fi
+    fi
     export XDG_RUNTIME_DIR
 fi
 [ -d "$XDG_RUNTIME_DIR" ] || exit 0

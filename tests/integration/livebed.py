@@ -42,7 +42,7 @@ class TestbedUser:
         return self.run("dlsub", *args, cwd=cwd, check=check)
 
     def submit(self, *args: str, cwd: Path | None = None) -> dict[str, Any]:
-        return json.loads(self.dlsub(*args, "--json", cwd=cwd).stdout)
+        return json.loads(self.dlsub("--json", *args, cwd=cwd).stdout)
 
     def status(self, job: str) -> dict[str, Any]:
         return json.loads(self.dlsub("status", job, "--json").stdout)

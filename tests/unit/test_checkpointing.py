@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from dlsub.checkpointing.storage import checkpoint_files
 
 from dlsub import checkpointing
-from dlsub.checkpointing.storage import checkpoint_files
 
 
 @pytest.fixture
@@ -116,3 +116,68 @@ def test_exit_for_resume_exits_85_and_resumes_at_saved_step(tmp_path: Path) -> N
     assert proc.stdout.readline().split() == ["start", "3"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 85
+
+
+def _events(run, kind: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    lines = (run.job_dir / "progress.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == kind]
+
+
+def test_save_without_step_records_the_last_reported_step(run) -> None:  # type: ignore[no-untyped-def]
+    run.report(step=41, loss=0.5)
+    run.save({"w": 1})
+    (event,) = _events(run, "checkpoint")
+    assert event["step"] == 41 and isinstance(event["step"], int) and event["seq"] == 1
+
+
+def test_save_without_step_or_report_records_the_sequence(run) -> None:  # type: ignore[no-untyped-def]
+    run.save({"w": 1})
+    run.save({"w": 2})
+    assert [(e["step"], e["seq"]) for e in _events(run, "checkpoint")] == [(1, 1), (2, 2)]
+
+
+def test_save_after_restore_records_the_restored_step(tmp_path: Path) -> None:
+    first = checkpointing.init(tmp_path / "job", handle_signals=False)
+    first.report(step=120)
+    first.save({"w": 1})
+    second = checkpointing.init(tmp_path / "job", handle_signals=False)
+    assert second.restore() == {"w": 1}
+    assert _events(second, "restore")[-1]["step"] == 120
+    second.save({"w": 2})
+    last = _events(second, "checkpoint")[-1]
+    assert last["step"] == 120 and last["seq"] == 2
+
+
+def test_init_without_arguments_uses_a_local_job_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DLSUB_JOB_DIR", raising=False)
+    r = checkpointing.init()
+    try:
+        r.save({"step": 1})
+        assert r.restore() == {"step": 1}
+        assert (tmp_path / "dlsub-run" / "progress.jsonl").exists()
+    finally:
+        r.uninstall_signal_handlers()
+
+
+def test_pruning_keeps_the_newest_checkpoint_that_verifies(run) -> None:  # type: ignore[no-untyped-def]
+    # The two newest (keep=2) are corrupt: the good checkpoint 1 is all a
+    # restore has, so pruning must keep it.
+    from dlsub.checkpointing import storage
+
+    good = storage.save_checkpoint(run.checkpoint_dir, 1, {"step": 1}, keep=10)
+    for step in (2, 3):
+        storage.save_checkpoint(run.checkpoint_dir, step, {"step": step}, keep=10).write_bytes(b"garbage")
+    storage.prune(run.checkpoint_dir, keep=2)
+    assert good.exists(), "the only checkpoint that verifies is kept past keep=2"
+    assert [seq for seq, _ in checkpoint_files(run.checkpoint_dir)] == [3, 2, 1]
+    assert run.restore() == {"step": 1}
+    # Once a newer good one exists, the old good one may go.
+    run.save({"step": 4}, step=4)
+    assert [seq for seq, _ in checkpoint_files(run.checkpoint_dir)] == [4, 3]
+    assert storage.verifies(run.checkpoint_dir / "ckpt-00000004.pt")
+
+
+def test_checkpoints_stay_owner_only(run) -> None:  # type: ignore[no-untyped-def]
+    run.save({"step": 1})
+    assert run.checkpoint_dir.stat().st_mode & 0o777 == 0o700

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dlsub.agent.cli import main, parse_mem, split_trailing_options
+from dlsub.agent.cli import main, parse_mem
 from dlsub.slurm_plugins.fake import FakeSlurm
 
 
@@ -95,29 +95,29 @@ def test_sbatch_failure_leaves_nothing(cli_env: FakeSlurm, tmp_path: Path, scrip
     result = invoke(str(script))
     assert result.exit_code == 1 and "invalid partition" in result.output
     assert_nothing_left(cli_env, tmp_path)
-    assert json.loads(invoke("status", "--json").output) == []
+    assert json.loads(invoke("status", "--json").stdout) == []
 
 
 def test_good_submit_json_and_status(cli_env: FakeSlurm, tmp_path: Path, script: Path) -> None:
-    result = invoke("--gpus", "2", str(script), "--epochs", "3", "--json")
+    result = invoke("--gpus", "2", "--json", str(script), "--epochs", "3")
     assert result.exit_code == 0, result.output
-    out = json.loads(result.output)
+    out = json.loads(result.stdout)
     assert out["slurm_job_id"] == cli_env.submitted()[0].job_id and out["partition"] == "gpu"
     job = cli_env.submitted()[0]
     assert job.options["gres"] == "gpu:2"
     assert job.options["comment"] == f"dlsub:{out['id']};mode=immediate;ideal=gpu;gpus=2"
     assert "--epochs 3" in Path(job.script).read_text()
     cli_env.set_job_state(job.job_id, "RUNNING", nodes="gpu1")
-    status = json.loads(invoke("status", out["id"], "--json").output)
+    status = json.loads(invoke("status", out["id"], "--json").stdout)
     for key in ("id", "slurm_job_id", "state", "partition", "nodes", "step", "epoch", "loss", "eta_s", "attempts"):
         assert key in status
     assert status["state"] == "RUNNING" and status["nodes"] == "gpu1"
     # The Slurm job id works as a handle too.
-    assert json.loads(invoke("status", str(job.job_id), "--json").output)["id"] == out["id"]
+    assert json.loads(invoke("status", str(job.job_id), "--json").stdout)["id"] == out["id"]
     # Once Slurm has purged the finished job, its accounting (sacct) still says how it ended.
     cli_env.set_job_state(job.job_id, "FAILED", nodes="gpu1", exit_code=3)
     cli_env.purge(job.job_id)
-    status = json.loads(invoke("status", out["id"], "--json").output)
+    status = json.loads(invoke("status", out["id"], "--json").stdout)
     assert status["state"] == "FAILED" and status["nodes"] == "gpu1" and status["partition"] == "gpu"
 
 
@@ -128,15 +128,15 @@ def test_dry_run_prints_script_and_submits_nothing(cli_env: FakeSlurm, tmp_path:
 
 
 def test_cancel_marks_cancelled(cli_env: FakeSlurm, script: Path) -> None:
-    out = json.loads(invoke(str(script), "--json").output)
+    out = json.loads(invoke("--json", str(script)).stdout)
     cli_env.set_job_state(out["slurm_job_id"], "RUNNING", nodes="cpu1")
     assert invoke("cancel", out["id"]).exit_code == 0
     assert cli_env.jobs[out["slurm_job_id"]].state == "CANCELLED"
-    assert json.loads(invoke("status", out["id"], "--json").output)["state"] == "CANCELLED"
+    assert json.loads(invoke("status", out["id"], "--json").stdout)["state"] == "CANCELLED"
 
 
 def test_requeue_signals_batch_shell_with_usr1(cli_env: FakeSlurm, script: Path) -> None:
-    out = json.loads(invoke(str(script), "--json").output)
+    out = json.loads(invoke("--json", str(script)).stdout)
     assert invoke("requeue", out["id"]).exit_code == 2  # still pending: refused
     cli_env.set_job_state(out["slurm_job_id"], "RUNNING", nodes="cpu1")
     assert invoke("requeue", out["id"]).exit_code == 0
@@ -149,7 +149,5 @@ def test_unknown_job_handle(cli_env: FakeSlurm) -> None:
     assert result.exit_code == 2 and "no dlsub job 'deadbeef'" in result.output
 
 
-def test_trailing_flags_and_separator() -> None:
-    assert split_trailing_options(("--lr", "1", "--json")) == (("--lr", "1"), {"--json"})
-    assert split_trailing_options(("--lr", "1", "--", "--json")) == (("--lr", "1", "--json"), set())
+def test_parse_mem() -> None:
     assert parse_mem("4G") == 4096 and parse_mem("512M") == 512 and parse_mem("2048") == 2048

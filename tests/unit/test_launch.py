@@ -60,10 +60,49 @@ def test_exit_code_passes_through(tmp_path: Path) -> None:
 
 
 def test_term_stops_unresponsive_command_after_grace(tmp_path: Path) -> None:
-    proc = _launch(tmp_path, {}, "sleep", "600")
-    time.sleep(0.5)
+    # Like torchrun over a worker that installs dlsub's handler but never
+    # looks at should_stop(): the command (sleep) dies of the SIGTERM.
+    code = "import time; from dlsub import checkpointing; checkpointing.init(); print('up', flush=True); time.sleep(20)"
+    proc = _launch(tmp_path, {}, "sh", "-c", '"$0" -c "$1" & exec sleep 600', sys.executable, code)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=30)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert 4.5 < time.monotonic() - started < 15, "the grace (5 s) first, then SIGTERM"
+    _, err = proc.communicate(timeout=30)  # the orphaned worker keeps the pipes for its 20 s
+    assert "did not stop within 5 s" in err
+
+
+def test_term_stops_a_script_that_ignores_the_library_at_once(tmp_path: Path) -> None:
+    # A plain script that never calls checkpointing.init(): nothing would use
+    # the grace (5 s here, 30 s in jobs), so SIGTERM takes effect at once.
+    proc = _launch(tmp_path, {}, sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)")
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signal.SIGTERM
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 2, "no grace for a script that does not handle the signal"
+    assert "no training process handles it" in err and "runs on" not in err
+
+
+def test_term_keeps_the_grace_for_a_script_that_checkpoints(tmp_path: Path) -> None:
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    proc = _launch(tmp_path, {}, sys.executable, str(worker))
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 85, err
+    assert list((tmp_path / "job" / "checkpoints").glob("ckpt-*.pt"))
+    assert "no training process handles" not in err, "the worker handled it, then left"
+
+
+def test_unhandled_usr1_is_logged_and_ignored(tmp_path: Path) -> None:
+    proc = _launch(tmp_path, {}, sys.executable, "-c",
+                   "import time; print('up', flush=True); time.sleep(1.5); print('still running', flush=True)")
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "still running" in out
+    assert "no training process handles SIGUSR1" in err

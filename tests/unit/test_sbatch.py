@@ -1,25 +1,33 @@
-"""Unit: batch-script rendering (pure) — a golden file, and the rendered
-script run by bash with stand-in `podman`/`scontrol` to prove its quoting and
-its resume protocol. No Slurm and no Podman involved."""
+"""Unit: batch-script rendering (pure) — a golden file, shellcheck over the
+template and a rendered script, and the rendered script run by bash with
+stand-in `podman`/`scontrol` to prove its quoting, its resume protocol, its
+continuation bound and its private runtime directory. No Slurm and no Podman
+involved."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
-
 from dlsub.containers.podman import ContainerSpec
-from dlsub.slurm_plugins.sbatch import BatchSpec, render_sbatch
+from dlsub.slurm_plugins import sbatch
+from dlsub.slurm_plugins.sbatch import BatchSpec, fill_template, render_sbatch
+
+from dlsub import contract
 
 GOLDEN = Path(__file__).parent / "golden" / "train.sbatch"
 NASTY_ARGS = ("--lr", "0.1", "a b", "it's", 'say "hi"', "x; touch /tmp/dlsub-pwned", "$(id)", "`id`", "*")
 
 
-def spec(tmp: Path, script: Path, args: tuple[str, ...] = ("--epochs", "3"), gpus: int = 0) -> BatchSpec:
+def spec(tmp: Path, script: Path, args: tuple[str, ...] = ("--epochs", "3"), gpus: int = 0,
+         max_continuations: int = 20) -> BatchSpec:
     container = ContainerSpec(
         image="localhost/dlsub-torch:2.13.0-cpu",
         script=script,
@@ -32,7 +40,7 @@ def spec(tmp: Path, script: Path, args: tuple[str, ...] = ("--epochs", "3"), gpu
     return BatchSpec(
         dlsub_id="0123abcd", job_name="train", partition="gpu", container=container,
         gpus_per_node=gpus, cpus_per_task=2, mem_mb=4096, time_limit_min=90, signal_grace_s=60,
-        dlsub_version="0.1.0",
+        dlsub_version="0.1.0", max_continuations=max_continuations,
     )
 
 
@@ -49,21 +57,32 @@ def _stub(bin_dir: Path, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_rc: int) -> tuple[int, Path]:
+def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_rc: int, *,
+                max_continuations: int = 20, env_extra: dict[str, str] | None = None,
+                podman_body: str | None = None, after_start: object | None = None) -> tuple[int, Path]:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(exist_ok=True)
     log = tmp_path / "calls.jsonl"
     # Stand-ins record their argv as JSON; python3 keeps the record exact.
     record = f'python3 -c \'import json,sys; print(json.dumps(sys.argv[1:]))\' "$(basename "$0")" "$@" >> {log}\n'
-    _stub(bin_dir, "podman", record + f'[ "$1" = rm ] && exit 0\nexit {container_rc}\n')
+    _stub(bin_dir, "podman", record + 'case "$1" in rm | kill) exit 0 ;; esac\n' + (podman_body or f"exit {container_rc}\n"))
     _stub(bin_dir, "scontrol", record + "exit 0\n")
-    text = render_sbatch(spec(tmp_path, script, args))
+    text = render_sbatch(spec(tmp_path, script, args, max_continuations=max_continuations))
+    # The fallback runtime directory, under tmp_path rather than the shared /tmp.
+    text = text.replace('"/tmp/dlsub-xdg-$(id -u)"', f'"{tmp_path}/xdg-fallback-$(id -u)"')
     batch = tmp_path / "job.sbatch"
     batch.write_text(text)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="77", SLURM_RESTART_COUNT="0",
                SLURM_JOB_PARTITION="gpu", XDG_RUNTIME_DIR=str(tmp_path / "xdg"))
-    result = subprocess.run(["bash", str(batch)], env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
-    return result.returncode, log
+    env.update(env_extra or {})
+    (tmp_path / "xdg").mkdir(mode=0o700, exist_ok=True)
+    proc = subprocess.Popen(["bash", str(batch)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
+    if callable(after_start):
+        after_start(proc, log)
+    _, err = proc.communicate(timeout=30)
+    (tmp_path / "stderr.txt").write_text(err)
+    return proc.returncode, log
 
 
 def _calls(log: Path) -> list[list[str]]:
@@ -109,3 +128,127 @@ def test_multi_node_is_refused_clearly(tmp_path: Path) -> None:
     s = spec(tmp_path, tmp_path / "t.py")
     with pytest.raises(ValueError, match="multi-node"):
         render_sbatch(BatchSpec(**{**s.__dict__, "nodes": 2}))
+
+
+def test_template_and_rendered_script_pass_shellcheck(tmp_path: Path) -> None:
+    checker = shutil.which("shellcheck")
+    if checker is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("shellcheck is not installed; CI checks the batch script with it (apt-get install shellcheck)")
+        pytest.skip("shellcheck is not installed")
+    rendered = tmp_path / "job.sbatch"
+    weird = tmp_path / "it's a dir; $(x)"
+    rendered.write_text(render_sbatch(spec(tmp_path, weird / "train.py", NASTY_ARGS, gpus=1)))
+    template = Path(sbatch.__file__).with_name(sbatch.TEMPLATE)
+    for path in (template, rendered, GOLDEN):
+        result = subprocess.run([checker, str(path)], capture_output=True, text=True, check=False)
+        assert result.returncode == 0, f"shellcheck {path}:\n{result.stdout}{result.stderr}"
+
+
+def test_every_placeholder_is_filled_and_every_value_used() -> None:
+    with pytest.raises(KeyError, match="@NEW@"):
+        fill_template("x=@NEW@\n", {}, {})
+    with pytest.raises(KeyError, match="lacks @GONE@"):
+        fill_template("x=1\n", {"GONE": "1"}, {})
+    # A user string that looks like a placeholder stays as it is.
+    assert fill_template("a=@A@ b=@B@\n", {"A": "@B@", "B": "2"}, {}) == "a=@B@ b=2\n"
+
+
+def test_contract_names_reach_the_script(tmp_path: Path) -> None:
+    text = render_sbatch(spec(tmp_path, tmp_path / "t.py", max_continuations=7))
+    assert f"RESUME_EXIT_CODE={contract.RESUME_EXIT_CODE}" in text
+    assert f"--signal=B:{contract.CHECKPOINT_SIGNAL}@60" in text
+    assert "max_continuations=7" in text
+    assert f"/{contract.MARKERS_DIR}" in text and f"/{contract.REQUEUE_COUNT_FILE}" in text
+
+
+def _counter(tmp_path: Path) -> Path:
+    return tmp_path / "home/.dlsub/jobs/0123abcd" / contract.MARKERS_DIR / contract.REQUEUE_COUNT_FILE
+
+
+def test_resume_requeues_are_counted_and_bounded(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    rc, log = _run_script(tmp_path, script, (), container_rc=85, max_continuations=2)
+    assert rc == 0 and ["scontrol", "requeue", "77"] in _calls(log)
+    assert _counter(tmp_path).read_text().strip() == "1"
+    log.unlink()
+    _counter(tmp_path).write_text("2\n")
+    rc, log = _run_script(tmp_path, script, (), container_rc=85, max_continuations=2)
+    assert rc == 85, "past the bound the job ends with the resume code"
+    assert not any(c[:2] == ["scontrol", "requeue"] for c in _calls(log))
+    assert "used its 2 continuations" in (tmp_path / "stderr.txt").read_text()
+    attempts = (tmp_path / "home/.dlsub/jobs/0123abcd/attempts.jsonl").read_text().splitlines()
+    last = json.loads(attempts[-1])
+    assert last["event"] == "end" and last["rc"] == 85 and "action" not in last
+
+
+def test_no_continuations_when_the_policy_turns_them_off(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    rc, log = _run_script(tmp_path, script, (), container_rc=85, max_continuations=0)
+    assert rc == 85 and not any(c[:1] == ["scontrol"] for c in _calls(log))
+    assert "used its 0 continuations" in (tmp_path / "stderr.txt").read_text()
+
+
+def test_a_garbled_counter_reads_as_zero(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    _counter(tmp_path).parent.mkdir(parents=True)
+    _counter(tmp_path).write_text("$(touch /tmp/dlsub-pwned) 99x\n")
+    rc, log = _run_script(tmp_path, script, (), container_rc=85, max_continuations=1)
+    assert rc == 0 and ["scontrol", "requeue", "77"] in _calls(log)
+    assert _counter(tmp_path).read_text().strip() == "1"
+
+
+def _send_when_started(sig: signal.Signals):  # type: ignore[no-untyped-def]
+    def send(proc: subprocess.Popen[str], log: Path) -> None:
+        deadline = time.monotonic() + 10
+        ready = log.with_name("container-ready")  # the stand-in container has its trap
+        while time.monotonic() < deadline and not ready.exists():
+            time.sleep(0.05)
+        proc.send_signal(sig)
+    return send
+
+
+def test_a_move_requeues_held_and_does_not_count(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    # The stand-in container checkpoints (exit 85) when the batch shell forwards USR1.
+    body = ("sleep 20 &\npid=$!\ntrap 'kill $pid; exit 85' USR1\n"
+            f"touch {tmp_path / 'container-ready'}\nwait $pid\nexit 0\n")
+    rc, log = _run_script(tmp_path, script, (), container_rc=0, max_continuations=0, podman_body=body,
+                          after_start=_send_when_started(signal.SIGUSR2))
+    assert rc == 0, (tmp_path / "stderr.txt").read_text()
+    assert ["scontrol", "requeuehold", "77"] in _calls(log)
+    assert ["podman", "kill", "--signal", "USR1", "dlsub-0123abcd-77-0"] in _calls(log), "said to the container too"
+    assert not _counter(tmp_path).exists(), "a move is not a continuation"
+
+
+def test_a_squatted_runtime_directory_is_refused_before_podman(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    elsewhere = tmp_path / "attacker"
+    elsewhere.mkdir(mode=0o777)
+    uid = os.getuid()
+    (tmp_path / f"xdg-fallback-{uid}").symlink_to(elsewhere)
+    # No usable XDG_RUNTIME_DIR and /run/user/<uid> not writable: the fallback is taken.
+    rc, log = _run_script(tmp_path, script, (), container_rc=0,
+                          env_extra={"XDG_RUNTIME_DIR": ""})
+    if Path(f"/run/user/{uid}").exists():
+        pytest.skip(f"/run/user/{uid} exists here, so the fallback is not used")
+    assert rc != 0
+    assert "is not a directory of yours with mode 700" in (tmp_path / "stderr.txt").read_text()
+    assert not log.exists() or not any(c[:1] == ["podman"] for c in _calls(log)), "podman never ran"
+
+
+def test_the_runtime_directory_fallback_is_made_private(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    uid = os.getuid()
+    if Path(f"/run/user/{uid}").exists():
+        pytest.skip(f"/run/user/{uid} exists here, so the fallback is not used")
+    rc, _ = _run_script(tmp_path, script, (), container_rc=0, env_extra={"XDG_RUNTIME_DIR": ""})
+    assert rc == 0, (tmp_path / "stderr.txt").read_text()
+    made = (tmp_path / f"xdg-fallback-{uid}").lstat()
+    assert stat.S_ISDIR(made.st_mode) and made.st_mode & 0o777 == 0o700 and made.st_uid == uid

@@ -1,0 +1,226 @@
+"""Unit: what `dlsub submit` promises users, against the fake Slurm: everything
+after SCRIPT is the script's, #DLSUB lines in the script, a private job
+directory (ACLs for the agent, or the 0711/0644 fallback), and the user
+store's job states (checked transitions, a tested migration)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from dlsub.agent.cli import main
+from dlsub.agent.user_store import JobRecord, JobStore
+from dlsub.slurm_plugins.fake import FakeSlurm
+
+from dlsub.contract import (
+    ATTEMPTS_FILE,
+    BATCH_SCRIPT,
+    PROGRESS_FILE,
+    IllegalTransition,
+    JobState,
+)
+
+
+def invoke(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "main.py"
+    path.write_text("print('training')\n")
+    return path
+
+
+def _script_words(fake: FakeSlurm) -> str:
+    (job,) = fake.submitted()
+    return Path(job.script).read_text()
+
+
+# ---------------------------------------------------------------- arguments after SCRIPT
+
+
+def test_flags_after_the_script_are_the_scripts(cli_env: FakeSlurm, script: Path) -> None:
+    result = invoke(str(script), "--dry-run", "--json")
+    assert result.exit_code == 0, result.output
+    assert len(cli_env.submitted()) == 1, "dlsub SCRIPT --dry-run submits: --dry-run is the script's"
+    assert f"{script} --dry-run --json &" in _script_words(cli_env)
+    assert "submitted job" in result.stdout, "--json after SCRIPT is not dlsub's"
+
+
+def test_a_third_party_script_keeps_its_own_dry_run(cli_env: FakeSlurm, script: Path) -> None:
+    assert invoke(str(script), "--epochs", "1", "--dry-run").exit_code == 0
+    assert f"{script} --epochs 1 --dry-run &" in _script_words(cli_env)
+
+
+def test_a_double_dash_after_the_script_is_passed_literally(cli_env: FakeSlurm, script: Path) -> None:
+    assert invoke("--json", str(script), "a", "--", "--json").exit_code == 0
+    assert f"{script} a -- --json &" in _script_words(cli_env)
+
+
+def test_options_before_the_script_are_dlsubs(cli_env: FakeSlurm, script: Path) -> None:
+    result = invoke("--dry-run", str(script), "--gpus", "3")
+    assert result.exit_code == 0 and cli_env.submitted() == []
+    assert "--gres" not in result.stdout and f"{script} --gpus 3" in result.stdout
+
+
+# ---------------------------------------------------------------- #DLSUB lines
+
+
+def test_dlsub_lines_set_options_and_the_command_line_wins(cli_env: FakeSlurm, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("#!/usr/bin/env python3\n# -*- coding: utf-8 -*-\n#DLSUB --gpus 2 --time 30\n\n"
+                      "#DLSUB -J 'from script'   # a comment\n\"\"\"Doc.\"\"\"\n#DLSUB --gpus 4\nprint(1)\n")
+    out = json.loads(invoke("--json", "--time", "45", str(script)).stdout)
+    job = cli_env.jobs[out["slurm_job_id"]]
+    assert job.options["gres"] == "gpu:2", "#DLSUB --gpus 2 applies; the line after the docstring does not"
+    assert job.options["time"] == "00:45:00", "the command line wins"
+    assert job.options["job-name"] == "from_script"
+
+
+@pytest.mark.parametrize("line,message", [
+    ("#DLSUB --gpus two", "'two' is not a valid integer"),
+    ("#DLSUB --gpu 2", "unknown option --gpu"),
+    ("#DLSUB train.py", "'train.py' is not an option"),
+    ("#DLSUB --time 1h30", "is not a time limit"),
+    ("#DLSUB --gpus -1", "--gpus must be 0 or more"),
+    ("#DLSUB --mem lots", "is not a memory size"),
+    ("#DLSUB -J 'open", "No closing quotation"),
+    ("#dlsub --gpus 1", "write #DLSUB in capitals"),
+    ("#DLSUB--gpus 1", "put a space after #DLSUB"),
+    ("#DLSUB --help", "does not belong on a #DLSUB line"),
+])
+def test_a_bad_dlsub_line_exits_2_naming_the_line(cli_env: FakeSlurm, tmp_path: Path, line: str, message: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(f"#!/usr/bin/env python3\n#DLSUB --cpus 1\n{line}\nprint(1)\n")
+    result = invoke(str(script))
+    assert result.exit_code == 2, result.output
+    assert "train.py line 3" in result.output and message in result.output
+    assert cli_env.submitted() == []
+    jobs = tmp_path / "dlsub-home" / "jobs"
+    assert not jobs.exists() or not any(jobs.iterdir())
+
+
+# ---------------------------------------------------------------- private files
+
+
+def _acl(path: Path) -> str:
+    return subprocess.run(["getfacl", "-p", "--omit-header", str(path)], capture_output=True, text=True, check=False).stdout
+
+
+needs_acl = pytest.mark.skipif(shutil.which("setfacl") is None, reason="setfacl is not installed")
+
+
+@needs_acl
+def test_job_directory_is_private_with_acls_for_the_agent(cli_env: FakeSlurm, tmp_path: Path, script: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlsub.agent import cli
+    from dlsub.agent.policy_file import AgentPolicy
+
+    monkeypatch.setattr(cli, "load_policy", lambda: AgentPolicy(agent_user="nobody"))
+    umasks: list[int] = []
+    original = cli_env._sbatch
+
+    def sbatch(argv: list[str]):  # type: ignore[no-untyped-def]
+        umasks.append(os.umask(0o077))
+        os.umask(umasks[-1])
+        return original(argv)
+
+    monkeypatch.setattr(cli_env, "_sbatch", sbatch)
+    out = json.loads(invoke("--json", str(script)).stdout)
+    job_dir = Path(out["job_dir"])
+    assert umasks == [0o077], "Slurm's output file takes sbatch's umask: owner-only"
+    assert stat.S_IMODE(job_dir.stat().st_mode) & 0o707 == 0o700
+    assert "user:nobody:--x" in _acl(job_dir) and "other::---" in _acl(job_dir)
+    for name in (PROGRESS_FILE, ATTEMPTS_FILE):
+        assert "user:nobody:r--" in _acl(job_dir / name) and "other::---" in _acl(job_dir / name)
+    assert stat.S_IMODE((job_dir / BATCH_SCRIPT).stat().st_mode) == 0o600
+    for parent in (job_dir.parent, job_dir.parent.parent):
+        assert "user:nobody:--x" in _acl(parent) and "other::---" in _acl(parent)
+    assert stat.S_IMODE((job_dir.parent.parent / "dlsub.db").stat().st_mode) == 0o600
+
+
+def test_without_acls_falls_back_to_0711_and_0644_and_says_so(cli_env: FakeSlurm, script: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlsub.agent.private_files import AgentAccess
+
+    monkeypatch.setattr(AgentAccess, "_setfacl",
+                        lambda self, path, perms: "setfacl: /x: Operation not supported")
+    result = invoke("--json", str(script))
+    assert result.exit_code == 0
+    warnings = [line for line in result.output.splitlines() if "warning: no POSIX ACLs" in line]
+    assert len(warnings) == 1 and "Operation not supported" in warnings[0]
+    job_dir = Path(json.loads(result.stdout)["job_dir"])
+    assert stat.S_IMODE(job_dir.stat().st_mode) == 0o711
+    assert stat.S_IMODE((job_dir / PROGRESS_FILE).stat().st_mode) == 0o644
+    assert stat.S_IMODE(job_dir.parent.stat().st_mode) & 0o011 == 0o011
+
+
+def test_a_home_the_agent_cannot_enter_is_pointed_out(cli_env: FakeSlurm, tmp_path: Path, script: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlsub.agent import private_files
+
+    closed = tmp_path / "closed"
+    monkeypatch.setattr(private_files, "agent_can_traverse", lambda path, user: path != closed)
+    monkeypatch.setenv("DLSUB_HOME", str(closed / ".dlsub"))
+    result = invoke(str(script))
+    assert result.exit_code == 0
+    assert f"cannot enter {closed}" in result.output and "DLSUB_HOME" in result.output
+
+
+# ---------------------------------------------------------------- job states in the user's store
+
+
+def _record(job_id: str = "0123abcd") -> JobRecord:
+    return JobRecord(id=job_id, name="t", user="u", script="/t.py", args=[], job_dir="/j", partition="cpu",
+                     gpus_per_node=0, nodes=1, cpus=1, mem_mb=100, time_limit_min=None, image="i")
+
+
+def test_store_records_states_and_refuses_to_leave_a_final_one(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "dlsub.db")
+    store.add(_record())
+    assert store.observe("0123abcd", "PENDING") is JobState.PENDING
+    assert store.observe("0123abcd", JobState.RUNNING) is JobState.RUNNING
+    assert store.observe("0123abcd", JobState.PREEMPTED) is JobState.PREEMPTED
+    with pytest.raises(IllegalTransition, match="final"):
+        store.observe("0123abcd", JobState.RUNNING)
+    assert store.observed("0123abcd", JobState.UNKNOWN) is JobState.PREEMPTED
+    assert store.get("0123abcd").state == "PREEMPTED"
+    with pytest.raises(ValueError, match="observe"):
+        store.update("0123abcd", state="RUNNING")
+
+
+def test_status_keeps_a_completed_job_completed_after_slurm_forgets_it(cli_env: FakeSlurm, script: Path) -> None:
+    out = json.loads(invoke("--json", str(script)).stdout)
+    cli_env.set_job_state(out["slurm_job_id"], "COMPLETED", nodes="cpu1")
+    assert json.loads(invoke("status", out["id"], "--json").stdout)["state"] == "COMPLETED"
+    cli_env.jobs.pop(out["slurm_job_id"])  # purged, and no accounting either
+    assert json.loads(invoke("status", out["id"], "--json").stdout)["state"] == "COMPLETED"
+
+
+def test_a_store_made_by_the_previous_schema_keeps_working(tmp_path: Path) -> None:
+    path = tmp_path / "dlsub.db"
+    db = sqlite3.connect(path)
+    # The jobs table exactly as main's first schema made it.
+    db.execute("CREATE TABLE [jobs] ([id] TEXT PRIMARY KEY, [name] TEXT, [user] TEXT, [script] TEXT, [args] TEXT, "
+               "[job_dir] TEXT, [partition] TEXT, [gpus_per_node] INTEGER, [nodes] INTEGER, [cpus] INTEGER, "
+               "[mem_mb] INTEGER, [time_limit_min] INTEGER, [image] TEXT, [slurm_job_id] INTEGER, "
+               "[submitted_at] FLOAT, [cancelled_at] FLOAT)")
+    db.execute("CREATE INDEX [idx_jobs_slurm_job_id] ON [jobs] ([slurm_job_id])")
+    db.execute("INSERT INTO jobs VALUES ('0123abcd','t','u','/t.py','[\"--lr\"]','/j','cpu',0,1,1,100,NULL,'i',"
+               "42,1.0,NULL)")
+    db.commit()
+    db.close()
+    store = JobStore(path)
+    old = store.get("42")
+    assert old.id == "0123abcd" and old.args == ["--lr"] and old.state is None
+    assert store.observe("0123abcd", "RUNNING") is JobState.RUNNING
+    store.add(_record("89abcdef"))
+    assert [r.id for r in JobStore(path).all()] == ["0123abcd", "89abcdef"]
