@@ -226,10 +226,11 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
             return [Action(FINISH_MOVE, reason="continued in a new attempt", **common)]
         if job.state == "PENDING" and requeued:
             if job.reason == "BeginTime" and job.last_attempt_action == ACTION_REQUEUE:
-                if job.requeues < rules.max_continuations:
+                # The batch script allows max_continuations resume-requeues; each of those is lifted.
+                if job.requeues <= rules.max_continuations:
                     return [Action(LIFT_BEGIN_TIME, reason="checkpointed before its time limit; continuing now",
                                    **common)]
-                return [Action(FINISH_MOVE, reason=f"requeued {job.requeues} times, the most the site allows "
+                return [Action(FINISH_MOVE, reason=f"requeued {job.requeues} times, more than the site allows "
                                f"({rules.max_continuations}): left to Slurm's own requeue delay", **common)]
             return [Action(FINISH_MOVE, reason="continued in a new attempt", **common)]
         if job.state == "RUNNING" and now - move.since > 2 * rules.checkpoint_grace_s:
@@ -514,13 +515,13 @@ def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Ru
         if job.move is not None:
             actions += _advance_move(job, now, rules)
         elif job.state == "PENDING" and job.reason == "BeginTime" and job.last_attempt_action == ACTION_REQUEUE:
-            if job.requeues < rules.max_continuations:
+            if job.requeues <= rules.max_continuations:  # as many as the batch script itself allows
                 actions.append(Action(LIFT_BEGIN_TIME, job.dlsub_id, job.slurm_job_id,
                                       "checkpointed and requeued; lifting Slurm's wait before a requeued job may "
                                       f"start ({job.requeues} of at most {rules.max_continuations} requeues)"))
             else:
                 actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id,
-                                      f"requeued itself {job.requeues} times, the most the site allows "
+                                      f"requeued itself {job.requeues} times, more than the site allows "
                                       f"({rules.max_continuations}): the agent no longer lifts Slurm's requeue delay"))
     actions += _continuations(jobs, by_name, rules, now)
     actions += _backfill(jobs, by_name, rules, window, now, usage)

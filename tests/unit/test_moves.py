@@ -135,8 +135,11 @@ def test_time_limit_continuation_before_the_allocation_ends() -> None:
     waiting = replace(dev, state="PENDING", reason="BeginTime", move=move(MovePhase.SIGNALLED, kind="continue"),
                       restart_count=1, requeues=1, last_attempt_action="requeue")
     assert kinds(m.plan([waiting], parts(), RULES, NOW)) == [m.LIFT_BEGIN_TIME]
-    over = m.plan([replace(waiting, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)
-    assert kinds(over) == [m.FINISH_MOVE] and "the most the site allows" in over[0].reason
+    # The batch script allows max_continuations requeues: the last of them is lifted, one more is not.
+    assert kinds(m.plan([replace(waiting, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)) == [
+        m.LIFT_BEGIN_TIME]
+    over = m.plan([replace(waiting, requeues=4)], parts(), replace(RULES, max_continuations=3), NOW)
+    assert kinds(over) == [m.FINISH_MOVE] and "more than the site allows" in over[0].reason
     # The script's own requeues count against continuations too.
     capped = m.plan([replace(dev, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)
     assert kinds(capped) == [m.NOTE]
@@ -178,7 +181,9 @@ def test_a_self_requeued_job_starts_again_without_slurms_wait_up_to_max_continua
     requeued = job(state="PENDING", reason="BeginTime", last_attempt_action="requeue", requeues=1)
     assert kinds(m.plan([requeued], parts(), RULES, NOW)) == [m.LIFT_BEGIN_TIME]
     assert m.plan([replace(requeued, last_attempt_action=None)], parts(), RULES, NOW) == []
-    looping = m.plan([replace(requeued, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)
+    assert kinds(m.plan([replace(requeued, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)) == [
+        m.LIFT_BEGIN_TIME]
+    looping = m.plan([replace(requeued, requeues=4)], parts(), replace(RULES, max_continuations=3), NOW)
     assert kinds(looping) == [m.NOTE] and "no longer lifts" in looping[0].reason
     # A move's requeue ("move") is not a resume-requeue: it never counts.
     assert kinds(m.plan([replace(requeued, requeues=2)], parts(), replace(RULES, max_continuations=3), NOW)) == [
