@@ -81,7 +81,7 @@ class Caller:
     admin: bool  # sees every job
 
     @classmethod
-    def of(cls, uid: int, policy: AgentPolicy, service_uid: int) -> "Caller":
+    def of(cls, uid: int, policy: AgentPolicy, service_uid: int) -> Caller:
         try:
             name = pwd.getpwuid(uid).pw_name
         except KeyError:
@@ -133,7 +133,9 @@ def _visible_moves(store: StoreView, caller: Caller) -> list[dict[str, Any]]:
 
 
 def _decision_dict(decision: Any) -> dict[str, Any]:
-    return dataclasses.asdict(decision) if dataclasses.is_dataclass(decision) else dict(decision)
+    if dataclasses.is_dataclass(decision) and not isinstance(decision, type):
+        return dataclasses.asdict(decision)
+    return dict(decision)
 
 
 def _why(request: Mapping[str, Any], caller: Caller, store: StoreView) -> dict[str, Any]:
@@ -225,7 +227,7 @@ class QueryServer:
             except OSError:
                 pass
 
-    def __enter__(self) -> "QueryServer":
+    def __enter__(self) -> QueryServer:
         self.start()
         return self
 
