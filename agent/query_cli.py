@@ -120,8 +120,12 @@ def _status_unanswered(reason: str, db: Path | None) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - an unreadable state says only that no agent runs
             info = {**dict.fromkeys(KEPT_FIELDS), "running": False, "error": f"{reason}; its state: {exc}"}
             return info
-        info["process_alive"] = bool(meta.get("pid")) and not meta.get("stopped") and _alive(meta.get("pid"))
-        info["error"] = reason if db is None else None
+        alive = bool(meta.get("pid")) and not meta.get("stopped") and _alive(meta.get("pid"))
+        info["process_alive"] = alive
+        if db is not None:  # asked to read the database: its process says whether it runs
+            info["running"] = alive
+        else:
+            info["error"] = reason
         return info
     return {**dict.fromkeys(KEPT_FIELDS), "running": False, "moves_in_flight": [],
             "error": f"{reason} (its state is private to the agent's account: ask your admin if it stays down)"}

@@ -15,7 +15,7 @@ repo="$(dirname "$here")"
 
 # ---------------------------------------------------------------- packages
 # acl: job directories grant the agent's account read access (setfacl);
-# shellcheck: `make lint`; lua5.1: the unit tests run job_submit.lua as slurmctld would.
+# `make lint` runs shellcheck; the unit tests run job_submit.lua under lua5.1 as slurmctld would.
 packages=(slurm-wlm slurm-client slurmdbd mariadb-server munge podman runc uidmap slirp4netns fuse-overlayfs
           debootstrap python3 python3-venv ca-certificates procps acl shellcheck lua5.1)
 missing=()
