@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_query_socket import StandInStore
 
 from dlsub.agent.agent_cli import agent, why
 from dlsub.agent.daemon_cli import agent_lock, make_private
 from dlsub.agent.policy_file import AgentPolicy
 from dlsub.agent.query import QueryServer
-from test_query_socket import StandInStore
 
 KEPT_FIELDS = {"running", "last_tick", "last_tick_age_s", "doing", "moves_in_flight", "last_error"}
 
