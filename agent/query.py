@@ -318,8 +318,9 @@ class QueryServer:
         except Exception as exc:  # noqa: BLE001 - one client's failure ends its connection, never the server
             log.debug("query from uid %d dropped: %s", uid, exc)
         finally:
-            _close(conn)
+            # The slot first: a client that saw our answer end may connect again at once.
             self._free_slot(uid)
+            _close(conn)
 
     def _read_request(self, conn: socket.socket) -> bytes | None:
         """One request line, or None when it is too big or too slow (the client is told which)."""

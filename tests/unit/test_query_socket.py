@@ -174,7 +174,10 @@ def _raw(path: Path, payload: bytes, *, close_write: bool = False) -> socket.soc
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(10)
     s.connect(str(path))
-    s.sendall(payload)
+    try:
+        s.sendall(payload)
+    except BrokenPipeError:
+        pass  # refused before we wrote: the reason is waiting to be read
     if close_write:
         s.shutdown(socket.SHUT_WR)
     return s
