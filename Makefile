@@ -1,11 +1,11 @@
-# dlsub: make testbed | make demo | make test | make bench | make bench-policies
+# dlsub: make testbed | make demo | make test | make lint | make bench | make bench-policies
 # testbed, demo and test need root: they install packages and start Slurm.
 SHELL := /bin/bash
 PREFIX ?= /opt/dlsub
 VENV := $(PREFIX)/venv
 TEST_USER ?= dltest
 
-.PHONY: testbed testbed-down install demo test unit integration bench bench-policies
+.PHONY: testbed testbed-down install demo test lint lint-installed unit integration bench bench-policies
 
 testbed:
 	bash testbed/up.sh
@@ -20,7 +20,22 @@ demo: testbed
 	bash examples/demo.sh
 
 test: testbed
+	$(MAKE) --no-print-directory lint-installed
 	$(VENV)/bin/pytest -p no:cacheprovider -v tests
+
+# ruff over the checkout; mypy over the installed package (from outside the
+# checkout, so it sees what users import: the one `dlsub` namespace, py.typed);
+# shellcheck over every shell script in the repository. Nothing is written
+# into the checkout (no caches).
+SHELL_SCRIPTS = $(shell git ls-files --cached --others --exclude-standard -- '*.sh' '*.bash' .ci/run 2>/dev/null || find . -name '*.sh' -not -path './build/*')
+lint: install
+	$(MAKE) --no-print-directory lint-installed
+
+lint-installed:
+	@test -x $(VENV)/bin/mypy || { echo "make lint: no $(VENV)/bin/mypy: run make install (or make testbed) first" >&2; exit 2; }
+	$(VENV)/bin/ruff check --no-cache .
+	cd / && $(VENV)/bin/mypy --config-file "$(CURDIR)/pyproject.toml" --cache-dir /dev/null -p dlsub
+	shellcheck -x -P SCRIPTDIR $(SHELL_SCRIPTS)
 
 unit: install
 	$(VENV)/bin/pytest -p no:cacheprovider -v tests/unit

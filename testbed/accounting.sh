@@ -22,8 +22,7 @@ start_mariadb() {
             --socket=/run/mysqld/mysqld.sock --bind-address=127.0.0.1 \
             >>/var/log/dlsub-testbed/mariadb.log 2>&1 < /dev/null &
     fi
-    local i
-    for i in $(seq 1 60); do
+    for _ in $(seq 1 60); do
         mariadb -e 'select 1' >/dev/null 2>&1 && break
         sleep 0.5
     done
@@ -45,8 +44,7 @@ start_slurmdbd() {
         say "starting slurmdbd"
         /usr/sbin/slurmdbd
     fi
-    local i
-    for i in $(seq 1 60); do
+    for _ in $(seq 1 60); do
         sacctmgr -n show cluster >/dev/null 2>&1 && return 0
         sleep 0.5
     done
@@ -69,6 +67,7 @@ associations() {
     ensure cluster "$cluster"
     ensure account research "cluster=$cluster" "description=testbed users" "organization=dlsub"
     ensure user "$TESTBED_USER" account=research "cluster=$cluster"
+    ensure user "$TESTBED_USER2" account=research "cluster=$cluster"
     ensure user root account=research "cluster=$cluster"
     ensure user "$AGENT_USER" account=research "cluster=$cluster"
     if ! sacctmgr -n -P show user "$AGENT_USER" format=adminlevel | grep -qx Operator; then

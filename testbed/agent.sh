@@ -8,13 +8,19 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 pidfile=/run/dlsub/agent.pid
 start() {
-    install -d -m 755 -o "$AGENT_USER" -g "$AGENT_USER" /run/dlsub /var/lib/dlsub /var/log/dlsub
+    # The socket users ask through lives in /run/dlsub (0755: anyone may reach
+    # it); the state and the log are the service account's alone.
+    install -d -m 755 -o "$AGENT_USER" -g "$AGENT_USER" /run/dlsub
+    install -d -m 700 -o "$AGENT_USER" -g "$AGENT_USER" /var/lib/dlsub /var/log/dlsub
+    chmod 700 /var/lib/dlsub /var/log/dlsub  # install -d leaves an existing directory's mode alone
+    touch /var/log/dlsub/agent.log
+    chown "$AGENT_USER:$AGENT_USER" /var/log/dlsub/agent.log
+    chmod 600 /var/log/dlsub/agent.log
     pid_alive "$pidfile" && return 0
     say "starting the dlsub agent as $AGENT_USER"
     runuser -u "$AGENT_USER" -- setsid "$DLSUB_PREFIX/venv/bin/dlsub" agent run --pidfile "$pidfile" \
         >>/var/log/dlsub/agent.log 2>&1 </dev/null &
-    local i
-    for i in $(seq 1 50); do
+    for _ in $(seq 1 50); do
         pid_alive "$pidfile" && return 0
         sleep 0.2
     done

@@ -1,7 +1,14 @@
-# Shared by testbed/up.sh and testbed/down.sh (sourced, not run).
+# shellcheck shell=bash disable=SC2034
+# Shared by the testbed's scripts (sourced, not run; the variables are theirs).
+# The unprivileged job users: the first runs the tests' jobs (and has the
+# image); the second plays another user for the privacy and trust tests.
 TESTBED_USER="${DLSUB_TESTBED_USER:-dltest}"
+TESTBED_USER2="${DLSUB_TESTBED_USER2:-dltest2}"
 TESTBED_NODES="cpu1 cpu2 gpu1 gpu2"
 DLSUB_PREFIX="${DLSUB_PREFIX:-/opt/dlsub}"
+# The agent's service account (a Slurm Operator) and MariaDB's pid file.
+AGENT_USER="${DLSUB_AGENT_USER:-dlsub}"
+MARIADB_PIDFILE=/run/mysqld/mysqld.pid  # written by mariadbd itself, as user mysql
 
 say() { printf 'testbed: %s\n' "$*" >&2; }
 die() { printf 'testbed: error: %s\n' "$*" >&2; exit 1; }
@@ -16,15 +23,17 @@ pid_alive() {
 
 # Stop one daemon by its pid file (only processes we started), waiting for it.
 stop_pidfile() {
-    local pidfile="$1" pid i
+    local pidfile="$1" pid
     pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
     pid="$(cat "$pidfile")"
     kill "$pid" 2>/dev/null || true
-    for i in $(seq 1 50); do
+    for _ in $(seq 1 50); do
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.2
     done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null || true
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -9 "$pid" 2>/dev/null || true
+    fi
     rm -f "$pidfile"
 }
 
@@ -38,8 +47,8 @@ stop_slurm() {
 
 # Wait until every node has registered and none is down or invalid.
 wait_for_nodes() {
-    local i states
-    for i in $(seq 1 60); do
+    local states
+    for _ in $(seq 1 60); do
         states="$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u)"
         if [ -n "$states" ] && ! grep -Eq ' (unk|down|inval|drain|drng|fail|no_respond)' <<<"$states" \
            && [ "$(wc -l <<<"$states")" -ge 4 ]; then
@@ -53,7 +62,3 @@ wait_for_nodes() {
     done
     die "nodes did not come up: $states (see /var/log/dlsub-testbed/)"
 }
-
-# The agent's service account (a Slurm Operator) and MariaDB's pid file.
-AGENT_USER="${DLSUB_AGENT_USER:-dlsub}"
-MARIADB_PIDFILE=/run/mysqld/mysqld.pid  # written by mariadbd itself, as user mysql

@@ -22,6 +22,12 @@ if ! "$venv/bin/python" -c "import torch, numpy, scipy, matplotlib, apscheduler,
     say "installing torch==2.13.0, numpy, scipy, matplotlib, apscheduler, pytest into $venv"
     "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" numpy "scipy>=1.10" "matplotlib>=3.7" "apscheduler>=3.10,<4" pytest "click>=8.1" "sqlite-utils>=3.35"
 fi
+# `make lint`. (What dlsub imports ships its types, or is listed in
+# pyproject's mypy overrides: no stub packages needed.)
+if ! "$venv/bin/python" -c "import mypy, ruff" 2>/dev/null; then
+    say "installing mypy and ruff into $venv"
+    "$venv/bin/pip" install "${pip_opts[@]}" mypy ruff
+fi
 # Build from a copy so that nothing is written into the checkout.
 build="$(mktemp -d)"
 trap 'rm -rf "$build"' EXIT

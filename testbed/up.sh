@@ -14,8 +14,10 @@ repo="$(dirname "$here")"
 [ "$(id -u)" -eq 0 ] || die "run as root (it installs packages and starts Slurm daemons): sudo make testbed"
 
 # ---------------------------------------------------------------- packages
+# acl: job directories grant the agent's account read access (setfacl);
+# `make lint` runs shellcheck; the unit tests run job_submit.lua under lua5.1 as slurmctld would.
 packages=(slurm-wlm slurm-client slurmdbd mariadb-server munge podman runc uidmap slirp4netns fuse-overlayfs
-          debootstrap python3 python3-venv ca-certificates procps)
+          debootstrap python3 python3-venv ca-certificates procps acl shellcheck lua5.1)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -41,21 +43,28 @@ if ! pid_alive /run/munge/munged.pid; then
 fi
 munge -n | unmunge >/dev/null || die "munge does not work: see /var/log/munge/munged.log"
 
-# ---------------------------------------------------------------- the job user
-if ! id "$TESTBED_USER" >/dev/null 2>&1; then
-    say "creating user $TESTBED_USER"
-    useradd -m -s /bin/bash "$TESTBED_USER"
-fi
-uid="$(id -u "$TESTBED_USER")"
-grep -q "^$TESTBED_USER:" /etc/subuid || usermod --add-subuids 200000-265535 "$TESTBED_USER"
-grep -q "^$TESTBED_USER:" /etc/subgid || usermod --add-subgids 200000-265535 "$TESTBED_USER"
-# What logind would make on a login node: the user's runtime directory.
-install -d -m 700 -o "$TESTBED_USER" -g "$TESTBED_USER" "/run/user/$uid"
-home="$(getent passwd "$TESTBED_USER" | cut -d: -f6)"
-install -d -m 755 -o "$TESTBED_USER" -g "$TESTBED_USER" "$home/.config" "$home/.config/containers"
-for f in containers.conf storage.conf; do
-    install -m 644 -o "$TESTBED_USER" -g "$TESTBED_USER" "$repo/etc/testbed/$f" "$home/.config/containers/$f"
-done
+# ---------------------------------------------------------------- the job users
+# Two unprivileged users, set up alike: the second plays "another user" in the
+# privacy and trust tests. Each gets its own subordinate id range.
+job_user() {  # name first-subid
+    local name="$1" first="$2" uid home f
+    if ! id "$name" >/dev/null 2>&1; then
+        say "creating user $name"
+        useradd -m -s /bin/bash "$name"
+    fi
+    uid="$(id -u "$name")"
+    grep -q "^$name:" /etc/subuid || usermod --add-subuids "$first-$((first + 65535))" "$name"
+    grep -q "^$name:" /etc/subgid || usermod --add-subgids "$first-$((first + 65535))" "$name"
+    # What logind would make on a login node: the user's runtime directory.
+    install -d -m 700 -o "$name" -g "$name" "/run/user/$uid"
+    home="$(getent passwd "$name" | cut -d: -f6)"
+    install -d -m 755 -o "$name" -g "$name" "$home/.config" "$home/.config/containers"
+    for f in containers.conf storage.conf; do
+        install -m 644 -o "$name" -g "$name" "$repo/etc/testbed/$f" "$home/.config/containers/$f"
+    done
+}
+job_user "$TESTBED_USER" 200000
+job_user "$TESTBED_USER2" 300000
 
 # The agent's service account: unprivileged, made a Slurm Operator below.
 if ! id "$AGENT_USER" >/dev/null 2>&1; then
@@ -81,6 +90,10 @@ for node in gpu1 gpu2; do
 done
 install -m 755 "$repo/etc/slurm/taskepilog.sh" /etc/dlsub/taskepilog
 install -m 644 "$repo/etc/testbed/policy.toml" /etc/dlsub/policy.toml
+# The submit record (AdminComment) the agent trusts; slurmctld reloads the
+# script when it changes, and must find it before it starts with JobSubmitPlugins=lua.
+cmp -s "$repo/slurm_plugins/job_submit.lua" /etc/slurm/job_submit.lua \
+    || install -m 644 "$repo/slurm_plugins/job_submit.lua" /etc/slurm/job_submit.lua
 changed=0
 for f in slurm.conf gres.conf; do
     if ! cmp -s "$repo/etc/testbed/$f" "/etc/slurm/$f"; then

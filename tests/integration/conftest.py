@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from livebed import USER, TestbedUser
+from livebed import USER, USER2, TestbedUser
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -36,6 +36,15 @@ def user() -> TestbedUser:
     if "UP" not in ping.stdout:
         pytest.fail(f"slurmctld is not up ({ping.stdout.strip()} {ping.stderr.strip()}): `sudo make testbed`")
     return u
+
+
+@pytest.fixture(scope="session")
+def user2(user: TestbedUser) -> TestbedUser:
+    """Another unprivileged user, for tests of what one user can do to another's jobs."""
+    try:
+        return TestbedUser(USER2)
+    except KeyError:
+        pytest.fail(f"user {USER2} does not exist: bring the testbed up with `sudo make testbed`")
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 USER = os.environ.get("DLSUB_TESTBED_USER", "dltest")
+#: A second unprivileged user: "another user" in the privacy and trust tests.
+USER2 = os.environ.get("DLSUB_TESTBED_USER2", "dltest2")
 EXAMPLES = Path(os.environ.get("DLSUB_PREFIX", "/opt/dlsub")) / "examples"
 
 
@@ -31,7 +32,8 @@ class TestbedUser:
             "XDG_RUNTIME_DIR": f"/run/user/{self.uid}", "LANG": "C.UTF-8",
         }
 
-    def run(self, *argv: str, cwd: Path | None = None, check: bool = False, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def run(self, *argv: str, cwd: Path | None = None, check: bool = False,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
         cmd = ["runuser", "-u", self.name, "--", "env", "-i", *(f"{k}={v}" for k, v in self.env.items()), *argv]
         result = subprocess.run(cmd, cwd=cwd or self.home, capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
