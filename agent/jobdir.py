@@ -59,7 +59,9 @@ MAX_ABS_LOSS = 1e12
 RATE_WINDOW = 20
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+# O_PATH: the agent's account may only traverse job directories (ACL u:dlsub:--x, or 0711), not list
+# them; a path descriptor is enough to fstat the directory and open its two files relative to it.
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 class Unreadable(Exception):

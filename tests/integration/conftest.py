@@ -10,12 +10,13 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from livebed import USER, USER2, TestbedUser
+from livebed import USER, USER2, TestbedUser, agent_service, blockers
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -57,3 +58,26 @@ def workdir(user: TestbedUser) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture
+def gpus_busy(user: TestbedUser) -> Iterator[list[int]]:
+    ids = blockers(user)
+    yield ids
+    subprocess.run(["scancel", *map(str, ids)], check=False)
+
+
+@pytest.fixture
+def service_agent() -> Iterator[None]:
+    agent_service("start")
+    yield
+    agent_service("start")  # whatever a test did to it, leave it running
+
+
+@pytest.fixture
+def manual_agent(tmp_path: Path) -> Iterator[Path]:
+    """The service stopped; the test ticks an agent of its own (own state database) by hand."""
+    agent_service("stop")
+    db = Path(f"/var/lib/dlsub/it-{os.getpid()}-{time.monotonic_ns()}.db")
+    yield db
+    agent_service("start")
+    for suffix in ("", "-wal", "-shm", ".lock"):
+        Path(str(db) + suffix).unlink(missing_ok=True)

@@ -130,3 +130,12 @@ def node_back(node: str) -> None:
         return state.rstrip("*") in ("idle", "mix", "alloc")
 
     wait_for(f"{node} back in service", up, timeout=90, interval=2)
+
+
+def why_as_agent(job: str, db: Path) -> str:
+    """`dlsub why JOB` over a test agent's own database: readable by the service account only."""
+    result = subprocess.run(["runuser", "-u", AGENT_USER, "--", "dlsub", "why", job, "--db", str(db)],
+                            capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise AssertionError(f"dlsub why failed: {result.stdout}\n{result.stderr}")
+    return result.stdout

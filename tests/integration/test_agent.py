@@ -26,39 +26,14 @@ from livebed import (
     agent_service,
     agent_tick,
     attempts,
-    blockers,
     node_back,
     slurm_job,
     wait_for,
+    why_as_agent,
 )
 
 TRAIN = str(EXAMPLES / "train_digits.py")
 SERVICE_DB = Path("/var/lib/dlsub/agent.db")
-
-
-@pytest.fixture
-def gpus_busy(user: TestbedUser) -> Iterator[list[int]]:
-    ids = blockers(user)
-    yield ids
-    subprocess.run(["scancel", *map(str, ids)], check=False)
-
-
-@pytest.fixture
-def service_agent() -> Iterator[None]:
-    agent_service("start")
-    yield
-    agent_service("start")  # whatever a test did to it, leave it running
-
-
-@pytest.fixture
-def manual_agent(tmp_path: Path) -> Iterator[Path]:
-    """The service stopped; the test ticks an agent of its own (own state database) by hand."""
-    agent_service("stop")
-    db = Path(f"/var/lib/dlsub/it-{os.getpid()}-{time.monotonic_ns()}.db")
-    yield db
-    agent_service("start")
-    for suffix in ("", "-wal", "-shm", ".lock"):
-        Path(str(db) + suffix).unlink(missing_ok=True)
 
 
 def checkpointed(user: TestbedUser, job: str) -> int | None:
@@ -124,7 +99,7 @@ def test_time_limit_continuation_on_gpu_dev(user: TestbedUser, workdir: Path, ma
     text = output(job["job_dir"])
     resumed = re.search(r"resumed from step (\d+)", text)
     assert resumed and int(resumed.group(1)) >= step, text
-    why = user.dlsub("why", job["id"], "--db", str(manual_agent)).stdout
+    why = why_as_agent(job["id"], manual_agent)
     assert "continue" in why and "time limit on gpu-dev ends in 30 s" in why
 
 
@@ -193,7 +168,7 @@ def test_off_hours_window_opens_and_closes(
     assert final["partition"] == "cpu" and final["attempts"] == 2
     resumed = re.search(r"resumed from step (\d+)", output(job["job_dir"]))
     assert resumed and int(resumed.group(1)) >= step
-    why = user.dlsub("why", job["id"], "--db", str(manual_agent)).stdout
+    why = why_as_agent(job["id"], manual_agent)
     assert "off-hours window 'it-window' is open" in why and "moving back to cpu" in why, why
 
 

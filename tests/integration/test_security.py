@@ -1,6 +1,6 @@
 """Integration tests (live testbed: real Slurm with slurmdbd and job_submit.lua, rootless Podman): two users.
 
-The victim is the testbed user; the attacker a second unprivileged user
+The victim is the testbed user; the user2 a second unprivileged user
 who does what any user can: plain `sbatch` with a forged comment, files of
 any kind in its own job directories, squatting in /tmp. Each test asserts
 that the victim's Slurm job is untouched (partition, GRES, hold, restart
@@ -81,23 +81,23 @@ def forged_progress(directory: Path) -> str:
     return "".join(json.dumps(e) + "\n" for e in events)
 
 
-def attacker_dir(attacker: TestbedUser, name: str) -> Path:
-    path = attacker.home / ".dlsub-forged" / name
-    attacker.run("mkdir", "-p", str(path), check=True)
-    attacker.run("chmod", "-R", "755", str(attacker.home / ".dlsub-forged"), check=True)
+def user2_dir(user2: TestbedUser, name: str) -> Path:
+    path = user2.home / ".dlsub-forged" / name
+    user2.run("mkdir", "-p", str(path), check=True)
+    user2.run("chmod", "-R", "755", str(user2.home / ".dlsub-forged"), check=True)
     return path
 
 
 def test_another_users_job_reusing_my_id_moves_nothing_of_mine(
-    user: TestbedUser, attacker: TestbedUser, workdir: Path, manual_agent: Path
+    user: TestbedUser, user2: TestbedUser, workdir: Path, manual_agent: Path
 ) -> None:
-    """A plain sbatch job of the attacker's whose comment names the victim's dlsub id."""
+    """A plain sbatch job of the user2's whose comment names the victim's dlsub id."""
     victim = running_job(user, workdir, "--mode", "ideal", "-p", "gpu", "--gpus", "1")
     before = running_snapshot(victim["slurm_job_id"])
     agent_tick(manual_agent)  # the victim's id is bound to the victim's uid from here on
-    fake = attacker_dir(attacker, victim["id"])
-    put(attacker, fake / "progress.jsonl", forged_progress(fake))
-    forged = sbatch(attacker, "-p", "cpu", f"--output={fake}/slurm-%j.out",
+    fake = user2_dir(user2, victim["id"])
+    put(user2, fake / "progress.jsonl", forged_progress(fake))
+    forged = sbatch(user2, "-p", "cpu", f"--output={fake}/slurm-%j.out",
                     f"--comment=dlsub:{victim['id']};mode=immediate;ideal=gpu-dev;gpus=2", "--wrap", "sleep 120")
     try:
         wait_for("the forged job to run", lambda: (slurm_job(forged) or {}).get("job_state") == "RUNNING")
@@ -107,25 +107,25 @@ def test_another_users_job_reusing_my_id_moves_nothing_of_mine(
             assert all(a["slurm_job_id"] != forged for a in actions if a["kind"] != "note"), actions
         assert running_snapshot(victim["slurm_job_id"]) == before
         assert (slurm_job(forged) or {}).get("partition") == "cpu"
-        attacker_uid = attacker.uid
+        user2_uid = user2.uid
         ignored = rows(manual_agent, "select kind, reason from decisions where slurm_job_id = ? and uid = ?",
-                       forged, attacker_uid)
+                       forged, user2_uid)
         assert any(kind == "ignored" for kind, _ in ignored), ignored
-        # The attacker's forged decision is not the victim's to read, and the victim's not the attacker's.
-        assert victim["id"] not in attacker.dlsub("why", victim["id"], check=False).stdout.replace(
+        # The user2's forged decision is not the victim's to read, and the victim's not the user2's.
+        assert victim["id"] not in user2.dlsub("why", victim["id"], check=False).stdout.replace(
             f"job {victim['id']}", "")
     finally:
         subprocess.run(["scancel", str(forged), str(victim["slurm_job_id"])], check=False)
 
 
 def test_my_directory_named_by_another_users_job_is_never_read(
-    user: TestbedUser, attacker: TestbedUser, workdir: Path, manual_agent: Path
+    user: TestbedUser, user2: TestbedUser, workdir: Path, manual_agent: Path
 ) -> None:
-    """The attacker's job points its output (and so its job directory) into the victim's job directory."""
+    """The user2's job points its output (and so its job directory) into the victim's job directory."""
     victim = running_job(user, workdir, "--mode", "ideal", "-p", "cpu")
     job_dir = Path(victim["job_dir"])
     before = running_snapshot(victim["slurm_job_id"])
-    forged = sbatch(attacker, "-p", "cpu", f"--output={job_dir}/slurm-%j.out",
+    forged = sbatch(user2, "-p", "cpu", f"--output={job_dir}/slurm-%j.out",
                     "--comment=dlsub:0badc0de;mode=immediate;ideal=gpu;gpus=1", "--wrap", "sleep 120")
     try:
         wait_for("the forged job to be seen", lambda: slurm_job(forged) is not None)
@@ -140,32 +140,32 @@ def test_my_directory_named_by_another_users_job_is_never_read(
 
 
 @pytest.fixture
-def hostile_jobs(attacker: TestbedUser, workdir: Path) -> Iterator[list[int]]:
+def hostile_jobs(user2: TestbedUser, workdir: Path) -> Iterator[list[int]]:
     """Attacker's dlsub jobs whose progress and attempt files are a FIFO, a symlink to /dev/zero,
     a 64 MiB line, and malformed values."""
-    script = put(attacker, workdir / "attacker" / "idle.py", "import time\ntime.sleep(300)\n")
+    script = put(user2, workdir / "user2" / "idle.py", "import time\ntime.sleep(300)\n")
     ids, dirs = [], []
     for _ in range(4):
-        job = attacker.submit("-p", "cpu", "--cpus", "1", "--mem", "200M", str(script), cwd=script.parent)
+        job = user2.submit("-p", "cpu", "--cpus", "1", "--mem", "200M", str(script), cwd=script.parent)
         ids.append(job["slurm_job_id"])
         dirs.append(Path(job["job_dir"]))
     fifo, zero, huge, bad = dirs
     for name in ("progress.jsonl", "attempts.jsonl"):
-        attacker.run("rm", "-f", str(fifo / name), str(zero / name), check=True)
-        attacker.run("mkfifo", str(fifo / name), check=True)
-        attacker.run("ln", "-s", "/dev/zero", str(zero / name), check=True)
-        attacker.run("sh", "-c", f"head -c 67108864 /dev/zero | tr '\\0' a > '{huge / name}'", check=True)
+        user2.run("rm", "-f", str(fifo / name), str(zero / name), check=True)
+        user2.run("mkfifo", str(fifo / name), check=True)
+        user2.run("ln", "-s", "/dev/zero", str(zero / name), check=True)
+        user2.run("sh", "-c", f"head -c 67108864 /dev/zero | tr '\\0' a > '{huge / name}'", check=True)
     malformed = [{"event": "progress", "time": "x", "step": 1}, {"event": "progress", "time": 1e999, "step": "y"},
                  {"event": "checkpoint", "time": float("nan"), "step": -5}, ["not", "an", "object"],
                  {"event": "progress", "time": time.time(), "step": 10**30, "total_steps": -1}]
     text = "\n".join(json.dumps(m) for m in malformed) + "\n"
-    put(attacker, bad / "progress.jsonl", text)
+    put(user2, bad / "progress.jsonl", text)
     yield ids
     subprocess.run(["scancel", *map(str, ids)], check=False)
 
 
 def test_hostile_files_cost_only_their_own_job_an_observation(
-    user: TestbedUser, attacker: TestbedUser, workdir: Path, hostile_jobs: list[int], manual_agent: Path
+    user: TestbedUser, user2: TestbedUser, workdir: Path, hostile_jobs: list[int], manual_agent: Path
 ) -> None:
     victim = running_job(user, workdir, "--mode", "ideal", "-p", "cpu")
     wait_for("the hostile jobs to run",
@@ -186,15 +186,15 @@ def test_hostile_files_cost_only_their_own_job_an_observation(
 
 
 def test_output_and_checkpoints_are_private_and_the_agent_reads_only_its_files(
-    user: TestbedUser, attacker: TestbedUser, workdir: Path
+    user: TestbedUser, user2: TestbedUser, workdir: Path
 ) -> None:
     victim = running_job(user, workdir, "--mode", "ideal", "-p", "cpu")
     job_dir = Path(victim["job_dir"])
     output = job_dir / f"slurm-{victim['slurm_job_id']}.out"
     try:
         for path in (output, job_dir / "progress.jsonl", job_dir / "attempts.jsonl", job_dir / "checkpoints"):
-            assert attacker.run("cat", str(path)).returncode != 0, f"{attacker.name} can read {path}"
-        assert attacker.run("ls", str(job_dir / "checkpoints")).returncode != 0
+            assert user2.run("cat", str(path)).returncode != 0, f"{user2.name} can read {path}"
+        assert user2.run("ls", str(job_dir / "checkpoints")).returncode != 0
         agent = ["runuser", "-u", AGENT_USER, "--"]
         for path in (job_dir / "progress.jsonl", job_dir / "attempts.jsonl"):
             assert subprocess.run([*agent, "head", "-c", "1", str(path)], capture_output=True).returncode == 0, path
@@ -220,7 +220,7 @@ def test_a_script_that_exits_85_forever_is_requeued_at_most_max_continuations_ti
 
 
 def test_a_squatted_runtime_directory_is_refused_not_used(
-    user: TestbedUser, attacker: TestbedUser, workdir: Path
+    user: TestbedUser, user2: TestbedUser, workdir: Path
 ) -> None:
     """Without /run/user/UID the batch script falls back to /tmp/dlsub-xdg-UID; another user made it first."""
     runtime = Path(f"/run/user/{user.uid}")
@@ -229,7 +229,7 @@ def test_a_squatted_runtime_directory_is_refused_not_used(
     had_squat = squat.exists()
     if had_squat:
         shutil.move(str(squat), f"{squat}.aside-{os.getpid()}")
-    attacker.run("mkdir", "-m", "777", str(squat), check=True)
+    user2.run("mkdir", "-m", "777", str(squat), check=True)
     runtime.rename(aside)
     try:
         script = put(user, workdir / "hello.py", "print('hello')\n")
@@ -274,7 +274,7 @@ def test_an_admin_hold_on_a_moving_job_is_never_released_by_the_agent(
 
 
 def test_the_gpu_limit_counts_every_job_of_the_user_and_moves_in_the_same_tick(
-    user: TestbedUser, attacker: TestbedUser, workdir: Path, manual_agent: Path
+    user: TestbedUser, user2: TestbedUser, workdir: Path, manual_agent: Path
 ) -> None:
     """Limit 2 GPUs: the user holds 1 in a plain sbatch job; of two jobs waiting to move, only one may."""
     policy = Path(str(manual_agent) + ".policy.toml")
@@ -282,8 +282,8 @@ def test_the_gpu_limit_counts_every_job_of_the_user_and_moves_in_the_same_tick(
     assert "max_gpus_per_user = 2" in text
     policy.write_text(text)
     policy.chmod(0o644)
-    # The attacker's jobs keep the GPUs busy so that the user's two jobs start on cpu.
-    blockers = [sbatch(attacker, "-p", "gpu", "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(2)]
+    # The user2's jobs keep the GPUs busy so that the user's two jobs start on cpu.
+    blockers = [sbatch(user2, "-p", "gpu", "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(2)]
     ids: list[int] = []
     try:
         wait_for("the GPUs busy", lambda: all((slurm_job(b) or {}).get("job_state") == "RUNNING" for b in blockers))
