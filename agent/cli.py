@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+
+import dlsub
 from dlsub.agent.agent_cli import agent, backfill, config, why
 from dlsub.agent.cli_simulate import simulate
 from dlsub.agent.config import Settings, load_settings
@@ -29,11 +31,9 @@ from dlsub.agent.status import JobStatus, job_status, render_table
 from dlsub.agent.submit import SubmitError, SubmitRequest, plan_job, submit_plan
 from dlsub.agent.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.containers.podman import ImageError
+from dlsub.contract import JobState, output_file
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable
 from dlsub.slurm_plugins.timespec import TimeSpecError, parse_time_limit
-
-import dlsub
-from dlsub.contract import JobState, output_file
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -81,17 +81,21 @@ def choose_partition(partitions: list[Partition], req: Request) -> Choice:
 
     most_gpus = max((p.max_gpus_per_node for p in partitions if p.up), default=0)
     if req.gpus_per_node > most_gpus:
-        best = [p.name for p in partitions if p.up and p.max_gpus_per_node == most_gpus and most_gpus]
-        where = f" (partition {', '.join(best)})" if best else ""
+        widest = [p.name for p in partitions if p.up and p.max_gpus_per_node == most_gpus and most_gpus]
+        where = f" (partition {', '.join(widest)})" if widest else ""
         raise PlanningError(
             f"--gpus {req.gpus_per_node}: no node of this cluster has that many; the most one node offers is "
             f"{most_gpus}{where}. Ask for --gpus {most_gpus} or fewer."
         )
 
-    fits, rejected = [], []
+    fits: list[Partition] = []
+    rejected: list[str] = []
     for p in candidates:
         why = _why_not(p, req)
-        (rejected if why else fits).append(why or p)
+        if why:
+            rejected.append(why)
+        else:
+            fits.append(p)
     if not fits:
         raise PlanningError("no partition can run this job: " + "; ".join(str(r) for r in rejected))
 

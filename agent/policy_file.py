@@ -42,7 +42,8 @@ class Window:
 
     def _fires(self, expr: str, since: datetime, until: datetime) -> list[datetime]:
         trigger = cron_trigger(expr, since.tzinfo)
-        times, previous = [], None
+        times: list[datetime] = []
+        previous: datetime | None = None
         moment = trigger.get_next_fire_time(None, since)
         while moment is not None and moment <= until and len(times) < 10_000:
             times.append(moment)
@@ -170,8 +171,8 @@ def _simple(where: str, cls: type, table: Any) -> Any:
     """A flat dataclass from a TOML table: known keys only, each of its declared type."""
     if not isinstance(table, dict):
         raise PolicyFileError(f"{where}: expected a table")
-    renames = _TOML_KEYS.get(cls.__name__, {})
-    spelled = {renames.get(k, k): k for k in table}
+    renames: dict[str, str] = _TOML_KEYS.get(cls.__name__, {})
+    spelled: dict[str, str] = {renames.get(str(k), str(k)): str(k) for k in table}
     names = {f.name: f for f in fields(cls)}
     _check_keys(where, table, [next((t for t, f in renames.items() if f == n), n) for n in names])
     from dataclasses import MISSING
@@ -246,7 +247,7 @@ def cron_trigger(expr: str, tz: Any = None) -> Any:
 
 
 def _window(where: str, table: Any) -> Window:
-    window = _simple(where, Window, table)
+    window: Window = _simple(where, Window, table)
     for key in ("start", "end"):
         try:
             cron_trigger(getattr(window, key))

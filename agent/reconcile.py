@@ -53,6 +53,13 @@ from dlsub.agent.jobdir import (
     read_new_lines,
 )
 from dlsub.agent.policy_file import AgentPolicy
+from dlsub.contract import (
+    ATTEMPTS_FILE,
+    PROGRESS_FILE,
+    IllegalTransition,
+    JobState,
+    Tags,
+)
 from dlsub.policies import moves as planner
 from dlsub.policies.moves import (
     Action,
@@ -66,14 +73,6 @@ from dlsub.policies.moves import (
 )
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
 from dlsub.slurm_plugins.models import Partition, SlurmJob
-
-from dlsub.contract import (
-    ATTEMPTS_FILE,
-    PROGRESS_FILE,
-    IllegalTransition,
-    JobState,
-    Tags,
-)
 
 log = logging.getLogger("dlsub.agent")
 

@@ -9,9 +9,8 @@ from typing import Any
 
 from dlsub.agent.jobdir import Progress, read_attempts, summarize_progress
 from dlsub.agent.user_store import JobRecord
-from dlsub.slurm_plugins.models import SlurmJob
-
 from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE, EVENT_END, EVENT_START, JobState
+from dlsub.slurm_plugins.models import SlurmJob
 
 
 @dataclass(frozen=True)

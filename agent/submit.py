@@ -13,16 +13,15 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import dlsub
 from dlsub.agent.config import Settings
 from dlsub.agent.planner import Choice, Request, choose_partition
 from dlsub.agent.private_files import AgentAccess, blocked_ancestor, make_job_dir
 from dlsub.agent.user_store import JobRecord, JobStore
 from dlsub.containers.podman import ContainerSpec, check_image, check_mount_path
+from dlsub.contract import BATCH_SCRIPT
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.sbatch import BatchSpec, render_sbatch, safe_job_name
-
-import dlsub
-from dlsub.contract import BATCH_SCRIPT
 
 
 class SubmitError(ValueError):

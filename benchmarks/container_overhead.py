@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
-from livebed import EXAMPLES, TestbedUser, wait_for  # noqa: E402
+from livebed import EXAMPLES, TestbedUser, wait_for
 
 VENV = Path(os.environ.get("DLSUB_PREFIX", "/opt/dlsub")) / "venv"
 

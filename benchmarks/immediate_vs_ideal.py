@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 
-from livebed import EXAMPLES, USER, TestbedUser, slurm_job, wait_for  # noqa: E402
+from livebed import EXAMPLES, USER, TestbedUser, slurm_job, wait_for
 
 
 def blocker(user: TestbedUser, minutes: float) -> list[int]:

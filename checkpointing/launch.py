@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 from dlsub.checkpointing.run import resume_marker
-
 from dlsub.contract import RESUME_EXIT_CODE
 
 _SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)

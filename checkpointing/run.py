@@ -19,9 +19,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from dlsub.checkpointing.storage import checkpoint_step, restore_latest, save_checkpoint
-
 from dlsub import contract
+from dlsub.checkpointing.storage import checkpoint_step, restore_latest, save_checkpoint
 from dlsub.contract import CHECKPOINT_DIR, PROGRESS_FILE, RESUME_EXIT_CODE
 
 

@@ -41,7 +41,8 @@ def _serialize(state: dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def _deserialize(data: bytes, map_location: Any) -> dict[str, Any]:
+def _deserialize(data: bytes, map_location: Any) -> Any:
+    """Whatever the file holds (the caller checks that it is a dict)."""
     if data[:2] == b"PK":  # torch.save's zip container
         import torch
 

@@ -15,4 +15,4 @@ __version__ = "0.1.0"
 # repository root).
 _checkout = _Path(__file__).resolve().parent.parent
 if (_checkout / "pyproject.toml").is_file() and (_checkout / "checkpointing" / "__init__.py").is_file():
-    __path__.append(str(_checkout))  # noqa: F821 - a package's own __path__
+    __path__.append(str(_checkout))

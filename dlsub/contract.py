@@ -137,7 +137,7 @@ class Tags:
         return ";".join(parts)
 
     @classmethod
-    def parse(cls, comment: str | None) -> "Tags | None":
+    def parse(cls, comment: str | None) -> Tags | None:
         """The tags of a dlsub comment; None when it is not one, or is malformed in any way.
 
         Strict: one bad tag, an unknown key or a repeated key rejects the
@@ -189,7 +189,7 @@ class SubmitRecord:
     tags: Tags  # the comment as it was at submit
 
     @classmethod
-    def parse(cls, admin_comment: str | None) -> "SubmitRecord | None":
+    def parse(cls, admin_comment: str | None) -> SubmitRecord | None:
         text = admin_comment or ""
         if not text.startswith(SUBMIT_RECORD_PREFIX) or "|" not in text or len(text) > 1024:
             return None
@@ -261,11 +261,11 @@ class JobState(str, Enum):
     def terminal(self) -> bool:
         return self in FINAL_STATES
 
-    def may_become(self, new: "JobState") -> bool:
+    def may_become(self, new: JobState) -> bool:
         return new == self or new in _NEXT[self]
 
     @classmethod
-    def from_slurm(cls, slurm_state: str) -> "JobState":
+    def from_slurm(cls, slurm_state: str) -> JobState:
         """Slurm's job state (``squeue``/``sacct``; ``CANCELLED by 1001`` too) as a dlsub state."""
         word = (slurm_state or "").split()[0].upper() if (slurm_state or "").strip() else ""
         return _FROM_SLURM.get(word, cls.UNKNOWN)

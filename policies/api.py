@@ -88,7 +88,7 @@ class ClusterView:
     nodes: tuple[Node, ...]
 
     @classmethod
-    def uniform(cls, num_nodes: int, gpus_per_node: int, partition: str = "gpu") -> "ClusterView":
+    def uniform(cls, num_nodes: int, gpus_per_node: int, partition: str = "gpu") -> ClusterView:
         return cls(tuple(Node(f"n{i:03d}", gpus_per_node, partition=partition) for i in range(num_nodes)))
 
     @property
@@ -115,7 +115,7 @@ class Allocation:
         """GPUs per node, in the order the nodes first appear."""
         return tuple(Counter(self.nodes).values())
 
-    def same_gpus(self, other: "Allocation | None") -> bool:
+    def same_gpus(self, other: Allocation | None) -> bool:
         return other is not None and Counter(self.nodes) == Counter(other.nodes)
 
 

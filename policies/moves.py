@@ -49,10 +49,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TypedDict
 
+from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE
 from dlsub.policies.api import ClusterView, JobView, Node
 from dlsub.policies.registry import get_policy
-
-from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE
 
 
 class MovePhase(str, Enum):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from dlsub.policies.api import Allocations, ClusterView, Decision, JobView, Jobs
+from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, JobView
 from dlsub.policies.placement import pack
 from dlsub.policies.rigid import admit_by_count, place_keeping
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from dlsub.policies.api import Allocations, ClusterView, Decision, JobView, Jobs
+from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, JobView
 from dlsub.policies.rigid import admit_by_count, by_arrival, place_keeping
 
 SIXTEEN_GPU_HOURS = 16 * 3600.0

@@ -52,7 +52,7 @@ class SlurmUnreachable(SlurmError):
     """slurmctld did not answer (down, wrong host, or munge broken)."""
 
 
-def _default_runner(argv: Sequence[str]) -> "subprocess.CompletedProcess[str]":
+def _default_runner(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     # Our parsers read Slurm's own formats; keep them stable.
     env.pop("SQUEUE_FORMAT", None)
@@ -75,7 +75,7 @@ class SlurmClient:
         self._runner: Runner = runner or _default_runner
 
     # ------------------------------------------------------------------ seam
-    def _run(self, argv: Sequence[str], *, check: bool = True) -> "subprocess.CompletedProcess[str]":
+    def _run(self, argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = self._runner(argv)
         if check and result.returncode != 0:
             text = f"{result.stdout}\n{result.stderr}"
@@ -97,6 +97,8 @@ class SlurmClient:
             data = json.loads(result.stdout)
         except json.JSONDecodeError as exc:
             raise SlurmError(argv, result.returncode, result.stdout, result.stderr, hint=f"output is not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise SlurmError(argv, result.returncode, result.stdout, result.stderr, hint="output is not a JSON object")
         errors = [e for e in data.get("errors") or [] if e]
         if errors:
             raise SlurmError(argv, result.returncode, result.stdout, json.dumps(errors))

@@ -25,9 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlsub.slurm_plugins.timespec import parse_slurm_duration
-
 from dlsub.contract import COMMENT_PREFIX, SUBMIT_RECORD_PREFIX
+from dlsub.slurm_plugins.timespec import parse_slurm_duration
 
 
 @dataclass

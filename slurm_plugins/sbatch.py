@@ -38,10 +38,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 
+from dlsub import contract
 from dlsub.containers.podman import ContainerSpec, Raw, podman_run_lines
 from dlsub.slurm_plugins.timespec import format_minutes
-
-from dlsub import contract
 
 TEMPLATE = "batch.sh"
 _PLACEHOLDER = re.compile(r"@([A-Z][A-Z0-9_]*)@")

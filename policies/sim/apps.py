@@ -97,9 +97,9 @@ class Application:
         pts, vals = np.array(points, dtype=float), np.array(values, dtype=float)
         self._linear = LinearNDInterpolator(pts, vals)
         self._nearest = NearestNDInterpolator(pts, vals)
-        self.step_sync = functools.lru_cache(maxsize=None)(self._step_sync)  # type: ignore[method-assign]
-        self.grad_stats = functools.lru_cache(maxsize=None)(self._grad_stats)  # type: ignore[method-assign]
-        self.batch_config = functools.lru_cache(maxsize=None)(self._batch_config)  # type: ignore[method-assign]
+        self.step_sync = functools.lru_cache(maxsize=None)(self._step_sync)
+        self.grad_stats = functools.lru_cache(maxsize=None)(self._grad_stats)
+        self.batch_config = functools.lru_cache(maxsize=None)(self._batch_config)
         self._micro_step = functools.lru_cache(maxsize=None)(self._micro_step_uncached)
 
     # -- throughput ---------------------------------------------------------
@@ -159,7 +159,8 @@ class Application:
         sqr = np.interp(b, self.batch_sizes, self.grad_sqr[:, epoch])
         var = np.interp(b, self.batch_sizes, self.grad_var[:, epoch])
         scale = batch_sizes / self.init_batch_size
-        return (var + sqr) / (var / scale + sqr)
+        result: np.ndarray = (var + sqr) / (var / scale + sqr)
+        return result
 
     def goodput(self, placement: tuple[int, ...], config: BatchConfig, epoch: int) -> float:
         replicas = sum(placement)
@@ -174,6 +175,6 @@ class Application:
         return self.progress_at(self.epochs)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_application(trace_dir: Path) -> Application:
     return Application(trace_dir)

@@ -195,7 +195,7 @@ class SimResult:
         jcts = sorted(j.jct_s for j in self.jobs if j.jct_s is not None)
         done = [j for j in self.jobs if j.completion_s is not None]
         first = min((j.arrival_s for j in self.jobs), default=0.0)
-        end = max((j.completion_s for j in done), default=first) if done else first
+        end = max((j.completion_s for j in done if j.completion_s is not None), default=first)
         span = [s for s in self.timeline if s.time_s <= end] or self.timeline
         util = sum(s.allocated_gpus for s in span) / (len(span) * self.total_gpus) if span else 0.0
         return {

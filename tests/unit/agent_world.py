@@ -15,10 +15,9 @@ from typing import Any
 from dlsub.agent.agent_store import AgentStore
 from dlsub.agent.policy_file import AgentPolicy, parse_policy
 from dlsub.agent.reconcile import Agent
+from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm, testbed_cluster
-
-from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE
 
 NOW = 1_800_000_000.0
 ME = os.getuid()

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from agent_world import ME, NOW, World
+
 from dlsub.agent.agent_store import AgentStore, JobRow
 from dlsub.agent.reconcile import Agent
-
 from dlsub.contract import IllegalTransition
 
 FIXTURE = Path(__file__).parent / "fixtures" / "agent_db_v1.sql"

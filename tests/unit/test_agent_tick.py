@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from agent_world import ME, NOW, World, policy
+
 from dlsub.agent.agent_store import AgentStore, Writes
 from dlsub.agent.reconcile import Agent
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from agent_world import ME, NOW, OTHER, World, policy
-from dlsub.agent.reconcile import trusted_job_dir
-from dlsub.slurm_plugins.models import SlurmJob
 
+from dlsub.agent.reconcile import trusted_job_dir
 from dlsub.contract import Tags
+from dlsub.slurm_plugins.models import SlurmJob
 
 
 def slurm_job(out: str, user_id: int, comment: str = "dlsub:0123abcd;mode=immediate") -> SlurmJob:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from dlsub.checkpointing.storage import checkpoint_files
 
 from dlsub import checkpointing
+from dlsub.checkpointing.storage import checkpoint_files
 
 
 @pytest.fixture

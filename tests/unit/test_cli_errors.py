@@ -22,7 +22,7 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
-def invoke(*args: str) -> "CliRunner.invoke":
+def invoke(*args: str) -> CliRunner.invoke:
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 

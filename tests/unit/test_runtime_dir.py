@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from dlsub.containers.podman import RuntimeDirError, private_runtime_dir
 
 

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+
+from dlsub import contract
 from dlsub.containers.podman import ContainerSpec
 from dlsub.slurm_plugins import sbatch
 from dlsub.slurm_plugins.sbatch import BatchSpec, fill_template, render_sbatch
-
-from dlsub import contract
 
 GOLDEN = Path(__file__).parent / "golden" / "train.sbatch"
 NASTY_ARGS = ("--lr", "0.1", "a b", "it's", 'say "hi"', "x; touch /tmp/dlsub-pwned", "$(id)", "`id`", "*")

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
 from dlsub.agent.cli import main
 from dlsub.agent.user_store import JobRecord, JobStore
-from dlsub.slurm_plugins.fake import FakeSlurm
-
 from dlsub.contract import (
     ATTEMPTS_FILE,
     BATCH_SCRIPT,
@@ -26,6 +25,7 @@ from dlsub.contract import (
     IllegalTransition,
     JobState,
 )
+from dlsub.slurm_plugins.fake import FakeSlurm
 
 
 def invoke(*args: str):  # type: ignore[no-untyped-def]
