@@ -140,28 +140,28 @@ def test_my_directory_named_by_another_users_job_is_never_read(
 
 
 @pytest.fixture
-def hostile_jobs(user2: TestbedUser, workdir: Path) -> Iterator[list[int]]:
-    """Attacker's dlsub jobs whose progress and attempt files are a FIFO, a symlink to /dev/zero,
-    a 64 MiB line, and malformed values."""
-    script = put(user2, workdir / "user2" / "idle.py", "import time\ntime.sleep(300)\n")
+def hostile_jobs(user2: TestbedUser) -> Iterator[list[int]]:
+    """Jobs of the other user, dlsub's by their comment (job_submit.lua records them as such), whose
+    progress and attempt files are a FIFO, a symlink to /dev/zero, a 64 MiB line, and malformed values."""
     ids, dirs = [], []
-    for _ in range(4):
-        job = user2.submit("-p", "cpu", "--cpus", "1", "--mem", "200M", str(script), cwd=script.parent)
-        ids.append(job["slurm_job_id"])
-        dirs.append(Path(job["job_dir"]))
+    for n in range(4):
+        dlsub_id = f"0bad{os.getpid() % 0x1000:03x}{n}"
+        job_dir = user2_dir(user2, dlsub_id)
+        ids.append(sbatch(user2, "-p", "cpu", f"--output={job_dir}/slurm-%j.out",
+                          f"--comment=dlsub:{dlsub_id};mode=immediate;ideal=gpu;gpus=1", "--wrap", "sleep 300"))
+        dirs.append(job_dir)
     fifo, zero, huge, bad = dirs
     for name in ("progress.jsonl", "attempts.jsonl"):
-        user2.run("rm", "-f", str(fifo / name), str(zero / name), check=True)
         user2.run("mkfifo", str(fifo / name), check=True)
         user2.run("ln", "-s", "/dev/zero", str(zero / name), check=True)
         user2.run("sh", "-c", f"head -c 67108864 /dev/zero | tr '\\0' a > '{huge / name}'", check=True)
     malformed = [{"event": "progress", "time": "x", "step": 1}, {"event": "progress", "time": 1e999, "step": "y"},
                  {"event": "checkpoint", "time": float("nan"), "step": -5}, ["not", "an", "object"],
                  {"event": "progress", "time": time.time(), "step": 10**30, "total_steps": -1}]
-    text = "\n".join(json.dumps(m) for m in malformed) + "\n"
-    put(user2, bad / "progress.jsonl", text)
+    put(user2, bad / "progress.jsonl", "\n".join(json.dumps(m) for m in malformed) + "\n")
     yield ids
     subprocess.run(["scancel", *map(str, ids)], check=False)
+    shutil.rmtree(user2.home / ".dlsub-forged", ignore_errors=True)
 
 
 def test_hostile_files_cost_only_their_own_job_an_observation(
@@ -198,8 +198,8 @@ def test_output_and_checkpoints_are_private_and_the_agent_reads_only_its_files(
         agent = ["runuser", "-u", AGENT_USER, "--"]
         for path in (job_dir / "progress.jsonl", job_dir / "attempts.jsonl"):
             assert subprocess.run([*agent, "head", "-c", "1", str(path)], capture_output=True).returncode == 0, path
-        for path in (output, job_dir / "checkpoints"):
-            assert subprocess.run([*agent, "ls", str(path)], capture_output=True).returncode != 0, path
+        assert subprocess.run([*agent, "head", "-c", "1", str(output)], capture_output=True).returncode != 0
+        assert subprocess.run([*agent, "ls", str(job_dir / "checkpoints")], capture_output=True).returncode != 0
     finally:
         subprocess.run(["scancel", str(victim["slurm_job_id"])], check=False)
 
