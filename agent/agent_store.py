@@ -358,12 +358,14 @@ class AgentStore:
                 f"values ({', '.join('?' * len(_ATTEMPT_COLUMNS))})",
                 [tuple(a.get(c) for c in _ATTEMPT_COLUMNS) for a in writes.attempts])
             conn.executemany(
-                f"insert into progress ({', '.join(_PROGRESS_COLUMNS)}) values ({', '.join('?' * len(_PROGRESS_COLUMNS))})",
+                f"insert into progress ({', '.join(_PROGRESS_COLUMNS)}) "
+                f"values ({', '.join('?' * len(_PROGRESS_COLUMNS))})",
                 [tuple(p.get(c) for c in _PROGRESS_COLUMNS) for p in writes.progress])
             for key in writes.ended_moves:
                 conn.execute("delete from moves where uid = ? and slurm_job_id = ?", key)
             conn.executemany(
-                f"insert or replace into moves ({', '.join(MOVE_COLUMNS)}) values ({', '.join('?' * len(MOVE_COLUMNS))})",
+                f"insert or replace into moves ({', '.join(MOVE_COLUMNS)}) "
+                f"values ({', '.join('?' * len(MOVE_COLUMNS))})",
                 [tuple(m.get(c) for c in MOVE_COLUMNS) for m in writes.moves.values()])
             conn.executemany(
                 "insert into decisions (time, uid, dlsub_id, slurm_job_id, user, kind, reason, details) "

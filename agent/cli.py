@@ -113,11 +113,13 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--gpus", type=int, default=0, show_default=True, help="GPUs (on one node); one training process per GPU.")
+@click.option("--gpus", type=int, default=0, show_default=True,
+              help="GPUs (on one node); one training process per GPU.")
 @click.option("--nodes", type=int, default=1, show_default=True, help="Nodes (1 for now).")
 @click.option("--cpus", type=int, default=None, help="CPUs for the job [default: 2, or $DLSUB_CPUS].")
 @click.option("--mem", "mem", default=None, help="Memory per node, Slurm syntax (4096, 512M, 4G) [default: 4G].")
-@click.option("--time", "time_limit", default=None, help="Time limit, Slurm syntax (90, 1:30:00, 2-00) [default: the partition's].")
+@click.option("--time", "time_limit", default=None,
+              help="Time limit, Slurm syntax (90, 1:30:00, 2-00) [default: the partition's].")
 @click.option("-p", "--partition", default=None, help="Partition; default: one that can run the job now.")
 @click.option("--image", default=None, help="Container image in your Podman storage.")
 @click.option("-J", "--name", default=None, help="Job name [default: the script's name].")
@@ -167,7 +169,8 @@ def submit(
     if values["as_json"]:
         click.echo(json.dumps({"id": record.id, "slurm_job_id": record.slurm_job_id,
                                "partition": record.partition, "job_dir": record.job_dir,
-                               "mode": request.mode, "ideal_partition": plan.choice.ideal_partition or record.partition}))
+                               "mode": request.mode,
+                               "ideal_partition": plan.choice.ideal_partition or record.partition}))
     else:
         click.echo(
             f"dlsub: submitted job {record.id} (Slurm job {record.slurm_job_id}) to partition "

@@ -120,7 +120,11 @@ def choose_partition(partitions: list[Partition], req: Request) -> Choice:
                 ideal_partition=best.name, gpus_now=0,
             )
     idle = free_nodes(best)
-    parts = [f"{idle} of {len(best.nodes)} nodes free for it now" if starts_now else "no node is free for it now; it will queue"]
+    parts = [
+        f"{idle} of {len(best.nodes)} nodes free for it now"
+        if starts_now
+        else "no node is free for it now; it will queue"
+    ]
     if req.partition is None:
         others = [f"{r}" for r in rejected]
         busy = [p.name for p in fits if p is not best and free_nodes(p) < req.nodes]

@@ -177,7 +177,9 @@ def _simple(where: str, cls: type, table: Any) -> Any:
     _check_keys(where, table, [next((t for t, f in renames.items() if f == n), n) for n in names])
     from dataclasses import MISSING
 
-    missing = [n for n, f in names.items() if f.default is MISSING and f.default_factory is MISSING and n not in spelled]
+    missing = [
+        n for n, f in names.items() if f.default is MISSING and f.default_factory is MISSING and n not in spelled
+    ]
     if missing:
         raise PolicyFileError(f"{where}: missing key{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     values: dict[str, Any] = {}

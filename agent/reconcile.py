@@ -467,7 +467,9 @@ class Agent:
             return False
         if action.kind in (planner.SIGNAL_MOVE, planner.SIGNAL_CONTINUE):
             if seen.info is not None and seen.info.move is None:
-                kind = "continue" if action.kind == planner.SIGNAL_CONTINUE else str(action.details.get("kind") or "move")
+                kind = (
+                    "continue" if action.kind == planner.SIGNAL_CONTINUE else str(action.details.get("kind") or "move")
+                )
                 writes.moves[key] = {
                     "uid": row.uid, "slurm_job_id": job.job_id, "dlsub_id": row.dlsub_id, "kind": kind,
                     "phase": MovePhase.PLANNED.value, "target_partition": action.partition or "",

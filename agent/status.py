@@ -114,7 +114,9 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 
 def render_table(rows: list[JobStatus]) -> str:
-    header = ["ID", "SLURM", "NAME", "STATE", "PARTITION", "NODES", "STEP", "EPOCH", "LOSS", "SAMPLES/S", "ETA", "TRIES"]
+    header = [
+        "ID", "SLURM", "NAME", "STATE", "PARTITION", "NODES", "STEP", "EPOCH", "LOSS", "SAMPLES/S", "ETA", "TRIES"
+    ]
     body = [
         [
             r.id,
@@ -132,5 +134,8 @@ def render_table(rows: list[JobStatus]) -> str:
         ]
         for r in rows
     ]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() for line in [header, *body])
+    # Every body row has one cell per header column.
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]
+    )

@@ -75,7 +75,9 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     if req.gpus < 0:
         raise SubmitError(f"--gpus must be 0 or more, not {req.gpus}")
     if req.nodes != 1:
-        raise SubmitError(f"--nodes {req.nodes}: multi-node jobs are not supported yet; use --nodes 1 (up to one node's GPUs)")
+        raise SubmitError(
+            f"--nodes {req.nodes}: multi-node jobs are not supported yet; use --nodes 1 (up to one node's GPUs)"
+        )
     image = req.image or settings.image
     cpus = req.cpus or settings.cpus
     mem_mb = req.mem_mb or settings.mem_mb

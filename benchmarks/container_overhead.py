@@ -99,7 +99,8 @@ def main() -> None:
             r = fn(user, workdir, train_args, args.partition)
             results[kind].append(r)
             print(f"run {i + 1} {kind:9s}: submit->first step {r['submit_to_first_step_s']:.2f} s, "
-                  f"job start->first step {r['job_start_to_first_step_s']:.2f} s, step {r['step_time_ms']:.3f} ms", flush=True)
+                  f"job start->first step {r['job_start_to_first_step_s']:.2f} s, step {r['step_time_ms']:.3f} ms",
+                  flush=True)
 
     def med(kind: str, key: str) -> float:
         return statistics.median(r[key] for r in results[kind])
@@ -111,13 +112,18 @@ def main() -> None:
     print()
     print(f"median submit->first step: dlsub+container {c_lat:.2f} s, sbatch+bare {b_lat:.2f} s "
           f"(includes dlsub's own planning: partition query, image check)")
-    print(f"median job start->first step: container {c_start:.2f} s, bare {b_start:.2f} s, Podman adds {c_start - b_start:+.2f} s")
+    print(f"median job start->first step: container {c_start:.2f} s, bare {b_start:.2f} s, "
+          f"Podman adds {c_start - b_start:+.2f} s")
     print(f"median step time:          container {c_step:.3f} ms, bare {b_step:.3f} ms, "
-          f"ratio {c_step / b_step:.3f} ({100 * (c_step / b_step - 1):+.1f}%); best-of-runs ratio {best_ratio:.3f}")
-    print(json.dumps({"container_start_overhead_s": round(c_start - b_start, 3), "step_time_ratio": round(c_step / b_step, 4),
+          f"ratio {c_step / b_step:.3f} ({100 * (c_step / b_step - 1):+.1f}%); "
+          f"best-of-runs ratio {best_ratio:.3f}")
+    print(json.dumps({"container_start_overhead_s": round(c_start - b_start, 3),
+                      "step_time_ratio": round(c_step / b_step, 4),
                       "best_step_time_ratio": round(best_ratio, 4), "submit_overhead_s": round(c_lat - b_lat, 3),
-                      "container_submit_to_first_step_s": round(c_lat, 3), "bare_submit_to_first_step_s": round(b_lat, 3),
-                      "container_step_ms": round(c_step, 4), "bare_step_ms": round(b_step, 4), "repeats": args.repeats}))
+                      "container_submit_to_first_step_s": round(c_lat, 3),
+                      "bare_submit_to_first_step_s": round(b_lat, 3),
+                      "container_step_ms": round(c_step, 4), "bare_step_ms": round(b_step, 4),
+                      "repeats": args.repeats}))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ def main() -> None:
         for name in args.policies.split(","):
             published = PUBLISHED_AVG_JCT_S[load][COMPARED_WITH[name]]
             print(f"\n{name} at {load}x load vs published {COMPARED_WITH[name]} (avg JCT, s)")
-            print(f"{'workload':>10} {'ours':>9} {'published':>10} {'ratio':>7} {'restarts':>9} {'util':>6} {'wall':>6}")
+            print(f"{'workload':>10} {'ours':>9} {'published':>10} {'ratio':>7} "
+                  f"{'restarts':>9} {'util':>6} {'wall':>6}")
             ratios = []
             for w in (int(x) for x in args.workloads.split(",")):
                 jobs = read_workload(POLLUX_DIR / LOAD_DIRS[load] / f"workload-{w}.csv")

@@ -185,7 +185,8 @@ class Run:
         if self.is_main:
             marker = resume_marker(self.job_dir)
             marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.write_text(json.dumps({"reason": self.stop_reason, "time": time.time(), "host": socket.gethostname()}))
+            marker.write_text(json.dumps({"reason": self.stop_reason, "time": time.time(),
+                                          "host": socket.gethostname()}))
             self._event(contract.EVENT_EXIT_FOR_RESUME, reason=self.stop_reason)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -246,5 +247,6 @@ def init(
         run.install_signal_handlers()
     if run.is_main:
         directory.mkdir(parents=True, exist_ok=True)
-        run._event(contract.EVENT_START, rank=run.rank, world_size=run.world_size, host=socket.gethostname(), pid=os.getpid())
+        run._event(contract.EVENT_START, rank=run.rank, world_size=run.world_size, host=socket.gethostname(),
+                   pid=os.getpid())
     return run

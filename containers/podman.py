@@ -107,7 +107,8 @@ def check_mount_path(path: Path) -> None:
         raise ValueError(f"{path} contains ':', which Podman's --volume cannot mount; move or rename it")
 
 
-def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw, labels: Sequence[Raw | str]) -> list[list[str]]:
+def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
+                     labels: Sequence[Raw | str]) -> list[list[str]]:
     """``podman run ... launch -- torchrun ... script args`` for one node of one attempt.
 
     Returned as lines of words (an option with its value per line) so the

@@ -94,13 +94,15 @@ def main() -> None:
         optimizer.load_state_dict(state["optimizer"])
         step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         if rank == 0:
-            print(f"resumed from step {step} (epoch {epoch}, batch {batch_in_epoch}) from {run.restored_from}", flush=True)
+            print(f"resumed from step {step} (epoch {epoch}, batch {batch_in_epoch}) from {run.restored_from}",
+                  flush=True)
     elif rank == 0:
         print(f"starting from scratch: {args.epochs} epochs x {per_epoch} steps, world size {world}", flush=True)
 
     def snapshot() -> dict:
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "args": vars(args) | {"data": str(args.data)}}
+                "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch,
+                "args": vars(args) | {"data": str(args.data)}}
 
     started = time.time()
     while epoch < args.epochs:
@@ -135,7 +137,8 @@ def main() -> None:
     run.report(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size * world, test_accuracy=accuracy)
     run.finish()
     if rank == 0:
-        print(f"done: {step} steps in {time.time() - started:.1f} s this attempt, test accuracy {accuracy:.3f}", flush=True)
+        print(f"done: {step} steps in {time.time() - started:.1f} s this attempt, test accuracy {accuracy:.3f}",
+              flush=True)
     if world > 1:
         dist.destroy_process_group()
 

@@ -86,9 +86,9 @@ class GoodputPolicy:
             curve = curves[job.name]
             n = self._grow(curve, lo, min(job.hi, left), per_node)
             current = previous[job.name].gpus if job.name in previous else 0
-            if current and current != n and current <= left and lo <= current <= job.hi:
-                if curve.time(current) - curve.time(n) < keep_margin:
-                    n = current
+            if (current and current != n and current <= left and lo <= current <= job.hi
+                    and curve.time(current) - curve.time(n) < keep_margin):
+                n = current
             counts[job.name] = n
             left -= n
         # Spare GPUs: to the job they help most per GPU, a node's worth at a

@@ -96,7 +96,8 @@ class SlurmClient:
         try:
             data = json.loads(result.stdout)
         except json.JSONDecodeError as exc:
-            raise SlurmError(argv, result.returncode, result.stdout, result.stderr, hint=f"output is not JSON: {exc}") from exc
+            raise SlurmError(argv, result.returncode, result.stdout, result.stderr,
+                             hint=f"output is not JSON: {exc}") from exc
         if not isinstance(data, dict):
             raise SlurmError(argv, result.returncode, result.stdout, result.stderr, hint="output is not a JSON object")
         errors = [e for e in data.get("errors") or [] if e]

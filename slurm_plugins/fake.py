@@ -188,7 +188,8 @@ class FakeSlurm:
         requested = options.get("partition", "")
         options["partition"] = partition
         if "--test-only" in argv:
-            return self._done(argv, 0, "", f"sbatch: Job 0 to start at 2026-01-01T00:00:00 using 1 processors on nodes {self.partitions[partition].nodes[0]} in partition {partition}")
+            return self._done(argv, 0, "", "sbatch: Job 0 to start at 2026-01-01T00:00:00 using 1 processors on nodes "
+                              f"{self.partitions[partition].nodes[0]} in partition {partition}")
         self._next_id += 1
         job = FakeJob(self._next_id, script_path, options, user=self.submit_user, user_id=self.submit_uid,
                       submit_time=1_700_000_000 + self._next_id)
@@ -250,7 +251,8 @@ class FakeSlurm:
         wanted = {int(x) for x in argv[argv.index("-j") + 1].split(",")}
         lines = [
             "|".join([str(j.job_id), j.options.get("job-name", "fake"), j.user, j.state,
-                      j.options.get("partition", ""), j.nodes or "None assigned", f"{j.exit_code}:0", j.options.get("comment", "")])
+                      j.options.get("partition", ""), j.nodes or "None assigned", f"{j.exit_code}:0",
+                      j.options.get("comment", "")])
             for j in {**self.jobs, **self.history}.values() if j.job_id in wanted
         ]
         return self._done(argv, 0, "".join(line + "\n" for line in lines))
@@ -280,7 +282,8 @@ class FakeSlurm:
         job_id = int(argv[-1])
         job = self.jobs.get(job_id)
         if job is None:
-            return self._done(argv, 1, "", f"scancel: error: Kill job error on job id {job_id}: Invalid job id specified")
+            return self._done(argv, 1, "",
+                              f"scancel: error: Kill job error on job id {job_id}: Invalid job id specified")
         signal = next((a.split("=", 1)[1] for a in argv if a.startswith("--signal=")), None)
         if signal:
             job.signals.append(signal)

@@ -25,7 +25,8 @@ class Node:
     @property
     def usable(self) -> bool:
         """Up and accepting work (not down, drained, failing or not responding)."""
-        bad = ("down", "drain", "fail", "unknown", "inval", "not_responding", "no_respond", "future", "maint", "reserved")
+        bad = ("down", "drain", "fail", "unknown", "inval", "not_responding", "no_respond", "future", "maint",
+               "reserved")
         text = " ".join((self.state, *self.state_flags)).lower()
         return not any(b in text for b in bad)
 

@@ -145,7 +145,8 @@ def render_sbatch(spec: BatchSpec) -> str:
         if any(ch in d for ch in "\n\r"):
             raise ValueError(f"newline in an #SBATCH directive: {d!r}")
 
-    labels = [f"dlsub.job_id={spec.dlsub_id}", Raw('"dlsub.slurm_job_id=${SLURM_JOB_ID}"'), Raw('"dlsub.attempt=${attempt}"')]
+    labels = [f"dlsub.job_id={spec.dlsub_id}", Raw('"dlsub.slurm_job_id=${SLURM_JOB_ID}"'),
+              Raw('"dlsub.attempt=${attempt}"')]
     podman = lines_to_shell(podman_run_lines(c, Raw('"$container"'), Raw('"${gpu_args[@]}"'), labels))
     q = shlex.quote
     words = {

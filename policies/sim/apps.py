@@ -78,20 +78,25 @@ class Application:
         self.max_local_bsz = int(max_local_bsz or MAX_LOCAL_BATCH.get(self.name) or placements["local_bsz"].max())
         rows: dict[tuple[int, ...], list[tuple[float, float, float]]] = {}
         groups: dict[tuple[int, int, float], list[tuple[float, float]]] = {}
+        # Columns of one CSV file: the same length.
         for pid, local, step, sync in zip(
-            placements["placement"], placements["local_bsz"], placements["step_time"], placements["sync_time"]
+            placements["placement"], placements["local_bsz"], placements["step_time"], placements["sync_time"],
+            strict=True,
         ):
             key = normalise(tuple(int(d) for d in str(int(pid))))
             rows.setdefault(key, []).append((local, step, sync))
             groups.setdefault((len(key), sum(key), local), []).append((step, sync))
         # Per measured placement: (local batch, step time, sync time) columns, by local batch.
         self._measured: dict[tuple[int, ...], tuple[np.ndarray, ...]] = {
-            key: tuple(np.array(col) for col in zip(*sorted(found))) for key, found in rows.items()
+            key: tuple(np.array(col) for col in zip(*sorted(found), strict=True)) for key, found in rows.items()
         }
         points = [list(key) for key in groups]
         values = [np.mean(vals, axis=0) for vals in groups.values()]
         scal = _read_csv(trace_dir / "scalability.csv")
-        for row in zip(scal["num_nodes"], scal["num_replicas"], scal["local_bsz"], scal["step_time"], scal["sync_time"]):
+        for row in zip(
+            scal["num_nodes"], scal["num_replicas"], scal["local_bsz"], scal["step_time"], scal["sync_time"],
+            strict=True,
+        ):
             points.append(list(row[:3]))
             values.append(np.array(row[3:]))
         pts, vals = np.array(points, dtype=float), np.array(values, dtype=float)

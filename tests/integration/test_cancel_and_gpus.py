@@ -39,7 +39,8 @@ def test_cancel_removes_slurm_job_and_container(user: TestbedUser, workdir: Path
         timeout=90,
     )
     wait_for("no container left", lambda: not user.containers(label), timeout=90)
-    squeue = subprocess.run(["squeue", "-h", "-j", str(job["slurm_job_id"]), "-t", "PD,R,CG"], capture_output=True, text=True)
+    squeue = subprocess.run(["squeue", "-h", "-j", str(job["slurm_job_id"]), "-t", "PD,R,CG"],
+                            capture_output=True, text=True)
     assert squeue.stdout.strip() == "", "the Slurm job is gone from the queue"
     assert user.run("podman", "ps", "-a", "--filter", label, "-q").stdout.strip() == ""
 
@@ -48,7 +49,11 @@ def test_two_gpus_land_on_a_gpu_node_and_are_visible_in_the_container(user: Test
     probe = put(user, workdir / "probe.py", PROBE)
     job = user.submit("--gpus", "2", str(probe), cwd=workdir)
     assert job["partition"] in ("gpu", "gpu-dev")
-    done = wait_for("the probe to finish", lambda: (s := user.status(job["id"])) and s["state"] in ("COMPLETED", "FAILED") and s, timeout=180)
+    done = wait_for(
+        "the probe to finish",
+        lambda: (s := user.status(job["id"])) and s["state"] in ("COMPLETED", "FAILED") and s,
+        timeout=180,
+    )
     assert done["state"] == "COMPLETED", user.dlsub("logs", job["id"]).stdout
     assert done["nodes"].startswith("gpu")
     seen = json.loads((Path(job["job_dir"]) / "probe.json").read_text())
@@ -63,7 +68,11 @@ def test_nasty_path_and_arguments_run_intact(user: TestbedUser, workdir: Path) -
     probe = put(user, weird / "pro be;'x'.py", PROBE)
     args = ["a b", "it's", 'say "hi"', "x; touch /tmp/dlsub-it-pwned", "$(id)", "`id`", "*"]
     job = user.submit(str(probe), *args, cwd=weird)
-    done = wait_for("the probe to finish", lambda: (s := user.status(job["id"])) and s["state"] in ("COMPLETED", "FAILED") and s, timeout=180)
+    done = wait_for(
+        "the probe to finish",
+        lambda: (s := user.status(job["id"])) and s["state"] in ("COMPLETED", "FAILED") and s,
+        timeout=180,
+    )
     assert done["state"] == "COMPLETED", user.dlsub("logs", job["id"]).stdout
     seen = json.loads((Path(job["job_dir"]) / "probe.json").read_text())
     assert seen["argv"] == args
@@ -72,7 +81,8 @@ def test_nasty_path_and_arguments_run_intact(user: TestbedUser, workdir: Path) -
 
 def test_bad_input_live_submits_nothing(user: TestbedUser, workdir: Path) -> None:
     script = put(user, workdir / "t.py", "print(1)\n")
-    before = subprocess.run(["squeue", "-h", "-u", user.name, "-o", "%i"], capture_output=True, text=True).stdout.split()
+    before = subprocess.run(["squeue", "-h", "-u", user.name, "-o", "%i"],
+                            capture_output=True, text=True).stdout.split()
     cases = [
         (["--image", "localhost/no-such-image:1"], "not in your Podman storage"),
         (["--gpus", "9"], "the most one node offers is 4"),

@@ -11,7 +11,8 @@ from livebed import EXAMPLES, TestbedUser, wait_for
 
 
 def test_submit_progress_usr1_requeue_resume_complete(user: TestbedUser, workdir: Path) -> None:
-    job = user.submit(str(EXAMPLES / "train_digits.py"), "--epochs", "8", "--throttle", "0.1", "--report-every", "2", cwd=workdir)
+    job = user.submit(str(EXAMPLES / "train_digits.py"), "--epochs", "8", "--throttle", "0.1", "--report-every", "2",
+                      cwd=workdir)
     assert job["partition"] == "cpu" and isinstance(job["slurm_job_id"], int)
 
     running = wait_for(
@@ -34,7 +35,11 @@ def test_submit_progress_usr1_requeue_resume_complete(user: TestbedUser, workdir
     )
     assert second["slurm_job_id"] == job["slurm_job_id"]
 
-    done = wait_for("completion", lambda: (s := user.status(job["id"])) and s["state"] in ("COMPLETED", "FAILED") and s, timeout=300)
+    done = wait_for(
+        "completion",
+        lambda: (s := user.status(job["id"])) and s["state"] in ("COMPLETED", "FAILED") and s,
+        timeout=300,
+    )
     log = user.dlsub("logs", job["id"]).stdout
     assert done["state"] == "COMPLETED", log
 

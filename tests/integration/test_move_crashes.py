@@ -71,7 +71,8 @@ def test_agent_killed_at_each_step_of_a_move_finishes_it_once(
 
         wait_for("the move to finish after the restart", on_gpu, timeout=150, interval=2)
         wait_for("the move recorded as done",
-                 lambda: tick(manual_agent) == 0 and any(k == "move-done" for k, _ in decisions(manual_agent, slurm_id)),
+                 lambda: tick(manual_agent) == 0
+                 and any(k == "move-done" for k, _ in decisions(manual_agent, slurm_id)),
                  timeout=60, interval=2)
         record = slurm_job(slurm_id) or {}
         assert record.get("restart_cnt") == 1 and record.get("tres_per_node") == "gres:gpu:1", record

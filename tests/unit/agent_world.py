@@ -51,7 +51,8 @@ class World:
 
     def submit(self, dlsub_id: str, *, uid: int = ME, user: str = "alice", comment: str | None = None,
                partition: str = "cpu", gres: str = "", time: str = "", lua: bool = True,
-               job_dir: Path | None = None, start_on: str | None = "cpu1", start: float = NOW - 600) -> tuple[int, Path]:
+               job_dir: Path | None = None, start_on: str | None = "cpu1",
+               start: float = NOW - 600) -> tuple[int, Path]:
         job_dir = job_dir or self.tmp / f"home-{uid}" / dlsub_id
         job_dir.mkdir(parents=True, exist_ok=True)
         comment = comment if comment is not None else f"dlsub:{dlsub_id};mode=immediate;ideal=gpu;gpus=1"

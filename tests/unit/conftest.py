@@ -38,7 +38,9 @@ def cli_env(tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPat
 
     def check_image(image: str) -> None:
         if image != "localhost/dlsub-torch:2.13.0-cpu":
-            raise ImageError(f"image {image!r} is not in your Podman storage (images you have: localhost/dlsub-torch:2.13.0-cpu)")
+            raise ImageError(
+                f"image {image!r} is not in your Podman storage (images you have: localhost/dlsub-torch:2.13.0-cpu)"
+            )
 
     monkeypatch.setattr(submit, "check_image", check_image)
     return fake_slurm

@@ -64,7 +64,7 @@ def test_restore_none_when_nothing_saved(run) -> None:  # type: ignore[no-untype
 
 def test_report_appends_progress_events(run) -> None:  # type: ignore[no-untyped-def]
     run.report(step=5, epoch=0, loss=1.5, samples=320)
-    events = [json.loads(l) for l in (run.job_dir / "progress.jsonl").read_text().splitlines()]
+    events = [json.loads(line) for line in (run.job_dir / "progress.jsonl").read_text().splitlines()]
     last = events[-1]
     assert last["event"] == "progress" and last["step"] == 5 and last["loss"] == 1.5 and last["total_steps"] == 100
 

@@ -44,7 +44,8 @@ def assert_nothing_left(fake: FakeSlurm, tmp_path: Path) -> None:
         (["--nodes", "2"], "multi-node jobs are not supported yet"),
     ],
 )
-def test_bad_options_exit_2_with_a_clear_message(cli_env: FakeSlurm, tmp_path: Path, script: Path, args: list[str], message: str) -> None:
+def test_bad_options_exit_2_with_a_clear_message(cli_env: FakeSlurm, tmp_path: Path, script: Path, args: list[str],
+                                                 message: str) -> None:
     result = invoke(*args, str(script))
     assert result.exit_code == 2, result.output
     assert message in result.output
@@ -83,7 +84,8 @@ def test_slurmctld_unreachable(cli_env: FakeSlurm, tmp_path: Path, script: Path)
     assert_nothing_left(cli_env, tmp_path)
 
 
-def test_sbatch_failure_leaves_nothing(cli_env: FakeSlurm, tmp_path: Path, script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sbatch_failure_leaves_nothing(cli_env: FakeSlurm, tmp_path: Path, script: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # The partition vanishes between planning and sbatch: sbatch refuses.
     original = cli_env._sbatch
 

@@ -8,7 +8,8 @@ from dlsub.agent.planner import PlanningError, Request, choose_partition
 from dlsub.slurm_plugins.models import Node, Partition
 
 
-def node(name: str, parts: tuple[str, ...], gpus: int = 0, gpus_used: int = 0, alloc_cpus: int = 0, state: str = "idle") -> Node:
+def node(name: str, parts: tuple[str, ...], gpus: int = 0, gpus_used: int = 0, alloc_cpus: int = 0,
+         state: str = "idle") -> Node:
     return Node(name, state, parts, 4, alloc_cpus, 8000, 0, gpus, gpus_used)
 
 

@@ -65,7 +65,8 @@ def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_r
     log = tmp_path / "calls.jsonl"
     # Stand-ins record their argv as JSON; python3 keeps the record exact.
     record = f'python3 -c \'import json,sys; print(json.dumps(sys.argv[1:]))\' "$(basename "$0")" "$@" >> {log}\n'
-    _stub(bin_dir, "podman", record + 'case "$1" in rm | kill) exit 0 ;; esac\n' + (podman_body or f"exit {container_rc}\n"))
+    _stub(bin_dir, "podman",
+          record + 'case "$1" in rm | kill) exit 0 ;; esac\n' + (podman_body or f"exit {container_rc}\n"))
     _stub(bin_dir, "scontrol", record + "exit 0\n")
     text = render_sbatch(spec(tmp_path, script, args, max_continuations=max_continuations))
     # The fallback runtime directory, under tmp_path rather than the shared /tmp.

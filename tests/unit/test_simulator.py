@@ -104,7 +104,8 @@ def test_cluster_file_rejects_unknown_keys(tmp_path: Path) -> None:
     path.write_text("nodes = 2\ngpu_per_node = 4\n")
     with pytest.raises(ClusterFileError, match="unknown key.*gpu_per_node.*valid keys: .*gpus_per_node"):
         load_cluster(path)
-    path.write_text('[[group]]\npartition = "gpu"\nnodes = 2\ngpus_per_node = 8\n[[group]]\npartition = "dev"\nnodes = 1\n')
+    path.write_text('[[group]]\npartition = "gpu"\nnodes = 2\ngpus_per_node = 8\n'
+                    '[[group]]\npartition = "dev"\nnodes = 1\n')
     cluster = load_cluster(path)
     assert cluster.total_gpus == 2 * 8 + 4 and {n.partition for n in cluster.nodes} == {"gpu", "dev"}
 
@@ -123,7 +124,8 @@ def test_cli_simulate_json_out_and_plot(tmp_path: Path) -> None:
     assert (out / "gang-gang.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_simulate_finds_the_shipped_pollux_workloads_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_simulate_finds_the_shipped_pollux_workloads_by_name(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(main, ["simulate", "pollux/workloads-0.5/workload-5.csv", "--policy", "tiresias",
                                        "--json"])

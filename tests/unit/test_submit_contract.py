@@ -112,7 +112,8 @@ def test_a_bad_dlsub_line_exits_2_naming_the_line(cli_env: FakeSlurm, tmp_path: 
 
 
 def _acl(path: Path) -> str:
-    return subprocess.run(["getfacl", "-p", "--omit-header", str(path)], capture_output=True, text=True, check=False).stdout
+    return subprocess.run(["getfacl", "-p", "--omit-header", str(path)],
+                          capture_output=True, text=True, check=False).stdout
 
 
 needs_acl = pytest.mark.skipif(shutil.which("setfacl") is None, reason="setfacl is not installed")
