@@ -208,7 +208,8 @@ def test_a_script_that_exits_85_forever_is_requeued_at_most_max_continuations_ti
     user: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
     """The batch script itself bounds resume-requeues (the testbed policy allows 5); the agent lifts no more."""
-    script = put(user, workdir / "loop 85; x.py", "import sys\nsys.exit(85)\n")
+    script = put(user, workdir / "loop 85; x.py",
+                 "from dlsub import checkpointing\n\ncheckpointing.init().exit_for_resume()\n")
     job = user.submit("-p", "cpu", "--cpus", "1", "--mem", "200M", str(script), cwd=workdir)
     final = wait_for("the loop to end", lambda: (s := user.status(job["id"]))["state"] not in (
         "PENDING", "RUNNING", "REQUEUED") and s, timeout=240, interval=2)
@@ -222,18 +223,25 @@ def test_a_script_that_exits_85_forever_is_requeued_at_most_max_continuations_ti
 def test_a_squatted_runtime_directory_is_refused_not_used(
     user: TestbedUser, user2: TestbedUser, workdir: Path
 ) -> None:
-    """Without /run/user/UID the batch script falls back to /tmp/dlsub-xdg-UID; another user made it first."""
+    """Without /run/user/UID, dlsub and the batch script fall back to /tmp/dlsub-xdg-UID; another user made it."""
     runtime = Path(f"/run/user/{user.uid}")
     aside = runtime.with_name(f"{user.uid}.aside-{os.getpid()}")
     squat = Path(f"/tmp/dlsub-xdg-{user.uid}")
-    had_squat = squat.exists()
-    if had_squat:
-        shutil.move(str(squat), f"{squat}.aside-{os.getpid()}")
-    user2.run("mkdir", "-m", "777", str(squat), check=True)
-    runtime.rename(aside)
+    script = put(user, workdir / "hello.py", "print('hello')\n")
+    # The cpu partition is full, so the victim's job waits while the other user squats.
+    blockers = [sbatch(user2, "-p", "cpu", "--cpus-per-task=4", "--wrap", "sleep 600") for _ in range(2)]
+    job: dict[str, Any] = {}
     try:
-        script = put(user, workdir / "hello.py", "print('hello')\n")
+        wait_for("the cpu blockers", lambda: all((slurm_job(b) or {}).get("job_state") == "RUNNING" for b in blockers))
         job = user.submit("-p", "cpu", "--cpus", "1", "--mem", "200M", str(script), cwd=workdir)
+        shutil.rmtree(squat, ignore_errors=True)
+        user2.run("mkdir", "-m", "777", str(squat), check=True)
+        runtime.rename(aside)
+        # dlsub itself refuses to use it (its image check runs Podman), and submits nothing.
+        refused = user.dlsub("-p", "cpu", str(script), cwd=workdir, check=False)
+        assert refused.returncode == 2 and str(squat) in refused.stderr, refused
+        # The waiting job starts: its batch script refuses too, before Podman runs.
+        subprocess.run(["scancel", *map(str, blockers)], check=True)
         final = wait_for("the job to end", lambda: (s := user.status(job["id"]))["state"] in (
             "FAILED", "COMPLETED", "CANCELLED") and s, timeout=120, interval=2)
         assert final["state"] == "FAILED"
@@ -241,10 +249,10 @@ def test_a_squatted_runtime_directory_is_refused_not_used(
         assert str(squat) in out and "hello" not in out, out
         assert not any(p.owner() == user.name for p in squat.rglob("*")), "the victim wrote into the squat"
     finally:
-        aside.rename(runtime)
+        if aside.exists():
+            aside.rename(runtime)
+        subprocess.run(["scancel", *map(str, blockers)], check=False)
         shutil.rmtree(squat, ignore_errors=True)
-        if had_squat:
-            shutil.move(f"{squat}.aside-{os.getpid()}", str(squat))
 
 
 def test_an_admin_hold_on_a_moving_job_is_never_released_by_the_agent(
