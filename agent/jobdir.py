@@ -312,6 +312,7 @@ class Progress:
     finished: bool = False
     checkpoints: int = 0  # checkpoint events seen, with a step or not (``run.save(state)``)
     first_time: float | None = None  # the first event seen (the job's own clock)
+    latest_time: float | None = None  # the newest event of any kind (a checkpoint, say)
 
     def eta_s(self) -> float | None:
         if self.finished:
@@ -322,10 +323,11 @@ class Progress:
 
     @property
     def ran_s(self) -> float | None:
-        """How long the job has reported progress for, on its own clock."""
-        if self.first_time is None or self.last_time is None:
+        """How long the job has run by its own events (reports or, without them, checkpoints), on its own clock."""
+        latest = self.latest_time if self.latest_time is not None else self.last_time
+        if self.first_time is None or latest is None:
             return None
-        return max(0.0, self.last_time - self.first_time)
+        return max(0.0, latest - self.first_time)
 
 
 def _rate(a: dict[str, Any], b: dict[str, Any], key: str) -> float | None:
@@ -349,11 +351,14 @@ class ProgressSummary:
     checkpoint_time: float | None = None
     finished: bool = False
     first_time: float | None = None
+    latest_time: float | None = None
     bad_events: int = 0
 
     def feed(self, event: dict[str, Any]) -> None:
         if self.first_time is None:
             self.first_time = event["time"]
+        if self.latest_time is None or event["time"] > self.latest_time:
+            self.latest_time = event["time"]
         kind = event["event"]
         if kind == EVENT_PROGRESS:
             slim = {k: event[k] for k in ("time", "attempt", "step", "epoch", "loss", "samples", "total_steps",
@@ -378,7 +383,7 @@ class ProgressSummary:
         if last is None:
             return Progress(finished=self.finished, checkpoints=self.checkpoints,
                             last_checkpoint_step=self.checkpoint_step, last_checkpoint_time=self.checkpoint_time,
-                            first_time=self.first_time)
+                            first_time=self.first_time, latest_time=self.latest_time)
         first = self.window[0] if self.window else last
         several = len(self.window) > 1
         return Progress(
@@ -388,14 +393,15 @@ class ProgressSummary:
             samples_per_s=_rate(first, self.window[-1], "samples") if several else None,
             last_time=last.get("time"), last_checkpoint_step=self.checkpoint_step,
             last_checkpoint_time=self.checkpoint_time, finished=self.finished, checkpoints=self.checkpoints,
-            first_time=self.first_time,
+            first_time=self.first_time, latest_time=self.latest_time,
         )
 
     def to_dict(self) -> dict[str, Any]:
         # By hand: dataclasses.asdict deep-copies, which costs a big tick most of its time.
         return {"last": self.last, "window": list(self.window), "checkpoints": self.checkpoints,
                 "checkpoint_step": self.checkpoint_step, "checkpoint_time": self.checkpoint_time,
-                "finished": self.finished, "first_time": self.first_time, "bad_events": self.bad_events}
+                "finished": self.finished, "first_time": self.first_time, "latest_time": self.latest_time,
+                "bad_events": self.bad_events}
 
     @classmethod
     def from_dict(cls, raw: Any) -> ProgressSummary:

@@ -145,3 +145,48 @@ def test_job_directory_is_private_and_the_agent_reads_only_its_two_files(user: T
     other = subprocess.run(["runuser", "-u", "nobody", "--", "cat", str(job_dir / "progress.jsonl")],
                            capture_output=True, text=True, check=False)
     assert other.returncode != 0, "another user cannot read the progress file"
+
+
+# The documented calls only, checkpointing every 20 steps: no total declared, no step given to save().
+PERIODIC = """
+import time
+from dlsub import checkpointing
+
+run = checkpointing.init()
+state = run.restore() or {"step": 0}
+print("resumed at", state["step"], flush=True)
+for step in range(state["step"], 100000):
+    time.sleep(0.05)
+    if step % 20 == 19:
+        run.save({"step": step + 1})
+    if run.should_stop():
+        run.save({"step": step + 1})
+        run.exit_for_resume()
+"""
+
+
+def test_documented_calls_only_are_moved_from_cpu_to_gpu_and_resume(
+    user: TestbedUser, workdir: Path, gpus_busy: list[int], service_agent: None
+) -> None:
+    """No total_steps, no step= in save(): the agent still moves the job onto the GPUs it asked for."""
+    script = put(user, workdir / "periodic.py", PERIODIC)
+    job = user.submit("--mode", "immediate", "--gpus", "1", str(script), cwd=workdir)
+    assert job["partition"] == "cpu"
+    try:
+        wait_for("a checkpoint on cpu", lambda: _events(job, "checkpoint"), timeout=120)
+        subprocess.run(["scancel", *map(str, gpus_busy)], check=True)
+
+        def on_gpu() -> bool:
+            status = user.status(job["id"])
+            return status["state"] == "RUNNING" and status["partition"] == "gpu"
+
+        wait_for("the agent to move it to gpu", on_gpu, timeout=180, interval=2)
+        resumed = wait_for("the attempt on gpu to restore",
+                           lambda: re.search(r"resumed at ([1-9]\d*)", _output(job)), timeout=120)
+        assert int(resumed.group(1)) % 20 == 0 or int(resumed.group(1)) > 0
+        steps = [e["step"] for e in _events(job, "checkpoint")]
+        assert steps and all(isinstance(s, int) for s in steps), steps
+        why = user.dlsub("why", job["id"]).stdout
+        assert "no total declared" in why and "moving to gpu" in why, why
+    finally:
+        user.dlsub("cancel", job["id"], check=False)

@@ -249,6 +249,21 @@ def test_a_job_that_saves_without_a_step_and_declares_no_total_is_still_moved(tm
     assert "no total declared: assuming about as long again as the 12 min it has run" in why
 
 
+def test_a_job_that_never_reports_progress_is_estimated_from_its_checkpoints(tmp_path: Path) -> None:
+    """Only ``init()``, ``save(state)``, ``restore()``, ``should_stop()``: no report() at all. Its own events
+    (start, checkpoints) say how long it has run; the agent moves it on that estimate."""
+    w = World(tmp_path)
+    job_id, job_dir = w.submit("0123abcd")
+    attempt = f"{job_id}-0"
+    events = [{"event": "start", "time": NOW - 600, "attempt": attempt, "rank": 0, "world_size": 1},
+              {"event": "checkpoint", "time": NOW - 300, "step": 20, "seq": 1, "attempt": attempt},
+              {"event": "checkpoint", "time": NOW - 5, "step": 40, "seq": 2, "attempt": attempt}]
+    (job_dir / "progress.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    actions = w.agent().tick(NOW)
+    assert [a.kind for a in actions] == ["signal-move"]
+    assert "as long again as the 10 min it has run" in w.store.decisions("0123abcd")[0].reason
+
+
 def test_the_database_is_private_and_old_rows_are_pruned_hourly(tmp_path: Path) -> None:
     w = World(tmp_path, policy(retention={"progress_days": 1.0, "decisions_days": 2.0}))
     job_id, job_dir = w.submit("0123abcd")
