@@ -84,13 +84,15 @@ ACTION_MOVE = "move"
 
 # ---------------------------------------------------------------- ids and comment tags
 
+# Patterns end in \Z, not $: Python's $ also matches before a final newline.
+
 #: A dlsub job's own id: 8 lower-case hex digits.
-DLSUB_ID = re.compile(r"^[0-9a-f]{8}$")
+DLSUB_ID = re.compile(r"^[0-9a-f]{8}\Z")
 COMMENT_PREFIX = "dlsub:"
 MODES = ("immediate", "ideal")
 ROLES = ("main", "worker")
-_PARTITION = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_TAG = re.compile(r"^([a-z_]{1,32})=([A-Za-z0-9._-]{0,64})$")
+_PARTITION = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
+_TAG = re.compile(r"^([a-z_]{1,32})=([A-Za-z0-9._-]{0,64})\Z")
 #: Most GPUs a tag may ask for; the admin's policy caps it further.
 MAX_GPUS = 1024
 
@@ -175,7 +177,7 @@ class Tags:
 # TresPerNode (empty: no GRES), ``partition`` empty means the default one.
 
 SUBMIT_RECORD_PREFIX = "dlsub-submit:v1;"
-_RECORD_FIELD = re.compile(r"^(uid|partition|time|tres)=([A-Za-z0-9._:,/=-]{0,128})$")
+_RECORD_FIELD = re.compile(r"^(uid|partition|time|tres)=([A-Za-z0-9._:,/=-]{0,128})\Z")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,88 @@
+"""Unit tests (no Slurm, no files): the one contract module, dlsub.contract."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from dlsub import contract
+from dlsub.contract import (
+    FINAL_STATES,
+    IllegalTransition,
+    JobState,
+    SubmitRecord,
+    Tags,
+    check_transition,
+    gpus_in_tres,
+)
+
+
+def test_final_states_never_change_and_preempted_is_one_of_them() -> None:
+    assert {s.value for s in FINAL_STATES} == {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED"}
+    for final in FINAL_STATES:
+        assert final.terminal
+        for other in JobState:
+            if other != final:
+                with pytest.raises(IllegalTransition, match="final states never change"):
+                    check_transition(final, other)
+        assert check_transition(final, final) == final
+
+
+def test_live_states_move_as_the_docstring_draws() -> None:
+    legal = [("PENDING", "RUNNING"), ("RUNNING", "REQUEUED"), ("REQUEUED", "PENDING"), ("REQUEUED", "RUNNING"),
+             ("RUNNING", "PENDING"), ("RUNNING", "PREEMPTED"), ("PENDING", "CANCELLED"), ("UNKNOWN", "COMPLETED"),
+             ("RUNNING", "UNKNOWN"), (None, "RUNNING")]
+    for old, new in legal:
+        assert check_transition(old, new) == JobState(new)
+    for old, new in [("PENDING", "COMPLETED"), ("PENDING", "TIMEOUT"), ("REQUEUED", "COMPLETED")]:
+        with pytest.raises(IllegalTransition):
+            check_transition(old, new)
+
+
+def test_slurm_states_map_onto_one_model() -> None:
+    assert JobState.from_slurm("PREEMPTED") is JobState.PREEMPTED
+    assert JobState.from_slurm("CANCELLED by 1001") is JobState.CANCELLED
+    assert JobState.from_slurm("REQUEUE_HOLD") is JobState.REQUEUED
+    assert JobState.from_slurm("NODE_FAIL") is JobState.FAILED
+    assert JobState.from_slurm("COMPLETING") is JobState.RUNNING
+    assert JobState.from_slurm("") is JobState.UNKNOWN and JobState.from_slurm("WEIRD") is JobState.UNKNOWN
+
+
+def test_tags_round_trip_and_reject_anything_odd() -> None:
+    tags = Tags("0123abcd", "immediate", "gpu", 2)
+    assert Tags.parse(tags.comment()) == tags
+    assert Tags.parse("dlsub:0123abcd") == Tags("0123abcd")
+    for bad in ("dlsub:0123ABCD", "dlsub:0123abc", "dlsub:0123abcd;mode=fast", "dlsub:0123abcd;ideal=g p u",
+                "dlsub:0123abcd;gpus=-1", "dlsub:0123abcd;role=boss", "dlsub:0123abcd;;gpus=1",
+                "dlsub:0123abcd;gpus=1\n", "dlsub:0123abcd\n", "x" * 600, "", None):
+        assert Tags.parse(bad) is None, bad
+
+
+def test_the_submit_record_is_read_exactly_as_job_submit_lua_writes_it() -> None:
+    text = "dlsub-submit:v1;uid=1001;partition=cpu;time=60;tres=gres:gpu:0|dlsub:0123abcd;mode=immediate;gpus=1"
+    record = SubmitRecord.parse(text)
+    assert record == SubmitRecord(1001, "cpu", 60, 0, Tags("0123abcd", "immediate", None, 1))
+    assert SubmitRecord.parse("dlsub-submit:v1;uid=1001;partition=;time=;tres=|dlsub:0123abcd") == SubmitRecord(
+        1001, None, None, 0, Tags("0123abcd"))
+    for bad in (text.replace("uid=1001", "uid=x"), text.replace("v1", "v2"), text.split("|")[0],
+                text.replace("time=60", "time=60;time=61"), text.replace("partition=cpu", "partition=c;u")):
+        assert SubmitRecord.parse(bad) is None, bad
+
+
+def test_gpus_in_every_spelling_slurm_uses() -> None:
+    assert gpus_in_tres("gres:gpu:2") == 2
+    assert gpus_in_tres("gres/gpu=3") == 3
+    assert gpus_in_tres("gpu:a100:2(S:0),gpu:1") == 3
+    assert gpus_in_tres("cpu=4,mem=8G") == 0 and gpus_in_tres(None) == 0
+
+
+def test_the_contract_imports_nothing_but_the_standard_library() -> None:
+    """It is imported inside containers that have only Python and torch."""
+    tree = ast.parse(Path(contract.__file__).read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert imported <= {"__future__", "re", "dataclasses", "enum", "pathlib"}, imported
