@@ -57,9 +57,18 @@ class Decision:
     details: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Binding:
+    """Who owns a dlsub id: the uid that submitted it, and the evidence ("record" or "comment")."""
+
+    uid: int
+    source: str
+
+
 _DDL = """
 CREATE TABLE IF NOT EXISTS bindings (
-    dlsub_id TEXT PRIMARY KEY, uid INTEGER NOT NULL, slurm_job_id INTEGER, bound REAL);
+    dlsub_id TEXT PRIMARY KEY, uid INTEGER NOT NULL, slurm_job_id INTEGER, bound REAL,
+    source TEXT NOT NULL DEFAULT 'comment');
 CREATE TABLE IF NOT EXISTS jobs (
     uid INTEGER NOT NULL, slurm_job_id INTEGER NOT NULL, dlsub_id TEXT, user TEXT, state TEXT,
     data TEXT NOT NULL DEFAULT '{}', PRIMARY KEY (uid, slurm_job_id));
@@ -121,7 +130,8 @@ class Writes:
     """Everything one tick (or one step of it) writes, committed in one transaction."""
 
     jobs: dict[tuple[int, int], JobRow] = field(default_factory=dict)
-    bindings: list[tuple[str, int, int, float]] = field(default_factory=list)
+    # (dlsub id, uid, Slurm job id, when, source): a record-backed claim replaces a comment-only one.
+    bindings: list[tuple[str, int, int, float, str]] = field(default_factory=list)
     decisions: list[Decision] = field(default_factory=list)
     progress: list[dict[str, Any]] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)
@@ -205,6 +215,8 @@ class AgentStore:
             for statement in _DDL.split(";"):
                 if statement.strip():
                     conn.execute(statement)
+            if "source" not in self._columns("bindings"):  # a v2 database from before claims had a source
+                conn.execute("ALTER TABLE bindings ADD COLUMN source TEXT NOT NULL DEFAULT 'comment'")
             if v1:
                 self._copy_v1(uid_of)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -242,7 +254,7 @@ class AgentStore:
                          "values (?, ?, ?, ?, ?, ?)",
                          (uid, int(r["slurm_job_id"]), r["dlsub_id"], r["user"], state.value,
                           json.dumps(data, sort_keys=True, separators=(",", ":"))))
-            conn.execute("insert or ignore into bindings values (?, ?, ?, ?)",
+            conn.execute("insert or ignore into bindings (dlsub_id, uid, slurm_job_id, bound) values (?, ?, ?, ?)",
                          (r["dlsub_id"], uid, int(r["slurm_job_id"]), r["first_seen"]))
         if "v1_moves" in tables:
             for r in conn.execute("select * from v1_moves").fetchall():
@@ -291,8 +303,10 @@ class AgentStore:
     def job(self, uid: int, slurm_job_id: int) -> JobRow | None:
         return self.jobs().get((uid, slurm_job_id))
 
-    def bindings(self) -> dict[str, int]:
-        return {r["dlsub_id"]: int(r["uid"]) for r in self.conn.execute("select dlsub_id, uid from bindings")}
+    def bindings(self) -> dict[str, Binding]:
+        """Each dlsub id's owner, and whether a submit record (not just a comment) says so."""
+        return {r["dlsub_id"]: Binding(int(r["uid"]), str(r["source"]))
+                for r in self.conn.execute("select dlsub_id, uid, source from bindings")}
 
     def move(self, uid: int, slurm_job_id: int) -> dict[str, Any] | None:
         rows = self.conn.execute("select * from moves where uid = ? and slurm_job_id = ?",
@@ -346,8 +360,9 @@ class AgentStore:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for (dlsub_id, uid, slurm_job_id, when) in writes.bindings:
-                conn.execute("insert or ignore into bindings values (?, ?, ?, ?)", (dlsub_id, uid, slurm_job_id, when))
+            for (dlsub_id, uid, slurm_job_id, when, source) in writes.bindings:
+                conn.execute("insert or replace into bindings (dlsub_id, uid, slurm_job_id, bound, source) "
+                             "values (?, ?, ?, ?, ?)", (dlsub_id, uid, slurm_job_id, when, source))
             conn.executemany(
                 "insert into jobs (uid, slurm_job_id, dlsub_id, user, state, data) values (?, ?, ?, ?, ?, ?) "
                 "on conflict (uid, slurm_job_id) do update set dlsub_id = excluded.dlsub_id, user = excluded.user, "

@@ -49,6 +49,9 @@ from dlsub.contract import (
 MAX_READ_BYTES = 1 << 20
 #: A longer line is dropped unread: no event the contract writes comes close.
 MAX_LINE_BYTES = 64 << 10
+#: Lines parsed per file per call: a megabyte of one-byte lines would otherwise cost a tick half a second
+#: (the rest is read on the next calls).
+MAX_READ_LINES = 5000
 #: Sane bounds for the fields of an event.
 MIN_TIME, MAX_TIME = 946_684_800.0, 4_102_444_800.0  # 2000-01-01 .. 2100-01-01
 MAX_STEP = 10**12
@@ -132,8 +135,8 @@ class Chunk:
 
 
 def read_new_lines(dir_fd: int, name: str, uid: int | None, cursor: Cursor | None,
-                   max_bytes: int = MAX_READ_BYTES) -> Chunk:
-    """Complete lines appended to ``name`` since ``cursor``, at most ``max_bytes`` of them.
+                   max_bytes: int = MAX_READ_BYTES, max_lines: int = MAX_READ_LINES) -> Chunk:
+    """Complete lines appended to ``name`` since ``cursor``: at most ``max_bytes`` and ``max_lines`` of them.
 
     A file that is new, was replaced or shrank is read again from its tail
     (its last ``max_bytes``). A file that does not exist yet gives nothing.
@@ -175,12 +178,21 @@ def read_new_lines(dir_fd: int, name: str, uid: int | None, cursor: Cursor | Non
     last = data.rfind(b"\n")
     consumed = last + 1 if last >= pos else pos
     lines = []
-    for line in data[pos:consumed].split(b"\n"):
+    capped = False
+    taken = 0  # lines looked at, empty and over-long ones too: each costs a step
+    while pos < consumed:
+        newline = data.find(b"\n", pos, consumed)  # found: data[consumed - 1] is a newline
+        line = data[pos:newline]
+        pos = newline + 1
+        taken += 1
         if len(line) > MAX_LINE_BYTES:
             dropped += len(line)
         elif line:
             lines.append(line)
-    if len(data) - consumed > MAX_LINE_BYTES:
+        if taken >= max_lines and pos < consumed:
+            consumed, capped = pos, True  # the rest waits for the next call
+            break
+    if not capped and len(data) - consumed > MAX_LINE_BYTES:
         dropped += len(data) - consumed
         consumed, skipping = len(data), True  # an unfinished line already too long: drop it
     return Chunk(lines, Cursor(info.st_dev, info.st_ino, start + consumed, skipping), restarted, dropped)

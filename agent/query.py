@@ -309,7 +309,7 @@ class QueryServer:
             caller = Caller.of(uid, self.policy, self._service_uid)
             try:
                 request = json.loads(line)
-            except (ValueError, UnicodeDecodeError):
+            except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting thousands deep
                 reply: dict[str, Any] = {"ok": False, "error": "a request is one line of JSON"}
             else:
                 reply = self._answer(request, caller)

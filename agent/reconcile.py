@@ -30,6 +30,8 @@ second one.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import os
 import stat
@@ -40,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent import failpoints
-from dlsub.agent.agent_store import AgentStore, JobRow, Writes
+from dlsub.agent.agent_store import AgentStore, Binding, JobRow, Writes
 from dlsub.agent.jobdir import (
     AttemptsSummary,
     Cursor,
@@ -178,6 +180,8 @@ class Agent:
         self.deadline_clock = deadline_clock
         self._seen: dict[int, _Seen] = {}
         self._unread = 0  # jobs whose files could not be read this tick
+        # When each job's files were last read (deadline clock): the least recently read go first.
+        self._last_read: dict[tuple[int, int], float] = {}
 
     # ---------------------------------------------------------------- observe
     def window_at(self, now: float) -> Window:
@@ -211,31 +215,46 @@ class Agent:
             seen = self._identify(job, uid, rows, now, writes)
             if seen is not None:
                 candidates.append(seen)
-        # Bind unbound ids: the earliest submit (then the lowest job id) of this tick wins.
+        # Bind each dlsub id to the uid that submitted it. A submit record (job_submit.lua) is the proof
+        # of that; a comment is only a claim, which anyone can edit into an old job of theirs the moment
+        # they see a new id in squeue. So a record-backed claim takes an id from a comment-only owner,
+        # never the other way round; among equals the earliest submit (then the lowest job id) wins.
         claims: dict[str, list[_Seen]] = {}
         for seen in candidates:
             dlsub_id = seen.request["dlsub_id"]
-            if dlsub_id not in bindings:
+            bound = bindings.get(dlsub_id)
+            if bound is None or (bound.source != "record" and seen.request.get("source") == "record"):
                 claims.setdefault(dlsub_id, []).append(seen)
         for dlsub_id, group in claims.items():
-            first = min(group, key=lambda s: (s.job.submit_time, s.job.job_id))
-            bindings[dlsub_id] = first.row.uid
-            writes.bindings.append((dlsub_id, first.row.uid, first.job.job_id, now))
+            first = min(group, key=lambda s: (s.request.get("source") != "record", s.job.submit_time, s.job.job_id))
+            source = "record" if first.request.get("source") == "record" else "comment"
+            bindings[dlsub_id] = Binding(first.row.uid, source)
+            writes.bindings.append((dlsub_id, first.row.uid, first.job.job_id, now, source))
         observed: list[_Seen] = []
         skipped, late = 0, False
         self._unread = 0
+        followed: list[_Seen] = []
         for seen in candidates:
-            owner = bindings[seen.request["dlsub_id"]]
+            owner = bindings[seen.request["dlsub_id"]].uid
             if owner != seen.row.uid:
                 self._ignore(seen, owner, now, writes)
-                continue
+            else:
+                followed.append(seen)
+        live = {seen.row.key() for seen in followed}
+        self._last_read = {key: at for key, at in self._last_read.items() if key in live}
+        for seen in self._fair_order(followed):
             try:
-                if self.deadline_clock() > deadline:
+                # A job that has never run has written nothing yet: its files are not worth a read.
+                ran = seen.job.state != "PENDING" or seen.job.restart_count > 0
+                if not ran:
+                    read = False
+                elif self.deadline_clock() > deadline:
                     late = True
                     skipped += 1
                     read = False
                 else:
                     read = True
+                    self._last_read[seen.row.key()] = self.deadline_clock()
                 info = self._observe_job(seen, moves.get(seen.row.key()), known, now, writes, read)
             except Exception as exc:
                 log.exception("observing Slurm job %s failed", seen.job.job_id)
@@ -262,6 +281,15 @@ class Agent:
             ))
         infos = [s.info for s in observed if s.info is not None]
         return Observation(infos, parts, self.window_at(now), usage, skipped + self._unread, late)
+
+    def _fair_order(self, jobs: list[_Seen]) -> list[_Seen]:
+        """The order to read jobs' files in: one job of each user in turn, each user's least recently read
+        first, so that many jobs of one user (or a few slow ones) cannot use up the deadline every tick."""
+        by_uid: dict[int, list[_Seen]] = {}
+        for seen in sorted(jobs, key=lambda s: self._last_read.get(s.row.key(), 0.0)):
+            by_uid.setdefault(seen.row.uid, []).append(seen)
+        queues = sorted(by_uid.values(), key=lambda q: self._last_read.get(q[0].row.key(), 0.0))
+        return [seen for turn in itertools.zip_longest(*queues) for seen in turn if seen is not None]
 
     def _identify(self, job: SlurmJob, uid: int, rows: dict[tuple[int, int], JobRow], now: float,
                   writes: Writes) -> _Seen | None:
@@ -575,8 +603,12 @@ class Agent:
                                f"{action.kind} failed: {exc}")
                 log.warning("%s %s failed: %s", action.kind, action.dlsub_id, exc)
         in_flight = self.store.moves()
-        doing = (", ".join(f"{m['kind']} {m['dlsub_id']} to {m['target_partition']} ({m['phase']})"
-                           for m in in_flight[:20]) or f"watching {len(seen.jobs)} dlsub job(s)")
+        # Every user reads this through `dlsub agent status`: counts only, no job of anyone's by name
+        # (each user sees their own moves in moves_in_flight).
+        kinds = collections.Counter(str(m["kind"]) for m in in_flight)
+        doing = f"watching {len(seen.jobs)} dlsub job(s)"
+        if kinds:
+            doing += "; in flight: " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
         if seen.window.open:
             doing += f"; off-hours window '{seen.window.name}' open"
         if seen.late:

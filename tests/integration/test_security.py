@@ -314,3 +314,27 @@ def test_the_gpu_limit_counts_every_job_of_the_user_and_moves_in_the_same_tick(
         assert len(notes) == 1, actions
     finally:
         subprocess.run(["scancel", *map(str, [*blockers, *ids])], check=False)
+
+
+def test_a_comment_edited_onto_an_older_job_never_takes_my_id(
+    user: TestbedUser, user2: TestbedUser, workdir: Path, manual_agent: Path
+) -> None:
+    """The attack review's race: the other user edits the victim's new id into the comment of an older,
+    held job of theirs. Older submit, but no submit record: the victim keeps its id and its agent."""
+    older = sbatch(user2, "--hold", "-p", "cpu", "--wrap", "sleep 600")
+    victim: dict[str, Any] = {}
+    try:
+        victim = user.submit("--mode", "ideal", "-p", "cpu", TRAIN, "--epochs", "30", "--throttle", "0.3",
+                             cwd=workdir)
+        user2.run("scontrol", "update", f"jobid={older}",
+                  f"comment=dlsub:{victim['id']};mode=immediate;ideal=gpu;gpus=1", check=True)
+        agent_tick(manual_agent)
+        agent_tick(manual_agent)
+        owner = rows(manual_agent, "select uid, source from bindings where dlsub_id = ?", victim["id"])
+        assert owner == [(user.uid, "record")], owner
+        assert rows(manual_agent, "select count(*) from decisions where uid = ? and kind = 'ignored'",
+                    user.uid) == [(0,)]
+        ignored = rows(manual_agent, "select kind from decisions where slurm_job_id = ?", older)
+        assert ("ignored",) in ignored, ignored
+    finally:
+        subprocess.run(["scancel", str(older), *([str(victim["slurm_job_id"])] if victim else [])], check=False)

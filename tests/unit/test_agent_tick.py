@@ -8,12 +8,14 @@ loop, the deadline, one job's failure, and what the tick writes.
 from __future__ import annotations
 
 import json
+import os
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_world import ME, NOW, World, policy
+from agent_world import ME, NOW, OTHER, World, policy
 
 from dlsub.agent.agent_store import AgentStore, Writes
 from dlsub.agent.reconcile import Agent
@@ -193,6 +195,49 @@ def test_the_tick_deadline_leaves_remaining_jobs_for_the_next_tick(tmp_path: Pat
     assert calm.store.meta()["late"] is False and calm.store.meta()["skipped"] == 0
 
 
+def test_many_jobs_of_one_user_cannot_use_up_every_deadline(tmp_path: Path) -> None:
+    """The attack review's starvation: one user's 30 older jobs come first in squeue's order and each
+    read is slow. Reads go one user at a time, least recently read first, so the other user's job is
+    read in the first tick, and every job within a few ticks."""
+    w = World(tmp_path, policy(tick_deadline_s=5.0))
+    for n in range(30):
+        job_id, job_dir = w.submit(f"0bad{n:04x}", uid=OTHER, user="mallory",
+                                   job_dir=tmp_path / "mallory" / f"0bad{n:04x}")
+        w.progress(job_dir, job_id)
+    victim, victim_dir = w.submit("0123abcd")
+    w.progress(victim_dir, victim)
+    w.busy_gpus()
+    ticks = iter(float(i) for i in range(100000))  # every look at the clock costs a second
+    agent = w.agent(deadline_clock=lambda: next(ticks))
+    agent.tick(NOW)
+    assert w.store.meta()["late"] is True
+    assert w.store.job(ME, victim).data.get("progress"), "the victim's files were read in the first tick"
+    for i in range(1, 20):
+        agent.tick(NOW + i)
+    # (Their directories are not theirs here, so their reads fail: what counts is that each was tried.)
+    tried = {key for key in agent._last_read if key[0] == OTHER}
+    assert len(tried) == 30, f"only {len(tried)} of the other user's 30 jobs were read within 20 ticks"
+
+
+def test_a_file_of_a_million_tiny_lines_is_read_a_bounded_slice_per_tick(tmp_path: Path) -> None:
+    from dlsub.agent.jobdir import MAX_READ_LINES, open_dir, read_new_lines
+
+    (tmp_path / "progress.jsonl").write_bytes(b"1\n" * 500_000 + b"\n" * 100_000)
+    fd = open_dir(tmp_path, ME)
+    try:
+        started = time.monotonic()
+        chunk = read_new_lines(fd, "progress.jsonl", ME, None)
+        assert len(chunk.lines) == MAX_READ_LINES and time.monotonic() - started < 0.5
+        assert chunk.cursor is not None and chunk.cursor.offset > 0
+        again = read_new_lines(fd, "progress.jsonl", ME, chunk.cursor)
+        assert again.cursor is not None and again.cursor.offset > chunk.cursor.offset and not again.restarted
+        blank = read_new_lines(fd, "progress.jsonl", ME, type(chunk.cursor)(chunk.cursor.dev, chunk.cursor.ino,
+                                                                             1_000_000))
+        assert blank.lines == [] and blank.cursor is not None and blank.cursor.offset == 1_000_000 + MAX_READ_LINES
+    finally:
+        os.close(fd)
+
+
 def test_one_jobs_failure_costs_only_that_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     w = World(tmp_path)
     bad_id, bad_dir = w.submit("0badbad0")
@@ -307,3 +352,14 @@ def test_readonly_store_sees_moves_meta_and_decisions(tmp_path: Path) -> None:
                                   "target_gpus"}
     assert ro.meta()["jobs"] == 1 and ro.decisions(uid=ME)[0].kind == "move"
     assert ro.decisions(uid=ME + 1) == [] and ro.decisions(slurm_job_id=job_id)[0].uid == ME
+
+
+def test_what_the_agent_is_doing_names_no_ones_job(tmp_path: Path) -> None:
+    """`dlsub agent status` shows `doing` to every user: counts only (each sees their own moves elsewhere)."""
+    w = World(tmp_path)
+    job_id, job_dir = w.submit("0123abcd")
+    w.progress(job_dir, job_id)
+    agent = w.agent()
+    assert [a.kind for a in agent.tick(NOW)] == ["signal-move"]
+    doing = w.store.meta()["doing"]
+    assert "0123abcd" not in doing and str(job_id) not in doing and "1 move" in doing, doing

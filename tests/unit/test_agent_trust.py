@@ -285,3 +285,30 @@ def test_dlsub_status_readers_use_the_hardened_reader(tmp_path: Path) -> None:
         + json.dumps({"event": "checkpoint", "time": NOW + 1, "step": None, "seq": 2}) + "\n")
     progress = summarize_progress(good)
     assert progress.step == 4 and progress.checkpoints == 1 and progress.last_checkpoint_step == 4
+
+
+@pytest.mark.parametrize("attacker_seen_first", [False, True])
+def test_a_comment_edited_after_submit_never_takes_an_id_from_the_job_that_submitted_it(
+    tmp_path: Path, attacker_seen_first: bool
+) -> None:
+    """The attack review's race: an older job of another user, submitted without a dlsub comment, has the
+    victim's new id edited into its comment (`scontrol update Comment=`) the moment it shows in squeue.
+    Its submit is older, but it has no submit record: the victim's record-backed job keeps its id."""
+    w = World(tmp_path)
+    w.busy_gpus()
+    attacker, evil_dir = w.submit("0123abcd", uid=OTHER, user="mallory", comment="",
+                                  job_dir=tmp_path / "mallory" / "0123abcd")
+    w.fake.jobs[attacker].options["comment"] = "dlsub:0123abcd;mode=immediate;ideal=gpu;gpus=1"
+    w.progress(evil_dir, attacker)
+    agent = w.agent()
+    if attacker_seen_first:
+        agent.tick(NOW - 30)  # the comment-only claim is bound first...
+    victim, victim_dir = w.submit("0123abcd")
+    w.progress(victim_dir, victim)
+    w.free_gpus()
+    actions = agent.tick(NOW)
+    # ...and the record-backed submit takes the id: the victim moves, the other job is ignored.
+    assert [(a.kind, a.slurm_job_id) for a in actions] == [("signal-move", victim)]
+    assert w.store.bindings()["0123abcd"].uid == ME and w.store.bindings()["0123abcd"].source == "record"
+    assert [d.kind for d in w.store.decisions(uid=OTHER)][-1] == "ignored"
+    assert not [d for d in w.store.decisions(uid=ME) if d.kind == "ignored"]

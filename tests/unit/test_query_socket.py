@@ -283,3 +283,9 @@ def test_status_is_late_when_no_tick_came_within_interval_plus_deadline() -> Non
     for info in (fresh, stale, hit, never):
         assert {"running", "last_tick", "last_tick_age_s", "doing", "moves_in_flight", "last_error",
                 "late", "tick_deadline_s"} <= set(info)
+
+
+def test_json_nested_thousands_deep_gets_an_answer(server: QueryServer) -> None:
+    """json raises RecursionError, not ValueError, on deep nesting: it is still a bad request, answered."""
+    reply = json.loads(_read_all(_raw(server.path, b"[" * 4000 + b"\n", close_write=True)))
+    assert reply["ok"] is False and "one line of JSON" in reply["error"]
