@@ -27,6 +27,7 @@ import json
 import math
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,15 +92,22 @@ def open_dir(path: Path, uid: int | None) -> int:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise Unreadable(f"the job directory {path} is a symlink or not a directory") from None
         raise Unreadable(f"cannot open the job directory {path}: {exc.strerror}") from None
+    _checked(fd, stat.S_ISDIR, f"the job directory {path} is not a directory", uid, f"the job directory {path}")
+    return fd
+
+
+def _checked(fd: int, right_kind: Callable[[int], bool], wrong_kind: str, uid: int | None,
+             what: str) -> os.stat_result:
+    """``fd``'s status, if it is of the right kind and owned by ``uid``; else it is closed and Unreadable raised."""
     try:
         info = os.fstat(fd)
-        if not stat.S_ISDIR(info.st_mode):
-            raise Unreadable(f"the job directory {path} is not a directory")
-        _owner_check(info, uid, f"the job directory {path}")
+        if not right_kind(info.st_mode):
+            raise Unreadable(wrong_kind)
+        _owner_check(info, uid, what)
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return info
 
 
 @dataclass
@@ -149,11 +157,8 @@ def read_new_lines(dir_fd: int, name: str, uid: int | None, cursor: Cursor | Non
         if exc.errno == errno.ELOOP:
             raise Unreadable(f"{name} is a symlink (the agent reads only regular files)") from None
         raise Unreadable(f"cannot open {name}: {exc.strerror}") from None
+    info = _checked(fd, stat.S_ISREG, f"{name} is not a regular file (a FIFO, device or directory)", uid, name)
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise Unreadable(f"{name} is not a regular file (a FIFO, device or directory)")
-        _owner_check(info, uid, name)
         size = info.st_size
         restarted = cursor is None or (cursor.dev, cursor.ino) != (info.st_dev, info.st_ino) or size < cursor.offset
         if restarted:
