@@ -528,10 +528,6 @@ class Agent:
             writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, "backfill", action.reason,
                           action.details)
             return True
-        if action.kind == planner.LIFT_BEGIN_TIME:
-            if seen.info is not None and seen.info.move is None:
-                writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, "resume", action.reason)
-            return True
         return action.kind in (planner.RETARGET, planner.RELEASE)
 
     def _perform(self, action: Action, now: float, writes: Writes) -> None:
@@ -557,8 +553,6 @@ class Agent:
             self.client.release(job_id)
             if move is not None:
                 writes.moves[key] = {**writes.moves.get(key, move), "phase": MovePhase.RELEASED.value, "since": now}
-        elif action.kind == planner.LIFT_BEGIN_TIME:
-            self.client.update_job(job_id, StartTime="now")
         else:
             raise ValueError(f"unknown action {action.kind}")
 

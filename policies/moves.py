@@ -23,10 +23,11 @@ Rules, checked for each job every tick:
   there are idle GPUs: Slurm 22.05 cannot take a GPU request off a pending
   job (the job stays "never runnable" on CPU nodes), so GPU jobs reach CPU
   nodes only by being submitted there in immediate mode.
-* **Resume fast**: a job that requeued itself after a checkpoint waits for
-  Slurm's BeginTime hold (121 s by default); the agent lifts it while the
-  job's resume-requeues stay below ``max_continuations`` (a script that
-  exits 85 in a loop waits Slurm's delay once past that).
+* **Requeue wait**: a job that requeued itself (or was requeued for a move)
+  waits for Slurm's BeginTime, cred_expire + 1 s after the requeue (121 s by
+  default). The agent leaves that wait alone: a job started again sooner on
+  the node it just left is killed there ("Job credential revoked"), seen on
+  the testbed. Sites shorten it with ``AuthInfo=cred_expire=N``.
 * **Limits**: a move or backfill is started only while its user stays within
   the GPU and job limits, counted over everything the user holds in Slurm
   (``Usage``: every job of that uid, dlsub's or not, and moves in flight),
@@ -49,7 +50,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TypedDict
 
-from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE
+from dlsub.contract import ACTION_MOVE
 from dlsub.policies.api import ClusterView, JobView, Node
 from dlsub.policies.registry import get_policy
 
@@ -190,8 +191,7 @@ class Action:
 SIGNAL_MOVE = "signal-move"  # SIGUSR2 to the batch shell: checkpoint, requeue held
 SIGNAL_CONTINUE = "signal-continue"  # SIGUSR1: checkpoint, requeue (same partition)
 RETARGET = "retarget"  # scontrol update Partition=... TresPerNode=... (pending job)
-RELEASE = "release"  # scontrol release + StartTime=now
-LIFT_BEGIN_TIME = "lift-begin-time"  # scontrol update StartTime=now
+RELEASE = "release"  # scontrol release (Slurm's requeue wait still applies)
 FINISH_MOVE = "finish-move"  # the move is complete (bookkeeping)
 ABANDON_MOVE = "abandon-move"
 BACKFILL = "backfill"  # a RETARGET into a backfill partition
@@ -226,14 +226,8 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
         if job.state == "RUNNING" and requeued:
             return [Action(FINISH_MOVE, reason="continued in a new attempt", **common)]
         if job.state == "PENDING" and requeued:
-            if job.reason == "BeginTime" and job.last_attempt_action == ACTION_REQUEUE:
-                # The batch script allows max_continuations resume-requeues; each of those is lifted.
-                if job.requeues <= rules.max_continuations:
-                    return [Action(LIFT_BEGIN_TIME, reason="checkpointed before its time limit; continuing now",
-                                   **common)]
-                return [Action(FINISH_MOVE, reason=f"requeued {job.requeues} times, more than the site allows "
-                               f"({rules.max_continuations}): left to Slurm's own requeue delay", **common)]
-            return [Action(FINISH_MOVE, reason="continued in a new attempt", **common)]
+            return [Action(FINISH_MOVE, reason="checkpointed before its time limit: continuing in a new attempt "
+                           "once Slurm's requeue wait is over", **common)]
         if job.state == "RUNNING" and now - move.since > 2 * rules.checkpoint_grace_s:
             return [Action(SIGNAL_CONTINUE, reason="no checkpoint yet after the first request; asking again", **common)]
         return []
@@ -266,8 +260,6 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
                               time_limit_min=move.time_limit_min, **common))
     if job.reason == "JobHeldUser":
         actions.append(Action(RELEASE, reason=f"released to start on {move.target_partition}", **common))
-    elif job.reason == "BeginTime":
-        actions.append(Action(LIFT_BEGIN_TIME, reason=f"starting on {move.target_partition} now", **common))
     elif not actions:
         return [Action(FINISH_MOVE, reason=f"waiting to start on {move.target_partition}", **common)]
     return actions
@@ -515,15 +507,6 @@ def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Ru
     for job in jobs:
         if job.move is not None:
             actions += _advance_move(job, now, rules)
-        elif job.state == "PENDING" and job.reason == "BeginTime" and job.last_attempt_action == ACTION_REQUEUE:
-            if job.requeues <= rules.max_continuations:  # as many as the batch script itself allows
-                actions.append(Action(LIFT_BEGIN_TIME, job.dlsub_id, job.slurm_job_id,
-                                      "checkpointed and requeued; lifting Slurm's wait before a requeued job may "
-                                      f"start ({job.requeues} of at most {rules.max_continuations} requeues)"))
-            else:
-                actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id,
-                                      f"requeued itself {job.requeues} times, more than the site allows "
-                                      f"({rules.max_continuations}): the agent no longer lifts Slurm's requeue delay"))
     actions += _continuations(jobs, by_name, rules, now)
     actions += _backfill(jobs, by_name, rules, window, now, usage)
     busy = {a.slurm_job_id for a in actions if a.kind != NOTE}

@@ -216,9 +216,9 @@ class SlurmClient:
         self._run(["scontrol", "update", f"jobid={int(job_id)}", *(f"{k}={v}" for k, v in fields.items())])
 
     def release(self, job_id: int) -> None:
-        """Release a held job and lift a requeued job's BeginTime wait, so it may start now."""
+        """Release a held job. A requeued one still waits for its BeginTime (cred_expire + 1 s after the
+        requeue): started sooner on the node it left, slurmd kills it ("Job credential revoked")."""
         self._run(["scontrol", "release", str(int(job_id))])
-        self.update_job(job_id, StartTime="now")
 
     def retarget(self, job_id: int, partition: str, gpus_per_node: int, time_limit_min: int | None = None) -> None:
         """Point a pending job at another partition, with that many GPUs per node, and a time limit.

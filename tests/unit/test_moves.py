@@ -131,15 +131,12 @@ def test_time_limit_continuation_before_the_allocation_ends() -> None:
     assert kinds(capped) == [m.NOTE]
     off = m.plan([dev], parts(), replace(RULES, continue_jobs=False), NOW)
     assert kinds(off) == [m.NOTE] and "does not continue" in off[0].reason
-    # After the checkpoint the job requeued itself: lift the BeginTime wait, then done.
+    # After the checkpoint the job requeued itself: done; Slurm's requeue wait stands (the agent never
+    # starts a requeued job early: slurmd would kill it on the node it left).
     waiting = replace(dev, state="PENDING", reason="BeginTime", move=move(MovePhase.SIGNALLED, kind="continue"),
                       restart_count=1, requeues=1, last_attempt_action="requeue")
-    assert kinds(m.plan([waiting], parts(), RULES, NOW)) == [m.LIFT_BEGIN_TIME]
-    # The batch script allows max_continuations requeues: the last of them is lifted, one more is not.
-    assert kinds(m.plan([replace(waiting, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)) == [
-        m.LIFT_BEGIN_TIME]
-    over = m.plan([replace(waiting, requeues=4)], parts(), replace(RULES, max_continuations=3), NOW)
-    assert kinds(over) == [m.FINISH_MOVE] and "more than the site allows" in over[0].reason
+    done = m.plan([waiting], parts(), RULES, NOW)
+    assert kinds(done) == [m.FINISH_MOVE] and "requeue wait" in done[0].reason
     # The script's own requeues count against continuations too.
     capped = m.plan([replace(dev, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)
     assert kinds(capped) == [m.NOTE]
@@ -177,17 +174,10 @@ def test_gpu_jobs_are_backfilled_only_where_gpus_are_idle() -> None:
     assert [(a.kind, a.partition, a.gpus) for a in actions] == [(m.BACKFILL, "gpu-dev", 1)]
 
 
-def test_a_self_requeued_job_starts_again_without_slurms_wait_up_to_max_continuations() -> None:
+def test_a_self_requeued_job_is_left_to_slurms_requeue_wait() -> None:
     requeued = job(state="PENDING", reason="BeginTime", last_attempt_action="requeue", requeues=1)
-    assert kinds(m.plan([requeued], parts(), RULES, NOW)) == [m.LIFT_BEGIN_TIME]
-    assert m.plan([replace(requeued, last_attempt_action=None)], parts(), RULES, NOW) == []
-    assert kinds(m.plan([replace(requeued, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)) == [
-        m.LIFT_BEGIN_TIME]
-    looping = m.plan([replace(requeued, requeues=4)], parts(), replace(RULES, max_continuations=3), NOW)
-    assert kinds(looping) == [m.NOTE] and "no longer lifts" in looping[0].reason
-    # A move's requeue ("move") is not a resume-requeue: it never counts.
-    assert kinds(m.plan([replace(requeued, requeues=2)], parts(), replace(RULES, max_continuations=3), NOW)) == [
-        m.LIFT_BEGIN_TIME]
+    for n in (1, 3, 4):
+        assert m.plan([replace(requeued, requeues=n)], parts(), replace(RULES, max_continuations=3), NOW) == []
 
 
 def test_limits_count_the_users_holdings_and_this_ticks_decisions() -> None:
