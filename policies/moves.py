@@ -260,6 +260,8 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
                               time_limit_min=move.time_limit_min, **common))
     if job.reason == "JobHeldUser":
         actions.append(Action(RELEASE, reason=f"released to start on {move.target_partition}", **common))
+    elif job.reason == "BeginTime" and not actions:
+        return []  # Slurm's requeue wait: the move is done when the job runs there
     elif not actions:
         return [Action(FINISH_MOVE, reason=f"waiting to start on {move.target_partition}", **common)]
     return actions

@@ -202,3 +202,16 @@ def test_a_job_without_a_total_is_estimated_from_the_time_it_has_run() -> None:
     assert kinds(actions) == [m.SIGNAL_MOVE]
     assert "no total declared: assuming about as long again as the 12 min it has run" in actions[0].reason
     assert kinds(m.plan([job(eta_s=None, ran_s=None)], parts(), RULES, NOW)) == [m.NOTE]
+
+
+def test_a_released_move_stays_in_flight_through_slurms_requeue_wait() -> None:
+    """Released on its new partition, the job waits out Slurm's requeue wait (BeginTime); the move is done
+    only when it runs there (or waits there for resources), never by starting it early."""
+    waiting = job(state="PENDING", reason="BeginTime", partition="gpu", gpus_now=1, restart_count=1,
+                  last_attempt_action="move", move=move(MovePhase.RELEASED))
+    assert m.plan([waiting], parts(), RULES, NOW) == []
+    running = replace(waiting, state="RUNNING", reason="None")
+    done = m.plan([running], parts(), RULES, NOW)
+    assert kinds(done) == [m.FINISH_MOVE] and done[0].reason == "running on gpu"
+    queued = replace(waiting, reason="Resources")
+    assert kinds(m.plan([queued], parts(), RULES, NOW)) == [m.FINISH_MOVE]
