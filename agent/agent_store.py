@@ -155,13 +155,22 @@ def _open_readonly(path: Path) -> sqlite3.Connection:
     connection shares it. When no agent is connected SQLite has removed
     that file, a reader without write access cannot recreate it, and the
     database (fully checkpointed then) is read as immutable instead.
+
+    Whoever may write the file (the service account, root) opens it
+    read-write and only reads: a tick process that exited without closing
+    leaves its newest rows in the WAL, and a read-only connection that
+    cannot use the WAL index would fall back to the main file and miss them.
     """
+    if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
+        return sqlite3.connect(str(path), timeout=10, check_same_thread=False)
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10, check_same_thread=False)
     try:
         conn.execute("select count(*) from sqlite_master").fetchone()
         return conn
     except sqlite3.OperationalError:
         conn.close()
+    if Path(f"{path}-wal").exists() and Path(f"{path}-wal").stat().st_size > 0:
+        raise sqlite3.OperationalError(f"{path}: its newest rows are in a WAL this account cannot read")
     return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
 
 
