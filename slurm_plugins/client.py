@@ -212,7 +212,7 @@ class SlurmClient:
         self._run(["scontrol", "requeue", str(int(job_id))])
 
     def update_job(self, job_id: int, **fields: str) -> None:
-        """``scontrol update jobid=N Key=Value ...`` (e.g. ``StartTime="now"``)."""
+        """``scontrol update jobid=N Key=Value ...`` (e.g. ``Partition="gpu"``)."""
         self._run(["scontrol", "update", f"jobid={int(job_id)}", *(f"{k}={v}" for k, v in fields.items())])
 
     def release(self, job_id: int) -> None:

@@ -328,8 +328,6 @@ class FakeSlurm:
             if "TresPerNode" in fields:
                 value = fields["TresPerNode"]
                 job.options["gres"] = value.removeprefix("gres:") if value else ""
-            if fields.get("StartTime") == "now" and job.reason == "BeginTime":
-                job.reason = "None"
             return self._done(argv, 0, "")
         if argv[1:2] in (["release"], ["hold"]):
             job = self.jobs[int(argv[2])]

@@ -89,7 +89,7 @@ def test_time_limit_continuation_on_gpu_dev(user: TestbedUser, workdir: Path, ma
     assert "time limit on gpu-dev ends in 30 s" in actions[0]["reason"]
 
     def continued() -> bool:
-        agent_tick(manual_agent)  # real time from here: lifts Slurm's requeue wait, finishes the move
+        agent_tick(manual_agent)  # real time from here: finishes the move once Slurm's requeue wait is over
         record = slurm_job(job["slurm_job_id"]) or {}
         return record.get("job_state") == "RUNNING" and record.get("restart_cnt", 0) >= 1
 

@@ -207,7 +207,7 @@ def test_output_and_checkpoints_are_private_and_the_agent_reads_only_its_files(
 def test_a_script_that_exits_85_forever_is_requeued_at_most_max_continuations_times(
     user: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
-    """The batch script itself bounds resume-requeues (the testbed policy allows 5); the agent lifts no more."""
+    """The batch script itself bounds resume-requeues (the testbed policy allows 5)."""
     script = put(user, workdir / "loop 85; x.py",
                  "from dlsub import checkpointing\n\ncheckpointing.init().exit_for_resume()\n")
     job = user.submit("-p", "cpu", "--cpus", "1", "--mem", "200M", str(script), cwd=workdir)
