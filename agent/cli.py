@@ -27,6 +27,7 @@ from dlsub.agent.config import Settings, load_settings
 from dlsub.agent.directives import Directive, DirectiveError, read_directives
 from dlsub.agent.planner import PlanningError
 from dlsub.agent.policy_file import AgentPolicy, PolicyFileError, load_policy
+from dlsub.agent.shape import Shape, ShapeError, resolve_shape
 from dlsub.agent.status import JobStatus, job_status, render_table
 from dlsub.agent.submit import SubmitError, SubmitRequest, plan_job, submit_plan
 from dlsub.agent.user_store import JobRecord, JobStore, UnknownJob
@@ -113,9 +114,13 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--gpus", type=int, default=0, show_default=True,
-              help="GPUs (on one node); one training process per GPU.")
-@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes (1 for now).")
+@click.option("--gpus", default=None,
+              help="GPUs in all, split evenly over the nodes (one training process per GPU); MIN:MAX: an elastic "
+                   "range of whole nodes [default: 0].")
+@click.option("--gpus-per-node", type=int, default=None, help="GPUs on each node (instead of --gpus).")
+@click.option("--nodes", default=None,
+              help="Nodes, one container each, under one torchrun rendezvous; MIN:MAX: elastic, the agent grows "
+                   "and shrinks the job between them [default: 1].")
 @click.option("--cpus", type=int, default=None, help="CPUs for the job [default: 2, or $DLSUB_CPUS].")
 @click.option("--mem", "mem", default=None, help="Memory per node, Slurm syntax (4096, 512M, 4G) [default: 4G].")
 @click.option("--time", "time_limit", default=None,
@@ -132,7 +137,8 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @friendly_errors
 def submit(
-    gpus: int, nodes: int, cpus: int | None, mem: str | None, time_limit: str | None, partition: str | None,
+    gpus: str | None, gpus_per_node: int | None, nodes: str | None, cpus: int | None,
+    mem: str | None, time_limit: str | None, partition: str | None,
     image: str | None, name: str | None, mode: str | None, dry_run: bool, as_json: bool, script: Path,
     args: tuple[str, ...],
 ) -> None:
@@ -143,15 +149,18 @@ def submit(
     also be written in the script itself, on `#DLSUB` lines in its first
     comment block (e.g. `#DLSUB --gpus 2 --time 1:00:00`); the command line wins.
     """
-    values: dict[str, Any] = {"gpus": gpus, "nodes": nodes, "cpus": cpus, "mem": mem, "time_limit": time_limit,
+    values: dict[str, Any] = {"gpus": gpus, "gpus_per_node": gpus_per_node, "nodes": nodes, "cpus": cpus,
+                              "mem": mem, "time_limit": time_limit,
                               "partition": partition, "image": image, "name": name, "mode": mode,
                               "dry_run": dry_run, "as_json": as_json}
     values.update(options_from_directives(click.get_current_context(), script))
     values["cpus"], values["mem_mb"], values["limit"] = check_values(values)
+    shape = check_shape(values)
     policy = site_policy()
     settings, client, store = _context()
     request = SubmitRequest(
-        script=script, args=tuple(args), gpus=values["gpus"], nodes=values["nodes"], cpus=values["cpus"],
+        script=script, args=tuple(args), gpus=shape.gpus_per_node, nodes=shape.nodes, max_nodes=shape.max_nodes,
+        cpus=values["cpus"],
         mem_mb=values["mem_mb"], time_limit_min=values["limit"], partition=values["partition"],
         image=values["image"], name=values["name"], workdir=Path.cwd(),
         mode=values["mode"] or policy.default_mode,
@@ -169,14 +178,26 @@ def submit(
     if values["as_json"]:
         click.echo(json.dumps({"id": record.id, "slurm_job_id": record.slurm_job_id,
                                "partition": record.partition, "job_dir": record.job_dir,
-                               "mode": request.mode,
+                               "mode": request.mode, "nodes": record.nodes, "max_nodes": record.max_nodes,
+                               "gpus_per_node": record.gpus_per_node, "worker_array_id": record.worker_array_id,
                                "ideal_partition": plan.choice.ideal_partition or record.partition}))
     else:
         click.echo(
             f"dlsub: submitted job {record.id} (Slurm job {record.slurm_job_id}) to partition "
             f"{record.partition}: {plan.choice.reason}\n"
-            f"dlsub: follow it with `dlsub status {record.id}` and `dlsub logs -f {record.id}`"
+            + (f"dlsub: elastic, {record.nodes} to {record.max_nodes} nodes: {record.max_nodes - record.nodes} "
+               f"held worker task(s) in Slurm job array {record.worker_array_id}, released by the agent when "
+               f"GPUs are idle\n" if record.max_nodes else "")
+            + f"dlsub: follow it with `dlsub status {record.id}` and `dlsub logs -f {record.id}`"
         )
+
+
+def check_shape(values: dict[str, Any]) -> Shape:
+    """GPUs per node and the (elastic) node count from --gpus, --gpus-per-node and --nodes."""
+    try:
+        return resolve_shape(values.get("nodes"), values.get("gpus"), values.get("gpus_per_node"))
+    except ShapeError as exc:
+        raise SubmitError(str(exc)) from exc
 
 
 def check_values(values: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
@@ -216,8 +237,7 @@ def _parse_directive(ctx: click.Context, script: Path, directive: Directive) -> 
              and sub.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
     try:
         check_values({"cpus": None, "mem": None, "time_limit": None, **given})
-        if given.get("gpus", 0) < 0:
-            raise SubmitError(f"--gpus must be 0 or more, not {given['gpus']}")
+        check_shape(given)
     except (SubmitError, TimeSpecError) as exc:
         raise DirectiveError(f"{where}: {exc}; fix or remove the line") from exc
     return given
@@ -330,6 +350,8 @@ def cancel(job: str) -> None:
     store.update(record.id, cancelled_at=time.time())
     if record.slurm_job_id is not None:
         client.cancel(record.slurm_job_id)
+    if record.worker_array_id is not None:
+        client.cancel(record.worker_array_id)  # an elastic job's workers, running or held
     click.echo(f"dlsub: cancelled job {record.id} (Slurm job {record.slurm_job_id})")
 
 

@@ -64,6 +64,8 @@ def _why_not(p: Partition, req: Request) -> str | None:
     if len(fitting) < req.nodes:
         if p.max_gpus_per_node < req.gpus_per_node:
             return f"{p.name} has at most {p.max_gpus_per_node} GPUs per node"
+        if fitting and req.nodes > 1:
+            return f"{p.name} has {len(fitting)} node(s) that fit it, and it needs {req.nodes} nodes"
         return f"{p.name} has no node with {req.cpus} CPUs and {req.mem_mb} MB"
     return None
 

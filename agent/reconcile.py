@@ -31,6 +31,7 @@ second one.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import logging
 import os
@@ -57,12 +58,14 @@ from dlsub.agent.jobdir import (
 from dlsub.agent.policy_file import AgentPolicy
 from dlsub.contract import (
     ATTEMPTS_FILE,
+    MOVE_SIGNAL,
     PROGRESS_FILE,
     IllegalTransition,
     JobState,
     Tags,
 )
 from dlsub.policies import moves as planner
+from dlsub.policies import resize as resizer
 from dlsub.policies.moves import (
     Action,
     JobInfo,
@@ -73,12 +76,18 @@ from dlsub.policies.moves import (
     Usage,
     Window,
 )
+from dlsub.policies.resize import ElasticJob, Resize, Room, WorkerTask
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
-from dlsub.slurm_plugins.models import Partition, SlurmJob
+from dlsub.slurm_plugins.models import Partition, SlurmJob, expand_nodes
 
 log = logging.getLogger("dlsub.agent")
 
+#: Seconds a worker told to leave has to checkpoint with its group and requeue itself before it is told again.
+LEAVE_WAIT_S = 120.0
+
 _LIVE = (JobState.PENDING, JobState.RUNNING, JobState.REQUEUED)
+# Pending jobs that could not start on idle nodes anyway: they do not hold back growth.
+_NOT_WAITING_FOR_NODES = ("Dependency", "DependencyNeverSatisfied", "BeginTime", "JobHeldUser", "JobHeldAdmin")
 
 
 # Where a test may SIGKILL the tick (dlsub.agent.failpoints): before an action is
@@ -139,12 +148,31 @@ def _request_from_record(job: SlurmJob, uid: int) -> dict[str, Any] | None:
     tags = record.tags
     return {"source": "record", "dlsub_id": tags.dlsub_id, "mode": tags.mode, "ideal": tags.ideal,
             "gpus": tags.gpus or record.gpus_per_node, "partition": record.partition,
-            "time_limit_min": record.time_limit_min}
+            "time_limit_min": record.time_limit_min, "role": tags.role,
+            "nodes": list(tags.nodes) if tags.nodes else None}
 
 
 def _request_from_tags(job: SlurmJob, tags: Tags) -> dict[str, Any]:
     return {"source": "comment", "dlsub_id": tags.dlsub_id, "mode": tags.mode, "ideal": tags.ideal,
-            "gpus": tags.gpus, "partition": job.partition, "time_limit_min": job.time_limit_min}
+            "gpus": tags.gpus, "partition": job.partition, "time_limit_min": job.time_limit_min, "role": tags.role,
+            "nodes": list(tags.nodes) if tags.nodes else None}
+
+
+def _worker_request(job: SlurmJob, uid: int) -> dict[str, Any] | None:
+    """The request of an elastic job's worker task (its submit record, else its comment); None: not one."""
+    request = _request_from_record(job, uid)
+    if request is None and job.tags is not None:
+        request = _request_from_tags(job, job.tags)
+    return request if request is not None and request.get("role") == "worker" else None
+
+
+def _worker_task(job: SlurmJob) -> WorkerTask | None:
+    handle = job.array_task_handle
+    if handle is None:
+        return None
+    return WorkerTask(handle=handle, slurm_job_id=job.job_id, state=job.state, reason=job.reason,
+                      partition=job.partition, nodes=tuple(expand_nodes(job.nodes)),
+                      restart_count=job.restart_count, start_time=float(job.start_time))
 
 
 @dataclass
@@ -165,6 +193,8 @@ class Observation:
     usage: dict[int, Usage] = field(default_factory=dict)
     skipped: int = 0
     late: bool = False
+    elastic: list[ElasticJob] = field(default_factory=list)
+    rooms: list[Room] = field(default_factory=list)
 
 
 class Agent:
@@ -182,6 +212,9 @@ class Agent:
         self._unread = 0  # jobs whose files could not be read this tick
         # When each job's files were last read (deadline clock): the least recently read go first.
         self._last_read: dict[tuple[int, int], float] = {}
+        # Worker tasks sent MOVE_SIGNAL to leave, and when (the agent's clock).
+        self._leaving: dict[str, float] = {}
+        self._last_elastic: list[ElasticJob] = []
 
     # ---------------------------------------------------------------- observe
     def window_at(self, now: float) -> Window:
@@ -200,11 +233,24 @@ class Agent:
         known = {p.name: p for p in partitions}
         usage: dict[int, Usage] = {}
         candidates: list[_Seen] = []
+        workers: dict[tuple[int, str], list[WorkerTask]] = {}
+        worker_ids: set[int] = set()
         for job in slurm_jobs:
             uid = job.user_id
             if uid is None:
                 continue
             state = job.dlsub_state
+            worker = _worker_request(job, uid)
+            if worker is not None:
+                # An elastic job's worker task: part of its main job (same uid, same id), never planned alone.
+                worker_ids.add(job.job_id)
+                task = _worker_task(job)
+                if task is not None:
+                    workers.setdefault((uid, str(worker["dlsub_id"])), []).append(task)
+                if state in _LIVE and not job.held:
+                    old = usage.get(uid, Usage())
+                    usage[uid] = Usage(old.gpus + job.gpus_per_node, old.jobs + 1)
+                continue
             if state in _LIVE:
                 gpus = job.gpus_per_node * max(1, job.node_count)
                 move = moves.get((uid, job.job_id))
@@ -269,8 +315,11 @@ class Agent:
         pending_gpus: dict[str, int] = {}
         for job in slurm_jobs:
             if (job.state == "PENDING" and not job.held and job.gpus_per_node and job.user_id is not None
-                    and (job.user_id, job.job_id) not in moves):
-                pending_gpus[job.partition] = pending_gpus.get(job.partition, 0) + job.gpus_per_node
+                    and (job.user_id, job.job_id) not in moves and job.job_id not in worker_ids
+                    and job.reason not in _NOT_WAITING_FOR_NODES):
+                wanted = job.gpus_per_node * max(1, job.node_count)
+                for name in job.partition.split(","):
+                    pending_gpus[name] = pending_gpus.get(name, 0) + wanted
         parts = []
         for p in partitions:
             up_nodes = tuple((n.name, n.idle_gpus, n.idle_cpus) for n in p.nodes if n.usable)
@@ -280,7 +329,47 @@ class Agent:
                 max_time_s=p.max_time_min * 60.0 if p.max_time_min else None,
             ))
         infos = [s.info for s in observed if s.info is not None]
-        return Observation(infos, parts, self.window_at(now), usage, skipped + self._unread, late)
+        elastic = self._elastic_jobs(followed, workers, rows, bindings, moves)
+        rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0))
+                 for p in partitions]
+        return Observation(infos, parts, self.window_at(now), usage, skipped + self._unread, late, elastic, rooms)
+
+    @staticmethod
+    def _elastic_jobs(followed: list[_Seen], workers: dict[tuple[int, str], list[WorkerTask]],
+                      rows: dict[tuple[int, int], JobRow], bindings: dict[str, Binding],
+                      moves: dict[tuple[int, int], dict[str, Any]]) -> list[ElasticJob]:
+        """Elastic main jobs with their worker tasks (same uid and id only); and workers whose main job
+        has ended, even when Slurm no longer lists it."""
+        out: list[ElasticJob] = []
+        mains: set[tuple[int, str]] = set()
+        for seen in followed:
+            rng = seen.request.get("nodes")
+            if not rng or seen.request.get("role", "main") != "main":
+                continue
+            key = (seen.row.uid, str(seen.request["dlsub_id"]))
+            mains.add(key)
+            job = seen.job
+            tasks = tuple(workers.get(key, ()))
+            arrays = {int(t.handle.split("_")[0]) for t in tasks}
+            out.append(ElasticJob(
+                dlsub_id=key[1], slurm_job_id=job.job_id, uid=key[0], user=job.user, state=job.state,
+                ended=job.dlsub_state.terminal, partition=job.partition,
+                gpus_per_node=job.gpus_per_node, min_nodes=int(rng[0]), max_nodes=int(rng[1]),
+                submit_time=float(job.submit_time), worker_array=min(arrays) if arrays else None,
+                workers=tasks, moving=seen.row.key() in moves))
+        ended = {(r.uid, r.dlsub_id): r for r in rows.values()
+                 if r.state is not None and JobState(r.state).terminal and not r.data.get("ignored")}
+        for key, orphans in workers.items():
+            row = ended.get(key)
+            bound = bindings.get(key[1])
+            if key in mains or row is None or bound is None or bound.uid != key[0]:
+                continue
+            arrays = {int(t.handle.split("_")[0]) for t in orphans}
+            out.append(ElasticJob(
+                dlsub_id=key[1], slurm_job_id=row.slurm_job_id, uid=key[0], user=row.user, state=str(row.state),
+                ended=True, partition="", gpus_per_node=0, min_nodes=1, max_nodes=2, submit_time=0.0,
+                worker_array=min(arrays), workers=tuple(orphans)))
+        return out
 
     def _fair_order(self, jobs: list[_Seen]) -> list[_Seen]:
         """The order to read jobs' files in: one job of each user in turn, each user's least recently read
@@ -399,6 +488,7 @@ class Agent:
             backfilled_from=data.get("backfilled_from"), backfilled_limit_min=data.get("backfilled_limit_min"),
             time_limit_min=request.get("time_limit_min"), move=move, uid=row.uid,
             restart_count=job.restart_count, requeues=attempts.requeues, ran_s=progress.ran_s,
+            gang=job.node_count > 1 or bool(request.get("nodes")),
         )
         data["partition"] = job.partition
         if job.state == "RUNNING" and data.get("attempt_seen") != job.restart_count:
@@ -556,6 +646,42 @@ class Agent:
         else:
             raise ValueError(f"unknown action {action.kind}")
 
+    # ---------------------------------------------------------------- resize
+    def _plan_resizes(self, seen: Observation, now: float, writes: Writes) -> list[Resize]:
+        """This tick's grow/shrink/end-workers actions, each recorded (write-ahead) with its reason."""
+        # A worker told to leave is still running while the group checkpoints: not told again for a while.
+        self._leaving = {h: t for h, t in self._leaving.items() if now - t < LEAVE_WAIT_S}
+        jobs = [dataclasses.replace(j, workers=tuple(w for w in j.workers if w.handle not in self._leaving))
+                for j in seen.elastic]
+        planned = []
+        by_id = {(j.uid, j.dlsub_id): j for j in jobs}
+        for resize in resizer.plan_resizes(jobs, seen.rooms, self.rules.policy):
+            job = next(j for (uid, did), j in by_id.items() if did == resize.dlsub_id)
+            writes.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, resize.kind, resize.reason,
+                          {"worker": resize.worker, "partition": resize.partition, "nodes_before": job.nodes_now})
+            planned.append(resize)
+        return planned
+
+    def _resize(self, resize: Resize, now: float, outcome: Writes) -> None:
+        job = next(j for j in self._last_elastic if j.dlsub_id == resize.dlsub_id)
+        try:
+            assert resize.worker is not None
+            if resize.kind == resizer.GROW:
+                task = next((w for w in job.workers if w.handle == resize.worker), None)
+                if task is not None and resize.partition and task.partition != resize.partition:
+                    self.client.retarget_task(resize.worker, resize.partition)
+                self.client.release(resize.worker)
+            elif resize.kind == resizer.SHRINK:
+                self.client.signal_task(resize.worker, MOVE_SIGNAL)
+                self._leaving[resize.worker] = now
+            elif resize.kind == resizer.END_WORKERS:
+                self.client.cancel(int(resize.worker))
+            log.info("%s %s (worker %s): %s", resize.kind, resize.dlsub_id, resize.worker, resize.reason)
+        except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
+            outcome.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "error",
+                           f"{resize.kind} failed: {exc}")
+            log.warning("%s %s failed: %s", resize.kind, resize.dlsub_id, exc)
+
     # ---------------------------------------------------------------- tick
     def tick(self, now: float | None = None) -> list[Action]:
         now = self.clock() if now is None else now
@@ -572,6 +698,7 @@ class Agent:
             return []
         writes = Writes()
         seen = self.observe(now, slurm_jobs, partitions, writes, deadline)
+        self._last_elastic = seen.elastic
         actions = planner.plan(seen.jobs, seen.partitions, self.rules, now, seen.window, seen.usage)
         todo: list[Action] = []
         done: list[Action] = []
@@ -582,8 +709,11 @@ class Agent:
                 todo.append(action)
             else:
                 done.append(action)
+        resizes = self._plan_resizes(seen, now, writes)
         self.store.write(writes)  # what was observed and decided, before anything is done about it
         outcome = Writes()
+        for resize in resizes:
+            self._resize(resize, now, outcome)
         for action in todo:
             seen_job = self._seen[action.slurm_job_id]
             failpoints.reach(_BEFORE.get(action.kind, ""))

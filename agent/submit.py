@@ -6,6 +6,7 @@ request submits nothing and leaves no job directory behind.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import shutil
@@ -19,7 +20,7 @@ from dlsub.agent.planner import Choice, Request, choose_partition
 from dlsub.agent.private_files import AgentAccess, blocked_ancestor, make_job_dir
 from dlsub.agent.user_store import JobRecord, JobStore
 from dlsub.containers.podman import ContainerSpec, check_image, check_mount_path
-from dlsub.contract import BATCH_SCRIPT
+from dlsub.contract import BATCH_SCRIPT, WORKER_SCRIPT
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.sbatch import BatchSpec, render_sbatch, safe_job_name
 
@@ -45,6 +46,8 @@ class SubmitRequest:
     # From the site's policy: resume-requeues the batch script may make
     # (time_limits.max_continuations; 0 when continuation is off).
     max_continuations: int = 20
+    # An elastic job's most nodes (``--nodes MIN:MAX``): ``nodes`` is MIN.
+    max_nodes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class Plan:
     choice: Choice
     batch: BatchSpec
     script_text: str
+    # An elastic job's held worker array (one node per task), submitted first.
+    workers: BatchSpec | None = None
 
 
 def library_dir() -> Path:
@@ -74,10 +79,15 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     script = check_script(req.script)
     if req.gpus < 0:
         raise SubmitError(f"--gpus must be 0 or more, not {req.gpus}")
-    if req.nodes != 1:
-        raise SubmitError(
-            f"--nodes {req.nodes}: multi-node jobs are not supported yet; use --nodes 1 (up to one node's GPUs)"
-        )
+    if req.nodes < 1:
+        raise SubmitError(f"--nodes must be 1 or more, not {req.nodes}")
+    if req.max_nodes is not None and req.max_nodes <= req.nodes:
+        raise SubmitError(f"--nodes {req.nodes}:{req.max_nodes}: an elastic range needs MIN < MAX "
+                          f"(or give one number for a fixed size)")
+    gang = req.nodes > 1 or req.max_nodes is not None
+    if gang and req.mode == "immediate" and req.partition is None:
+        # A gang does not start on CPU nodes to be moved later: the agent resizes it instead.
+        req = dataclasses.replace(req, mode="ideal")
     image = req.image or settings.image
     cpus = req.cpus or settings.cpus
     mem_mb = req.mem_mb or settings.mem_mb
@@ -93,6 +103,11 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         Request(gpus_per_node=req.gpus, cpus=cpus, mem_mb=mem_mb, time_limit_min=req.time_limit_min,
                 nodes=req.nodes, partition=req.partition, immediate=req.mode == "immediate"),
     )
+    if req.max_nodes is not None:
+        fits = [p for p in client.partitions() if p.name == choice.partition]
+        if fits and len(fits[0].nodes) < req.max_nodes:
+            raise SubmitError(f"--nodes {req.nodes}:{req.max_nodes}: partition {choice.partition} has only "
+                              f"{len(fits[0].nodes)} nodes; ask for at most {len(fits[0].nodes)}")
     if check_images:
         check_image(image)
 
@@ -121,10 +136,27 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         time_limit_min=req.time_limit_min,
         signal_grace_s=settings.signal_grace_s,
         dlsub_version=dlsub.__version__,
-        tags=(("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus))),
+        tags=(("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus)),
+              *((("nodes", f"{req.nodes}-{req.max_nodes}"),) if req.max_nodes is not None else ())),
         max_continuations=max(0, req.max_continuations),
+        elastic=(req.nodes, req.max_nodes) if req.max_nodes is not None else None,
     )
-    return Plan(dlsub_id, choice, batch, render_sbatch(batch))
+    workers = None
+    if batch.elastic is not None:
+        # The workers wait, held, on the partition the job runs on; each is one node of the same shape.
+        tags = dict(batch.tags)
+        workers = dataclasses.replace(
+            batch, nodes=1, role="worker", gpus_per_node=req.gpus,
+            tags=(("mode", "ideal"), ("ideal", tags["ideal"]), ("gpus", str(req.gpus)), ("role", "worker"),
+                  ("nodes", tags["nodes"])))
+        render_sbatch(workers)  # a worker script that cannot be rendered fails the plan, before anything is written
+    return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers)
+
+
+def _write_new(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
 
 
 @dataclass
@@ -155,9 +187,6 @@ def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobS
                 f"or move it; set DLSUB_HOME to a directory on shared storage that it can enter, "
                 f"or let it pass with `setfacl -m u:{agent_user}:x {blocked}`")
         script_path = job_dir / BATCH_SCRIPT
-        fd = os.open(script_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(plan.script_text)
         record = JobRecord(
             id=plan.dlsub_id,
             name=spec.job_name,
@@ -172,14 +201,27 @@ def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobS
             mem_mb=spec.mem_mb,
             time_limit_min=spec.time_limit_min,
             image=spec.container.image,
+            max_nodes=spec.elastic[1] if spec.elastic else None,
         )
         store.add(record)
         # Slurm creates the output file with the umask sbatch had: owner-only.
         previous_umask = os.umask(0o077)
+        workers: int | None = None
         try:
+            script_text = plan.script_text
+            if plan.workers is not None:
+                # The held workers first, so the main job's script knows the array it ends with.
+                _write_new(job_dir / WORKER_SCRIPT, render_sbatch(plan.workers))
+                workers = client.submit(job_dir / WORKER_SCRIPT)
+                record.worker_array_id = workers
+                store.update(record.id, worker_array_id=workers)
+                script_text = render_sbatch(dataclasses.replace(spec, worker_array=workers))
+            _write_new(script_path, script_text)
             # sbatch runs in the user's current directory: that is SLURM_SUBMIT_DIR.
             slurm_job_id = client.submit(script_path)
         except BaseException:
+            if workers is not None:
+                client.cancel(workers)  # no half-submitted job: the workers go with the main job
             store.remove(record.id)
             raise
         finally:

@@ -42,6 +42,8 @@ class JobRecord:
     cancelled_at: float | None = None
     state: str | None = None  # the last JobState observed (None: never observed)
     state_at: float | None = None
+    max_nodes: int | None = None  # an elastic job's most nodes (None: fixed at ``nodes``)
+    worker_array_id: int | None = None  # its held worker array in Slurm
 
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
@@ -60,7 +62,7 @@ class UnknownJob(LookupError):
 
 
 # Columns added since the first schema, with their types; added on open.
-_ADDED_COLUMNS = {"state": str, "state_at": float}
+_ADDED_COLUMNS = {"state": str, "state_at": float, "max_nodes": int, "worker_array_id": int}
 
 
 class JobStore:

@@ -74,10 +74,18 @@ def _catches_usr1(pid: int) -> bool:
     return False
 
 
+#: Most times an elastic group re-forms within one attempt by starting torchrun again.
+MAX_REFORMS = 100
+
+
 class Launcher:
-    def __init__(self, command: list[str], grace_s: float) -> None:
+    def __init__(self, command: list[str], grace_s: float, elastic: bool = False) -> None:
         self.command = command
         self.grace_s = grace_s
+        # An elastic gang: when the whole group checkpoints and stops because
+        # another node asked to leave (a shrink), and this node was asked
+        # nothing, torchrun is started again and the group re-forms smaller.
+        self.elastic = elastic
         self.stop_signal: str | None = None
         self.stop_since = 0.0
         self.notified: set[int] = set()
@@ -118,7 +126,33 @@ class Launcher:
     def run(self) -> int:
         for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
+        reforms = 0
+        while True:
+            started = time.time()
+            status = self.run_once()
+            if not (self.elastic and status == 0 and self.stop_signal is None and reforms < MAX_REFORMS
+                    and self._resume_requested(since=started)):
+                return self.exit_code(status)
+            reforms += 1
+            _log("the group checkpointed and stopped for a node that left; re-forming it "
+                 f"(torchrun again, {reforms} time(s) this attempt)")
+
+    @staticmethod
+    def _resume_requested(since: float | None = None) -> bool:
+        """Whether the training asked to be resumed (its marker), since ``since`` when given."""
+        job_dir = os.environ.get("DLSUB_JOB_DIR")
+        if not job_dir:
+            return False
+        try:
+            written = resume_marker(Path(job_dir)).stat().st_mtime
+        except OSError:
+            return False
+        return since is None or written >= since - 1.0
+
+    def run_once(self) -> int:
+        """Run the command to its end, handing stop signals on; its exit status."""
         self.child = subprocess.Popen(self.command)
+        self.notified = set()
         status: int | None = None
         terminated = False
         unhandled_logged = False
@@ -154,11 +188,10 @@ class Launcher:
                          "the training runs on, and gets it if it installs the handler later")
                     unhandled_logged = True
             time.sleep(0.2)
-        return self.exit_code(status)
+        return status
 
     def exit_code(self, status: int) -> int:
-        job_dir = os.environ.get("DLSUB_JOB_DIR")
-        if status == RESUME_EXIT_CODE or (job_dir and resume_marker(Path(job_dir)).exists()):
+        if status == RESUME_EXIT_CODE or self._resume_requested():
             _log(f"training checkpointed and asked to be resumed (exit {RESUME_EXIT_CODE})")
             return RESUME_EXIT_CODE
         return 128 - status if status < 0 else status
@@ -167,12 +200,14 @@ class Launcher:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m dlsub.checkpointing.launch")
     parser.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and stopping torchrun")
+    parser.add_argument("--elastic", action="store_true",
+                        help="re-form the group (run the command again) when it stops for a node that left")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
-    return Launcher(command, args.grace).run()
+    return Launcher(command, args.grace, args.elastic).run()
 
 
 if __name__ == "__main__":

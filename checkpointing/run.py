@@ -20,12 +20,25 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from dlsub import contract
-from dlsub.checkpointing.storage import checkpoint_step, restore_latest, save_checkpoint
+from dlsub.checkpointing.storage import (
+    checkpoint_files,
+    checkpoint_meta,
+    checkpoint_step,
+    restore_latest,
+    save_checkpoint,
+)
 from dlsub.contract import CHECKPOINT_DIR, PROGRESS_FILE, RESUME_EXIT_CODE
 
 
 def attempt_key() -> str:
-    """Which Slurm attempt this is: ``<SLURM_JOB_ID>-<restart count>``, or ``local``."""
+    """Which Slurm attempt this is: ``<SLURM_JOB_ID>-<restart count>``, or ``local``.
+
+    In a gang every node shares the main job's attempt (``DLSUB_ATTEMPT``,
+    set by the batch script), worker array tasks included.
+    """
+    shared = os.environ.get("DLSUB_ATTEMPT", "")
+    if shared and len(shared) <= 64 and all(c.isdigit() or c == "-" for c in shared):
+        return shared
     job = os.environ.get("SLURM_JOB_ID")
     return f"{job}-{os.environ.get('SLURM_RESTART_COUNT', '0')}" if job else "local"
 
@@ -51,8 +64,14 @@ class Run:
         self.keep = keep
         self.total_steps = total_steps
         self.total_epochs = total_epochs
+        #: This process's rank and the group's size at this (re)start: torchrun
+        #: sets them, and an elastic job's change whenever it is resized.
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        #: Nodes in the group now (torchrun's GROUP_WORLD_SIZE; 1 off-cluster).
+        self.nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+        self._resized: bool | None = None
         self.stop_reason: str | None = None
         self._seq = 0
         # The training step a save() without one is recorded at: the last
@@ -66,6 +85,27 @@ class Run:
     def is_main(self) -> bool:
         """Rank 0: the one process that writes checkpoints and progress."""
         return self.rank == 0
+
+    @property
+    def resized(self) -> bool:
+        """True on the first start after a resize: the checkpoint this run resumes
+        from was written by a group of another size.
+
+        Keep the *global* batch fixed across sizes by accumulating gradients
+        (``accumulation = global_batch // (per_process_batch * world_size)``
+        steps per optimizer step), or scale it (and the learning rate) with
+        ``world_size``; either way index the data by samples seen, not by
+        batches, so a resumed run continues at the right sample. Every rank
+        gets the same answer (they read the same checkpoint).
+        """
+        if self._resized is None:
+            path = self.restored_from
+            if path is None:
+                files = checkpoint_files(self.checkpoint_dir)
+                path = files[0][1] if files else None
+            before = checkpoint_meta(path).get("world_size") if path is not None else None
+            self._resized = isinstance(before, int) and before != self.world_size
+        return self._resized
 
     # ------------------------------------------------------------------ signals
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
@@ -125,7 +165,8 @@ class Run:
         recorded = known if known is not None else seq
         path = None
         if self.is_main:
-            path = save_checkpoint(self.checkpoint_dir, seq, state, self.keep, step=known)
+            path = save_checkpoint(self.checkpoint_dir, seq, state, self.keep, step=known,
+                                   meta={"world_size": self.world_size})
             self._event(contract.EVENT_CHECKPOINT, step=recorded, path=str(path), seq=seq)
         _barrier()
         return path
@@ -137,6 +178,7 @@ class Run:
             print(f"dlsub: skipped checkpoint: {reason}", file=sys.stderr, flush=True)
         if path is not None:
             self.restored_from = path
+            self._resized = None  # from the checkpoint actually restored
             seq = int(path.name[5:].split(".")[0])
             self._seq = max(self._seq, seq)
             # None when the checkpoint was saved with no step known (or by an older dlsub).
@@ -247,6 +289,10 @@ def init(
         run.install_signal_handlers()
     if run.is_main:
         directory.mkdir(parents=True, exist_ok=True)
-        run._event(contract.EVENT_START, rank=run.rank, world_size=run.world_size, host=socket.gethostname(),
-                   pid=os.getpid())
+        # A stop request of this attempt that led here (an elastic group
+        # re-forming within it) has been answered: the launcher must not read
+        # it again when this run ends.
+        resume_marker(directory).unlink(missing_ok=True)
+        run._event(contract.EVENT_START, rank=run.rank, world_size=run.world_size, nodes=run.nodes,
+                   resized=run.resized, host=socket.gethostname(), pid=os.getpid())
     return run

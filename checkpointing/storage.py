@@ -84,7 +84,8 @@ def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def save_checkpoint(directory: Path, seq: int, state: dict[str, Any], keep: int, step: int | None = None) -> Path:
+def save_checkpoint(directory: Path, seq: int, state: dict[str, Any], keep: int, step: int | None = None,
+                    meta: dict[str, Any] | None = None) -> Path:
     """Write checkpoint ``seq`` atomically and prune to the newest ``keep`` (see :func:`prune`)."""
     # Owner-only whatever the job directory grants (the agent may traverse
     # that one; it never reads checkpoints).
@@ -92,8 +93,11 @@ def save_checkpoint(directory: Path, seq: int, state: dict[str, Any], keep: int,
     data = _serialize(state)
     path = directory / f"ckpt-{seq:08d}.pt"
     sidecar = hashlib.sha256(data).hexdigest() + "\n"
+    info = dict(meta or {})
     if step is not None:
-        sidecar += json.dumps({"step": int(step)}) + "\n"
+        info["step"] = int(step)
+    if info:
+        sidecar += json.dumps(info) + "\n"
     _write_atomic(_sidecar(path), sidecar.encode())
     _write_atomic(path, data)
     _fsync_dir(directory)
@@ -137,14 +141,19 @@ def prune(directory: Path, keep: int) -> list[Path]:
     return deleted
 
 
-def checkpoint_step(path: Path) -> int | None:
-    """The training step recorded with a checkpoint (None for ones written before steps were)."""
+def checkpoint_meta(path: Path) -> dict[str, Any]:
+    """What was recorded with a checkpoint (``step``, ``world_size``); {} when nothing was."""
     try:
         lines = _sidecar(path).read_text().splitlines()
         meta = json.loads(lines[1]) if len(lines) > 1 else {}
     except (OSError, ValueError):
-        return None
-    step = meta.get("step") if isinstance(meta, dict) else None
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The training step recorded with a checkpoint (None for ones written before steps were)."""
+    step = checkpoint_meta(path).get("step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 

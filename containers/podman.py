@@ -90,6 +90,14 @@ class ContainerSpec:
     grace_s: int = 30
     env: tuple[tuple[str, str], ...] = ()
     extra_mounts: tuple[Path, ...] = field(default_factory=tuple)
+    # A gang: torchrun's --nnodes ("N", or "MIN:MAX" for an elastic job) and
+    # the c10d rendezvous the batch script sets up; None: --standalone.
+    nnodes: str | None = None
+    rendezvous_id: str = ""
+
+    @property
+    def elastic(self) -> bool:
+        return self.nnodes is not None and ":" in self.nnodes
 
     def mounts(self) -> list[Path]:
         """Host directories bind-mounted at the same path: script dir, submit dir, job dir."""
@@ -116,6 +124,12 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     """
     lines: list[list[str]] = [["podman", "--runtime", spec.runtime, "run", "--rm"], ["--name", container_name]]
     lines += [["--label", label] for label in labels]
+    if spec.nnodes is not None:
+        # torchrun's c10d rendezvous tells nodes apart by (host name, torchrun's
+        # pid). In a private pid namespace every container's torchrun has the
+        # same small pid, so two nodes of a gang on one host (the testbed's
+        # slurmds, or a node's name shared by its containers) would be one.
+        lines.append(["--pid", "host"])
     lines += [
         ["--userns", "keep-id"],
         ["--network", "host"],  # /dev/net/tun is not usable by users; rendezvous uses host ports
@@ -130,16 +144,33 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     lines.append(["--volume", f"{spec.library_dir}:{LIBRARY_MOUNT}/dlsub:ro"])
     lines.append(["--workdir", str(spec.workdir)])
     lines.append(["--env", f"PYTHONPATH={LIBRARY_MOUNT}"])
-    lines += [["--env", name] for name in ("DLSUB_JOB_ID", "DLSUB_JOB_DIR", *SLURM_ENV)]
+    lines += [["--env", name] for name in ("DLSUB_JOB_ID", "DLSUB_JOB_DIR", "DLSUB_ATTEMPT", *SLURM_ENV)]
     lines.append(["--env", Raw('CUDA_VISIBLE_DEVICES="${container_cuda_devices}"')])
+    if spec.nnodes is not None:
+        lines.append(["--env", "DLSUB_RDZV_ENDPOINT"])
+        # A node that joins a running group late needs the rendezvous store
+        # apart from the workers' (TESTBED.md: torchrun late join).
+        lines.append(["--env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"])
+        lines.append(["--env", f"DLSUB_NNODES={spec.nnodes}"])
     lines += [["--env", f"{key}={value}"] for key, value in spec.env]
     lines.append([gpu_args])
     lines.append([spec.image])
-    lines.append(["python3", "-m", "dlsub.checkpointing.launch", "--grace", str(spec.grace_s), "--"])
+    launch = ["python3", "-m", "dlsub.checkpointing.launch", "--grace", str(spec.grace_s)]
+    if spec.elastic:
+        launch.append("--elastic")
+    lines.append([*launch, "--"])
     # One process per GPU of this attempt: the batch script counts them, since
     # a job moved between CPU and GPU partitions gets different ones.
     nproc: str | Raw = str(spec.nproc_per_node) if spec.nproc_per_node else Raw('"${nproc}"')
-    lines.append(["torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node", nproc])
+    if spec.nnodes is None:
+        lines.append(["torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node", nproc])
+    else:
+        lines.append(["torchrun", "--nnodes", spec.nnodes, "--nproc-per-node", nproc])
+        lines.append(["--rdzv-backend", "c10d", "--rdzv-endpoint", Raw('"${DLSUB_RDZV_ENDPOINT}"'),
+                      "--rdzv-id", spec.rendezvous_id, "--rdzv-conf", Raw('"${rdzv_conf}"')])
+        # An elastic group re-forms when a node joins or is lost (a lost node
+        # costs a restart; joins do not count).
+        lines.append(["--max-restarts", "3" if spec.elastic else "0"])
     lines.append([str(spec.script), *spec.script_args])
     return lines
 

@@ -55,6 +55,12 @@ CHECKPOINT_DIR = "checkpoints"
 #: script's count of resume-requeues (``requeues``).
 MARKERS_DIR = "attempts"
 REQUEUE_COUNT_FILE = "requeues"
+#: The batch script of an elastic job's worker array (role ``worker``).
+WORKER_SCRIPT = "worker.sbatch"
+#: In MARKERS_DIR: where a gang's rendezvous is, for the nodes that join it
+#: late (worker array tasks). One line, ``<host:port> <attempt> <slurm id>``,
+#: written by the main job's batch script at the start of each attempt.
+RENDEZVOUS_FILE = "rendezvous"
 
 #: The files of a job directory the agent's account may read (and nothing else).
 AGENT_READABLE = (PROGRESS_FILE, ATTEMPTS_FILE)
@@ -81,6 +87,9 @@ EVENT_END = "end"
 #: where it was, or requeued held for the agent to move.
 ACTION_REQUEUE = "requeue"
 ACTION_MOVE = "move"
+#: A worker of an elastic job left the group (shrink, or the group stopped)
+#: and went back to its held pool.
+ACTION_LEAVE = "leave"
 
 # ---------------------------------------------------------------- ids and comment tags
 
@@ -95,6 +104,9 @@ _PARTITION = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 _TAG = re.compile(r"^([a-z_]{1,32})=([A-Za-z0-9._-]{0,64})\Z")
 #: Most GPUs a tag may ask for; the admin's policy caps it further.
 MAX_GPUS = 1024
+#: Most nodes an elastic range may name.
+MAX_NODES = 4096
+_RANGE = re.compile(r"^(\d{1,4})-(\d{1,4})\Z")
 
 
 class ContractError(ValueError):
@@ -116,6 +128,9 @@ class Tags:
     ideal: str | None = None  # the partition it should end up on (None: where it is)
     gpus: int = 0  # GPUs per node it asked for (immediate mode starts some jobs with none)
     role: str = "main"
+    # An elastic job's range of nodes, (MIN, MAX) with MIN < MAX: the main job
+    # holds MIN, its held worker array the rest. None: a fixed size.
+    nodes: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not DLSUB_ID.match(self.dlsub_id):
@@ -128,6 +143,9 @@ class Tags:
             raise ContractError(f"gpus={self.gpus} is outside 0..{MAX_GPUS}")
         if self.role not in ROLES:
             raise ContractError(f"role {self.role!r}; valid roles: {', '.join(ROLES)}")
+        if self.nodes is not None and not 1 <= self.nodes[0] < self.nodes[1] <= MAX_NODES:
+            raise ContractError(f"nodes={self.nodes[0]}-{self.nodes[1]} is not a range MIN-MAX with "
+                                f"1 <= MIN < MAX <= {MAX_NODES}")
 
     def comment(self) -> str:
         parts = [f"{COMMENT_PREFIX}{self.dlsub_id}", f"mode={self.mode}"]
@@ -136,6 +154,8 @@ class Tags:
         parts.append(f"gpus={self.gpus}")
         if self.role != "main":
             parts.append(f"role={self.role}")
+        if self.nodes is not None:
+            parts.append(f"nodes={self.nodes[0]}-{self.nodes[1]}")
         return ";".join(parts)
 
     @classmethod
@@ -152,15 +172,21 @@ class Tags:
         values: dict[str, str] = {}
         for part in rest:
             m = _TAG.match(part)
-            if not m or m.group(1) in values or m.group(1) not in ("mode", "ideal", "gpus", "role"):
+            if not m or m.group(1) in values or m.group(1) not in ("mode", "ideal", "gpus", "role", "nodes"):
                 return None
             values[m.group(1)] = m.group(2)
         gpus = values.get("gpus", "0")
         if not gpus.isdigit() or len(gpus) > 5:
             return None
+        nodes = None
+        if "nodes" in values:
+            m = _RANGE.match(values["nodes"])
+            if not m:
+                return None
+            nodes = (int(m.group(1)), int(m.group(2)))
         try:
             return cls(head, values.get("mode", "ideal"), values.get("ideal") or None, int(gpus),
-                       values.get("role", "main"))
+                       values.get("role", "main"), nodes)
         except ContractError:
             return None
 

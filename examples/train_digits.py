@@ -5,6 +5,13 @@ requeues and moves: it saves at every epoch and when asked to stop, and
 resumes from the last checkpoint at the exact batch it stopped. It runs the
 same off-cluster (``python train_digits.py``), under torchrun on any number of
 processes (DDP with gloo), and through ``dlsub train_digits.py``.
+
+Elastic: ``--batch-size`` is the *global* batch, kept fixed whatever the
+group's size: each of the ``run.world_size`` processes takes its share of
+every step, in micro-batches of at most ``--micro-batch`` samples whose
+gradients it accumulates. Progress is counted in samples, so a run resized
+between two attempts (``run.resized``) resumes at the very sample it stopped
+at, and the model sees the same data in the same order at any size.
 """
 
 from __future__ import annotations
@@ -52,7 +59,10 @@ class SmallCNN(nn.Module):
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--batch-size", type=int, default=64, help="per process")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="global batch: samples per optimizer step, over all processes")
+    p.add_argument("--micro-batch", type=int, default=64,
+                   help="most samples one process computes at once (the rest is gradient accumulation)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report-every", type=int, default=5, help="steps between progress reports")
@@ -78,63 +88,78 @@ def main() -> None:
     split = int(0.8 * len(labels))
     train_x, train_y = images[:split], labels[:split]
     test_x, test_y = images[split:], labels[split:]
-    per_epoch = len(train_y) // (args.batch_size * world)
+    # Every step takes the same global batch; the last partial batch of an epoch is dropped.
+    per_epoch = len(train_y) // args.batch_size
     total_steps = args.epochs * per_epoch
 
     run = checkpointing.init(total_steps=total_steps, total_epochs=args.epochs)
-    model = SmallCNN()
-    if world > 1:
-        model = nn.parallel.DistributedDataParallel(model)
+    net = SmallCNN()  # its state is saved without DDP's wrapper, so any world size can load it
+    model: nn.Module = nn.parallel.DistributedDataParallel(net) if world > 1 else net
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
 
     state = run.restore()
-    step, epoch, batch_in_epoch = 0, 0, 0
+    step, epoch, sample_in_epoch = 0, 0, 0
     if state is not None:
-        model.load_state_dict(state["model"])
+        net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        step, epoch, batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        step, epoch = state["step"], state["epoch"]
+        # Older checkpoints counted batches of this same global size.
+        sample_in_epoch = state.get("sample_in_epoch", state.get("batch_in_epoch", 0) * args.batch_size)
         if rank == 0:
-            print(f"resumed from step {step} (epoch {epoch}, batch {batch_in_epoch}) from {run.restored_from}",
-                  flush=True)
+            print(f"resumed from step {step} (epoch {epoch}, sample {sample_in_epoch}) from {run.restored_from}"
+                  f" at world size {world}{' (resized)' if run.resized else ''}", flush=True)
     elif rank == 0:
         print(f"starting from scratch: {args.epochs} epochs x {per_epoch} steps, world size {world}", flush=True)
 
     def snapshot() -> dict:
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch,
+        return {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                "step": step, "epoch": epoch, "sample_in_epoch": sample_in_epoch,
                 "args": vars(args) | {"data": str(args.data)}}
 
+    # This process's share of each global batch, and its micro-batches.
+    share = [args.batch_size // world + (1 if r < args.batch_size % world else 0) for r in range(world)]
+    offset = sum(share[:rank])
     started = time.time()
     while epoch < args.epochs:
-        # Same shuffle for an epoch on every attempt: resuming mid-epoch skips exactly the batches done.
+        # Same shuffle for an epoch on every attempt: resuming mid-epoch skips exactly the samples done.
         order = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
         model.train()
-        while batch_in_epoch < per_epoch:
-            start = (batch_in_epoch * world + rank) * args.batch_size
-            idx = order[start:start + args.batch_size]
+        while sample_in_epoch + args.batch_size <= len(train_y):
+            mine = order[sample_in_epoch + offset:sample_in_epoch + offset + share[rank]]
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(train_x[idx]), train_y[idx])
-            loss.backward()
+            chunks = mine.split(max(1, args.micro_batch))
+            for i, idx in enumerate(chunks):
+                # Sum of per-sample losses over the global batch; DDP averages gradients over the
+                # processes, so scale by world / batch to get the mean over the global batch.
+                loss_sum = F.cross_entropy(model(train_x[idx]), train_y[idx], reduction="sum")
+                last = i == len(chunks) - 1
+                if world > 1 and not last:
+                    with model.no_sync():
+                        (loss_sum * world / args.batch_size).backward()
+                else:
+                    (loss_sum * world / args.batch_size).backward()
+            loss = loss_sum / max(len(chunks[-1]), 1)
             optimizer.step()
             step += 1
-            batch_in_epoch += 1
+            sample_in_epoch += args.batch_size
             if args.throttle:
                 time.sleep(args.throttle * (1.0 if os.environ.get("CUDA_VISIBLE_DEVICES") else args.cpu_slowdown))
-            if step % args.report_every == 0 or batch_in_epoch == per_epoch:
-                run.report(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size * world)
+            if step % args.report_every == 0 or sample_in_epoch + args.batch_size > len(train_y):
+                run.report(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size,
+                           world_size=world)
             if run.should_stop():
                 run.save(snapshot(), step=step)
                 if rank == 0:
                     print(f"stop requested ({run.stop_reason}): checkpointed at step {step}", flush=True)
                 run.exit_for_resume()
         epoch += 1
-        batch_in_epoch = 0
+        sample_in_epoch = 0
         run.save(snapshot(), step=step)
 
     model.eval()
     with torch.no_grad():
         accuracy = (model(test_x).argmax(1) == test_y).float().mean().item()
-    run.report(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size * world, test_accuracy=accuracy)
+    run.report(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size, test_accuracy=accuracy)
     run.finish()
     if rank == 0:
         print(f"done: {step} steps in {time.time() - started:.1f} s this attempt, test accuracy {accuracy:.3f}",

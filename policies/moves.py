@@ -114,6 +114,8 @@ class JobInfo:
     restart_count: int = 0  # Slurm's restart count
     requeues: int = 0  # resume-requeues of this Slurm job (its attempt records); moves do not count
     ran_s: float | None = None  # how long it has reported progress (for a job that declares no total)
+    # A gang (several nodes) or an elastic job: resized by policies.resize, never moved or backfilled.
+    gang: bool = False
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,7 @@ def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInf
     and notes on those that should not move."""
     candidates, notes = [], []
     for job in jobs:
-        if job.move is not None or job.state != "RUNNING" or job.mode != "immediate":
+        if job.move is not None or job.state != "RUNNING" or job.mode != "immediate" or job.gang:
             continue
         here, ideal = partitions.get(job.partition), partitions.get(job.ideal_partition)
         if ideal is None or job.partition == job.ideal_partition or job.gpus_wanted <= 0:
@@ -455,7 +457,7 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
         else:
             taken: dict[str, int] = {}
             for job in sorted(jobs, key=lambda j: j.submit_time):
-                if job.move is not None or job.state != "PENDING" or job.held or job.backfilled_from:
+                if job.move is not None or job.state != "PENDING" or job.held or job.backfilled_from or job.gang:
                     continue
                 if job.reason not in ("Resources", "Priority", "ReqNodeNotAvail", (
                         "Nodes_required_for_job_are_DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions")):

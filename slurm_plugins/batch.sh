@@ -6,72 +6,125 @@
 # each placeholder (a name between two at signs) there becomes a name, code or
 # signal from dlsub.contract, or a user string quoted with shlex.quote. The
 # template is valid bash; shellcheck checks it and a rendered copy.
+#
+# One script, three parts, by role:
+#   main    the batch script of the job: runs the container on its node (one
+#           node), or one per node through srun (a gang: `bash job.sbatch node`
+#           on each), and requeues, moves or ends the job;
+#   node    one node of a main gang (srun's task): runs its container, no more;
+#   worker  a task of an elastic job's worker array: one node that joins the
+#           running main job's rendezvous, and goes back to the held pool
+#           (requeuehold) whenever it leaves the group before training ends.
 set -uo pipefail
 
 export DLSUB_JOB_ID=@DLSUB_ID@
 export DLSUB_JOB_DIR=@JOB_DIR@
+role=@ROLE@
+[ "${1:-}" = node ] && role=node
+# 1: torchrun forms its group through a c10d rendezvous on the main job's
+# first node (several nodes, or an elastic range); 0: --standalone.
+gang=@GANG@
+# The main job's held worker array (elastic jobs), ended with the job.
+worker_array=@WORKER_ARRAY@
 RESUME_EXIT_CODE=@RESUME_EXIT_CODE@
 # Time limit near, dlsub requeue: checkpoint and resume here.
 checkpoint_signal=@CHECKPOINT_SIGNAL@
-# From the agent: checkpoint, and requeue held to be moved.
+# From the agent: checkpoint, and requeue held to be moved (a worker: leave the group).
 move_signal=@MOVE_SIGNAL@
 # scancel, preemption: Slurm decides what follows.
 stop_signal_name=@STOP_SIGNAL@
 # Resume-requeues this job may make (the site's time_limits.max_continuations,
 # 0 when continuation is off); requeues for a move do not count.
 max_continuations=@MAX_CONTINUATIONS@
+job_script="$DLSUB_JOB_DIR"/@BATCH_SCRIPT@
 attempts_file="$DLSUB_JOB_DIR"/@ATTEMPTS_FILE@
 markers_dir="$DLSUB_JOB_DIR"/@MARKERS_DIR@
 requeue_count_file="$markers_dir"/@REQUEUE_COUNT_FILE@
-attempt="${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"
-container="dlsub-${DLSUB_JOB_ID}-${attempt}"
+rendezvous_file="$markers_dir"/@RENDEZVOUS_FILE@
+node_index="${SLURM_NODEID:-0}"
+container="dlsub-${DLSUB_JOB_ID}-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}-${node_index}"
+mkdir -p "$markers_dir"
+
+log_attempt() {  # event, then extra JSON fields
+    printf '{"event":"%s","time":%s,"slurm_job_id":%s,"restart":%s,"node":"%s","partition":"%s","role":"%s"%s}\n' \
+        "$1" "$(date +%s.%N)" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "${SLURMD_NODENAME:-$(hostname -s)}" \
+        "${SLURM_JOB_PARTITION:-}" "$role" "${2:-}" >> "$attempts_file"
+}
+
+# The gang's attempt (DLSUB_ATTEMPT: resume markers are the group's, not one
+# node's) and its rendezvous. The main job picks a free port on its first node
+# (the kernel's choice, so no other job on the node has it) and writes both for
+# late joiners; its srun tasks inherit them. A worker reads them.
+if [ "$role" = main ]; then
+    export DLSUB_ATTEMPT="${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"
+    if [ "$gang" = 1 ]; then
+        rdzv_port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')"
+        DLSUB_RDZV_ENDPOINT="$(hostname):${rdzv_port}"
+        export DLSUB_RDZV_ENDPOINT
+        printf '%s %s %s\n' "$DLSUB_RDZV_ENDPOINT" "$DLSUB_ATTEMPT" "$SLURM_JOB_ID" > "$rendezvous_file.tmp" \
+            && mv -f "$rendezvous_file.tmp" "$rendezvous_file"
+    fi
+elif [ "$role" = worker ]; then
+    main_job_id=""
+    read -r DLSUB_RDZV_ENDPOINT DLSUB_ATTEMPT main_job_id < "$rendezvous_file" 2>/dev/null
+    if ! [[ "${DLSUB_RDZV_ENDPOINT:-}" =~ ^[A-Za-z0-9._-]+:[0-9]+$ && "${DLSUB_ATTEMPT:-}" =~ ^[0-9]+-[0-9]+$ \
+            && "${main_job_id:-}" =~ ^[0-9]+$ ]] \
+        || [ "$(squeue -h -j "$main_job_id" -o %T 2>/dev/null)" != RUNNING ]; then
+        echo "dlsub: worker $SLURM_JOB_ID: the main job of $DLSUB_JOB_ID is not running; back to the held pool" >&2
+        scontrol requeuehold "$SLURM_JOB_ID"
+        exit 0
+    fi
+    export DLSUB_RDZV_ENDPOINT DLSUB_ATTEMPT
+fi
+# The c10d store lives with the main job's first node, which stays for the
+# whole attempt: nodes that leave (workers) never take the group down.
+rdzv_is_host=0
+[ "$role" != worker ] && [ "$node_index" = 0 ] && rdzv_is_host=1
+# shellcheck disable=SC2034  # used by the podman line below
+rdzv_conf="is_host=${rdzv_is_host},join_timeout=600,last_call_timeout=3"
 
 # Rootless Podman needs a runtime directory; Slurm jobs get none from logind.
 # The fallback in /tmp could have been made by someone else first: use it
 # only if it is a real directory of ours that nobody else can enter.
-if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -w "${XDG_RUNTIME_DIR}" ]; then
-    XDG_RUNTIME_DIR="/run/user/$(id -u)"
-    if [ ! -w "$XDG_RUNTIME_DIR" ]; then
-        XDG_RUNTIME_DIR="/tmp/dlsub-xdg-$(id -u)"
-        mkdir -m 700 "$XDG_RUNTIME_DIR" 2>/dev/null
-        if [ -L "$XDG_RUNTIME_DIR" ] || [ ! -d "$XDG_RUNTIME_DIR" ] \
-            || [ "$(stat -c '%u %a' "$XDG_RUNTIME_DIR")" != "$(id -u) 700" ]; then
-            echo "dlsub: error: $XDG_RUNTIME_DIR, Podman's runtime directory, is not a directory of yours with mode 700" \
-                "(someone else may have made it); remove it, or set XDG_RUNTIME_DIR to a private directory, and resubmit" >&2
-            exit 1
+setup_runtime_dir() {
+    if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -w "${XDG_RUNTIME_DIR}" ]; then
+        XDG_RUNTIME_DIR="/run/user/$(id -u)"
+        if [ ! -w "$XDG_RUNTIME_DIR" ]; then
+            XDG_RUNTIME_DIR="/tmp/dlsub-xdg-$(id -u)"
+            mkdir -m 700 "$XDG_RUNTIME_DIR" 2>/dev/null
+            if [ -L "$XDG_RUNTIME_DIR" ] || [ ! -d "$XDG_RUNTIME_DIR" ] \
+                || [ "$(stat -c '%u %a' "$XDG_RUNTIME_DIR")" != "$(id -u) 700" ]; then
+                echo "dlsub: error: $XDG_RUNTIME_DIR, Podman's runtime directory, is not a directory of yours with mode 700" \
+                    "(someone else may have made it); remove it, or set XDG_RUNTIME_DIR to a private directory, and resubmit" >&2
+                exit 1
+            fi
         fi
+        export XDG_RUNTIME_DIR
     fi
-    export XDG_RUNTIME_DIR
-fi
+}
 
 # GPUs: Slurm sets CUDA_VISIBLE_DEVICES. With a CDI spec for NVIDIA GPUs the
 # devices themselves go into the container and are renumbered from 0 there;
 # without one the indices are passed through as Slurm gave them.
 gpu_args=()
 container_cuda_devices="${CUDA_VISIBLE_DEVICES:-}"
-if [ -n "$container_cuda_devices" ] && grep -qs 'nvidia.com/gpu' /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; then
-    IFS=, read -ra slurm_gpus <<< "$CUDA_VISIBLE_DEVICES"
-    renumbered=()
-    for i in "${!slurm_gpus[@]}"; do
-        gpu_args+=(--device "nvidia.com/gpu=${slurm_gpus[$i]}")
-        renumbered+=("$i")
-    done
-    container_cuda_devices="$(IFS=,; echo "${renumbered[*]}")"
-fi
-
-# One training process per GPU Slurm gave this attempt, one on a CPU node.
+# One training process per GPU Slurm gave this node, one on a CPU node.
 nproc=1
-if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
-    IFS=, read -ra visible_gpus <<< "$CUDA_VISIBLE_DEVICES"
-    # shellcheck disable=SC2034  # used by the podman line below
-    nproc="${#visible_gpus[@]}"
-fi
-
-mkdir -p "$markers_dir"
-log_attempt() {  # event, then extra JSON fields
-    printf '{"event":"%s","time":%s,"slurm_job_id":%s,"restart":%s,"node":"%s","partition":"%s"%s}\n' \
-        "$1" "$(date +%s.%N)" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "${SLURMD_NODENAME:-$(hostname -s)}" \
-        "${SLURM_JOB_PARTITION:-}" "${2:-}" >> "$attempts_file"
+setup_gpus() {
+    if [ -n "$container_cuda_devices" ] && grep -qs 'nvidia.com/gpu' /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; then
+        IFS=, read -ra slurm_gpus <<< "$CUDA_VISIBLE_DEVICES"
+        renumbered=()
+        for i in "${!slurm_gpus[@]}"; do
+            gpu_args+=(--device "nvidia.com/gpu=${slurm_gpus[$i]}")
+            renumbered+=("$i")
+        done
+        container_cuda_devices="$(IFS=,; echo "${renumbered[*]}")"
+    fi
+    if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+        IFS=, read -ra visible_gpus <<< "$CUDA_VISIBLE_DEVICES"
+        # shellcheck disable=SC2034  # used by the podman line
+        nproc="${#visible_gpus[@]}"
+    fi
 }
 
 requeues_used() {  # the count file is the user's own; anything but digits reads as 0
@@ -85,15 +138,20 @@ requeues_used() {  # the count file is the user's own; anything but digits reads
 
 stop_signal=""
 child=""
+# Where the container runs: here (1), or on the gang's nodes through srun (0).
+local_container=1
 # shellcheck disable=SC2317  # the trap handlers below are called through traps
 forward() {
     stop_signal="$1"
     echo "dlsub: received SIG$1: asking the training to checkpoint and stop" >&2
     if [ -n "$child" ]; then
+        # srun hands the signal on to the task on every node.
         kill -s "$1" "$child" 2>/dev/null
         # Say it to the container directly too: podman run's signal proxy can
         # lose a signal when scancel's SIGTERM also hits its helper processes.
-        podman kill --signal "$1" "$container" >/dev/null 2>&1 || true
+        if [ "$local_container" = 1 ]; then
+            podman kill --signal "$1" "$container" >/dev/null 2>&1 || true
+        fi
     fi
 }
 move_requested=""
@@ -107,31 +165,88 @@ trap on_move "$move_signal"
 trap 'forward "$stop_signal_name"' "$stop_signal_name"
 # shellcheck disable=SC2317
 cleanup() { podman rm -f -t 5 --ignore "$container" >/dev/null 2>&1 || true; }
-trap cleanup EXIT
 
-log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"${CUDA_VISIBLE_DEVICES:-}\""
-echo "dlsub: job $DLSUB_JOB_ID attempt $attempt on ${SLURMD_NODENAME:-$(hostname -s)} (partition ${SLURM_JOB_PARTITION:-?})" >&2
-@PODMAN_RUN@ &
-child=$!
-# wait returns early (status > 128) whenever a trapped signal arrives.
-while :; do
-    wait "$child"
-    rc=$?
-    if [ "$rc" -gt 128 ]; then
-        if kill -0 "$child" 2>/dev/null; then
-            continue
-        fi
-        # The container ended while a trap ran: that wait reported the trap;
-        # a second one gives the container's own status (127: already taken).
+# Run the child in the background and wait for it; wait returns early (status
+# > 128) whenever a trapped signal arrives. Sets rc.
+wait_child() {
+    child=$!
+    while :; do
         wait "$child"
-        status=$?
-        if [ "$status" -ne 127 ]; then
-            rc=$status
+        rc=$?
+        if [ "$rc" -gt 128 ]; then
+            if kill -0 "$child" 2>/dev/null; then
+                continue
+            fi
+            # The child ended while a trap ran: that wait reported the trap;
+            # a second one gives the child's own status (127: already taken).
+            wait "$child"
+            local status=$?
+            if [ "$status" -ne 127 ]; then
+                rc=$status
+            fi
         fi
+        break
+    done
+    child=""
+}
+
+run_container() {  # this node's container of the attempt; sets rc
+    setup_runtime_dir
+    setup_gpus
+    trap cleanup EXIT
+    @PODMAN_RUN@ &
+    wait_child
+}
+
+# ------------------------------------------------------------------ node: one node of a gang
+if [ "$role" = node ]; then
+    run_container
+    exit "$rc"
+fi
+
+# ------------------------------------------------------------------ worker: joins, leaves, returns to the pool
+if [ "$role" = worker ]; then
+    log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"${CUDA_VISIBLE_DEVICES:-}\",\"main\":\"$main_job_id\""
+    echo "dlsub: job $DLSUB_JOB_ID worker $SLURM_JOB_ID on ${SLURMD_NODENAME:-$(hostname -s)} joins the group of" \
+        "attempt $DLSUB_ATTEMPT at $DLSUB_RDZV_ENDPOINT" >&2
+    run_container
+    resume_marker="$markers_dir/${DLSUB_ATTEMPT}.resume"
+    if [ "$stop_signal" = "$stop_signal_name" ]; then
+        log_attempt @EVENT_END@ ",\"rc\":$rc,\"signal\":\"$stop_signal\""
+        exit "$rc"  # cancelled (the job, or this worker): Slurm ends it
     fi
-    break
-done
-child=""
+    if [ "$rc" -eq 0 ] && [ -z "$move_requested" ] && [ -z "$stop_signal" ] && [ ! -e "$resume_marker" ]; then
+        log_attempt @EVENT_END@ ",\"rc\":0"
+        exit 0  # training finished with the group
+    fi
+    # Asked to leave (shrink), or the group stopped or broke: back to the held
+    # pool, whence the agent may release it again.
+    log_attempt @EVENT_END@ ",\"rc\":$rc,\"action\":\"@ACTION_LEAVE@\""
+    echo "dlsub: worker $SLURM_JOB_ID left the group (exit $rc); requeued held, back in the pool" >&2
+    trap 'exit 0' "$stop_signal_name"
+    scontrol requeuehold "$SLURM_JOB_ID" || exit "$rc"
+    exit 0
+fi
+
+# ------------------------------------------------------------------ main
+end_workers() {  # the job has ended for good: its worker array ends with it
+    if [ -n "$worker_array" ]; then
+        scancel "$worker_array" 2>/dev/null || true
+    fi
+}
+
+log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"${CUDA_VISIBLE_DEVICES:-}\",\"nnodes\":${SLURM_NNODES:-1}"
+echo "dlsub: job $DLSUB_JOB_ID attempt $DLSUB_ATTEMPT on ${SLURM_JOB_NODELIST:-$(hostname -s)} (partition ${SLURM_JOB_PARTITION:-?})" >&2
+if [ "${SLURM_NNODES:-1}" -gt 1 ]; then
+    # One task per node, each running this script's node part; a node whose
+    # task fails does not kill the others (an elastic group re-forms).
+    local_container=0
+    srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0 \
+        bash "$job_script" node &
+    wait_child
+else
+    run_container
+fi
 
 if [ "$rc" -eq "$RESUME_EXIT_CODE" ] && [ "$stop_signal" != "$stop_signal_name" ] && [ -n "$move_requested" ]; then
     log_attempt @EVENT_END@ ",\"rc\":$rc,\"action\":\"@ACTION_MOVE@\""
@@ -149,6 +264,7 @@ if [ "$rc" -eq "$RESUME_EXIT_CODE" ] && [ "$stop_signal" != "$stop_signal_name" 
         echo "dlsub: the training checkpointed and asked to be resumed, but job $DLSUB_JOB_ID used its" \
             "$max_continuations continuations (the site's time_limits.max_continuations); it ends here," \
             "and its checkpoint stays in $DLSUB_JOB_DIR" >&2
+        end_workers
         exit "$rc"
     fi
     printf '%s\n' "$((used + 1))" > "$requeue_count_file.tmp" && mv -f "$requeue_count_file.tmp" "$requeue_count_file"
@@ -161,4 +277,10 @@ if [ "$rc" -eq "$RESUME_EXIT_CODE" ] && [ "$stop_signal" != "$stop_signal_name" 
     echo "dlsub: scontrol requeue failed; the job ends here and its checkpoint stays in $DLSUB_JOB_DIR" >&2
 fi
 log_attempt @EVENT_END@ ",\"rc\":$rc,\"signal\":\"$stop_signal\""
+# After SIGTERM Slurm decides (a cancel ends the job, a preemption may requeue
+# it): the workers leave the broken group and wait held; the agent cancels
+# them once the job has ended. Any other end here is final.
+if [ "$stop_signal" != "$stop_signal_name" ]; then
+    end_workers
+fi
 exit "$rc"

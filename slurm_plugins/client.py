@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -50,6 +51,17 @@ class SlurmError(RuntimeError):
 
 class SlurmUnreachable(SlurmError):
     """slurmctld did not answer (down, wrong host, or munge broken)."""
+
+
+_HANDLE = re.compile(r"^\d+(_\d+)?\Z")
+
+
+def _job_handle(job: int | str) -> str:
+    """A job id (``123``) or array task (``123_4``), checked: it goes on a command line."""
+    text = str(int(job)) if isinstance(job, int) else str(job)
+    if not _HANDLE.match(text):
+        raise ValueError(f"{text!r} is not a Slurm job id or array task")
+    return text
 
 
 def _default_runner(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -215,10 +227,19 @@ class SlurmClient:
         """``scontrol update jobid=N Key=Value ...`` (e.g. ``Partition="gpu"``)."""
         self._run(["scontrol", "update", f"jobid={int(job_id)}", *(f"{k}={v}" for k, v in fields.items())])
 
-    def release(self, job_id: int) -> None:
-        """Release a held job. A requeued one still waits for its BeginTime (cred_expire + 1 s after the
-        requeue): started sooner on the node it left, slurmd kills it ("Job credential revoked")."""
-        self._run(["scontrol", "release", str(int(job_id))])
+    def release(self, job_id: int | str) -> None:
+        """Release a held job (or one array task, ``<array>_<task>``). A requeued one still waits for its
+        BeginTime (cred_expire + 1 s after the requeue): started sooner on the node it left, slurmd kills
+        it ("Job credential revoked")."""
+        self._run(["scontrol", "release", _job_handle(job_id)])
+
+    def signal_task(self, handle: str, signal: str) -> None:
+        """Signal the batch shell of one array task (``scancel --batch --signal``)."""
+        self._run(["scancel", f"--signal={signal}", "--batch", _job_handle(handle)])
+
+    def retarget_task(self, handle: str, partition: str) -> None:
+        """Point one pending array task at another partition."""
+        self._run(["scontrol", "update", f"jobid={_job_handle(handle)}", f"Partition={partition}"])
 
     def retarget(self, job_id: int, partition: str, gpus_per_node: int, time_limit_min: int | None = None) -> None:
         """Point a pending job at another partition, with that many GPUs per node, and a time limit.

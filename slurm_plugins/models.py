@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,6 +139,29 @@ class SlurmJob:
         return value if isinstance(value, int) and value > 0 else 0
 
     @property
+    def array_job_id(self) -> int | None:
+        """The job array it is a task of (None: not an array job)."""
+        value = self.extra.get("array_job_id")
+        if isinstance(value, dict):
+            value = value.get("number")
+        return value if isinstance(value, int) and value > 0 else None
+
+    @property
+    def array_task_handle(self) -> str | None:
+        """``<array>_<task>`` as scontrol and scancel take it: this task, or the first of the
+        tasks still pending together in one record (``array_task_string`` ``0-3``)."""
+        array = self.array_job_id
+        if array is None:
+            return None
+        task = self.extra.get("array_task_id")
+        if isinstance(task, dict):
+            task = task.get("number") if task.get("set", True) else None
+        if not isinstance(task, int) or task < 0 or task >= 4294967294:
+            m = re.match(r"^\[?(\d+)", str(self.extra.get("array_task_string") or ""))
+            task = int(m.group(1)) if m else None
+        return f"{array}_{task}" if task is not None else None
+
+    @property
     def standard_output(self) -> str:
         return str(self.extra.get("standard_output", "") or "")
 
@@ -207,3 +231,20 @@ def parse_key_values(line: str) -> dict[str, str]:
         if sep:
             out[key] = value
     return out
+
+
+def expand_nodes(hostlist: str) -> list[str]:
+    """Slurm's compressed host list (``gpu[1-2],cpu1``) as names, without calling scontrol."""
+    names: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?", hostlist or ""):
+        prefix, ranges = m.group(1), m.group(2)
+        if ranges is None:
+            names.append(prefix)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()):
+                continue
+            for i in range(int(low), int(high or low) + 1):
+                names.append(f"{prefix}{i:0{len(low)}d}")
+    return names

@@ -32,6 +32,7 @@ whole lines (the ``#SBATCH`` directives).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -65,6 +66,18 @@ class BatchSpec:
     tags: tuple[tuple[str, str], ...] = ()
     # Resume-requeues the script may make (policy time_limits.max_continuations; 0: none).
     max_continuations: int = 20
+    # main | worker (a task of an elastic job's held worker array)
+    role: str = "main"
+    # An elastic job's node range (MIN, MAX): the main job holds MIN nodes and
+    # a held worker array of MAX - MIN one-node tasks joins its rendezvous.
+    elastic: tuple[int, int] | None = None
+    # The main job's worker array, ended with the job (its Slurm id, once submitted).
+    worker_array: int | None = None
+
+    @property
+    def gang(self) -> bool:
+        """Whether torchrun forms its group through a rendezvous (several nodes, or an elastic range)."""
+        return self.nodes > 1 or self.elastic is not None
 
 
 def safe_job_name(text: str) -> str:
@@ -117,11 +130,20 @@ def _word(value: object) -> str:
 
 
 def render_sbatch(spec: BatchSpec) -> str:
-    if spec.nodes != 1:
-        raise ValueError("multi-node jobs are not supported yet; use --nodes 1")
+    if spec.nodes < 1:
+        raise ValueError(f"nodes must be 1 or more, not {spec.nodes}")
     if spec.max_continuations < 0:
         raise ValueError(f"max_continuations must be 0 or more, not {spec.max_continuations}")
+    if spec.role not in contract.ROLES:
+        raise ValueError(f"role {spec.role!r}; valid roles: {', '.join(contract.ROLES)}")
+    if spec.elastic is not None and not 1 <= spec.elastic[0] < spec.elastic[1]:
+        raise ValueError(f"elastic range {spec.elastic} is not MIN < MAX")
+    if spec.role == "worker" and (spec.elastic is None or spec.nodes != 1):
+        raise ValueError("a worker script belongs to an elastic job and runs on one node")
     c = spec.container
+    if spec.gang:
+        low, high = spec.elastic or (spec.nodes, spec.nodes)
+        c = dataclasses.replace(c, nnodes=f"{low}:{high}" if high > low else str(low), rendezvous_id=spec.dlsub_id)
     directives = [
         f"--job-name={safe_job_name(spec.job_name)}",
         f"--partition={spec.partition}",
@@ -130,6 +152,10 @@ def render_sbatch(spec: BatchSpec) -> str:
         f"--cpus-per-task={spec.cpus_per_task}",
         f"--mem={spec.mem_mb}M",
     ]
+    if spec.role == "worker":
+        assert spec.elastic is not None
+        # One task per node the job may add; held until the agent points one at idle GPUs.
+        directives += [f"--array=0-{spec.elastic[1] - spec.elastic[0] - 1}", "--hold"]
     if spec.time_limit_min is not None:
         directives.append(f"--time={format_minutes(spec.time_limit_min)}")
     if spec.gpus_per_node:
@@ -146,12 +172,19 @@ def render_sbatch(spec: BatchSpec) -> str:
             raise ValueError(f"newline in an #SBATCH directive: {d!r}")
 
     labels = [f"dlsub.job_id={spec.dlsub_id}", Raw('"dlsub.slurm_job_id=${SLURM_JOB_ID}"'),
-              Raw('"dlsub.attempt=${attempt}"')]
+              Raw('"dlsub.attempt=${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"'),
+              Raw('"dlsub.node=${SLURMD_NODENAME:-}"')]
     podman = lines_to_shell(podman_run_lines(c, Raw('"$container"'), Raw('"${gpu_args[@]}"'), labels))
     q = shlex.quote
     words = {
         "DLSUB_VERSION": _word(spec.dlsub_version or "unknown"),
         "DLSUB_ID": _word(spec.dlsub_id),
+        "ROLE": _word(spec.role),
+        "GANG": "1" if spec.gang else "0",
+        "WORKER_ARRAY": _word(spec.worker_array) if spec.worker_array is not None else "''",
+        "BATCH_SCRIPT": _word(contract.BATCH_SCRIPT),
+        "RENDEZVOUS_FILE": _word(contract.RENDEZVOUS_FILE),
+        "ACTION_LEAVE": _word(contract.ACTION_LEAVE),
         "JOB_DIR": q(str(c.job_dir)),
         "RESUME_EXIT_CODE": _word(contract.RESUME_EXIT_CODE),
         "CHECKPOINT_SIGNAL": _word(contract.CHECKPOINT_SIGNAL),

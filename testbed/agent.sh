@@ -18,6 +18,15 @@ start() {
     chmod 600 /var/log/dlsub/agent.log
     pid_alive "$pidfile" && return 0
     say "starting the dlsub agent as $AGENT_USER"
+    # A daemon keeps no descriptor it was not meant to: one inherited from
+    # whoever started it (a lock held by a test run, say) would outlive them.
+    local fd
+    for fd in /proc/$$/fd/*; do
+        fd="${fd##*/}"
+        if [ "$fd" -gt 2 ] && [ "$fd" != 255 ]; then
+            eval "exec ${fd}>&-"
+        fi
+    done
     runuser -u "$AGENT_USER" -- setsid "$DLSUB_PREFIX/venv/bin/dlsub" agent run --pidfile "$pidfile" \
         >>/var/log/dlsub/agent.log 2>&1 </dev/null &
     for _ in $(seq 1 50); do

@@ -35,13 +35,17 @@ def assert_nothing_left(fake: FakeSlurm, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--gpus", "-1"], "--gpus must be 0 or more, not -1"),
+        (["--gpus", "-1"], "--gpus '-1': give a number (2) or an elastic range MIN:MAX (1:4)"),
+        (["--gpus", "3", "--nodes", "2"], "--gpus 3 does not split evenly over 2 nodes"),
+        (["--nodes", "2:1"], "an elastic range MIN:MAX needs MIN < MAX"),
+        (["--nodes", "1:3"], "partition cpu has only 2 nodes; ask for at most 2"),
+        (["--gpus-per-node", "-1"], "--gpus-per-node must be 0 or more, not -1"),
         (["--gpus", "9"], "the most one node offers is 4"),
         (["--time", "1h30"], "is not a time limit; use one of MM"),
         (["--partition", "bigmem"], "unknown partition 'bigmem'; this cluster has: cpu, gpu, gpu-dev"),
         (["--image", "pytorch:nope"], "image 'pytorch:nope' is not in your Podman storage"),
         (["--mem", "lots"], "is not a memory size"),
-        (["--nodes", "2"], "multi-node jobs are not supported yet"),
+        (["--nodes", "3"], "needs 3 nodes"),
     ],
 )
 def test_bad_options_exit_2_with_a_clear_message(cli_env: FakeSlurm, tmp_path: Path, script: Path, args: list[str],

@@ -125,10 +125,29 @@ def test_failure_exit_code_is_kept_and_not_requeued(tmp_path: Path) -> None:
     assert any(c[:2] == ["podman", "rm"] for c in _calls(log)), "the EXIT trap removes the container"
 
 
-def test_multi_node_is_refused_clearly(tmp_path: Path) -> None:
+def test_a_gang_runs_one_task_per_node_under_one_rendezvous(tmp_path: Path) -> None:
     s = spec(tmp_path, tmp_path / "t.py")
-    with pytest.raises(ValueError, match="multi-node"):
-        render_sbatch(BatchSpec(**{**s.__dict__, "nodes": 2}))
+    text = render_sbatch(BatchSpec(**{**s.__dict__, "nodes": 2, "gpus_per_node": 2}))
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --gres=gpu:2" in text
+    assert "gang=1" in text and "torchrun --standalone" not in text
+    assert "torchrun --nnodes 2 --nproc-per-node" in text
+    assert "--rdzv-backend c10d --rdzv-endpoint \"${DLSUB_RDZV_ENDPOINT}\" --rdzv-id 0123abcd" in text
+    assert "--max-restarts 0" in text and "--elastic" not in text
+    assert 'srun --nodes="$SLURM_NNODES"' in text
+
+
+def test_an_elastic_job_renders_a_main_and_a_held_worker_array(tmp_path: Path) -> None:
+    s = spec(tmp_path, tmp_path / "t.py")
+    main = render_sbatch(BatchSpec(**{**s.__dict__, "elastic": (1, 3), "worker_array": 4242}))
+    assert "#SBATCH --nodes=1" in main and "torchrun --nnodes 1:3" in main and "--max-restarts 3" in main
+    assert "dlsub.checkpointing.launch --grace" in main and "--elastic --" in main
+    assert "worker_array=4242" in main and "#SBATCH --array" not in main
+    worker = render_sbatch(BatchSpec(**{**s.__dict__, "elastic": (1, 3), "role": "worker"}))
+    assert "#SBATCH --array=0-1" in worker and "#SBATCH --hold" in worker and "role=worker" in worker
+    with pytest.raises(ValueError, match="worker script belongs to an elastic job"):
+        render_sbatch(BatchSpec(**{**s.__dict__, "role": "worker"}))
+    with pytest.raises(ValueError, match="nodes must be 1 or more"):
+        render_sbatch(BatchSpec(**{**s.__dict__, "nodes": 0}))
 
 
 def test_template_and_rendered_script_pass_shellcheck(tmp_path: Path) -> None:
@@ -222,7 +241,7 @@ def test_a_move_requeues_held_and_does_not_count(tmp_path: Path) -> None:
                           after_start=_send_when_started(signal.SIGUSR2))
     assert rc == 0, (tmp_path / "stderr.txt").read_text()
     assert ["scontrol", "requeuehold", "77"] in _calls(log)
-    assert ["podman", "kill", "--signal", "USR1", "dlsub-0123abcd-77-0"] in _calls(log), "said to the container too"
+    assert ["podman", "kill", "--signal", "USR1", "dlsub-0123abcd-77-0-0"] in _calls(log), "said to the container too"
     assert not _counter(tmp_path).exists(), "a move is not a continuation"
 
 

@@ -86,11 +86,11 @@ def test_dlsub_lines_set_options_and_the_command_line_wins(cli_env: FakeSlurm, t
 
 
 @pytest.mark.parametrize("line,message", [
-    ("#DLSUB --gpus two", "'two' is not a valid integer"),
+    ("#DLSUB --gpus two", "--gpus 'two': give a number (2) or an elastic range MIN:MAX"),
     ("#DLSUB --gpu 2", "unknown option --gpu"),
     ("#DLSUB train.py", "'train.py' is not an option"),
     ("#DLSUB --time 1h30", "is not a time limit"),
-    ("#DLSUB --gpus -1", "--gpus must be 0 or more"),
+    ("#DLSUB --gpus-per-node -1", "--gpus-per-node must be 0 or more"),
     ("#DLSUB --mem lots", "is not a memory size"),
     ("#DLSUB -J 'open", "No closing quotation"),
     ("#dlsub --gpus 1", "write #DLSUB in capitals"),

@@ -1,0 +1,185 @@
+"""When an elastic job grows or shrinks (pure: views in, actions out).
+
+An elastic job (``dlsub --nodes MIN:MAX``) is a main Slurm job of MIN nodes
+and a held worker array of MAX - MIN one-node tasks of the same uid and
+dlsub id (``role=worker``). The main job keeps its allocation throughout;
+the agent changes the job's size only through the workers:
+
+* **Grow**: while the main job runs, is below MAX and nothing waiting can
+  use them, idle GPU nodes of its partition are given to it: a held task is
+  pointed at that partition and released, starts, and joins the running
+  job's rendezvous (torchrun re-forms the group, the training resumes from
+  the checkpoint it writes when torchrun stops it).
+* **Shrink**: when jobs waiting on the nodes its workers hold need GPUs that
+  are not idle, workers leave, newest first, back towards MIN: each is sent
+  MOVE_SIGNAL, the whole group checkpoints, the worker requeues itself held
+  (back into the pool) and the rest re-form smaller. A waiting job's
+  minimum comes before another job's growth, whatever the policy: growth is
+  only ever made of GPUs nobody waits for.
+* **End**: once the main job has ended, its workers still in Slurm are
+  cancelled.
+
+Among elastic jobs that could grow onto the same idle nodes, the
+scheduling policy named in policy.toml picks (``fifo``: the oldest first).
+A worker that keeps failing (requeued more than ``MAX_WORKER_RESTARTS``
+times) is not released again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dlsub.policies.api import ClusterView, JobView, Node
+from dlsub.policies.registry import get_policy
+
+#: A worker task requeued this many times (each shrink is one) is left held.
+MAX_WORKER_RESTARTS = 25
+
+# Action kinds (carried out by the agent).
+GROW = "grow"  # retarget (when needed) and release one held worker task
+SHRINK = "shrink"  # MOVE_SIGNAL to one running worker: checkpoint, leave, requeue held
+END_WORKERS = "end-workers"  # cancel the worker array of an ended job
+
+
+@dataclass(frozen=True)
+class WorkerTask:
+    """One task of an elastic job's worker array, as squeue shows it."""
+
+    handle: str  # what scontrol and scancel take: "<array id>_<task id>"
+    slurm_job_id: int  # squeue's job_id (the array's own id while tasks are still unsplit)
+    state: str  # PENDING, RUNNING, ...
+    reason: str  # JobHeldUser while in the pool
+    partition: str
+    nodes: tuple[str, ...] = ()
+    restart_count: int = 0
+    start_time: float = 0.0
+
+    @property
+    def in_pool(self) -> bool:
+        return self.state == "PENDING" and self.reason == "JobHeldUser"
+
+    @property
+    def joining(self) -> bool:
+        """Released and on its way (pending, not held), or running."""
+        return self.state == "RUNNING" or (self.state == "PENDING" and self.reason not in
+                                           ("JobHeldUser", "JobHeldAdmin"))
+
+
+@dataclass(frozen=True)
+class ElasticJob:
+    """An elastic job's main Slurm job and its workers."""
+
+    dlsub_id: str
+    slurm_job_id: int
+    uid: int
+    user: str
+    state: str  # the main job's Slurm state
+    ended: bool  # the main job ended for good
+    partition: str
+    gpus_per_node: int
+    min_nodes: int
+    max_nodes: int
+    submit_time: float
+    worker_array: int | None
+    workers: tuple[WorkerTask, ...] = ()
+    moving: bool = False  # a move or continuation of the main job is in flight
+
+    @property
+    def nodes_now(self) -> int:
+        return self.min_nodes + sum(1 for w in self.workers if w.joining)
+
+
+@dataclass(frozen=True)
+class Room:
+    """One partition's GPU nodes as the agent sees them this tick."""
+
+    name: str
+    nodes: tuple[tuple[str, int], ...]  # (node, idle GPUs) of every usable node
+    waiting_gpus: int = 0  # GPUs wanted by jobs waiting there (not held, not ours to overtake)
+
+    @property
+    def idle_gpus(self) -> int:
+        return sum(g for _, g in self.nodes)
+
+
+@dataclass(frozen=True)
+class Resize:
+    kind: str  # GROW | SHRINK | END_WORKERS
+    dlsub_id: str
+    slurm_job_id: int  # the main job
+    reason: str
+    worker: str | None = None  # the worker task's handle (END_WORKERS: the array id)
+    partition: str | None = None
+
+
+def _shrinks(job: ElasticJob, rooms: dict[str, Room]) -> list[Resize]:
+    """Workers to send away because jobs wait for the GPUs they hold."""
+    running = sorted((w for w in job.workers if w.state == "RUNNING"), key=lambda w: -w.start_time)
+    out: list[Resize] = []
+    freed: dict[str, int] = {}
+    for worker in running:
+        for room in rooms.values():
+            names = {n for n, _ in room.nodes}
+            short = room.waiting_gpus - room.idle_gpus - freed.get(room.name, 0)
+            if short > 0 and names.intersection(worker.nodes):
+                freed[room.name] = freed.get(room.name, 0) + job.gpus_per_node
+                out.append(Resize(SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle, reason=(
+                    f"shrinking to {job.nodes_now - len(out) - 1} node(s): jobs waiting on {room.name} need "
+                    f"{room.waiting_gpus} GPU(s) and {room.idle_gpus} are idle; the worker on "
+                    f"{','.join(worker.nodes)} checkpoints with the group and goes back to the held pool")))
+                break
+    return out
+
+
+def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str = "fifo") -> list[Resize]:
+    """Every resize this tick: endings, then shrinks, then growth onto what is left idle."""
+    by_name = {r.name: r for r in rooms}
+    actions: list[Resize] = []
+    for job in jobs:
+        if job.ended and job.worker_array is not None and any(w.state in ("PENDING", "RUNNING")
+                                                              for w in job.workers):
+            actions.append(Resize(END_WORKERS, job.dlsub_id, job.slurm_job_id, worker=str(job.worker_array),
+                                  reason=f"the job ended ({job.state}): cancelling its worker tasks"))
+    live = [j for j in jobs if j.state == "RUNNING" and not j.ended and not j.moving]
+    shrinking: set[str] = set()
+    for job in live:
+        for action in _shrinks(job, by_name):
+            actions.append(action)
+            shrinking.add(job.dlsub_id)
+    # Growth: idle nodes nobody waits for, per partition, to the jobs the policy picks.
+    growers = [j for j in live if j.dlsub_id not in shrinking and j.nodes_now < j.max_nodes
+               and any(w.in_pool and w.restart_count <= MAX_WORKER_RESTARTS for w in j.workers)]
+    by_partition: dict[str, list[ElasticJob]] = {}
+    for job in growers:
+        by_partition.setdefault(job.partition, []).append(job)
+    for name, group in by_partition.items():
+        room = by_name.get(name)
+        if room is None or room.waiting_gpus >= room.idle_gpus:
+            continue
+        per_node = max(1, max(j.gpus_per_node for j in group))
+        free = [Node(n, g, partition=name) for n, g in room.nodes if g >= per_node]
+        spare = room.waiting_gpus  # waiting jobs keep first claim on idle GPUs
+        while spare > 0 and free:
+            taken = free.pop(0)
+            spare -= taken.gpus
+        if not free:
+            continue
+        views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time,
+                         gpus=j.gpus_per_node * (j.max_nodes - j.nodes_now)) for j in group]
+        decision = get_policy(policy).decide(views, ClusterView(tuple(free)), 0.0, {})
+        order = sorted(group, key=lambda j: (-(decision[j.dlsub_id].gpus if j.dlsub_id in decision else 0),
+                                             j.submit_time, j.slurm_job_id))
+        for job in order:
+            pool = sorted((w for w in job.workers if w.in_pool and w.restart_count <= MAX_WORKER_RESTARTS),
+                          key=lambda w: w.handle)
+            size = job.nodes_now
+            while free and pool and size < job.max_nodes:
+                node = free.pop(0)
+                worker = pool.pop(0)
+                size += 1
+                actions.append(Resize(GROW, job.dlsub_id, job.slurm_job_id, worker=worker.handle, partition=name,
+                                      reason=(f"growing to {size} node(s): {node.name} on {name} has {node.gpus} "
+                                              f"idle GPU(s) that no waiting job can use; released worker "
+                                              f"{worker.handle} to join the group")))
+    return actions
