@@ -134,7 +134,7 @@ class Submitted:
 
 
 def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobStore,
-                agent_user: str = "dlsub") -> Submitted:
+                agent_user: str = "dlsub", sbatch_args: tuple[str, ...] = ()) -> Submitted:
     """Write the job directory, sbatch it, record it; undo the directory if sbatch fails.
 
     The job directory is private to the user except the progress and attempt
@@ -178,7 +178,7 @@ def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobS
         previous_umask = os.umask(0o077)
         try:
             # sbatch runs in the user's current directory: that is SLURM_SUBMIT_DIR.
-            slurm_job_id = client.submit(script_path)
+            slurm_job_id = client.submit(script_path, args=sbatch_args)
         except BaseException:
             store.remove(record.id)
             raise

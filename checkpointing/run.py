@@ -302,7 +302,7 @@ def cuda_peak_mb() -> float | None:
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():
             return None
         return round(float(torch.cuda.max_memory_allocated()) / 2**20, 1)
-    except Exception:  # a broken CUDA set-up must not cost the training its report
+    except (RuntimeError, AttributeError):  # a broken CUDA set-up must not cost the training its report
         return None
 
 
