@@ -34,7 +34,7 @@ from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.models import Partition
 
 PROFILE_STEPS = 30
-PROFILE_SECONDS = 3.0
+PROFILE_SECONDS = 2.0
 PROFILE_LIMIT_MIN = 5
 ROLE_ORDER = ("gpu", "dev", "cpu")
 
