@@ -319,3 +319,12 @@ def test_submit_from_estimate_dry_run(cli_env: FakeSlurm, tmp_path: Path, monkey
     assert cli_env.submitted() == []
     bad = CliRunner().invoke(main, ["submit", "--from-estimate", "feedbeef", "--choice", "1"])
     assert bad.exit_code == 2 and "run `dlsub estimate` first" in bad.output
+
+
+def test_move_budget_gate() -> None:
+    from dlsub.policies.budget_gate import move_fits_budget
+
+    assert move_fits_budget(3600, 1, 8.0, None, None)
+    assert move_fits_budget(3600, 2, 8.0, 2.0, 16.0) and not move_fits_budget(3600, 2, 8.0, 1.9, None)
+    assert not move_fits_budget(3600, 1, 8.0, None, 7.99)
+    assert move_fits_budget(None, 1, 8.0, 0.5, None) and not move_fits_budget(None, 1, 8.0, 0.0, None)
