@@ -56,7 +56,8 @@ def usage(who: str | None, since: str | None, as_json: bool) -> None:
     grand = Spend()
     for value in table.values():
         grand += value
-    budget = policy.budgets.for_user(user)
+    # What is left is of the budget's own period; shown only when that is what was summed.
+    budget = policy.budgets.for_user(user) if since is None else None
     left = budget.left(grand) if budget else None
     if as_json:
         click.echo(json.dumps({
