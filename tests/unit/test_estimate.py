@@ -328,3 +328,70 @@ def test_move_budget_gate() -> None:
     assert move_fits_budget(3600, 2, 8.0, 2.0, 16.0) and not move_fits_budget(3600, 2, 8.0, 1.9, None)
     assert not move_fits_budget(3600, 1, 8.0, None, 7.99)
     assert move_fits_budget(None, 1, 8.0, 0.5, None) and not move_fits_budget(None, 1, 8.0, 0.0, None)
+
+
+# ---------------------------------------------------------------- the orchestration, against the fake Slurm
+
+
+class CompletingRunner:
+    """The fake Slurm, where every profiling job has run by the next squeue: it leaves a profile's records."""
+
+    def __init__(self, fake: FakeSlurm) -> None:
+        self.fake, self.sbatch_argvs, self.cancelled = fake, [], []  # type: ignore[var-annotated]
+        self.rng = np.random.default_rng(5)
+
+    def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        import re
+
+        if argv[0] == "sbatch" and "--test-only" not in argv:
+            self.sbatch_argvs.append(list(argv))
+        if argv[0] == "scancel":
+            self.cancelled.append(argv[-1])
+        if argv[0] == "squeue":
+            for job in self.fake.submitted():
+                if job.state != "PENDING":
+                    continue
+                text = Path(job.script).read_text()
+                bs = int(re.search(r"DLSUB_BATCH_SIZE=(\d+)", text).group(1))  # type: ignore[union-attr]
+                job_dir = Path(job.options["output"]).parent
+                progress, attempts = synthetic_events(bs, rng=self.rng)
+                (job_dir / "progress.jsonl").write_text("".join(json.dumps(e) + "\n" for e in progress))
+                (job_dir / "attempts.jsonl").write_text("".join(json.dumps(e) + "\n" for e in attempts))
+                self.fake.set_job_state(job.job_id, "COMPLETED", nodes="cpu1")
+        return self.fake(argv)
+
+
+def test_estimator_profiles_through_slurm_then_uses_the_cache(
+        tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dlsub.agent.submit as submit
+    from dlsub.agent.config import Settings
+    from dlsub.agent.estimate import EstimateRequest, Estimator
+    from dlsub.agent.policy_file import AgentPolicy
+    from dlsub.agent.user_store import JobStore
+
+    monkeypatch.setattr(submit, "check_image", lambda image: None)
+    settings = Settings(home=tmp_path / "home")
+    runner = CompletingRunner(fake_slurm)
+    estimator = Estimator(settings, SlurmClient(runner=runner), JobStore(settings.db_path), AgentPolicy(), poll_s=0)
+    script = tmp_path / "my dir; 'x'" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('train')\n")
+    request = EstimateRequest(script=script, args=("--lr", "0.1"), batch_sizes=(32, 128, 64),
+                              horizon=Horizon(epochs=2), workdir=tmp_path)
+    payload = estimator.run(request)
+    # No roles in the policy: gpu and gpu-dev (GPU nodes) share one profile, cpu has its own.
+    assert len(runner.sbatch_argvs) == 6 and payload["profiled_now"] == 6
+    assert all("--dependency=singleton" in argv for argv in runner.sbatch_argvs)
+    texts = [Path(j.script).read_text() for j in fake_slurm.submitted()]
+    assert all("DLSUB_PROFILE_STEPS=" in t for t in texts)
+    assert sorted(int(t.split("--batch-size ")[1].split()[0].strip("'")) for t in texts) == [32, 32, 64, 64, 128, 128]
+    assert {(r["partition"], r["batch_size"]) for r in payload["rows"]} == {
+        (p, b) for p in ("cpu", "gpu", "gpu-dev") for b in (32, 128, 64)}
+    assert all(r["feasible"] for r in payload["rows"]), payload["rows"]
+    assert EstimateCache(settings.home).load_estimate(payload["id"])["rows"] == payload["rows"]
+
+    again = estimator.run(request)
+    assert len(runner.sbatch_argvs) == 6 and again["from_cache"] == 6 and again["profiled_now"] == 0
+    estimator.run(EstimateRequest(script=script, args=("--lr", "0.2"), batch_sizes=(32,),
+                                  horizon=Horizon(epochs=2), workdir=tmp_path))
+    assert len(runner.sbatch_argvs) == 8, "other arguments: profiled again"
