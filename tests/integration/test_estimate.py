@@ -44,6 +44,8 @@ def _within(predicted: float, measured: float, what: str) -> None:
 
 def test_estimate_predicts_a_real_run(user: TestbedUser, workdir: Path) -> None:
     _copy_examples(user, workdir)
+    # Profiles of earlier runs of this test would be reused (same script, arguments, image): start cold.
+    shutil.rmtree(user.home / ".dlsub" / "estimates" / "profiles", ignore_errors=True)
     began = time.monotonic()
     out = user.run("dlsub", "estimate", "--batch-sizes", "32,128,512", "--epochs", "10", "--json",
                    "examples/train_digits.py", cwd=workdir, timeout=400)
