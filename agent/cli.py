@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import getpass
 import json
 import re
 import sys
@@ -22,14 +23,18 @@ import click
 
 import dlsub
 from dlsub.agent.agent_cli import agent, backfill, config, why
+from dlsub.agent.budget_check import check_budget, extra_for
 from dlsub.agent.cli_simulate import simulate
 from dlsub.agent.config import Settings, load_settings
 from dlsub.agent.directives import Directive, DirectiveError, read_directives
+from dlsub.agent.estimate_cli import estimate
+from dlsub.agent.estimate_submit import apply_to_values, chosen_row, with_env
 from dlsub.agent.planner import PlanningError
 from dlsub.agent.policy_file import AgentPolicy, PolicyFileError, load_policy
 from dlsub.agent.shape import Shape, ShapeError, resolve_shape
 from dlsub.agent.status import JobStatus, job_status, render_table
 from dlsub.agent.submit import SubmitError, SubmitRequest, plan_job, submit_plan
+from dlsub.agent.usage_cli import usage
 from dlsub.agent.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.containers.podman import ImageError
 from dlsub.contract import JobState, output_file
@@ -133,13 +138,21 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
                    "ideal: wait for the ideal partition [default: the site policy's, else immediate].")
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "slurm_job_id": ...}.')
-@click.argument("script", type=click.Path(path_type=Path, dir_okay=True, exists=False))
+@click.option("--from-estimate", "from_estimate", default=None, metavar="ID",
+              help="Submit a row of `dlsub estimate` ID (its script, arguments, partition; --mem/--time from the "
+                   "profiles, with a margin, unless given).")
+@click.option("--choice", type=int, default=None, metavar="N",
+              help="The row of --from-estimate to submit [default: the recommended one].")
+@click.option("--target-loss", type=float, default=None,
+              help="Loss to train to: the script's run.should_finish() turns true there; status shows a loss ETA.")
+@click.argument("script", type=click.Path(path_type=Path, dir_okay=True, exists=False), required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @friendly_errors
 def submit(
     gpus: str | None, gpus_per_node: int | None, nodes: str | None, cpus: int | None,
     mem: str | None, time_limit: str | None, partition: str | None,
-    image: str | None, name: str | None, mode: str | None, dry_run: bool, as_json: bool, script: Path,
+    image: str | None, name: str | None, mode: str | None, dry_run: bool, as_json: bool,
+    from_estimate: str | None, choice: int | None, target_loss: float | None, script: Path | None,
     args: tuple[str, ...],
 ) -> None:
     """Submit SCRIPT (a PyTorch training script) with ARGS to Slurm, in a container, under torchrun.
@@ -153,7 +166,17 @@ def submit(
                               "mem": mem, "time_limit": time_limit,
                               "partition": partition, "image": image, "name": name, "mode": mode,
                               "dry_run": dry_run, "as_json": as_json}
+    picked = chosen_row(load_settings().home, from_estimate, choice) if from_estimate is not None else None
+    if picked is None and choice is not None:
+        raise SubmitError("--choice N goes with --from-estimate ID")
+    if picked is not None and script is None:
+        script, args = Path(picked.script), picked.args
+    if script is None:
+        raise SubmitError("missing SCRIPT: give the training script to submit (or --from-estimate ID)")
     values.update(options_from_directives(click.get_current_context(), script))
+    if picked is not None:
+        apply_to_values(values, picked)
+        click.echo(f"dlsub: {picked.note}", err=True)
     values["cpus"], values["mem_mb"], values["limit"] = check_values(values)
     shape = check_shape(values)
     policy = site_policy()
@@ -167,10 +190,16 @@ def submit(
         max_continuations=policy.time_limits.max_continuations if policy.time_limits.continue_jobs else 0,
     )
     plan = plan_job(request, settings, client)
+    extra_env = dict(picked.env) if picked is not None else {}
+    if target_loss is not None:
+        extra_env["DLSUB_TARGET_LOSS"] = repr(float(target_loss))
+    plan = with_env(plan, extra_env)
     if values["dry_run"]:
         click.echo(plan.script_text, nl=False)
         click.echo(f"# dlsub: would submit to partition {plan.choice.partition}: {plan.choice.reason}", err=True)
         return
+    check_budget(policy, client, getpass.getuser(),
+                 extra_for(policy, plan.choice.partition, request.nodes, request.time_limit_min))
     submitted = submit_plan(plan, settings, client, store, agent_user=policy.agent_user)
     for warning in submitted.warnings:
         click.echo(f"dlsub: warning: {warning}", err=True)
@@ -373,6 +402,8 @@ main.add_command(agent)
 main.add_command(why)
 main.add_command(backfill)
 main.add_command(config)
+main.add_command(estimate)
+main.add_command(usage)
 
 
 if __name__ == "__main__":

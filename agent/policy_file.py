@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from dlsub.agent.budget import BudgetError, Budgets, parse_budgets
 from dlsub.strict import read_toml, unknown_keys
 
 DEFAULT_PATH = Path("/etc/dlsub/policy.toml")
@@ -131,6 +132,8 @@ class AgentPolicy:
     backfill: Backfill = Backfill()
     limits: Limits = Limits()
     retention: Retention = Retention()
+    # Node-hours or cost per user/account and period (dlsub.agent.budget); none by default.
+    budgets: Budgets = Budgets()
 
     def is_admin(self, user: str) -> bool:
         return user == "root" or user in self.admins
@@ -309,6 +312,11 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
         values["limits"] = _simple(f"{where}.limits", Limits, data["limits"])
     if "retention" in data:
         values["retention"] = _simple(f"{where}.retention", Retention, data["retention"])
+    if "budgets" in data:
+        try:
+            values["budgets"] = parse_budgets(data["budgets"], f"{where}.budgets")
+        except BudgetError as exc:
+            raise PolicyFileError(str(exc)) from None
     if "backfill" in data:
         table = data["backfill"]
         if not isinstance(table, dict):

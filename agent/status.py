@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent.jobdir import Progress, read_attempts, summarize_progress
+from dlsub.agent.status_extra import job_extra
 from dlsub.agent.user_store import JobRecord
 from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE, EVENT_END, EVENT_START, JobState
 from dlsub.slurm_plugins.models import SlurmJob
@@ -32,6 +33,13 @@ class JobStatus:
     reason: str
     job_dir: str
     submitted_at: float
+    # Cost so far and the loss-curve ETA (dlsub.agent.status_extra).
+    node_hours: float | None = None
+    cost: float | None = None
+    target_loss: float | None = None
+    target_step: int | None = None
+    loss_eta_s: float | None = None
+    eta_confidence: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,6 +85,7 @@ def job_status(record: JobRecord, slurm: SlurmJob | None) -> JobStatus:
     if state == JobState.RUNNING and eta is not None and progress.last_time:
         # The last report is a little old by now; count that time as done.
         eta = max(0.0, eta - max(0.0, time.time() - progress.last_time))
+    extra = job_extra(job_dir, attempts, record.nodes, progress.steps_per_s)
     return JobStatus(
         id=record.id,
         slurm_job_id=record.slurm_job_id,
@@ -95,6 +104,12 @@ def job_status(record: JobRecord, slurm: SlurmJob | None) -> JobStatus:
         reason=reason,
         job_dir=record.job_dir,
         submitted_at=record.submitted_at,
+        node_hours=extra.node_hours,
+        cost=extra.cost,
+        target_loss=extra.target_loss,
+        target_step=extra.target_step,
+        loss_eta_s=extra.loss_eta_s if state == JobState.RUNNING else None,
+        eta_confidence=extra.eta_confidence,
     )
 
 
@@ -113,9 +128,17 @@ def _fmt(value: Any, spec: str = "") -> str:
     return format(value, spec) if spec else str(value)
 
 
+def _eta_cell(r: JobStatus) -> str:
+    """The declared-total ETA; with a target loss, the loss-curve one and its confidence once stable."""
+    if r.loss_eta_s is not None and r.eta_confidence is not None:
+        return f"~{_fmt_duration(r.loss_eta_s)} ({r.eta_confidence:.0%})"
+    return _fmt_duration(r.eta_s)
+
+
 def render_table(rows: list[JobStatus]) -> str:
     header = [
-        "ID", "SLURM", "NAME", "STATE", "PARTITION", "NODES", "STEP", "EPOCH", "LOSS", "SAMPLES/S", "ETA", "TRIES"
+        "ID", "SLURM", "NAME", "STATE", "PARTITION", "NODES", "STEP", "EPOCH", "LOSS", "SAMPLES/S", "ETA", "TRIES",
+        "COST"
     ]
     body = [
         [
@@ -129,8 +152,9 @@ def render_table(rows: list[JobStatus]) -> str:
             _fmt(r.epoch),
             _fmt(r.loss, ".4f"),
             _fmt(r.samples_per_s, ".1f"),
-            _fmt_duration(r.eta_s),
+            _eta_cell(r),
             str(r.attempts),
+            _fmt(r.cost, ".3f"),
         ]
         for r in rows
     ]

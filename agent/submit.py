@@ -166,7 +166,7 @@ class Submitted:
 
 
 def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobStore,
-                agent_user: str = "dlsub") -> Submitted:
+                agent_user: str = "dlsub", sbatch_args: tuple[str, ...] = ()) -> Submitted:
     """Write the job directory, sbatch it, record it; undo the directory if sbatch fails.
 
     The job directory is private to the user except the progress and attempt
@@ -218,7 +218,7 @@ def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobS
                 script_text = render_sbatch(dataclasses.replace(spec, worker_array=workers))
             _write_new(script_path, script_text)
             # sbatch runs in the user's current directory: that is SLURM_SUBMIT_DIR.
-            slurm_job_id = client.submit(script_path)
+            slurm_job_id = client.submit(script_path, args=sbatch_args)
         except BaseException:
             if workers is not None:
                 client.cancel(workers)  # no half-submitted job: the workers go with the main job

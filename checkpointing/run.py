@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import signal
 import socket
 import sys
@@ -58,6 +59,8 @@ class Run:
         keep: int = 3,
         total_steps: int | None = None,
         total_epochs: int | None = None,
+        target_loss: float | None = None,
+        steps_per_epoch: int | None = None,
     ) -> None:
         self.job_dir = job_dir
         self.checkpoint_dir = job_dir / CHECKPOINT_DIR
@@ -79,6 +82,10 @@ class Run:
         self._last_step: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self.restored_from: Path | None = None
+        self.target_loss = target_loss if target_loss is not None else _env_float(TARGET_LOSS_ENV)
+        self._steps_per_epoch = steps_per_epoch
+        self._profile = _Profile.from_env()
+        self._recent_losses: list[float] = []
 
     # ------------------------------------------------------------------ identity
     @property
@@ -205,8 +212,72 @@ class Run:
             fields["total_steps"] = self.total_steps
         if self.total_epochs is not None:
             fields["total_epochs"] = self.total_epochs
+        fields.update(self._estimate_fields(loss))
         fields.update(metrics)
         self._event(contract.EVENT_PROGRESS, **{k: v for k, v in fields.items() if v is not None})
+        if as_int is not None and self._profile is not None and self._profile.done(as_int):
+            self._end_profile(as_int)
+
+    # ------------------------------------------------------------------ estimates (dlsub estimate, loss ETA)
+    @property
+    def batch_size(self) -> int | None:
+        """The global batch size dlsub asked this run to use (``$DLSUB_BATCH_SIZE``), or None."""
+        value = _env_float(BATCH_SIZE_ENV)
+        return int(value) if value is not None and value >= 1 and value == int(value) else None
+
+    @property
+    def steps_per_epoch(self) -> int | None:
+        """Steps in one epoch: ``init(steps_per_epoch=)``, else declared total steps over total epochs."""
+        if self._steps_per_epoch:
+            return self._steps_per_epoch
+        if self.total_steps and self.total_epochs:
+            return max(1, round(self.total_steps / self.total_epochs))
+        return None
+
+    def should_finish(self) -> bool:
+        """True once the loss has reached the target (``init(target_loss=)`` or ``dlsub submit --target-loss``).
+
+        Judged on the mean of the last few reported losses, so one lucky
+        batch does not end training early. Always False without a target.
+        Under torch.distributed every rank gets the same answer (a MAX
+        all-reduce), as with :meth:`should_stop`.
+        """
+        if self.target_loss is None:
+            return False
+        local = (len(self._recent_losses) >= _LOSS_WINDOW
+                 and sum(self._recent_losses) / len(self._recent_losses) <= self.target_loss)
+        dist = _initialized_dist()
+        if dist is None:
+            return local
+        import torch
+
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _estimate_fields(self, loss: Any) -> dict[str, Any]:
+        """Peak memory, steps per epoch and the loss target, for dlsub estimate and the loss-curve ETA."""
+        try:
+            value = float(loss) if loss is not None else None
+        except (TypeError, ValueError):
+            value = None
+        if value is not None and math.isfinite(value):
+            self._recent_losses = [*self._recent_losses, value][-_LOSS_WINDOW:]
+        fields: dict[str, Any] = {"peak_rss_mb": peak_rss_mb(), "steps_per_epoch": self.steps_per_epoch,
+                                  "target_loss": self.target_loss, "batch_size": self.batch_size}
+        cuda = cuda_peak_mb()
+        if cuda is not None:
+            fields["cuda_peak_mb"] = cuda
+        return fields
+
+    def _end_profile(self, step: int) -> NoReturn:
+        """A profiling run (``dlsub estimate``) has measured enough: record it and leave cleanly (exit 0)."""
+        self._event(contract.EVENT_FINISHED, step=step, profile=True, peak_rss_mb=peak_rss_mb(),
+                    cuda_peak_mb=cuda_peak_mb())
+        _barrier()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.exit(0)
 
     def _event(self, kind: str, **fields: Any) -> None:
         if not self.is_main:
@@ -240,6 +311,62 @@ class Run:
     def finish(self) -> None:
         """Record that training completed."""
         self._event(contract.EVENT_FINISHED)
+
+
+#: Set by ``dlsub estimate`` in a profiling run's environment (and read here only).
+BATCH_SIZE_ENV = "DLSUB_BATCH_SIZE"
+PROFILE_STEPS_ENV = "DLSUB_PROFILE_STEPS"
+PROFILE_SECONDS_ENV = "DLSUB_PROFILE_SECONDS"
+#: Set by ``dlsub submit --target-loss X``; ``init(target_loss=)`` wins over it.
+TARGET_LOSS_ENV = "DLSUB_TARGET_LOSS"
+_LOSS_WINDOW = 3
+
+
+def _env_float(name: str) -> float | None:
+    try:
+        value = float(os.environ.get(name, ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory, MB (Linux reports ru_maxrss in KiB)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def cuda_peak_mb() -> float | None:
+    """``torch.cuda.max_memory_allocated()`` in MB where torch has CUDA in use; None elsewhere."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return None
+        return round(float(torch.cuda.max_memory_allocated()) / 2**20, 1)
+    except (RuntimeError, AttributeError):  # a broken CUDA set-up must not cost the training its report
+        return None
+
+
+class _Profile:
+    """A profiling run's stop rule: at least N steps and S seconds after the first report."""
+
+    def __init__(self, steps: int, seconds: float) -> None:
+        self.steps, self.seconds = steps, seconds
+        self.first: float | None = None
+
+    @classmethod
+    def from_env(cls) -> _Profile | None:
+        steps = _env_float(PROFILE_STEPS_ENV)
+        if steps is None or steps < 1:
+            return None
+        return cls(int(steps), max(0.0, _env_float(PROFILE_SECONDS_ENV) or 0.0))
+
+    def done(self, step: int) -> bool:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        return step >= self.steps and now - self.first >= self.seconds
 
 
 def _as_step(value: Any) -> int | None:
@@ -276,15 +403,19 @@ def init(
     total_steps: int | None = None,
     total_epochs: int | None = None,
     handle_signals: bool = True,
+    target_loss: float | None = None,
+    steps_per_epoch: int | None = None,
 ) -> Run:
     """Make the run's handle and install the stop-signal handlers.
 
     The job directory is, in order: ``job_dir``, ``$DLSUB_JOB_DIR`` (set by
     dlsub's batch script), or ``./dlsub-run`` so the same script works
-    unchanged off-cluster.
+    unchanged off-cluster. ``target_loss`` makes :meth:`Run.should_finish`
+    true once the loss reaches it, and gives ``dlsub status`` a loss-curve ETA.
     """
     directory = Path(job_dir or os.environ.get("DLSUB_JOB_DIR") or "dlsub-run").resolve()
-    run = Run(directory, keep=keep, total_steps=total_steps, total_epochs=total_epochs)
+    run = Run(directory, keep=keep, total_steps=total_steps, total_epochs=total_epochs, target_loss=target_loss,
+              steps_per_epoch=steps_per_epoch)
     if handle_signals:
         run.install_signal_handlers()
     if run.is_main:

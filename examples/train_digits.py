@@ -152,6 +152,12 @@ def main() -> None:
                 if rank == 0:
                     print(f"stop requested ({run.stop_reason}): checkpointed at step {step}", flush=True)
                 run.exit_for_resume()
+            if run.should_finish():  # the loss reached `dlsub submit --target-loss` / init(target_loss=)
+                break
+        if run.should_finish():
+            if rank == 0:
+                print(f"target loss {run.target_loss} reached at step {step}", flush=True)
+            break
         epoch += 1
         sample_in_epoch = 0
         run.save(snapshot(), step=step)

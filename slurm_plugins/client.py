@@ -19,6 +19,7 @@ from typing import Any
 
 from dlsub.slurm_plugins.models import Node, Partition, SlurmJob, parse_key_values
 from dlsub.slurm_plugins.timespec import parse_slurm_duration
+from dlsub.slurm_plugins.usage import SACCT_FORMAT, UsageRecord
 
 Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 
@@ -253,3 +254,54 @@ class SlurmClient:
         if time_limit_min is not None:
             fields["TimeLimit"] = str(time_limit_min)
         self.update_job(job_id, **fields)
+
+    # ------------------------------------------------------------------ estimates and accounting
+    def start_estimate(self, partition: str, *, cpus: int, mem_mb: int, gpus_per_node: int = 0, nodes: int = 1,
+                       time_limit_min: int | None = None) -> float | None:
+        """When Slurm would start such a job on ``partition`` now (``sbatch --test-only``), epoch seconds.
+
+        None when Slurm gives no time (it cannot place the job). The request
+        travels as ``#SBATCH`` lines of a throw-away script, as dlsub's own jobs do.
+        """
+        import tempfile
+
+        lines = ["#!/bin/sh", f"#SBATCH --partition={partition}", f"#SBATCH --nodes={int(nodes)}",
+                 f"#SBATCH --cpus-per-task={int(cpus)}", f"#SBATCH --mem={int(mem_mb)}M"]
+        if gpus_per_node:
+            lines.append(f"#SBATCH --gres=gpu:{int(gpus_per_node)}")
+        if time_limit_min is not None:
+            lines.append(f"#SBATCH --time={int(time_limit_min)}")
+        with tempfile.TemporaryDirectory(prefix="dlsub-test-only-") as tmp:
+            script = Path(tmp) / "probe.sh"
+            script.write_text("\n".join([*lines, "true", ""]), encoding="utf-8")
+            result = self._run(["sbatch", "--test-only", str(script)], check=False)
+        return parse_start_time(f"{result.stdout}\n{result.stderr}")
+
+    def usage(self, since: float, *, user: str | None = None, account: str | None = None,
+              all_users: bool = False) -> list[UsageRecord]:
+        """Every allocation since ``since`` (requeued runs each count) from ``sacct``; [] without accounting."""
+        import time as _time
+
+        start = _time.strftime("%Y-%m-%dT%H:%M:%S", _time.localtime(since))
+        argv = ["sacct", "-n", "-P", "-X", "-D", "-S", start, "-E", "now", f"--format={SACCT_FORMAT}"]
+        if user:
+            argv += ["-u", user]
+        elif all_users:
+            argv += ["-a"]
+        if account:
+            argv += ["-A", account]
+        result = self._run(argv, check=False)
+        if result.returncode != 0:
+            return []
+        return [r for line in result.stdout.splitlines() if (r := UsageRecord.from_sacct(line)) is not None]
+
+
+def parse_start_time(text: str) -> float | None:
+    """The epoch time in ``sbatch --test-only``'s "Job N to start at 2026-11-22T15:10:00 using ..."."""
+    import re
+    import time as _time
+
+    m = re.search(r"to start at (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", text)
+    if not m:
+        return None
+    return _time.mktime(_time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))

@@ -23,7 +23,8 @@ def test_shipped_policy_files_are_valid(path: str) -> None:
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"tick_interval": 5}, "unknown key tick_interval; valid keys: admins, agent_user, backfill, checkpoint_grace_s"),
+    ({"tick_interval": 5},
+     "unknown key tick_interval; valid keys: admins, agent_user, backfill, budgets, checkpoint_grace_s"),
     ({"moves": {"enable": True}}, "moves: unknown key enable; valid keys: enabled, min_saving_s"),
     ({"policy": "sjf"}, "unknown policy 'sjf'; valid policies: efifo, fifo, gang, goodput"),
     ({"default_mode": "asap"}, "valid modes: immediate, ideal"),

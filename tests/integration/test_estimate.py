@@ -1,0 +1,108 @@
+"""Integration (live Slurm testbed + rootless Podman + real PyTorch): `dlsub estimate` profiles the
+example through Slurm and returns a row per partition and batch size; a real run of a profiled batch
+size matches its walltime and memory predictions within 25%, and a batch size it did not profile its
+memory prediction; a second estimate comes from the cache; a job over budget is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from livebed import EXAMPLES, TestbedUser, attempts, put, wait_for
+
+ROW_KEYS = ("partition", "batch_size", "memory_mb", "walltime_s", "cost", "start_s", "finish_s", "feasible")
+
+
+def _copy_examples(user: TestbedUser, workdir: Path) -> None:
+    shutil.copytree(EXAMPLES, workdir / "examples")
+    subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(workdir / "examples")], check=True)
+
+
+def _run_for_real(user: TestbedUser, workdir: Path, batch_size: int) -> tuple[float, float]:
+    """(walltime of its one attempt, peak memory it reported) of the example at this batch size on cpu."""
+    job = user.submit("-p", "cpu", "examples/train_digits.py", "--epochs", "10", "--batch-size", str(batch_size),
+                      cwd=workdir)
+    done = wait_for("the real run to end", lambda: (s := user.status(job["id"]))["state"]
+                    in ("COMPLETED", "FAILED", "CANCELLED") and s, timeout=180, interval=0.5)
+    assert done["state"] == "COMPLETED", user.dlsub("logs", job["id"]).stdout
+    records = attempts(job["job_dir"])
+    start = next(a["time"] for a in records if a["event"] == "start")
+    end = next(a["time"] for a in records if a["event"] == "end")
+    progress = [json.loads(line) for line in (Path(job["job_dir"]) / "progress.jsonl").read_text().splitlines()]
+    return end - start, max(float(e.get("peak_rss_mb") or 0) for e in progress)
+
+
+def _within(predicted: float, measured: float, what: str) -> None:
+    error = abs(predicted - measured) / measured
+    print(f"{what}: predicted {predicted:.1f}, measured {measured:.1f} ({error:+.0%})")
+    assert error <= 0.25, f"{what}: predicted {predicted:.1f}, measured {measured:.1f}: {error:.0%} off"
+
+
+def test_estimate_predicts_a_real_run(user: TestbedUser, workdir: Path) -> None:
+    _copy_examples(user, workdir)
+    # Profiles of earlier runs of this test would be reused (same script, arguments, image): start cold.
+    shutil.rmtree(user.home / ".dlsub" / "estimates" / "profiles", ignore_errors=True)
+    began = time.monotonic()
+    out = user.run("dlsub", "estimate", "--batch-sizes", "32,128,512", "--epochs", "10", "--json",
+                   "examples/train_digits.py", cwd=workdir, timeout=400)
+    cold = time.monotonic() - began
+    assert out.returncode == 0, out.stderr
+    est: dict[str, Any] = json.loads(out.stdout)
+    up = set(subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True,
+                            check=True).stdout.split())
+    rows = est["rows"]
+    assert {(r["partition"], r["batch_size"]) for r in rows} == {(p, b) for p in up for b in (32, 128, 512)}
+    for r in rows:
+        assert all(k in r for k in ROW_KEYS) and r["feasible"], r
+        assert r["memory_mb"] > 0 and r["walltime_s"] > 0 and r["finish_s"] >= r["start_s"] >= 0
+    assert est["recommendation"]["choice"] in [r["choice"] for r in rows]
+    # One profile per partition role (partitions of a role share it) and batch size.
+    assert est["profiled_now"] in range(3, 3 * len(up) + 1, 3)
+
+    # The same estimate again: every profile from the cache, no job.
+    began = time.monotonic()
+    again = json.loads(user.dlsub("estimate", "--batch-sizes", "32,128,512", "--epochs", "10", "--json",
+                                  "examples/train_digits.py", cwd=workdir).stdout)
+    cached = time.monotonic() - began
+    print(f"estimate: cold {cold:.1f} s, cached {cached:.1f} s")
+    assert again["profiled_now"] == 0 and again["from_cache"] == est["profiled_now"] and cached < 10
+
+    # A profiled batch size, run for real: walltime and memory within 25% of the prediction.
+    row = next(r for r in rows if r["partition"] == "cpu" and r["batch_size"] == 128)
+    wall, peak = _run_for_real(user, workdir, 128)
+    _within(row["walltime_s"], wall, "walltime s, batch 128")
+    _within(row["memory_mb"], peak, "memory MB, batch 128")
+
+    # A batch size it did not profile: the memory fitted over 32, 128 and 512.
+    from dlsub.agent.estimate_fit import Profile, fit_partition
+
+    saved = json.loads((user.home / ".dlsub" / "estimates" / f"{est['id']}.json").read_text())
+    fit = fit_partition([Profile.from_json(p) for p in saved["profiles"]["cpu"]])
+    _, peak_256 = _run_for_real(user, workdir, 256)
+    _within(fit.memory(256), peak_256, "memory MB, batch 256 (not profiled)")
+
+    # Submitting that row: --mem and --time from the profile, with the margin stated.
+    dry = user.run("dlsub", "submit", "--from-estimate", est["id"], "--choice", str(row["choice"]), "--dry-run",
+                   cwd=workdir)
+    assert dry.returncode == 0, dry.stderr
+    assert "--mem=" in dry.stdout and "--time=" in dry.stdout and "DLSUB_BATCH_SIZE=128" in dry.stdout
+    assert "--batch-size 128" in dry.stdout and "× 1.25" in dry.stderr
+
+
+def test_job_over_budget_is_refused(user: TestbedUser, workdir: Path) -> None:
+    _copy_examples(user, workdir)
+    policy = put(user, workdir / "policy.toml",
+                 '[partitions.gpu]\nrole = "gpu"\ncost_per_node_hour = 8.0\n'
+                 '[partitions.cpu]\nrole = "cpu"\ncost_per_node_hour = 1.0\n'
+                 '[budgets]\nperiod = "month"\n[budgets.users."*"]\ncost = 1.0\n')
+    # An hour on a GPU node costs 8.0; the budget is 1.0 a month.
+    refused = user.run("env", f"DLSUB_POLICY={policy}", "dlsub", "submit", "-p", "gpu", "--time", "60",
+                       "-J", "over-budget-probe", "examples/train_digits.py", cwd=workdir)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "budget:" in refused.stderr and "left" in refused.stderr and "this month" in refused.stderr
+    queued = subprocess.run(["squeue", "-h", "-n", "over-budget-probe"], capture_output=True, text=True).stdout
+    assert not queued.strip(), "a refused job reaches no queue"

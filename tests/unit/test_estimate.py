@@ -1,0 +1,397 @@
+"""Unit (pure functions, and the CLI against the fake Slurm): dlsub estimate's fits, the loss-curve
+fit, cost arithmetic, budgets, the profile cache, and submitting from an estimate."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dlsub.agent.budget import Budget, allows, parse_budgets, refusal
+from dlsub.agent.cli import main
+from dlsub.agent.cost import Spend, job_spend, period_end, period_start, spend, summarize, total
+from dlsub.agent.estimate_cache import EstimateCache, profile_key
+from dlsub.agent.estimate_fit import Profile, cost, fit_partition, profile_from_events, steady_step_time, walltime
+from dlsub.agent.estimate_plan import Horizon, Knobs, PartitionFacts, build_rows, recommend
+from dlsub.agent.estimate_submit import from_estimate
+from dlsub.agent.loss_curve import fit_loss_curve, target_eta
+from dlsub.agent.status_extra import loss_eta
+from dlsub.slurm_plugins.client import SlurmClient
+from dlsub.slurm_plugins.fake import FakeSlurm
+from dlsub.slurm_plugins.usage import UsageRecord
+
+# ---------------------------------------------------------------- synthetic profiles
+
+
+def step_time(bs: int) -> float:
+    return 0.002 + 0.00004 * bs
+
+
+def memory(bs: int) -> float:
+    return 300.0 + 0.08 * bs
+
+
+def synthetic_events(bs: int, *, rng: np.random.Generator, steps: int = 60, start: float = 1000.0,
+                     startup: float = 4.0, teardown: float = 1.5, spe: int = 40,
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A profiling run's progress and attempt records: a slow first report (warm-up), jitter, then steady steps."""
+    t = start + startup
+    progress: list[dict[str, Any]] = [{"event": "start", "time": start + 2.0}]
+    for step in range(5, steps + 1, 5):
+        t += 5 * step_time(bs) * (3.0 if step == 5 else 1.0) * (1 + rng.normal(0, 0.02))
+        progress.append({"event": "progress", "time": t, "step": step, "epoch": step // spe, "loss": 64.0 / (step * bs),
+                         "peak_rss_mb": memory(bs) * min(1.0, 0.9 + step / 600), "steps_per_epoch": spe,
+                         "total_epochs": 30})
+    progress.append({"event": "finished", "time": t, "step": steps, "profile": True, "peak_rss_mb": memory(bs)})
+    attempts = [{"event": "start", "time": start, "slurm_job_id": 7, "restart": 0, "partition": "cpu"},
+                {"event": "end", "time": t + teardown, "slurm_job_id": 7, "restart": 0, "partition": "cpu", "rc": 0}]
+    return progress, attempts
+
+
+def test_profile_from_events_measures_steady_step_time_memory_and_overheads() -> None:
+    progress, attempts = synthetic_events(128, rng=np.random.default_rng(1))
+    p = profile_from_events("cpu", 128, progress, attempts)
+    assert p.step_s == pytest.approx(step_time(128), rel=0.05)  # the slow warm-up report is left out
+    assert p.memory_mb == pytest.approx(memory(128))
+    assert p.steps_per_epoch == 40 and p.declared_epochs == 30 and p.steps == 60
+    assert p.teardown_s == pytest.approx(1.5, abs=0.01)
+    # Start-up: the 4 s before the first report, plus what the warm-up steps took beyond steady ones.
+    assert 4.0 <= p.startup_s <= 4.0 + 15 * step_time(128)
+
+
+def test_fits_predict_a_batch_size_not_profiled() -> None:
+    rng = np.random.default_rng(2)
+    profiles = [profile_from_events("cpu", bs, *synthetic_events(bs, rng=rng)) for bs in (32, 128, 512)]
+    fit = fit_partition(profiles)
+    assert fit.step_time(256) == pytest.approx(step_time(256), rel=0.05)
+    assert fit.memory(256) == pytest.approx(memory(256), rel=0.02)
+    assert fit.steps_per_epoch(256) == (40 * 512) // 256  # samples per epoch carried over
+    assert fit.step_time(128) == profiles[1].step_s  # a profiled batch size keeps its own measurement
+
+
+def test_steady_step_time_needs_two_reports() -> None:
+    from dlsub.agent.estimate_fit import FitError
+
+    with pytest.raises(FitError, match="fewer than twice"):
+        steady_step_time([(5, 1.0)])
+
+
+def test_walltime_adds_continuations_that_maxtime_forces() -> None:
+    one = walltime(100.0, 10.0, None)
+    assert (one.seconds, one.attempts) == (110.0, 1)
+    # 300 s MaxTime, 10 s per attempt and 30 s grace leave 260 s of training per attempt: 4 attempts.
+    wt = walltime(1000.0, 10.0, 300.0, restart_s=15.0, grace_s=30.0)
+    assert wt.attempts == 4 and wt.seconds == pytest.approx(1000 + 4 * 10 + 3 * 15)
+    assert math.isinf(walltime(10.0, 400.0, 300.0).seconds)
+
+
+# ---------------------------------------------------------------- rows and the recommendation
+
+
+def _fit_for(partition: str) -> Any:
+    rng = np.random.default_rng(3)
+    profiles = [profile_from_events(partition, bs, *synthetic_events(bs, rng=rng)) for bs in (32, 128)]
+    return fit_partition(profiles)
+
+
+def test_rows_and_recommendation_immediate_when_gpus_free_late() -> None:
+    facts = {
+        "gpu": PartitionFacts("gpu", "gpu", None, 16000, 4, 8.0, start_in_s=3000.0),
+        "cpu": PartitionFacts("cpu", "cpu", None, 16000, 0, 1.0, start_in_s=0.0),
+        "tiny": PartitionFacts("tiny", "cpu", None, 100, 0, 1.0, start_in_s=0.0),
+    }
+    fits = {"gpu": _fit_for("gpu"), "cpu": _fit_for("cpu"), "tiny": _fit_for("tiny")}
+    knobs = Knobs(restart_s=15.0, min_saving_s=5.0)
+    rows = build_rows(fits, facts, (32, 128, 64), Horizon(epochs=2000), knobs)
+    assert len(rows) == 9 and [r["choice"] for r in rows] == list(range(1, 10))
+    by = {(r["partition"], r["batch_size"]): r for r in rows}
+    assert not by[("tiny", 32)]["feasible"] and "MB per node" in by[("tiny", 32)]["why"]
+    assert by[("gpu", 64)]["profiled"] is False and by[("gpu", 64)]["walltime_s"] > 0
+    gpu = by[("gpu", 128)]
+    assert gpu["steps"] == 2000 * 40 and gpu["finish_s"] == pytest.approx(3000.0 + gpu["walltime_s"], abs=0.2)
+    assert gpu["cost"] == pytest.approx(cost(gpu["walltime_s"], 1, 8.0), rel=1e-3)
+    rec = recommend(rows, knobs)
+    assert rec["mode"] == "immediate" and rec["immediate"]["partition"] == "cpu"
+    assert rec["immediate"]["finish_s"] < rec["ideal"]["finish_s"]
+
+
+def test_recommendation_waits_when_the_gpu_starts_now() -> None:
+    facts = {"gpu": PartitionFacts("gpu", "gpu", None, 16000, 4, 8.0, 0.0),
+             "cpu": PartitionFacts("cpu", "cpu", None, 16000, 0, 1.0, 0.0)}
+    rows = build_rows({"gpu": _fit_for("gpu"), "cpu": _fit_for("cpu")}, facts, (32,), Horizon(epochs=5), Knobs())
+    rec = recommend(rows, Knobs())
+    assert rec["mode"] == "ideal" and rec["ideal"]["partition"] == "gpu" and rec["immediate"] is None
+
+
+def test_target_loss_horizon_uses_the_loss_curve() -> None:
+    facts = {"cpu": PartitionFacts("cpu", "cpu", None, 16000, 0, 1.0, 0.0)}
+    rows = build_rows({"cpu": _fit_for("cpu")}, facts, (32,), Horizon(target_loss=0.05), Knobs())
+    # loss = 2/step at one batch size of 32 -> loss(samples) = 64/samples; 0.05 at 1280 samples = 40 steps.
+    assert rows[0]["steps"] == pytest.approx(40, rel=0.1)
+
+
+# ---------------------------------------------------------------- loss curve
+
+
+def test_loss_curve_fit_recovers_the_target_step_within_10_percent() -> None:
+    a, b, c, target = 0.004, 0.5, 0.2, 0.3
+    true_step = (1 / (target - c) - b) / a  # 2375
+    rng = np.random.default_rng(0)
+    k = np.arange(0, 1000, 10)  # the first 40% of the way only
+    y = (1 / (a * k + b) + c) * (1 + rng.normal(0, 0.01, len(k)))
+    eta = target_eta(fit_loss_curve(k, y), target)
+    assert eta is not None and eta.stable and eta.target_step is not None
+    assert abs(eta.target_step - true_step) / true_step < 0.10
+
+
+def test_loss_curve_too_few_points_or_unreachable_target() -> None:
+    assert fit_loss_curve([1, 2, 3], [3.0, 2.0, 1.5]) is None
+    k = np.arange(1, 200)
+    curve = fit_loss_curve(k, 1 / (0.01 * k + 0.5) + 0.4)
+    assert curve is not None and curve.step_for(0.3) is None  # below where the curve levels off
+
+
+def test_status_loss_eta_from_progress_events() -> None:
+    events = [{"event": "progress", "step": s, "loss": 1 / (0.004 * s + 0.5) + 0.2, "target_loss": 0.3,
+               "time": 1000.0 + s} for s in range(10, 1000, 10)]
+    extra = loss_eta(events, steps_per_s=10.0)
+    assert extra.target_loss == 0.3 and extra.target_step is not None
+    assert abs(extra.target_step - 2375) / 2375 < 0.1
+    assert extra.loss_eta_s == pytest.approx((extra.target_step - 990) / 10.0, abs=1.0)
+    assert loss_eta([{**e, "target_loss": None} for e in events], 10.0).loss_eta_s is None
+
+
+# ---------------------------------------------------------------- cost
+
+
+def test_cost_arithmetic() -> None:
+    assert cost(7200, 2, 8.0) == 32.0
+    assert spend(1800, 1, 4.0) == Spend(0.5, 2.0)
+    attempts = [
+        {"event": "start", "time": 0.0, "slurm_job_id": 1, "restart": 0, "partition": "cpu"},
+        {"event": "end", "time": 3600.0, "slurm_job_id": 1, "restart": 0},
+        {"event": "start", "time": 4000.0, "slurm_job_id": 1, "restart": 1, "partition": "gpu"},
+    ]
+    used = job_spend(attempts, 1, {"cpu": 1.0, "gpu": 8.0}, now=4000.0 + 1800.0)
+    assert used.node_hours == pytest.approx(1.5) and used.cost == pytest.approx(1.0 + 4.0)
+    records = [UsageRecord(1, "al", "lab", "gpu", 3600, 2), UsageRecord(2, "al", "lab", "cpu", 7200, 1),
+               UsageRecord(3, "al", "lab", "gpu", 1800, 1)]
+    table = summarize(records, {"gpu": 8.0, "cpu": 1.0})
+    assert table[("al", "gpu")] == Spend(2.5, 20.0) and table[("al", "cpu")] == Spend(2.0, 2.0)
+    assert total(records, {"gpu": 8.0}) == Spend(4.5, 20.0)
+    assert UsageRecord.from_sacct("17|al|lab|gpu|3600|2") == records[0].__class__(17, "al", "lab", "gpu", 3600.0, 2)
+    assert UsageRecord.from_sacct("17.batch|al|lab|gpu|3600|2") is None
+
+
+def test_budget_periods() -> None:
+    now = 1_795_000_000.0  # a Sunday in November 2026 (UTC)
+    assert period_start("day", now) <= now < period_end("day", now) == period_start("day", now) + 86400
+    assert period_end("week", now) - period_start("week", now) == 7 * 86400
+    assert period_end("month", now) - period_start("month", now) == 30 * 86400
+
+
+# ---------------------------------------------------------------- budgets
+
+
+def test_budget_parsing_and_refusal_message() -> None:
+    budgets = parse_budgets({"period": "week", "users": {"*": {"node_hours": 10}, "al": {"cost": 5.0}}})
+    assert budgets.for_user("al") == Budget(cost=5.0) and budgets.for_user("bo") == Budget(node_hours=10.0)
+    with pytest.raises(ValueError, match="valid keys: cost, node_hours"):
+        parse_budgets({"users": {"al": {"hours": 1}}})
+    with pytest.raises(ValueError, match="valid periods"):
+        parse_budgets({"period": "year"})
+    assert refusal("user al", Budget(cost=5.0), Spend(1, 2.0), Spend(0.1, 1.0), "week") is None
+    message = refusal("user al", Budget(cost=5.0), Spend(1, 4.0), Spend(1, 8.0), "week")
+    assert message is not None and "4.00 of 5.00 (cost) used, 1.00 left" in message
+    assert "up to 1.00 node-hours" in message
+    assert allows(Spend(1, 1), Spend(1, 1)) and not allows(Spend(1, 1), Spend(1.5, 0))
+
+
+class SacctRunner:
+    """The fake Slurm, with ``sacct -S`` (usage) answered from canned accounting lines."""
+
+    def __init__(self, fake: FakeSlurm, lines: Sequence[str]) -> None:
+        self.fake, self.lines, self.calls = fake, list(lines), 0
+
+    def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        if argv[0] == "sacct" and "-S" in argv:
+            self.calls += 1
+            return subprocess.CompletedProcess(list(argv), 0, "".join(f"{x}\n" for x in self.lines), "")
+        return self.fake(argv)
+
+
+@pytest.fixture
+def budget_env(cli_env: FakeSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SacctRunner:
+    import getpass
+
+    import dlsub.agent.cli as cli
+
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[partitions.gpu]\nrole = "gpu"\ncost_per_node_hour = 8.0\n'
+                      '[partitions.cpu]\nrole = "cpu"\ncost_per_node_hour = 1.0\n'
+                      '[budgets]\nperiod = "month"\n[budgets.users."*"]\ncost = 10.0\n')
+    monkeypatch.setenv("DLSUB_POLICY", str(policy))
+    runner = SacctRunner(cli_env, [f"5|{getpass.getuser()}|lab|gpu|3600|1"])  # 8.0 of 10.0 spent
+    monkeypatch.setattr(cli, "SlurmClient", lambda: SlurmClient(runner=runner))
+    return runner
+
+
+def test_submit_over_budget_is_refused_with_what_is_left(budget_env: SacctRunner, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('x')\n")
+    result = CliRunner().invoke(main, ["-p", "gpu", "--time", "60", str(script)])
+    assert result.exit_code == 2, result.output
+    assert "budget:" in result.output and "8.00 of 10.00 (cost) used, 2.00 left" in result.output
+    assert "this month" in result.output and budget_env.calls >= 1
+    assert budget_env.fake.submitted() == [], "a refused job is not submitted"
+    jobs = tmp_path / "dlsub-home" / "jobs"
+    assert not jobs.exists() or not any(jobs.iterdir())
+    # Within budget (15 min on cpu at 1.0 an hour), the same user may submit.
+    ok = CliRunner().invoke(main, ["-p", "cpu", "--time", "15", "--json", str(script)])
+    assert ok.exit_code == 0, ok.output and len(budget_env.fake.submitted()) == 1
+
+
+# ---------------------------------------------------------------- cache and submitting from an estimate
+
+
+def test_cache_keys_change_with_script_args_and_the_rest() -> None:
+    base = profile_key(b"print(1)\n", ["--lr", "0.1", "--batch-size", "32"], "img", "cpu", 32)
+    assert base == profile_key(b"print(1)\n", ["--lr", "0.1", "--batch-size", "32"], "img", "cpu", 32)
+    others = [
+        profile_key(b"print(2)\n", ["--lr", "0.1", "--batch-size", "32"], "img", "cpu", 32),
+        profile_key(b"print(1)\n", ["--lr", "0.2", "--batch-size", "32"], "img", "cpu", 32),
+        profile_key(b"print(1)\n", ["--lr", "0.1", "--batch-size", "32"], "img2", "cpu", 32),
+        profile_key(b"print(1)\n", ["--lr", "0.1", "--batch-size", "32"], "img", "gpu", 32),
+        profile_key(b"print(1)\n", ["--lr", "0.1", "--batch-size", "32"], "img", "cpu", 64),
+        profile_key(b"print(1)\n", ["--lr", "0.1", "--batch-size", "32"], "img", "cpu", 32, gpus=1),
+    ]
+    assert len({base, *others}) == 7
+
+
+def test_cache_round_trip_is_private(tmp_path: Path) -> None:
+    cache = EstimateCache(tmp_path / "home")
+    profile = Profile("cpu", 32, 0.01, 300.0, 44, 3.5, 1.2, 40, None, ((5, 2.0),), 30)
+    cache.put("k" * 64, profile)
+    assert cache.get("k" * 64) == profile and cache.get("x" * 64) is None
+    assert (cache.profiles.stat().st_mode & 0o777) == 0o700
+    assert (next(cache.profiles.iterdir()).stat().st_mode & 0o777) == 0o600
+
+
+def _estimate(tmp_path: Path, script: Path) -> dict[str, Any]:
+    facts = {"cpu": PartitionFacts("cpu", "cpu", 3600.0, 16000, 0, 1.0, 0.0)}
+    rows = build_rows({"cpu": _fit_for("cpu")}, facts, (32, 128), Horizon(epochs=3), Knobs())
+    return {"id": "0123abcd", "script": str(script), "args": ["--lr", "0.1"], "batch_arg": "--batch-size",
+            "image": None, "gpus": 0, "nodes": 1, "rows": rows, "recommendation": recommend(rows, Knobs())}
+
+
+def test_from_estimate_sets_memory_and_time_with_the_margin(tmp_path: Path) -> None:
+    est = _estimate(tmp_path, tmp_path / "train.py")
+    picked = from_estimate(est, 2)
+    row = est["rows"][1]
+    assert picked.args == ("--lr", "0.1", "--batch-size", "128") and picked.partition == "cpu"
+    assert picked.mem_mb == math.ceil(row["memory_mb"] * 1.25) + 256
+    assert picked.time_limit_min == math.ceil(row["walltime_s"] * 1.5 / 60) + 5
+    assert picked.env == {"DLSUB_BATCH_SIZE": "128"} and "× 1.25" in picked.note
+    with pytest.raises(LookupError, match="rows 1 to 2"):
+        from_estimate(est, 3)
+
+
+def test_submit_from_estimate_dry_run(cli_env: FakeSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DLSUB_POLICY", str(tmp_path / "none.toml"))
+    script = tmp_path / "train.py"
+    script.write_text("print('x')\n")
+    est = _estimate(tmp_path, script)
+    EstimateCache(tmp_path / "dlsub-home").save_estimate(est["id"], json.loads(json.dumps(est)))
+    result = CliRunner().invoke(main, ["submit", "--from-estimate", "0123abcd", "--choice", "1", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    row = est["rows"][0]
+    assert f"--mem={math.ceil(row['memory_mb'] * 1.25) + 256}M" in result.output
+    assert "--partition=cpu" in result.output and "DLSUB_BATCH_SIZE=32" in result.output
+    assert "--batch-size 32" in result.output
+    assert "from estimate 0123abcd row 1" in result.output
+    assert cli_env.submitted() == []
+    bad = CliRunner().invoke(main, ["submit", "--from-estimate", "feedbeef", "--choice", "1"])
+    assert bad.exit_code == 2 and "run `dlsub estimate` first" in bad.output
+
+
+def test_move_budget_gate() -> None:
+    from dlsub.policies.budget_gate import move_fits_budget
+
+    assert move_fits_budget(3600, 1, 8.0, None, None)
+    assert move_fits_budget(3600, 2, 8.0, 2.0, 16.0) and not move_fits_budget(3600, 2, 8.0, 1.9, None)
+    assert not move_fits_budget(3600, 1, 8.0, None, 7.99)
+    assert move_fits_budget(None, 1, 8.0, 0.5, None) and not move_fits_budget(None, 1, 8.0, 0.0, None)
+
+
+# ---------------------------------------------------------------- the orchestration, against the fake Slurm
+
+
+class CompletingRunner:
+    """The fake Slurm, where every profiling job has run by the next squeue: it leaves a profile's records."""
+
+    def __init__(self, fake: FakeSlurm) -> None:
+        self.fake, self.sbatch_argvs, self.cancelled = fake, [], []  # type: ignore[var-annotated]
+        self.rng = np.random.default_rng(5)
+
+    def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        import re
+
+        if argv[0] == "sbatch" and "--test-only" not in argv:
+            self.sbatch_argvs.append(list(argv))
+        if argv[0] == "scancel":
+            self.cancelled.append(argv[-1])
+        if argv[0] == "squeue":
+            for job in self.fake.submitted():
+                if job.state != "PENDING":
+                    continue
+                text = Path(job.script).read_text()
+                bs = int(re.search(r"DLSUB_BATCH_SIZE=(\d+)", text).group(1))  # type: ignore[union-attr]
+                job_dir = Path(job.options["output"]).parent
+                progress, attempts = synthetic_events(bs, rng=self.rng)
+                (job_dir / "progress.jsonl").write_text("".join(json.dumps(e) + "\n" for e in progress))
+                (job_dir / "attempts.jsonl").write_text("".join(json.dumps(e) + "\n" for e in attempts))
+                self.fake.set_job_state(job.job_id, "COMPLETED", nodes="cpu1")
+        return self.fake(argv)
+
+
+def test_estimator_profiles_through_slurm_then_uses_the_cache(
+        tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dlsub.agent.submit as submit
+    from dlsub.agent.config import Settings
+    from dlsub.agent.estimate import EstimateRequest, Estimator
+    from dlsub.agent.policy_file import AgentPolicy
+    from dlsub.agent.user_store import JobStore
+
+    monkeypatch.setattr(submit, "check_image", lambda image: None)
+    settings = Settings(home=tmp_path / "home")
+    runner = CompletingRunner(fake_slurm)
+    estimator = Estimator(settings, SlurmClient(runner=runner), JobStore(settings.db_path), AgentPolicy(), poll_s=0)
+    script = tmp_path / "my dir; 'x'" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print('train')\n")
+    request = EstimateRequest(script=script, args=("--lr", "0.1"), batch_sizes=(32, 128, 64),
+                              horizon=Horizon(epochs=2), workdir=tmp_path)
+    payload = estimator.run(request)
+    # No roles in the policy: gpu and gpu-dev (GPU nodes) share one profile, cpu has its own.
+    assert len(runner.sbatch_argvs) == 6 and payload["profiled_now"] == 6
+    assert all("--dependency=singleton" in argv for argv in runner.sbatch_argvs)
+    texts = [Path(j.script).read_text() for j in fake_slurm.submitted()]
+    assert all("DLSUB_PROFILE_STEPS=" in t for t in texts)
+    assert sorted(int(t.split("--batch-size ")[1].split()[0].strip("'")) for t in texts) == [32, 32, 64, 64, 128, 128]
+    assert {(r["partition"], r["batch_size"]) for r in payload["rows"]} == {
+        (p, b) for p in ("cpu", "gpu", "gpu-dev") for b in (32, 128, 64)}
+    assert all(r["feasible"] for r in payload["rows"]), payload["rows"]
+    assert EstimateCache(settings.home).load_estimate(payload["id"])["rows"] == payload["rows"]
+
+    again = estimator.run(request)
+    assert len(runner.sbatch_argvs) == 6 and again["from_cache"] == 6 and again["profiled_now"] == 0
+    estimator.run(EstimateRequest(script=script, args=("--lr", "0.2"), batch_sizes=(32,),
+                                  horizon=Horizon(epochs=2), workdir=tmp_path))
+    assert len(runner.sbatch_argvs) == 8, "other arguments: profiled again"
