@@ -109,6 +109,14 @@ class Retention:
 
 
 @dataclass(frozen=True)
+class MetricsPolicy:
+    # Prometheus metrics on 127.0.0.1:port (0: none).
+    port: int = 0
+    # Per-user labels (jobs by user) are off unless the site allows them.
+    per_user_labels: bool = False
+
+
+@dataclass(frozen=True)
 class AgentPolicy:
     policy: str = "fifo"
     default_mode: str = "immediate"
@@ -131,6 +139,7 @@ class AgentPolicy:
     backfill: Backfill = Backfill()
     limits: Limits = Limits()
     retention: Retention = Retention()
+    metrics: MetricsPolicy = MetricsPolicy()
 
     def is_admin(self, user: str) -> bool:
         return user == "root" or user in self.admins
@@ -309,6 +318,10 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
         values["limits"] = _simple(f"{where}.limits", Limits, data["limits"])
     if "retention" in data:
         values["retention"] = _simple(f"{where}.retention", Retention, data["retention"])
+    if "metrics" in data:
+        values["metrics"] = _simple(f"{where}.metrics", MetricsPolicy, data["metrics"])
+        if values["metrics"].port > 65535:
+            raise PolicyFileError(f"{where}.metrics.port: {values['metrics'].port} is not a port (1-65535, 0: off)")
     if "backfill" in data:
         table = data["backfill"]
         if not isinstance(table, dict):
