@@ -32,6 +32,7 @@ from dlsub.agent.submit import SubmitError, SubmitRequest, plan_job, submit_plan
 from dlsub.agent.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.containers.podman import ImageError
 from dlsub.contract import JobState, output_file
+from dlsub.dashboard.cli import dashboard
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable
 from dlsub.slurm_plugins.timespec import TimeSpecError, parse_time_limit
 
@@ -401,6 +402,7 @@ main.add_command(agent)
 main.add_command(why)
 main.add_command(backfill)
 main.add_command(config)
+main.add_command(dashboard)
 
 
 if __name__ == "__main__":

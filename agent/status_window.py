@@ -60,7 +60,8 @@ def maybe_in_window(record: JobRecord, since: float) -> bool:
 
 def ended_at(record: JobRecord, attempts: Iterable[dict[str, object]]) -> float:
     """When the job ended, as well as its records say."""
-    ends = [float(a["time"]) for a in attempts if a.get("event") == EVENT_END and isinstance(a.get("time"), float)]
+    ends = [float(t) for a in attempts
+            if a.get("event") == EVENT_END and isinstance(t := a.get("time"), (int, float))]
     if ends:
         return max(ends)
     return record.state_at or record.submitted_at
