@@ -38,6 +38,7 @@ from dlsub.agent.usage_cli import usage
 from dlsub.agent.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.containers.podman import ImageError
 from dlsub.contract import JobState, output_file
+from dlsub.dashboard.cli import dashboard
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable
 from dlsub.slurm_plugins.timespec import TimeSpecError, parse_time_limit
 
@@ -303,19 +304,69 @@ def _statuses(client: SlurmClient, store: JobStore, records: list[JobRecord]) ->
 @main.command()
 @click.argument("job", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object (one job) or list.")
+@click.option("--all", "show_all", is_flag=True, help="Every job you ever submitted, however long ago it ended.")
+@click.option("--since", "since", default=None, metavar="DATE",
+              help="Jobs alive or ended since DATE (2026-11-20, 2026-11-20T09:30, or an age: 12h, 2d) "
+                   "[default: the last day].")
 @friendly_errors
-def status(job: str | None, as_json: bool) -> None:
-    """State, partition, step, epoch, loss, throughput, ETA and attempts of your dlsub jobs."""
+def status(job: str | None, as_json: bool, show_all: bool, since: str | None) -> None:
+    """Your dlsub jobs that are alive or ended in the last day: state, partition, step, loss, ETA, attempts.
+
+    A named JOB is always shown, however old; --all lists every job.
+    """
+    from dlsub.agent.status_window import DEFAULT_WINDOW_S, SinceError, parse_since
+
+    if show_all and since is not None:
+        _fail("give --all or --since, not both", 2)
+    try:
+        edge = None if show_all or job else (parse_since(since, time.time()) if since is not None
+                                              else time.time() - DEFAULT_WINDOW_S)
+    except SinceError as exc:
+        _fail(str(exc), 2)
+        return
     _, client, store = _context()
     records = [store.get(job)] if job else store.all()
-    rows = _statuses(client, store, records)
+    rows = _statuses(client, store, window_records(records, edge))
+    if edge is not None:
+        rows = window_rows(store, rows, edge)
     if as_json:
         payload: Any = rows[0].to_json() if job else [r.to_json() for r in rows]
         click.echo(json.dumps(payload, indent=2))
     elif rows:
-        click.echo(render_table(rows))
+        click.echo(render_table(rows, bars=progress_bars(rows) if sys.stdout.isatty() else None))
+    elif edge is not None and store.all():
+        click.echo("no dlsub jobs alive or ended in that time; `dlsub status --all` lists every job")
     else:
         click.echo("no dlsub jobs yet; submit one with `dlsub train.py`")
+
+
+def window_records(records: list[JobRecord], edge: float | None) -> list[JobRecord]:
+    """The records worth asking Slurm about: not those the store knows ended before ``edge``."""
+    from dlsub.agent.status_window import maybe_in_window
+
+    return records if edge is None else [r for r in records if maybe_in_window(r, edge)]
+
+
+def window_rows(store: JobStore, rows: list[JobStatus], edge: float) -> list[JobStatus]:
+    """The rows of jobs alive, or ended at or after ``edge``."""
+    from dlsub.agent.jobdir import read_attempts
+    from dlsub.agent.status_window import ended_at, is_ended
+
+    kept = []
+    for row in rows:
+        if is_ended(row.state) and ended_at(store.get(row.id), read_attempts(Path(row.job_dir))) < edge:
+            continue
+        kept.append(row)
+    return kept
+
+
+def progress_bars(rows: list[JobStatus]) -> list[str]:
+    """A one-line bar per running job (its declared total), for a terminal."""
+    from dlsub.agent.jobdir import summarize_progress
+    from dlsub.agent.status_window import fraction_done, progress_bar
+
+    return [progress_bar(fraction_done(summarize_progress(Path(r.job_dir)))) if r.state == JobState.RUNNING.value
+            else "" for r in rows]
 
 
 def _output_file(record: JobRecord) -> Path:
@@ -404,6 +455,7 @@ main.add_command(backfill)
 main.add_command(config)
 main.add_command(estimate)
 main.add_command(usage)
+main.add_command(dashboard)
 
 
 if __name__ == "__main__":

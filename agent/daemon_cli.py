@@ -18,7 +18,7 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NoReturn
@@ -87,7 +87,12 @@ def _make_agent(db: Path, policy_path: Path | None) -> Agent:
         policy = load_policy(policy_path)
     except PolicyFileError as exc:
         _fail(str(exc))
-    agent_obj = Agent(SlurmClient(), AgentStore(db), policy)
+    client = SlurmClient()
+    if policy.metrics.port:
+        from dlsub.agent.metrics import RecordingSlurmClient
+
+        client = RecordingSlurmClient()  # the metrics read the partitions the tick's sinfo returned
+    agent_obj = Agent(client, AgentStore(db), policy)
     make_private(db)
     return agent_obj
 
@@ -96,6 +101,22 @@ db_option = click.option("--db", type=click.Path(path_type=Path, dir_okay=False)
                          help="The agent's state database [default: $DLSUB_AGENT_DB or /var/lib/dlsub/agent.db].")
 policy_option = click.option("--policy", "policy_path", type=click.Path(path_type=Path, dir_okay=False),
                              default=None, help="Policy file [default: $DLSUB_POLICY or /etc/dlsub/policy.toml].")
+
+
+def _with_metrics(agent_obj: Agent) -> Callable[[], object]:
+    """The tick to schedule: with Prometheus metrics on 127.0.0.1 when the policy names a port."""
+    port = agent_obj.policy.metrics.port
+    if not port:
+        return agent_obj.tick
+    from dlsub.agent.metrics import AgentMetrics
+
+    metrics = AgentMetrics(per_user_labels=agent_obj.policy.metrics.per_user_labels)
+    try:
+        metrics.serve(port)
+    except OSError as exc:
+        _fail(f"cannot serve metrics on 127.0.0.1:{port}: {exc} (policy.toml [metrics] port)", 1)
+    logging.info("metrics on http://127.0.0.1:%d/metrics", port)
+    return metrics.instrumented(agent_obj)
 
 
 @click.command()
@@ -125,6 +146,7 @@ def run(db: Path | None, policy_path: Path | None, pidfile: Path | None, socket_
                                  policy=policy.policy, tick_interval_s=policy.tick_interval_s,
                                  tick_deadline_s=policy.tick_deadline_s, stopped=None)
         make_private(db)
+        tick_fn = _with_metrics(agent_obj)
         # Users' questions, answered from threads of their own with their own read-only connection.
         server = QueryServer(socket_path or Path(policy.socket), lambda: AgentStore(db, readonly=True), policy)
         try:
@@ -134,12 +156,12 @@ def run(db: Path | None, policy_path: Path | None, pidfile: Path | None, socket_
         # One worker: ticks never overlap, whichever trigger fired them.
         scheduler = BlockingScheduler(executors={"default": ThreadPoolExecutor(1)})
         job_defaults = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
-        scheduler.add_job(agent_obj.tick, IntervalTrigger(seconds=policy.tick_interval_s),
+        scheduler.add_job(tick_fn, IntervalTrigger(seconds=policy.tick_interval_s),
                           next_run_time=dt.datetime.now().astimezone(), id="interval", **job_defaults)
         for window in policy.backfill.windows:
             zone = dt.datetime.now().astimezone().tzinfo
             for edge in ("start", "end"):
-                scheduler.add_job(agent_obj.tick, cron_trigger(getattr(window, edge), zone),
+                scheduler.add_job(tick_fn, cron_trigger(getattr(window, edge), zone),
                                   id=f"{window.name}-{edge}", **job_defaults)
 
         def stop(signum: int, frame: object) -> None:

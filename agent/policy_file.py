@@ -110,6 +110,14 @@ class Retention:
 
 
 @dataclass(frozen=True)
+class MetricsPolicy:
+    # Prometheus metrics on 127.0.0.1:port (0: none).
+    port: int = 0
+    # Per-user labels (jobs by user) are off unless the site allows them.
+    per_user_labels: bool = False
+
+
+@dataclass(frozen=True)
 class AgentPolicy:
     policy: str = "fifo"
     default_mode: str = "immediate"
@@ -134,6 +142,7 @@ class AgentPolicy:
     retention: Retention = Retention()
     # Node-hours or cost per user/account and period (dlsub.agent.budget); none by default.
     budgets: Budgets = Budgets()
+    metrics: MetricsPolicy = MetricsPolicy()
 
     def is_admin(self, user: str) -> bool:
         return user == "root" or user in self.admins
@@ -317,6 +326,10 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
             values["budgets"] = parse_budgets(data["budgets"], f"{where}.budgets")
         except BudgetError as exc:
             raise PolicyFileError(str(exc)) from None
+    if "metrics" in data:
+        values["metrics"] = _simple(f"{where}.metrics", MetricsPolicy, data["metrics"])
+        if values["metrics"].port > 65535:
+            raise PolicyFileError(f"{where}.metrics.port: {values['metrics'].port} is not a port (1-65535, 0: off)")
     if "backfill" in data:
         table = data["backfill"]
         if not isinstance(table, dict):

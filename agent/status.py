@@ -135,7 +135,8 @@ def _eta_cell(r: JobStatus) -> str:
     return _fmt_duration(r.eta_s)
 
 
-def render_table(rows: list[JobStatus]) -> str:
+def render_table(rows: list[JobStatus], bars: list[str] | None = None) -> str:
+    """The table; ``bars`` (one per row, e.g. progress bars on a terminal) adds a PROGRESS column."""
     header = [
         "ID", "SLURM", "NAME", "STATE", "PARTITION", "NODES", "STEP", "EPOCH", "LOSS", "SAMPLES/S", "ETA", "TRIES",
         "COST"
@@ -158,6 +159,9 @@ def render_table(rows: list[JobStatus]) -> str:
         ]
         for r in rows
     ]
+    if bars is not None:
+        header.append("PROGRESS")
+        body = [[*line, bar] for line, bar in zip(body, bars, strict=True)]
     # Every body row has one cell per header column.
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
     return "\n".join(

@@ -22,6 +22,25 @@ if ! "$venv/bin/python" -c "import torch, numpy, scipy, matplotlib, apscheduler,
     say "installing torch==2.13.0, numpy, scipy, matplotlib, apscheduler, pytest into $venv"
     "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" numpy "scipy>=1.10" "matplotlib>=3.7" "apscheduler>=3.10,<4" pytest "click>=8.1" "sqlite-utils>=3.35"
 fi
+# The dashboard (FastAPI, uvicorn, Jinja2), the agent's metrics (prometheus-client), and the
+# dashboard's tests (httpx for FastAPI's test client; Playwright, which drives Debian's chromium).
+if ! "$venv/bin/python" -c "import fastapi, uvicorn, jinja2, prometheus_client, httpx, playwright" 2>/dev/null; then
+    say "installing fastapi, uvicorn, jinja2, prometheus-client, httpx, playwright into $venv"
+    "$venv/bin/pip" install "${pip_opts[@]}" "fastapi>=0.110" "uvicorn>=0.29" "jinja2>=3.1" "prometheus-client>=0.17" \
+        httpx playwright
+fi
+# htmx for the dashboard's live updates, from the npm registry (served by the dashboard itself:
+# no CDN at run time). Kept under $DLSUB_PREFIX/share so a reinstall needs no network.
+htmx_version=2.0.11
+htmx="$DLSUB_PREFIX/share/htmx-$htmx_version.min.js"
+if [ ! -s "$htmx" ]; then
+    say "fetching htmx $htmx_version from the npm registry"
+    npm_dir="$(mktemp -d)"
+    (cd "$npm_dir" && npm pack --silent "htmx.org@$htmx_version" >/dev/null \
+        && tar -xzf "htmx.org-$htmx_version.tgz" package/dist/htmx.min.js)
+    install -D -m 644 "$npm_dir/package/dist/htmx.min.js" "$htmx"
+    rm -rf "$npm_dir"
+fi
 # `make lint`. (What dlsub imports ships its types, or is listed in
 # pyproject's mypy overrides: no stub packages needed.)
 if ! "$venv/bin/python" -c "import mypy, ruff" 2>/dev/null; then
@@ -32,6 +51,7 @@ fi
 build="$(mktemp -d)"
 trap 'rm -rf "$build"' EXIT
 tar -C "$repo" --exclude=.git --exclude=build --exclude='*.egg-info' -cf - . | tar -C "$build" -xf -
+install -m 644 "$htmx" "$build/dashboard/static/htmx.min.js"  # package data of the installed dlsub only
 "$venv/bin/pip" install "${pip_opts[@]}" --no-deps --force-reinstall "$build" >/dev/null
 ln -sf "$venv/bin/dlsub" /usr/local/bin/dlsub
 rm -rf "$DLSUB_PREFIX/examples"

@@ -18,6 +18,10 @@ repo="$(dirname "$here")"
 # `make lint` runs shellcheck; the unit tests run job_submit.lua under lua5.1 as slurmctld would.
 packages=(slurm-wlm slurm-client slurmdbd mariadb-server munge podman runc uidmap slirp4netns fuse-overlayfs
           debootstrap python3 python3-venv ca-certificates procps acl shellcheck lua5.1)
+# The dashboard's browser tests drive Debian's Chromium (Playwright downloads no browser here);
+# npm fetches htmx from the npm registry when dlsub is installed (nodejs may ship npm itself).
+packages+=(chromium)
+command -v npm >/dev/null || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import subprocess
 import tempfile
 import time
@@ -139,3 +140,14 @@ def why_as_agent(job: str, db: Path) -> str:
     if result.returncode != 0:
         raise AssertionError(f"dlsub why failed: {result.stdout}\n{result.stderr}")
     return result.stdout
+
+
+def sinfo_gpus() -> dict[str, int]:
+    """GPUs per partition as sinfo counts them (one line per node and partition)."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P %G"], capture_output=True, text=True, check=True).stdout
+    gpus: dict[str, int] = {}
+    for line in out.splitlines():
+        _node, partition, gres = line.split()
+        found = re.search(r"gpu(?::[^:,(]+)?:(\d+)", gres)
+        gpus[partition.rstrip("*")] = gpus.get(partition.rstrip("*"), 0) + (int(found.group(1)) if found else 0)
+    return gpus

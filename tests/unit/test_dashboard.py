@@ -1,0 +1,199 @@
+"""Unit, against the stateful fake Slurm (no browser): the dashboard's token gate, that a user sees only
+their own jobs (another's id is a 404; an admin sees both), the pages' contents (progress, the loss
+chart's drawn points, the cluster's partitions and GPUs, the simulate page), and the SVG charts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+
+from dlsub.agent.cli import main
+from dlsub.agent.config import Settings
+from dlsub.agent.policy_file import AgentPolicy
+from dlsub.dashboard import charts
+from dlsub.dashboard.app import AppConfig, create_app
+from dlsub.dashboard.auth import TokenFileError, cookie_name, read_token_file
+from dlsub.dashboard.cli import banner
+from dlsub.dashboard.data import Dashboard, Viewer, curves
+from dlsub.slurm_plugins.client import SlurmClient
+from dlsub.slurm_plugins.fake import FakeSlurm
+
+TOKEN = "t0ken-" + "x" * 30
+PORT = 8123
+
+
+def submit(fake: FakeSlurm, tmp_path: Path, home: Path, name: str) -> dict[str, object]:
+    os.environ["DLSUB_HOME"] = str(home)
+    script = tmp_path / f"{name}.py"
+    script.write_text("print('training')\n")
+    out = json.loads(CliRunner().invoke(main, ["--json", "-J", name, str(script)], catch_exceptions=False).stdout)
+    return out
+
+
+def progress(job_dir: Path, steps: int, total: int = 100) -> None:
+    now = time.time() - steps
+    lines = [{"event": "progress", "time": now + i, "step": i * 10, "loss": 2.0 / (i + 1), "samples": i * 320,
+              "total_steps": total, "attempt": "a-0"} for i in range(1, steps + 1)]
+    (job_dir / "progress.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+
+
+@pytest.fixture
+def world(cli_env: FakeSlurm, tmp_path: Path) -> dict[str, object]:
+    """Two users' stores: mine with a running job at 50 %, another's with a job of their own."""
+    mine, theirs = tmp_path / "me", tmp_path / "them"
+    job = submit(cli_env, tmp_path, mine, "mine")
+    other = submit(cli_env, tmp_path, theirs, "theirs")
+    os.environ["DLSUB_HOME"] = str(mine)
+    cli_env.set_job_state(int(job["slurm_job_id"]), "RUNNING", nodes="cpu1")  # type: ignore[call-overload]
+    progress(Path(str(job["job_dir"])), 5)
+    return {"fake": cli_env, "job": job, "other": other, "mine": mine, "theirs": theirs, "tmp": tmp_path}
+
+
+def client_for(world: dict[str, object], admin: bool = False) -> TestClient:
+    fake = world["fake"]
+    assert isinstance(fake, FakeSlurm)
+    tmp = world["tmp"]
+    assert isinstance(tmp, Path)
+    theirs = world["theirs"]
+    assert isinstance(theirs, Path)
+    policy = AgentPolicy(socket=str(tmp / "no-agent.sock"))
+    board = Dashboard(Viewer(os.getuid(), "me", admin), Settings(home=Path(str(world["mine"]))), policy,
+                      client_factory=lambda: SlurmClient(runner=fake),
+                      stores=lambda uid: [("them", theirs / "dlsub.db")])
+    return TestClient(create_app(AppConfig(token=TOKEN, port=PORT, dashboard=board)))
+
+
+def test_no_token_is_refused_and_shows_no_job(world: dict[str, object]) -> None:
+    client = client_for(world)
+    job_id = str(world["job"]["id"])  # type: ignore[index]
+    for path in ("/", f"/jobs/{job_id}", "/fragments/jobs", "/cluster", "/simulate"):
+        response = client.get(path)
+        assert response.status_code == 403, path
+        assert job_id not in response.text and "mine" not in response.text
+        assert "<label for=\"token\">" in response.text
+    wrong = client.get("/?token=nope", follow_redirects=False)
+    assert wrong.status_code == 403 and "not this dashboard" in wrong.text
+    # A cookie of another port's dashboard is no key here either.
+    client.cookies.set(cookie_name(PORT + 1), TOKEN)
+    assert client.get("/").status_code == 403
+
+
+def test_the_token_sets_a_cookie_and_leaves_the_url(world: dict[str, object]) -> None:
+    client = client_for(world)
+    response = client.get("/?token=" + TOKEN + "&since=all", follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/?since=all"
+    set_cookie = response.headers["set-cookie"].lower()
+    assert "httponly" in set_cookie and "samesite=strict" in set_cookie
+    page = client.get("/")
+    assert page.status_code == 200
+    assert client.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def test_my_jobs_shows_mine_with_progress_and_not_theirs(world: dict[str, object]) -> None:
+    client = client_for(world)
+    client.get("/?token=" + TOKEN)
+    page = client.get("/").text
+    job, other = world["job"], world["other"]
+    assert f'href="/jobs/{job["id"]}"' in page  # type: ignore[index]
+    assert str(other["id"]) not in page  # type: ignore[index]
+    assert re.search(rf'<progress id="progress-{job["id"]}" max="100" value="50"', page)  # type: ignore[index]
+    assert "<title>My jobs · dlsub</title>" in page
+    assert '<label for="since">' in page
+    fragment = client.get("/fragments/jobs").text
+    assert "<html" not in fragment and f'progress-{job["id"]}' in fragment  # type: ignore[index]
+
+
+def test_another_users_job_is_404_and_an_admin_sees_it(world: dict[str, object]) -> None:
+    other_id = str(world["other"]["id"])  # type: ignore[index]
+    client = client_for(world)
+    client.get("/?token=" + TOKEN)
+    response = client.get(f"/jobs/{other_id}")
+    assert response.status_code == 404 and "theirs" not in response.text
+    assert client.get(f"/fragments/jobs/{other_id}").status_code == 404
+    assert client.get("/jobs/../../etc").status_code == 404
+    admin = client_for(world, admin=True)
+    admin.get("/?token=" + TOKEN)
+    assert admin.get(f"/jobs/{other_id}").status_code == 200
+    assert other_id in admin.get("/").text
+
+
+def test_the_job_page_draws_the_loss_curve(world: dict[str, object]) -> None:
+    client = client_for(world)
+    client.get("/?token=" + TOKEN)
+    page = client.get(f"/jobs/{world['job']['id']}").text  # type: ignore[index]
+    loss_svg = re.search(r'<svg id="loss-chart".*?</svg>', page, re.S)
+    assert loss_svg is not None
+    assert loss_svg.group(0).count('class="point"') == 5, "one point per progress report with a loss"
+    speed_svg = re.search(r'<svg id="throughput-chart".*?</svg>', page, re.S)
+    assert speed_svg is not None and speed_svg.group(0).count('class="point"') == 4
+    assert "the agent does not answer" in page  # no agent in a unit test: said, not hidden
+
+
+def test_the_cluster_page_shows_partitions_and_gpus(world: dict[str, object]) -> None:
+    client = client_for(world)
+    client.get("/?token=" + TOKEN)
+    page = client.get("/cluster").text
+    for name in ("cpu", "gpu", "gpu-dev"):
+        assert f'data-partition="{name}"' in page
+    gpu_row = re.search(r'data-partition="gpu">.*?</tr>', page, re.S)
+    assert gpu_row is not None and '<td class="gpus">8</td>' in gpu_row.group(0)
+    assert "The agent is not answering" in page
+
+
+def test_the_simulate_page_runs_a_shipped_workload_and_refuses_others(world: dict[str, object]) -> None:
+    client = client_for(world)
+    client.get("/?token=" + TOKEN)
+    page = client.get("/simulate", params={"workload": "pollux/workloads-0.5/workload-1.csv",
+                                           "policy": ["fifo", "tiresias"]})
+    assert page.status_code == 200, page.text
+    jct = re.search(r'<svg id="jct-cdf".*?</svg>', page.text, re.S)
+    assert jct is not None and jct.group(0).count('class="point"') > 50
+    assert 'data-series="fifo"' in jct.group(0) and 'data-series="tiresias"' in jct.group(0)
+    bad = client.get("/simulate", params={"workload": "/etc/passwd", "policy": "fifo"})
+    assert bad.status_code == 400 and "unknown workload" in bad.text
+    many = client.get("/simulate", params={"workload": "pollux/workloads-0.5/workload-1.csv",
+                                           "policy": ["fifo", "rr", "efifo", "gang", "tiresias"]})
+    assert many.status_code == 400 and "at most" in many.text
+
+
+def test_charts_draw_every_point_and_escape_names() -> None:
+    svg = charts.line_chart([charts.Series("<script>x</script>", [(0, 1), (1, 2), (2, 1.5)])],
+                            title="Loss", x_label="step", y_label="loss", chart_id="c")
+    assert svg.count('class="point"') == 3 and "<script>" not in svg
+    empty = charts.line_chart([], title="Loss", x_label="step", y_label="loss", chart_id="c")
+    assert "no data yet" in empty and 'class="point"' not in empty
+    assert len(charts.thin([(float(i), 0.0) for i in range(5000)], 100)) == 100
+
+
+def test_curves_split_attempts() -> None:
+    events = [{"event": "progress", "time": 1e9 + i, "step": i, "loss": 1.0 / (i + 1), "attempt": a}
+              for a, steps in (("x-0", range(0, 3)), ("x-1", range(3, 6))) for i in steps]
+    loss, speed, unit = curves(events)
+    assert list(loss) == ["x-0", "x-1"] and len(loss["x-1"]) == 3
+    assert unit == "steps/s" and all(rate == 1.0 for _, rate in speed["x-0"])
+
+
+def test_token_file_must_be_private(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("s3cret-" + "y" * 30 + "\n")
+    path.chmod(0o644)
+    with pytest.raises(TokenFileError, match="open to every user"):
+        read_token_file(path)
+    path.chmod(0o640)
+    assert read_token_file(path) == "s3cret-" + "y" * 30
+    path.write_text("short")
+    with pytest.raises(TokenFileError, match="16 or more"):
+        read_token_file(path)
+
+
+def test_banner_has_the_url_and_the_ssh_line() -> None:
+    text = banner(8123, "abc", "login1.example", "alice")
+    assert "http://127.0.0.1:8123/?token=abc" in text
+    assert "ssh -N -L 8123:127.0.0.1:8123 alice@login1.example" in text

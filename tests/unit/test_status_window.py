@@ -1,0 +1,92 @@
+"""Unit, against the fake Slurm: `dlsub status` lists jobs alive or ended in the last day by default,
+`--all` every job, `--since DATE` from a date, and a named JOB however old; the progress bar."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dlsub.agent.cli import main
+from dlsub.agent.jobdir import Progress
+from dlsub.agent.status_window import SinceError, fraction_done, parse_since, progress_bar
+from dlsub.agent.user_store import JobStore
+from dlsub.slurm_plugins.fake import FakeSlurm
+
+
+def invoke(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def ids(*args: str) -> list[str]:
+    result = invoke("status", "--json", *args)
+    assert result.exit_code == 0, result.output
+    return [row["id"] for row in json.loads(result.stdout)]
+
+
+@pytest.fixture
+def three_jobs(cli_env: FakeSlurm, tmp_path: Path) -> dict[str, str]:
+    """A running job, one that ended an hour ago and one that ended three days ago (by the store's record)."""
+    script = tmp_path / "main.py"
+    script.write_text("print('training')\n")
+    made = {}
+    for name in ("running", "recent", "old"):
+        out = json.loads(invoke("--json", "-J", name, str(script)).stdout)
+        made[name] = out["id"]
+        cli_env.set_job_state(out["slurm_job_id"], "RUNNING" if name == "running" else "COMPLETED", nodes="cpu1")
+    store = JobStore(tmp_path / "dlsub-home" / "dlsub.db")
+    now = time.time()
+    store.observe(made["recent"], "COMPLETED", now=now - 3600)
+    store.observe(made["old"], "COMPLETED", now=now - 3 * 86400)
+    store.update(made["old"], submitted_at=now - 4 * 86400)
+    return made
+
+
+def test_default_shows_alive_and_ended_in_the_last_day(three_jobs: dict[str, str]) -> None:
+    shown = ids()
+    assert three_jobs["running"] in shown and three_jobs["recent"] in shown
+    assert three_jobs["old"] not in shown
+
+
+def test_all_and_since_and_a_named_job(three_jobs: dict[str, str]) -> None:
+    assert sorted(ids("--all")) == sorted(three_jobs.values())
+    assert three_jobs["old"] in ids("--since", "5d")
+    day = time.strftime("%Y-%m-%d", time.localtime(time.time() - 5 * 86400))
+    assert three_jobs["old"] in ids("--since", day)
+    assert three_jobs["recent"] not in ids("--since", "30m")
+    named = json.loads(invoke("status", three_jobs["old"], "--json").stdout)
+    assert named["id"] == three_jobs["old"] and named["state"] == "COMPLETED"
+
+
+def test_table_says_how_to_see_older_jobs(cli_env: FakeSlurm, three_jobs: dict[str, str]) -> None:
+    result = invoke("status", "--since", "1m")
+    assert result.exit_code == 0
+    assert three_jobs["running"] in result.stdout and three_jobs["old"] not in result.stdout
+
+
+def test_bad_since_exits_2_with_what_to_write(cli_env: FakeSlurm) -> None:
+    result = CliRunner().invoke(main, ["status", "--since", "last tuesday"])
+    assert result.exit_code == 2 and "2026-11-20" in result.output and "12h" in result.output
+    result = CliRunner().invoke(main, ["status", "--since", "1d", "--all"])
+    assert result.exit_code == 2 and "not both" in result.output
+
+
+def test_parse_since() -> None:
+    now = 1_800_000_000.0
+    assert parse_since("12h", now) == now - 12 * 3600
+    assert parse_since("2d", now) == now - 2 * 86400
+    assert parse_since("2026-11-20T00:00:00+00:00", now) == 1_795_132_800.0
+    with pytest.raises(SinceError):
+        parse_since("yesterday", now)
+
+
+def test_progress_bar_and_fraction() -> None:
+    assert fraction_done(Progress(step=25, total_steps=100)) == 0.25
+    assert fraction_done(Progress(epoch=1.0, total_epochs=4)) == 0.25
+    assert fraction_done(Progress(step=25)) is None
+    assert fraction_done(Progress(finished=True)) == 1.0
+    assert progress_bar(0.25, width=8) == "[##------]  25%"
+    assert progress_bar(None) == "-"
