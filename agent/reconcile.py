@@ -313,6 +313,7 @@ class Agent:
                 observed.append(seen)
         self._seen = {s.job.job_id: s for s in observed}
         pending_gpus: dict[str, int] = {}
+        pending_per_node: dict[str, int] = {}
         for job in slurm_jobs:
             if (job.state == "PENDING" and not job.held and job.gpus_per_node and job.user_id is not None
                     and (job.user_id, job.job_id) not in moves and job.job_id not in worker_ids
@@ -320,6 +321,7 @@ class Agent:
                 wanted = job.gpus_per_node * max(1, job.node_count)
                 for name in job.partition.split(","):
                     pending_gpus[name] = pending_gpus.get(name, 0) + wanted
+                    pending_per_node[name] = max(pending_per_node.get(name, 0), job.gpus_per_node)
         parts = []
         for p in partitions:
             up_nodes = tuple((n.name, n.idle_gpus, n.idle_cpus) for n in p.nodes if n.usable)
@@ -330,8 +332,8 @@ class Agent:
             ))
         infos = [s.info for s in observed if s.info is not None]
         elastic = self._elastic_jobs(followed, workers, rows, bindings, moves)
-        rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0))
-                 for p in partitions]
+        rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0),
+                      pending_per_node.get(p.name, 0)) for p in partitions]
         return Observation(infos, parts, self.window_at(now), usage, skipped + self._unread, late, elastic, rooms)
 
     @staticmethod

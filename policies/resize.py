@@ -97,10 +97,18 @@ class Room:
     name: str
     nodes: tuple[tuple[str, int], ...]  # (node, idle GPUs) of every usable node
     waiting_gpus: int = 0  # GPUs wanted by jobs waiting there (not held, not ours to overtake)
+    waiting_per_node: int = 0  # the most GPUs on one node that one of them wants
 
     @property
     def idle_gpus(self) -> int:
         return sum(g for _, g in self.nodes)
+
+    def short_of_gpus(self, freed: int = 0) -> bool:
+        """Whether jobs wait here that the idle GPUs cannot start: too few in all, or none on one node."""
+        if self.waiting_gpus <= 0:
+            return False
+        return (self.waiting_gpus > self.idle_gpus + freed
+                or not any(g >= self.waiting_per_node for _, g in self.nodes))
 
 
 @dataclass(frozen=True)
@@ -120,9 +128,10 @@ def _shrinks(job: ElasticJob, rooms: dict[str, Room]) -> list[Resize]:
     freed: dict[str, int] = {}
     for worker in running:
         for room in rooms.values():
-            names = {n for n, _ in room.nodes}
-            short = room.waiting_gpus - room.idle_gpus - freed.get(room.name, 0)
-            if short > 0 and names.intersection(worker.nodes):
+            idle = dict(room.nodes)
+            # Only a node that the waiting jobs could then use is worth freeing.
+            helps = any(n in idle and idle[n] + job.gpus_per_node >= room.waiting_per_node for n in worker.nodes)
+            if helps and room.short_of_gpus(freed.get(room.name, 0)) and room.name not in freed:
                 freed[room.name] = freed.get(room.name, 0) + job.gpus_per_node
                 out.append(Resize(SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle, reason=(
                     f"shrinking to {job.nodes_now - len(out) - 1} node(s): jobs waiting on {room.name} need "
@@ -155,7 +164,7 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         by_partition.setdefault(job.partition, []).append(job)
     for name, group in by_partition.items():
         room = by_name.get(name)
-        if room is None or room.waiting_gpus >= room.idle_gpus:
+        if room is None or room.waiting_gpus >= room.idle_gpus or room.short_of_gpus():
             continue
         per_node = max(1, max(j.gpus_per_node for j in group))
         free = [Node(n, g, partition=name) for n, g in room.nodes if g >= per_node]

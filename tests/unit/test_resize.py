@@ -44,21 +44,21 @@ def test_no_growth_past_max_or_while_a_released_worker_is_still_starting() -> No
 
 def test_a_waiting_job_that_needs_the_node_shrinks_the_job_back() -> None:
     job = elastic((running("900_0", "gpu2"),))
-    waiting = Room("gpu", (("gpu1", 0), ("gpu2", 0)), waiting_gpus=4)
+    waiting = Room("gpu", (("gpu1", 0), ("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
     (action,) = plan_resizes([job], [waiting])
     assert action.kind == SHRINK and action.worker == "900_0"
-    assert "jobs waiting on gpu need 4 GPU(s) and 0 are idle" in action.reason
+    assert "jobs waiting on gpu need 4 GPU(s) and 2 are idle" in action.reason
 
 
 def test_a_worker_on_a_node_the_waiting_job_cannot_use_stays() -> None:
     job = elastic((running("900_0", "gpu2"),))
-    elsewhere = Room("cpu", (("cpu1", 0),), waiting_gpus=4)
+    elsewhere = Room("cpu", (("cpu1", 0),), waiting_gpus=4, waiting_per_node=4)
     assert plan_resizes([job], [GPU, elsewhere]) == []
 
 
 def test_only_as_many_workers_leave_as_the_waiting_jobs_need() -> None:
     job = elastic((running("900_0", "gpu2", start=100), running("900_1", "gpu1", start=200)), max_nodes=3)
-    room = Room("gpu", (("gpu1", 0), ("gpu2", 0)), waiting_gpus=2)
+    room = Room("gpu", (("gpu1", 0), ("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
     (action,) = plan_resizes([job], [room])
     assert action.kind == SHRINK and action.worker == "900_1", "the newest worker leaves first"
 
@@ -84,3 +84,12 @@ def test_the_oldest_job_grows_first_under_fifo() -> None:
 def test_a_job_that_is_moving_or_pending_is_not_resized() -> None:
     assert plan_resizes([elastic(pool(), moving=True)], [GPU]) == []
     assert plan_resizes([elastic(pool(), state="PENDING")], [GPU]) == []
+
+
+def test_a_waiting_job_that_needs_a_whole_node_shrinks_a_job_spread_over_two() -> None:
+    """4 GPUs idle in all, 2 on each node: a job wanting 4 on one node cannot start until a worker leaves."""
+    job = elastic((running("900_0", "gpu2"),))
+    split = Room("gpu", (("gpu1", 2), ("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
+    (action,) = plan_resizes([job], [split])
+    assert action.kind == SHRINK and action.worker == "900_0"
+    assert plan_resizes([elastic(pool())], [split]) == [], "and nothing grows onto them meanwhile"
