@@ -40,6 +40,7 @@ from dlsub.containers.podman import ImageError
 from dlsub.contract import JobState, output_file
 from dlsub.dashboard.cli import dashboard
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable
+from dlsub.slurm_plugins.models import SlurmJob
 from dlsub.slurm_plugins.timespec import TimeSpecError, parse_time_limit
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -289,13 +290,19 @@ def _statuses(client: SlurmClient, store: JobStore, records: list[JobRecord]) ->
     final: a job once seen COMPLETED is not shown UNKNOWN after Slurm forgets it.
     """
     ids = {r.slurm_job_id for r in records if r.slurm_job_id is not None}
-    slurm = {j.job_id: j for j in client.jobs() if j.job_id in ids} if ids else {}
+    arrays = {r.worker_array_id for r in records if r.worker_array_id is not None}
+    listed = client.jobs() if ids else []
+    slurm = {j.job_id: j for j in listed if j.job_id in ids}
+    workers: dict[int, list[SlurmJob]] = {}
+    for job in listed:
+        if job.array_job_id in arrays:
+            workers.setdefault(job.array_job_id or 0, []).append(job)
     gone = sorted(ids - set(slurm))
     if gone:
         slurm.update({j.job_id: j for j in client.accounting(gone)})
     rows = []
     for record in records:
-        row = job_status(record, slurm.get(record.slurm_job_id or -1))
+        row = job_status(record, slurm.get(record.slurm_job_id or -1), workers.get(record.worker_array_id or -1))
         shown = store.observed(record.id, row.state)
         rows.append(row if shown.value == row.state else dataclasses.replace(row, state=shown.value))
     return rows

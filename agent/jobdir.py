@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.contract import (
+    ACTION_LEAVE,
     ACTION_MOVE,
     ACTION_REQUEUE,
     ATTEMPTS_FILE,
@@ -265,6 +266,8 @@ _PROGRESS_FIELDS: tuple[tuple[str, Any, tuple[Any, ...]], ...] = (
     ("total_epochs", _int, (1, MAX_EPOCH)),
     ("seq", _int, (0, MAX_STEP)),
     ("attempt", _text, ()),
+    ("world_size", _int, (1, 10**6)),  # start events: the group's size (elastic jobs change it)
+    ("nodes", _int, (1, 10**5)),
 )
 
 
@@ -290,7 +293,7 @@ def check_attempt_event(raw: dict[str, Any]) -> dict[str, Any] | None:
         if event not in (EVENT_START, EVENT_END):
             return None
         action = _opt(raw, "action", _text)
-        if action not in (None, ACTION_REQUEUE, ACTION_MOVE):
+        if action not in (None, ACTION_REQUEUE, ACTION_MOVE, ACTION_LEAVE):
             return None
         checked = {
             "event": event,
@@ -304,6 +307,7 @@ def check_attempt_event(raw: dict[str, Any]) -> dict[str, Any] | None:
             "partition": _opt(raw, "partition", _text),
             "nodes": _opt(raw, "nodes", _text, 4096),
             "gpus": _opt(raw, "gpus", _text, 4096),
+            "role": _opt(raw, "role", _text),
         }
         return {k: v for k, v in checked.items() if v is not None}
     except _BadField:
@@ -506,6 +510,10 @@ def summarize_progress(job_dir: Path) -> Progress:
     for event in _read_checked(job_dir, PROGRESS_FILE, check_progress_event):
         summary.feed(event)
     return summary.progress()
+
+
+def read_progress_events(job_dir: Path) -> list[dict[str, Any]]:
+    return _read_checked(job_dir, PROGRESS_FILE, check_progress_event)
 
 
 def read_attempts(job_dir: Path) -> list[dict[str, Any]]:

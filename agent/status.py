@@ -7,11 +7,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dlsub.agent.jobdir import Progress, read_attempts, summarize_progress
+from dlsub.agent.jobdir import Progress, read_attempts, read_progress_events, summarize_progress
 from dlsub.agent.status_extra import job_extra
 from dlsub.agent.user_store import JobRecord
 from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE, EVENT_END, EVENT_START, JobState
-from dlsub.slurm_plugins.models import SlurmJob
+from dlsub.slurm_plugins.models import SlurmJob, expand_nodes
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,14 @@ class JobStatus:
     target_step: int | None = None
     loss_eta_s: float | None = None
     eta_confidence: float | None = None
+    # A gang's size now (training processes), every node it runs on (the main
+    # job's and its running workers'), an elastic job's range, and each time
+    # its training started at another size than before.
+    world_size: int | None = None
+    node_list: tuple[str, ...] = ()
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    resizes: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,11 +69,24 @@ def _state_without_slurm(record: JobRecord, attempts: list[dict[str, Any]], prog
     return JobState.UNKNOWN
 
 
-def job_status(record: JobRecord, slurm: SlurmJob | None) -> JobStatus:
+def resize_history(starts: list[dict[str, Any]]) -> tuple[int | None, tuple[dict[str, Any], ...]]:
+    """The world size of the last training start, and every start at another size than the one before."""
+    sized = [e for e in starts if e.get("world_size")]
+    history = []
+    for before, after in zip(sized, sized[1:], strict=False):
+        if after["world_size"] != before["world_size"] or after.get("nodes") != before.get("nodes"):
+            history.append({"time": after["time"], "world_size": after["world_size"], "nodes": after.get("nodes"),
+                            "from_world_size": before["world_size"], "from_nodes": before.get("nodes")})
+    return (sized[-1]["world_size"] if sized else None), tuple(history)
+
+
+def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob] | None = None) -> JobStatus:
+    """``workers``: Slurm's view of an elastic job's worker tasks (its nodes count as the job's)."""
     job_dir = Path(record.job_dir)
     progress = summarize_progress(job_dir)
     attempts = read_attempts(job_dir)
-    started = {(a.get("slurm_job_id"), a.get("restart")) for a in attempts if a.get("event") == EVENT_START}
+    started = {(a.get("slurm_job_id"), a.get("restart")) for a in attempts
+               if a.get("event") == EVENT_START and a.get("role", "main") == "main"}
     if slurm is not None:
         state = JobState.from_slurm(slurm.state)
         if record.cancelled_at and state in (JobState.CANCELLED, JobState.FAILED, JobState.UNKNOWN):
@@ -86,6 +107,11 @@ def job_status(record: JobRecord, slurm: SlurmJob | None) -> JobStatus:
         # The last report is a little old by now; count that time as done.
         eta = max(0.0, eta - max(0.0, time.time() - progress.last_time))
     extra = job_extra(job_dir, attempts, record.nodes, progress.steps_per_s)
+    world_size, resizes = resize_history([e for e in read_progress_events(job_dir) if e["event"] == EVENT_START])
+    node_list = [*expand_nodes(nodes)] if state == JobState.RUNNING else []
+    for worker in workers or ():
+        if worker.state == "RUNNING":
+            node_list += expand_nodes(worker.nodes)
     return JobStatus(
         id=record.id,
         slurm_job_id=record.slurm_job_id,
@@ -110,6 +136,11 @@ def job_status(record: JobRecord, slurm: SlurmJob | None) -> JobStatus:
         target_step=extra.target_step,
         loss_eta_s=extra.loss_eta_s if state == JobState.RUNNING else None,
         eta_confidence=extra.eta_confidence,
+        world_size=world_size,
+        node_list=tuple(node_list),
+        min_nodes=record.nodes,
+        max_nodes=record.max_nodes,
+        resizes=resizes,
     )
 
 
