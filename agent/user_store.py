@@ -52,7 +52,8 @@ class JobRecord:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JobRecord:
-        row = dict(row)
+        # Columns a newer dlsub added are left out: its store still reads after a downgrade.
+        row = {k: v for k, v in row.items() if k in cls.__dataclass_fields__}
         row["args"] = json.loads(row["args"])
         return cls(**row)
 

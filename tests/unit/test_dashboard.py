@@ -197,3 +197,17 @@ def test_banner_has_the_url_and_the_ssh_line() -> None:
     text = banner(8123, "abc", "login1.example", "alice")
     assert "http://127.0.0.1:8123/?token=abc" in text
     assert "ssh -N -L 8123:127.0.0.1:8123 alice@login1.example" in text
+
+
+def test_the_systemd_unit_runs_a_command_that_exists() -> None:
+    """etc/systemd/dlsub-dashboard.service's ExecStart parses as `dlsub dashboard` options."""
+    import shlex
+
+    from dlsub.dashboard.cli import dashboard
+
+    unit = (Path(__file__).resolve().parents[2] / "etc" / "systemd" / "dlsub-dashboard.service").read_text()
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    argv = shlex.split(line.removeprefix("ExecStart="))
+    assert argv[1] == "dashboard"
+    ctx = dashboard.make_context("dashboard", argv[2:])
+    assert ctx.params["token_file"] == Path("/etc/dlsub/dashboard.token") and ctx.params["port"] == 8765
