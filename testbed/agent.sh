@@ -21,7 +21,7 @@ start() {
     # A daemon keeps no descriptor it was not meant to: one inherited from
     # whoever started it (a lock held by a test run, say) would outlive them.
     local fd
-    for fd in /proc/$$/fd/*; do
+    for fd in "/proc/$$/fd"/*; do
         fd="${fd##*/}"
         if [ "$fd" -gt 2 ] && [ "$fd" != 255 ]; then
             eval "exec ${fd}>&-"
