@@ -128,6 +128,10 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
 @click.option("--nodes", default=None,
               help="Nodes, one container each, under one torchrun rendezvous; MIN:MAX: elastic, the agent grows "
                    "and shrinks the job between them [default: 1].")
+@click.option("--cpu-nodes", type=int, default=None,
+              help="Beside the GPU trainers, this many CPU nodes running the same script with run.role == 'cpu' "
+                   "(data loading, evaluation, a parameter server); one heterogeneous job, started all together.")
+@click.option("--cpu-partition", default=None, help="Partition of the --cpu-nodes [default: one without GPUs].")
 @click.option("--cpus", type=int, default=None, help="CPUs for the job [default: 2, or $DLSUB_CPUS].")
 @click.option("--mem", "mem", default=None, help="Memory per node, Slurm syntax (4096, 512M, 4G) [default: 4G].")
 @click.option("--time", "time_limit", default=None,
@@ -151,7 +155,8 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @friendly_errors
 def submit(
-    gpus: str | None, gpus_per_node: int | None, nodes: str | None, cpus: int | None,
+    gpus: str | None, gpus_per_node: int | None, nodes: str | None, cpu_nodes: int | None,
+    cpu_partition: str | None, cpus: int | None,
     mem: str | None, time_limit: str | None, partition: str | None,
     image: str | None, name: str | None, mode: str | None, dry_run: bool, as_json: bool,
     from_estimate: str | None, choice: int | None, target_loss: float | None, script: Path | None,
@@ -165,6 +170,7 @@ def submit(
     comment block (e.g. `#DLSUB --gpus 2 --time 1:00:00`); the command line wins.
     """
     values: dict[str, Any] = {"gpus": gpus, "gpus_per_node": gpus_per_node, "nodes": nodes, "cpus": cpus,
+                              "cpu_nodes": cpu_nodes, "cpu_partition": cpu_partition,
                               "mem": mem, "time_limit": time_limit,
                               "partition": partition, "image": image, "name": name, "mode": mode,
                               "dry_run": dry_run, "as_json": as_json}
@@ -185,7 +191,7 @@ def submit(
     settings, client, store = _context()
     request = SubmitRequest(
         script=script, args=tuple(args), gpus=shape.gpus_per_node, nodes=shape.nodes, max_nodes=shape.max_nodes,
-        cpus=values["cpus"],
+        cpus=values["cpus"], cpu_nodes=values["cpu_nodes"] or 0, cpu_partition=values["cpu_partition"],
         mem_mb=values["mem_mb"], time_limit_min=values["limit"], partition=values["partition"],
         image=values["image"], name=values["name"], workdir=Path.cwd(),
         mode=values["mode"] or policy.default_mode,

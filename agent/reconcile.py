@@ -490,7 +490,7 @@ class Agent:
             backfilled_from=data.get("backfilled_from"), backfilled_limit_min=data.get("backfilled_limit_min"),
             time_limit_min=request.get("time_limit_min"), move=move, uid=row.uid,
             restart_count=job.restart_count, requeues=attempts.requeues, ran_s=progress.ran_s,
-            gang=job.node_count > 1 or bool(request.get("nodes")),
+            gang=job.node_count > 1 or bool(request.get("nodes")) or bool(job.extra.get("het_job_id")),
         )
         data["partition"] = job.partition
         if job.state == "RUNNING" and data.get("attempt_seen") != job.restart_count:

@@ -48,6 +48,9 @@ class SubmitRequest:
     max_continuations: int = 20
     # An elastic job's most nodes (``--nodes MIN:MAX``): ``nodes`` is MIN.
     max_nodes: int | None = None
+    # A CPU component of this many nodes beside the trainers (one heterogeneous job).
+    cpu_nodes: int = 0
+    cpu_partition: str | None = None  # default: the site's cpu-role partition, else one without GPUs
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,12 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     if req.max_nodes is not None and req.max_nodes <= req.nodes:
         raise SubmitError(f"--nodes {req.nodes}:{req.max_nodes}: an elastic range needs MIN < MAX "
                           f"(or give one number for a fixed size)")
-    gang = req.nodes > 1 or req.max_nodes is not None
+    if req.cpu_nodes < 0:
+        raise SubmitError(f"--cpu-nodes must be 0 or more, not {req.cpu_nodes}")
+    if req.cpu_nodes and req.max_nodes is not None:
+        raise SubmitError("--cpu-nodes cannot go with an elastic --nodes MIN:MAX: Slurm's heterogeneous jobs "
+                          "cannot be job arrays; give a fixed --nodes")
+    gang = req.nodes > 1 or req.max_nodes is not None or req.cpu_nodes > 0
     if gang and req.mode == "immediate" and req.partition is None:
         # A gang does not start on CPU nodes to be moved later: the agent resizes it instead.
         req = dataclasses.replace(req, mode="ideal")
@@ -141,6 +149,9 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         max_continuations=max(0, req.max_continuations),
         elastic=(req.nodes, req.max_nodes) if req.max_nodes is not None else None,
     )
+    if req.cpu_nodes:
+        batch = dataclasses.replace(batch, cpu_nodes=req.cpu_nodes, cpu_cpus=cpus, cpu_mem_mb=mem_mb,
+                                    cpu_partition=_cpu_partition(client, req, cpus, mem_mb))
     workers = None
     if batch.elastic is not None:
         # The workers wait, held, on the partition the job runs on; each is one node of the same shape.
@@ -151,6 +162,29 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
                   ("nodes", tags["nodes"])))
         render_sbatch(workers)  # a worker script that cannot be rendered fails the plan, before anything is written
     return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers)
+
+
+def _cpu_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb: int) -> str:
+    """Where a heterogeneous job's CPU component runs: the one asked for, else the first partition
+    without GPUs that has enough nodes for it."""
+    parts = client.partitions()
+    names = [p.name for p in parts]
+    if req.cpu_partition is not None and req.cpu_partition not in names:
+        raise SubmitError(f"--cpu-partition: unknown partition {req.cpu_partition!r}; this cluster has: "
+                          f"{', '.join(names)}")
+    for p in parts:
+        if req.cpu_partition is not None and p.name != req.cpu_partition:
+            continue
+        if req.cpu_partition is None and p.max_gpus_per_node:
+            continue
+        fit = [n for n in p.nodes if n.cpus >= cpus and n.real_memory_mb >= mem_mb]
+        if len(fit) >= req.cpu_nodes:
+            return p.name
+        if req.cpu_partition is not None:
+            raise SubmitError(f"--cpu-nodes {req.cpu_nodes}: partition {p.name} has {len(fit)} node(s) with "
+                              f"{cpus} CPUs and {mem_mb} MB")
+    raise SubmitError(f"--cpu-nodes {req.cpu_nodes}: no partition without GPUs has {req.cpu_nodes} node(s) with "
+                      f"{cpus} CPUs and {mem_mb} MB; name one with --cpu-partition")
 
 
 def _write_new(path: Path, text: str) -> None:

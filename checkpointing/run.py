@@ -74,6 +74,12 @@ class Run:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         #: Nodes in the group now (torchrun's GROUP_WORLD_SIZE; 1 off-cluster).
         self.nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+        #: "trainer", or "cpu" in a heterogeneous job's CPU component (``dlsub --cpu-nodes N``):
+        #: the same script runs there, once per node, beside the GPU trainers.
+        self.role = os.environ.get("DLSUB_ROLE") or "trainer"
+        #: A heterogeneous job's parts: the trainers' and the CPU component's nodes.
+        self.trainer_nodes = _hostlist("DLSUB_TRAINER_NODES")
+        self.cpu_nodes = _hostlist("DLSUB_CPU_NODES")
         self._resized: bool | None = None
         self.stop_reason: str | None = None
         self._seq = 0
@@ -90,8 +96,8 @@ class Run:
     # ------------------------------------------------------------------ identity
     @property
     def is_main(self) -> bool:
-        """Rank 0: the one process that writes checkpoints and progress."""
-        return self.rank == 0
+        """Rank 0 of the trainers: the one process that writes checkpoints and progress."""
+        return self.rank == 0 and self.role == "trainer"
 
     @property
     def resized(self) -> bool:
@@ -367,6 +373,12 @@ class _Profile:
         if self.first is None:
             self.first = now
         return step >= self.steps and now - self.first >= self.seconds
+
+
+def _hostlist(variable: str) -> list[str]:
+    from dlsub.slurm_plugins.models import expand_nodes
+
+    return expand_nodes(os.environ.get(variable, ""))
 
 
 def _as_step(value: Any) -> int | None:

@@ -94,6 +94,9 @@ class ContainerSpec:
     # the c10d rendezvous the batch script sets up; None: --standalone.
     nnodes: str | None = None
     rendezvous_id: str = ""
+    # Run the script with plain python3 (one process, no torchrun): a
+    # heterogeneous job's CPU component.
+    plain: bool = False
 
     @property
     def elastic(self) -> bool:
@@ -152,6 +155,8 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
         # apart from the workers' (TESTBED.md: torchrun late join).
         lines.append(["--env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"])
         lines.append(["--env", f"DLSUB_NNODES={spec.nnodes}"])
+    # A heterogeneous job's parts, for scripts whose trainers and CPU component talk.
+    lines += [["--env", "DLSUB_TRAINER_NODES"], ["--env", "DLSUB_CPU_NODES"]]
     lines += [["--env", f"{key}={value}"] for key, value in spec.env]
     lines.append([gpu_args])
     lines.append([spec.image])
@@ -159,6 +164,9 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     if spec.elastic:
         launch.append("--elastic")
     lines.append([*launch, "--"])
+    if spec.plain:
+        lines.append(["python3", str(spec.script), *spec.script_args])
+        return lines
     # One process per GPU of this attempt: the batch script counts them, since
     # a job moved between CPU and GPU partitions gets different ones.
     nproc: str | Raw = str(spec.nproc_per_node) if spec.nproc_per_node else Raw('"${nproc}"')

@@ -26,6 +26,8 @@ role=@ROLE@
 gang=@GANG@
 # The main job's held worker array (elastic jobs), ended with the job.
 worker_array=@WORKER_ARRAY@
+# 1: a heterogeneous job, GPU trainers (component 0) and a CPU component (1).
+het=@HET@
 RESUME_EXIT_CODE=@RESUME_EXIT_CODE@
 # Time limit near, dlsub requeue: checkpoint and resume here.
 checkpoint_signal=@CHECKPOINT_SIGNAL@
@@ -42,7 +44,7 @@ markers_dir="$DLSUB_JOB_DIR"/@MARKERS_DIR@
 requeue_count_file="$markers_dir"/@REQUEUE_COUNT_FILE@
 rendezvous_file="$markers_dir"/@RENDEZVOUS_FILE@
 node_index="${SLURM_NODEID:-0}"
-container="dlsub-${DLSUB_JOB_ID}-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}-${node_index}"
+container="dlsub-${DLSUB_JOB_ID}-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}-${DLSUB_ROLE:-trainer}${node_index}"
 mkdir -p "$markers_dir"
 
 log_attempt() {  # event, then extra JSON fields
@@ -194,7 +196,11 @@ run_container() {  # this node's container of the attempt; sets rc
     setup_runtime_dir
     setup_gpus
     trap cleanup EXIT
-    @PODMAN_RUN@ &
+    if [ "${DLSUB_ROLE:-trainer}" = cpu ]; then
+        @PODMAN_RUN_CPU@ &
+    else
+        @PODMAN_RUN@ &
+    fi
     wait_child
 }
 
@@ -237,7 +243,19 @@ end_workers() {  # the job has ended for good: its worker array ends with it
 
 log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"${CUDA_VISIBLE_DEVICES:-}\",\"nnodes\":${SLURM_NNODES:-1}"
 echo "dlsub: job $DLSUB_JOB_ID attempt $DLSUB_ATTEMPT on ${SLURM_JOB_NODELIST:-$(hostname -s)} (partition ${SLURM_JOB_PARTITION:-?})" >&2
-if [ "${SLURM_NNODES:-1}" -gt 1 ]; then
+cpu_part=""
+if [ "$het" = 1 ]; then
+    # Both parts were allocated together (one heterogeneous job). The CPU
+    # component runs beside the trainers and is stopped when they end.
+    local_container=0
+    export DLSUB_TRAINER_NODES="${SLURM_JOB_NODELIST_HET_GROUP_0:-}" DLSUB_CPU_NODES="${SLURM_JOB_NODELIST_HET_GROUP_1:-}"
+    DLSUB_ROLE=cpu srun --het-group=1 --kill-on-bad-exit=0 bash "$job_script" node &
+    cpu_part=$!
+    DLSUB_ROLE=trainer srun --het-group=0 --kill-on-bad-exit=0 bash "$job_script" node &
+    wait_child
+    kill -s "$stop_signal_name" "$cpu_part" 2>/dev/null
+    wait "$cpu_part"
+elif [ "${SLURM_NNODES:-1}" -gt 1 ]; then
     # One task per node, each running this script's node part; a node whose
     # task fails does not kill the others (an elastic group re-forms).
     local_container=0

@@ -73,6 +73,13 @@ class BatchSpec:
     elastic: tuple[int, int] | None = None
     # The main job's worker array, ended with the job (its Slurm id, once submitted).
     worker_array: int | None = None
+    # A heterogeneous job's CPU component: nodes on another partition that run
+    # the same script with ``run.role == "cpu"`` (data loading, evaluation, a
+    # parameter server) beside the GPU trainers. One hetjob: all start together.
+    cpu_nodes: int = 0
+    cpu_partition: str = ""
+    cpu_cpus: int = 2
+    cpu_mem_mb: int = 4096
 
     @property
     def gang(self) -> bool:
@@ -140,6 +147,9 @@ def render_sbatch(spec: BatchSpec) -> str:
         raise ValueError(f"elastic range {spec.elastic} is not MIN < MAX")
     if spec.role == "worker" and (spec.elastic is None or spec.nodes != 1):
         raise ValueError("a worker script belongs to an elastic job and runs on one node")
+    if spec.cpu_nodes and (spec.elastic is not None or not spec.cpu_partition):
+        raise ValueError("a CPU component needs its partition, and an elastic job cannot have one "
+                         "(Slurm's heterogeneous jobs cannot be job arrays)")
     c = spec.container
     if spec.gang:
         low, high = spec.elastic or (spec.nodes, spec.nodes)
@@ -167,6 +177,10 @@ def render_sbatch(spec: BatchSpec) -> str:
         "--requeue",
         "--comment=" + ";".join([f"{contract.COMMENT_PREFIX}{spec.dlsub_id}", *(f"{k}={v}" for k, v in spec.tags)]),
     ]
+    if spec.cpu_nodes:
+        # The next component of the heterogeneous job (sbatch's own "hetjob" separator).
+        directives += ["hetjob", f"--partition={spec.cpu_partition}", f"--nodes={spec.cpu_nodes}",
+                       "--ntasks-per-node=1", f"--cpus-per-task={spec.cpu_cpus}", f"--mem={spec.cpu_mem_mb}M"]
     for d in directives:
         if any(ch in d for ch in "\n\r"):
             raise ValueError(f"newline in an #SBATCH directive: {d!r}")
@@ -175,12 +189,18 @@ def render_sbatch(spec: BatchSpec) -> str:
               Raw('"dlsub.attempt=${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"'),
               Raw('"dlsub.node=${SLURMD_NODENAME:-}"')]
     podman = lines_to_shell(podman_run_lines(c, Raw('"$container"'), Raw('"${gpu_args[@]}"'), labels))
+    # The CPU component's container runs the script itself, no torchrun: one process, role "cpu".
+    podman_cpu = lines_to_shell(podman_run_lines(
+        dataclasses.replace(c, nnodes=None, env=(*c.env, ("DLSUB_ROLE", "cpu")), plain=True),
+        Raw('"$container"'), Raw('"${gpu_args[@]}"'), labels)) if spec.cpu_nodes else "exit 2"
     q = shlex.quote
     words = {
         "DLSUB_VERSION": _word(spec.dlsub_version or "unknown"),
         "DLSUB_ID": _word(spec.dlsub_id),
         "ROLE": _word(spec.role),
         "GANG": "1" if spec.gang else "0",
+        "HET": "1" if spec.cpu_nodes else "0",
+        "PODMAN_RUN_CPU": podman_cpu,
         "WORKER_ARRAY": _word(spec.worker_array) if spec.worker_array is not None else "''",
         "BATCH_SCRIPT": _word(contract.BATCH_SCRIPT),
         "RENDEZVOUS_FILE": _word(contract.RENDEZVOUS_FILE),

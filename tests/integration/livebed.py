@@ -6,6 +6,7 @@ import json
 import os
 import pwd
 import re
+import signal
 import subprocess
 import tempfile
 import time
@@ -118,6 +119,38 @@ def blockers(user: TestbedUser, count: int = 2, gpus: int = 4) -> list[int]:
 def attempts(job_dir: str) -> list[dict[str, Any]]:
     path = Path(job_dir) / "attempts.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def job_pids(slurm_job_id: int) -> list[int]:
+    out = subprocess.run(["scontrol", "listpids", str(slurm_job_id)], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines()[1:] if line.split() and line.split()[0].isdigit()]
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def kill_node(user: TestbedUser, node: str, slurm_job_id: int, label: str) -> None:
+    """The node "dies" under a job: its slurmd, the job's processes and stepds there, and its containers
+    (those with ``label``), all at once, as root. On this one-host testbed that is what a node loss looks
+    like to Slurm and to the other nodes. Bring it back with :func:`node_back`."""
+    pidfile = Path(f"/run/dlsub-testbed/slurmd-{node}.pid")
+    pids = job_pids(slurm_job_id)
+    stepds = {p for p in (parent_of(pid) for pid in pids) if p and "slurmstepd" in Path(f"/proc/{p}/comm").read_text()}
+    os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    for pid in [*stepds, *pids]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for name in user.containers(label):
+        user.run("podman", "rm", "-f", name)
 
 
 def node_back(node: str) -> None:

@@ -8,9 +8,7 @@ it and drive single ticks with a fake clock (`dlsub agent tick --now`).
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import sqlite3
 import subprocess
 import time
@@ -26,6 +24,7 @@ from livebed import (
     agent_service,
     agent_tick,
     attempts,
+    kill_node,
     node_back,
     slurm_job,
     wait_for,
@@ -215,21 +214,6 @@ def test_agent_killed_mid_move_loses_and_duplicates_nothing(
     assert why.count("moving to gpu") == 1, why
 
 
-def _job_pids(slurm_job_id: int) -> list[int]:
-    out = subprocess.run(["scontrol", "listpids", str(slurm_job_id)], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines()[1:] if line.split() and line.split()[0].isdigit()]
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("PPid:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 def test_slurmd_stopped_under_a_running_job_resumes_from_its_checkpoint_elsewhere(
     user: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
@@ -237,18 +221,8 @@ def test_slurmd_stopped_under_a_running_job_resumes_from_its_checkpoint_elsewher
     step = wait_for("a checkpoint", lambda: checkpointed(user, job["id"]), timeout=120)
     node = slurm_job(job["slurm_job_id"])["nodes"]  # type: ignore[index]
     pidfile = Path(f"/run/dlsub-testbed/slurmd-{node}.pid")
-    # The node "dies": its slurmd, the job's processes and its container go at once.
-    pids = _job_pids(job["slurm_job_id"])
-    stepds = {p for p in (_parent(pid) for pid in pids) if p and "slurmstepd" in Path(f"/proc/{p}/comm").read_text()}
     try:
-        os.kill(int(pidfile.read_text()), signal.SIGKILL)
-        for pid in [*stepds, *pids]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for name in user.containers(f"dlsub.job_id={job['id']}"):
-            user.run("podman", "rm", "-f", name)
+        kill_node(user, node, job["slurm_job_id"], f"dlsub.job_id={job['id']}")
         wait_for(f"Slurm to see {node} down and requeue the job",
                  lambda: (slurm_job(job["slurm_job_id"]) or {}).get("restart_cnt", 0) >= 1, timeout=150, interval=2)
         final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s,

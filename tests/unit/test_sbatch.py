@@ -241,7 +241,8 @@ def test_a_move_requeues_held_and_does_not_count(tmp_path: Path) -> None:
                           after_start=_send_when_started(signal.SIGUSR2))
     assert rc == 0, (tmp_path / "stderr.txt").read_text()
     assert ["scontrol", "requeuehold", "77"] in _calls(log)
-    assert ["podman", "kill", "--signal", "USR1", "dlsub-0123abcd-77-0-0"] in _calls(log), "said to the container too"
+    container = "dlsub-0123abcd-77-0-trainer0"
+    assert ["podman", "kill", "--signal", "USR1", container] in _calls(log), "said to the container too"
     assert not _counter(tmp_path).exists(), "a move is not a continuation"
 
 
@@ -272,3 +273,16 @@ def test_the_runtime_directory_fallback_is_made_private(tmp_path: Path) -> None:
     assert rc == 0, (tmp_path / "stderr.txt").read_text()
     made = (tmp_path / f"xdg-fallback-{uid}").lstat()
     assert stat.S_ISDIR(made.st_mode) and made.st_mode & 0o777 == 0o700 and made.st_uid == uid
+
+
+def test_a_cpu_component_makes_one_heterogeneous_job(tmp_path: Path) -> None:
+    s = spec(tmp_path, tmp_path / "t.py")
+    text = render_sbatch(BatchSpec(**{**s.__dict__, "gpus_per_node": 2, "cpu_nodes": 1, "cpu_partition": "cpu"}))
+    head = text.split("#SBATCH hetjob", 1)
+    assert len(head) == 2, "sbatch's separator between the two components"
+    assert "#SBATCH --gres=gpu:2" in head[0] and "#SBATCH --partition=cpu" in head[1]
+    assert "--gres" not in head[1].split("\n\n")[0], "the CPU component asks for no GPUs"
+    assert "het=1" in text and "srun --het-group=1" in text and "srun --het-group=0" in text
+    assert "DLSUB_ROLE=cpu" in text and "python3 /" in text, "the CPU part runs the script without torchrun"
+    with pytest.raises(ValueError, match="cannot be job arrays"):
+        render_sbatch(BatchSpec(**{**s.__dict__, "cpu_nodes": 1, "cpu_partition": "cpu", "elastic": (1, 2)}))

@@ -1,0 +1,160 @@
+"""Integration (live Slurm testbed + rootless Podman + the agent service): elastic and heterogeneous jobs.
+
+* An elastic job (`--nodes 1:2 --gpus-per-node 4`) starts on one node while
+  a blocker holds the other; the agent grows it when the blocker ends (the
+  world size doubles, training resumes from the checkpoint torchrun's stop
+  made), and shrinks it back when another user's job needs the node; both
+  complete, and `dlsub why` and `dlsub status` tell the resizes.
+* The node of a worker dies mid-run: the job shrinks instead of failing.
+* A heterogeneous job (GPU trainers on `gpu`, a CPU component on `cpu`)
+  starts all-or-nothing and each part learns its role.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from livebed import EXAMPLES, TestbedUser, blockers, kill_node, node_back, put, slurm_job, wait_for
+
+TRAIN = str(EXAMPLES / "train_digits.py")
+
+
+def output(job_dir: str) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted(Path(job_dir).glob("slurm-*.out")))
+
+
+def progress_events(job_dir: str, kind: str) -> list[dict[str, Any]]:
+    path = Path(job_dir) / "progress.jsonl"
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [e for e in events if e.get("event") == kind]
+
+
+def running_workers(worker_array: int) -> list[dict[str, Any]]:
+    jobs = json.loads(subprocess.run(["squeue", "--json"], capture_output=True, text=True).stdout)["jobs"]
+    return [j for j in jobs if j.get("array_job_id") == worker_array and j.get("job_state") == "RUNNING"]
+
+
+def world_sizes(job_dir: str) -> list[int]:
+    return [e["world_size"] for e in progress_events(job_dir, "start")]
+
+
+def after_first(values: list[int], value: int) -> list[int]:
+    return values[values.index(value) + 1:] if value in values else []
+
+
+def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
+    user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    (blocker,) = blockers(user, count=1, gpus=4)
+    other = None
+    try:
+        job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "60", "--throttle", "0.1",
+                          cwd=workdir)
+        assert job["max_nodes"] == 2 and job["worker_array_id"]
+        wait_for("training at world size 4", lambda: world_sizes(job["job_dir"])[-1:] == [4]
+                 and progress_events(job["job_dir"], "checkpoint"), timeout=180)
+        assert not running_workers(job["worker_array_id"]), "no node for a worker while the blocker runs"
+        subprocess.run(["scancel", str(blocker)], check=True)
+        wait_for("the agent to grow the job to world size 8", lambda: 8 in world_sizes(job["job_dir"]), timeout=180)
+        restored = progress_events(job["job_dir"], "restore")
+        assert restored and restored[-1]["step"] > 0, "the grown group resumes from a checkpoint, not from step 0"
+        grown = user.status(job["id"])
+        assert grown["world_size"] == 8 and len(grown["node_list"]) == 2, grown
+        # Another user's job needs a whole GPU node: the worker leaves, the job goes on at its minimum.
+        out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:4", "-J", "needs-a-node", "--mem=200",
+                        "--cpus-per-task=1", "--time=5", "--wrap", "sleep 5", check=True)
+        other = int(out.stdout.strip().split(";")[0])
+        wait_for("the other user's job to start", lambda: (slurm_job(other) or {}).get("job_state") in
+                 ("RUNNING", "COMPLETED", None), timeout=180)
+        wait_for("training back at world size 4", lambda: 4 in after_first(world_sizes(job["job_dir"]), 8),
+                 timeout=120)
+        final = wait_for("the elastic job to complete",
+                         lambda: (s := user.status(job["id"]))["state"] in ("COMPLETED", "FAILED") and s, timeout=300)
+        assert final["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
+        assert [r["world_size"] for r in final["resizes"]] == [8, 4], final["resizes"]
+        assert "done: " in output(job["job_dir"])
+        steps = [e["step"] for e in progress_events(job["job_dir"], "restore")]
+        assert steps == sorted(steps) and all(s > 0 for s in steps), "every re-formed group resumed, never from 0"
+        why = user.dlsub("why", job["id"]).stdout
+        assert "grow" in why and "shrink" in why, why
+        wait_for("no worker task left in Slurm", lambda: not [
+            j for j in json.loads(subprocess.run(["squeue", "--json"], capture_output=True, text=True).stdout)["jobs"]
+            if j.get("array_job_id") == job["worker_array_id"]], timeout=60)
+    finally:
+        for leftover in (blocker, other):
+            if leftover:
+                subprocess.run(["scancel", str(leftover)], check=False)
+
+
+def test_a_worker_node_that_dies_shrinks_the_job_which_completes(
+    user: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "40", "--throttle", "0.1",
+                      cwd=workdir)
+    wait_for("the group at world size 8", lambda: 8 in world_sizes(job["job_dir"])
+             and progress_events(job["job_dir"], "checkpoint"), timeout=240)
+    (worker,) = running_workers(job["worker_array_id"])
+    node = worker["nodes"]
+    try:
+        kill_node(user, node, int(worker["job_id"]), f"dlsub.slurm_job_id={worker['job_id']}")
+        wait_for("the group to re-form at world size 4", lambda: 4 in after_first(world_sizes(job["job_dir"]), 8),
+                 timeout=180)
+        final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] in
+                         ("COMPLETED", "FAILED") and s, timeout=300)
+    finally:
+        node_back(node)
+    assert final["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
+    text = output(job["job_dir"])
+    resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", text)]
+    assert resumed and all(s > 0 for s in resumed), text[-3000:]
+
+
+HET_PROBE = """
+import json, os, time
+from dlsub import checkpointing
+run = checkpointing.init()
+name = f"role-{run.role}-{os.environ.get('SLURM_NODEID', '0')}-{run.rank}.json"
+with open(os.path.join(os.environ["DLSUB_JOB_DIR"], name), "w") as f:
+    json.dump({"role": run.role, "rank": run.rank, "trainer_nodes": run.trainer_nodes, "cpu_nodes": run.cpu_nodes,
+               "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "time": time.time()}, f)
+if run.role == "trainer":
+    time.sleep(3)
+    run.finish()
+else:
+    while not run.should_stop():  # a CPU service: it runs until the trainers are done
+        time.sleep(0.5)
+"""
+
+
+def test_a_heterogeneous_gang_starts_all_or_nothing_and_each_part_knows_its_role(
+    user: TestbedUser, workdir: Path
+) -> None:
+    probe = put(user, workdir / "het_probe.py", HET_PROBE)
+    # Both CPU nodes busy: the GPU part must not start alone.
+    busy = [int(user.run("sbatch", "--parsable", "-p", "cpu", "--exclusive", "-J", "cpu-blocker", "--mem=200",
+                         "--time=10", "--wrap", "sleep 600", check=True).stdout.strip().split(";")[0])
+            for _ in range(2)]
+    try:
+        wait_for("the CPU nodes busy", lambda: all((slurm_job(i) or {}).get("job_state") == "RUNNING" for i in busy),
+                 timeout=60)
+        job = user.submit("--gpus", "2", "--cpu-nodes", "1", str(probe), cwd=workdir)
+        wait_for("Slurm to consider it", lambda: (slurm_job(job["slurm_job_id"]) or {}).get("state_reason")
+                 not in (None, "None", ""), timeout=30)
+        assert (slurm_job(job["slurm_job_id"]) or {}).get("job_state") == "PENDING"
+        assert not list(Path(job["job_dir"]).glob("role-*.json")), "no part started without the other"
+    finally:
+        subprocess.run(["scancel", *map(str, busy)], check=False)
+    done = wait_for("the gang to finish", lambda: (s := user.status(job["id"]))["state"] in
+                    ("COMPLETED", "FAILED", "CANCELLED") and s, timeout=240)
+    assert done["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
+    seen = [json.loads(p.read_text()) for p in Path(job["job_dir"]).glob("role-*.json")]
+    roles = sorted(s["role"] for s in seen)
+    assert roles == ["cpu", "trainer", "trainer"], seen
+    for part in seen:
+        assert part["trainer_nodes"] and all(n.startswith("gpu") for n in part["trainer_nodes"]), part
+        assert part["cpu_nodes"] and all(n.startswith("cpu") for n in part["cpu_nodes"]), part
+    assert [s["gpus"] for s in seen if s["role"] == "cpu"] in ([None], [""]), "the CPU part has no GPUs"
