@@ -249,7 +249,9 @@ if [ "$het" = 1 ]; then
     # component runs beside the trainers and is stopped when they end.
     local_container=0
     export DLSUB_TRAINER_NODES="${SLURM_JOB_NODELIST_HET_GROUP_0:-}" DLSUB_CPU_NODES="${SLURM_JOB_NODELIST_HET_GROUP_1:-}"
-    DLSUB_ROLE=cpu srun --het-group=1 --kill-on-bad-exit=0 bash "$job_script" node &
+    # The batch shell runs in the GPU component: its GPU variables are not the CPU part's.
+    env -u CUDA_VISIBLE_DEVICES -u SLURM_JOB_GPUS -u GPU_DEVICE_ORDINAL DLSUB_ROLE=cpu \
+        srun --het-group=1 --kill-on-bad-exit=0 bash "$job_script" node &
     cpu_part=$!
     DLSUB_ROLE=trainer srun --het-group=0 --kill-on-bad-exit=0 bash "$job_script" node &
     wait_child

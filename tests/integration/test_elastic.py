@@ -60,10 +60,13 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
         assert not running_workers(job["worker_array_id"]), "no node for a worker while the blocker runs"
         subprocess.run(["scancel", str(blocker)], check=True)
         wait_for("the agent to grow the job to world size 8", lambda: 8 in world_sizes(job["job_dir"]), timeout=180)
-        restored = progress_events(job["job_dir"], "restore")
-        assert restored and restored[-1]["step"] > 0, "the grown group resumes from a checkpoint, not from step 0"
+        grew_at = next(e["time"] for e in progress_events(job["job_dir"], "start") if e["world_size"] == 8)
+        restored = wait_for("the grown group to restore", lambda: [
+            e for e in progress_events(job["job_dir"], "restore") if e["time"] >= grew_at], timeout=60)
+        assert restored[0]["step"] > 0, "the grown group resumes from a checkpoint, not from step 0"
         grown = user.status(job["id"])
         assert grown["world_size"] == 8 and len(grown["node_list"]) == 2, grown
+        assert grown["resizes"][-1]["world_size"] == 8 and grown["resizes"][-1]["from_world_size"] == 4
         # Another user's job needs a whole GPU node: the worker leaves, the job goes on at its minimum.
         out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:4", "-J", "needs-a-node", "--mem=200",
                         "--cpus-per-task=1", "--time=5", "--wrap", "sleep 5", check=True)
@@ -75,7 +78,8 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
         final = wait_for("the elastic job to complete",
                          lambda: (s := user.status(job["id"]))["state"] in ("COMPLETED", "FAILED") and s, timeout=300)
         assert final["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
-        assert [r["world_size"] for r in final["resizes"]] == [8, 4], final["resizes"]
+        # Grown, shrunk for the other job; it may grow again once that job is done.
+        assert [r["world_size"] for r in final["resizes"]][:2] == [8, 4], final["resizes"]
         assert "done: " in output(job["job_dir"])
         steps = [e["step"] for e in progress_events(job["job_dir"], "restore")]
         assert steps == sorted(steps) and all(s > 0 for s in steps), "every re-formed group resumed, never from 0"
