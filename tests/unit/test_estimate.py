@@ -395,3 +395,11 @@ def test_estimator_profiles_through_slurm_then_uses_the_cache(
     estimator.run(EstimateRequest(script=script, args=("--lr", "0.2"), batch_sizes=(32,),
                                   horizon=Horizon(epochs=2), workdir=tmp_path))
     assert len(runner.sbatch_argvs) == 8, "other arguments: profiled again"
+
+
+def test_steady_step_time_shrugs_off_a_burst_of_contention() -> None:
+    points, t = [], 0.0
+    for step in range(5, 105, 5):
+        t += 5 * 0.01 * (4.0 if 40 <= step <= 55 else 1.0)  # a neighbour takes the cores for a while
+        points.append((step, t))
+    assert steady_step_time(points) == pytest.approx(0.01)
