@@ -403,3 +403,33 @@ def test_steady_step_time_shrugs_off_a_burst_of_contention() -> None:
         t += 5 * 0.01 * (4.0 if 40 <= step <= 55 else 1.0)  # a neighbour takes the cores for a while
         points.append((step, t))
     assert steady_step_time(points) == pytest.approx(0.01)
+
+
+def test_status_shows_cost_so_far_and_the_loss_eta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time as _time
+
+    import dlsub.agent.status_extra as extra_mod
+    from dlsub.agent.status import job_status, render_table
+    from dlsub.agent.user_store import JobRecord
+
+    monkeypatch.setattr(extra_mod, "site_prices", lambda: {"cpu": 2.0})
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    now = _time.time()
+    (job_dir / "attempts.jsonl").write_text(json.dumps(
+        {"event": "start", "time": now - 1800, "slurm_job_id": 9, "restart": 0, "partition": "cpu"}) + "\n")
+    reports = [{"event": "progress", "time": now - 1000 + s / 10, "step": s, "loss": 1 / (0.004 * s + 0.5) + 0.2,
+                "target_loss": 0.3} for s in range(10, 1000, 10)]
+    (job_dir / "progress.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports))
+    record = JobRecord("0123abcd", "t", "me", "t.py", [], str(job_dir), "cpu", 0, 1, 2, 4096, None, "img",
+                       slurm_job_id=9)
+    from dlsub.slurm_plugins.models import SlurmJob
+
+    slurm = SlurmJob(job_id=9, name="t", user="me", state="RUNNING", partition="cpu", nodes="cpu1", comment="",
+                     restart_count=0, reason="None", time_limit_min=None, start_time=0, submit_time=0, exit_code=None)
+    row = job_status(record, slurm)
+    assert row.node_hours == pytest.approx(0.5, abs=0.01) and row.cost == pytest.approx(1.0, abs=0.02)
+    assert row.target_loss == 0.3 and row.target_step is not None and abs(row.target_step - 2375) / 2375 < 0.1
+    assert row.loss_eta_s is not None and row.eta_confidence is not None and row.eta_confidence >= 0.5
+    table = render_table([row])
+    assert "COST" in table.splitlines()[0] and "1.000" in table and "~" in table
