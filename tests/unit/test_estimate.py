@@ -433,3 +433,32 @@ def test_status_shows_cost_so_far_and_the_loss_eta(tmp_path: Path, monkeypatch: 
     assert row.loss_eta_s is not None and row.eta_confidence is not None and row.eta_confidence >= 0.5
     table = render_table([row])
     assert "COST" in table.splitlines()[0] and "1.000" in table and "~" in table
+
+
+def test_ctrl_c_cancels_the_profiling_jobs(tmp_path: Path, fake_slurm: FakeSlurm,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import dlsub.agent.submit as submit
+    from dlsub.agent.config import Settings
+    from dlsub.agent.estimate import EstimateRequest, Estimator
+    from dlsub.agent.policy_file import AgentPolicy
+    from dlsub.agent.user_store import JobStore
+
+    cancelled: list[str] = []
+
+    def runner(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        if argv[0] == "squeue" and "--jobs" in argv:
+            raise KeyboardInterrupt  # the user presses Ctrl-C while the estimate waits
+        if argv[0] == "scancel":
+            cancelled.append(argv[-1])
+        return fake_slurm(argv)
+
+    monkeypatch.setattr(submit, "check_image", lambda image: None)
+    settings = Settings(home=tmp_path / "home")
+    estimator = Estimator(settings, SlurmClient(runner=runner), JobStore(settings.db_path), AgentPolicy(), poll_s=0)
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    with pytest.raises(KeyboardInterrupt):
+        estimator.run(EstimateRequest(script=script, args=(), batch_sizes=(32, 64), horizon=Horizon(epochs=1),
+                                      workdir=tmp_path))
+    submitted = sorted(str(j.job_id) for j in fake_slurm.submitted())
+    assert len(submitted) == 4 and sorted(cancelled) == submitted
