@@ -20,7 +20,7 @@ from typing import Any
 from dlsub.agent.estimate_fit import Profile
 
 #: Bumped when what a profile measures changes: older entries are then not reused.
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 _ESTIMATE_ID = re.compile(r"^[0-9a-f]{8}\Z")
 
 

@@ -3,8 +3,8 @@
 A profiling run trains a few dozen steps at one batch size on one
 partition and stops by itself (``DLSUB_PROFILE_STEPS``). From its progress
 and attempt records come a :class:`Profile`: the steady-state step time
-(warm-up steps left out, the slope of a least-squares line through
-(step, time) so one late report does not skew it), the peak memory, the
+(warm-up steps left out, the median of the per-report-interval step
+times, so a burst of contention or one late report does not skew it), the peak memory, the
 steps an epoch has, and the fixed cost of an attempt (container start,
 imports, data loading, and the end of the attempt), measured apart from the
 steps so that a short profile still predicts a long run.
@@ -74,7 +74,14 @@ def _num(value: Any) -> float | None:
 
 
 def steady_step_time(points: Sequence[tuple[int, float]]) -> float:
-    """Seconds per step from (step, time) reports, warm-up left out: a least-squares slope."""
+    """Seconds per step from (step, time) reports, warm-up left out.
+
+    The median of the per-report-interval step times: a burst of
+    contention from a neighbour on a shared node (or one slow report)
+    moves a mean or a least-squares slope, not the median. Costs the
+    training pays in most intervals (a checkpoint every epoch when an
+    epoch is a few steps) stay in it.
+    """
     ordered = sorted({s: t for s, t in points}.items())
     if len(ordered) < 2:
         raise FitError("the profiling run reported progress fewer than twice; it needs more steps")
@@ -82,10 +89,8 @@ def steady_step_time(points: Sequence[tuple[int, float]]) -> float:
     steady = [(s, t) for s, t in ordered[1:] if s > WARMUP_SHARE * last_step]
     if len(steady) < 2:
         steady = ordered[-2:]
-    steps = np.array([s for s, _ in steady], dtype=float)
-    times = np.array([t for _, t in steady], dtype=float)
-    slope = float(np.polyfit(steps, times, 1)[0]) if len(steady) > 2 else float(
-        (times[-1] - times[0]) / (steps[-1] - steps[0]))
+    per_step = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(steady, steady[1:], strict=False)]
+    slope = float(np.median(per_step))
     if not math.isfinite(slope) or slope <= 0:
         raise FitError("the profiling run's step times do not increase with its steps")
     return slope

@@ -38,7 +38,7 @@ def _run_for_real(user: TestbedUser, workdir: Path, batch_size: int) -> tuple[fl
 
 def _within(predicted: float, measured: float, what: str) -> None:
     error = abs(predicted - measured) / measured
-    print(f"{what}: predicted {predicted:.1f}, measured {measured:.1f} ({error:+.0%})")
+    print(f"{what}: predicted {predicted:.1f}, measured {measured:.1f} ({(predicted - measured) / measured:+.0%})")
     assert error <= 0.25, f"{what}: predicted {predicted:.1f}, measured {measured:.1f}: {error:.0%} off"
 
 

@@ -395,3 +395,70 @@ def test_estimator_profiles_through_slurm_then_uses_the_cache(
     estimator.run(EstimateRequest(script=script, args=("--lr", "0.2"), batch_sizes=(32,),
                                   horizon=Horizon(epochs=2), workdir=tmp_path))
     assert len(runner.sbatch_argvs) == 8, "other arguments: profiled again"
+
+
+def test_steady_step_time_shrugs_off_a_burst_of_contention() -> None:
+    points, t = [], 0.0
+    for step in range(5, 105, 5):
+        t += 5 * 0.01 * (4.0 if 40 <= step <= 55 else 1.0)  # a neighbour takes the cores for a while
+        points.append((step, t))
+    assert steady_step_time(points) == pytest.approx(0.01)
+
+
+def test_status_shows_cost_so_far_and_the_loss_eta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time as _time
+
+    import dlsub.agent.status_extra as extra_mod
+    from dlsub.agent.status import job_status, render_table
+    from dlsub.agent.user_store import JobRecord
+
+    monkeypatch.setattr(extra_mod, "site_prices", lambda: {"cpu": 2.0})
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    now = _time.time()
+    (job_dir / "attempts.jsonl").write_text(json.dumps(
+        {"event": "start", "time": now - 1800, "slurm_job_id": 9, "restart": 0, "partition": "cpu"}) + "\n")
+    reports = [{"event": "progress", "time": now - 1000 + s / 10, "step": s, "loss": 1 / (0.004 * s + 0.5) + 0.2,
+                "target_loss": 0.3} for s in range(10, 1000, 10)]
+    (job_dir / "progress.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports))
+    record = JobRecord("0123abcd", "t", "me", "t.py", [], str(job_dir), "cpu", 0, 1, 2, 4096, None, "img",
+                       slurm_job_id=9)
+    from dlsub.slurm_plugins.models import SlurmJob
+
+    slurm = SlurmJob(job_id=9, name="t", user="me", state="RUNNING", partition="cpu", nodes="cpu1", comment="",
+                     restart_count=0, reason="None", time_limit_min=None, start_time=0, submit_time=0, exit_code=None)
+    row = job_status(record, slurm)
+    assert row.node_hours == pytest.approx(0.5, abs=0.01) and row.cost == pytest.approx(1.0, abs=0.02)
+    assert row.target_loss == 0.3 and row.target_step is not None and abs(row.target_step - 2375) / 2375 < 0.1
+    assert row.loss_eta_s is not None and row.eta_confidence is not None and row.eta_confidence >= 0.5
+    table = render_table([row])
+    assert "COST" in table.splitlines()[0] and "1.000" in table and "~" in table
+
+
+def test_ctrl_c_cancels_the_profiling_jobs(tmp_path: Path, fake_slurm: FakeSlurm,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import dlsub.agent.submit as submit
+    from dlsub.agent.config import Settings
+    from dlsub.agent.estimate import EstimateRequest, Estimator
+    from dlsub.agent.policy_file import AgentPolicy
+    from dlsub.agent.user_store import JobStore
+
+    cancelled: list[str] = []
+
+    def runner(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        if argv[0] == "squeue" and "--jobs" in argv:
+            raise KeyboardInterrupt  # the user presses Ctrl-C while the estimate waits
+        if argv[0] == "scancel":
+            cancelled.append(argv[-1])
+        return fake_slurm(argv)
+
+    monkeypatch.setattr(submit, "check_image", lambda image: None)
+    settings = Settings(home=tmp_path / "home")
+    estimator = Estimator(settings, SlurmClient(runner=runner), JobStore(settings.db_path), AgentPolicy(), poll_s=0)
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    with pytest.raises(KeyboardInterrupt):
+        estimator.run(EstimateRequest(script=script, args=(), batch_sizes=(32, 64), horizon=Horizon(epochs=1),
+                                      workdir=tmp_path))
+    submitted = sorted(str(j.job_id) for j in fake_slurm.submitted())
+    assert len(submitted) == 4 and sorted(cancelled) == submitted
