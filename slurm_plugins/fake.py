@@ -68,6 +68,8 @@ class FakeJob:
     admin_comment: str = ""
     submit_time: int = 1_700_000_000
     node_count: int = 1
+    array_job_id: int | None = None  # a task of a job array (``--array``)
+    array_task_id: int | None = None
 
 
 def testbed_cluster() -> FakeSlurm:
@@ -200,8 +202,38 @@ class FakeSlurm:
             job.admin_comment = (f"{SUBMIT_RECORD_PREFIX}uid={job.user_id};partition={requested};"
                                  f"time={minutes if minutes is not None else ''};"
                                  f"tres={'gres:' + gres if gres else ''}|{comment}")
-        self.jobs[self._next_id] = job
-        return self._done(argv, 0, f"{self._next_id}\n")
+        if "hold" in re.findall(r"^#SBATCH --(hold)$", text, flags=re.MULTILINE):
+            job.reason = "JobHeldUser"
+        array = re.search(r"^\d+-(\d+)$", options.get("array", ""))
+        if array is None:
+            self.jobs[self._next_id] = job
+            return self._done(argv, 0, f"{self._next_id}\n")
+        # One record per task (Slurm splits them as they start; the fake has them apart from the start).
+        first = self._next_id
+        for task in range(int(array.group(1)) + 1):
+            if task:
+                self._next_id += 1
+            self.jobs[self._next_id] = FakeJob(
+                self._next_id, script_path, dict(options), user=job.user, user_id=job.user_id, reason=job.reason,
+                submit_time=job.submit_time, admin_comment=job.admin_comment, array_job_id=first,
+                array_task_id=task)
+        return self._done(argv, 0, f"{first}\n")
+
+    def task(self, handle: str) -> FakeJob:
+        """An array task by ``<array>_<task>``."""
+        array, task = (int(x) for x in handle.split("_"))
+        return next(j for j in self.jobs.values() if j.array_job_id == array and j.array_task_id == task)
+
+    def _matching(self, handle: str) -> list[FakeJob]:
+        """The jobs a job id or ``<array>_<task>`` names (an array's id names all its tasks)."""
+        if "_" in handle:
+            try:
+                return [self.task(handle)]
+            except (StopIteration, ValueError):
+                return []
+        job_id = int(handle)
+        tasks = [j for j in self.jobs.values() if j.array_job_id == job_id]
+        return tasks or ([self.jobs[job_id]] if job_id in self.jobs else [])
 
     def _job_json(self, job: FakeJob) -> dict[str, Any]:
         gres = job.options.get("gres", "")
@@ -225,6 +257,9 @@ class FakeSlurm:
             "tres_per_node": f"gres:{gres}" if gres else "",
             "admin_comment": job.admin_comment,
             "node_count": job.node_count,
+            "array_job_id": job.array_job_id or 0,
+            "array_task_id": job.array_task_id,
+            "array_task_string": "",
         }
 
     def _squeue(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -279,16 +314,18 @@ class FakeSlurm:
         return self._done(argv, 1, "", f"{argv[0]}: error: Invalid job id specified ({job_id})")
 
     def _scancel(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
-        job_id = int(argv[-1])
-        job = self.jobs.get(job_id)
-        if job is None:
+        jobs = self._matching(argv[-1])
+        if not jobs:
             return self._done(argv, 1, "",
-                              f"scancel: error: Kill job error on job id {job_id}: Invalid job id specified")
+                              f"scancel: error: Kill job error on job id {argv[-1]}: Invalid job id specified")
         signal = next((a.split("=", 1)[1] for a in argv if a.startswith("--signal=")), None)
-        if signal:
-            job.signals.append(signal)
-        elif job.state not in ("COMPLETED", "FAILED", "CANCELLED"):
-            job.state = "CANCELLED"
+        for job in jobs:
+            if signal:
+                job.signals.append(signal)
+            elif job.state not in ("COMPLETED", "FAILED", "CANCELLED"):
+                if job.state == "RUNNING":
+                    self._use(job, -1)
+                job.state = "CANCELLED"
         return self._done(argv, 0, "")
 
     def _scontrol(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -302,7 +339,7 @@ class FakeSlurm:
                     f"MaxNodes=UNLIMITED MaxTime={p.max_time} Nodes={','.join(p.nodes)} State={p.state}"
                 )
             return self._done(argv, 0, "\n".join(lines) + "\n")
-        if argv[1:2] in (["requeue"], ["release"], ["hold"]) and int(argv[2]) not in self.jobs:
+        if argv[1:2] in (["requeue"], ["release"], ["hold"]) and not self._matching(argv[2]):
             return self._invalid(argv, argv[2])
         if argv[1:2] == ["requeue"]:
             job = self.jobs[int(argv[2])]
@@ -312,9 +349,10 @@ class FakeSlurm:
         if argv[1:2] == ["update"]:
             fields = dict(a.split("=", 1) for a in argv[2:])
             job_id = fields.pop("jobid")
-            if int(job_id) not in self.jobs:
+            found = self._matching(job_id)
+            if len(found) != 1:
                 return self._invalid(argv, job_id)
-            job = self.jobs[int(job_id)]
+            job = found[0]
             if "AdminComment" in fields:
                 return self._done(argv, 1, "", "scontrol: error: Access/permission denied")
             if "Comment" in fields:
@@ -330,8 +368,8 @@ class FakeSlurm:
                 job.options["gres"] = value.removeprefix("gres:") if value else ""
             return self._done(argv, 0, "")
         if argv[1:2] in (["release"], ["hold"]):
-            job = self.jobs[int(argv[2])]
-            job.reason = "None" if argv[1] == "release" else "JobHeldUser"
+            for job in self._matching(argv[2]):
+                job.reason = "None" if argv[1] == "release" else "JobHeldUser"
             return self._done(argv, 0, "")
         return self._done(argv, 1, "", f"scontrol: error: fake does not know {' '.join(argv[1:])}")
 
