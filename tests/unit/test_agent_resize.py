@@ -13,6 +13,9 @@ from pathlib import Path
 
 from agent_world import ME, NOW, OTHER, World
 
+from dlsub.agent.reconcile import Agent
+from dlsub.slurm_plugins.fake import FakeJob
+
 ID = "e1a571c0"
 TAGS = f"dlsub:{ID};mode=ideal;ideal=gpu;gpus=4;nodes=1-2"
 
@@ -33,17 +36,22 @@ def elastic(world: World, *, uid: int = ME, dlsub_id: str = ID, tags: str = TAGS
     return main, array, job_dir
 
 
+def released(tmp_path: Path) -> tuple[World, Agent, int, FakeJob]:
+    """An elastic job after the agent's first tick: its one worker task released onto idle gpu2."""
+    world = World(tmp_path)
+    main, array, _ = elastic(world)
+    agent = world.agent()
+    agent.tick(NOW)
+    return world, agent, main, world.fake.task(f"{array}_0")
+
+
 def decisions(world: World, kind: str) -> list[str]:
     assert world.store is not None
     return [d.reason for d in world.store.decisions() if d.kind == kind]
 
 
 def test_an_idle_node_grows_the_job_and_a_waiting_job_shrinks_it_back(tmp_path: Path) -> None:
-    world = World(tmp_path)
-    main, array, _ = elastic(world)
-    agent = world.agent()
-    agent.tick(NOW)
-    worker = world.fake.task(f"{array}_0")
+    world, agent, main, worker = released(tmp_path)
     assert worker.reason == "None", "released: gpu2 is idle and nobody waits for it"
     assert "growing to 2 node(s)" in decisions(world, "grow")[0]
     agent.tick(NOW + 3)
@@ -60,17 +68,13 @@ def test_an_idle_node_grows_the_job_and_a_waiting_job_shrinks_it_back(tmp_path: 
     assert worker.signals == ["USR2"], "not asked again while it checkpoints"
     world.fake.requeue_held(worker.job_id)  # its batch script: back to the held pool
     agent.tick(NOW + 20)
-    assert world.fake.jobs[other].state == "PENDING" and world.fake.task(f"{array}_0").reason == "JobHeldUser", \
+    assert world.fake.jobs[other].state == "PENDING" and worker.reason == "JobHeldUser", \
         "no growth onto the node the waiting job needs"
     assert world.fake.jobs[main].state == "RUNNING" and world.fake.jobs[main].signals == [], "the main job runs on"
 
 
 def test_a_worker_that_never_starts_leaves_the_job_at_its_size(tmp_path: Path) -> None:
-    world = World(tmp_path)
-    main, array, _ = elastic(world)
-    agent = world.agent()
-    agent.tick(NOW)
-    worker = world.fake.task(f"{array}_0")
+    world, agent, main, worker = released(tmp_path)
     worker.reason = "Resources"  # released, but Slurm never starts it
     for t in range(1, 20):
         agent.tick(NOW + 3 * t)
@@ -79,11 +83,7 @@ def test_a_worker_that_never_starts_leaves_the_job_at_its_size(tmp_path: Path) -
 
 
 def test_a_lost_worker_node_is_not_the_main_jobs_failure(tmp_path: Path) -> None:
-    world = World(tmp_path)
-    main, array, _ = elastic(world)
-    agent = world.agent()
-    agent.tick(NOW)
-    worker = world.fake.task(f"{array}_0")
+    world, agent, main, worker = released(tmp_path)
     world.fake.start(worker.job_id, "gpu2", int(NOW + 5))
     agent.tick(NOW + 10)
     # gpu2 dies: Slurm requeues the task (not held) and marks the node down.
@@ -96,14 +96,11 @@ def test_a_lost_worker_node_is_not_the_main_jobs_failure(tmp_path: Path) -> None
 
 
 def test_the_workers_of_an_ended_job_are_cancelled(tmp_path: Path) -> None:
-    world = World(tmp_path)
-    main, array, _ = elastic(world)
-    agent = world.agent()
-    agent.tick(NOW)
-    world.fake.task(f"{array}_0").reason = "JobHeldUser"  # back in the pool
+    world, agent, main, worker = released(tmp_path)
+    worker.reason = "JobHeldUser"  # back in the pool
     world.fake.set_job_state(main, "COMPLETED")
     agent.tick(NOW + 5)
-    assert world.fake.task(f"{array}_0").state == "CANCELLED"
+    assert worker.state == "CANCELLED"
     assert decisions(world, "end-workers")
 
 
