@@ -97,6 +97,10 @@ class ContainerSpec:
     # Run the script with plain python3 (one process, no torchrun): a
     # heterogeneous job's CPU component.
     plain: bool = False
+    # An elastic job's main nodes start torchrun again when the group stops
+    # for a node that left; a worker does not: it goes back to the pool and
+    # the agent releases it again (its main job may be gone or requeued).
+    reform: bool = True
 
     @property
     def elastic(self) -> bool:
@@ -161,7 +165,7 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     lines.append([gpu_args])
     lines.append([spec.image])
     launch = ["python3", "-m", "dlsub.checkpointing.launch", "--grace", str(spec.grace_s)]
-    if spec.elastic:
+    if spec.elastic and spec.reform:
         launch.append("--elastic")
     lines.append([*launch, "--"])
     if spec.plain:

@@ -216,12 +216,18 @@ if [ "$role" = worker ]; then
     echo "dlsub: job $DLSUB_JOB_ID worker $SLURM_JOB_ID on ${SLURMD_NODENAME:-$(hostname -s)} joins the group of" \
         "attempt $DLSUB_ATTEMPT at $DLSUB_RDZV_ENDPOINT" >&2
     run_container
-    resume_marker="$markers_dir/${DLSUB_ATTEMPT}.resume"
     if [ "$stop_signal" = "$stop_signal_name" ]; then
         log_attempt @EVENT_END@ ",\"rc\":$rc,\"signal\":\"$stop_signal\""
         exit "$rc"  # cancelled (the job, or this worker): Slurm ends it
     fi
-    if [ "$rc" -eq 0 ] && [ -z "$move_requested" ] && [ -z "$stop_signal" ] && [ ! -e "$resume_marker" ]; then
+    # Done only when the training says so (rank 0's "finished" record for this
+    # attempt): a group that stopped to re-form smaller also exits 0 here.
+    finished=""
+    if tail -c 1048576 "$DLSUB_JOB_DIR"/@PROGRESS_FILE@ 2>/dev/null | grep -F '"event": "@EVENT_FINISHED@"' \
+            | grep -qF "\"attempt\": \"$DLSUB_ATTEMPT\""; then
+        finished=1
+    fi
+    if [ "$rc" -eq 0 ] && [ -z "$move_requested" ] && [ -z "$stop_signal" ] && [ -n "$finished" ]; then
         log_attempt @EVENT_END@ ",\"rc\":0"
         exit 0  # training finished with the group
     fi

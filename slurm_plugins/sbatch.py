@@ -153,7 +153,8 @@ def render_sbatch(spec: BatchSpec) -> str:
     c = spec.container
     if spec.gang:
         low, high = spec.elastic or (spec.nodes, spec.nodes)
-        c = dataclasses.replace(c, nnodes=f"{low}:{high}" if high > low else str(low), rendezvous_id=spec.dlsub_id)
+        c = dataclasses.replace(c, nnodes=f"{low}:{high}" if high > low else str(low), rendezvous_id=spec.dlsub_id,
+                                reform=spec.role != "worker")
     directives = [
         f"--job-name={safe_job_name(spec.job_name)}",
         f"--partition={spec.partition}",
@@ -205,6 +206,8 @@ def render_sbatch(spec: BatchSpec) -> str:
         "BATCH_SCRIPT": _word(contract.BATCH_SCRIPT),
         "RENDEZVOUS_FILE": _word(contract.RENDEZVOUS_FILE),
         "ACTION_LEAVE": _word(contract.ACTION_LEAVE),
+        "PROGRESS_FILE": _word(contract.PROGRESS_FILE),
+        "EVENT_FINISHED": _word(contract.EVENT_FINISHED),
         "JOB_DIR": q(str(c.job_dir)),
         "RESUME_EXIT_CODE": _word(contract.RESUME_EXIT_CODE),
         "CHECKPOINT_SIGNAL": _word(contract.CHECKPOINT_SIGNAL),
