@@ -209,7 +209,10 @@ def create_app(config: AppConfig) -> FastAPI:
 
 def job_charts(detail: JobDetail) -> dict[str, str]:
     """The job page's SVGs: loss and throughput over steps (a series per attempt), the attempts' timeline."""
-    names = {a: f"attempt {i + 1}" for i, a in enumerate(dict.fromkeys([*detail.loss, *detail.throughput]))}
+    # Series are keyed "<slurm attempt>" or "<slurm attempt> (world size N)" (an elastic job's sizes).
+    bases = list(dict.fromkeys(k.split(" (", 1)[0] for k in [*detail.loss, *detail.throughput]))
+    names = {k: f"attempt {bases.index(k.split(' (', 1)[0]) + 1}" + (f" ({k.split(' (', 1)[1]}" if " (" in k else "")
+             for k in [*detail.loss, *detail.throughput]}
     loss = charts.line_chart([charts.Series(names[a], pts) for a, pts in detail.loss.items()],
                              title="Loss", x_label="step", y_label="loss", chart_id="loss-chart")
     speed = charts.line_chart([charts.Series(names[a], pts) for a, pts in detail.throughput.items()],

@@ -312,13 +312,20 @@ def partition_rows(partitions: list[Partition], jobs: list[SlurmJob], policy: Ag
 
 def curves(events: list[dict[str, Any]]) -> tuple[dict[str, list[tuple[float, float]]],
                                                  dict[str, list[tuple[float, float]]], str]:
-    """Loss and throughput over steps, one series per attempt (a resize or move starts a new one)."""
+    """Loss and throughput over steps, one series per attempt and, within one, per size of an elastic
+    job's group (a move starts a new attempt; a resize restarts the training at another world size)."""
     loss: dict[str, list[tuple[float, float]]] = {}
     by_attempt: dict[str, list[dict[str, Any]]] = {}
+    size: dict[str, Any] = {}
+    sizes = {e.get("world_size") for e in events if e["event"] == EVENT_START and e.get("world_size")}
     for e in events:
+        if e["event"] == EVENT_START:
+            size[str(e.get("attempt") or "attempt")] = e.get("world_size")
         if e["event"] != EVENT_PROGRESS or e.get("step") is None:
             continue
         attempt = str(e.get("attempt") or "attempt")
+        if len(sizes) > 1 and size.get(attempt):
+            attempt = f"{attempt} (world size {size[attempt]})"
         by_attempt.setdefault(attempt, []).append(e)
         if e.get("loss") is not None:
             loss.setdefault(attempt, []).append((float(e["step"]), float(e["loss"])))

@@ -211,3 +211,19 @@ def test_the_systemd_unit_runs_a_command_that_exists() -> None:
     assert argv[1] == "dashboard"
     ctx = dashboard.make_context("dashboard", argv[2:])
     assert ctx.params["token_file"] == Path("/etc/dlsub/dashboard.token") and ctx.params["port"] == 8765
+
+
+def test_curves_split_an_elastic_jobs_sizes_and_the_page_names_them() -> None:
+    """Unit (pure): a resize within one Slurm attempt starts a new series, named by its world size."""
+    events = [{"event": "start", "time": 1.0, "attempt": "5-0", "world_size": 4},
+              {"event": "progress", "time": 2.0, "step": 10, "loss": 1.0, "attempt": "5-0"},
+              {"event": "start", "time": 3.0, "attempt": "5-0", "world_size": 8},
+              {"event": "progress", "time": 4.0, "step": 20, "loss": 0.5, "attempt": "5-0"}]
+    loss, _, _ = curves(events)
+    assert loss == {"5-0 (world size 4)": [(10.0, 1.0)], "5-0 (world size 8)": [(20.0, 0.5)]}
+    from dlsub.dashboard.app import job_charts
+    from dlsub.dashboard.data import JobDetail
+    detail = JobDetail.__new__(JobDetail)
+    detail.loss, detail.throughput, detail.throughput_unit, detail.attempts = loss, {}, "samples/s", []
+    svg = job_charts(detail)["loss_chart"]
+    assert "attempt 1 (world size 4)" in svg and "attempt 1 (world size 8)" in svg
