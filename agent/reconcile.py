@@ -170,8 +170,12 @@ def _worker_task(job: SlurmJob) -> WorkerTask | None:
     handle = job.array_task_handle
     if handle is None:
         return None
+    try:
+        nodes = tuple(expand_nodes(job.nodes))
+    except ValueError:
+        nodes = ()  # not a list Slurm would give: the worker is known, its node is not
     return WorkerTask(handle=handle, slurm_job_id=job.job_id, state=job.state, reason=job.reason,
-                      partition=job.partition, nodes=tuple(expand_nodes(job.nodes)),
+                      partition=job.partition, nodes=nodes,
                       restart_count=job.restart_count, start_time=float(job.start_time))
 
 

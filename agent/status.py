@@ -108,10 +108,14 @@ def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob
         eta = max(0.0, eta - max(0.0, time.time() - progress.last_time))
     extra = job_extra(job_dir, attempts, record.nodes, progress.steps_per_s)
     world_size, resizes = resize_history([e for e in read_progress_events(job_dir) if e["event"] == EVENT_START])
-    node_list = [*expand_nodes(nodes)] if state == JobState.RUNNING else []
-    for worker in workers or ():
-        if worker.state == "RUNNING":
-            node_list += expand_nodes(worker.nodes)
+    running = [nodes] if state == JobState.RUNNING else []
+    running += [w.nodes for w in workers or () if w.state == "RUNNING"]
+    node_list = []
+    for hostlist in running:
+        try:
+            node_list += expand_nodes(hostlist)
+        except ValueError:
+            node_list.append(hostlist)  # shown as Slurm gave it
     return JobStatus(
         id=record.id,
         slurm_job_id=record.slurm_job_id,

@@ -378,7 +378,10 @@ class _Profile:
 def _hostlist(variable: str) -> list[str]:
     from dlsub.slurm_plugins.models import expand_nodes
 
-    return expand_nodes(os.environ.get(variable, ""))
+    try:
+        return expand_nodes(os.environ.get(variable, ""))
+    except ValueError:
+        return []
 
 
 def _as_step(value: Any) -> int | None:

@@ -233,6 +233,10 @@ def parse_key_values(line: str) -> dict[str, str]:
     return out
 
 
+#: Most node names one host list may expand to (a cluster's worth; more is not Slurm's).
+MAX_HOSTLIST = 65536
+
+
 def expand_nodes(hostlist: str) -> list[str]:
     """Slurm's compressed host list (``gpu[1-2],cpu1``) as names, without calling scontrol."""
     names: list[str] = []
@@ -245,6 +249,9 @@ def expand_nodes(hostlist: str) -> list[str]:
             low, _, high = part.partition("-")
             if not low.isdigit() or (high and not high.isdigit()):
                 continue
-            for i in range(int(low), int(high or low) + 1):
+            first, last = int(low), int(high or low)
+            if last - first + len(names) >= MAX_HOSTLIST:
+                raise ValueError(f"host list {hostlist[:80]!r} names more than {MAX_HOSTLIST} nodes")
+            for i in range(first, last + 1):
                 names.append(f"{prefix}{i:0{len(low)}d}")
     return names

@@ -93,3 +93,16 @@ def test_a_waiting_job_that_needs_a_whole_node_shrinks_a_job_spread_over_two() -
     (action,) = plan_resizes([job], [split])
     assert action.kind == SHRINK and action.worker == "900_0"
     assert plan_resizes([elastic(pool())], [split]) == [], "and nothing grows onto them meanwhile"
+
+
+def test_a_host_list_expands_within_bounds() -> None:
+    """Unit (pure): Slurm's compressed host lists, and a refusal of one that names absurdly many nodes."""
+    import pytest
+
+    from dlsub.slurm_plugins.models import expand_nodes
+
+    assert expand_nodes("gpu[1-2],cpu1") == ["gpu1", "gpu2", "cpu1"]
+    assert expand_nodes("n[001-003,7]") == ["n001", "n002", "n003", "n7"]
+    assert expand_nodes("") == []
+    with pytest.raises(ValueError, match="names more than"):
+        expand_nodes("n[0-999999999]")
