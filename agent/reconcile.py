@@ -86,8 +86,10 @@ log = logging.getLogger("dlsub.agent")
 LEAVE_WAIT_S = 120.0
 
 _LIVE = (JobState.PENDING, JobState.RUNNING, JobState.REQUEUED)
-# Pending jobs that could not start on idle nodes anyway: they do not hold back growth.
-_NOT_WAITING_FOR_NODES = ("Dependency", "DependencyNeverSatisfied", "BeginTime", "JobHeldUser", "JobHeldAdmin")
+# Pending jobs that wait for nodes, and would start on idle ones: only they hold back growth, count
+# against moves, or shrink an elastic job. One pending for its QOS, association, a reservation, a
+# dependency or a node that is down would not start anyway, and must not shrink anybody.
+_WAITING_FOR_NODES = ("Resources", "Priority", "None", "")
 
 
 # Where a test may SIGKILL the tick (dlsub.agent.failpoints): before an action is
@@ -158,8 +160,26 @@ def _request_from_tags(job: SlurmJob, tags: Tags) -> dict[str, Any]:
             "nodes": list(tags.nodes) if tags.nodes else None}
 
 
+_TAKES_GPUS = (planner.SIGNAL_MOVE, planner.BACKFILL, planner.RETARGET, planner.RELEASE)
+
+
+def _reserve(rooms: list[Room], actions: list[Action]) -> list[Room]:
+    """The rooms with the GPUs these actions will take out of their partitions' idle ones (on the first node
+    with enough, in every partition that has that node)."""
+    idle = {n: g for room in rooms for n, g in room.nodes}
+    for action in actions:
+        room = next((r for r in rooms if r.name == action.partition), None)
+        want = action.gpus or 0
+        node = next((n for n, _ in room.nodes if idle[n] >= want), None) if room is not None and want else None
+        if node is not None:
+            idle[node] -= want
+    return [dataclasses.replace(r, nodes=tuple((n, idle[n]) for n, _ in r.nodes)) for r in rooms]
+
+
 def _worker_request(job: SlurmJob, uid: int) -> dict[str, Any] | None:
     """The request of an elastic job's worker task (its submit record, else its comment); None: not one."""
+    if job.array_job_id is None or job.node_count > 1:
+        return None  # dlsub's workers are one-node array tasks; anything else tagged so is planned as itself
     request = _request_from_record(job, uid)
     if request is None and job.tags is not None:
         request = _request_from_tags(job, job.tags)
@@ -239,6 +259,10 @@ class Agent:
         candidates: list[_Seen] = []
         workers: dict[tuple[int, str], list[WorkerTask]] = {}
         worker_ids: set[int] = set()
+        # Who may own each id: (not backed by a record, submit time, Slurm id, uid, source). dlsub submits an
+        # elastic job's worker array before its main job, so the workers' claim counts too: their public
+        # comment shows the id first, and another user must not take it with a main job of their own.
+        claims: dict[str, list[tuple[bool, int, int, int, str]]] = {}
         for job in slurm_jobs:
             uid = job.user_id
             if uid is None:
@@ -253,7 +277,10 @@ class Agent:
                     workers.setdefault((uid, str(worker["dlsub_id"])), []).append(task)
                 if state in _LIVE and not job.held:
                     old = usage.get(uid, Usage())
-                    usage[uid] = Usage(old.gpus + job.gpus_per_node, old.jobs + 1)
+                    usage[uid] = Usage(old.gpus + job.gpus_per_node * max(1, job.node_count), old.jobs + 1)
+                dlsub_id = str(worker["dlsub_id"])
+                if worker.get("source") == "record" and self._may_claim(bindings.get(dlsub_id), worker):
+                    claims.setdefault(dlsub_id, []).append((False, job.submit_time, job.job_id, uid, "record"))
                 continue
             if state in _LIVE:
                 gpus = job.gpus_per_node * max(1, job.node_count)
@@ -269,17 +296,17 @@ class Agent:
         # of that; a comment is only a claim, which anyone can edit into an old job of theirs the moment
         # they see a new id in squeue. So a record-backed claim takes an id from a comment-only owner,
         # never the other way round; among equals the earliest submit (then the lowest job id) wins.
-        claims: dict[str, list[_Seen]] = {}
         for seen in candidates:
             dlsub_id = seen.request["dlsub_id"]
-            bound = bindings.get(dlsub_id)
-            if bound is None or (bound.source != "record" and seen.request.get("source") == "record"):
-                claims.setdefault(dlsub_id, []).append(seen)
+            if self._may_claim(bindings.get(dlsub_id), seen.request):
+                record = seen.request.get("source") == "record"
+                source = "record" if record else "comment"
+                claims.setdefault(dlsub_id, []).append(
+                    (not record, seen.job.submit_time, seen.job.job_id, seen.row.uid, source))
         for dlsub_id, group in claims.items():
-            first = min(group, key=lambda s: (s.request.get("source") != "record", s.job.submit_time, s.job.job_id))
-            source = "record" if first.request.get("source") == "record" else "comment"
-            bindings[dlsub_id] = Binding(first.row.uid, source)
-            writes.bindings.append((dlsub_id, first.row.uid, first.job.job_id, now, source))
+            _, _, job_id, uid, source = min(group)
+            bindings[dlsub_id] = Binding(uid, source)
+            writes.bindings.append((dlsub_id, uid, job_id, now, source))
         observed: list[_Seen] = []
         skipped, late = 0, False
         self._unread = 0
@@ -316,16 +343,21 @@ class Agent:
                 seen.info = info
                 observed.append(seen)
         self._seen = {s.job.job_id: s for s in observed}
-        pending_gpus: dict[str, int] = {}
+        # What jobs waiting for nodes want, per partition; one user counts for at most the per-user GPU
+        # limit, so that a user's queue of jobs cannot shrink (or keep from growing) everybody else's.
+        by_user: dict[tuple[str, int], int] = {}
         pending_per_node: dict[str, int] = {}
         for job in slurm_jobs:
             if (job.state == "PENDING" and not job.held and job.gpus_per_node and job.user_id is not None
                     and (job.user_id, job.job_id) not in moves and job.job_id not in worker_ids
-                    and job.reason not in _NOT_WAITING_FOR_NODES):
+                    and job.reason in _WAITING_FOR_NODES and self._could_run(job, known)):
                 wanted = job.gpus_per_node * max(1, job.node_count)
                 for name in job.partition.split(","):
-                    pending_gpus[name] = pending_gpus.get(name, 0) + wanted
+                    by_user[(name, job.user_id)] = by_user.get((name, job.user_id), 0) + wanted
                     pending_per_node[name] = max(pending_per_node.get(name, 0), job.gpus_per_node)
+        pending_gpus: dict[str, int] = {}
+        for (name, _), wanted in by_user.items():
+            pending_gpus[name] = pending_gpus.get(name, 0) + min(wanted, self.rules.max_gpus_per_user)
         parts = []
         for p in partitions:
             up_nodes = tuple((n.name, n.idle_gpus, n.idle_cpus) for n in p.nodes if n.usable)
@@ -361,7 +393,7 @@ class Agent:
                 dlsub_id=key[1], slurm_job_id=job.job_id, uid=key[0], user=job.user, state=job.state,
                 ended=job.dlsub_state.terminal, partition=job.partition,
                 gpus_per_node=job.gpus_per_node, min_nodes=int(rng[0]), max_nodes=int(rng[1]),
-                submit_time=float(job.submit_time), worker_array=min(arrays) if arrays else None,
+                submit_time=float(job.submit_time), worker_arrays=tuple(sorted(arrays)),
                 workers=tasks, moving=seen.row.key() in moves))
         ended = {(r.uid, r.dlsub_id): r for r in rows.values()
                  if r.state is not None and JobState(r.state).terminal and not r.data.get("ignored")}
@@ -374,8 +406,24 @@ class Agent:
             out.append(ElasticJob(
                 dlsub_id=key[1], slurm_job_id=row.slurm_job_id, uid=key[0], user=row.user, state=str(row.state),
                 ended=True, partition="", gpus_per_node=0, min_nodes=1, max_nodes=2, submit_time=0.0,
-                worker_array=min(arrays), workers=tuple(orphans)))
+                worker_arrays=tuple(sorted(arrays)), workers=tuple(orphans)))
         return out
+
+    @staticmethod
+    def _could_run(job: SlurmJob, known: dict[str, Partition]) -> bool:
+        """Whether some partition the job names has enough up nodes with as many GPUs as it wants per node."""
+        for name in job.partition.split(","):
+            part = known.get(name)
+            if part is not None and sum(1 for n in part.nodes if n.usable and n.gpus >= job.gpus_per_node) \
+                    >= max(1, job.node_count):
+                return True
+        return False
+
+    @staticmethod
+    def _may_claim(bound: Binding | None, request: dict[str, Any]) -> bool:
+        """Whether a job's request may (re)bind its id: an unbound id, or a record-backed claim on an id
+        bound by a comment alone."""
+        return bound is None or (bound.source != "record" and request.get("source") == "record")
 
     def _fair_order(self, jobs: list[_Seen]) -> list[_Seen]:
         """The order to read jobs' files in: one job of each user in turn, each user's least recently read
@@ -657,8 +705,9 @@ class Agent:
         """This tick's grow/shrink/end-workers actions, each recorded (write-ahead) with its reason."""
         # A worker told to leave is still running while the group checkpoints: not told again for a while.
         self._leaving = {h: t for h, t in self._leaving.items() if now - t < LEAVE_WAIT_S}
-        jobs = [dataclasses.replace(j, workers=tuple(w for w in j.workers if w.handle not in self._leaving))
-                for j in seen.elastic]
+        # Still running while it checkpoints with its group: its GPUs count as given back already.
+        jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, leaving=w.handle in self._leaving)
+                                                     for w in j.workers)) for j in seen.elastic]
         planned = []
         by_id = {(j.uid, j.dlsub_id): j for j in jobs}
         for resize in resizer.plan_resizes(jobs, seen.rooms, self.rules.policy):
@@ -673,9 +722,6 @@ class Agent:
         try:
             assert resize.worker is not None
             if resize.kind == resizer.GROW:
-                task = next((w for w in job.workers if w.handle == resize.worker), None)
-                if task is not None and resize.partition and task.partition != resize.partition:
-                    self.client.retarget_task(resize.worker, resize.partition)
                 self.client.release(resize.worker)
             elif resize.kind == resizer.SHRINK:
                 self.client.signal_task(resize.worker, MOVE_SIGNAL)
@@ -715,6 +761,8 @@ class Agent:
                 todo.append(action)
             else:
                 done.append(action)
+        # GPUs this tick's moves and backfills are about to take are not idle for growth.
+        seen.rooms = _reserve(seen.rooms, [a for a in actions if a.kind in _TAKES_GPUS])
         resizes = self._plan_resizes(seen, now, writes)
         self.store.write(writes)  # what was observed and decided, before anything is done about it
         outcome = Writes()

@@ -17,7 +17,7 @@ the agent changes the job's size only through the workers:
   minimum comes before another job's growth, whatever the policy: growth is
   only ever made of GPUs nobody waits for.
 * **End**: once the main job has ended, its workers still in Slurm are
-  cancelled.
+  cancelled (every array of them).
 
 Among elastic jobs that could grow onto the same idle nodes, the
 scheduling policy named in policy.toml picks (``fifo``: the oldest first).
@@ -54,6 +54,7 @@ class WorkerTask:
     nodes: tuple[str, ...] = ()
     restart_count: int = 0
     start_time: float = 0.0
+    leaving: bool = False  # told to leave (MOVE_SIGNAL) and still checkpointing with its group
 
     @property
     def in_pool(self) -> bool:
@@ -81,7 +82,7 @@ class ElasticJob:
     min_nodes: int
     max_nodes: int
     submit_time: float
-    worker_array: int | None
+    worker_arrays: tuple[int, ...]  # the job's worker array(s) in Slurm
     workers: tuple[WorkerTask, ...] = ()
     moving: bool = False  # a move or continuation of the main job is in flight
 
@@ -103,12 +104,17 @@ class Room:
     def idle_gpus(self) -> int:
         return sum(g for _, g in self.nodes)
 
-    def short_of_gpus(self, freed: int = 0) -> bool:
-        """Whether jobs wait here that the idle GPUs cannot start: too few in all, or none on one node."""
+    def short_of_gpus(self, freed: dict[str, int] | None = None) -> bool:
+        """Whether jobs wait here that the idle GPUs cannot start: too few in all, or none on one node.
+
+        ``freed``: GPUs per node that leaving workers are giving back already.
+        """
         if self.waiting_gpus <= 0:
             return False
-        return (self.waiting_gpus > self.idle_gpus + freed
-                or not any(g >= self.waiting_per_node for _, g in self.nodes))
+        back = freed or {}
+        idle = [(n, g + back.get(n, 0)) for n, g in self.nodes]
+        return (self.waiting_gpus > sum(g for _, g in idle)
+                or not any(g >= self.waiting_per_node for _, g in idle))
 
 
 @dataclass(frozen=True)
@@ -121,18 +127,28 @@ class Resize:
     partition: str | None = None
 
 
-def _shrinks(job: ElasticJob, rooms: dict[str, Room]) -> list[Resize]:
-    """Workers to send away because jobs wait for the GPUs they hold."""
-    running = sorted((w for w in job.workers if w.state == "RUNNING"), key=lambda w: -w.start_time)
+def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> list[Resize]:
+    """Workers to send away because jobs wait for the GPUs they hold.
+
+    ``freed`` (GPUs per node, shared by every job this tick) holds what
+    workers already leaving will give back, so one waiting job never sends
+    away more workers than it needs, of this job or of any other.
+    """
     out: list[Resize] = []
-    freed: dict[str, int] = {}
+    for worker in job.workers:
+        if worker.leaving:
+            for node in worker.nodes:
+                freed[node] = freed.get(node, 0) + job.gpus_per_node
+    running = sorted((w for w in job.workers if w.state == "RUNNING" and not w.leaving), key=lambda w: -w.start_time)
     for worker in running:
         for room in rooms.values():
             idle = dict(room.nodes)
             # Only a node that the waiting jobs could then use is worth freeing.
-            helps = any(n in idle and idle[n] + job.gpus_per_node >= room.waiting_per_node for n in worker.nodes)
-            if helps and room.short_of_gpus(freed.get(room.name, 0)) and room.name not in freed:
-                freed[room.name] = freed.get(room.name, 0) + job.gpus_per_node
+            helps = any(n in idle and idle[n] + freed.get(n, 0) + job.gpus_per_node >= room.waiting_per_node
+                        for n in worker.nodes)
+            if helps and room.short_of_gpus(freed):
+                for node in worker.nodes:
+                    freed[node] = freed.get(node, 0) + job.gpus_per_node
                 out.append(Resize(SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle, reason=(
                     f"shrinking to {job.nodes_now - len(out) - 1} node(s): jobs waiting on {room.name} need "
                     f"{room.waiting_gpus} GPU(s) and {room.idle_gpus} are idle; the worker on "
@@ -141,24 +157,33 @@ def _shrinks(job: ElasticJob, rooms: dict[str, Room]) -> list[Resize]:
     return out
 
 
+def _usable(worker: WorkerTask, job: ElasticJob) -> bool:
+    """A held task of the pool that may be released: on the job's own partition (the agent never points
+    a worker elsewhere: its limits are that partition's), and not one that keeps failing."""
+    return worker.in_pool and worker.partition == job.partition and worker.restart_count <= MAX_WORKER_RESTARTS
+
+
 def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str = "fifo") -> list[Resize]:
     """Every resize this tick: endings, then shrinks, then growth onto what is left idle."""
     by_name = {r.name: r for r in rooms}
     actions: list[Resize] = []
     for job in jobs:
-        if job.ended and job.worker_array is not None and any(w.state in ("PENDING", "RUNNING")
-                                                              for w in job.workers):
-            actions.append(Resize(END_WORKERS, job.dlsub_id, job.slurm_job_id, worker=str(job.worker_array),
-                                  reason=f"the job ended ({job.state}): cancelling its worker tasks"))
+        if not job.ended:
+            continue
+        for array in job.worker_arrays:
+            if any(w.state in ("PENDING", "RUNNING") and w.handle.startswith(f"{array}_") for w in job.workers):
+                actions.append(Resize(END_WORKERS, job.dlsub_id, job.slurm_job_id, worker=str(array),
+                                      reason=f"the job ended ({job.state}): cancelling its worker tasks"))
     live = [j for j in jobs if j.state == "RUNNING" and not j.ended and not j.moving]
     shrinking: set[str] = set()
+    freed: dict[str, int] = {}
     for job in live:
-        for action in _shrinks(job, by_name):
+        for action in _shrinks(job, by_name, freed):
             actions.append(action)
             shrinking.add(job.dlsub_id)
     # Growth: idle nodes nobody waits for, per partition, to the jobs the policy picks.
     growers = [j for j in live if j.dlsub_id not in shrinking and j.nodes_now < j.max_nodes
-               and any(w.in_pool and w.restart_count <= MAX_WORKER_RESTARTS for w in j.workers)]
+               and any(_usable(w, j) for w in j.workers)]
     by_partition: dict[str, list[ElasticJob]] = {}
     for job in growers:
         by_partition.setdefault(job.partition, []).append(job)
@@ -180,8 +205,7 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         order = sorted(group, key=lambda j: (-(decision[j.dlsub_id].gpus if j.dlsub_id in decision else 0),
                                              j.submit_time, j.slurm_job_id))
         for job in order:
-            pool = sorted((w for w in job.workers if w.in_pool and w.restart_count <= MAX_WORKER_RESTARTS),
-                          key=lambda w: w.handle)
+            pool = sorted((w for w in job.workers if _usable(w, job)), key=lambda w: w.handle)
             size = job.nodes_now
             while free and pool and size < job.max_nodes:
                 node = free.pop(0)

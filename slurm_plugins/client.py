@@ -238,10 +238,6 @@ class SlurmClient:
         """Signal the batch shell of one array task (``scancel --batch --signal``)."""
         self._run(["scancel", f"--signal={signal}", "--batch", _job_handle(handle)])
 
-    def retarget_task(self, handle: str, partition: str) -> None:
-        """Point one pending array task at another partition."""
-        self._run(["scontrol", "update", f"jobid={_job_handle(handle)}", f"Partition={partition}"])
-
     def retarget(self, job_id: int, partition: str, gpus_per_node: int, time_limit_min: int | None = None) -> None:
         """Point a pending job at another partition, with that many GPUs per node, and a time limit.
 

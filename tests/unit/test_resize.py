@@ -16,7 +16,7 @@ def running(handle: str, node: str, start: float = 100.0) -> WorkerTask:
 def elastic(workers: tuple[WorkerTask, ...], dlsub_id: str = "0123abcd", **kw: object) -> ElasticJob:
     fields: dict[str, object] = dict(dlsub_id=dlsub_id, slurm_job_id=901, uid=1001, user="ann", state="RUNNING",
                                      ended=False, partition="gpu", gpus_per_node=2, min_nodes=1, max_nodes=2,
-                                     submit_time=10.0, worker_array=900, workers=workers)
+                                     submit_time=10.0, worker_arrays=(900,), workers=workers)
     fields.update(kw)
     return ElasticJob(**fields)  # type: ignore[arg-type]
 
