@@ -85,9 +85,11 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
         assert steps == sorted(steps) and all(s > 0 for s in steps), "every re-formed group resumed, never from 0"
         why = user.dlsub("why", job["id"]).stdout
         assert "grow" in why and "shrink" in why, why
-        wait_for("no worker task left in Slurm", lambda: not [
+        # squeue --json lists ended jobs too (until MinJobAge): none of the workers may still wait or run.
+        wait_for("no worker task left waiting or running", lambda: not [
             j for j in json.loads(subprocess.run(["squeue", "--json"], capture_output=True, text=True).stdout)["jobs"]
-            if j.get("array_job_id") == job["worker_array_id"]], timeout=60)
+            if j.get("array_job_id") == job["worker_array_id"] and j.get("job_state") in ("PENDING", "RUNNING")],
+            timeout=60)
     finally:
         for leftover in (blocker, other):
             if leftover:
