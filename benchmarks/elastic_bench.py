@@ -23,11 +23,17 @@ TRAIN = str(EXAMPLES / "train_digits.py")
 GPUS_PER_NODE = 4
 
 
+#: Every Slurm job and dlsub job a benchmark started: :func:`clean_up` ends those still alive, whatever failed.
+STARTED_SLURM: list[int] = []
+STARTED_DLSUB: list[str] = []
+
+
 def hold_node(user: TestbedUser, wait_running: bool = True, name: str = "holder") -> int:
-    """A job holding one whole GPU node until cancelled (the benchmark ends it at the time it chooses)."""
+    """A job wanting one whole GPU node, holding it until cancelled (the benchmark ends it when it chooses)."""
     out = user.run("sbatch", "--parsable", "-p", "gpu", f"--gres=gpu:{GPUS_PER_NODE}", "-J", name, "--mem=200",
                    "--cpus-per-task=1", "--time=30", "--wrap", "sleep 1800", check=True)
     job_id = int(out.stdout.strip().split(";")[0])
+    STARTED_SLURM.append(job_id)
     if wait_running:
         wait_for("the node holder to run", lambda: (slurm_job(job_id) or {}).get("job_state") == "RUNNING",
                  timeout=120, interval=0.5)
@@ -40,11 +46,32 @@ def scancel(*job_ids: int | None) -> None:
         subprocess.run(["scancel", *ids], check=False)
 
 
+def submit(user: TestbedUser, *args: str) -> dict[str, Any]:
+    job = user.submit(*args)
+    STARTED_DLSUB.append(job["id"])
+    return job
+
+
+def clean_up(user: TestbedUser) -> None:
+    """End what this benchmark started and is still alive (only those: the testbed is shared)."""
+    for job in STARTED_DLSUB:
+        if user.status(job)["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
+            user.dlsub("cancel", job, check=False)
+    alive = [i for i in STARTED_SLURM if not gone(i)]
+    scancel(*alive)
+
+
+#: Slurm states of a job that still holds or wants nodes (squeue --json also lists ended jobs for a while).
+ALIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+         "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT")
+
+
 def gone(*job_ids: int | None) -> bool:
-    """Whether none of these Slurm jobs (an array's id covers its tasks) is still in squeue."""
+    """Whether none of these Slurm jobs (an array's id covers its tasks) is alive."""
     wanted = {i for i in job_ids if i}
     jobs = json.loads(subprocess.run(["squeue", "--json"], capture_output=True, text=True, check=True).stdout)["jobs"]
-    return not [j for j in jobs if j.get("job_id") in wanted or j.get("array_job_id") in wanted]
+    return not [j for j in jobs if (j.get("job_id") in wanted or j.get("array_job_id") in wanted)
+                and j.get("job_state") in ALIVE]
 
 
 def gpu_nodes_idle() -> bool:

@@ -38,6 +38,7 @@ from typing import Any
 from elastic_bench import (
     GPUS_PER_NODE,
     TRAIN,
+    clean_up,
     events,
     finished,
     first_after,
@@ -45,6 +46,7 @@ from elastic_bench import (
     hold_node,
     now,
     scancel,
+    submit,
     wait_testbed_quiet,
 )
 
@@ -58,9 +60,9 @@ def run_one(user: TestbedUser, nodes: str, args: argparse.Namespace) -> dict[str
     job: dict[str, Any] = {}
     try:
         submitted = now()
-        job = user.submit("-p", "gpu", "--time", "30", "--nodes", nodes, "--gpus-per-node", str(GPUS_PER_NODE),
-                          TRAIN, "--epochs", str(args.epochs), "--throttle-per-sample",
-                          str(args.throttle_per_sample))
+        job = submit(user, "-p", "gpu", "--time", "30", "--nodes", nodes, "--gpus-per-node", str(GPUS_PER_NODE),
+                     TRAIN, "--epochs", str(args.epochs), "--throttle-per-sample",
+                     str(args.throttle_per_sample))
         freed = None
         final = None
         while final is None:
@@ -97,11 +99,14 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     user = TestbedUser(USER)
-    rigid = run_one(user, "1", args)
-    if not args.json:
-        print(f"rigid   (--nodes 1):   {rigid['jct_s']:6.1f} s submit to completion, {rigid['state']}, "
-              f"world sizes {rigid['world_sizes']}", flush=True)
-    elastic = run_one(user, "1:2", args)
+    try:
+        rigid = run_one(user, "1", args)
+        if not args.json:
+            print(f"rigid   (--nodes 1):   {rigid['jct_s']:6.1f} s submit to completion, {rigid['state']}, "
+                  f"world sizes {rigid['world_sizes']}", flush=True)
+        elastic = run_one(user, "1:2", args)
+    finally:
+        clean_up(user)
     ratio = rigid["jct_s"] / elastic["jct_s"]
     if args.json:
         print(json.dumps({"blocker_s": args.blocker_s, "epochs": args.epochs, "rigid": rigid, "elastic": elastic,

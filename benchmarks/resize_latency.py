@@ -38,6 +38,7 @@ from typing import Any
 from elastic_bench import (
     GPUS_PER_NODE,
     TRAIN,
+    clean_up,
     decisions,
     first_after,
     gone,
@@ -45,6 +46,7 @@ from elastic_bench import (
     now,
     scancel,
     stamp,
+    submit,
     wait_testbed_quiet,
 )
 
@@ -71,9 +73,8 @@ def resize(user: TestbedUser, job: dict[str, Any], kind: str, after: float, size
 
 def one_sample(user: TestbedUser, holder: int, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
     """Grow then shrink one elastic job; returns the figures and the job now holding a node."""
-    job = user.submit("-p", "gpu", "--time", "30", "--nodes", "1:2", "--gpus-per-node", str(GPUS_PER_NODE),
-                      TRAIN, "--epochs", "1000", "--throttle", str(args.throttle), "--report-every", "1")
-    other = None
+    job = submit(user, "-p", "gpu", "--time", "30", "--nodes", "1:2", "--gpus-per-node", str(GPUS_PER_NODE),
+                 TRAIN, "--epochs", "1000", "--throttle", str(args.throttle), "--report-every", "1")
     try:
         # Training at one node's size with a checkpoint behind it, as a job that has run a while.
         wait_for("training at world size 4", lambda: first_after(job["job_dir"], "progress", 0, world_size=SMALL)
@@ -82,16 +83,11 @@ def one_sample(user: TestbedUser, holder: int, args: argparse.Namespace) -> tupl
         scancel(holder)
         grow = resize(user, job, "grow", freed, LARGE)
         # Another job wants a whole GPU node: the agent gives one back.
-        out = user.run("sbatch", "--parsable", "-p", "gpu", f"--gres=gpu:{GPUS_PER_NODE}", "-J", "wants-a-node",
-                       "--mem=200", "--cpus-per-task=1", "--time=30", "--wrap", "sleep 1800", check=True)
-        other = int(out.stdout.strip().split(";")[0])
+        other = hold_node(user, wait_running=False, name="wants-a-node")
         asked = now()
         shrink = resize(user, job, "shrink", asked, SMALL)
         wait_for("the waiting job to start", lambda: (slurm_job(other) or {}).get("job_state") == "RUNNING",
                  timeout=180, interval=0.5)
-    except BaseException:
-        scancel(other)
-        raise
     finally:
         user.dlsub("cancel", job["id"], check=False)
         wait_for("the elastic job gone from Slurm", lambda: gone(job["slurm_job_id"], job.get("worker_array_id")),
@@ -107,9 +103,9 @@ def main() -> None:
     args = parser.parse_args()
     user = TestbedUser(USER)
     wait_testbed_quiet()
-    holder = hold_node(user)
     rows = []
     try:
+        holder = hold_node(user)
         for i in range(args.samples):
             row, holder = one_sample(user, holder, args)
             rows.append(row)
@@ -120,7 +116,7 @@ def main() -> None:
                           f", restored (step {r['restored_step']}) {stamp(r['decided'], r['restored'])} s"
                           f", first step at the new size {r['latency_s']:6.1f} s", flush=True)
     finally:
-        scancel(holder)
+        clean_up(user)  # the last holder, and whatever a failure left
     grow = [r["grow"]["latency_s"] for r in rows]
     shrink = [r["shrink"]["latency_s"] for r in rows]
     if args.json:
