@@ -19,8 +19,9 @@ time of the agent's grow/shrink decision (`dlsub why --json`). Each sample
 also shows when the re-formed group started (its start event) and restored.
 The job that made it shrink holds the node for the next sample, so every
 grow releases a worker that has never run (a worker that has just left is
-requeued and Slurm keeps it from starting again for ~2 min: its
-credential's lifetime, see slurm_plugins/client.py). Progress is reported
+requeued, and Slurm keeps a requeued job from starting for cred_expire +
+1 s: 11 s on the testbed, 121 s by default; a re-grow pays that on top).
+Progress is reported
 every step and a step sleeps --throttle s, so "first step" is measured to
 within about one step. Prints every sample and the medians.
 
