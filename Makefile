@@ -46,6 +46,8 @@ integration: testbed
 bench: testbed
 	$(VENV)/bin/python benchmarks/container_overhead.py
 	$(VENV)/bin/python benchmarks/immediate_vs_ideal.py
+	$(VENV)/bin/python benchmarks/elastic_vs_rigid.py
+	$(VENV)/bin/python benchmarks/resize_latency.py
 
 # Policies and simulator: no testbed needed, only the virtualenv.
 bench-policies: install

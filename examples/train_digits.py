@@ -68,6 +68,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--report-every", type=int, default=5, help="steps between progress reports")
     p.add_argument("--throttle", type=float, default=0.0,
                    help="sleep this many seconds per step, to stretch a demo run so it can be watched or signalled")
+    p.add_argument("--throttle-per-sample", type=float, default=0.0,
+                   help="also sleep this many seconds per sample of this process's share of each step: with the "
+                        "global batch fixed, a step then takes THROTTLE*batch/world_size, as data-parallel "
+                        "GPUs would (the testbed's fake GPUs share two cores, so more processes are not faster)")
     p.add_argument("--cpu-slowdown", type=float, default=1.0,
                    help="multiply --throttle by this when no GPU is visible: on a testbed whose GPUs are fake, "
                         "makes a CPU node as much slower than a GPU one as it would be on real hardware")
@@ -142,8 +146,9 @@ def main() -> None:
             optimizer.step()
             step += 1
             sample_in_epoch += args.batch_size
-            if args.throttle:
-                time.sleep(args.throttle * (1.0 if os.environ.get("CUDA_VISIBLE_DEVICES") else args.cpu_slowdown))
+            pause = args.throttle + args.throttle_per_sample * share[rank]
+            if pause:
+                time.sleep(pause * (1.0 if os.environ.get("CUDA_VISIBLE_DEVICES") else args.cpu_slowdown))
             if step % args.report_every == 0 or sample_in_epoch + args.batch_size > len(train_y):
                 run.report(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size,
                            world_size=world)

@@ -1,0 +1,132 @@
+"""Resize latency on the live testbed: the agent's decision -> all ranks training at the new size.
+
+    python benchmarks/resize_latency.py [--samples 5] [--throttle 0.05] [--json]
+
+One sample = one elastic job (`dlsub --nodes 1:2 --gpus-per-node 4`, on
+`gpu`) that starts on one node while another job holds the other, then:
+
+* grow: the holder is cancelled; the agent (tick 3 s) decides to grow and
+  releases the held worker task; the worker starts, joins the rendezvous,
+  torchrun stops the group (the training checkpoints) and re-forms it at
+  world size 8, which restores and trains.
+* shrink: a job that wants a whole GPU node is submitted; the agent decides
+  to shrink and signals the worker; the group checkpoints, the worker leaves
+  and the main node re-forms at world size 4, restores and trains.
+
+Latency = the first progress event at the new world size (rank 0 reports
+after a step; DDP's all-reduce means every rank did that step) minus the
+time of the agent's grow/shrink decision (`dlsub why --json`). Each sample
+also shows when the re-formed group started (its start event) and restored.
+The job that made it shrink holds the node for the next sample, so every
+grow releases a worker that has never run (a worker that has just left is
+requeued, and Slurm keeps a requeued job from starting for cred_expire +
+1 s: 11 s on the testbed, 121 s by default; a re-grow pays that on top).
+Progress is reported
+every step and a step sleeps --throttle s, so "first step" is measured to
+within about one step. Prints every sample and the medians.
+
+Runs as root (acts as the testbed user); needs the agent service (tick 3 s)
+and an otherwise idle testbed. Takes about 1.5 min per sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any
+
+from elastic_bench import (
+    GPUS_PER_NODE,
+    TRAIN,
+    clean_up,
+    decisions,
+    first_after,
+    gone,
+    hold_node,
+    now,
+    scancel,
+    stamp,
+    submit,
+    wait_testbed_quiet,
+)
+
+from livebed import USER, TestbedUser, slurm_job, wait_for
+
+SMALL, LARGE = GPUS_PER_NODE, 2 * GPUS_PER_NODE  # world sizes on one node and on two
+
+
+def resize(user: TestbedUser, job: dict[str, Any], kind: str, after: float, size: int) -> dict[str, Any]:
+    """Wait for the agent's ``kind`` decision (made at or after ``after``) and the group training at ``size``."""
+    made = wait_for(f"the agent's {kind} decision", lambda: [
+        d for d in decisions(user, job["id"], kind) if float(d["time"]) >= after - 3.5], timeout=120, interval=0.5)
+    decided = float(made[0]["time"])
+    job_dir = job["job_dir"]
+    trained = wait_for(f"training at world size {size}",
+                       lambda: first_after(job_dir, "progress", decided, world_size=size), timeout=240, interval=0.5)
+    started = first_after(job_dir, "start", decided, world_size=size)
+    restored = first_after(job_dir, "restore", float(started["time"])) if started else None
+    return {"decided": decided, "started": float(started["time"]) if started else None,
+            "restored": float(restored["time"]) if restored else None, "trained": float(trained["time"]),
+            "restored_step": restored.get("step") if restored else None,
+            "latency_s": round(float(trained["time"]) - decided, 2)}
+
+
+def one_sample(user: TestbedUser, holder: int, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+    """Grow then shrink one elastic job; returns the figures and the job now holding a node."""
+    job = submit(user, "-p", "gpu", "--time", "30", "--nodes", "1:2", "--gpus-per-node", str(GPUS_PER_NODE),
+                 TRAIN, "--epochs", "1000", "--throttle", str(args.throttle), "--report-every", "1")
+    try:
+        # Training at one node's size with a checkpoint behind it, as a job that has run a while.
+        wait_for("training at world size 4", lambda: first_after(job["job_dir"], "progress", 0, world_size=SMALL)
+                 and first_after(job["job_dir"], "checkpoint", 0), timeout=240, interval=0.5)
+        freed = now()
+        scancel(holder)
+        grow = resize(user, job, "grow", freed, LARGE)
+        # Another job wants a whole GPU node: the agent gives one back.
+        other = hold_node(user, wait_running=False, name="wants-a-node")
+        asked = now()
+        shrink = resize(user, job, "shrink", asked, SMALL)
+        wait_for("the waiting job to start", lambda: (slurm_job(other) or {}).get("job_state") == "RUNNING",
+                 timeout=180, interval=0.5)
+    finally:
+        user.dlsub("cancel", job["id"], check=False)
+        wait_for("the elastic job gone from Slurm", lambda: gone(job["slurm_job_id"], job.get("worker_array_id")),
+                 timeout=120, interval=0.5)
+    return {"id": job["id"], "grow": grow, "shrink": shrink}, other
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--throttle", type=float, default=0.05, help="seconds each training step sleeps")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    user = TestbedUser(USER)
+    wait_testbed_quiet()
+    rows = []
+    try:
+        holder = hold_node(user)
+        for i in range(args.samples):
+            row, holder = one_sample(user, holder, args)
+            rows.append(row)
+            if not args.json:
+                for kind in ("grow", "shrink"):
+                    r = row[kind]
+                    print(f"sample {i + 1} {kind:<6} decision -> group started {stamp(r['decided'], r['started'])} s"
+                          f", restored (step {r['restored_step']}) {stamp(r['decided'], r['restored'])} s"
+                          f", first step at the new size {r['latency_s']:6.1f} s", flush=True)
+    finally:
+        clean_up(user)  # the last holder, and whatever a failure left
+    grow = [r["grow"]["latency_s"] for r in rows]
+    shrink = [r["shrink"]["latency_s"] for r in rows]
+    if args.json:
+        print(json.dumps({"samples": rows, "median_grow_s": statistics.median(grow),
+                          "median_shrink_s": statistics.median(shrink)}, indent=2))
+    else:
+        print(f"median over {len(rows)}: grow {statistics.median(grow):.1f} s (decision -> world size {LARGE} "
+              f"training), shrink {statistics.median(shrink):.1f} s (decision -> world size {SMALL} training)")
+
+
+if __name__ == "__main__":
+    main()
