@@ -10,9 +10,12 @@ submit`` and ``dlsub usage`` price it (:mod:`dlsub.agent.cost`).
 One ``sacct`` per minute at most (the agent's clock, so tests drive it with
 a fake one), and again at once when a new period starts. Without a
 ``[budgets]`` table nothing is asked of Slurm and no job carries a budget.
-When ``sacct`` fails the last reading is kept (none yet: nothing spent), so a
-hiccup in accounting neither stops the tick nor freezes every move; the
-submit-time check stays the strict gate.
+Spend within a period only grows, so each reading is merged with the last
+one of the same period by taking the larger of the two for each user and
+account: when ``sacct`` fails (an exception, or a non-zero exit, which the
+client reads as no records) the last reading stands. With no reading yet
+nothing counts as spent, so a hiccup in accounting neither stops the tick
+nor freezes every move; the submit-time check stays the strict gate.
 """
 
 from __future__ import annotations
@@ -40,6 +43,15 @@ def _left(scope: str, budget: Budget, spent: Spend) -> BudgetLeft:
                       None if math.isinf(left.cost) else left.cost)
 
 
+def _larger(old: dict[str, Spend], new: dict[str, Spend]) -> dict[str, Spend]:
+    """Per name, the larger reading of spend (it only grows within a period; a failed read shows none)."""
+    out = dict(old)
+    for name, s in new.items():
+        o = out.get(name, Spend())
+        out[name] = Spend(max(o.node_hours, s.node_hours), max(o.cost, s.cost))
+    return out
+
+
 class BudgetWatch:
     def __init__(self, client: SlurmClient, policy: AgentPolicy, ttl_s: float = SPEND_TTL_S) -> None:
         self.client = client
@@ -55,13 +67,13 @@ class BudgetWatch:
         fresh = self._read_at is not None and now - self._read_at < self.ttl_s and self._since == since
         if fresh:
             return
+        if self._since != since:
+            self._users, self._accounts = {}, {}  # a new period: nothing spent in it yet
+        self._read_at, self._since = now, since
         try:
             records = self.client.usage(since, all_users=True)
         except Exception as exc:  # noqa: BLE001 - accounting trouble costs the budgets a reading, never the tick
             log.warning("reading spend for budgets failed (%s): using the last reading", exc)
-            if self._since != since:
-                self._users, self._accounts = {}, {}
-            self._read_at, self._since = now, since
             return
         table = {name: role.cost_per_node_hour for name, role in self.policy.partitions.items()}
         users: dict[str, Spend] = {}
@@ -71,8 +83,7 @@ class BudgetWatch:
             users[r.user] = users.get(r.user, Spend()) + used
             if r.account:
                 accounts[r.account] = accounts.get(r.account, Spend()) + used
-        self._users, self._accounts = users, accounts
-        self._read_at, self._since = now, since
+        self._users, self._accounts = _larger(self._users, users), _larger(self._accounts, accounts)
 
     def left(self, user: str, account: str, now: float) -> tuple[BudgetLeft, ...]:
         """The budgets that bound ``user`` (theirs, their job's account's) with what each has left."""

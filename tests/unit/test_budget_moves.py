@@ -16,6 +16,7 @@ from agent_world import NOW, World, policy
 from click.testing import CliRunner
 
 from dlsub.agent.agent_cli import why
+from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.policies import moves as m
 from dlsub.policies.moves import BudgetLeft, JobInfo, PartitionInfo, Rules, Window
 from dlsub.slurm_plugins.client import SlurmClient
@@ -101,11 +102,14 @@ class SacctRunner:
     """The fake Slurm, with ``sacct -S`` (spend over a period) answered from canned accounting lines."""
 
     def __init__(self, fake: FakeSlurm, lines: Sequence[str]) -> None:
-        self.fake, self.lines, self.calls = fake, list(lines), 0
+        self.fake, self.calls = fake, 0
+        self.lines: list[str] | None = list(lines)  # None: sacct cannot be run
 
     def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         if argv[0] == "sacct" and "-S" in argv:
             self.calls += 1
+            if self.lines is None:
+                raise OSError("sacct: cannot run")
             return subprocess.CompletedProcess(list(argv), 0, "".join(f"{x}\n" for x in self.lines), "")
         return self.fake(argv)
 
@@ -162,3 +166,25 @@ def test_the_agent_moves_a_job_within_budget_and_reads_no_sacct_without_budgets(
     job2, dir2 = w2.submit("0789abcd", user="alice")
     w2.progress(dir2, job2)
     assert [a.kind for a in w2.agent().tick(NOW)] == ["signal-move"] and plain.calls == 0
+
+
+def test_accounting_trouble_costs_the_budgets_a_reading_never_the_tick(tmp_path: Path) -> None:
+    w, runner = budget_world(tmp_path, ["5|alice|lab|gpu|4480|1"])  # 9.96 of 10.00 spent
+    job_id, job_dir = w.submit("0123abcd", user="alice")
+    w.progress(job_dir, job_id)
+    agent = w.agent()
+    assert [a.kind for a in agent.tick(NOW)] == ["note"]
+    # A minute later sacct answers nothing (slurmdbd down: exit 1, read as no records), then raises:
+    # the last reading stands, so alice's job still does not move, and the tick goes on.
+    runner.lines = []
+    assert [a.kind for a in agent.tick(NOW + 61)] == ["note"] and runner.calls == 2
+    runner.lines = None
+    assert [a.kind for a in agent.tick(NOW + 122)] == ["note"] and runner.calls == 3
+    assert w.fake.jobs[job_id].signals == [] and w.store.meta()["last_error"] is None
+    # A new month: nothing spent in it yet.
+    runner.lines = []
+    watch = BudgetWatch(w.client, w.policy)
+    runner.lines = ["5|alice|lab|gpu|4480|1"]
+    assert watch.left("alice", "lab", NOW) == (BudgetLeft("user alice", None, 10.0 - 4480 / 3600 * 8.0),)
+    runner.lines = []
+    assert watch.left("alice", "lab", NOW + 40 * 86400) == (BudgetLeft("user alice", None, 10.0),)
