@@ -44,6 +44,7 @@ from typing import Any
 
 from dlsub.agent import failpoints
 from dlsub.agent.agent_store import AgentStore, Binding, JobRow, Writes
+from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.agent.jobdir import (
     AttemptsSummary,
     Cursor,
@@ -113,6 +114,7 @@ def rules_from(policy: AgentPolicy) -> Rules:
         max_gpus_per_job=policy.limits.max_gpus_per_job,
         backfill_enabled=policy.backfill.enabled,
         backfill_roles=policy.backfill.roles,
+        budget_period=policy.budgets.period,
     )
 
 
@@ -239,6 +241,8 @@ class Agent:
         # Worker tasks sent MOVE_SIGNAL to leave, and when (the agent's clock).
         self._leaving: dict[str, float] = {}
         self._last_elastic: list[ElasticJob] = []
+        # What each budget has left (sacct at most once a minute): the planner's budget gate.
+        self._budgets = BudgetWatch(client, policy)
 
     # ---------------------------------------------------------------- observe
     def window_at(self, now: float) -> Window:
@@ -365,12 +369,19 @@ class Agent:
                 name=p.name, role=self.policy.role_of(p.name), speed=self.policy.speed_of(p.name),
                 nodes=up_nodes, pending_gpus=pending_gpus.get(p.name, 0),
                 max_time_s=p.max_time_min * 60.0 if p.max_time_min else None,
+                cost_per_node_hour=self._price(p.name),
             ))
         infos = [s.info for s in observed if s.info is not None]
+        infos = self._budgets.attach(infos, {s.job.job_id: str(s.job.extra.get("account") or "") for s in observed},
+                                     now)
         elastic = self._elastic_jobs(followed, workers, rows, bindings, moves)
         rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0),
                       pending_per_node.get(p.name, 0)) for p in partitions]
         return Observation(infos, parts, self.window_at(now), usage, skipped + self._unread, late, elastic, rooms)
+
+    def _price(self, partition: str) -> float:
+        role = self.policy.partitions.get(partition)
+        return role.cost_per_node_hour if role else 0.0
 
     @staticmethod
     def _elastic_jobs(followed: list[_Seen], workers: dict[tuple[int, str], list[WorkerTask]],

@@ -32,6 +32,13 @@ Rules, checked for each job every tick:
   the GPU and job limits, counted over everything the user holds in Slurm
   (``Usage``: every job of that uid, dlsub's or not, and moves in flight),
   plus what this same tick has already decided.
+* **Budgets**: a move or backfill is started only when the node-hours it
+  adds on its target (the job's remaining time there × nodes, at that
+  partition's ``cost_per_node_hour``) fit in what each of its budgets (its
+  user's, its account's: ``JobInfo.budgets``) has left this period, less
+  what this tick has already given to other jobs of the same budget
+  (:func:`dlsub.policies.budget_gate.move_fits_budget`). Otherwise the job
+  stays where it is and a note says how much it would use and what is left.
 
 A move in flight is a small state machine (``MovePhase``) that each tick
 advances from what Slurm shows, so a restarted agent picks it up where
@@ -52,6 +59,7 @@ from typing import TypedDict
 
 from dlsub.contract import ACTION_MOVE
 from dlsub.policies.api import ClusterView, JobView, Node
+from dlsub.policies.budget_gate import move_fits_budget
 from dlsub.policies.registry import get_policy
 
 
@@ -81,6 +89,15 @@ class MoveView:
     signals: int = 0
     time_limit_min: int | None = None
     restart_count: int = 0  # Slurm's restart count of the job when the move was signalled
+
+
+@dataclass(frozen=True)
+class BudgetLeft:
+    """What one budget that bounds a job has left this period (None: that amount has no bound)."""
+
+    scope: str  # whose budget, as a note says it: "user alice", "account vision"
+    node_hours: float | None = None
+    cost: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +133,8 @@ class JobInfo:
     ran_s: float | None = None  # how long it has reported progress (for a job that declares no total)
     # A gang (several nodes) or an elastic job: resized by policies.resize, never moved or backfilled.
     gang: bool = False
+    # The budgets that bound this job's owner (user's, account's); empty: none, anything may move.
+    budgets: tuple[BudgetLeft, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,6 +153,7 @@ class PartitionInfo:
     nodes: tuple[tuple[str, int, int], ...]  # (node, idle GPUs, idle CPUs) for nodes that are up
     pending_gpus: int = 0  # GPUs wanted by jobs already waiting there (not ours to overtake)
     max_time_s: float | None = None
+    cost_per_node_hour: float = 0.0  # the policy's price of a node-hour here (budgets)
 
     @property
     def idle_gpus(self) -> int:
@@ -161,6 +181,7 @@ class Rules:
     backfill_enabled: bool = True
     backfill_roles: tuple[str, ...] = ("dev", "cpu")
     job_cpus: int = 2
+    budget_period: str = "month"  # day | week | month: what the budgets' notes call the period
 
     def may_move(self, user: str) -> bool:
         return self.moves_enabled and ("*" in self.movable_users or user in self.movable_users)
@@ -352,10 +373,47 @@ def _charge(usage: dict[int, Usage], uid: int, gpus: int) -> None:
     usage[uid] = Usage(old.gpus + gpus, old.jobs)
 
 
+# What this tick has already given each budget (by scope): node-hours and cost.
+Granted = dict[str, tuple[float, float]]
+
+
+def _over_budget(job: JobInfo, seconds: float | None, part: PartitionInfo, rules: Rules,
+                 granted: Granted) -> str | None:
+    """Why ``seconds`` more of ``job`` on ``part`` would not fit one of its budgets (None: it fits).
+
+    ``seconds`` None: its time there is unknown, so it fits only while something is left.
+    """
+    nodes = 1  # moves and backfills are of single-node jobs (gangs are resized, never moved)
+    price = part.cost_per_node_hour
+    for budget in job.budgets:
+        used_h, used_c = granted.get(budget.scope, (0.0, 0.0))
+        h_left = None if budget.node_hours is None else max(0.0, budget.node_hours - used_h)
+        c_left = None if budget.cost is None else max(0.0, budget.cost - used_c)
+        if move_fits_budget(seconds, nodes, price, h_left, c_left):
+            continue
+        left = [f"{v:.2f} {unit}" for v, unit in ((h_left, "node-hours"), (c_left, "(cost)")) if v is not None]
+        has = f"{budget.scope} has {' and '.join(left)} left of this {rules.budget_period}'s budget"
+        if seconds is None:
+            return f"{has}, and its time there is unknown"
+        hours = max(0.0, seconds) / 3600.0 * nodes
+        return (f"it would use about {hours:.2f} node-hours costing {hours * price:.2f} there "
+                f"({_hours(seconds)} at {price:.2f} per node-hour); {has}")
+    return None
+
+
+def _grant(job: JobInfo, seconds: float | None, part: PartitionInfo, granted: Granted) -> None:
+    hours = max(0.0, seconds or 0.0) / 3600.0
+    for budget in job.budgets:
+        used_h, used_c = granted.get(budget.scope, (0.0, 0.0))
+        granted[budget.scope] = (used_h + hours, used_c + hours * part.cost_per_node_hour)
+
+
 def _choose_movers(candidates: list[tuple[JobInfo, float]], usage: dict[int, Usage],
-                   partitions: dict[str, PartitionInfo], rules: Rules, now: float) -> list[Action]:
+                   partitions: dict[str, PartitionInfo], rules: Rules, now: float,
+                   granted: Granted | None = None) -> list[Action]:
     """Which candidates take the idle GPUs, by the configured scheduling policy."""
     actions = []
+    granted = {} if granted is None else granted
     by_ideal: dict[str, list[tuple[JobInfo, float]]] = {}
     for job, saved in candidates:
         by_ideal.setdefault(job.ideal_partition, []).append((job, saved))
@@ -384,9 +442,19 @@ def _choose_movers(candidates: list[tuple[JobInfo, float]], usage: dict[int, Usa
             if over:
                 actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id, f"not moved to {name}: {over}"))
                 continue
+            eta, basis = remaining_s(job)
+            # Its remaining work at the target's speed, plus the restart, is what the move adds there.
+            here = partitions.get(job.partition)
+            there_s = None if eta is None else (
+                eta * (here.speed if here else 1.0) / ideal.speed + rules.restart_cost_s)
+            broke = _over_budget(job, there_s, ideal, rules, granted)
+            if broke:
+                actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id, f"not moved to {name}: {broke}",
+                                      details={"budget": "exceeded", "seconds_there": round(there_s or 0.0)}))
+                continue
+            _grant(job, there_s, ideal, granted)
             _charge(usage, job.uid, max(0, gpus - job.gpus_now))
             age = now - job.last_checkpoint_time if job.last_checkpoint_time else None
-            eta, basis = remaining_s(job)
             actions.append(Action(
                 SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
                 f"moving to {name}: {ideal.idle_gpus} GPU(s) idle"
@@ -446,8 +514,9 @@ def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo]
 
 
 def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules, window: Window,
-              now: float, usage: dict[int, Usage]) -> list[Action]:
+              now: float, usage: dict[int, Usage], granted: Granted | None = None) -> list[Action]:
     actions: list[Action] = []
+    granted = {} if granted is None else granted
     if not rules.backfill_enabled:
         return actions
     if window.open:
@@ -465,24 +534,35 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
                 gpus = min(job.gpus_wanted, rules.max_gpus_per_job)
                 if _over_limit(job, max(0, gpus - job.gpus_now), usage, rules):
                     continue
+                broke: list[str] = []
                 for part in partitions.values():
                     if part.role not in rules.backfill_roles or part.name == job.partition:
                         continue
                     free_nodes = [n for n, g, c in part.nodes if g >= gpus and c >= rules.job_cpus]
                     if len(free_nodes) <= taken.get(part.name, 0):
                         continue
-                    taken[part.name] = taken.get(part.name, 0) + 1
-                    _charge(usage, job.uid, max(0, gpus - job.gpus_now))
                     # Never above the limit it was submitted with; cut to the partition's MaxTime.
                     limit = job.time_limit_min
                     if part.max_time_s is not None and (limit is None or limit * 60 > part.max_time_s):
                         limit = int(part.max_time_s // 60)
+                    there_s = _backfill_seconds(job, limit, closes_in)
+                    why = _over_budget(job, there_s, part, rules, granted)
+                    if why:
+                        broke.append(f"not backfilled onto {part.name}: {why}")
+                        continue
+                    _grant(job, there_s, part, granted)
+                    taken[part.name] = taken.get(part.name, 0) + 1
+                    _charge(usage, job.uid, max(0, gpus - job.gpus_now))
                     actions.append(Action(BACKFILL, job.dlsub_id, job.slurm_job_id,
                                           f"off-hours window '{window.name}' is open and {part.name} is idle: "
                                           f"starting there instead of waiting for {job.partition}",
                                           partition=part.name, gpus=gpus, time_limit_min=limit,
                                           details={"from": job.partition, "limit_min": job.time_limit_min}))
                     break
+                else:
+                    if broke:
+                        actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id, "; ".join(broke),
+                                              details={"budget": "exceeded"}))
     for job in jobs:
         if not job.backfilled_from or job.move is not None or job.state != "RUNNING":
             continue
@@ -495,6 +575,13 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
                                   partition=job.backfilled_from, gpus=job.gpus_wanted,
                                   details={"kind": "return"}, time_limit_min=job.backfilled_limit_min))
     return actions
+
+
+def _backfill_seconds(job: JobInfo, limit_min: int | None, closes_in: float | None) -> float | None:
+    """The most a backfill may run on its partition: its remaining work, its limit there, the window's end."""
+    bounds = [b for b in (remaining_s(job)[0], limit_min * 60.0 if limit_min is not None else None, closes_in)
+              if b is not None]
+    return min(bounds) if bounds else None
 
 
 def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Rules, now: float,
@@ -512,9 +599,10 @@ def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Ru
         if job.move is not None:
             actions += _advance_move(job, now, rules)
     actions += _continuations(jobs, by_name, rules, now)
-    actions += _backfill(jobs, by_name, rules, window, now, usage)
+    granted: Granted = {}  # budgets given this tick, shared by backfills and moves
+    actions += _backfill(jobs, by_name, rules, window, now, usage, granted)
     busy = {a.slurm_job_id for a in actions if a.kind != NOTE}
     candidates, notes = _move_candidates([j for j in jobs if j.slurm_job_id not in busy], by_name, rules, now)
     actions += notes
-    actions += _choose_movers(candidates, usage, by_name, rules, now)
+    actions += _choose_movers(candidates, usage, by_name, rules, now, granted)
     return actions
