@@ -77,7 +77,7 @@ class ThroughputParams:
         return np.array([getattr(self, f.name) for f in fields(self)], dtype=float)
 
     @classmethod
-    def from_array(cls, values: Sequence[float]) -> ThroughputParams:
+    def from_array(cls, values: Sequence[float] | np.ndarray) -> ThroughputParams:
         return cls(*(float(v) for v in values))
 
     def compute_s(self, atomic: np.ndarray | float) -> np.ndarray:
@@ -89,9 +89,9 @@ class ThroughputParams:
     def step_s(self, nodes: np.ndarray | float, replicas: np.ndarray | float, atomic: np.ndarray | float,
                accum_steps: np.ndarray | float) -> np.ndarray:
         """Seconds per optimiser step (vectorised over any of the arguments)."""
-        return np.exp(_log_step(self.as_array(), np.asarray(nodes, dtype=float),
-                                np.asarray(replicas, dtype=float), np.asarray(atomic, dtype=float),
-                                np.asarray(accum_steps, dtype=float)))
+        return np.asarray(np.exp(_log_step(self.as_array(), np.asarray(nodes, dtype=float),
+                                           np.asarray(replicas, dtype=float), np.asarray(atomic, dtype=float),
+                                           np.asarray(accum_steps, dtype=float))))
 
 
 # The prior: Pollux's starting point, before a job has reported anything.
