@@ -15,9 +15,11 @@ from dlsub.policies.placement import packed_placement
 # A job that has not said how much work is left is expected to need as much
 # again as it has done: the least-attained-service rule, right for the
 # heavy-tailed job lengths of shared clusters (Tiresias, NSDI '19). A job
-# that has done little is expected to need at least this many seconds on
-# one GPU, so that new jobs start level with each other.
-UNKNOWN_WORK_S = 600.0
+# that has done little is expected to need at least a GPU-hour: with less,
+# a new job's first doublings could never pay back their restarts (goodput
+# asks a resize to save 30 s x 10), and it would sit on one GPU until it
+# had proved itself long.
+UNKNOWN_WORK_S = 3600.0
 
 
 class RemainingTime:
