@@ -30,6 +30,10 @@ import click
               help="Delay each arrival by up to this many seconds (seeded).")
 @click.option("--interval", type=click.IntRange(min=1), default=60, show_default=True,
               help="Scheduling interval, seconds.")
+@click.option("--information", type=click.Choice(["online", "oracle"]), default="online", show_default=True,
+              help="What a learning policy (goodput) is told: online, only what each job reported at the sizes "
+                   "it ran (as the live agent); oracle, every job's true performance and remaining work. "
+                   "Baselines see what their papers gave them either way.")
 @click.option("--restart-penalty", type=click.IntRange(min=0), default=30, show_default=True,
               help="Seconds without progress after every (re)allocation.")
 def simulate(
@@ -44,6 +48,7 @@ def simulate(
     arrival_jitter: float,
     interval: int,
     restart_penalty: int,
+    information: str,
 ) -> None:
     """Replay WORKLOAD (name,time,application,num_replicas,batch_size) under a policy.
 
@@ -73,7 +78,7 @@ def simulate(
             fail(f"no traces folder for {workload}; pass --traces DIR (the folder with one sub-folder per application)")
         assert traces is not None
         config = SimConfig(interval_s=interval, restart_penalty_s=restart_penalty, seed=seed,
-                           arrival_jitter_s=arrival_jitter)
+                           arrival_jitter_s=arrival_jitter, information=information)
         with click.progressbar(length=len(jobs), label=f"{policy.name} on {workload.name}", file=sys.stderr,
                                show_pos=True) as bar:
             done = [0]

@@ -64,6 +64,7 @@ class JobView:
     running_since_s: float | None = None
     waiting_since_s: float | None = None
     remaining: float | None = None
+    progress: float = 0.0
     model: PerformanceModel | None = field(default=None, compare=False, repr=False)
 
     @property

@@ -19,6 +19,13 @@ live agent (one decision for 1,000 jobs on 256 nodes takes milliseconds):
 4. A running job keeps its current GPU count when changing it would save
    less than ``restart_penalty_s`` × ``restart_weight`` seconds, since every
    change costs a restart.
+
+A job's model may say how far it can be trusted (``trusted_gpus``: a model
+fitted from the job's own reports trusts up to twice the most GPUs it has
+run on, as Pollux does); the job gets no more than that, so it grows as
+its reports come in. A job that does not say how much work it has left is
+expected to need as much again as it has done (see
+:class:`~dlsub.policies.speedup.RemainingTime`).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from __future__ import annotations
 import heapq
 from typing import ClassVar
 
-from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs
+from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, JobView
 from dlsub.policies.elastic import place_counts
 from dlsub.policies.speedup import RemainingTime
 
@@ -35,6 +42,8 @@ class GoodputPolicy:
     name: ClassVar[str] = "goodput"
     elastic: ClassVar[bool] = True
     adapts_batch: ClassVar[bool] = True
+    # It needs only what a job reports (see dlsub.policies.sim.information).
+    learns_online: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -45,6 +54,12 @@ class GoodputPolicy:
         self.efficiency_floor = efficiency_floor
         self.restart_penalty_s = restart_penalty_s
         self.restart_weight = restart_weight
+
+    @staticmethod
+    def _hi(job: JobView) -> int:
+        """The job's maximum, within what its model can vouch for (never below its minimum)."""
+        trusted = getattr(job.model, "trusted_gpus", None)
+        return job.hi if trusted is None else max(min(job.hi, trusted), job.lo)
 
     def _grow(self, curve: RemainingTime, start: int, limit: int, per_node: int) -> int:
         """Largest count from ``start`` whose every increment is worth the floor."""
@@ -74,7 +89,8 @@ class GoodputPolicy:
 
     def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
         per_node = max((node.gpus for node in cluster.nodes), default=1)
-        curves = {job.name: RemainingTime(job, per_node, adapt_batch=True) for job in jobs}
+        curves = {job.name: RemainingTime(job, per_node, adapt_batch=True, guess_remaining=True) for job in jobs}
+        his = {job.name: self._hi(job) for job in jobs}
         order = sorted(jobs, key=lambda job: (curves[job.name].time(max(job.lo, 1)), job.arrival_s, job.name))
         keep_margin = self.restart_penalty_s * self.restart_weight
         left = cluster.total_gpus
@@ -84,9 +100,9 @@ class GoodputPolicy:
             if lo > left:
                 continue
             curve = curves[job.name]
-            n = self._grow(curve, lo, min(job.hi, left), per_node)
+            n = self._grow(curve, lo, min(his[job.name], left), per_node)
             current = previous[job.name].gpus if job.name in previous else 0
-            if (current and current != n and current <= left and lo <= current <= job.hi
+            if (current and current != n and current <= left and lo <= current <= his[job.name]
                     and curve.time(current) - curve.time(n) < keep_margin):
                 n = current
             counts[job.name] = n
@@ -94,7 +110,6 @@ class GoodputPolicy:
         # Spare GPUs: to the job they help most per GPU, a node's worth at a
         # time at most, so that a slower step across a node boundary does not
         # hide the faster one beyond it.
-        his = {job.name: job.hi for job in jobs}
 
         def offer(name: str) -> tuple[float, int, str]:
             # A job that would otherwise run on unchanged must gain a restart's worth.

@@ -12,32 +12,52 @@ import math
 from dlsub.policies.api import JobView
 from dlsub.policies.placement import packed_placement
 
+# A job that has not said how much work is left is expected to need as much
+# again as it has done: the least-attained-service rule, right for the
+# heavy-tailed job lengths of shared clusters (Tiresias, NSDI '19). A job
+# that has done little is expected to need at least a GPU-hour: with less,
+# a new job's first doublings could never pay back their restarts (goodput
+# asks a resize to save 30 s x 10), and it would sit on one GPU until it
+# had proved itself long.
+UNKNOWN_WORK_S = 3600.0
+
 
 class RemainingTime:
     """``time(n)``: seconds left for ``job`` on ``n`` GPUs; ``batch(n)``: the batch size used.
 
     With ``adapt_batch`` the batch size is the one with the best goodput on
-    that placement (when the job allows it); otherwise the job's own.
+    that placement (when the job allows it); otherwise the job's own. With
+    ``guess_remaining``, a job whose remaining work is unknown is expected
+    to need as much again as it has done (at least :data:`UNKNOWN_WORK_S`
+    on one GPU).
     """
 
-    def __init__(self, job: JobView, gpus_per_node: int, *, adapt_batch: bool) -> None:
-        if job.model is None or job.remaining is None:
+    def __init__(self, job: JobView, gpus_per_node: int, *, adapt_batch: bool,
+                 guess_remaining: bool = False) -> None:
+        if job.model is None or (job.remaining is None and not guess_remaining):
             raise ValueError(f"job {job.name} has no performance model or remaining work")
         self.job = job
         self.gpus_per_node = gpus_per_node
         self.adapt_batch = adapt_batch and job.adaptive_batch
         self._cache: dict[int, tuple[float, int | None]] = {}
+        self.work = job.remaining if job.remaining is not None else self._guess_work()
+
+    def _guess_work(self) -> float:
+        rate = self._rate(1)[1]
+        return max(self.job.progress, rate * UNKNOWN_WORK_S)
+
+    def _rate(self, gpus: int) -> tuple[int | None, float]:
+        model, job = self.job.model, self.job
+        assert model is not None
+        placement = packed_placement(gpus, self.gpus_per_node)
+        if self.adapt_batch or job.batch_size is None:
+            return model.best_batch(placement)
+        return job.batch_size, model.goodput(placement, job.batch_size)
 
     def _solve(self, gpus: int) -> tuple[float, int | None]:
         if gpus not in self._cache:
-            model, job = self.job.model, self.job
-            assert model is not None and job.remaining is not None
-            placement = packed_placement(gpus, self.gpus_per_node)
-            if self.adapt_batch or job.batch_size is None:
-                batch, rate = model.best_batch(placement)
-            else:
-                batch, rate = job.batch_size, model.goodput(placement, job.batch_size)
-            seconds = job.remaining / rate if rate > 0 else math.inf
+            batch, rate = self._rate(gpus)
+            seconds = self.work / rate if rate > 0 else math.inf
             self._cache[gpus] = (seconds, batch)
         return self._cache[gpus]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dlsub.policies.api import Allocation, ClusterView, JobView, Policy, check_decision
 from dlsub.policies.sim.apps import Application, BatchConfig, load_application
-from dlsub.policies.sim.performance import performance_at
+from dlsub.policies.sim.information import Information, OracleInformation, information_for
 from dlsub.policies.sim.workload import WorkloadError, WorkloadJob
 
 # Pollux ran ncf at a fixed batch size of 32768 on one GPU.
@@ -33,6 +33,9 @@ class SimConfig:
     restart_penalty_s: int = 30
     seed: int = 0
     arrival_jitter_s: float = 0.0
+    # What a policy that learns is told: "online" (only what the live agent
+    # could see) or "oracle" (see dlsub.policies.sim.information).
+    information: str = "online"
     # Stop when nothing has progressed for this long while jobs wait (a deadlock).
     stall_limit_s: float = 6 * 3600.0
     max_time_s: float = 60 * 24 * 3600.0
@@ -48,6 +51,7 @@ class SimJob:
     gpus: int
     batch_size: int
     adaptive: bool
+    info: Information = field(default_factory=OracleInformation)
     progress: float = 0.0
     epoch: int = 0
     attained_gpu_s: float = 0.0
@@ -65,6 +69,10 @@ class SimJob:
         return self.spec.name
 
     @property
+    def epochs(self) -> int:
+        return self.spec.epochs if self.spec.epochs is not None else self.app.epochs
+
+    @property
     def done(self) -> bool:
         return self.completion_s is not None
 
@@ -79,7 +87,8 @@ class SimJob:
         assert self.alloc is not None
         replicas = self.alloc.gpus
         if self.adaptive:
-            batch = performance_at(self.app, self.epoch).best_batch(self.placement)[0]
+            # The job tunes its batch on what it knows (its own reports, online).
+            batch = self.info.model(self).best_batch(self.placement)[0]
         else:
             batch = self.alloc.batch_size or self.batch_size
         self.config = self.app.batch_config(replicas, batch)
@@ -131,7 +140,7 @@ class SimJob:
                 clock += delta
                 self.attained_gpu_s += delta * gpus
                 seconds -= delta
-                if self.epoch >= self.app.epochs:
+                if self.epoch >= self.epochs:
                     self.completion_s = clock
                 elif self.adaptive:
                     self._choose_config()  # batch size re-tuned between epochs
@@ -139,23 +148,10 @@ class SimJob:
 
     @property
     def remaining(self) -> float:
-        return max(self.app.total_progress - self.progress, 0.0)
+        return max(self.app.progress_at(self.epochs) - self.progress, 0.0)
 
     def view(self) -> JobView:
-        return JobView(
-            name=self.name,
-            arrival_s=self.arrival_s,
-            gpus=self.gpus,
-            min_gpus=self.lo,
-            max_gpus=self.hi,
-            batch_size=self.batch_size,
-            adaptive_batch=self.adaptive,
-            attained_gpu_s=self.attained_gpu_s,
-            running_since_s=self.running_since_s,
-            waiting_since_s=self.waiting_since_s,
-            remaining=self.remaining,
-            model=performance_at(self.app, self.epoch, None),
-        )
+        return self.info.view(self)
 
 
 @dataclass(frozen=True)
@@ -190,6 +186,7 @@ class SimResult:
     timeline: list[Sample] = field(default_factory=list)
     stalled: bool = False
     wall_s: float = 0.0
+    information: str = "oracle"  # what the policy was told (see information.py)
 
     def summary(self) -> dict[str, object]:
         jcts = sorted(j.jct_s for j in self.jobs if j.jct_s is not None)
@@ -201,6 +198,7 @@ class SimResult:
         return {
             "policy": self.policy,
             "workload": self.workload,
+            "information": self.information,
             "jobs": len(self.jobs),
             "completed": len(done),
             "stalled": self.stalled,
@@ -232,6 +230,7 @@ def make_jobs(
     elastic = getattr(policy, "elastic", False)
     adapts = getattr(policy, "adapts_batch", False)
     rng = random.Random(config.seed)
+    info = information_for(config.information, policy)
     jobs = []
     for spec in workload:
         trace = traces_dir / spec.application
@@ -242,6 +241,9 @@ def make_jobs(
                 f"known: {', '.join(known)}"
             )
         app = load_application(trace)
+        if spec.epochs is not None and spec.epochs > len(app.epoch_end):
+            raise WorkloadError(f"job {spec.name}: {spec.epochs} epochs declared; the traces of "
+                                f"{app.name} measure {len(app.epoch_end)}")
         fixed = FIXED_BATCH.get(app.name)
         adaptive = adapts and fixed is None
         batch = fixed if (adapts and fixed) else spec.batch_size
@@ -254,7 +256,7 @@ def make_jobs(
         if app.name in FIXED_BATCH and elastic:
             hi = 1  # as in the Pollux evaluation
         jitter = rng.uniform(0, config.arrival_jitter_s) if config.arrival_jitter_s else 0.0
-        jobs.append(SimJob(spec, app, spec.arrival_s + jitter, lo, hi, spec.num_replicas, batch, adaptive))
+        jobs.append(SimJob(spec, app, spec.arrival_s + jitter, lo, hi, spec.num_replicas, batch, adaptive, info))
     return jobs
 
 
@@ -276,7 +278,8 @@ def simulate(
     for job in jobs:
         if job.lo > cluster.total_gpus:
             raise WorkloadError(f"job {job.name} needs {job.lo} GPUs; the cluster has {cluster.total_gpus}")
-    result = SimResult(policy.name, workload_name, cluster.total_gpus, [])
+    told = jobs[0].info.mode if jobs else ""
+    result = SimResult(policy.name, workload_name, cluster.total_gpus, [], information=told)
     now = 0.0
     last_progress = 0.0
     while not all(job.done for job in jobs):
@@ -284,6 +287,7 @@ def simulate(
         for job in jobs:
             if job.advance(now, config.interval_s):
                 moved = True
+                job.info.observe(job)
         now += config.interval_s
         active = [job for job in jobs if job.arrival_s <= now and not job.done]
         if moved or not any(job.alloc for job in active):

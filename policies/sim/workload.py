@@ -1,4 +1,9 @@
-"""Workload files: ``name,time,application,num_replicas,batch_size`` per job."""
+"""Workload files: ``name,time,application,num_replicas,batch_size`` per job.
+
+An optional ``epochs`` column declares how many epochs a job trains (blank:
+its application's usual number, undeclared): a declared job runs that long
+and a policy is told its remaining work even when it learns online.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ class WorkloadJob:
     application: str
     num_replicas: int
     batch_size: int
+    epochs: int | None = None
 
 
 # The Pollux artifact's data, shipped with dlsub (see pollux/README.md).
@@ -54,11 +60,13 @@ def read_workload(path: Path) -> list[WorkloadJob]:
                         application=row["application"],
                         num_replicas=int(row["num_replicas"]),
                         batch_size=int(row["batch_size"]),
+                        epochs=int(row["epochs"]) if row.get("epochs") else None,
                     )
                 except (TypeError, ValueError) as exc:
                     raise WorkloadError(f"{path}:{line}: {exc}") from None
-                if job.num_replicas < 1 or job.batch_size < 1 or job.arrival_s < 0:
-                    raise WorkloadError(f"{path}:{line}: time must be >= 0, num_replicas and batch_size >= 1")
+                if job.num_replicas < 1 or job.batch_size < 1 or job.arrival_s < 0 or (job.epochs or 1) < 1:
+                    raise WorkloadError(
+                        f"{path}:{line}: time must be >= 0, num_replicas, batch_size and epochs >= 1")
                 jobs.append(job)
     except OSError as exc:
         raise WorkloadError(f"cannot read workload {path}: {exc.strerror}") from None

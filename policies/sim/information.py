@@ -1,0 +1,148 @@
+"""What a policy in the simulator is told about a job: the oracle, or only what the live agent could see.
+
+``oracle`` (the simulator's first mode, and what the baselines' papers gave
+them): every job's measured performance at every placement and batch size
+from its application's traces, and its remaining work.
+
+``online`` (the default for a policy that learns, like ``goodput``): what a
+job would have reported to the live agent by now, and nothing else. Each
+interval a job runs, it reports the time of its optimiser step at the
+configuration it ran (and its compute-only micro-step when it accumulates
+gradients) and its gradient noise at the batch size it ran; the policy's
+model is :mod:`dlsub.policies.throughput_fit` fitted to those reports, as
+the agent fits progress reports. Remaining work is told only when the
+workload row declares the job's epochs; otherwise the policy sees the work
+done so far. The batch limits a job declares (AdaptDL jobs declare them)
+are known in both modes. The job's own batch-size re-tuning between
+epochs uses the same model the policy sees.
+
+Both are deterministic: no clocks, no randomness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from dlsub.policies.api import JobView, PerformanceModel
+from dlsub.policies.fitted_model import NO_GAIN, BatchLimits, FittedPerformance, GradientStats
+from dlsub.policies.sim.apps import normalise
+from dlsub.policies.throughput_fit import StepReport, ThroughputFit, fit
+
+if TYPE_CHECKING:
+    from dlsub.policies.sim.engine import SimJob
+
+MODES = ("online", "oracle")
+
+
+class Information(Protocol):
+    mode: ClassVar[str]
+
+    def model(self, job: SimJob) -> PerformanceModel:
+        """The model behind the job's view and its own batch-size choice."""
+        ...
+
+    def view(self, job: SimJob) -> JobView: ...
+
+    def observe(self, job: SimJob) -> None:
+        """The job ran this interval: take its report."""
+        ...
+
+
+def _view(job: SimJob, model: PerformanceModel, remaining: float | None) -> JobView:
+    return JobView(
+        name=job.name,
+        arrival_s=job.arrival_s,
+        gpus=job.gpus,
+        min_gpus=job.lo,
+        max_gpus=job.hi,
+        batch_size=job.batch_size,
+        adaptive_batch=job.adaptive,
+        attained_gpu_s=job.attained_gpu_s,
+        running_since_s=job.running_since_s,
+        waiting_since_s=job.waiting_since_s,
+        remaining=remaining,
+        progress=job.progress,
+        model=model,
+    )
+
+
+class OracleInformation:
+    mode: ClassVar[str] = "oracle"
+
+    def model(self, job: SimJob) -> PerformanceModel:
+        # Imported here so that online mode never loads the oracle's model.
+        from dlsub.policies.sim.performance import performance_at
+
+        return performance_at(job.app, job.epoch, None)
+
+    def view(self, job: SimJob) -> JobView:
+        return _view(job, self.model(job), job.remaining)
+
+    def observe(self, job: SimJob) -> None:
+        pass
+
+
+@dataclass
+class _Reports:
+    """One job's reports: the latest step time per configuration, and its latest gradient noise."""
+
+    steps: dict[tuple[int, int, int, int], StepReport] = field(default_factory=dict)
+    grads: GradientStats = NO_GAIN
+    fitted: ThroughputFit | None = None
+    fitted_on: int = -1  # how many configurations the fit has seen
+    model: FittedPerformance | None = None
+
+
+class OnlineInformation:
+    mode: ClassVar[str] = "online"
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, _Reports] = {}
+
+    def observe(self, job: SimJob) -> None:
+        if job.alloc is None or job.config is None:
+            return
+        reports = self._jobs.setdefault(job.name, _Reports())
+        placement = normalise(job.placement)
+        config = job.config
+        app = job.app
+        # What the job's timers measure: its optimiser step, and a
+        # compute-only micro-step when it accumulates gradients.
+        step = app.step_time(placement, config)
+        micro, sync = app.step_sync(placement, config.atomic)
+        key = (len(placement), sum(placement), config.atomic, config.accum_steps)
+        reports.steps[key] = StepReport(*key, step_s=step,
+                                        compute_s=(micro - sync) if config.accum_steps else None)
+        sqr, var = app.grad_stats(config.total(sum(placement)), job.epoch)
+        grads = GradientStats(sqr, var)
+        if grads != reports.grads:
+            reports.grads, reports.model = grads, None
+
+    def _limits(self, job: SimJob) -> BatchLimits:
+        app = job.app
+        return BatchLimits(app.init_batch_size, app.max_batch_size, app.min_local_bsz, app.max_local_bsz)
+
+    def model(self, job: SimJob) -> PerformanceModel:
+        reports = self._jobs.setdefault(job.name, _Reports())
+        if reports.fitted is None or reports.fitted_on != len(reports.steps):
+            # Refit only when a configuration is new: a repeated one says the same.
+            reports.fitted, reports.fitted_on = fit(list(reports.steps.values())), len(reports.steps)
+            reports.model = None
+        if reports.model is None:
+            reports.model = FittedPerformance(reports.fitted, self._limits(job), reports.grads)
+        return reports.model
+
+    def view(self, job: SimJob) -> JobView:
+        declared = job.remaining if job.spec.epochs is not None else None
+        return _view(job, self.model(job), declared)
+
+
+def information_for(mode: str, policy: object) -> Information:
+    """Online information for a policy that learns (``learns_online``); the
+    baselines keep what their papers gave them (the oracle) in either mode."""
+    if mode not in MODES:
+        raise ValueError(f"unknown information mode {mode!r}; valid: {', '.join(MODES)}")
+    if mode == "online" and getattr(policy, "learns_online", False):
+        return OnlineInformation()
+    return OracleInformation()

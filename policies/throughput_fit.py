@@ -1,0 +1,225 @@
+"""A job's throughput, fitted from its own progress reports (the Pollux model).
+
+Every report says how long one optimiser step took at one configuration:
+nodes, replicas, the per-replica (atomic) batch and the gradient
+accumulation steps. The model Pollux (OSDI '21, section 4.1) fits to such
+reports has seven parameters:
+
+- compute, one micro-step's forward and backward pass: ``alpha_c + beta_c * atomic``;
+- synchronisation, the all-reduce: nothing on one replica;
+  ``alpha_r + beta_r * (replicas - 2)`` within a node;
+  ``alpha_n + beta_n * (replicas - 2)`` across nodes;
+- ``gamma`` in [1, 10]: how far compute and synchronisation overlap; an
+  optimiser step takes ``(compute**gamma + sync**gamma) ** (1/gamma)``
+  plus ``accum_steps`` unsynchronised micro-steps.
+
+:func:`fit` finds them by least squares on log step times (scipy's
+L-BFGS-B). What the reports cannot tell apart stays at an optimistic
+prior, as in Pollux: with no multi-replica report synchronisation costs
+nothing, with no multi-node report crossing nodes costs what a node
+costs, and with one atomic batch size half the compute time is fixed.
+That optimism is what makes a job worth trying on more GPUs; the fit says
+where it is guessing (:meth:`ThroughputFit.extrapolates`), and callers
+trust it up to twice the most replicas seen (:attr:`trusted_replicas`).
+
+Pure: plain values in, a value out; no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+import scipy.optimize
+
+GAMMA_MAX = 10.0
+# Lower bounds away from zero keep the log-space objective finite.
+FLOOR = 1e-8
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One measured optimiser step time at one configuration.
+
+    ``compute_s`` is one unsynchronised micro-step's time, where the job
+    measured it (it does when it accumulates gradients); it separates
+    compute from synchronisation.
+    """
+
+    nodes: int
+    replicas: int
+    atomic_batch: int
+    accum_steps: int
+    step_s: float
+    compute_s: float | None = None
+
+    @classmethod
+    def from_samples_per_s(cls, nodes: int, replicas: int, atomic_batch: int, accum_steps: int,
+                           samples_per_s: float) -> StepReport:
+        """A report given as throughput: one step processes replicas × atomic × (accum + 1) samples."""
+        samples = replicas * atomic_batch * (accum_steps + 1)
+        return cls(nodes, replicas, atomic_batch, accum_steps, samples / samples_per_s)
+
+
+@dataclass(frozen=True)
+class ThroughputParams:
+    alpha_c: float = 0.1
+    beta_c: float = 0.01
+    alpha_n: float = 0.1
+    beta_n: float = 0.01
+    alpha_r: float = 0.1
+    beta_r: float = 0.01
+    gamma: float = 1.0
+
+    def as_array(self) -> np.ndarray:
+        return np.array([getattr(self, f.name) for f in fields(self)], dtype=float)
+
+    @classmethod
+    def from_array(cls, values: Sequence[float] | np.ndarray) -> ThroughputParams:
+        return cls(*(float(v) for v in values))
+
+    def compute_s(self, atomic: np.ndarray | float) -> np.ndarray:
+        return np.asarray(self.alpha_c + self.beta_c * np.asarray(atomic, dtype=float))
+
+    def sync_s(self, nodes: np.ndarray | float, replicas: np.ndarray | float) -> np.ndarray:
+        return _sync(self.as_array(), np.asarray(nodes, dtype=float), np.asarray(replicas, dtype=float))
+
+    def step_s(self, nodes: np.ndarray | float, replicas: np.ndarray | float, atomic: np.ndarray | float,
+               accum_steps: np.ndarray | float) -> np.ndarray:
+        """Seconds per optimiser step (vectorised over any of the arguments)."""
+        return np.asarray(np.exp(_log_step(self.as_array(), np.asarray(nodes, dtype=float),
+                                           np.asarray(replicas, dtype=float), np.asarray(atomic, dtype=float),
+                                           np.asarray(accum_steps, dtype=float))))
+
+
+# The prior: Pollux's starting point, before a job has reported anything.
+PRIOR = ThroughputParams()
+
+
+def _sync(p: np.ndarray, nodes: np.ndarray, replicas: np.ndarray) -> np.ndarray:
+    across = nodes > 1
+    alpha = np.where(across, p[2], p[4])
+    beta = np.where(across, p[3], p[5])
+    sync = alpha + beta * np.maximum(replicas - 2, 0)
+    return np.where(replicas > 1, sync, 0.0)
+
+
+def _log_step(p: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, atomic: np.ndarray,
+              accum: np.ndarray) -> np.ndarray:
+    compute = p[0] + p[1] * atomic
+    sync = _sync(p, nodes, replicas)
+    gamma = p[6]
+    # (c^g + s^g)^(1/g), in logs so that large gamma does not overflow.
+    lc = np.log(compute)
+    ls = np.log(np.maximum(sync, FLOOR * FLOOR))
+    top = np.maximum(lc, ls)
+    synced = np.exp(top + np.log(np.exp(gamma * (lc - top)) + np.exp(gamma * (ls - top))) / gamma)
+    return np.asarray(np.log(synced + accum * compute))
+
+
+@dataclass(frozen=True)
+class ThroughputFit:
+    """Fitted parameters and what they rest on."""
+
+    params: ThroughputParams
+    reports: int
+    max_replicas: int  # the most replicas any report ran on (0: none yet)
+    max_nodes: int
+    rmsle: float  # root mean squared log error on the reports (0 with none)
+
+    @property
+    def trusted_replicas(self) -> int:
+        """Replica counts up to which predictions are trusted: twice the most seen, at least 1."""
+        return max(2 * self.max_replicas, 1)
+
+    def extrapolates(self, nodes: int, replicas: int) -> bool:
+        """True where a prediction goes beyond what the reports support: more
+        than twice the replicas seen, or across nodes when no report did."""
+        return replicas > self.trusted_replicas or (nodes > 1 and self.max_nodes <= 1)
+
+
+def fit(reports: Sequence[StepReport], prior: ThroughputParams = PRIOR) -> ThroughputFit:
+    """The Pollux throughput model that best explains ``reports`` (the prior when there are none)."""
+    if not reports:
+        return ThroughputFit(prior, 0, 0, 0, 0.0)
+    nodes = np.array([r.nodes for r in reports], dtype=float)
+    replicas = np.array([r.replicas for r in reports], dtype=float)
+    atomic = np.array([r.atomic_batch for r in reports], dtype=float)
+    accum = np.array([r.accum_steps for r in reports], dtype=float)
+    log_step = np.log(np.array([r.step_s for r in reports], dtype=float))
+    timed = [i for i, r in enumerate(reports) if r.compute_s is not None]
+    log_compute = np.log(np.array([reports[i].compute_s for i in timed], dtype=float))
+    timed_atomic = atomic[timed]
+
+    start = prior.as_array()
+    lower = np.array([FLOOR] * 6 + [1.0])
+    upper = np.array([np.inf] * 6 + [GAMMA_MAX])
+    # One replica's steps are pure compute: anchor compute's scale on them
+    # (or on the reports' smallest step) rather than on the prior's guess.
+    single = replicas == 1
+    base = np.exp(np.min(log_step[single] - np.log(1 + accum[single]))) if single.any() else \
+        float(np.exp(np.min(log_step - np.log(1 + accum))))
+    start[0], start[1] = base / 2, base / 2 / max(float(np.mean(atomic)), 1.0)
+    pinned: dict[int, float] = {}
+    if len(np.unique(atomic)) == 1:
+        # One atomic batch size cannot split fixed from per-sample compute:
+        # fix half as per-sample, which is optimistic about bigger batches.
+        pinned[0] = base / 2
+    multi_in_node = (replicas > 1) & (nodes == 1)
+    if not (nodes > 1).any():
+        pinned[2], pinned[3] = FLOOR, FLOOR  # raised to the in-node cost below
+    if not multi_in_node.any():
+        pinned[4], pinned[5] = FLOOR, FLOOR
+    if not (replicas > 2).any():
+        pinned[3], pinned[5] = FLOOR, FLOOR
+    if not (replicas > 1).any():
+        pinned[6] = 1.0
+    for index, value in pinned.items():
+        start[index] = lower[index] = upper[index] = value
+    for index in range(6):
+        if index not in pinned:
+            start[index] = max(start[index], 1e-4)
+    free = [i for i in range(7) if i not in pinned]
+    compute_weight = math.sqrt(len(reports) / len(timed)) if timed else 0.0
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        # Searched in logs: the parameters span orders of magnitude.
+        p = start.copy()
+        p[free] = np.exp(x)
+        parts = [_log_step(p, nodes, replicas, atomic, accum) - log_step]
+        if timed:
+            parts.append(compute_weight * (np.log(p[0] + p[1] * timed_atomic) - log_compute))
+        # A gentle pull towards gamma = 1 and towards no retrogression (Pollux
+        # does the same): when the data allow both, prefer the simpler story.
+        parts.append(0.01 * np.array([p[6] - 1, p[3] / p[2], p[5] / p[4]]))
+        return np.concatenate(parts)
+
+    if free:
+        lo, hi = np.log(lower[free]), np.log(upper[free])
+        best: scipy.optimize.OptimizeResult | None = None
+        # Overlap (gamma) makes the surface bumpy: start from little and from much.
+        for gamma0 in ((1.0, 3.0) if 6 in free else (start[6],)):
+            x0 = np.log(np.clip(start[free], lower[free], upper[free]))
+            if 6 in free:
+                x0[free.index(6)] = math.log(gamma0) + (1e-6 if gamma0 == 1.0 else 0.0)
+            x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+            result = scipy.optimize.least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0)
+            if best is None or result.cost < best.cost:
+                best = result
+        assert best is not None
+        start[free] = np.exp(best.x)
+    params = start
+    if not (nodes > 1).any():
+        # Prior: crossing nodes costs at least what synchronising within one does.
+        params[2] = max(params[2], params[4])
+        params[3] = max(params[3], params[5])
+    residual = _log_step(params, nodes, replicas, atomic, accum) - log_step
+    return ThroughputFit(
+        ThroughputParams.from_array(params),
+        len(reports),
+        int(replicas.max()),
+        int(nodes.max()),
+        float(math.sqrt(float(np.mean(residual ** 2)))),
+    )

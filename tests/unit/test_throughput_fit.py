@@ -1,0 +1,109 @@
+"""Unit tests (pure): the throughput model fitted from a job's own reports,
+and the performance model built on it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlsub.policies.api import JobView
+from dlsub.policies.fitted_model import BatchLimits, FittedPerformance, GradientStats, split_batch
+from dlsub.policies.registry import get_policy
+from dlsub.policies.sim.apps import load_application
+from dlsub.policies.sim.workload import POLLUX_DIR
+from dlsub.policies.throughput_fit import PRIOR, StepReport, ThroughputParams, fit
+
+TRUE = ThroughputParams(alpha_c=0.05, beta_c=0.002, alpha_n=0.2, beta_n=0.02, alpha_r=0.06, beta_r=0.008,
+                        gamma=2.0)
+# (nodes, replicas) a job might have run at on 8-GPU nodes.
+SIZES = [(1, 1), (1, 2), (1, 4), (1, 6), (1, 8), (2, 8), (3, 12), (2, 16), (4, 32)]
+
+
+def reports(params: ThroughputParams, noise: float, seed: int, sizes: list[tuple[int, int]] = SIZES,
+            atomics: tuple[int, ...] = (8, 32, 128), repeats: int = 2) -> list[StepReport]:
+    """Noisy reports (log-normal, ``noise`` sigma) from a job whose true parameters are ``params``."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for nodes, replicas in sizes:
+        for atomic in atomics:
+            for accum in (0, 1):
+                step = float(params.step_s(nodes, replicas, atomic, accum))
+                compute = float(params.compute_s(atomic))
+                for _ in range(repeats):
+                    out.append(StepReport(nodes, replicas, atomic, accum, step * np.exp(rng.normal(0, noise)),
+                                          compute * np.exp(rng.normal(0, noise)) if accum else None))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fit_recovers_known_parameters_from_noisy_reports(seed: int) -> None:
+    fitted = fit(reports(TRUE, noise=0.02, seed=seed))
+    ratio = fitted.params.as_array() / TRUE.as_array()
+    assert np.all(np.abs(ratio - 1) < 0.10), dict(zip(("ac", "bc", "an", "bn", "ar", "br", "g"), ratio.round(3),
+                                                      strict=True))
+    assert fitted.rmsle < 0.05 and fitted.max_replicas == 32 and fitted.max_nodes == 4
+
+
+def test_fit_is_exact_without_noise_and_deterministic() -> None:
+    data = reports(TRUE, noise=0.0, seed=0, repeats=1)
+    a, b = fit(data), fit(data)
+    assert a == b
+    np.testing.assert_allclose(a.params.as_array(), TRUE.as_array(), rtol=1e-3)
+
+
+def test_fit_predicts_unseen_sizes_within_twice_the_largest_seen() -> None:
+    seen = [(1, 1), (1, 2), (1, 4), (2, 4), (2, 8)]
+    fitted = fit(reports(TRUE, noise=0.03, seed=4, sizes=seen))
+    assert fitted.trusted_replicas == 16
+    for nodes, replicas in [(1, 3), (2, 6), (3, 12), (4, 16)]:
+        predicted = float(fitted.params.step_s(nodes, replicas, 32, 0))
+        assert predicted == pytest.approx(float(TRUE.step_s(nodes, replicas, 32, 0)), rel=0.10)
+        assert not fitted.extrapolates(nodes, replicas)
+    assert fitted.extrapolates(5, 20), "beyond twice the most replicas seen"
+
+
+def test_throughput_reports_convert_to_step_times() -> None:
+    report = StepReport.from_samples_per_s(2, 8, 32, 1, samples_per_s=1024.0)
+    assert report.step_s == pytest.approx(8 * 32 * 2 / 1024.0)
+
+
+def test_prior_until_data_and_optimistic_about_what_is_unseen() -> None:
+    empty = fit([])
+    assert empty.params == PRIOR and empty.reports == 0 and empty.trusted_replicas == 1
+    assert empty.extrapolates(1, 2) and not empty.extrapolates(1, 1)
+    one_gpu = fit([StepReport(1, 1, 32, 0, 0.2), StepReport(1, 1, 64, 0, 0.3)])
+    # Only one GPU seen: synchronisation unknown, so assumed free (Pollux's
+    # optimism, which is what makes trying 2 GPUs worth it) and 2 trusted.
+    assert float(one_gpu.params.sync_s(1, 2)) < 1e-6 and one_gpu.trusted_replicas == 2
+    assert float(one_gpu.params.step_s(1, 1, 48, 0)) == pytest.approx(0.25, rel=1e-3)
+    assert one_gpu.extrapolates(2, 2), "no report crossed nodes"
+    # Seen within a node only: crossing nodes costs at least as much.
+    in_node = fit(reports(TRUE, noise=0.0, seed=0, sizes=[(1, 1), (1, 2), (1, 4)], repeats=1))
+    assert float(in_node.params.sync_s(2, 4)) >= float(in_node.params.sync_s(1, 4)) - 1e-9
+
+
+def test_split_batch_matches_the_simulators_rule() -> None:
+    for name in ("cifar10", "yolov3", "bert", "imagenet"):
+        app = load_application(POLLUX_DIR / "traces" / name)
+        limits = BatchLimits(app.init_batch_size, app.max_batch_size, app.min_local_bsz, app.max_local_bsz)
+        for replicas in (1, 2, 3, 4, 8, 16, 64):
+            for batch in np.geomspace(app.init_batch_size, app.max_batch_size, 9).astype(int):
+                config = app.batch_config(replicas, int(batch))
+                assert split_batch(limits, replicas, int(batch)) == (config.atomic, config.accum_steps)
+
+
+def test_fitted_model_is_a_performance_model_the_goodput_policy_takes() -> None:
+    limits = BatchLimits(init_batch=128, max_batch=4096, min_local=16, max_local=256)
+    fitted = fit(reports(TRUE, noise=0.0, seed=0, sizes=[(1, 1), (1, 2), (1, 4)], repeats=1))
+    noisy = FittedPerformance(fitted, limits, GradientStats(sqr=1.0, var=50.0))
+    quiet = FittedPerformance(fitted, limits)  # no gradient noise reported yet: no gain from bigger batches
+    assert quiet.best_batch((4,))[0] == 4 * 32 or quiet.best_batch((4,))[0] == max(128, 4 * 16)
+    assert noisy.best_batch((4,))[0] > quiet.best_batch((4,))[0], "noise makes big batches worth it"
+    assert noisy.goodput((4,), 512) == pytest.approx(noisy.efficiency(512) / noisy.step_time((4,), 512))
+    assert noisy.trusted_gpus == 8 and noisy.extrapolates((4, 4, 4)) and not noisy.extrapolates((4,))
+    job = JobView("a", 0.0, gpus=1, min_gpus=1, max_gpus=64, batch_size=128, adaptive_batch=True,
+                  progress=5000.0, model=noisy)
+    from dlsub.policies.api import ClusterView
+    decision = get_policy("goodput").decide([job], ClusterView.uniform(16, 4), 0.0, {})
+    # Scales well, but no further than its reports vouch for: twice the 4 GPUs seen.
+    assert decision["a"].gpus == 8
