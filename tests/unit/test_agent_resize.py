@@ -22,17 +22,10 @@ TAGS = f"dlsub:{ID};mode=ideal;ideal=gpu;gpus=4;nodes=1-2"
 
 def elastic(world: World, *, uid: int = ME, dlsub_id: str = ID, tags: str = TAGS) -> tuple[int, int, Path]:
     """The worker array (held) and the main job (running on gpu1), as dlsub submits them."""
-    job_dir = world.tmp / f"home-{uid}" / dlsub_id
-    job_dir.mkdir(parents=True, exist_ok=True)
-    script = job_dir / "worker.sbatch"
-    script.write_text("\n".join([
-        "#!/bin/bash", "#SBATCH --partition=gpu", f"#SBATCH --output={job_dir}/slurm-%j.out",
-        f"#SBATCH --comment={tags.replace(';nodes', ';role=worker;nodes')}", "#SBATCH --gres=gpu:4",
-        "#SBATCH --array=0-0", "#SBATCH --hold"]) + "\n")
-    world.fake.submit_uid, world.fake.submit_user = uid, "alice" if uid == ME else "mallory"
-    array = world.client.submit(script)
+    user = "alice" if uid == ME else "mallory"
+    array, job_dir = world.worker_array(dlsub_id, tags, uid=uid, user=user)
     main, _ = world.submit(dlsub_id, uid=uid, comment=tags, partition="gpu", gres="gpu:4", start_on="gpu1",
-                           job_dir=job_dir, user="alice" if uid == ME else "mallory")
+                           job_dir=job_dir, user=user)
     return main, array, job_dir
 
 

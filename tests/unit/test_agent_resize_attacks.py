@@ -24,15 +24,7 @@ def big_cluster() -> FakeSlurm:
 
 
 def elastic(world: World, n_workers: int, tags: str) -> tuple[int, int, Path]:
-    job_dir = world.tmp / f"home-{ME}" / ID
-    job_dir.mkdir(parents=True, exist_ok=True)
-    script = job_dir / "worker.sbatch"
-    script.write_text("\n".join([
-        "#!/bin/bash", "#SBATCH --partition=gpu", f"#SBATCH --output={job_dir}/slurm-%j.out",
-        f"#SBATCH --comment={tags.replace(';nodes', ';role=worker;nodes')}", "#SBATCH --gres=gpu:4",
-        f"#SBATCH --array=0-{n_workers - 1}", "#SBATCH --hold"]) + "\n")
-    world.fake.submit_uid, world.fake.submit_user = ME, "alice"
-    array = world.client.submit(script)
+    array, job_dir = world.worker_array(ID, tags, uid=ME, user="alice", tasks=n_workers)
     main, _ = world.submit(ID, comment=tags, partition="gpu", gres="gpu:4", start_on="gpu1", job_dir=job_dir)
     return main, array, job_dir
 
@@ -92,16 +84,8 @@ def test_growth_and_a_move_claim_the_same_idle_node_in_one_tick(tmp_path: Path) 
     """F4: plan() and plan_resizes() both spend the same idle GPUs; growth is carried out first."""
     world = World(tmp_path)
     # Bob's elastic 1-2 job on gpu1 with one held worker.
-    job_dir = world.tmp / f"home-{OTHER}" / ID
-    job_dir.mkdir(parents=True, exist_ok=True)
     tags = f"dlsub:{ID};mode=ideal;ideal=gpu;gpus=4;nodes=1-2"
-    script = job_dir / "worker.sbatch"
-    script.write_text("\n".join([
-        "#!/bin/bash", "#SBATCH --partition=gpu", f"#SBATCH --output={job_dir}/slurm-%j.out",
-        f"#SBATCH --comment={tags.replace(';nodes', ';role=worker;nodes')}", "#SBATCH --gres=gpu:4",
-        "#SBATCH --array=0-0", "#SBATCH --hold"]) + "\n")
-    world.fake.submit_uid, world.fake.submit_user = OTHER, "bob"
-    array = world.client.submit(script)
+    array, job_dir = world.worker_array(ID, tags, uid=OTHER, user="bob")
     world.submit(ID, uid=OTHER, user="bob", comment=tags, partition="gpu", gres="gpu:4", start_on="gpu1",
                  job_dir=job_dir)
     # Alice's job on cpu wants gpu (1 GPU), checkpointable.
@@ -126,15 +110,7 @@ def test_id_published_by_the_worker_array_is_hijacked_before_the_main_job_exists
     exists. Bob's main claiming it in that window is the earliest main claimant and takes the binding."""
     world = World(tmp_path)
     tags = f"dlsub:{ID};mode=ideal;ideal=gpu;gpus=4;nodes=1-2"
-    job_dir = world.tmp / f"home-{ME}" / ID
-    job_dir.mkdir(parents=True, exist_ok=True)
-    script = job_dir / "worker.sbatch"
-    script.write_text("\n".join([
-        "#!/bin/bash", "#SBATCH --partition=gpu", f"#SBATCH --output={job_dir}/slurm-%j.out",
-        f"#SBATCH --comment={tags.replace(';nodes', ';role=worker;nodes')}", "#SBATCH --gres=gpu:4",
-        "#SBATCH --array=0-0", "#SBATCH --hold"]) + "\n")
-    world.fake.submit_uid, world.fake.submit_user = ME, "alice"
-    array = world.client.submit(script)
+    array, job_dir = world.worker_array(ID, tags, uid=ME, user="alice")
     # Bob polls squeue, sees the id in the worker array's comment, and submits first (job_submit.lua records him).
     world.submit(ID, uid=OTHER, user="bob", comment=tags, partition="cpu", start_on="cpu1")
     main, _ = world.submit(ID, comment=tags, partition="gpu", gres="gpu:4", start_on="gpu1", job_dir=job_dir)
