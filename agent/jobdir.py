@@ -334,6 +334,8 @@ class Progress:
     checkpoints: int = 0  # checkpoint events seen, with a step or not (``run.save(state)``)
     first_time: float | None = None  # the first event seen (the job's own clock)
     latest_time: float | None = None  # the newest event of any kind (a checkpoint, say)
+    # What the job measured at each size it has run: (nodes, replicas) -> (steps/s, samples/s or None).
+    measured: dict[tuple[int, int], tuple[float, float | None]] = field(default_factory=dict)
 
     def eta_s(self) -> float | None:
         if self.finished:
@@ -374,6 +376,27 @@ class ProgressSummary:
     first_time: float | None = None
     latest_time: float | None = None
     bad_events: int = 0
+    # The size the job runs at since its last start (an elastic group re-forms with a new start event),
+    # and that stretch's recent reports: its rates are what the job measured at that size.
+    segment: dict[str, Any] | None = None
+    measured: dict[str, list[float | None]] = field(default_factory=dict)  # "nodes,replicas" -> rates
+
+    def _measure(self, event: dict[str, Any]) -> None:
+        """Fold one start or progress event into the rates measured at the job's current size."""
+        size = [event.get("nodes") or 1, event.get("world_size")]
+        if event["event"] == EVENT_START or (size[1] is not None and self.segment is not None
+                                               and size[1] != self.segment["size"][1]):
+            self.segment = {"size": size if size[1] is not None else [size[0], 1], "points": []}
+            if event["event"] == EVENT_START:
+                return  # the time to start is not training: rates count from the first report
+        if self.segment is None:
+            return
+        point = {k: event[k] for k in ("time", "step", "samples") if event.get(k) is not None}
+        points = self.segment["points"] = [*self.segment["points"], point][-RATE_WINDOW:]
+        steps = _rate(points[0], points[-1], "step") if len(points) > 1 else None
+        if steps is not None:
+            key = f"{self.segment['size'][0]},{self.segment['size'][1]}"
+            self.measured = {**self.measured, key: [steps, _rate(points[0], points[-1], "samples")]}
 
     def feed(self, event: dict[str, Any]) -> None:
         if self.first_time is None:
@@ -381,6 +404,8 @@ class ProgressSummary:
         if self.latest_time is None or event["time"] > self.latest_time:
             self.latest_time = event["time"]
         kind = event["event"]
+        if kind in (EVENT_START, EVENT_PROGRESS):
+            self._measure(event)
         if kind == EVENT_PROGRESS:
             slim = {k: event[k] for k in ("time", "attempt", "step", "epoch", "loss", "samples", "total_steps",
                                           "total_epochs") if event.get(k) is not None}
@@ -414,15 +439,23 @@ class ProgressSummary:
             samples_per_s=_rate(first, self.window[-1], "samples") if several else None,
             last_time=last.get("time"), last_checkpoint_step=self.checkpoint_step,
             last_checkpoint_time=self.checkpoint_time, finished=self.finished, checkpoints=self.checkpoints,
-            first_time=self.first_time, latest_time=self.latest_time,
+            first_time=self.first_time, latest_time=self.latest_time, measured=self.measured_sizes(),
         )
+
+    def measured_sizes(self) -> dict[tuple[int, int], tuple[float, float | None]]:
+        out: dict[tuple[int, int], tuple[float, float | None]] = {}
+        for key, (steps, samples) in self.measured.items():
+            nodes, replicas = (int(part) for part in key.split(","))
+            if steps is not None:
+                out[(nodes, replicas)] = (float(steps), None if samples is None else float(samples))
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         # By hand: dataclasses.asdict deep-copies, which costs a big tick most of its time.
         return {"last": self.last, "window": list(self.window), "checkpoints": self.checkpoints,
                 "checkpoint_step": self.checkpoint_step, "checkpoint_time": self.checkpoint_time,
                 "finished": self.finished, "first_time": self.first_time, "latest_time": self.latest_time,
-                "bad_events": self.bad_events}
+                "bad_events": self.bad_events, "segment": self.segment, "measured": self.measured}
 
     @classmethod
     def from_dict(cls, raw: Any) -> ProgressSummary:

@@ -37,7 +37,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.agent.jobdir import (
     AttemptsSummary,
     Cursor,
+    Progress,
     ProgressSummary,
     Unreadable,
     check_attempt_event,
@@ -56,6 +57,7 @@ from dlsub.agent.jobdir import (
     parse_line,
     read_new_lines,
 )
+from dlsub.agent.live_models import LiveModels, sizing_policy
 from dlsub.agent.policy_file import AgentPolicy
 from dlsub.contract import (
     ATTEMPTS_FILE,
@@ -67,6 +69,7 @@ from dlsub.contract import (
 )
 from dlsub.policies import moves as planner
 from dlsub.policies import resize as resizer
+from dlsub.policies.goodput_resize import plan_by_policy
 from dlsub.policies.moves import (
     Action,
     JobInfo,
@@ -221,6 +224,8 @@ class Observation:
     late: bool = False
     elastic: list[ElasticJob] = field(default_factory=list)
     rooms: list[Room] = field(default_factory=list)
+    # What each elastic main job reported, by dlsub id (an elastic policy's models are fitted from it).
+    elastic_progress: dict[str, Progress] = field(default_factory=dict)
 
 
 class Agent:
@@ -241,6 +246,9 @@ class Agent:
         # Worker tasks sent MOVE_SIGNAL to leave, and when (the agent's clock).
         self._leaving: dict[str, float] = {}
         self._last_elastic: list[ElasticJob] = []
+        # An elastic policy that learns from reports sizes elastic jobs on models fitted from them.
+        self._models = LiveModels()
+        self._sizing_policy = sizing_policy(policy)
         # What each budget has left (sacct at most once a minute): the planner's budget gate.
         self._budgets = BudgetWatch(client, policy)
 
@@ -375,9 +383,12 @@ class Agent:
         infos = self._budgets.attach(infos, {s.job.job_id: str(s.job.extra.get("account") or "") for s in observed},
                                      now)
         elastic = self._elastic_jobs(followed, workers, rows, bindings, moves)
+        elastic_progress = {str(s.request["dlsub_id"]): ProgressSummary.from_dict(s.row.data.get("progress")).progress()
+                            for s in followed if s.request.get("nodes") and s.request.get("role", "main") == "main"}
         rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0),
                       pending_per_node.get(p.name, 0)) for p in partitions]
-        return Observation(infos, parts, self.window_at(now), usage, skipped + self._unread, late, elastic, rooms)
+        return Observation(infos, parts, self.window_at(now), usage, skipped + self._unread, late, elastic, rooms,
+                           elastic_progress)
 
     def _price(self, partition: str) -> float:
         role = self.policy.partitions.get(partition)
@@ -721,12 +732,28 @@ class Agent:
                                                      for w in j.workers)) for j in seen.elastic]
         planned = []
         by_id = {(j.uid, j.dlsub_id): j for j in jobs}
-        for resize in resizer.plan_resizes(jobs, seen.rooms, self.rules.policy):
+        for resize in resizer.plan_resizes(jobs, seen.rooms, self.rules.policy, self._size_by_policy(seen, now)):
             job = next(j for (uid, did), j in by_id.items() if did == resize.dlsub_id)
             writes.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, resize.kind, resize.reason,
                           {"worker": resize.worker, "partition": resize.partition, "nodes_before": job.nodes_now})
             planned.append(resize)
         return planned
+
+    def _size_by_policy(self, seen: Observation, now: float) -> resizer.SizeByPolicy | None:
+        """With an elastic policy that learns from what jobs report (``goodput``), the sizing step that
+        runs it on each elastic job's fitted model; None otherwise (the policy only orders growth)."""
+        if self._sizing_policy is None:
+            return None
+        policy = self._sizing_policy
+        self._models.forget_except({j.dlsub_id for j in seen.elastic})
+        limit = self.rules.max_gpus_per_user
+        headroom = {uid: max(0, limit - usage.gpus) for uid, usage in seen.usage.items()}
+
+        def size(jobs: Sequence[ElasticJob], room: Room) -> list[Resize]:
+            scaled = [self._models.scaled(job, seen.elastic_progress.get(job.dlsub_id) or Progress(), now,
+                                          headroom.get(job.uid, limit)) for job in jobs]
+            return plan_by_policy(scaled, room, policy, now, headroom)
+        return size
 
     def _resize(self, resize: Resize, now: float, outcome: Writes) -> None:
         job = next(j for j in self._last_elastic if j.dlsub_id == resize.dlsub_id)

@@ -27,7 +27,7 @@ times) is not released again.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dlsub.policies.api import ClusterView, JobView, Node
@@ -157,14 +157,24 @@ def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> 
     return out
 
 
-def _usable(worker: WorkerTask, job: ElasticJob) -> bool:
+def usable_worker(worker: WorkerTask, job: ElasticJob) -> bool:
     """A held task of the pool that may be released: on the job's own partition (the agent never points
     a worker elsewhere: its limits are that partition's), and not one that keeps failing."""
     return worker.in_pool and worker.partition == job.partition and worker.restart_count <= MAX_WORKER_RESTARTS
 
 
-def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str = "fifo") -> list[Resize]:
-    """Every resize this tick: endings, then shrinks, then growth onto what is left idle."""
+#: Sizes the elastic jobs of one partition by an elastic policy (see dlsub.policies.goodput_resize).
+SizeByPolicy = Callable[[Sequence[ElasticJob], Room], list[Resize]]
+
+
+def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str = "fifo",
+                 size_by_policy: SizeByPolicy | None = None) -> list[Resize]:
+    """Every resize this tick: endings, then shrinks, then growth onto what is left idle.
+
+    With ``size_by_policy`` (an elastic policy such as ``goodput``, on the jobs' measured throughput),
+    that decides the sizes of the jobs no waiting job shrinks this tick, partition by partition;
+    otherwise the policy named only orders the jobs that could grow onto idle nodes.
+    """
     by_name = {r.name: r for r in rooms}
     actions: list[Resize] = []
     for job in jobs:
@@ -183,10 +193,20 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
             shrinking.add(job.dlsub_id)
     # Growth: idle nodes nobody waits for, per partition, to the jobs the policy picks.
     growers = [j for j in live if j.dlsub_id not in shrinking and j.nodes_now < j.max_nodes
-               and any(_usable(w, j) for w in j.workers)]
+               and any(usable_worker(w, j) for w in j.workers)]
     by_partition: dict[str, list[ElasticJob]] = {}
     for job in growers:
         by_partition.setdefault(job.partition, []).append(job)
+    if size_by_policy is not None:
+        sizable: dict[str, list[ElasticJob]] = {}
+        for job in live:
+            if job.dlsub_id not in shrinking:
+                sizable.setdefault(job.partition, []).append(job)
+        for name, group in sorted(sizable.items()):
+            room = by_name.get(name)
+            if room is not None and not room.short_of_gpus():
+                actions.extend(size_by_policy(group, room))
+        return actions
     for name, group in by_partition.items():
         room = by_name.get(name)
         if room is None or room.waiting_gpus >= room.idle_gpus or room.short_of_gpus():
@@ -205,7 +225,7 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         order = sorted(group, key=lambda j: (-(decision[j.dlsub_id].gpus if j.dlsub_id in decision else 0),
                                              j.submit_time, j.slurm_job_id))
         for job in order:
-            pool = sorted((w for w in job.workers if _usable(w, job)), key=lambda w: w.handle)
+            pool = sorted((w for w in job.workers if usable_worker(w, job)), key=lambda w: w.handle)
             size = job.nodes_now
             while free and pool and size < job.max_nodes:
                 node = free.pop(0)

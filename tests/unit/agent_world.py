@@ -72,14 +72,14 @@ class World:
         return job_id, job_dir
 
     def worker_array(self, dlsub_id: str, tags: str, *, uid: int = ME, user: str = "alice",
-                     tasks: int = 1) -> tuple[int, Path]:
-        """An elastic job's held worker array of one-node 4-GPU tasks on gpu, as dlsub submits it first."""
+                     tasks: int = 1, gpus_per_node: int = 4) -> tuple[int, Path]:
+        """An elastic job's held worker array of one-node tasks on gpu, as dlsub submits it first."""
         job_dir = self.tmp / f"home-{uid}" / dlsub_id
         job_dir.mkdir(parents=True, exist_ok=True)
         script = job_dir / "worker.sbatch"
         script.write_text("\n".join([
             "#!/bin/bash", "#SBATCH --partition=gpu", f"#SBATCH --output={job_dir}/slurm-%j.out",
-            f"#SBATCH --comment={tags.replace(';nodes', ';role=worker;nodes')}", "#SBATCH --gres=gpu:4",
+            f"#SBATCH --comment={tags.replace(';nodes', ';role=worker;nodes')}", f"#SBATCH --gres=gpu:{gpus_per_node}",
             f"#SBATCH --array=0-{tasks - 1}", "#SBATCH --hold"]) + "\n")
         self.fake.submit_uid, self.fake.submit_user = uid, user
         return self.client.submit(script), job_dir

@@ -1,0 +1,106 @@
+"""Integration (live Slurm testbed + rootless Podman + the agent service under ``policy = "goodput"``).
+
+Two elastic jobs of 2 GPUs a node (`--nodes 1:2`) share the gpu partition's
+two 4-GPU nodes, four 2-GPU slots in all; another user's plain job holds one. The testbed's fake
+GPUs share two cores, so each job emulates its per-GPU speed with
+train_digits' throttles: the first sleeps a fixed time per step (more GPUs do
+not help: it scales poorly), the second sleeps per sample of its share of
+the global batch (twice the GPUs, half the step: it scales well).
+
+The poor scaler runs first: the agent grows it to 2 nodes on the fitted
+model's optimistic prior, and it measures itself no faster there. Then the
+good scaler arrives with no slot free: the poor scaler shrinks for it (a
+waiting job's minimum comes first) and it starts on one node. One slot is
+then spare and both jobs could use it: under fifo the older, poor scaler
+would take it back; under goodput it goes to the good scaler, and `dlsub
+why` shows the measured and predicted throughput behind each resize.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from livebed import EXAMPLES, TestbedUser, agent_service, slurm_job, wait_for
+
+TRAIN = str(EXAMPLES / "train_digits.py")
+POLICY = Path("/etc/dlsub/policy.toml")
+
+
+@pytest.fixture
+def goodput_agent() -> Iterator[None]:
+    """The agent service with policy = "goodput" (the testbed's file otherwise says fifo); restored after."""
+    original = POLICY.read_text()
+    assert 'policy = "fifo"' in original
+    POLICY.write_text(original.replace('policy = "fifo"', 'policy = "goodput"', 1))
+    agent_service("restart")
+    try:
+        yield
+    finally:
+        POLICY.write_text(original)
+        agent_service("restart")
+
+
+def starts(job_dir: str) -> list[dict[str, Any]]:
+    path = Path(job_dir) / "progress.jsonl"
+    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [e for e in events if e.get("event") == "start"]
+
+
+def world_size(job_dir: str) -> int:
+    events = starts(job_dir)
+    return int(events[-1]["world_size"]) if events else 0
+
+
+def reports_at(job_dir: str, world: int) -> int:
+    """Progress reports since the group last started at ``world`` processes."""
+    path = Path(job_dir) / "progress.jsonl"
+    count, current = 0, None
+    for line in path.read_text().splitlines() if path.exists() else []:
+        event = json.loads(line)
+        if event.get("event") == "start":
+            current, count = event.get("world_size"), 0
+        elif event.get("event") == "progress" and current == world:
+            count += 1
+    return count
+
+
+def cancel(job: dict[str, Any]) -> None:
+    subprocess.run(["scancel", str(job["slurm_job_id"]), str(job["worker_array_id"])], check=False)
+
+
+def test_the_spare_node_goes_to_the_elastic_job_that_scales_well(
+    user: TestbedUser, user2: TestbedUser, workdir: Path, goodput_agent: None
+) -> None:
+    jobs: list[dict[str, Any]] = []
+    out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:2", "-J", "holds-a-slot", "--mem=100",
+                    "--cpus-per-task=1", "--time=10", "--wrap", "sleep 600", check=True)
+    filler = int(out.stdout.strip().split(";")[0])
+    try:
+        wait_for("the other user's job to hold a slot", lambda: (slurm_job(filler) or {}).get("job_state") == "RUNNING",
+                 timeout=60)
+        poor = user.submit("--nodes", "1:2", "--gpus-per-node", "2", TRAIN, "--epochs", "400", "--throttle", "0.4",
+                           cwd=workdir)
+        jobs.append(poor)
+        wait_for("the poor scaler grown to 2 nodes and measured there",
+                 lambda: world_size(poor["job_dir"]) == 4 and reports_at(poor["job_dir"], 4) >= 3, timeout=240)
+        good = user.submit("--nodes", "1:2", "--gpus-per-node", "2", TRAIN, "--epochs", "400",
+                           "--throttle-per-sample", "0.012", cwd=workdir)
+        jobs.append(good)
+        wait_for("the poor scaler shrunk for it", lambda: world_size(poor["job_dir"]) == 2, timeout=180)
+        wait_for("the good scaler grown to 2 nodes", lambda: world_size(good["job_dir"]) == 4, timeout=300)
+        assert world_size(poor["job_dir"]) == 2, "the spare slot went to the good scaler, not back to the poor one"
+        why_good = user.dlsub("why", good["id"]).stdout
+        assert "goodput policy" in why_good and "measured 1 node (2 GPUs)" in why_good, why_good
+        assert "predicted 2 nodes" in why_good, why_good
+        why_poor = user.dlsub("why", poor["id"]).stdout
+        assert "growing to 2 nodes (goodput policy)" in why_poor, why_poor
+    finally:
+        subprocess.run(["scancel", str(filler)], check=False)
+        for job in jobs:
+            cancel(job)

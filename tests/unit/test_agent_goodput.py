@@ -1,0 +1,107 @@
+"""Unit (stateful fake Slurm, fake clock): with ``policy = "goodput"`` the agent sizes elastic jobs on the
+throughput they measured, and the agent and the simulator run one policy code path.
+
+Two elastic jobs of 2 GPUs a node share the gpu partition: a poor
+scaler (older; it ran on 1 and 2 nodes and was no faster on 2) and a good
+scaler (newer; it ran on 1 node). One node's worth of GPUs is idle. The jobs'
+progress files are what dlsub's library writes (start events with the
+group's size, progress reports with steps and samples).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_world import ME, NOW, World, policy
+
+from dlsub.policies.api import ClusterView
+from dlsub.policies.fitted_model import FittedPerformance
+from dlsub.policies.goodput import GoodputPolicy
+from dlsub.policies.goodput_resize import WholeNodes
+from dlsub.policies.sim.engine import SimConfig, simulate
+from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
+
+POOR, GOOD = "00000bad", "0000900d"  # dlsub ids are 8 hex digits
+
+
+def tags(dlsub_id: str, max_nodes: int) -> str:
+    return f"dlsub:{dlsub_id};mode=ideal;ideal=gpu;gpus=2;nodes=1-{max_nodes}"
+
+
+def reports(job_dir: Path, job_id: int, sizes: list[tuple[int, float]], *, batch: int = 64) -> None:
+    """The library's events: at each (nodes, steps/s), a start with the group's size and 4 reports 5 s apart."""
+    events: list[dict[str, Any]] = []
+    t, step = NOW - 60 * len(sizes), 0
+    for nodes, rate in sizes:
+        attempt = f"{job_id}-0"
+        events.append({"event": "start", "time": t, "attempt": attempt, "world_size": 2 * nodes, "nodes": nodes})
+        for _ in range(4):
+            t += 5
+            step += round(5 * rate)
+            events.append({"event": "progress", "time": t, "attempt": attempt, "step": step,
+                           "samples": step * batch, "total_steps": 20000})
+        t += 40
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in events))
+
+
+def two_jobs(world: World) -> tuple[int, int, int, int]:
+    """The poor scaler on gpu1 + a worker on gpu2; the good scaler on gpu1; gpu2 has one 2-GPU slot idle."""
+    poor_array, poor_dir = world.worker_array(POOR, tags(POOR, 3), uid=ME, tasks=2, gpus_per_node=2)
+    poor, _ = world.submit(POOR, uid=ME, comment=tags(POOR, 3), partition="gpu", gres="gpu:2", start_on="gpu1",
+                           job_dir=poor_dir, start=NOW - 200)
+    world.fake.start(world.fake.task(f"{poor_array}_0").job_id, "gpu2", int(NOW - 100))
+    good_array, good_dir = world.worker_array(GOOD, tags(GOOD, 2), uid=ME, gpus_per_node=2)
+    good, _ = world.submit(GOOD, uid=ME, comment=tags(GOOD, 2), partition="gpu", gres="gpu:2",
+                           start_on="gpu1", job_dir=good_dir, start=NOW - 60)
+    reports(poor_dir, poor, [(1, 4.0), (2, 4.04)])
+    reports(good_dir, good, [(1, 4.0)])
+    return poor, poor_array, good, good_array
+
+
+def test_the_idle_node_goes_to_the_job_that_scales_well_and_why_shows_the_figures(tmp_path: Path) -> None:
+    world = World(tmp_path, policy(policy="goodput"))
+    poor, poor_array, good, good_array = two_jobs(world)
+    world.agent().tick(NOW)
+    assert world.fake.task(f"{good_array}_0").reason == "None", "the good scaler's worker is released"
+    assert world.fake.task(f"{poor_array}_1").reason == "JobHeldUser", "the poor scaler does not grow"
+    assert world.store is not None
+    grows = [d for d in world.store.decisions() if d.kind == "grow"]
+    assert [d.dlsub_id for d in grows] == [GOOD]
+    assert "measured 1 node (2 GPUs) 256 samples/s; predicted 2 nodes" in grows[0].reason
+    assert "goodput policy" in grows[0].reason
+
+
+def test_under_fifo_the_older_job_would_have_taken_it(tmp_path: Path) -> None:
+    """The same cluster under fifo: the test above is not passing by accident of order."""
+    world = World(tmp_path, policy(policy="fifo"))
+    _, poor_array, _, good_array = two_jobs(world)
+    world.agent().tick(NOW)
+    assert world.fake.task(f"{poor_array}_1").reason == "None"
+    assert world.fake.task(f"{good_array}_0").reason == "JobHeldUser"
+
+
+def test_the_agent_and_the_simulator_call_one_policy_code_path(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both reach GoodputPolicy.decide, each with models fitted from reports (FittedPerformance)."""
+    calls: list[tuple[str, set[type]]] = []
+    decide = GoodputPolicy.decide
+
+    def recording(self: GoodputPolicy, jobs: Any, cluster: ClusterView, now: float, previous: Any) -> Any:
+        models = {type(j.model.model if isinstance(j.model, WholeNodes) else j.model) for j in jobs}
+        calls.append((caller, models))
+        return decide(self, jobs, cluster, now, previous)
+
+    monkeypatch.setattr(GoodputPolicy, "decide", recording)
+    caller = "agent"
+    world = World(tmp_path, policy(policy="goodput"))
+    two_jobs(world)
+    world.agent().tick(NOW)
+    caller = "simulator"
+    jobs = read_workload(POLLUX_DIR / "workloads-0.5" / "workload-1.csv")[:3]
+    simulate(jobs, POLLUX_DIR / "traces", GoodputPolicy(), ClusterView.uniform(2, 4), SimConfig())
+    assert {c for c, _ in calls} == {"agent", "simulator"}
+    assert all(models == {FittedPerformance} for _, models in calls if models), calls[:3]

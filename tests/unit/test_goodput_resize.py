@@ -1,0 +1,88 @@
+"""Unit (pure, no Slurm): an elastic policy sizes elastic jobs on what they measured (policies/goodput_resize.py).
+
+The jobs' models are fitted from measured rates exactly as the agent fits
+them (dlsub.agent.live_models); the policy is ``goodput``.
+"""
+
+from __future__ import annotations
+
+from dlsub.agent.jobdir import Progress
+from dlsub.agent.live_models import LiveModels
+from dlsub.policies.goodput import GoodputPolicy
+from dlsub.policies.goodput_resize import ScaledJob, measured_text, plan_by_policy
+from dlsub.policies.resize import GROW, SHRINK, ElasticJob, Room, WorkerTask
+
+NOW = 1_000_000.0
+BATCH = 64
+POLICY = GoodputPolicy(restart_penalty_s=20.0, restart_weight=1.0)
+
+
+def job(dlsub_id: str, *, uid: int, nodes: int, max_nodes: int, submit: float, workers_running: int = 0,
+        pool: int = 2) -> ElasticJob:
+    running = tuple(WorkerTask(f"{uid}{i}_0", 100 + i, "RUNNING", "None", "gpu", (f"gpu{i}",),
+                               start_time=NOW - 100 + i) for i in range(workers_running))
+    held = tuple(WorkerTask(f"{uid}{i}_1", 200 + i, "PENDING", "JobHeldUser", "gpu") for i in range(pool))
+    return ElasticJob(dlsub_id, slurm_job_id=uid, uid=uid, user=f"u{uid}", state="RUNNING", ended=False,
+                      partition="gpu", gpus_per_node=2, min_nodes=1, max_nodes=max_nodes, submit_time=submit,
+                      worker_arrays=(uid * 10,), workers=running + held)
+
+
+def measured(rates: dict[int, float]) -> dict[tuple[int, int], tuple[float, float | None]]:
+    """Steps/s at each node count (2 GPUs a node), with samples/s at a global batch of BATCH."""
+    return {(n, 2 * n): (r, r * BATCH) for n, r in rates.items()}
+
+
+def scaled(models: LiveModels, j: ElasticJob, rates: dict[int, float], step: int = 100,
+           total: int = 5000) -> ScaledJob:
+    progress = Progress(step=step, total_steps=total, measured=measured(rates), first_time=NOW - 300,
+                        latest_time=NOW)
+    return models.scaled(j, progress, NOW, None)
+
+
+def test_the_spare_node_goes_to_the_job_that_scales_well_not_the_older_one() -> None:
+    models = LiveModels()
+    # The poor scaler came first and has run on 1 and 2 nodes: no faster on 2.
+    poor = scaled(models, job("poor", uid=1, nodes=2, max_nodes=3, submit=NOW - 900, workers_running=1),
+                  {1: 2.0, 2: 2.02})
+    # The good scaler has run on 1 node only; its model is the fit plus Pollux's optimistic prior.
+    good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0})
+    room = Room("gpu", (("gpu2", 2),))
+    actions = plan_by_policy([poor, good], room, POLICY, NOW)
+    assert [(a.kind, a.dlsub_id) for a in actions] == [(GROW, "good")]
+    reason = actions[0].reason
+    assert "growing to 2 nodes" in reason and "measured 1 node (2 GPUs) 128 samples/s" in reason
+    assert "predicted 2 nodes" in reason and "saved" in reason
+
+
+def test_a_node_is_taken_from_a_poor_scaler_only_to_give_it_to_a_better_one() -> None:
+    models = LiveModels()
+    poor = scaled(models, job("poor", uid=1, nodes=2, max_nodes=3, submit=NOW - 900, workers_running=1),
+                  {1: 2.0, 2: 2.02})
+    alone = plan_by_policy([poor], Room("gpu", ()), POLICY, NOW)
+    assert alone == [], "nobody else wants the node: the job keeps it (a shrink would only cost a restart)"
+    good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
+    actions = plan_by_policy([poor, good], Room("gpu", ()), POLICY, NOW)
+    assert [(a.kind, a.dlsub_id) for a in actions] == [(SHRINK, "poor")]
+    assert "another elastic job gains more" in actions[0].reason and "measured 1 node" in actions[0].reason
+
+
+def test_a_user_at_the_gpu_limit_does_not_grow() -> None:
+    models = LiveModels()
+    good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
+    room = Room("gpu", (("gpu2", 2),))
+    assert plan_by_policy([good], room, POLICY, NOW, headroom={2: 0}) == []
+    assert [a.kind for a in plan_by_policy([good], room, POLICY, NOW, headroom={2: 2})] == [GROW]
+
+
+def test_waiting_jobs_keep_their_claim_on_idle_nodes() -> None:
+    models = LiveModels()
+    good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
+    room = Room("gpu", (("gpu2", 2),), waiting_gpus=2, waiting_per_node=2)
+    assert plan_by_policy([good], room, POLICY, NOW) == []
+
+
+def test_a_job_that_measured_nothing_says_its_model_is_the_prior() -> None:
+    models = LiveModels()
+    fresh = scaled(models, job("fresh", uid=3, nodes=1, max_nodes=2, submit=NOW), {})
+    assert measured_text(fresh) == "nothing yet (the model is the prior)"
+    assert fresh.view.remaining == 4900.0 and fresh.view.gpus == 2 and fresh.view.max_gpus == 4

@@ -1,0 +1,43 @@
+"""Unit (pure): a job's progress events folded into the rates it measured at each size it has run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dlsub.agent.jobdir import ProgressSummary
+
+
+def start(t: float, world: int, nodes: int, attempt: str = "7-0") -> dict[str, Any]:
+    return {"event": "start", "time": t, "attempt": attempt, "world_size": world, "nodes": nodes}
+
+
+def report(t: float, step: int, attempt: str = "7-0", **extra: Any) -> dict[str, Any]:
+    return {"event": "progress", "time": t, "attempt": attempt, "step": step, "samples": step * 32, **extra}
+
+
+def test_each_size_keeps_its_own_rates_across_regroupings_of_one_attempt() -> None:
+    summary = ProgressSummary()
+    for event in [start(0, 2, 1), report(10, 10), report(20, 30), report(30, 50),
+                  # The group re-forms on 2 nodes within the same Slurm attempt: a new start event.
+                  start(40, 4, 2), report(50, 60), report(60, 100)]:
+        summary.feed(event)
+    measured = ProgressSummary.from_dict(summary.to_dict()).progress().measured
+    assert measured == {(1, 2): (2.0, 64.0), (2, 4): (4.0, 128.0)}
+
+
+def test_a_rate_needs_two_reports_at_that_size_and_startup_time_is_not_counted() -> None:
+    summary = ProgressSummary()
+    for event in [start(0, 2, 1), report(100, 10)]:
+        summary.feed(event)
+    assert summary.progress().measured == {}
+    summary.feed(report(110, 20))
+    assert summary.progress().measured == {(1, 2): (1.0, 32.0)}
+
+
+def test_a_report_naming_another_world_size_starts_a_new_size_even_without_a_start_event() -> None:
+    summary = ProgressSummary()
+    for event in [start(0, 2, 1), report(10, 10, world_size=2), report(20, 20, world_size=2),
+                  report(30, 25, world_size=4), report(40, 45, world_size=4)]:
+        summary.feed(event)
+    measured = summary.progress().measured
+    assert measured[(1, 2)] == (1.0, 32.0) and measured[(1, 4)] == (2.0, 64.0)
