@@ -1,7 +1,9 @@
 """Integration (live Slurm testbed + rootless Podman + the agent service under ``policy = "goodput"``).
 
 Two elastic jobs of 2 GPUs a node (`--nodes 1:2`) share the gpu partition's
-two 4-GPU nodes, four 2-GPU slots in all; another user's plain job holds one. The testbed's fake
+two 4-GPU nodes, four 2-GPU slots in all (each job asks for 1 CPU and 1 GB a
+node, so that two fit on one 4-CPU, 8 GB node); another user's plain job
+holds one. The testbed's fake
 GPUs share two cores, so each job emulates its per-GPU speed with
 train_digits' throttles: the first sleeps a fixed time per step (more GPUs do
 not help: it scales poorly), the second sleeps per sample of its share of
@@ -84,12 +86,12 @@ def test_the_spare_node_goes_to_the_elastic_job_that_scales_well(
     try:
         wait_for("the other user's job to hold a slot", lambda: (slurm_job(filler) or {}).get("job_state") == "RUNNING",
                  timeout=60)
-        poor = user.submit("--nodes", "1:2", "--gpus-per-node", "2", TRAIN, "--epochs", "400", "--throttle", "0.4",
+        poor = user.submit("--nodes", "1:2", "--gpus-per-node", "2", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "400", "--throttle", "0.4",
                            cwd=workdir)
         jobs.append(poor)
         wait_for("the poor scaler grown to 2 nodes and measured there",
                  lambda: world_size(poor["job_dir"]) == 4 and reports_at(poor["job_dir"], 4) >= 3, timeout=240)
-        good = user.submit("--nodes", "1:2", "--gpus-per-node", "2", TRAIN, "--epochs", "400",
+        good = user.submit("--nodes", "1:2", "--gpus-per-node", "2", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "400",
                            "--throttle-per-sample", "0.012", cwd=workdir)
         jobs.append(good)
         wait_for("the poor scaler shrunk for it", lambda: world_size(poor["job_dir"]) == 2, timeout=180)
