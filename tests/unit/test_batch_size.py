@@ -232,3 +232,32 @@ def test_the_readme_snippet_runs_and_follows_the_mailbox(tmp_path: Path) -> None
     reports = [e for e in events(tmp_path / "dlsub-run") if e["event"] == "progress"]
     assert (reports[-1]["batch_size"], reports[-1]["accumulation_steps"]) == (1024, 4)
     assert reports[-1]["samples"] == 5 * 8192 and len(reports) == 40
+
+
+def test_the_example_continues_at_the_right_sample_when_the_agent_changes_its_batch(tmp_path: Path) -> None:
+    """examples/train_digits.py --adaptive-batch: one epoch at the declared 64, then the agent's 512 on resume."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DLSUB_BATCH_SIZE", "WORLD_SIZE", "RANK", "DLSUB_JOB_DIR")}
+    env["PYTHONPATH"] = str(REPO)
+
+    def train(epochs: int) -> None:
+        done = subprocess.run([sys.executable, str(REPO / "examples" / "train_digits.py"), "--adaptive-batch",
+                               "--epochs", str(epochs)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+
+    train(1)
+    job_dir = tmp_path / "dlsub-run"
+    (job_dir / AGENT_MAILBOX_DIR).mkdir()
+    publish_batch(job_dir, os.getuid(), 512, 8, "grew")
+    train(2)
+    starts = [e for e in events(job_dir) if e["event"] == "start"]
+    assert [(s["batch_size"], s["accumulation_steps"], s["batch_from"]) for s in starts] == [
+        (64, 1, "declared"), (512, 8, "agent")]
+    last = [e for e in events(job_dir) if e["event"] == "progress"][-1]
+    train_samples = int(0.8 * 1797)  # the shipped optdigits set, its first 80% for training
+    per_epoch = train_samples // 64
+    # Epoch 0 at 64 a step; epoch 1 at 512 a step, from its first sample (the checkpoint at the epoch's end).
+    assert last["step"] == per_epoch + train_samples // 512
+    assert last["samples"] == per_epoch * 64 + (train_samples // 512) * 512
+    measured = [e for e in events(job_dir) if e["event"] == "progress" and e["batch_size"] == 512 and "grad_var" in e]
+    assert measured and all(e["grad_sqr"] >= 0 and e["grad_var"] > 0 for e in measured)
