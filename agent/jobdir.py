@@ -37,6 +37,7 @@ from dlsub.contract import (
     ACTION_MOVE,
     ACTION_REQUEUE,
     ATTEMPTS_FILE,
+    BATCH_SOURCES,
     EVENT_CHECKPOINT,
     EVENT_END,
     EVENT_EXIT_FOR_RESUME,
@@ -46,6 +47,7 @@ from dlsub.contract import (
     EVENT_START,
     PROGRESS_FILE,
 )
+from dlsub.policies.batch_split import MAX_BATCH, BatchLimits
 
 #: The most bytes read from one file in one call (one tick).
 MAX_READ_BYTES = 1 << 20
@@ -60,6 +62,8 @@ MAX_STEP = 10**12
 MAX_SAMPLES = 10**15
 MAX_EPOCH = 10**9
 MAX_ABS_LOSS = 1e12
+#: Most micro-steps per optimiser step a report may claim.
+MAX_ACCUMULATION = 10**6
 #: Reports of the current attempt the step rate is measured over.
 RATE_WINDOW = 20
 
@@ -85,15 +89,20 @@ def _owner_check(info: os.stat_result, uid: int | None, what: str) -> None:
         raise Unreadable(f"{what} is owned by uid {info.st_uid}, not by the job's user (uid {uid})")
 
 
-def open_dir(path: Path, uid: int | None) -> int:
-    """A descriptor of the job directory ``path``: a real directory (no symlink) owned by ``uid``."""
+def open_dir(path: Path | str, uid: int | None, *, dir_fd: int | None = None, what: str | None = None) -> int:
+    """A descriptor of the directory ``path``: a real directory (no symlink) owned by ``uid``.
+
+    With ``dir_fd``, ``path`` is a name relative to that directory (a job
+    directory's mailbox); ``what`` names it in errors.
+    """
+    what = what or f"the job directory {path}"
     try:
-        fd = os.open(path, _DIR_FLAGS)
+        fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise Unreadable(f"the job directory {path} is a symlink or not a directory") from None
-        raise Unreadable(f"cannot open the job directory {path}: {exc.strerror}") from None
-    _checked(fd, stat.S_ISDIR, f"the job directory {path} is not a directory", uid, f"the job directory {path}")
+            raise Unreadable(f"{what} is a symlink or not a directory") from None
+        raise Unreadable(f"cannot open {what}: {exc.strerror}") from None
+    _checked(fd, stat.S_ISDIR, f"{what} is not a directory", uid, what)
     return fd
 
 
@@ -253,6 +262,19 @@ def _text(value: Any, limit: int = 64) -> str:
     return value
 
 
+def _one_of(value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise _BadField
+    return str(value)
+
+
+def _batch_limits(value: Any) -> dict[str, int]:
+    limits = BatchLimits.from_event(value)
+    if limits is None:
+        raise _BadField
+    return limits.to_event()
+
+
 _PROGRESS_EVENTS = (EVENT_START, EVENT_PROGRESS, EVENT_CHECKPOINT, EVENT_RESTORE, EVENT_EXIT_FOR_RESUME,
                     EVENT_FINISHED)
 
@@ -268,6 +290,15 @@ _PROGRESS_FIELDS: tuple[tuple[str, Any, tuple[Any, ...]], ...] = (
     ("attempt", _text, ()),
     ("world_size", _int, (1, 10**6)),  # start events: the group's size (elastic jobs change it)
     ("nodes", _int, (1, 10**5)),
+    # A script that lets dlsub choose its batch size: its declared limits (start events), the global
+    # batch and micro-steps per optimiser step it runs, where that batch came from (start events), and
+    # Pollux's gradient-noise statistics at the initial batch's scale (progress reports).
+    ("batch_limits", _batch_limits, ()),
+    ("batch_size", _int, (1, MAX_BATCH)),
+    ("accumulation_steps", _int, (1, MAX_ACCUMULATION)),
+    ("batch_from", _one_of, (BATCH_SOURCES,)),
+    ("grad_sqr", _num, (0, math.inf)),
+    ("grad_var", _num, (0, math.inf)),
 )
 
 

@@ -6,13 +6,17 @@ With POSIX ACLs (the usual case)::
     jobs/<id>/                    0700 + u:<agent>:x
     jobs/<id>/progress.jsonl      0600 + u:<agent>:r   (contract.AGENT_READABLE)
     jobs/<id>/attempts.jsonl      0600 + u:<agent>:r
+    jobs/<id>/agent/              0700 + u:<agent>:rwx (contract.AGENT_MAILBOX_DIR:
+                                  where the agent leaves the batch size it picked)
     everything else               owner only (checkpoints 0700; Slurm's output
                                   file 0600, sbatch runs under umask 077)
 
 Where the filesystem or host has no ACLs (``setfacl`` missing, or "Operation
 not supported"), the fallback is dlsub's earlier layout: directories 0711
-(anyone may traverse, nobody may list) and the two agent-readable files 0644;
-a one-line warning says so. ``setfacl`` runs as an argv list, never a shell.
+(anyone may traverse, nobody may list) and the two agent-readable files 0644,
+and no mailbox (mode bits cannot let the agent write there and no one else),
+so dlsub does not choose that job's batch size; a one-line warning says so.
+``setfacl`` runs as an argv list, never a shell.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlsub.contract import AGENT_READABLE
+from dlsub.contract import AGENT_MAILBOX_DIR, AGENT_READABLE
 
 FALLBACK_DIR_MODE = 0o711
 FALLBACK_FILE_MODE = 0o644
@@ -52,15 +56,23 @@ class AgentAccess:
             return (result.stderr.strip() or f"setfacl exited {result.returncode}").splitlines()[-1]
         return None
 
+    def _acl(self, path: Path, perms: str) -> bool:
+        """Grant ``perms`` by ACL; on the first failure, say once that there are none and stop trying."""
+        if not self.use_acl:
+            return False
+        error = self._setfacl(path, perms)
+        if error is None:
+            return True
+        self.use_acl = False
+        self.warnings.append(
+            f"no POSIX ACLs here ({error}); falling back to mode 0711 directories and 0644 progress "
+            f"and attempt files, so other users can open those two files of your jobs by name; and the agent "
+            f"gets no mailbox in the job directory, so dlsub will not choose your jobs' batch sizes")
+        return False
+
     def _grant(self, path: Path, perms: str, fallback_bits: int) -> None:
-        if self.use_acl:
-            error = self._setfacl(path, perms)
-            if error is None:
-                return
-            self.use_acl = False
-            self.warnings.append(
-                f"no POSIX ACLs here ({error}); falling back to mode 0711 directories and 0644 progress "
-                f"and attempt files, so other users can open those two files of your jobs by name")
+        if self._acl(path, perms):
+            return
         mode = stat.S_IMODE(path.stat().st_mode)
         if mode & fallback_bits != fallback_bits:
             path.chmod(mode | fallback_bits)
@@ -72,9 +84,13 @@ class AgentAccess:
     def read(self, file: Path) -> None:
         self._grant(file, "r", 0o044)
 
+    def write_in(self, directory: Path) -> bool:
+        """Let the agent (and no one else) write in a directory of ours; False where only ACLs could."""
+        return self._acl(directory, "rwx")
+
 
 def make_job_dir(job_dir: Path, access: AgentAccess) -> None:
-    """Make ``job_dir`` (and its parents) and the files the agent reads, with the modes above."""
+    """Make ``job_dir`` (and its parents), the files the agent reads and its mailbox, with the modes above."""
     parents = [p for p in (job_dir.parent.parent, job_dir.parent)]
     for directory in parents:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -86,6 +102,10 @@ def make_job_dir(job_dir: Path, access: AgentAccess) -> None:
         fd = os.open(job_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         os.close(fd)
         access.read(job_dir / name)
+    mailbox = job_dir / AGENT_MAILBOX_DIR
+    mailbox.mkdir(mode=0o700)
+    if not access.write_in(mailbox):
+        mailbox.rmdir()  # a mailbox only its owner can write would mislead the agent and the user
 
 
 # ---------------------------------------------------------------- can the agent get there?

@@ -12,10 +12,16 @@
             run.exit_for_resume()       # exits 85: "checkpointed, resume me"
     run.finish()
 
+A script may let dlsub choose its batch size within declared limits:
+``checkpointing.init(batch_size=checkpointing.BatchSizes(init=128, max=4096,
+local_max=256))``, then ``run.batch_size``, ``run.accumulation_steps`` and
+``run.micro_batch_size`` at each (re)start (:mod:`dlsub.checkpointing.batch`).
+
 The same script runs unchanged off-cluster (a local ``./dlsub-run`` job dir).
 Nothing here installs signal handlers at import time: ``init()`` does.
 """
 
+from dlsub.checkpointing.batch import BatchSizes
 from dlsub.checkpointing.run import RESUME_EXIT_CODE, Run, init
 
-__all__ = ["RESUME_EXIT_CODE", "Run", "init"]
+__all__ = ["RESUME_EXIT_CODE", "BatchSizes", "Run", "init"]

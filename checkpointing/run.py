@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from dlsub import contract
+from dlsub.checkpointing.batch import BATCH_SIZE_ENV, BatchChoice, BatchSizes, asked_batch, env_batch_size, split
 from dlsub.checkpointing.storage import (
     checkpoint_files,
     checkpoint_meta,
@@ -61,6 +62,7 @@ class Run:
         total_epochs: int | None = None,
         target_loss: float | None = None,
         steps_per_epoch: int | None = None,
+        batch_sizes: BatchSizes | None = None,
     ) -> None:
         self.job_dir = job_dir
         self.checkpoint_dir = job_dir / CHECKPOINT_DIR
@@ -92,6 +94,9 @@ class Run:
         self._steps_per_epoch = steps_per_epoch
         self._profile = _Profile.from_env()
         self._recent_losses: list[float] = []
+        #: What the script declared about its batch size (``init(batch_size=)``); None: it keeps its own.
+        self.batch_sizes = batch_sizes
+        self._batch: BatchChoice | None = None
 
     # ------------------------------------------------------------------ identity
     @property
@@ -107,8 +112,10 @@ class Run:
         Keep the *global* batch fixed across sizes by accumulating gradients
         (``accumulation = global_batch // (per_process_batch * world_size)``
         steps per optimizer step), or scale it (and the learning rate) with
-        ``world_size``; either way index the data by samples seen, not by
-        batches, so a resumed run continues at the right sample. Every rank
+        ``world_size``, or let dlsub choose it (``init(batch_size=BatchSizes(...))``:
+        :attr:`batch_size`, :attr:`accumulation_steps`); either way index the
+        data by samples seen, not by batches, so a resumed run continues at
+        the right sample. Every rank
         gets the same answer (they read the same checkpoint).
         """
         if self._resized is None:
@@ -207,9 +214,24 @@ class Run:
         epoch: float | None = None,
         loss: float | None = None,
         samples: int | None = None,
+        *,
+        batch_size: int | None = None,
+        accumulation_steps: int | None = None,
+        grad_sqr: float | None = None,
+        grad_var: float | None = None,
         **metrics: float,
     ) -> None:
-        """Append one progress event (rank 0). ``samples`` is the running total seen."""
+        """Append one progress event (rank 0). ``samples`` is the running total seen.
+
+        ``batch_size`` and ``accumulation_steps`` are the step's (default:
+        :attr:`batch_size`, and :attr:`accumulation_steps` for a script that
+        declared :class:`BatchSizes`). ``grad_sqr`` and ``grad_var``, where the
+        script can measure them, are Pollux's gradient-noise statistics at the
+        declared initial batch's scale: the squared norm of the true gradient
+        and the variance of the gradient of an ``init``-sized batch (trace of
+        its covariance); with them the agent can tell whether a bigger batch
+        gains anything. Values that are not finite and >= 0 are left out.
+        """
         as_int = _as_step(step)
         if as_int is not None:
             self._last_step = as_int
@@ -220,16 +242,61 @@ class Run:
             fields["total_epochs"] = self.total_epochs
         fields.update(self._estimate_fields(loss))
         fields.update(metrics)
+        fields.update(self._batch_fields(batch_size, accumulation_steps))
+        fields.update(grad_sqr=_non_negative(grad_sqr), grad_var=_non_negative(grad_var))
         self._event(contract.EVENT_PROGRESS, **{k: v for k, v in fields.items() if v is not None})
         if as_int is not None and self._profile is not None and self._profile.done(as_int):
             self._end_profile(as_int)
 
-    # ------------------------------------------------------------------ estimates (dlsub estimate, loss ETA)
+    # ------------------------------------------------------------------ batch size (dlsub estimate, the agent)
     @property
     def batch_size(self) -> int | None:
-        """The global batch size dlsub asked this run to use (``$DLSUB_BATCH_SIZE``), or None."""
-        value = _env_float(BATCH_SIZE_ENV)
-        return int(value) if value is not None and value >= 1 and value == int(value) else None
+        """The global batch size to use: samples per optimiser step over all replicas.
+
+        A script that declared :class:`BatchSizes` gets the batch chosen at
+        this (re)start (``$DLSUB_BATCH_SIZE``, else the agent's pick within
+        the limits, else ``init``), equal to ``world_size * micro_batch_size
+        * accumulation_steps``. Any other script gets ``$DLSUB_BATCH_SIZE``
+        (``dlsub estimate`` sets it), or None.
+        """
+        return self._batch.batch_size if self._batch is not None else env_batch_size()
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-steps per optimiser step on each replica (gradient accumulation): 1 means none.
+
+        ``for micro in range(run.accumulation_steps): ...`` then one optimiser step.
+        Always 1 for a script that did not declare :class:`BatchSizes`.
+        """
+        return self._batch.accumulation_steps if self._batch is not None else 1
+
+    @property
+    def micro_batch_size(self) -> int | None:
+        """Samples each replica processes per micro-step (declared scripts only; None otherwise)."""
+        return self._batch.micro_batch_size if self._batch is not None else None
+
+    @property
+    def batch_from(self) -> str | None:
+        """Where the batch came from: "environment", "agent" or "declared" (None when not declared)."""
+        return self._batch.source if self._batch is not None else None
+
+    def _choose_batch(self) -> None:
+        """Settle this (re)start's batch; under torch.distributed every rank takes rank 0's choice."""
+        sizes = self.batch_sizes
+        if sizes is None:
+            return
+        batch, source, reason = asked_batch(sizes, self.job_dir)
+        agreed = _from_rank0([batch, contract.BATCH_SOURCES.index(source)])
+        if agreed is not None:
+            batch, source = agreed[0], contract.BATCH_SOURCES[agreed[1]]
+        self._batch = split(sizes, self.world_size, batch, source, reason)
+        if self.is_main:
+            chosen = self._batch
+            why = {"environment": f"${BATCH_SIZE_ENV}", "agent": f"the agent's choice: {chosen.reason or '-'}",
+                   "declared": "the declared initial batch"}[chosen.source]
+            print(f"dlsub: batch size {chosen.batch_size} = {self.world_size} replica(s) x "
+                  f"{chosen.accumulation_steps} micro-step(s) x {chosen.micro_batch_size} ({why})",
+                  file=sys.stderr, flush=True)
 
     @property
     def steps_per_epoch(self) -> int | None:
@@ -270,11 +337,20 @@ class Run:
         if value is not None and math.isfinite(value):
             self._recent_losses = [*self._recent_losses, value][-_LOSS_WINDOW:]
         fields: dict[str, Any] = {"peak_rss_mb": peak_rss_mb(), "steps_per_epoch": self.steps_per_epoch,
-                                  "target_loss": self.target_loss, "batch_size": self.batch_size}
+                                  "target_loss": self.target_loss}
         cuda = cuda_peak_mb()
         if cuda is not None:
             fields["cuda_peak_mb"] = cuda
         return fields
+
+    def _batch_fields(self, batch_size: Any = None, accumulation_steps: Any = None) -> dict[str, Any]:
+        """The batch a step ran with, for the agent's throughput fit: given, else this run's."""
+        given_batch, given_steps = _as_step(batch_size), _as_step(accumulation_steps)
+        batch = given_batch if given_batch is not None and given_batch >= 1 else self.batch_size
+        steps = given_steps if given_steps is not None and given_steps >= 1 else None
+        if steps is None and self._batch is not None:
+            steps = self._batch.accumulation_steps
+        return {"batch_size": batch, "accumulation_steps": steps}
 
     def _end_profile(self, step: int) -> NoReturn:
         """A profiling run (``dlsub estimate``) has measured enough: record it and leave cleanly (exit 0)."""
@@ -319,8 +395,6 @@ class Run:
         self._event(contract.EVENT_FINISHED)
 
 
-#: Set by ``dlsub estimate`` in a profiling run's environment (and read here only).
-BATCH_SIZE_ENV = "DLSUB_BATCH_SIZE"
 PROFILE_STEPS_ENV = "DLSUB_PROFILE_STEPS"
 PROFILE_SECONDS_ENV = "DLSUB_PROFILE_SECONDS"
 #: Set by ``dlsub submit --target-loss X``; ``init(target_loss=)`` wins over it.
@@ -384,6 +458,15 @@ def _hostlist(variable: str) -> list[str]:
         return []
 
 
+def _non_negative(value: Any) -> float | None:
+    """A finite number >= 0 (a float, a 0-d tensor) as a float; None for anything else."""
+    try:
+        number = float(value) if value is not None and not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
 def _as_step(value: Any) -> int | None:
     """An integral step (``int``, ``7.0``, a 0-d tensor) as an int; None for anything else."""
     if value is None or isinstance(value, bool):
@@ -405,6 +488,20 @@ def _initialized_dist() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
+def _from_rank0(values: list[int]) -> list[int] | None:
+    """Rank 0's ``values`` on every rank (one broadcast); None where torch.distributed is not initialized."""
+    dist = _initialized_dist()
+    if dist is None:
+        return None
+    import torch
+
+    # NCCL moves only CUDA tensors; gloo (and MPI) CPU ones.
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.broadcast(tensor, src=0)
+    return [int(v) for v in tensor.tolist()]
+
+
 def _barrier() -> None:
     dist = _initialized_dist()
     if dist is not None:
@@ -420,6 +517,7 @@ def init(
     handle_signals: bool = True,
     target_loss: float | None = None,
     steps_per_epoch: int | None = None,
+    batch_size: BatchSizes | None = None,
 ) -> Run:
     """Make the run's handle and install the stop-signal handlers.
 
@@ -427,10 +525,18 @@ def init(
     dlsub's batch script), or ``./dlsub-run`` so the same script works
     unchanged off-cluster. ``target_loss`` makes :meth:`Run.should_finish`
     true once the loss reaches it, and gives ``dlsub status`` a loss-curve ETA.
+    ``batch_size`` lets dlsub choose the global batch within the declared
+    :class:`BatchSizes` (:attr:`Run.batch_size`, :attr:`Run.accumulation_steps`);
+    under torch.distributed, call ``init_process_group`` first so every rank
+    takes rank 0's choice.
     """
+    if batch_size is not None and not isinstance(batch_size, BatchSizes):
+        raise TypeError(f"init(batch_size=...) takes dlsub.checkpointing.BatchSizes(init=, max=, local_max=), "
+                        f"not {type(batch_size).__name__}")
     directory = Path(job_dir or os.environ.get("DLSUB_JOB_DIR") or "dlsub-run").resolve()
     run = Run(directory, keep=keep, total_steps=total_steps, total_epochs=total_epochs, target_loss=target_loss,
-              steps_per_epoch=steps_per_epoch)
+              steps_per_epoch=steps_per_epoch, batch_sizes=batch_size)
+    run._choose_batch()
     if handle_signals:
         run.install_signal_handlers()
     if run.is_main:
@@ -439,6 +545,10 @@ def init(
         # re-forming within it) has been answered: the launcher must not read
         # it again when this run ends.
         resume_marker(directory).unlink(missing_ok=True)
+        declared: dict[str, Any] = {}
+        if batch_size is not None:
+            declared = {"batch_limits": batch_size.limits.to_event(), **run._batch_fields(),
+                        "batch_from": run.batch_from}
         run._event(contract.EVENT_START, rank=run.rank, world_size=run.world_size, nodes=run.nodes,
-                   resized=run.resized, host=socket.gethostname(), pid=os.getpid())
+                   resized=run.resized, host=socket.gethostname(), pid=os.getpid(), **declared)
     return run

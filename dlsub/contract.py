@@ -64,6 +64,27 @@ RENDEZVOUS_FILE = "rendezvous"
 
 #: The files of a job directory the agent's account may read (and nothing else).
 AGENT_READABLE = (PROGRESS_FILE, ATTEMPTS_FILE)
+#: The one directory of a job directory the agent's account may write (ACL
+#: u:<agent>:rwx; none where the filesystem has no ACLs): what the agent tells
+#: the training. Owned by the job's user, so to the agent it is hostile ground.
+AGENT_MAILBOX_DIR = "agent"
+#: In AGENT_MAILBOX_DIR: the batch size the agent picked for this job, read by
+#: the training library at each (re)start of a script that lets dlsub choose
+#: it. One JSON object: ``batch_size`` (global), ``accumulation_steps``
+#: (micro-steps per optimiser step, as the agent computed them for the size it
+#: gave the job), ``reason``, ``time``. Written whole under a temporary name,
+#: then renamed.
+BATCH_FILE = "batch.json"
+#: The most bytes of BATCH_FILE anyone writes or reads.
+MAILBOX_MAX_BYTES = 4096
+#: Where the batch size a run uses came from (its start event's ``batch_from``):
+#: ``$DLSUB_BATCH_SIZE``, BATCH_FILE, or the script's declared initial batch.
+BATCH_SOURCES = ("environment", "agent", "declared")
+
+
+def batch_file(job_dir: Path) -> Path:
+    """Where the agent leaves the batch size it picked for the job in ``job_dir``."""
+    return job_dir / AGENT_MAILBOX_DIR / BATCH_FILE
 
 
 def output_file(job_dir: Path, slurm_job_id: int) -> Path:

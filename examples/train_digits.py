@@ -12,6 +12,16 @@ every step, in micro-batches of at most ``--micro-batch`` samples whose
 gradients it accumulates. Progress is counted in samples, so a run resized
 between two attempts (``run.resized``) resumes at the very sample it stopped
 at, and the model sees the same data in the same order at any size.
+
+``--adaptive-batch`` lets dlsub choose the global batch instead (AdaptDL
+style): ``--batch-size`` becomes the initial batch the learning rate is tuned
+for, ``--max-batch`` the largest allowed, ``--micro-batch`` the most one
+process computes at once. At each (re)start the script takes
+``run.batch_size`` in ``run.accumulation_steps`` micro-steps of
+``run.micro_batch_size`` per process, reports the gradient-noise statistics
+the agent's goodput policy weighs a bigger batch with, and scales the learning
+rate by AdaScale's gain. Its position stays counted in samples, so a batch
+changed on resume continues at the right sample.
 """
 
 from __future__ import annotations
@@ -75,8 +85,49 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cpu-slowdown", type=float, default=1.0,
                    help="multiply --throttle by this when no GPU is visible: on a testbed whose GPUs are fake, "
                         "makes a CPU node as much slower than a GPU one as it would be on real hardware")
+    p.add_argument("--adaptive-batch", action="store_true",
+                   help="let dlsub choose the global batch between --batch-size and --max-batch")
+    p.add_argument("--max-batch", type=int, default=1024, help="with --adaptive-batch: the largest global batch")
     p.add_argument("--data", type=Path, default=DATA)
     return p.parse_args()
+
+
+class GradientNoise:
+    """Pollux's gradient-noise statistics, measured on two halves of a process's share of a step.
+
+    Two half-batch gradients g1, g2 of b samples each and their mean g give
+    tr(cov) = 2b (mean |gi|^2 - |g|^2) and |true gradient|^2 = |g|^2 - tr(cov)/2b;
+    ``var`` is tr(cov) over the initial batch (its scale), both smoothed.
+    """
+
+    def __init__(self, init_batch: int, smoothing: float = 0.9) -> None:
+        self.init_batch, self.smoothing = init_batch, smoothing
+        self.sqr: float | None = None
+        self.var: float | None = None
+
+    def measure(self, net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+        half = len(y) // 2
+        if half < 1:
+            return
+        params = [p for p in net.parameters() if p.requires_grad]
+        grads = []
+        for part in (slice(0, half), slice(half, 2 * half)):  # the bare module: no DDP all-reduce
+            loss = F.cross_entropy(net(x[part]), y[part])
+            grads.append(torch.cat([g.flatten() for g in torch.autograd.grad(loss, params)]))
+        mean = (grads[0] + grads[1]) / 2
+        mean_sq = float(mean.square().sum())
+        trace = 2 * half * max(0.0, float(sum(g.square().sum() for g in grads)) / 2 - mean_sq)
+        sqr, var = max(0.0, mean_sq - trace / (2 * half)), trace / self.init_batch
+        a = self.smoothing if self.sqr is not None else 0.0
+        self.sqr = a * (self.sqr or 0.0) + (1 - a) * sqr
+        self.var = a * (self.var or 0.0) + (1 - a) * var
+
+    def gain(self, batch: int) -> float:
+        """AdaScale: how many initial-batch steps one step of ``batch`` is worth (1 until measured)."""
+        if self.sqr is None or self.var is None or self.var + self.sqr <= 0:
+            return 1.0
+        scale = batch / self.init_batch
+        return (self.var + self.sqr) / (self.var / scale + self.sqr)
 
 
 def main() -> None:
@@ -96,7 +147,10 @@ def main() -> None:
     per_epoch = len(train_y) // args.batch_size
     total_steps = args.epochs * per_epoch
 
-    run = checkpointing.init(total_steps=total_steps, total_epochs=args.epochs)
+    sizes = (checkpointing.BatchSizes(init=args.batch_size, max=args.max_batch, local_max=args.micro_batch)
+             if args.adaptive_batch else None)
+    run = checkpointing.init(total_steps=total_steps, total_epochs=args.epochs, batch_size=sizes)
+    batch = run.batch_size if args.adaptive_batch and run.batch_size else args.batch_size
     net = SmallCNN()  # its state is saved without DDP's wrapper, so any world size can load it
     model: nn.Module = nn.parallel.DistributedDataParallel(net) if world > 1 else net
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -109,6 +163,13 @@ def main() -> None:
         step, epoch = state["step"], state["epoch"]
         # Older checkpoints counted batches of this same global size.
         sample_in_epoch = state.get("sample_in_epoch", state.get("batch_in_epoch", 0) * args.batch_size)
+    # Samples trained on so far: with a batch that changes between attempts, no longer step x batch.
+    seen = state.get("samples_seen", step * args.batch_size) if state is not None else 0
+    if args.adaptive_batch:
+        # The steps left at this batch: what the agent's ETA counts on until the batch changes again.
+        run.total_steps = total_steps = (step + (len(train_y) - sample_in_epoch) // batch
+                                         + (args.epochs - epoch - 1) * (len(train_y) // batch))
+    if state is not None:
         if rank == 0:
             print(f"resumed from step {step} (epoch {epoch}, sample {sample_in_epoch}) from {run.restored_from}"
                   f" at world size {world}{' (resized)' if run.resized else ''}", flush=True)
@@ -117,21 +178,34 @@ def main() -> None:
 
     def snapshot() -> dict:
         return {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
-                "step": step, "epoch": epoch, "sample_in_epoch": sample_in_epoch,
+                "step": step, "epoch": epoch, "sample_in_epoch": sample_in_epoch, "samples_seen": seen,
                 "args": vars(args) | {"data": str(args.data)}}
 
     # This process's share of each global batch, and its micro-batches.
-    share = [args.batch_size // world + (1 if r < args.batch_size % world else 0) for r in range(world)]
+    if args.adaptive_batch:  # dlsub's split: equal shares of accumulation_steps micro-batches each
+        micro = run.micro_batch_size or args.micro_batch
+        share = [micro * run.accumulation_steps] * world
+    else:
+        micro = args.micro_batch
+        share = [batch // world + (1 if r < batch % world else 0) for r in range(world)]
     offset = sum(share[:rank])
+    noise = GradientNoise(args.batch_size) if args.adaptive_batch else None
     started = time.time()
     while epoch < args.epochs:
         # Same shuffle for an epoch on every attempt: resuming mid-epoch skips exactly the samples done.
         order = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
         model.train()
-        while sample_in_epoch + args.batch_size <= len(train_y):
+        while sample_in_epoch + batch <= len(train_y):
             mine = order[sample_in_epoch + offset:sample_in_epoch + offset + share[rank]]
+            # This step reports (the same test as after it): measure the gradient noise it will report.
+            reporting = (step + 1) % args.report_every == 0 or sample_in_epoch + 2 * batch > len(train_y)
+            if noise is not None:
+                if reporting:
+                    noise.measure(net, train_x[mine], train_y[mine])
+                for group in optimizer.param_groups:
+                    group["lr"] = args.lr * noise.gain(batch)
             optimizer.zero_grad()
-            chunks = mine.split(max(1, args.micro_batch))
+            chunks = mine.split(max(1, micro))
             for i, idx in enumerate(chunks):
                 # Sum of per-sample losses over the global batch; DDP averages gradients over the
                 # processes, so scale by world / batch to get the mean over the global batch.
@@ -139,19 +213,20 @@ def main() -> None:
                 last = i == len(chunks) - 1
                 if world > 1 and not last:
                     with model.no_sync():
-                        (loss_sum * world / args.batch_size).backward()
+                        (loss_sum * world / batch).backward()
                 else:
-                    (loss_sum * world / args.batch_size).backward()
+                    (loss_sum * world / batch).backward()
             loss = loss_sum / max(len(chunks[-1]), 1)
             optimizer.step()
             step += 1
-            sample_in_epoch += args.batch_size
+            sample_in_epoch += batch
+            seen += batch
             pause = args.throttle + args.throttle_per_sample * share[rank]
             if pause:
                 time.sleep(pause * (1.0 if os.environ.get("CUDA_VISIBLE_DEVICES") else args.cpu_slowdown))
-            if step % args.report_every == 0 or sample_in_epoch + args.batch_size > len(train_y):
-                run.report(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size,
-                           world_size=world)
+            if step % args.report_every == 0 or sample_in_epoch + batch > len(train_y):
+                grads = {"grad_sqr": noise.sqr, "grad_var": noise.var} if noise is not None else {}
+                run.report(step=step, epoch=epoch, loss=loss.item(), samples=seen, world_size=world, **grads)
             if run.should_stop():
                 run.save(snapshot(), step=step)
                 if rank == 0:
@@ -170,7 +245,7 @@ def main() -> None:
     model.eval()
     with torch.no_grad():
         accuracy = (model(test_x).argmax(1) == test_y).float().mean().item()
-    run.report(step=step, epoch=epoch, loss=loss.item(), samples=step * args.batch_size, test_accuracy=accuracy)
+    run.report(step=step, epoch=epoch, loss=loss.item(), samples=seen, test_accuracy=accuracy)
     run.finish()
     if rank == 0:
         print(f"done: {step} steps in {time.time() - started:.1f} s this attempt, test accuracy {accuracy:.3f}",

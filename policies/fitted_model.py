@@ -9,27 +9,21 @@ one step at ``B0``. Until the job reports them, bigger batches are assumed
 to gain nothing (``var = 0``), so the job keeps the smallest batch.
 
 How a total batch runs on a number of replicas (per-replica batch,
-gradient accumulation) is the job's own declared rule: :func:`split_batch`.
+gradient accumulation) is the job's own declared rule,
+:func:`~dlsub.policies.batch_split.split_batch`, which the training library
+runs too.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from dlsub.policies.batch_split import BatchLimits, split_batch
 from dlsub.policies.throughput_fit import ThroughputFit
 
-
-@dataclass(frozen=True)
-class BatchLimits:
-    """What the job declared about its batch size (AdaptDL jobs declare these)."""
-
-    init_batch: int  # the batch size its hyper-parameters were tuned for
-    max_batch: int  # the largest total batch it allows
-    min_local: int  # per replica, per micro-step
-    max_local: int
+__all__ = ["NO_GAIN", "BatchLimits", "FittedPerformance", "GradientStats", "split_batch"]
 
 
 @dataclass(frozen=True)
@@ -41,19 +35,6 @@ class GradientStats:
 
 
 NO_GAIN = GradientStats(sqr=1.0, var=0.0)
-
-
-def split_batch(limits: BatchLimits, replicas: int, batch: int) -> tuple[int, int]:
-    """(atomic batch per replica, extra accumulation steps) for a total ``batch``:
-    accumulate above the per-replica maximum; one replica gains nothing from a
-    bigger synchronous batch without accumulating."""
-    local = math.ceil(batch / replicas - 1e-8)
-    accum = math.ceil(local / limits.max_local - 1e-8) - 1
-    if replicas == 1 and batch > limits.init_batch:
-        accum = max(1, accum)
-    atomic = math.ceil(local / (accum + 1) - 1e-8)
-    atomic = min(atomic, int(limits.max_batch / (replicas * (accum + 1))))
-    return max(atomic, 1), accum
 
 
 class FittedPerformance:

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from dlsub.agent.cli import main
 from dlsub.agent.user_store import JobRecord, JobStore
 from dlsub.contract import (
+    AGENT_MAILBOX_DIR,
     ATTEMPTS_FILE,
     BATCH_SCRIPT,
     PROGRESS_FILE,
@@ -142,6 +143,8 @@ def test_job_directory_is_private_with_acls_for_the_agent(cli_env: FakeSlurm, tm
     assert "user:nobody:--x" in _acl(job_dir) and "other::---" in _acl(job_dir)
     for name in (PROGRESS_FILE, ATTEMPTS_FILE):
         assert "user:nobody:r--" in _acl(job_dir / name) and "other::---" in _acl(job_dir / name)
+    mailbox = job_dir / AGENT_MAILBOX_DIR  # the one place the agent may write: its batch-size choice
+    assert "user:nobody:rwx" in _acl(mailbox) and "other::---" in _acl(mailbox) and "group::---" in _acl(mailbox)
     assert stat.S_IMODE((job_dir / BATCH_SCRIPT).stat().st_mode) == 0o600
     for parent in (job_dir.parent, job_dir.parent.parent):
         assert "user:nobody:--x" in _acl(parent) and "other::---" in _acl(parent)
@@ -157,8 +160,9 @@ def test_without_acls_falls_back_to_0711_and_0644_and_says_so(cli_env: FakeSlurm
     result = invoke("--json", str(script))
     assert result.exit_code == 0
     warnings = [line for line in result.output.splitlines() if "warning: no POSIX ACLs" in line]
-    assert len(warnings) == 1 and "Operation not supported" in warnings[0]
+    assert len(warnings) == 1 and "Operation not supported" in warnings[0] and "no mailbox" in warnings[0]
     job_dir = Path(json.loads(result.stdout)["job_dir"])
+    assert not (job_dir / AGENT_MAILBOX_DIR).exists()
     assert stat.S_IMODE(job_dir.stat().st_mode) == 0o711
     assert stat.S_IMODE((job_dir / PROGRESS_FILE).stat().st_mode) == 0o644
     assert stat.S_IMODE(job_dir.parent.stat().st_mode) & 0o011 == 0o011
