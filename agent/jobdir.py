@@ -349,6 +349,18 @@ def check_attempt_event(raw: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @dataclass(frozen=True)
+class MeasuredConfig:
+    """The rates a job measured on ``nodes`` nodes with ``replicas`` processes at one batch (None: not said)."""
+
+    nodes: int
+    replicas: int
+    batch: int | None
+    accumulation_steps: int | None  # micro-steps per optimiser step
+    steps_per_s: float
+    samples_per_s: float | None
+
+
+@dataclass(frozen=True)
 class Progress:
     step: int | None = None
     epoch: float | None = None
@@ -365,8 +377,14 @@ class Progress:
     checkpoints: int = 0  # checkpoint events seen, with a step or not (``run.save(state)``)
     first_time: float | None = None  # the first event seen (the job's own clock)
     latest_time: float | None = None  # the newest event of any kind (a checkpoint, say)
-    # What the job measured at each size it has run: (nodes, replicas) -> (steps/s, samples/s or None).
-    measured: dict[tuple[int, int], tuple[float, float | None]] = field(default_factory=dict)
+    configs: tuple[MeasuredConfig, ...] = ()  # what the job measured at each size and batch it has run
+    batch_limits: dict[str, int] | None = None  # declared when it lets dlsub choose its batch size
+    grads: tuple[float, float] | None = None  # its last gradient noise report (grad_sqr, grad_var)
+
+    @property
+    def measured(self) -> dict[tuple[int, int], tuple[float, float | None]]:
+        """(nodes, replicas) -> (steps/s, samples/s or None), the newest measurement at each size."""
+        return {(c.nodes, c.replicas): (c.steps_per_s, c.samples_per_s) for c in self.configs}
 
     def eta_s(self) -> float | None:
         if self.finished:
@@ -408,26 +426,38 @@ class ProgressSummary:
     latest_time: float | None = None
     bad_events: int = 0
     # The size the job runs at since its last start (an elastic group re-forms with a new start event),
-    # and that stretch's recent reports: its rates are what the job measured at that size.
+    # the batch it runs there, and that stretch's recent reports: their rates are what it measured.
     segment: dict[str, Any] | None = None
-    measured: dict[str, list[float | None]] = field(default_factory=dict)  # "nodes,replicas" -> rates
+    # "nodes,replicas,batch,accumulation" (0: not said) -> [steps/s, samples/s or None], newest last.
+    measured: dict[str, list[float | None]] = field(default_factory=dict)
+    batch_limits: dict[str, int] | None = None  # what the job declared (it lets dlsub choose its batch)
+    grads: list[float] | None = None  # its last gradient noise report: [grad_sqr, grad_var]
 
     def _measure(self, event: dict[str, Any]) -> None:
-        """Fold one start or progress event into the rates measured at the job's current size."""
+        """Fold one start or progress event into the rates measured at the job's current size and batch."""
         size = [event.get("nodes") or 1, event.get("world_size")]
+        split = [event.get("batch_size") or 0, event.get("accumulation_steps") or 0]
+        if event["event"] == EVENT_START:
+            if event.get("batch_limits") is not None:
+                self.batch_limits = event["batch_limits"]
+        elif event.get("grad_sqr") is not None and event.get("grad_var") is not None:
+            self.grads = [event["grad_sqr"], event["grad_var"]]
         if event["event"] == EVENT_START or (size[1] is not None and self.segment is not None
                                                and size[1] != self.segment["size"][1]):
-            self.segment = {"size": size if size[1] is not None else [size[0], 1], "points": []}
+            self.segment = {"size": size if size[1] is not None else [size[0], 1], "split": split, "points": []}
             if event["event"] == EVENT_START:
                 return  # the time to start is not training: rates count from the first report
         if self.segment is None:
             return
+        if split[0] and not self.segment["split"][0]:
+            self.segment["split"] = split
         point = {k: event[k] for k in ("time", "step", "samples") if event.get(k) is not None}
         points = self.segment["points"] = [*self.segment["points"], point][-RATE_WINDOW:]
         steps = _rate(points[0], points[-1], "step") if len(points) > 1 else None
         if steps is not None:
-            key = f"{self.segment['size'][0]},{self.segment['size'][1]}"
-            self.measured = {**self.measured, key: [steps, _rate(points[0], points[-1], "samples")]}
+            key = ",".join(str(int(v)) for v in (*self.segment["size"], *self.segment["split"]))
+            others = {k: v for k, v in self.measured.items() if k != key}
+            self.measured = {**others, key: [steps, _rate(points[0], points[-1], "samples")]}
 
     def feed(self, event: dict[str, Any]) -> None:
         if self.first_time is None:
@@ -470,23 +500,27 @@ class ProgressSummary:
             samples_per_s=_rate(first, self.window[-1], "samples") if several else None,
             last_time=last.get("time"), last_checkpoint_step=self.checkpoint_step,
             last_checkpoint_time=self.checkpoint_time, finished=self.finished, checkpoints=self.checkpoints,
-            first_time=self.first_time, latest_time=self.latest_time, measured=self.measured_sizes(),
+            first_time=self.first_time, latest_time=self.latest_time, configs=self.measured_configs(),
+            batch_limits=self.batch_limits, grads=None if self.grads is None else (self.grads[0], self.grads[1]),
         )
 
-    def measured_sizes(self) -> dict[tuple[int, int], tuple[float, float | None]]:
-        out: dict[tuple[int, int], tuple[float, float | None]] = {}
+    def measured_configs(self) -> tuple[MeasuredConfig, ...]:
+        """Every configuration the job has run at and measured, oldest first."""
+        out = []
         for key, (steps, samples) in self.measured.items():
-            nodes, replicas = (int(part) for part in key.split(","))
+            parts = [int(part) for part in key.split(",")] + [0, 0]
             if steps is not None:
-                out[(nodes, replicas)] = (float(steps), None if samples is None else float(samples))
-        return out
+                out.append(MeasuredConfig(parts[0], parts[1], parts[2] or None, parts[3] or None, float(steps),
+                                          None if samples is None else float(samples)))
+        return tuple(out)
 
     def to_dict(self) -> dict[str, Any]:
         # By hand: dataclasses.asdict deep-copies, which costs a big tick most of its time.
         return {"last": self.last, "window": list(self.window), "checkpoints": self.checkpoints,
                 "checkpoint_step": self.checkpoint_step, "checkpoint_time": self.checkpoint_time,
                 "finished": self.finished, "first_time": self.first_time, "latest_time": self.latest_time,
-                "bad_events": self.bad_events, "segment": self.segment, "measured": self.measured}
+                "bad_events": self.bad_events, "segment": self.segment, "measured": self.measured,
+                "batch_limits": self.batch_limits, "grads": self.grads}
 
     @classmethod
     def from_dict(cls, raw: Any) -> ProgressSummary:

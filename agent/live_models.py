@@ -19,12 +19,13 @@ changed by more than the rounding in :func:`_measured_key`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Sequence
 
-from dlsub.agent.jobdir import Progress
+from dlsub.agent.jobdir import MeasuredConfig, Progress
 from dlsub.agent.policy_file import AgentPolicy
 from dlsub.policies.api import JobView, Policy
-from dlsub.policies.fitted_model import NO_GAIN, BatchLimits, FittedPerformance
+from dlsub.policies.batch_split import BatchLimits
+from dlsub.policies.fitted_model import NO_GAIN, FittedPerformance, GradientStats
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.goodput_resize import ScaledJob
 from dlsub.policies.resize import ElasticJob
@@ -32,8 +33,6 @@ from dlsub.policies.throughput_fit import StepReport, fit
 
 #: The batch a model counts in when a job's reports give no samples (its rates are then steps/s).
 NOMINAL_BATCH = 1024
-
-Measured = Mapping[tuple[int, int], tuple[float, float | None]]
 
 
 def sizing_policy(policy: AgentPolicy) -> Policy | None:
@@ -46,52 +45,64 @@ def sizing_policy(policy: AgentPolicy) -> Policy | None:
                          restart_weight=1.0)
 
 
-def global_batch(measured: Measured) -> int | None:
-    """Samples in one optimiser step, from the newest size whose reports give samples."""
-    for (_, _), (steps, samples) in sorted(measured.items(), reverse=True):
-        if samples is not None and steps > 0:
-            return max(1, round(samples / steps))
+def config_batch(config: MeasuredConfig) -> int | None:
+    """Samples in one optimiser step of this configuration: as reported, else samples/s over steps/s."""
+    if config.batch:
+        return config.batch
+    if config.samples_per_s is not None and config.steps_per_s > 0:
+        return max(1, round(config.samples_per_s / config.steps_per_s))
     return None
 
 
-def step_reports(measured: Measured, batch: int) -> list[StepReport]:
-    """One report per size run: its step time, each replica's share of the (fixed) global batch."""
-    return [StepReport(nodes, replicas, max(1, round(batch / replicas)), 0, 1.0 / steps)
-            for (nodes, replicas), (steps, _) in sorted(measured.items()) if steps > 0]
+def step_reports(configs: Sequence[MeasuredConfig], default_batch: int) -> list[StepReport]:
+    """One report per configuration run: its step time, and each replica's share of its batch per micro-step."""
+    out = []
+    for c in configs:
+        if c.steps_per_s <= 0:
+            continue
+        batch = config_batch(c) or default_batch
+        micro = c.accumulation_steps or 1
+        atomic = max(1, math.ceil(batch / (c.replicas * micro) - 1e-8))
+        out.append(StepReport(c.nodes, c.replicas, atomic, micro - 1, 1.0 / c.steps_per_s))
+    return out
 
 
-def _measured_key(measured: Measured) -> tuple[tuple[int, int, float], ...]:
-    """The measured rates to two significant figures: a refit only when they move."""
-    def rounded(x: float) -> float:
-        return float(f"{x:.2g}") if x > 0 and math.isfinite(x) else 0.0
-    return tuple((n, r, rounded(steps)) for (n, r), (steps, _) in sorted(measured.items()))
+def _rounded(x: float) -> float:
+    return float(f"{x:.2g}") if x > 0 and math.isfinite(x) else 0.0
 
 
 class LiveModels:
     """Fitted models of the elastic jobs the agent follows, by dlsub id, refitted when their rates change."""
 
     def __init__(self) -> None:
-        self._fits: dict[str, tuple[tuple[tuple[int, int, float], ...], int, FittedPerformance]] = {}
+        self._fits: dict[str, tuple[Hashable, FittedPerformance]] = {}
 
-    def model(self, dlsub_id: str, measured: Measured, batch: int) -> FittedPerformance:
-        key = _measured_key(measured)
+    def model(self, dlsub_id: str, configs: Sequence[MeasuredConfig], batch: int, limits: BatchLimits | None,
+              grads: GradientStats) -> FittedPerformance:
+        # Rates to two significant figures: a refit only when they move.
+        key = (tuple((c.nodes, c.replicas, c.batch, c.accumulation_steps, _rounded(c.steps_per_s))
+                     for c in configs), batch, limits, (_rounded(grads.sqr), _rounded(grads.var)))
         cached = self._fits.get(dlsub_id)
-        if cached is None or cached[0] != key or cached[1] != batch:
-            fitted = fit(step_reports(measured, batch))
-            limits = BatchLimits(init_batch=batch, max_batch=batch, min_local=1, max_local=batch)
-            cached = (key, batch, FittedPerformance(fitted, limits, NO_GAIN))
+        if cached is None or cached[0] != key:
+            fixed = BatchLimits(init_batch=batch, max_batch=batch, min_local=1, max_local=batch)
+            cached = (key, FittedPerformance(fit(step_reports(configs, batch)), limits or fixed, grads))
             self._fits[dlsub_id] = cached
-        return cached[2]
+        return cached[1]
 
     def forget_except(self, live: set[str]) -> None:
         self._fits = {k: v for k, v in self._fits.items() if k in live}
 
     def scaled(self, job: ElasticJob, progress: Progress, now: float, headroom_gpus: int | None) -> ScaledJob:
-        """The job as the policy sees it. ``headroom_gpus``: what its user may still add (None: no limit)."""
+        """The job as the policy sees it. ``headroom_gpus``: what its user may still add (None: no limit).
+
+        A job that declared batch limits (it lets dlsub choose its batch) has the policy pick its batch
+        among them, with the gradient noise it last reported; any other keeps the batch it runs."""
         per_node = max(1, job.gpus_per_node)
-        measured = progress.measured
-        samples_batch = global_batch(measured)
-        batch = samples_batch or NOMINAL_BATCH
+        limits = BatchLimits.from_event(progress.batch_limits)
+        grads = GradientStats(*progress.grads) if progress.grads is not None else NO_GAIN
+        latest = config_batch(progress.configs[-1]) if progress.configs else None
+        samples_known = any(c.samples_per_s is not None or c.batch for c in progress.configs)
+        batch = latest or (limits.init_batch if limits else NOMINAL_BATCH)
         current = job.nodes_now * per_node
         most = job.max_nodes * per_node
         if headroom_gpus is not None:
@@ -103,8 +114,8 @@ class LiveModels:
         view = JobView(
             name=job.dlsub_id, arrival_s=job.submit_time, gpus=current,
             min_gpus=job.min_nodes * per_node, max_gpus=max(most, job.min_nodes * per_node),
-            batch_size=batch, adaptive_batch=False, attained_gpu_s=ran * current,
+            batch_size=batch, adaptive_batch=limits is not None, attained_gpu_s=ran * current,
             remaining=remaining, progress=float(progress.step or 0),
-            model=self.model(job.dlsub_id, measured, batch),
+            model=self.model(job.dlsub_id, progress.configs, batch, limits, grads),
         )
-        return ScaledJob(job, view, measured, samples_batch)
+        return ScaledJob(job, view, progress.measured, batch if samples_known else None, limits)

@@ -45,6 +45,7 @@ from typing import Any
 from dlsub.agent import failpoints
 from dlsub.agent.agent_store import AgentStore, Binding, JobRow, Writes
 from dlsub.agent.budget_watch import BudgetWatch
+from dlsub.agent.job_mailbox import MailboxError, publish_batch
 from dlsub.agent.jobdir import (
     AttemptsSummary,
     Cursor,
@@ -191,6 +192,20 @@ def _worker_request(job: SlurmJob, uid: int) -> dict[str, Any] | None:
     return request if request is not None and request.get("role") == "worker" else None
 
 
+def _int_field(raw: dict[str, Any], key: str) -> int:
+    """A whole number from squeue's record (Slurm versions differ: a number, or {"number": N, "set": true})."""
+    value = raw.get(key)
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _per_node_cpus(job: SlurmJob) -> int:
+    """CPUs the job holds (or asks for) on each of its nodes; 0 when squeue does not say."""
+    cpus = _int_field(job.extra, "cpus")
+    return cpus // max(1, job.node_count) if cpus else 0
+
+
 def _worker_task(job: SlurmJob) -> WorkerTask | None:
     handle = job.array_task_handle
     if handle is None:
@@ -224,8 +239,10 @@ class Observation:
     late: bool = False
     elastic: list[ElasticJob] = field(default_factory=list)
     rooms: list[Room] = field(default_factory=list)
-    # What each elastic main job reported, by dlsub id (an elastic policy's models are fitted from it).
+    # What each elastic main job reported, by dlsub id (an elastic policy's models are fitted from it),
+    # and its job directory (where its mailbox is).
     elastic_progress: dict[str, Progress] = field(default_factory=dict)
+    elastic_dirs: dict[str, str] = field(default_factory=dict)
 
 
 class Agent:
@@ -246,6 +263,7 @@ class Agent:
         # Worker tasks sent MOVE_SIGNAL to leave, and when (the agent's clock).
         self._leaving: dict[str, float] = {}
         self._last_elastic: list[ElasticJob] = []
+        self._elastic_dirs: dict[str, str] = {}
         # An elastic policy that learns from reports sizes elastic jobs on models fitted from them.
         self._models = LiveModels()
         self._sizing_policy = sizing_policy(policy)
@@ -383,12 +401,16 @@ class Agent:
         infos = self._budgets.attach(infos, {s.job.job_id: str(s.job.extra.get("account") or "") for s in observed},
                                      now)
         elastic = self._elastic_jobs(followed, workers, rows, bindings, moves)
+        mains = [s for s in followed if s.request.get("nodes") and s.request.get("role", "main") == "main"]
         elastic_progress = {str(s.request["dlsub_id"]): ProgressSummary.from_dict(s.row.data.get("progress")).progress()
-                            for s in followed if s.request.get("nodes") and s.request.get("role", "main") == "main"}
+                            for s in mains}
+        elastic_dirs = {str(s.request["dlsub_id"]): str(s.row.data["job_dir"])
+                        for s in mains if s.row.data.get("job_dir")}
         rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0),
-                      pending_per_node.get(p.name, 0)) for p in partitions]
+                      pending_per_node.get(p.name, 0),
+                      tuple((n.name, n.idle_cpus, n.free_memory_mb) for n in p.nodes if n.usable)) for p in partitions]
         return Observation(infos, parts, self.window_at(now), usage, skipped + self._unread, late, elastic, rooms,
-                           elastic_progress)
+                           elastic_progress, elastic_dirs)
 
     def _price(self, partition: str) -> float:
         role = self.policy.partitions.get(partition)
@@ -416,7 +438,8 @@ class Agent:
                 ended=job.dlsub_state.terminal, partition=job.partition,
                 gpus_per_node=job.gpus_per_node, min_nodes=int(rng[0]), max_nodes=int(rng[1]),
                 submit_time=float(job.submit_time), worker_arrays=tuple(sorted(arrays)),
-                workers=tasks, moving=seen.row.key() in moves))
+                workers=tasks, moving=seen.row.key() in moves, cpus_per_node=_per_node_cpus(job),
+                memory_per_node_mb=_int_field(job.extra, "memory_per_node")))
         ended = {(r.uid, r.dlsub_id): r for r in rows.values()
                  if r.state is not None and JobState(r.state).terminal and not r.data.get("ignored")}
         for key, orphans in workers.items():
@@ -755,10 +778,26 @@ class Agent:
             return plan_by_policy(scaled, room, policy, now, headroom)
         return size
 
+    def _tell_batch(self, job: ElasticJob, resize: Resize, now: float, outcome: Writes) -> None:
+        """Leave the batch the policy picked in the job's mailbox before it resizes (it reads it as it
+        restarts); a mailbox that cannot be written costs the job only the new batch."""
+        assert resize.batch_size is not None and resize.accumulation_steps is not None
+        job_dir = self._elastic_dirs.get(job.dlsub_id)
+        try:
+            if not job_dir:
+                raise MailboxError("no job directory is known for it")
+            publish_batch(Path(job_dir), job.uid, resize.batch_size, resize.accumulation_steps, resize.reason)
+        except (MailboxError, ValueError) as exc:
+            outcome.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "skipped",
+                           f"the new batch size ({resize.batch_size}) was not told to the job: {exc}; it "
+                           "keeps the batch it has")
+
     def _resize(self, resize: Resize, now: float, outcome: Writes) -> None:
         job = next(j for j in self._last_elastic if j.dlsub_id == resize.dlsub_id)
         try:
             assert resize.worker is not None
+            if resize.batch_size is not None and resize.accumulation_steps is not None:
+                self._tell_batch(job, resize, now, outcome)
             if resize.kind == resizer.GROW:
                 self.client.release(resize.worker)
             elif resize.kind == resizer.SHRINK:
@@ -789,6 +828,7 @@ class Agent:
         writes = Writes()
         seen = self.observe(now, slurm_jobs, partitions, writes, deadline)
         self._last_elastic = seen.elastic
+        self._elastic_dirs = seen.elastic_dirs
         actions = planner.plan(seen.jobs, seen.partitions, self.rules, now, seen.window, seen.usage)
         todo: list[Action] = []
         done: list[Action] = []

@@ -34,7 +34,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dlsub.policies.api import Allocation, ClusterView, JobView, Node, PerformanceModel, Policy
+from dlsub.policies.api import Allocation, ClusterView, Decision, JobView, Node, PerformanceModel, Policy
+from dlsub.policies.batch_split import BatchLimits, split_batch
 from dlsub.policies.placement import packed_placement
 from dlsub.policies.resize import GROW, SHRINK, ElasticJob, Resize, Room, usable_worker
 from dlsub.policies.speedup import RemainingTime
@@ -46,12 +47,14 @@ class ScaledJob:
 
     ``measured``: (nodes, replicas) -> (steps/s, samples/s or None) at each size it has run.
     ``batch``: the samples in one of its optimiser steps, when its reports say.
+    ``limits``: its declared batch limits, when it lets dlsub choose its batch (the policy then does).
     """
 
     job: ElasticJob
     view: JobView
     measured: Mapping[tuple[int, int], tuple[float, float | None]] = field(default_factory=dict)
     batch: int | None = None
+    limits: BatchLimits | None = None  # declared when it lets dlsub choose its batch size
 
 
 class WholeNodes:
@@ -143,9 +146,15 @@ def _figures(scaled: ScaledJob, before: int, after: int) -> str:
     return text
 
 
-def _slots(room: Room, per_node: int) -> list[str]:
-    """Idle slots: one per ``per_node`` idle GPUs on each node."""
-    return [f"{name}#{i}" for name, idle in room.nodes for i in range(idle // per_node)]
+def _batch_at(scaled: ScaledJob, decision: Decision, nodes: int) -> tuple[int | None, int | None, str]:
+    """(global batch, micro-steps per step, words) the policy picked for a job that lets dlsub choose."""
+    alloc = decision.get(scaled.job.dlsub_id)
+    if scaled.limits is None or alloc is None or alloc.batch_size is None:
+        return None, None, ""
+    replicas = nodes * max(1, scaled.job.gpus_per_node)
+    atomic, extra = split_batch(scaled.limits, replicas, alloc.batch_size)
+    batch = atomic * replicas * (extra + 1)
+    return batch, extra + 1, f"; batch {batch} ({extra + 1} micro-step(s) of {atomic} per GPU)"
 
 
 def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: float,
@@ -158,7 +167,9 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
     if not jobs:
         return []
     per_node = max(1, max(s.job.gpus_per_node for s in jobs))
-    free = _slots(room, per_node)
+    fits = room.workers_fit(per_node, max(s.job.cpus_per_node for s in jobs),
+                            max(s.job.memory_per_node_mb for s in jobs))
+    free = [f"{name}#{i}" for name, count in fits.items() for i in range(count)]
     # Waiting jobs keep first claim on idle GPUs (one slot at a time, as resize.plan_resizes does).
     claimed = room.waiting_gpus
     while claimed > 0 and free:
@@ -201,10 +212,11 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
             size += 1
             if job.uid in left:
                 left[job.uid] -= per_node
+            batch, micro, words = _batch_at(scaled, decision, size)
             actions.append(Resize(GROW, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
-                                  partition=room.name, reason=(
+                                  partition=room.name, batch_size=batch, accumulation_steps=micro, reason=(
                                       f"growing to {_nodes_text(size)} ({policy.name} policy): "
-                                      f"{_figures(scaled, job.nodes_now, size)}; released worker "
+                                      f"{_figures(scaled, job.nodes_now, size)}{words}; released worker "
                                       f"{worker.handle} to join the group")))
     # Workers already leaving give their nodes back soon: not one more shrink for the same want.
     wanting -= sum(1 for s in jobs for w in s.job.workers if w.leaving)
@@ -217,8 +229,10 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
             worker = running.pop(0)
             wanting -= 1
             size -= 1
-            actions.append(Resize(SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle, reason=(
+            batch, micro, words = _batch_at(scaled, decision, size)
+            actions.append(Resize(SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
+                                  batch_size=batch, accumulation_steps=micro, reason=(
                 f"shrinking to {_nodes_text(size)} ({policy.name} policy): another elastic job gains more "
-                f"from the node; {_figures(scaled, job.nodes_now, size)}; the worker on "
+                f"from the node; {_figures(scaled, job.nodes_now, size)}{words}; the worker on "
                 f"{','.join(worker.nodes) or '?'} checkpoints with the group and goes back to the held pool")))
     return actions

@@ -85,6 +85,8 @@ class ElasticJob:
     worker_arrays: tuple[int, ...]  # the job's worker array(s) in Slurm
     workers: tuple[WorkerTask, ...] = ()
     moving: bool = False  # a move or continuation of the main job is in flight
+    cpus_per_node: int = 0  # what each of its nodes (so each worker) asks for besides GPUs; 0: unknown
+    memory_per_node_mb: int = 0
 
     @property
     def nodes_now(self) -> int:
@@ -99,10 +101,26 @@ class Room:
     nodes: tuple[tuple[str, int], ...]  # (node, idle GPUs) of every usable node
     waiting_gpus: int = 0  # GPUs wanted by jobs waiting there (not held, not ours to overtake)
     waiting_per_node: int = 0  # the most GPUs on one node that one of them wants
+    # (node, idle CPUs, free memory in MB) of the same nodes, where known: a worker needs those too.
+    spare: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def idle_gpus(self) -> int:
         return sum(g for _, g in self.nodes)
+
+    def workers_fit(self, gpus: int, cpus: int = 0, memory_mb: int = 0) -> dict[str, int]:
+        """How many workers of ``gpus`` GPUs (and ``cpus`` CPUs, ``memory_mb`` MB, where known) each node
+        could start now; a worker released onto a node short of CPUs or memory would only wait."""
+        spare = {name: (idle_cpus, free_mb) for name, idle_cpus, free_mb in self.spare}
+        out = {}
+        for name, idle in self.nodes:
+            count = idle // max(1, gpus)
+            if name in spare:
+                idle_cpus, free_mb = spare[name]
+                count = min(count, idle_cpus // cpus if cpus > 0 else count,
+                            free_mb // memory_mb if memory_mb > 0 else count)
+            out[name] = count
+        return out
 
     def short_of_gpus(self, freed: dict[str, int] | None = None) -> bool:
         """Whether jobs wait here that the idle GPUs cannot start: too few in all, or none on one node.
@@ -125,6 +143,10 @@ class Resize:
     reason: str
     worker: str | None = None  # the worker task's handle (END_WORKERS: the array id)
     partition: str | None = None
+    # For a job that lets dlsub choose its batch: the global batch at the new size, and its micro-steps
+    # per optimiser step there (told to the job before the resize; it reads them when it restarts).
+    batch_size: int | None = None
+    accumulation_steps: int | None = None
 
 
 def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> list[Resize]:
@@ -212,7 +234,9 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         if room is None or room.waiting_gpus >= room.idle_gpus or room.short_of_gpus():
             continue
         per_node = max(1, max(j.gpus_per_node for j in group))
-        free = [Node(n, g, partition=name) for n, g in room.nodes if g >= per_node]
+        fits = room.workers_fit(per_node, max(j.cpus_per_node for j in group),
+                                max(j.memory_per_node_mb for j in group))
+        free = [Node(n, g, partition=name) for n, g in room.nodes if fits[n] > 0]
         spare = room.waiting_gpus  # waiting jobs keep first claim on idle GPUs
         while spare > 0 and free:
             taken = free.pop(0)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import csv
 import functools
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
+
+from dlsub.policies.batch_split import BatchLimits, split_batch
 
 # Epochs each application trains for (README: "A job finishes after a fixed
 # number of epochs").
@@ -123,15 +124,10 @@ class Application:
         return float(result[0]), float(result[1])
 
     def _batch_config(self, replicas: int, batch_size: int) -> BatchConfig:
-        """Split a total batch over replicas, accumulating gradients above the local maximum."""
-        local = math.ceil(batch_size / replicas - 1e-8)
-        accum = math.ceil(local / self.max_local_bsz - 1e-8) - 1
-        if replicas == 1 and batch_size > self.init_batch_size:
-            # One GPU gains nothing from a bigger synchronous batch without accumulation.
-            accum = max(1, accum)
-        atomic = math.ceil(local / (accum + 1) - 1e-8)
-        atomic = min(atomic, int(self.max_batch_size / (replicas * (accum + 1))))
-        return BatchConfig(max(atomic, 1), accum)
+        """Split a total batch over replicas, accumulating gradients above the local maximum (the rule
+        the live library runs: dlsub.policies.batch_split)."""
+        limits = BatchLimits(self.init_batch_size, self.max_batch_size, self.min_local_bsz, self.max_local_bsz)
+        return BatchConfig(*split_batch(limits, replicas, batch_size))
 
     def step_time(self, placement: tuple[int, ...], config: BatchConfig) -> float:
         """Seconds per optimiser step: one synchronised micro-step plus the accumulated ones."""

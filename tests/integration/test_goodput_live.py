@@ -32,6 +32,8 @@ from livebed import EXAMPLES, TestbedUser, agent_service, slurm_job, wait_for
 
 TRAIN = str(EXAMPLES / "train_digits.py")
 POLICY = Path("/etc/dlsub/policy.toml")
+# Elastic, 1 to 2 nodes of 2 GPUs, 1 CPU and 1 GB each (two fit on one testbed node).
+SHAPE = ("--nodes", "1:2", "--gpus-per-node", "2", "--cpus", "1", "--mem", "1G")
 
 
 @pytest.fixture
@@ -86,13 +88,11 @@ def test_the_spare_node_goes_to_the_elastic_job_that_scales_well(
     try:
         wait_for("the other user's job to hold a slot", lambda: (slurm_job(filler) or {}).get("job_state") == "RUNNING",
                  timeout=60)
-        poor = user.submit("--nodes", "1:2", "--gpus-per-node", "2", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "400", "--throttle", "0.4",
-                           cwd=workdir)
+        poor = user.submit(*SHAPE, TRAIN, "--epochs", "400", "--throttle", "0.4", cwd=workdir)
         jobs.append(poor)
         wait_for("the poor scaler grown to 2 nodes and measured there",
                  lambda: world_size(poor["job_dir"]) == 4 and reports_at(poor["job_dir"], 4) >= 3, timeout=240)
-        good = user.submit("--nodes", "1:2", "--gpus-per-node", "2", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "400",
-                           "--throttle-per-sample", "0.012", cwd=workdir)
+        good = user.submit(*SHAPE, TRAIN, "--epochs", "400", "--throttle-per-sample", "0.012", cwd=workdir)
         jobs.append(good)
         wait_for("the poor scaler shrunk for it", lambda: world_size(poor["job_dir"]) == 2, timeout=180)
         wait_for("the good scaler grown to 2 nodes", lambda: world_size(good["job_dir"]) == 4, timeout=300)
@@ -106,3 +106,21 @@ def test_the_spare_node_goes_to_the_elastic_job_that_scales_well(
         subprocess.run(["scancel", str(filler)], check=False)
         for job in jobs:
             cancel(job)
+
+
+def test_a_job_that_lets_dlsub_choose_its_batch_runs_the_agents_batch_after_it_grows(
+    user: TestbedUser, workdir: Path, goodput_agent: None
+) -> None:
+    """train_digits --adaptive-batch declares its limits; when the agent grows it, the group re-forms with the
+    batch the policy picked for 2 nodes (left in the job's mailbox), as `dlsub why` says."""
+    job = user.submit(*SHAPE, TRAIN, "--epochs", "400", "--adaptive-batch", "--batch-size", "64",
+                      "--max-batch", "512", "--micro-batch", "64", "--throttle-per-sample", "0.01", cwd=workdir)
+    try:
+        wait_for("the job grown to 2 nodes", lambda: world_size(job["job_dir"]) == 4, timeout=240)
+        grown = starts(job["job_dir"])[-1]
+        assert grown["batch_from"] == "agent", grown
+        why = user.dlsub("why", job["id"]).stdout
+        assert f"batch {grown['batch_size']} (" in why, why
+        assert 64 <= grown["batch_size"] <= 512 and grown["batch_size"] % 4 == 0, grown
+    finally:
+        cancel(job)

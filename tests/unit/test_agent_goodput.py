@@ -31,18 +31,21 @@ def tags(dlsub_id: str, max_nodes: int) -> str:
     return f"dlsub:{dlsub_id};mode=ideal;ideal=gpu;gpus=2;nodes=1-{max_nodes}"
 
 
-def reports(job_dir: Path, job_id: int, sizes: list[tuple[int, float]], *, batch: int = 64) -> None:
-    """The library's events: at each (nodes, steps/s), a start with the group's size and 4 reports 5 s apart."""
+def reports(job_dir: Path, job_id: int, sizes: list[tuple[int, float]], *, batch: int = 64,
+            start: dict[str, Any] | None = None, report: dict[str, Any] | None = None) -> None:
+    """The library's events: at each (nodes, steps/s), a start with the group's size and 4 reports 5 s apart
+    (``start`` and ``report``: more fields for each)."""
     events: list[dict[str, Any]] = []
     t, step = NOW - 60 * len(sizes), 0
     for nodes, rate in sizes:
         attempt = f"{job_id}-0"
-        events.append({"event": "start", "time": t, "attempt": attempt, "world_size": 2 * nodes, "nodes": nodes})
+        events.append({"event": "start", "time": t, "attempt": attempt, "world_size": 2 * nodes, "nodes": nodes,
+                       **(start or {})})
         for _ in range(4):
             t += 5
             step += round(5 * rate)
             events.append({"event": "progress", "time": t, "attempt": attempt, "step": step,
-                           "samples": step * batch, "total_steps": 20000})
+                           "samples": step * batch, "total_steps": 20000, **(report or {})})
         t += 40
     with open(job_dir / "progress.jsonl", "a") as f:
         f.write("".join(json.dumps(e) + "\n" for e in events))
@@ -73,6 +76,41 @@ def test_the_idle_node_goes_to_the_job_that_scales_well_and_why_shows_the_figure
     assert [d.dlsub_id for d in grows] == [GOOD]
     assert "measured 1 node (2 GPUs) 256 samples/s; predicted 2 nodes" in grows[0].reason
     assert "goodput policy" in grows[0].reason
+
+
+def test_a_job_that_lets_dlsub_choose_its_batch_is_told_the_batch_before_it_grows(tmp_path: Path) -> None:
+    """It declared its limits (start event) and reports noisy gradients: a bigger batch pays, and the policy's
+    batch for 2 nodes is in its mailbox (agent/batch.json) when its worker is released."""
+    world = World(tmp_path, policy(policy="goodput"))
+    array, job_dir = world.worker_array(GOOD, tags(GOOD, 2), uid=ME, gpus_per_node=2)
+    main, _ = world.submit(GOOD, uid=ME, comment=tags(GOOD, 2), partition="gpu", gres="gpu:2", start_on="gpu1",
+                           job_dir=job_dir, start=NOW - 60)
+    (job_dir / "agent").mkdir()
+    limits = {"init": 64, "max": 1024, "local_min": 8, "local_max": 64}
+    reports(job_dir, main, [(1, 4.0)], start={"batch_limits": limits, "batch_size": 64, "accumulation_steps": 1},
+            report={"grad_sqr": 1.0, "grad_var": 40.0})
+    world.agent().tick(NOW)
+    assert world.fake.task(f"{array}_0").reason == "None"
+    told = json.loads((job_dir / "agent" / "batch.json").read_text())
+    assert 64 < told["batch_size"] <= 1024 and told["accumulation_steps"] >= 1, told
+    assert told["batch_size"] % (4 * told["accumulation_steps"]) == 0, "it splits evenly over 4 GPUs"
+    assert world.store is not None
+    (grow,) = [d.reason for d in world.store.decisions() if d.kind == "grow"]
+    assert f"batch {told['batch_size']}" in grow, grow
+
+
+def test_a_job_without_a_mailbox_grows_with_the_batch_it_has(tmp_path: Path) -> None:
+    world = World(tmp_path, policy(policy="goodput"))
+    array, job_dir = world.worker_array(GOOD, tags(GOOD, 2), uid=ME, gpus_per_node=2)
+    main, _ = world.submit(GOOD, uid=ME, comment=tags(GOOD, 2), partition="gpu", gres="gpu:2", start_on="gpu1",
+                           job_dir=job_dir, start=NOW - 60)
+    reports(job_dir, main, [(1, 4.0)], start={"batch_limits": {"init": 64, "max": 1024, "local_min": 8,
+                                                                "local_max": 64}},
+            report={"grad_sqr": 1.0, "grad_var": 40.0})
+    world.agent().tick(NOW)
+    assert world.fake.task(f"{array}_0").reason == "None", "the resize goes ahead"
+    assert world.store is not None
+    assert any("was not told to the job" in d.reason for d in world.store.decisions())
 
 
 def test_under_fifo_the_older_job_would_have_taken_it(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ them (dlsub.agent.live_models); the policy is ``goodput``.
 
 from __future__ import annotations
 
-from dlsub.agent.jobdir import Progress
+from dlsub.agent.jobdir import MeasuredConfig, Progress
 from dlsub.agent.live_models import LiveModels
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.goodput_resize import ScaledJob, measured_text, plan_by_policy
@@ -24,17 +24,17 @@ def job(dlsub_id: str, *, uid: int, nodes: int, max_nodes: int, submit: float, w
     held = tuple(WorkerTask(f"{uid}{i}_1", 200 + i, "PENDING", "JobHeldUser", "gpu") for i in range(pool))
     return ElasticJob(dlsub_id, slurm_job_id=uid, uid=uid, user=f"u{uid}", state="RUNNING", ended=False,
                       partition="gpu", gpus_per_node=2, min_nodes=1, max_nodes=max_nodes, submit_time=submit,
-                      worker_arrays=(uid * 10,), workers=running + held)
+                      worker_arrays=(uid * 10,), workers=running + held, cpus_per_node=2, memory_per_node_mb=4096)
 
 
-def measured(rates: dict[int, float]) -> dict[tuple[int, int], tuple[float, float | None]]:
-    """Steps/s at each node count (2 GPUs a node), with samples/s at a global batch of BATCH."""
-    return {(n, 2 * n): (r, r * BATCH) for n, r in rates.items()}
+def measured(rates: dict[int, float]) -> tuple[MeasuredConfig, ...]:
+    """Steps/s at each node count (2 GPUs a node), with samples/s at a global batch of BATCH (not reported)."""
+    return tuple(MeasuredConfig(n, 2 * n, None, None, r, r * BATCH) for n, r in rates.items())
 
 
 def scaled(models: LiveModels, j: ElasticJob, rates: dict[int, float], step: int = 100,
            total: int = 5000) -> ScaledJob:
-    progress = Progress(step=step, total_steps=total, measured=measured(rates), first_time=NOW - 300,
+    progress = Progress(step=step, total_steps=total, configs=measured(rates), first_time=NOW - 300,
                         latest_time=NOW)
     return models.scaled(j, progress, NOW, None)
 
@@ -86,3 +86,14 @@ def test_a_job_that_measured_nothing_says_its_model_is_the_prior() -> None:
     fresh = scaled(models, job("fresh", uid=3, nodes=1, max_nodes=2, submit=NOW), {})
     assert measured_text(fresh) == "nothing yet (the model is the prior)"
     assert fresh.view.remaining == 4900.0 and fresh.view.gpus == 2 and fresh.view.max_gpus == 4
+
+
+def test_idle_gpus_on_a_node_without_the_cpus_or_memory_for_a_worker_are_no_slot() -> None:
+    models = LiveModels()
+    good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
+    short_of_memory = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 4, 3904),))
+    assert plan_by_policy([good], short_of_memory, POLICY, NOW) == [], "a 4 GB worker would wait there"
+    short_of_cpus = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 1, 8000),))
+    assert plan_by_policy([good], short_of_cpus, POLICY, NOW) == []
+    roomy = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 2, 4096),))
+    assert [a.kind for a in plan_by_policy([good], roomy, POLICY, NOW)] == [GROW]
