@@ -10,7 +10,8 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,25 @@ def slurm_job(job_id: int) -> dict[str, Any] | None:
 def agent_service(action: str) -> None:
     """Start, stop or kill -9 the testbed's agent (testbed/agent.sh, by its pid file)."""
     subprocess.run(["bash", str(REPO / "testbed" / "agent.sh"), action], check=True, capture_output=True)
+
+
+#: The testbed's agent policy (testbed/up.sh installs etc/testbed/policy.toml there: policy = "fifo").
+POLICY_FILE = Path("/etc/dlsub/policy.toml")
+
+
+@contextmanager
+def agent_policy(name: str) -> Iterator[None]:
+    """The agent service restarted under ``policy = NAME``; the file restored and the agent restarted after
+    (also for "fifo", so that every run starts from a fresh agent)."""
+    original = POLICY_FILE.read_text()
+    assert 'policy = "fifo"' in original, f"{POLICY_FILE} is not the testbed's fifo file: is another run using it?"
+    POLICY_FILE.write_text(original.replace('policy = "fifo"', f'policy = "{name}"', 1))
+    agent_service("restart")
+    try:
+        yield
+    finally:
+        POLICY_FILE.write_text(original)
+        agent_service("restart")
 
 
 def agent_tick(db: Path, now: float | None = None, policy: Path | None = None) -> list[dict[str, Any]]:

@@ -28,10 +28,9 @@ from typing import Any
 
 import pytest
 
-from livebed import EXAMPLES, TestbedUser, agent_service, slurm_job, wait_for
+from livebed import EXAMPLES, TestbedUser, agent_policy, slurm_job, wait_for
 
 TRAIN = str(EXAMPLES / "train_digits.py")
-POLICY = Path("/etc/dlsub/policy.toml")
 # Elastic, 1 to 2 nodes of 2 GPUs, 1 CPU and 1 GB each (two fit on one testbed node).
 SHAPE = ("--nodes", "1:2", "--gpus-per-node", "2", "--cpus", "1", "--mem", "1G")
 
@@ -39,15 +38,8 @@ SHAPE = ("--nodes", "1:2", "--gpus-per-node", "2", "--cpus", "1", "--mem", "1G")
 @pytest.fixture
 def goodput_agent() -> Iterator[None]:
     """The agent service with policy = "goodput" (the testbed's file otherwise says fifo); restored after."""
-    original = POLICY.read_text()
-    assert 'policy = "fifo"' in original
-    POLICY.write_text(original.replace('policy = "fifo"', 'policy = "goodput"', 1))
-    agent_service("restart")
-    try:
+    with agent_policy("goodput"):
         yield
-    finally:
-        POLICY.write_text(original)
-        agent_service("restart")
 
 
 def starts(job_dir: str) -> list[dict[str, Any]]:
