@@ -11,7 +11,7 @@ the agent changes the job's size only through the workers:
   job's rendezvous (torchrun re-forms the group, the training resumes from
   the checkpoint it writes when torchrun stops it).
 * **Shrink**: when jobs waiting on the nodes its workers hold need GPUs that
-  are not idle, workers leave, newest first, back towards MIN: each is sent
+  are not idle, workers leave, newest first (of the newest job first), back towards MIN: each is sent
   MOVE_SIGNAL, the whole group checkpoints, the worker requeues itself held
   (back into the pool) and the rest re-form smaller. A waiting job's
   minimum comes before another job's growth, whatever the policy: growth is
@@ -209,7 +209,8 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
     live = [j for j in jobs if j.state == "RUNNING" and not j.ended and not j.moving]
     shrinking: set[str] = set()
     freed: dict[str, int] = {}
-    for job in live:
+    # The newest job gives a node back first (as efifo does in the simulator): the older ones keep theirs.
+    for job in sorted(live, key=lambda j: (-j.submit_time, -j.slurm_job_id)):
         for action in _shrinks(job, by_name, freed):
             actions.append(action)
             shrinking.add(job.dlsub_id)

@@ -97,3 +97,15 @@ def test_idle_gpus_on_a_node_without_the_cpus_or_memory_for_a_worker_are_no_slot
     assert plan_by_policy([good], short_of_cpus, POLICY, NOW) == []
     roomy = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 2, 4096),))
     assert [a.kind for a in plan_by_policy([good], roomy, POLICY, NOW)] == [GROW]
+
+
+def test_a_waiting_job_takes_its_node_from_the_newest_elastic_job_first() -> None:
+    """resize.plan_resizes (any policy): the older job keeps its worker, as efifo does in the simulator."""
+    from dlsub.policies.resize import plan_resizes
+
+    older = job("older", uid=1, nodes=2, max_nodes=2, submit=NOW - 900, workers_running=1)
+    newer = job("newer", uid=2, nodes=2, max_nodes=2, submit=NOW - 300, workers_running=1)
+    room = Room("gpu", (("gpu0", 0), ("gpu1", 0)), waiting_gpus=2, waiting_per_node=2)
+    for jobs in ([older, newer], [newer, older]):
+        actions = plan_resizes(jobs, [room])
+        assert [(a.kind, a.dlsub_id) for a in actions] == [(SHRINK, "newer")], actions
