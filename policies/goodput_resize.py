@@ -17,8 +17,10 @@ What the decision turns into:
 * a job the policy gives more nodes grows onto idle slots (a held worker is
   released), as many as there are;
 * a job the policy gives fewer nodes shrinks (its newest worker leaves)
-  only when another job the policy grows finds no idle slot: a node is
-  taken from a job only to give it to one that gains more from it.
+  only when another job of the same user that the policy grows finds no
+  idle slot: a node is taken from a job only to give it to one that gains
+  more from it, and never on another user's word (a job's reported
+  throughput is what the job says; another user could inflate it).
 
 The policy itself holds the restart-cost hysteresis (a job keeps its size
 unless changing it saves more than a restart costs); per-user limits come
@@ -191,7 +193,7 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
         target[job.dlsub_id] = max(job.min_nodes, min(job.max_nodes, given))
     left = dict(headroom or {})
     actions: list[Resize] = []
-    wanting = 0  # nodes the policy grows jobs by that no idle slot can give
+    wanting: dict[int, int] = {}  # per uid: nodes the policy grows its jobs by that no idle slot can give
     order = sorted(jobs, key=lambda s: (-(target[s.job.dlsub_id] - s.job.nodes_now), s.job.submit_time,
                                         s.job.slurm_job_id))
     for scaled in order:
@@ -205,7 +207,7 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
         size = job.nodes_now
         for _ in range(want):
             if not free or not pool:
-                wanting += 1
+                wanting[job.uid] = wanting.get(job.uid, 0) + 1
                 continue
             free.pop(0)
             worker = pool.pop(0)
@@ -219,20 +221,24 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
                                       f"{_figures(scaled, job.nodes_now, size)}{words}; released worker "
                                       f"{worker.handle} to join the group")))
     # Workers already leaving give their nodes back soon: not one more shrink for the same want.
-    wanting -= sum(1 for s in jobs for w in s.job.workers if w.leaving)
+    for scaled in jobs:
+        leaving = sum(1 for w in scaled.job.workers if w.leaving)
+        wanting[scaled.job.uid] = wanting.get(scaled.job.uid, 0) - leaving
+    # A node is taken from a job only for another job of the same user: the throughput a job reports is its
+    # own word, and another user's word must never shrink it (waiting jobs' minimums are resize.py's affair).
     for scaled in sorted(jobs, key=lambda s: (s.job.submit_time, s.job.slurm_job_id), reverse=True):
         job = scaled.job
         running = sorted((w for w in job.workers if w.state == "RUNNING" and not w.leaving),
                          key=lambda w: -w.start_time)
         size = job.nodes_now
-        while wanting > 0 and size > target[job.dlsub_id] and running:
+        while wanting.get(job.uid, 0) > 0 and size > target[job.dlsub_id] and running:
             worker = running.pop(0)
-            wanting -= 1
+            wanting[job.uid] -= 1
             size -= 1
             batch, micro, words = _batch_at(scaled, decision, size)
             actions.append(Resize(SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
                                   batch_size=batch, accumulation_steps=micro, reason=(
-                f"shrinking to {_nodes_text(size)} ({policy.name} policy): another elastic job gains more "
-                f"from the node; {_figures(scaled, job.nodes_now, size)}{words}; the worker on "
+                f"shrinking to {_nodes_text(size)} ({policy.name} policy): another elastic job of yours gains "
+                f"more from the node; {_figures(scaled, job.nodes_now, size)}{words}; the worker on "
                 f"{','.join(worker.nodes) or '?'} checkpoints with the group and goes back to the held pool")))
     return actions

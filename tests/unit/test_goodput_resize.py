@@ -60,10 +60,20 @@ def test_a_node_is_taken_from_a_poor_scaler_only_to_give_it_to_a_better_one() ->
                   {1: 2.0, 2: 2.02})
     alone = plan_by_policy([poor], Room("gpu", ()), POLICY, NOW)
     assert alone == [], "nobody else wants the node: the job keeps it (a shrink would only cost a restart)"
-    good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
+    good = scaled(models, job("good", uid=1, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
     actions = plan_by_policy([poor, good], Room("gpu", ()), POLICY, NOW)
     assert [(a.kind, a.dlsub_id) for a in actions] == [(SHRINK, "poor")]
-    assert "another elastic job gains more" in actions[0].reason and "measured 1 node" in actions[0].reason
+    assert "another elastic job of yours gains more" in actions[0].reason
+    assert "measured 1 node" in actions[0].reason
+
+
+def test_another_users_reported_throughput_never_shrinks_my_job() -> None:
+    """Its reports are its own word (it could inflate them): my node is not taken for it."""
+    models = LiveModels()
+    mine = scaled(models, job("mine", uid=1, nodes=2, max_nodes=3, submit=NOW - 900, workers_running=1),
+                  {1: 2.0, 2: 2.02})
+    boasts = scaled(models, job("boasts", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 400.0})
+    assert plan_by_policy([mine, boasts], Room("gpu", ()), POLICY, NOW) == []
 
 
 def test_a_user_at_the_gpu_limit_does_not_grow() -> None:
