@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -56,6 +57,49 @@ def split_batch(limits: BatchLimits, replicas: int, batch: int) -> tuple[int, in
     return max(atomic, 1), accum
 
 
+def split_batches(limits: BatchLimits, replicas: int, batches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`split_batch` for many total batches at once (as float arrays): the
+    same arithmetic, element by element, so the results are identical."""
+    batch = np.asarray(batches, dtype=float)
+    local = np.ceil(batch / replicas - 1e-8)
+    accum = np.ceil(local / limits.max_local - 1e-8) - 1
+    if replicas == 1:
+        accum = np.where(batch > limits.init_batch, np.maximum(1.0, accum), accum)
+    atomic = np.ceil(local / (accum + 1) - 1e-8)
+    # int() of a positive float is its floor.
+    atomic = np.minimum(atomic, np.floor(limits.max_batch / (replicas * (accum + 1))))
+    return np.maximum(atomic, 1.0), accum
+
+
+@dataclass(frozen=True)
+class _BatchGrid:
+    """The candidate total batches on a number of replicas, and how each runs."""
+
+    candidates: tuple[int, ...]
+    atomic: np.ndarray
+    accum: np.ndarray
+    totals: np.ndarray  # samples per optimiser step: replicas x atomic x (accum + 1)
+
+
+@lru_cache(maxsize=4096)
+def _batch_grid(limits: BatchLimits, replicas: int) -> _BatchGrid:
+    # Shared by every job with the same declared limits (one per application
+    # in a workload): a decision over 1,000 jobs builds each grid once.
+    lo = max(limits.init_batch, limits.min_local * replicas)
+    hi = limits.max_batch
+    if lo >= hi:
+        candidates = [hi]
+    else:
+        grid = {int(round(lo * (hi / lo) ** (i / 12))) for i in range(13)}
+        grid.update(replicas * k for k in (limits.min_local, limits.max_local) if lo <= replicas * k <= hi)
+        candidates = sorted(grid)
+    atomic, accum = split_batches(limits, replicas, np.array(candidates, dtype=float))
+    totals = replicas * atomic * (accum + 1)
+    for array in (atomic, accum, totals):
+        array.flags.writeable = False
+    return _BatchGrid(tuple(candidates), atomic, accum, totals)
+
+
 class FittedPerformance:
     """A job's performance as its reports say; immutable, so its batch searches are cached."""
 
@@ -79,41 +123,32 @@ class FittedPerformance:
         sqr, var = self.grads.sqr, self.grads.var
         return np.asarray((var + sqr) / (var / scale + sqr))
 
-    def _configs(self, placement: tuple[int, ...], batches: list[int]) -> tuple[np.ndarray, ...]:
+    def _run(self, placement: tuple[int, ...], batch_size: int) -> tuple[float, int]:
+        """(seconds per optimiser step, samples per step) at a total ``batch_size``."""
         replicas = sum(placement)
-        nodes = sum(1 for p in placement if p)
-        splits = [split_batch(self.limits, replicas, b) for b in batches]
-        atomic = np.array([s[0] for s in splits], dtype=float)
-        accum = np.array([s[1] for s in splits], dtype=float)
-        steps = self.fitted.params.step_s(nodes, replicas, atomic, accum)
-        totals = replicas * atomic * (accum + 1)
-        return steps, totals
+        atomic, accum = split_batch(self.limits, replicas, batch_size)
+        step = self.fitted.params.step_s_at(sum(1 for p in placement if p), replicas,
+                                            np.array([atomic], dtype=float), np.array([accum], dtype=float))
+        return float(step[0]), replicas * atomic * (accum + 1)
 
     def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
-        return float(self._configs(placement, [batch_size])[0][0])
+        return self._run(placement, batch_size)[0]
 
     def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
-        steps, totals = self._configs(placement, [batch_size])
-        return float(self.efficiency(totals)[0] / steps[0])
+        step, total = self._run(placement, batch_size)
+        return float(self.efficiency(total)) / step
 
     def batch_candidates(self, replicas: int) -> list[int]:
         """From each replica's minimum to the job's maximum, on a geometric grid."""
-        lim = self.limits
-        lo = max(lim.init_batch, lim.min_local * replicas)
-        hi = lim.max_batch
-        if lo >= hi:
-            return [hi]
-        grid = {int(round(lo * (hi / lo) ** (i / 12))) for i in range(13)}
-        grid.update(replicas * k for k in (lim.min_local, lim.max_local) if lo <= replicas * k <= hi)
-        return sorted(grid)
+        return list(_batch_grid(self.limits, replicas).candidates)
 
     def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
         replicas = sum(placement)
         key = (sum(1 for p in placement if p), replicas)
         if key not in self._best:
-            candidates = self.batch_candidates(replicas)
-            steps, totals = self._configs(placement, candidates)
-            rates = self.efficiency(totals) / steps
+            grid = _batch_grid(self.limits, replicas)
+            steps = self.fitted.params.step_s_at(key[0], replicas, grid.atomic, grid.accum)
+            rates = self.efficiency(grid.totals) / steps
             best = int(np.argmax(rates))
-            self._best[key] = (candidates[best], float(rates[best]))
+            self._best[key] = (grid.candidates[best], float(rates[best]))
         return self._best[key]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 import numpy as np
 import scipy.optimize
@@ -74,7 +75,17 @@ class ThroughputParams:
     gamma: float = 1.0
 
     def as_array(self) -> np.ndarray:
-        return np.array([getattr(self, f.name) for f in fields(self)], dtype=float)
+        """A fresh (writable) array of the parameters, in field order."""
+        return np.array([getattr(self, name) for name in _PARAMS], dtype=float)
+
+    @cached_property
+    def _array(self) -> np.ndarray:
+        # Built once: the goodput policy evaluates step times thousands of
+        # times per decision, and rebuilding the array from the fields each
+        # time cost more than the arithmetic.
+        values = self.as_array()
+        values.flags.writeable = False
+        return values
 
     @classmethod
     def from_array(cls, values: Sequence[float] | np.ndarray) -> ThroughputParams:
@@ -84,15 +95,24 @@ class ThroughputParams:
         return np.asarray(self.alpha_c + self.beta_c * np.asarray(atomic, dtype=float))
 
     def sync_s(self, nodes: np.ndarray | float, replicas: np.ndarray | float) -> np.ndarray:
-        return _sync(self.as_array(), np.asarray(nodes, dtype=float), np.asarray(replicas, dtype=float))
+        return _sync(self._array, np.asarray(nodes, dtype=float), np.asarray(replicas, dtype=float))
 
     def step_s(self, nodes: np.ndarray | float, replicas: np.ndarray | float, atomic: np.ndarray | float,
                accum_steps: np.ndarray | float) -> np.ndarray:
         """Seconds per optimiser step (vectorised over any of the arguments)."""
-        return np.asarray(np.exp(_log_step(self.as_array(), np.asarray(nodes, dtype=float),
+        return np.asarray(np.exp(_log_step(self._array, np.asarray(nodes, dtype=float),
                                            np.asarray(replicas, dtype=float), np.asarray(atomic, dtype=float),
                                            np.asarray(accum_steps, dtype=float))))
 
+    def step_s_at(self, nodes: int, replicas: int, atomic: np.ndarray, accum_steps: np.ndarray) -> np.ndarray:
+        """:meth:`step_s` at one node and replica count, for many batch splits:
+        the same values, without the per-element synchronisation arrays (the
+        goodput policy's batch search calls it thousands of times a decision)."""
+        return np.asarray(np.exp(_log_step_synced(self._array, _sync_at(self._array, nodes, replicas),
+                                                  atomic, accum_steps)))
+
+
+_PARAMS = tuple(f.name for f in fields(ThroughputParams))
 
 # The prior: Pollux's starting point, before a job has reported anything.
 PRIOR = ThroughputParams()
@@ -106,10 +126,22 @@ def _sync(p: np.ndarray, nodes: np.ndarray, replicas: np.ndarray) -> np.ndarray:
     return np.where(replicas > 1, sync, 0.0)
 
 
+def _sync_at(p: np.ndarray, nodes: int, replicas: int) -> float:
+    """:func:`_sync` at one configuration (the same arithmetic, without arrays)."""
+    if replicas <= 1:
+        return 0.0
+    alpha, beta = (p[2], p[3]) if nodes > 1 else (p[4], p[5])
+    return float(alpha + beta * max(replicas - 2, 0))
+
+
 def _log_step(p: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, atomic: np.ndarray,
               accum: np.ndarray) -> np.ndarray:
+    return _log_step_synced(p, _sync(p, nodes, replicas), atomic, accum)
+
+
+def _log_step_synced(p: np.ndarray, sync: np.ndarray | float, atomic: np.ndarray,
+                     accum: np.ndarray) -> np.ndarray:
     compute = p[0] + p[1] * atomic
-    sync = _sync(p, nodes, replicas)
     gamma = p[6]
     # (c^g + s^g)^(1/g), in logs so that large gamma does not overflow.
     lc = np.log(compute)

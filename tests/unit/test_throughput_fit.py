@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dlsub.policies.api import JobView
-from dlsub.policies.fitted_model import BatchLimits, FittedPerformance, GradientStats, split_batch
+from dlsub.policies.fitted_model import BatchLimits, FittedPerformance, GradientStats, split_batch, split_batches
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sim.apps import load_application
 from dlsub.policies.sim.workload import POLLUX_DIR
@@ -107,3 +107,51 @@ def test_fitted_model_is_a_performance_model_the_goodput_policy_takes() -> None:
     decision = get_policy("goodput").decide([job], ClusterView.uniform(16, 4), 0.0, {})
     # Scales well, but no further than its reports vouch for: twice the 4 GPUs seen.
     assert decision["a"].gpus == 8
+
+
+LIMITS = [BatchLimits(128, 4096, 16, 256), BatchLimits(64, 64, 8, 64), BatchLimits(32, 12800, 8, 32)]
+
+
+def test_vectorised_split_is_the_scalar_rule() -> None:
+    for limits in LIMITS:
+        for replicas in (1, 2, 3, 4, 7, 16, 64):
+            batches = np.unique(np.geomspace(1, 2 * limits.max_batch, 40).astype(int))
+            atomic, accum = split_batches(limits, replicas, batches)
+            assert [(int(a), int(s)) for a, s in zip(atomic, accum, strict=True)] == \
+                [split_batch(limits, replicas, int(b)) for b in batches]
+
+
+@pytest.mark.parametrize("params", [TRUE, PRIOR, ThroughputParams(0.3, 1e-4, 2.0, 0.5, 0.01, 1e-8, 9.5)])
+def test_step_time_at_one_configuration_is_the_vectorised_formula(params: ThroughputParams) -> None:
+    atomic = np.array([1.0, 8, 32, 33, 512])
+    for nodes, replicas in [(1, 1), (1, 2), (1, 3), (1, 4), (2, 5), (4, 16), (16, 64)]:
+        for accum in (0.0, 3.0):
+            accums = np.full_like(atomic, accum)
+            # Bit for bit: the policy's decisions must not depend on which path ran.
+            np.testing.assert_array_equal(params.step_s_at(nodes, replicas, atomic, accums),
+                                          params.step_s(nodes, replicas, atomic, accums))
+
+
+def straightforward_rate(fitted: ThroughputParams, limits: BatchLimits, grads: GradientStats,
+                         placement: tuple[int, ...], batch: int) -> float:
+    """Goodput as the model's docstrings define it, one batch at a time, with no cache."""
+    replicas, nodes = sum(placement), len(placement)
+    atomic, accum = split_batch(limits, replicas, batch)
+    step = float(fitted.step_s(nodes, replicas, atomic, accum))
+    scale = replicas * atomic * (accum + 1) / limits.init_batch
+    return (grads.var + grads.sqr) / (grads.var / scale + grads.sqr) / step
+
+
+def test_best_batch_is_the_straightforward_search() -> None:
+    """The cached, shared batch grid gives what searching each candidate one by one gives."""
+    fitted = fit(reports(TRUE, noise=0.05, seed=3, sizes=[(1, 1), (1, 2), (1, 4), (2, 8)], repeats=1))
+    for limits in LIMITS:
+        for grads in (GradientStats(1.0, 0.0), GradientStats(1.0, 50.0), GradientStats(0.2, 3000.0)):
+            model = FittedPerformance(fitted, limits, grads)
+            for placement in [(1,), (2,), (4,), (4, 1), (4, 4), (4, 4, 4, 4)]:
+                rates = {b: straightforward_rate(fitted.params, limits, grads, placement, b)
+                         for b in model.batch_candidates(sum(placement))}
+                best = max(rates, key=lambda b: (rates[b], -b))  # the first of equals, as argmax
+                assert model.best_batch(placement) == (best, pytest.approx(rates[best], rel=1e-12))
+                for batch, rate in rates.items():
+                    assert model.goodput(placement, batch) == pytest.approx(rate, rel=1e-12)
