@@ -11,7 +11,7 @@ from dlsub.policies.fitted_model import BatchLimits, FittedPerformance, Gradient
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sim.apps import load_application
 from dlsub.policies.sim.workload import POLLUX_DIR
-from dlsub.policies.throughput_fit import PRIOR, StepReport, ThroughputParams, fit
+from dlsub.policies.throughput_fit import PRIOR, StepReport, ThroughputParams, _log_step, _log_step_gradient, fit
 
 TRUE = ThroughputParams(alpha_c=0.05, beta_c=0.002, alpha_n=0.2, beta_n=0.02, alpha_r=0.06, beta_r=0.008,
                         gamma=2.0)
@@ -155,3 +155,23 @@ def test_best_batch_is_the_straightforward_search() -> None:
                 assert model.best_batch(placement) == (best, pytest.approx(rates[best], rel=1e-12))
                 for batch, rate in rates.items():
                     assert model.goodput(placement, batch) == pytest.approx(rate, rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_fits_gradient_is_the_models_slope(seed: int) -> None:
+    """The least-squares search is given the model's derivatives: check them by central differences."""
+    rng = np.random.default_rng(seed)
+    nodes = np.array([1, 1, 1, 2, 4, 1, 2, 1], dtype=float)
+    replicas = np.array([1, 2, 4, 8, 16, 3, 2, 1], dtype=float)
+    atomic = np.array([8, 32, 64, 16, 32, 8, 128, 256], dtype=float)
+    accum = np.array([0, 1, 0, 2, 0, 0, 1, 3], dtype=float)
+    p = np.exp(rng.normal(-3, 1.5, 7))
+    p[6] = rng.uniform(1, 10)
+    gradient = _log_step_gradient(p, nodes, replicas, atomic, accum)
+    for j in range(7):
+        up, down, h = p.copy(), p.copy(), 1e-6 * p[j]
+        up[j] += h
+        down[j] -= h
+        config = (nodes, replicas, atomic, accum)
+        slope = (_log_step(up, *config) - _log_step(down, *config)) / (2 * h)
+        np.testing.assert_allclose(gradient[:, j], slope, rtol=1e-4, atol=1e-6)
