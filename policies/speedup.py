@@ -14,12 +14,24 @@ from dlsub.policies.placement import packed_placement
 
 # A job that has not said how much work is left is expected to need as much
 # again as it has done: the least-attained-service rule, right for the
-# heavy-tailed job lengths of shared clusters (Tiresias, NSDI '19). A job
-# that has done little is expected to need at least a GPU-hour: with less,
-# a new job's first doublings could never pay back their restarts (goodput
-# asks a resize to save 30 s x 10), and it would sit on one GPU until it
-# had proved itself long.
+# heavy-tailed job lengths of shared clusters (Tiresias, NSDI '19). As in
+# Tiresias's discretised form, the guess moves in doublings: it is the work
+# done rounded down to UNKNOWN_WORK_S x 2**k (timed on one GPU), so it jumps
+# only when the work done crosses the next power of two. A guess that grew
+# with every interval would reorder jobs every interval, and each
+# reordering preempts someone. The first step is a GPU-hour: with less, a
+# new job's first doublings could never pay back their restarts (goodput
+# asks a resize to save 30 s x 10), and it would sit on one GPU until it had
+# proved itself long.
 UNKNOWN_WORK_S = 3600.0
+
+
+def doubling_guess(done: float, unit: float) -> float:
+    """The work left expected of a job that has done ``done``: the largest
+    ``unit x 2**k`` (k >= 0) not above it, at least ``unit``. A step function of ``done``."""
+    if unit <= 0 or done < 2 * unit:
+        return unit
+    return unit * 2.0 ** math.floor(math.log2(done / unit))
 
 
 class RemainingTime:
@@ -43,8 +55,7 @@ class RemainingTime:
         self.work = job.remaining if job.remaining is not None else self._guess_work()
 
     def _guess_work(self) -> float:
-        rate = self._rate(1)[1]
-        return max(self.job.progress, rate * UNKNOWN_WORK_S)
+        return doubling_guess(self.job.progress, self._rate(1)[1] * UNKNOWN_WORK_S)
 
     def _rate(self, gpus: int) -> tuple[int | None, float]:
         model, job = self.job.model, self.job
