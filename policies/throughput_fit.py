@@ -19,8 +19,9 @@ prior, as in Pollux: with no multi-replica report synchronisation costs
 nothing, with no multi-node report crossing nodes costs what a node
 costs, and with one atomic batch size half the compute time is fixed.
 That optimism is what makes a job worth trying on more GPUs; the fit says
-where it is guessing (:meth:`ThroughputFit.extrapolates`), and callers
-trust it up to twice the most replicas seen (:attr:`trusted_replicas`).
+where it is guessing (:meth:`ThroughputFit.extrapolates`: beyond twice the
+most replicas seen, :attr:`trusted_replicas`); how far a policy acts on the
+guess is its own choice (:data:`dlsub.policies.fitted_model.TRUSTED_FACTOR`).
 
 Pure: plain values in, a value out; no clock, no I/O.
 """
