@@ -58,7 +58,7 @@ class RemainingTime:
         self.adapt_batch = adapt_batch and job.adaptive_batch
         self._cache: dict[int, tuple[float, int | None]] = {}
         self.guessed = job.remaining is None
-        self.work = self._guess_work() if self.guessed else job.remaining
+        self.work = self._guess_work() if job.remaining is None else job.remaining
 
     def _guess_work(self) -> float:
         return level_guess(self.job.progress, self._rate(1)[1] * UNKNOWN_WORK_S)

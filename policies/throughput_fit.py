@@ -279,7 +279,7 @@ def fit(reports: Sequence[StepReport], prior: ThroughputParams = PRIOR) -> Throu
         pull[2, 4], pull[2, 5] = -0.01 * p[5] / p[4] ** 2, 0.01 / p[4]
         rows.append(pull)
         # Searched in logs: d/dx = d/dp * p.
-        return np.concatenate(rows)[:, free] * p[free]
+        return np.asarray(np.concatenate(rows)[:, free] * p[free])
 
     if free:
         lo, hi = np.log(lower[free]), np.log(upper[free])
