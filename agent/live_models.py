@@ -18,8 +18,11 @@ changed by more than the rounding in :func:`_measured_key`.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Hashable, Sequence
+
+import numpy as np
 
 from dlsub.agent.jobdir import MeasuredConfig, Progress
 from dlsub.agent.policy_file import AgentPolicy
@@ -33,6 +36,10 @@ from dlsub.policies.throughput_fit import StepReport, fit
 
 #: The batch a model counts in when a job's reports give no samples (its rates are then steps/s).
 NOMINAL_BATCH = 1024
+#: Measured rates outside these bounds (a step a day, or ten thousand a second) are not fitted.
+MIN_STEPS_PER_S, MAX_STEPS_PER_S = 1e-5, 1e4
+
+log = logging.getLogger("dlsub.agent")
 
 
 def sizing_policy(policy: AgentPolicy) -> Policy | None:
@@ -58,8 +65,8 @@ def step_reports(configs: Sequence[MeasuredConfig], default_batch: int) -> list[
     """One report per configuration run: its step time, and each replica's share of its batch per micro-step."""
     out = []
     for c in configs:
-        if c.steps_per_s <= 0:
-            continue
+        if not MIN_STEPS_PER_S <= c.steps_per_s <= MAX_STEPS_PER_S:
+            continue  # no training steps like that: a clock jump, or a report made up
         batch = config_batch(c) or default_batch
         micro = c.accumulation_steps or 1
         atomic = max(1, math.ceil(batch / (c.replicas * micro) - 1e-8))
@@ -85,7 +92,13 @@ class LiveModels:
         cached = self._fits.get(dlsub_id)
         if cached is None or cached[0] != key:
             fixed = BatchLimits(init_batch=batch, max_batch=batch, min_local=1, max_local=batch)
-            cached = (key, FittedPerformance(fit(step_reports(configs, batch)), limits or fixed, grads))
+            try:
+                fitted = fit(step_reports(configs, batch))
+            except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
+                # The job's reports are its own: whatever they say, the others' sizing goes on.
+                log.warning("job %s: its throughput reports could not be fitted (%s); using the prior", dlsub_id, exc)
+                fitted = fit([])
+            cached = (key, FittedPerformance(fitted, limits or fixed, grads))
             self._fits[dlsub_id] = cached
         return cached[1]
 

@@ -773,9 +773,13 @@ class Agent:
         headroom = {uid: max(0, limit - usage.gpus) for uid, usage in seen.usage.items()}
 
         def size(jobs: Sequence[ElasticJob], room: Room) -> list[Resize]:
-            scaled = [self._models.scaled(job, seen.elastic_progress.get(job.dlsub_id) or Progress(), now,
-                                          headroom.get(job.uid, limit)) for job in jobs]
-            return plan_by_policy(scaled, room, policy, now, headroom)
+            try:
+                scaled = [self._models.scaled(job, seen.elastic_progress.get(job.dlsub_id) or Progress(), now,
+                                              headroom.get(job.uid, limit)) for job in jobs]
+                return plan_by_policy(scaled, room, policy, now, headroom)
+            except Exception:  # a bad model costs this partition its resizes this tick, never the tick
+                log.exception("sizing the elastic jobs of %s failed; no resizes there this tick", room.name)
+                return []
         return size
 
     def _tell_batch(self, job: ElasticJob, resize: Resize, now: float, outcome: Writes) -> None:

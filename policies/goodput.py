@@ -32,6 +32,7 @@ much again as it has done (see :class:`~dlsub.policies.speedup.RemainingTime`).
 from __future__ import annotations
 
 import heapq
+import math
 from typing import ClassVar
 
 from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, JobView
@@ -64,6 +65,8 @@ class GoodputPolicy:
 
     def _grow(self, curve: RemainingTime, start: int, limit: int, per_node: int) -> int:
         """Largest count from ``start`` whose every increment is worth the floor."""
+        if not 0.0 < curve.time(1) < math.inf or curve.time(start) <= 0.0:
+            return start  # no work left (or no rate at all): more GPUs cannot speed it up
         base = 1.0 / curve.time(1)
         n = start
         while n < limit:

@@ -143,3 +143,15 @@ def test_the_agent_and_the_simulator_call_one_policy_code_path(tmp_path: Path,
     simulate(jobs, POLLUX_DIR / "traces", GoodputPolicy(), ClusterView.uniform(2, 4), SimConfig())
     assert {c for c, _ in calls} == {"agent", "simulator"}
     assert all(models == {FittedPerformance} for _, models in calls if models), calls[:3]
+
+
+def test_absurd_reported_rates_are_not_fitted_and_the_tick_goes_on(tmp_path: Path) -> None:
+    """A job's reports are its own word: rates no training has (a clock jump, a made-up file) are left out of
+    its fit, and the other job is sized as before."""
+    world = World(tmp_path, policy(policy="goodput"))
+    _, poor_array, good, good_array = two_jobs(world)
+    poor_dir = tmp_path / f"home-{ME}" / POOR
+    reports(poor_dir, 1, [(1, 5e6), (2, 1e-7)])  # more lines in its file: absurd rates at both sizes
+    world.agent().tick(NOW)
+    assert world.fake.task(f"{good_array}_0").reason == "None"
+    assert world.fake.task(f"{poor_array}_1").reason == "JobHeldUser"
