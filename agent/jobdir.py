@@ -66,6 +66,8 @@ MAX_ABS_LOSS = 1e12
 MAX_ACCUMULATION = 10**6
 #: Reports of the current attempt the step rate is measured over.
 RATE_WINDOW = 20
+#: Configurations (size and batch) whose measured rates a job's summary keeps, newest last.
+MAX_CONFIGS = 32
 
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
 # O_PATH: the agent's account may only traverse job directories (ACL u:dlsub:--x, or 0711), not list
@@ -456,8 +458,9 @@ class ProgressSummary:
         steps = _rate(points[0], points[-1], "step") if len(points) > 1 else None
         if steps is not None:
             key = ",".join(str(int(v)) for v in (*self.segment["size"], *self.segment["split"]))
-            others = {k: v for k, v in self.measured.items() if k != key}
-            self.measured = {**others, key: [steps, _rate(points[0], points[-1], "samples")]}
+            # The newest MAX_CONFIGS configurations only: a file of made-up sizes costs a bounded amount.
+            others = [(k, v) for k, v in self.measured.items() if k != key][-(MAX_CONFIGS - 1):]
+            self.measured = {**dict(others), key: [steps, _rate(points[0], points[-1], "samples")]}
 
     def feed(self, event: dict[str, Any]) -> None:
         if self.first_time is None:

@@ -773,9 +773,14 @@ class Agent:
         headroom = {uid: max(0, limit - usage.gpus) for uid, usage in seen.usage.items()}
 
         def size(jobs: Sequence[ElasticJob], room: Room) -> list[Resize]:
+            scaled = []
+            for job in jobs:
+                try:
+                    scaled.append(self._models.scaled(job, seen.elastic_progress.get(job.dlsub_id) or Progress(),
+                                                      now, headroom.get(job.uid, limit)))
+                except Exception:  # one job's reports cost that job its resizes, never the others'
+                    log.exception("job %s: no model from its reports this tick; it keeps its size", job.dlsub_id)
             try:
-                scaled = [self._models.scaled(job, seen.elastic_progress.get(job.dlsub_id) or Progress(), now,
-                                              headroom.get(job.uid, limit)) for job in jobs]
                 return plan_by_policy(scaled, room, policy, now, headroom)
             except Exception:  # a bad model costs this partition its resizes this tick, never the tick
                 log.exception("sizing the elastic jobs of %s failed; no resizes there this tick", room.name)

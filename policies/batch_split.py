@@ -72,7 +72,7 @@ def split_batch(limits: BatchLimits, replicas: int, batch: int) -> tuple[int, in
     bigger synchronous batch without accumulating (AdaptDL's rule: it measures
     the gradient noise across a replica's micro-steps, so it needs two)."""
     local = math.ceil(batch / replicas - 1e-8)
-    accum = math.ceil(local / limits.max_local - 1e-8) - 1
+    accum = max(0, math.ceil(local / limits.max_local - 1e-8) - 1)  # never -1 (a tiny local share)
     if replicas == 1 and batch > limits.init_batch:
         accum = max(1, accum)
     atomic = math.ceil(local / (accum + 1) - 1e-8)

@@ -53,7 +53,7 @@ def split_batches(limits: BatchLimits, replicas: int, batches: np.ndarray) -> tu
     same arithmetic, element by element, so the results are identical."""
     batch = np.asarray(batches, dtype=float)
     local = np.ceil(batch / replicas - 1e-8)
-    accum = np.ceil(local / limits.max_local - 1e-8) - 1
+    accum = np.maximum(0.0, np.ceil(local / limits.max_local - 1e-8) - 1)
     if replicas == 1:
         accum = np.where(batch > limits.init_batch, np.maximum(1.0, accum), accum)
     atomic = np.ceil(local / (accum + 1) - 1e-8)

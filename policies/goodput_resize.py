@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from dlsub.policies.api import Allocation, ClusterView, Decision, JobView, Node, PerformanceModel, Policy
 from dlsub.policies.batch_split import BatchLimits, split_batch
 from dlsub.policies.placement import packed_placement
-from dlsub.policies.resize import GROW, SHRINK, ElasticJob, Resize, Room, usable_worker
+from dlsub.policies.resize import GROW, SHRINK, Capacity, ElasticJob, Resize, Room, usable_worker
 from dlsub.policies.speedup import RemainingTime
 
 
@@ -93,6 +93,10 @@ def in_nodes(view: JobView, per_node: int) -> JobView:
         model=None if view.model is None else WholeNodes(view.model, per_node))
 
 
+#: Measured sizes a reason lists.
+MAX_SIZES_SHOWN = 6
+
+
 def _rate_text(rate: float, samples: bool) -> str:
     return f"{rate:.0f} samples/s" if samples and rate >= 10 else (
         f"{rate:.1f} samples/s" if samples else f"{rate:.2f} steps/s")
@@ -111,7 +115,10 @@ def measured_text(scaled: ScaledJob) -> str:
     if not scaled.measured:
         return "nothing yet (the model is the prior)"
     parts = []
-    for (nodes, replicas), (steps, samples) in sorted(scaled.measured.items()):
+    # The sizes nearest the job's present one, at most MAX_SIZES_SHOWN of them.
+    shown = sorted(sorted(scaled.measured.items(), key=lambda kv: abs(kv[0][0] - scaled.job.nodes_now))
+                   [:MAX_SIZES_SHOWN])
+    for (nodes, replicas), (steps, samples) in shown:
         rate = samples if samples is not None else steps
         parts.append(f"{_nodes_text(nodes)} ({replicas} GPU{'s' if replicas != 1 else ''}) "
                      f"{_rate_text(rate, samples is not None)}")
@@ -168,15 +175,9 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
     """
     if not jobs:
         return []
-    per_node = max(1, max(s.job.gpus_per_node for s in jobs))
-    fits = room.workers_fit(per_node, max(s.job.cpus_per_node for s in jobs),
-                            max(s.job.memory_per_node_mb for s in jobs))
-    free = [f"{name}#{i}" for name, count in fits.items() for i in range(count)]
-    # Waiting jobs keep first claim on idle GPUs (one slot at a time, as resize.plan_resizes does).
-    claimed = room.waiting_gpus
-    while claimed > 0 and free:
-        free.pop(0)
-        claimed -= per_node
+    # Waiting jobs keep first claim on idle GPUs; each job is checked against its own per-node request.
+    capacity = Capacity(room, reserve_gpus=room.waiting_gpus)
+    free = [f"{room.name}#{i}" for i in range(max(capacity.count(s.job) for s in jobs))]
     # In whole nodes: every slot is one node's worth of a job's GPUs.
     nodes: list[Node] = [Node(slot, 1, partition=room.name) for slot in free]
     previous: dict[str, Allocation] = {}
@@ -202,18 +203,18 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
         if want <= 0:
             continue
         if job.uid in left:
-            want = min(want, left[job.uid] // per_node)
+            want = min(want, left[job.uid] // max(1, job.gpus_per_node))
         pool = sorted((w for w in job.workers if usable_worker(w, job)), key=lambda w: w.handle)
         size = job.nodes_now
         for _ in range(want):
-            if not free or not pool:
+            node = capacity.take(job) if pool else None
+            if node is None:
                 wanting[job.uid] = wanting.get(job.uid, 0) + 1
                 continue
-            free.pop(0)
             worker = pool.pop(0)
             size += 1
             if job.uid in left:
-                left[job.uid] -= per_node
+                left[job.uid] -= max(1, job.gpus_per_node)
             batch, micro, words = _batch_at(scaled, decision, size)
             actions.append(Resize(GROW, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
                                   partition=room.name, batch_size=batch, accumulation_steps=micro, reason=(

@@ -108,20 +108,6 @@ class Room:
     def idle_gpus(self) -> int:
         return sum(g for _, g in self.nodes)
 
-    def workers_fit(self, gpus: int, cpus: int = 0, memory_mb: int = 0) -> dict[str, int]:
-        """How many workers of ``gpus`` GPUs (and ``cpus`` CPUs, ``memory_mb`` MB, where known) each node
-        could start now; a worker released onto a node short of CPUs or memory would only wait."""
-        spare = {name: (idle_cpus, free_mb) for name, idle_cpus, free_mb in self.spare}
-        out = {}
-        for name, idle in self.nodes:
-            count = idle // max(1, gpus)
-            if name in spare:
-                idle_cpus, free_mb = spare[name]
-                count = min(count, idle_cpus // cpus if cpus > 0 else count,
-                            free_mb // memory_mb if memory_mb > 0 else count)
-            out[name] = count
-        return out
-
     def short_of_gpus(self, freed: dict[str, int] | None = None) -> bool:
         """Whether jobs wait here that the idle GPUs cannot start: too few in all, or none on one node.
 
@@ -133,6 +119,44 @@ class Room:
         idle = [(n, g + back.get(n, 0)) for n, g in self.nodes]
         return (self.waiting_gpus > sum(g for _, g in idle)
                 or not any(g >= self.waiting_per_node for _, g in idle))
+
+
+class Capacity:
+    """What a room's idle nodes can still start this tick, worker by worker: GPUs, and CPUs and memory where
+    known (a worker released onto a node short of them would only wait). Each job is checked against its
+    own per-node request, so one job's large shape never hides a node another job fits."""
+
+    def __init__(self, room: Room, reserve_gpus: int = 0) -> None:
+        spare = {name: (cpus, mem) for name, cpus, mem in room.spare}
+        self.nodes: dict[str, list[int | None]] = {
+            name: [gpus, *spare.get(name, (None, None))] for name, gpus in room.nodes}
+        # Jobs waiting there keep first claim on idle GPUs: those of the first nodes are theirs.
+        for node in self.nodes.values():
+            gpus = node[0] or 0
+            claim = min(reserve_gpus, gpus)
+            node[0] = gpus - claim
+            reserve_gpus -= claim
+
+    @staticmethod
+    def _fits(node: list[int | None], job: ElasticJob) -> bool:
+        gpus, cpus, memory = node
+        return ((gpus or 0) >= max(1, job.gpus_per_node)
+                and (cpus is None or job.cpus_per_node <= 0 or cpus >= job.cpus_per_node)
+                and (memory is None or job.memory_per_node_mb <= 0 or memory >= job.memory_per_node_mb))
+
+    def count(self, job: ElasticJob) -> int:
+        """How many of ``job``'s workers the idle nodes could start (one node each)."""
+        return sum(1 for node in self.nodes.values() if self._fits(node, job))
+
+    def take(self, job: ElasticJob) -> str | None:
+        """A node for one worker of ``job`` (its resources then counted as used), or None."""
+        for name, node in self.nodes.items():
+            if self._fits(node, job):
+                node[0] = (node[0] or 0) - max(1, job.gpus_per_node)
+                node[1] = None if node[1] is None else node[1] - job.cpus_per_node
+                node[2] = None if node[2] is None else node[2] - job.memory_per_node_mb
+                return name
+        return None
 
 
 @dataclass(frozen=True)
@@ -234,14 +258,9 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         room = by_name.get(name)
         if room is None or room.waiting_gpus >= room.idle_gpus or room.short_of_gpus():
             continue
-        per_node = max(1, max(j.gpus_per_node for j in group))
-        fits = room.workers_fit(per_node, max(j.cpus_per_node for j in group),
-                                max(j.memory_per_node_mb for j in group))
-        free = [Node(n, g, partition=name) for n, g in room.nodes if fits[n] > 0]
-        spare = room.waiting_gpus  # waiting jobs keep first claim on idle GPUs
-        while spare > 0 and free:
-            taken = free.pop(0)
-            spare -= taken.gpus
+        capacity = Capacity(room, reserve_gpus=room.waiting_gpus)
+        free = [Node(n, g[0] or 0, partition=name) for n, g in capacity.nodes.items()
+                if any(Capacity._fits(g, j) for j in group)]
         if not free:
             continue
         views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time,
@@ -252,12 +271,14 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         for job in order:
             pool = sorted((w for w in job.workers if usable_worker(w, job)), key=lambda w: w.handle)
             size = job.nodes_now
-            while free and pool and size < job.max_nodes:
-                node = free.pop(0)
+            while pool and size < job.max_nodes:
+                node = capacity.take(job)
+                if node is None:
+                    break
                 worker = pool.pop(0)
                 size += 1
                 actions.append(Resize(GROW, job.dlsub_id, job.slurm_job_id, worker=worker.handle, partition=name,
-                                      reason=(f"growing to {size} node(s): {node.name} on {name} has {node.gpus} "
-                                              f"idle GPU(s) that no waiting job can use; released worker "
+                                      reason=(f"growing to {size} node(s): {node} on {name} has idle GPU(s) "
+                                              f"that no waiting job can use; released worker "
                                               f"{worker.handle} to join the group")))
     return actions

@@ -6,6 +6,8 @@ them (dlsub.agent.live_models); the policy is ``goodput``.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dlsub.agent.jobdir import MeasuredConfig, Progress
 from dlsub.agent.live_models import LiveModels
 from dlsub.policies.goodput import GoodputPolicy
@@ -119,3 +121,22 @@ def test_a_waiting_job_takes_its_node_from_the_newest_elastic_job_first() -> Non
     for jobs in ([older, newer], [newer, older]):
         actions = plan_resizes(jobs, [room])
         assert [(a.kind, a.dlsub_id) for a in actions] == [(SHRINK, "newer")], actions
+
+
+def test_each_job_is_checked_against_its_own_worker_shape() -> None:
+    """Another job asking for a whole node's worth per worker does not hide a node a smaller job fits."""
+    models = LiveModels()
+    small = scaled(models, job("small", uid=1, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
+    big_job = dataclasses.replace(job("big", uid=2, nodes=1, max_nodes=2, submit=NOW - 900, pool=0),
+                                  gpus_per_node=4, cpus_per_node=4, memory_per_node_mb=8000)
+    big = scaled(models, big_job, {1: 2.0})
+    room = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 2, 4096),))
+    assert [(a.kind, a.dlsub_id) for a in plan_by_policy([small, big], room, POLICY, NOW)] == [(GROW, "small")]
+
+
+def test_a_declared_batch_too_small_for_its_limits_does_not_stop_the_partition() -> None:
+    """limits whose per-replica maximum dwarfs the batch used to make split_batch divide by zero."""
+    from dlsub.policies.batch_split import BatchLimits, split_batch
+
+    huge = BatchLimits(init_batch=10**9, max_batch=10**9, min_local=10**9, max_local=10**9)
+    assert split_batch(huge, 4, 1) == (1, 0)

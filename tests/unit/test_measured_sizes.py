@@ -41,3 +41,14 @@ def test_a_report_naming_another_world_size_starts_a_new_size_even_without_a_sta
         summary.feed(event)
     measured = summary.progress().measured
     assert measured[(1, 2)] == (1.0, 32.0) and measured[(1, 4)] == (2.0, 64.0)
+
+
+def test_a_file_of_made_up_sizes_keeps_only_the_newest_configurations() -> None:
+    from dlsub.agent.jobdir import MAX_CONFIGS
+
+    summary = ProgressSummary()
+    for i in range(200):
+        for event in (start(10 * i, i + 1, 1), report(10 * i + 1, 100 * i), report(10 * i + 2, 100 * i + 1)):
+            summary.feed(event)
+    configs = summary.progress().configs
+    assert len(configs) == MAX_CONFIGS and configs[-1].replicas == 200
