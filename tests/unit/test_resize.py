@@ -74,11 +74,22 @@ def test_a_worker_that_keeps_failing_is_not_released_again() -> None:
 
 
 def test_the_oldest_job_grows_first_under_fifo() -> None:
-    one_node = Room("gpu", (("gpu2", 4),))
+    one_node = Room("gpu", (("gpu2", 2),))  # room for one 2-GPU worker
     young = elastic(pool(800), dlsub_id="bbbbbbbb", submit_time=50.0, slurm_job_id=801)
     old = elastic(pool(900), dlsub_id="aaaaaaaa", submit_time=10.0)
     (action,) = plan_resizes([young, old], [one_node])
     assert action.dlsub_id == "aaaaaaaa"
+
+
+def test_a_node_with_room_for_two_workers_grows_two_jobs() -> None:
+    """4 idle GPUs on one node hold two 2-GPU workers (CPUs and memory permitting): both jobs grow."""
+    roomy = Room("gpu", (("gpu2", 4),), spare=(("gpu2", 4, 8000),))
+    young = elastic(pool(800), dlsub_id="bbbbbbbb", submit_time=50.0, slurm_job_id=801, cpus_per_node=2,
+                    memory_per_node_mb=4000)
+    old = elastic(pool(900), dlsub_id="aaaaaaaa", submit_time=10.0, cpus_per_node=2, memory_per_node_mb=4000)
+    assert sorted(a.dlsub_id for a in plan_resizes([young, old], [roomy])) == ["aaaaaaaa", "bbbbbbbb"]
+    short_of_memory = Room("gpu", (("gpu2", 4),), spare=(("gpu2", 4, 6000),))
+    assert [a.dlsub_id for a in plan_resizes([young, old], [short_of_memory])] == ["aaaaaaaa"]
 
 
 def test_a_job_that_is_moving_or_pending_is_not_resized() -> None:
