@@ -6,14 +6,19 @@ those become the step-time reports that :func:`dlsub.policies.throughput_fit.fit
 takes (the same fit the simulator's online mode uses), and the fit becomes
 the job's :class:`~dlsub.policies.fitted_model.FittedPerformance`: the
 ``PerformanceModel`` of the :class:`~dlsub.policies.api.JobView` that the
-policy sees. A job keeps the global batch it runs at (it did not opt in to
-dlsub choosing it); where its reports give samples, one step is
-samples-per-second over steps-per-second samples, else the model counts in
-steps of a nominal batch. Remaining work is the job's declared total steps
-less its step; unknown otherwise (the policy then guesses it).
+policy sees. A job that declared its batch limits
+(``init(batch_size=BatchSizes(...))``) has the policy choose its batch among
+them, with the gradient noise it last reported (none reported: a bigger
+batch is assumed to gain nothing). Any other job keeps the global batch it
+runs at: as its reports say, else samples-per-second over steps-per-second,
+else the model counts in steps of a nominal batch. Remaining work is the
+job's declared total steps less its step; unknown otherwise (the policy then
+guesses it).
 
-A fit costs milliseconds; it is redone only when what the job measured has
-changed by more than the rounding in :func:`_measured_key`.
+A fit costs tens of milliseconds; it is redone only when what the job
+measured has moved at two significant figures (:meth:`LiveModels.model`).
+Rates no training has are left out of the fit, and a fit that fails falls
+back to the prior: a job's reports are its own word.
 """
 
 from __future__ import annotations
