@@ -15,7 +15,8 @@ the policy never splits a node between jobs.
 What the decision turns into:
 
 * a job the policy gives more nodes grows onto idle slots (a held worker is
-  released), as many as there are;
+  released), as many as there are: a slot is a node whose idle GPUs, CPUs
+  and memory hold that job's worker (:class:`~dlsub.policies.resize.Capacity`);
 * a job the policy gives fewer nodes shrinks (its newest worker leaves)
   only when another job of the same user that the policy grows finds no
   idle slot: a node is taken from a job only to give it to one that gains
