@@ -192,20 +192,6 @@ def _worker_request(job: SlurmJob, uid: int) -> dict[str, Any] | None:
     return request if request is not None and request.get("role") == "worker" else None
 
 
-def _int_field(raw: dict[str, Any], key: str) -> int:
-    """A whole number from squeue's record (Slurm versions differ: a number, or {"number": N, "set": true})."""
-    value = raw.get(key)
-    if isinstance(value, dict):
-        value = value.get("number") if value.get("set", True) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _per_node_cpus(job: SlurmJob) -> int:
-    """CPUs the job holds (or asks for) on each of its nodes; 0 when squeue does not say."""
-    cpus = _int_field(job.extra, "cpus")
-    return cpus // max(1, job.node_count) if cpus else 0
-
-
 def _worker_task(job: SlurmJob) -> WorkerTask | None:
     handle = job.array_task_handle
     if handle is None:
@@ -438,8 +424,8 @@ class Agent:
                 ended=job.dlsub_state.terminal, partition=job.partition,
                 gpus_per_node=job.gpus_per_node, min_nodes=int(rng[0]), max_nodes=int(rng[1]),
                 submit_time=float(job.submit_time), worker_arrays=tuple(sorted(arrays)),
-                workers=tasks, moving=seen.row.key() in moves, cpus_per_node=_per_node_cpus(job),
-                memory_per_node_mb=_int_field(job.extra, "memory_per_node")))
+                workers=tasks, moving=seen.row.key() in moves, cpus_per_node=job.cpus_per_node,
+                memory_per_node_mb=job.memory_per_node_mb))
         ended = {(r.uid, r.dlsub_id): r for r in rows.values()
                  if r.state is not None and JobState(r.state).terminal and not r.data.get("ignored")}
         for key, orphans in workers.items():

@@ -133,10 +133,18 @@ class SlurmJob:
     @property
     def node_count(self) -> int:
         """Nodes it runs on or asked for (0: Slurm did not say)."""
-        value = self.extra.get("node_count")
-        if isinstance(value, dict):  # newer Slurm: {"set": .., "number": ..}
-            value = value.get("number")
-        return value if isinstance(value, int) and value > 0 else 0
+        return _positive(self.extra.get("node_count"))
+
+    @property
+    def cpus_per_node(self) -> int:
+        """CPUs it holds (or asks for) on each of its nodes (0: Slurm did not say)."""
+        cpus = _positive(self.extra.get("cpus"))
+        return cpus // max(1, self.node_count)
+
+    @property
+    def memory_per_node_mb(self) -> int:
+        """Memory it asked for on each node, in MB (0: Slurm did not say, or asked per CPU)."""
+        return _positive(self.extra.get("memory_per_node"))
 
     @property
     def array_job_id(self) -> int | None:
@@ -215,6 +223,13 @@ class SlurmJob:
             gpus_per_node=_gpus_in(raw.get("tres_per_node")),
             extra=raw,
         )
+
+
+def _positive(value: Any) -> int:
+    """A count from squeue's record: a number, or newer Slurm's {"set": .., "number": ..}; 0 when none."""
+    if isinstance(value, dict):
+        value = value.get("number")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _epoch(value: Any) -> int:
