@@ -43,5 +43,8 @@ def place_counts(
         if nodes is None:
             raise ValueError(f"GPU counts exceed the cluster: {dict(counts)}")
         decision[name] = Allocation(nodes, batch_of(name))
+        for node in set(nodes):
+            if not free[node]:
+                del free[node]  # full: no later job need look at it (1,000 jobs on 256 nodes)
     return decision
 

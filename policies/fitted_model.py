@@ -16,15 +16,16 @@ runs too.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
 from dlsub.policies.batch_split import BatchLimits, split_batch
-from dlsub.policies.throughput_fit import ThroughputFit
+from dlsub.policies.throughput_fit import ThroughputFit, step_s_of_many
 
-__all__ = ["NO_GAIN", "BatchLimits", "FittedPerformance", "GradientStats", "split_batch"]
+__all__ = ["NO_GAIN", "BatchLimits", "FittedPerformance", "GradientStats", "search_batches", "split_batch"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,29 @@ def _batch_grid(limits: BatchLimits, replicas: int) -> _BatchGrid:
     return _BatchGrid(tuple(candidates), atomic, accum, totals)
 
 
+@dataclass(frozen=True)
+class _GridGroup:
+    """Several (nodes, replicas) configurations' batch grids, end to end."""
+
+    candidates: tuple[tuple[int, ...], ...]
+    sizes: tuple[int, ...]
+    atomic: np.ndarray
+    accum: np.ndarray
+    totals: np.ndarray
+
+
+@lru_cache(maxsize=4096)
+def _grid_group(limits: BatchLimits, keys: tuple[tuple[int, int], ...]) -> _GridGroup:
+    # Jobs with the same limits ask for the same sizes (their minimum and a
+    # node beyond it): the arrays are joined once, not once per job.
+    grids = [_batch_grid(limits, replicas) for _, replicas in keys]
+    arrays = [np.concatenate([getattr(grid, name) for grid in grids]) for name in ("atomic", "accum", "totals")]
+    for array in arrays:
+        array.flags.writeable = False
+    return _GridGroup(tuple(grid.candidates for grid in grids), tuple(len(grid.candidates) for grid in grids),
+                      *arrays)
+
+
 class FittedPerformance:
     """A job's performance as its reports say; immutable, so its batch searches are cached."""
 
@@ -135,12 +159,52 @@ class FittedPerformance:
         return list(_batch_grid(self.limits, replicas).candidates)
 
     def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
-        replicas = sum(placement)
-        key = (sum(1 for p in placement if p), replicas)
+        key = (sum(1 for p in placement if p), sum(placement))
         if key not in self._best:
-            grid = _batch_grid(self.limits, replicas)
-            steps = self.fitted.params.step_s_at(key[0], replicas, grid.atomic, grid.accum)
-            rates = self.efficiency(grid.totals) / steps
-            best = int(np.argmax(rates))
-            self._best[key] = (grid.candidates[best], float(rates[best]))
+            self.best_batches([placement])
         return self._best[key]
+
+    def best_batches(self, placements: list[tuple[int, ...]]) -> list[tuple[int, float]]:
+        """:meth:`best_batch` of each placement, the new ones searched in one
+        vectorised pass (a decision asks each job for several sizes at once)."""
+        keys = [(sum(1 for p in placement if p), sum(placement)) for placement in placements]
+        new = tuple(sorted({key for key in keys if key not in self._best}))
+        if new:
+            group = _grid_group(self.limits, new)
+            steps = self.fitted.params.step_s_in_groups(new, group.sizes, group.atomic, group.accum)
+            rates = self.efficiency(group.totals) / steps
+            start = 0
+            for key, candidates in zip(new, group.candidates, strict=True):
+                segment = rates[start:start + len(candidates)]
+                best = int(np.argmax(segment))
+                self._best[key] = (candidates[best], float(segment[best]))
+                start += len(candidates)
+        return [self._best[key] for key in keys]
+
+
+def search_batches(models: Iterable[object], placements: Sequence[tuple[int, ...]]) -> None:
+    """:meth:`FittedPerformance.best_batch` of every fitted model among
+    ``models`` at each of ``placements``, searched together: models with the
+    same limits in one array pass (a decision over 1,000 jobs would
+    otherwise make 1,000 small ones). Each model keeps what was found."""
+    keys = sorted({(sum(1 for p in placement if p), sum(placement)) for placement in placements})
+    groups: dict[tuple[BatchLimits, tuple[tuple[int, int], ...]], list[FittedPerformance]] = {}
+    for model in models:
+        if isinstance(model, FittedPerformance):
+            new = tuple(key for key in keys if key not in model._best)
+            if new:
+                groups.setdefault((model.limits, new), []).append(model)
+    for (limits, new), members in groups.items():
+        group = _grid_group(limits, new)
+        steps = step_s_of_many([m.fitted.params for m in members], new, group.sizes, group.atomic, group.accum)
+        sqr = np.array([[m.grads.sqr] for m in members])
+        var = np.array([[m.grads.var] for m in members])
+        scale = group.totals / limits.init_batch
+        rates = (var + sqr) / (var / scale + sqr) / steps
+        start = 0
+        for key, candidates in zip(new, group.candidates, strict=True):
+            segment = rates[:, start:start + len(candidates)]
+            best = np.argmax(segment, axis=1)
+            for row, (model, index) in enumerate(zip(members, best, strict=True)):
+                model._best[key] = (candidates[index], float(segment[row, index]))
+            start += len(candidates)

@@ -11,33 +11,54 @@ takes under 100 ms):
    packed placement of ``n`` GPUs (or at its own batch size, for a job
    that cannot change it).
 2. Jobs are served shortest remaining time first (``T(1)``), which is what
-   minimises average completion time. Each takes GPUs while one more (or
-   one more node's worth, so that crossing a node boundary is judged
-   fairly) still speeds it up by at least ``efficiency_floor`` of what its
-   first GPU gives; the rest go to the next job.
-3. GPUs still free go, one at a time, to the job whose remaining time they
-   shorten most.
-4. A running job keeps its current GPU count when changing it would save
-   less than ``restart_penalty_s`` × ``restart_weight`` seconds, since every
-   change costs a restart.
+   minimises average completion time. A job whose length is known takes
+   GPUs while one more (or one more node's worth, so that crossing a node
+   boundary is judged fairly) still speeds it up by at least
+   ``efficiency_floor`` of what its first GPU gives; the rest go to the
+   next job. A job of unknown length takes only its minimum here: ranked
+   on a guess, it must not crowd out the jobs behind it.
+3. Running jobs of unknown length get their current size back, in the
+   same order, while GPUs last.
+4. GPUs still free go, a node's worth at most at a time, to the job they
+   are worth most to per GPU: the seconds they save a job of known length;
+   for a job of unknown length, the speed-up they add (Pollux's objective,
+   which needs no remaining work), weighted towards the jobs that have
+   done least (Tiresias's least attained service), see :meth:`_value`.
+5. A running job keeps its current GPU count when changing it would save
+   less than ``restart_penalty_s`` × ``restart_weight`` seconds (known
+   length) or, for a job of unknown length, when the speed-up it would
+   gain is less than ``restart_share`` of its own (Pollux's restart
+   penalty): every change costs a restart.
+
+Without remaining work the shortest-first rule of step 2 can only rank
+on a guess, and growing jobs on that guess lost to Pollux's published
+average JCT by 36% on its workloads at 1.0x load (the guess ranks a
+two-hour job with a ten-minute one); serving every job its minimum and
+sharing the rest by speed-up brought that to 6% (1.061x; 1.003x at 0.5x
+load; see ``benchmarks/goodput_online.py``). With remaining work known,
+shortest first beats Pollux by 9%.
 
 A job's model may say how far it can be trusted (``trusted_gpus``: a model
 fitted from the job's own reports trusts up to four times the most GPUs
 it has run on, see :data:`~dlsub.policies.fitted_model.TRUSTED_FACTOR`);
 the job gets no more than that, so it grows as its reports come in. A job
-that does not say how much work it has left is expected to need about as
-much again as it has done (see :class:`~dlsub.policies.speedup.RemainingTime`).
+that does not say how much work it has left is ranked as if it needed
+about as much again as it has done (see
+:class:`~dlsub.policies.speedup.RemainingTime`).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, JobView
 from dlsub.policies.elastic import place_counts
-from dlsub.policies.speedup import LEVEL_BASE, RemainingTime
+from dlsub.policies.fitted_model import search_batches
+from dlsub.policies.placement import packed_placement
+from dlsub.policies.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime
 
 
 class GoodputPolicy:
@@ -52,10 +73,12 @@ class GoodputPolicy:
         efficiency_floor: float = 0.25,
         restart_penalty_s: float = 30.0,
         restart_weight: float = 10.0,
+        restart_share: float = 0.1,
     ) -> None:
         self.efficiency_floor = efficiency_floor
         self.restart_penalty_s = restart_penalty_s
         self.restart_weight = restart_weight
+        self.restart_share = restart_share
 
     @staticmethod
     def _hi(job: JobView) -> int:
@@ -80,15 +103,37 @@ class GoodputPolicy:
             n += best_k
         return n
 
+    def _value(self, curve: RemainingTime, current: int) -> Callable[[int], float]:
+        """What ``n`` GPUs are worth to a job, in seconds (more is better).
+
+        A job of known length: minus its remaining time, so a step up is
+        worth the seconds it saves. A job of unknown length: its speed-up
+        over one GPU (Pollux's objective, the sum of jobs' speed-ups, which
+        needs no remaining work), times :data:`UNKNOWN_WORK_S` so that it
+        is on the scale of a known job's saving on an hour of one-GPU work;
+        weighted by ``1 / (1 + service / UNKNOWN_WORK_S)``, the attained
+        service, so that of two jobs that speed up alike the younger (more
+        likely the shorter, Tiresias's LAS) gains more; and a size other
+        than its current one counts ``1 - restart_share`` of its speed-up,
+        Pollux's restart penalty."""
+        if not curve.guessed:
+            return lambda n: -curve.time(n)
+        weight = UNKNOWN_WORK_S / (1.0 + curve.service_s / UNKNOWN_WORK_S)
+        changed = 1.0 - self.restart_share
+        return lambda n: weight * curve.speedup(n) * (1.0 if n == current else changed)
+
     @staticmethod
-    def _offer(curve: RemainingTime, n: int, hi: int, left: int, per_node: int, min_saving: float) -> tuple[float, int]:
-        """(minus the seconds saved per GPU, GPUs) of the best step up from ``n``;
-        a step must save at least ``min_saving`` seconds in all."""
+    def _offer(curve: RemainingTime, value: Callable[[int], float], n: int, hi: int, left: int, per_node: int,
+               min_gain: float) -> tuple[float, int]:
+        """(minus the value gained per GPU, GPUs) of the best step up from ``n``;
+        a step must gain more than ``min_gain`` in all."""
         best = (0.0, 1)
-        for k in range(1, min(per_node, hi - n, left) + 1):
-            saved = curve.time(n) - curve.time(n + k)
-            if saved >= min_saving and -saved / k < best[0]:
-                best = (-saved / k, k)
+        steps = min(per_node, hi - n, left)
+        curve.prefetch(range(n, n + steps + 1))
+        for k in range(1, steps + 1):
+            gain = value(n + k) - value(n)
+            if gain > min_gain and -gain / k < best[0]:
+                best = (-gain / k, k)
         return best
 
     @staticmethod
@@ -97,39 +142,60 @@ class GoodputPolicy:
         their minimum. A running job of guessed length ranks with the jobs
         one level shorter than its guess (hysteresis): when its work done
         crosses a level it is not preempted at once by the younger jobs it
-        was ahead of a moment before (on workload-7 at 1.0x this cut the
-        online average JCT by 7%)."""
+        was ahead of a moment before."""
         seconds = curve.time(max(job.lo, 1))
         return seconds / LEVEL_BASE if curve.guessed and job.name in previous else seconds
 
     def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
         per_node = max((node.gpus for node in cluster.nodes), default=1)
+        # Every job is asked about one GPU and a node beyond its minimum (the
+        # guess, its speed-up, its first offer): fitted models search those
+        # batch sizes together.
+        search_batches([job.model for job in jobs if job.adaptive_batch or job.batch_size is None],
+                       [packed_placement(n, per_node) for n in range(1, 2 * per_node + 1)])
         curves = {job.name: RemainingTime(job, per_node, adapt_batch=True, guess_remaining=True) for job in jobs}
         his = {job.name: self._hi(job) for job in jobs}
         order = sorted(jobs, key=lambda job: (self._rank(job, curves[job.name], previous), job.arrival_s, job.name))
         keep_margin = self.restart_penalty_s * self.restart_weight
         left = cluster.total_gpus
         counts: dict[str, int] = {}
+        currents = {name: alloc.gpus for name, alloc in previous.items()}
         for job in order:
             lo = max(job.lo, 1)
             if lo > left:
                 continue
             curve = curves[job.name]
+            if curve.guessed:
+                # Unknown length: every job's minimum before any job grows;
+                # spare GPUs go by speed-up below.
+                counts[job.name] = lo
+                left -= lo
+                continue
             n = self._grow(curve, lo, min(his[job.name], left), per_node)
-            current = previous[job.name].gpus if job.name in previous else 0
+            current = currents.get(job.name, 0)
             if (current and current != n and current <= left and lo <= current <= his[job.name]
                     and curve.time(current) - curve.time(n) < keep_margin):
                 n = current
             counts[job.name] = n
             left -= n
-        # Spare GPUs: to the job they help most per GPU, a node's worth at a
-        # time at most, so that a slower step across a node boundary does not
-        # hide the faster one beyond it.
+        # Running jobs of unknown length get their size back, in the same
+        # order, while GPUs last: a resize costs a restart, and a newer job
+        # has had its minimum already.
+        for job in order:
+            n, current = counts.get(job.name, 0), min(currents.get(job.name, 0), his[job.name])
+            if n and curves[job.name].guessed and n < current <= n + left:
+                counts[job.name] = current
+                left -= current - n
+        # Spare GPUs: to the job they are worth most to per GPU, a node's
+        # worth at a time at most, so that a slower step across a node
+        # boundary does not hide the faster one beyond it.
+        values = {name: self._value(curves[name], currents.get(name, 0)) for name in counts}
 
         def offer(name: str) -> tuple[float, int, str]:
-            # A job that would otherwise run on unchanged must gain a restart's worth.
-            unchanged = name in previous and previous[name].gpus == counts[name]
-            return self._offer(curves[name], counts[name], his[name], left, per_node,
+            # A known-length job that would otherwise run on unchanged must
+            # gain a restart's worth (the restart share does it for the rest).
+            unchanged = currents.get(name) == counts[name] and not curves[name].guessed
+            return self._offer(curves[name], values[name], counts[name], his[name], left, per_node,
                                keep_margin if unchanged else 0.0) + (name,)
 
         heap = [offer(name) for name in counts]

@@ -50,11 +50,10 @@ def pack(
         return None
     fitting = [node for node, available in free.items() if available >= count]
     if fitting:
-        def fit_key(node: str) -> tuple[bool, int]:
-            shared = capacity is not None and free[node] < capacity[node]
-            return (shared, free[node]) if capacity is not None else (False, free[node])
-
-        node = min(fitting, key=fit_key)
+        if capacity is None:
+            node = min(fitting, key=free.__getitem__)  # the tightest fit
+        else:
+            node = min(fitting, key=lambda node: (free[node] < capacity[node], free[node]))
         free[node] -= count
         return (node,) * count
     nodes: list[str] = []

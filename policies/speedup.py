@@ -22,10 +22,10 @@ from dlsub.policies.placement import packed_placement
 # reordering preempts someone (4,006 restarts on Pollux's workload-7 at
 # 1.0x; 754 in doublings). Levels four times apart (rather than two) cross
 # less often in the middle of a medium job, which then lost its GPUs to
-# every younger job. The first level is a GPU-hour: with less, a new job's
-# first steps up could never pay back their restarts (goodput asks a resize
-# to save 30 s x 10), and it would sit on one GPU until it had proved itself
-# long.
+# every younger job. The first level is a GPU-hour. goodput ranks jobs of
+# unknown length on this guess (who gets a minimum first, whose size is
+# given back first) and weights their speed-ups by the service attained in
+# the same unit; it no longer grows them on it (see goodput's docstring).
 UNKNOWN_WORK_S = 3600.0
 LEVEL_BASE = 4
 
@@ -57,6 +57,7 @@ class RemainingTime:
         self.gpus_per_node = gpus_per_node
         self.adapt_batch = adapt_batch and job.adaptive_batch
         self._cache: dict[int, tuple[float, int | None]] = {}
+        self._fetched: set[int] = set()
         self.guessed = job.remaining is None
         self.work = self._guess_work() if job.remaining is None else job.remaining
 
@@ -78,11 +79,32 @@ class RemainingTime:
             self._cache[gpus] = (seconds, batch)
         return self._cache[gpus]
 
+    def prefetch(self, counts: range) -> None:
+        """Search the batch sizes of several GPU counts at once, where the
+        model can do many placements in one pass (a fitted model can, and
+        keeps what it found)."""
+        many = getattr(self.job.model, "best_batches", None)
+        todo = [n for n in counts if n > 0 and n not in self._fetched]
+        if many is not None and todo and (self.adapt_batch or self.job.batch_size is None):
+            many([packed_placement(n, self.gpus_per_node) for n in todo])
+            self._fetched.update(todo)
+
     def time(self, gpus: int) -> float:
         return math.inf if gpus <= 0 else self._solve(gpus)[0]
 
     def batch(self, gpus: int) -> int | None:
         return self._solve(gpus)[1] if gpus > 0 else None
+
+    def speedup(self, gpus: int) -> float:
+        """How many times faster than on one GPU the job runs on ``gpus`` (0 on none)."""
+        one = self.time(1)
+        return 0.0 if gpus <= 0 or not 0.0 < one < math.inf else one / self.time(gpus)
+
+    @property
+    def service_s(self) -> float:
+        """The work the job has done, in seconds of one GPU at its present pace."""
+        rate = self._rate(1)[1]
+        return self.job.progress / rate if rate > 0 else 0.0
 
     def saving(self, gpus: int) -> float:
         """Seconds saved by going from ``gpus`` to ``gpus + 1``."""

@@ -116,6 +116,22 @@ class ThroughputParams:
         return np.asarray(np.exp(_log_step_synced(self._array, _sync_at(self._array, nodes, replicas),
                                                   atomic, accum_steps)))
 
+    def step_s_in_groups(self, groups: Sequence[tuple[int, int]], sizes: Sequence[int], atomic: np.ndarray,
+                         accum_steps: np.ndarray) -> np.ndarray:
+        """:meth:`step_s_at` for consecutive groups of batch splits, group ``i``
+        at ``groups[i]`` (nodes, replicas) with ``sizes[i]`` splits, in one
+        vectorised pass."""
+        sync = np.repeat([_sync_at(self._array, nodes, replicas) for nodes, replicas in groups], sizes)
+        return np.asarray(np.exp(_log_step_synced(self._array, sync, atomic, accum_steps)))
+
+def step_s_of_many(params: Sequence[ThroughputParams], groups: Sequence[tuple[int, int]], sizes: Sequence[int],
+                   atomic: np.ndarray, accum_steps: np.ndarray) -> np.ndarray:
+    """:meth:`ThroughputParams.step_s_in_groups` of many jobs at once: one row per job."""
+    p = np.stack([one._array for one in params]).T[..., None]  # p[i]: a column, one row per job
+    sync = np.repeat(np.array([[_sync_at(one._array, nodes, replicas) for nodes, replicas in groups]
+                               for one in params]), sizes, axis=1)
+    return np.asarray(np.exp(_log_step_synced(p, sync, atomic, accum_steps)))
+
 
 _PARAMS = tuple(f.name for f in fields(ThroughputParams))
 
@@ -302,8 +318,10 @@ def fit(reports: Sequence[StepReport], prior: ThroughputParams = PRIOR) -> Throu
         params[2] = max(params[2], params[4])
         params[3] = max(params[3], params[5])
     residual = _log_step(params, nodes, replicas, atomic, accum) - log_step
+    fitted = ThroughputParams.from_array(params)
+    fitted._array  # noqa: B018  (built with the fit, once per report, not in the first decision after it)
     return ThroughputFit(
-        ThroughputParams.from_array(params),
+        fitted,
         len(reports),
         int(replicas.max()),
         int(nodes.max()),

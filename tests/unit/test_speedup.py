@@ -70,3 +70,69 @@ def test_a_running_job_crossing_a_level_keeps_its_gpu_against_the_level_below() 
     # Two levels apart, the running job yields.
     older = one_gpu_job("old", 0.0, 2)
     assert set(policy.decide([older, new], cluster, 60.0, running)) == {"new"}
+
+
+class Amdahl:
+    """One GPU makes ``rate`` progress per second; ``n`` GPUs ``rate * n / (1 + serial * (n - 1))``."""
+
+    def __init__(self, rate: float, serial: float) -> None:
+        self.rate, self.serial = rate, serial
+
+    def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return 1.0 / self.goodput(placement, batch_size)
+
+    def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
+        n = sum(placement)
+        return self.rate * n / (1.0 + self.serial * (n - 1))
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        return 32, self.goodput(placement, 32)
+
+
+def unknown_job(name: str, arrival: float, gpu_hours_done: float = 0.0, serial: float = 0.0) -> JobView:
+    """A job of unknown length, up to 4 GPUs, that has done ``gpu_hours_done`` on one GPU."""
+    return JobView(name, arrival, min_gpus=1, max_gpus=4, progress=gpu_hours_done * UNKNOWN_WORK_S,
+                   model=Amdahl(1.0, serial))
+
+
+def gpus(decision: dict[str, Allocation]) -> dict[str, int]:
+    return {name: alloc.gpus for name, alloc in decision.items()}
+
+
+def test_jobs_of_unknown_length_each_get_their_minimum_before_any_grows() -> None:
+    # Ranked on a guess, the first job used to take the whole node and leave the others waiting.
+    jobs = [unknown_job(f"j{i}", float(i)) for i in range(3)]
+    decision = gpus(GoodputPolicy().decide(jobs, ClusterView.uniform(1, 4), 0.0, {}))
+    assert set(decision) == {"j0", "j1", "j2"} and sum(decision.values()) == 4, decision
+
+
+def test_spare_gpus_go_to_the_job_that_has_done_least_of_two_that_scale_alike() -> None:
+    old, young = unknown_job("old", 0.0, gpu_hours_done=3.0), unknown_job("young", 50.0)
+    decision = gpus(GoodputPolicy().decide([old, young], ClusterView.uniform(1, 4), 60.0, {}))
+    assert decision == {"old": 1, "young": 3}
+
+
+def test_spare_gpus_go_to_the_job_they_speed_up_most() -> None:
+    poor, good = unknown_job("poor", 0.0, serial=0.9), unknown_job("good", 50.0, gpu_hours_done=3.0)
+    decision = gpus(GoodputPolicy().decide([poor, good], ClusterView.uniform(1, 4), 60.0, {}))
+    assert decision == {"poor": 1, "good": 3}, "the older job's speed-up outweighs its age"
+
+
+def test_a_running_job_of_unknown_length_keeps_its_size_unless_the_gain_beats_the_restart_share() -> None:
+    cluster = ClusterView.uniform(1, 4)
+    on_two = {"j": Allocation(("n000", "n000"))}
+    # 2 GPUs: 1.11x; 4 GPUs: 1.18x, less than 10% more: not worth a restart.
+    flat = unknown_job("j", 0.0, serial=0.8)
+    assert gpus(GoodputPolicy().decide([flat], cluster, 60.0, on_two)) == {"j": 2}
+    # Perfect scaling: 4 GPUs are twice as fast as 2, well worth it.
+    assert gpus(GoodputPolicy().decide([unknown_job("j", 0.0)], cluster, 60.0, on_two)) == {"j": 4}
+    assert gpus(GoodputPolicy(restart_share=0.0).decide([flat], cluster, 60.0, on_two)) == {"j": 4}
+
+
+def test_a_running_job_of_unknown_length_gets_its_size_back_before_a_newer_job_grows() -> None:
+    running = {"old": Allocation(("n000",) * 3)}
+    old, new = unknown_job("old", 0.0, gpu_hours_done=3.0), unknown_job("new", 50.0)
+    decision = gpus(GoodputPolicy().decide([old, new], ClusterView.uniform(1, 4), 60.0, running))
+    assert decision == {"old": 3, "new": 1}
+    # Without a running size to return to, the newer job would have had the spare GPUs.
+    assert gpus(GoodputPolicy().decide([old, new], ClusterView.uniform(1, 4), 60.0, {})) == {"old": 1, "new": 3}

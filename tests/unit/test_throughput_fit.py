@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from dlsub.policies.api import JobView
-from dlsub.policies.fitted_model import BatchLimits, FittedPerformance, GradientStats, split_batch, split_batches
+from dlsub.policies.fitted_model import (
+    BatchLimits,
+    FittedPerformance,
+    GradientStats,
+    search_batches,
+    split_batch,
+    split_batches,
+)
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sim.apps import load_application
 from dlsub.policies.sim.workload import POLLUX_DIR
@@ -155,6 +162,22 @@ def test_best_batch_is_the_straightforward_search() -> None:
                 assert model.best_batch(placement) == (best, pytest.approx(rates[best], rel=1e-12))
                 for batch, rate in rates.items():
                     assert model.goodput(placement, batch) == pytest.approx(rate, rel=1e-12)
+
+
+def test_searching_many_models_together_finds_what_each_finds_alone() -> None:
+    """search_batches (one array pass over many jobs, as a decision does) against best_batch one model at a time."""
+    fits = [fit(reports(TRUE, noise=0.05, seed=seed, sizes=sizes, repeats=1))
+            for seed, sizes in enumerate([[(1, 1)], [(1, 1), (1, 2), (1, 4)], [(1, 1), (1, 4), (2, 8)]])]
+    placements = [(1,), (2,), (3,), (4,), (4, 1), (4, 4)]
+    for limits in LIMITS:
+        models = [FittedPerformance(fitted, limits, grads) for fitted in fits
+                  for grads in (GradientStats(1.0, 0.0), GradientStats(0.2, 3000.0))]
+        alone = [[FittedPerformance(m.fitted, limits, m.grads).best_batch(p) for p in placements] for m in models]
+        models[0].best_batch((2,))  # one already known: kept, the rest searched
+        search_batches([*models, None, "not a model"], placements)
+        for model, expected in zip(models, alone, strict=True):
+            for placement, (batch, rate) in zip(placements, expected, strict=True):
+                assert model._best[(len(placement), sum(placement))] == (batch, pytest.approx(rate, rel=1e-12))
 
 
 @pytest.mark.parametrize("seed", range(5))
