@@ -92,6 +92,11 @@ def _batch_grid(limits: BatchLimits, replicas: int) -> _BatchGrid:
     return _BatchGrid(tuple(candidates), atomic, accum, totals)
 
 
+def _efficiency(sqr: np.ndarray | float, var: np.ndarray | float, scale: np.ndarray) -> np.ndarray:
+    """Progress of one step at ``scale`` times the initial batch, in steps at the initial batch."""
+    return np.asarray((var + sqr) / (var / scale + sqr))
+
+
 @dataclass(frozen=True)
 class _GridGroup:
     """Several (nodes, replicas) configurations' batch grids, end to end."""
@@ -135,9 +140,7 @@ class FittedPerformance:
         return self.fitted.extrapolates(len(used), sum(used))
 
     def efficiency(self, batch: np.ndarray | float) -> np.ndarray:
-        scale = np.asarray(batch, dtype=float) / self.limits.init_batch
-        sqr, var = self.grads.sqr, self.grads.var
-        return np.asarray((var + sqr) / (var / scale + sqr))
+        return _efficiency(self.grads.sqr, self.grads.var, np.asarray(batch, dtype=float) / self.limits.init_batch)
 
     def _run(self, placement: tuple[int, ...], batch_size: int) -> tuple[float, int]:
         """(seconds per optimiser step, samples per step) at a total ``batch_size``."""
@@ -161,25 +164,8 @@ class FittedPerformance:
     def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
         key = (sum(1 for p in placement if p), sum(placement))
         if key not in self._best:
-            self.best_batches([placement])
+            search_batches([self], [placement])
         return self._best[key]
-
-    def best_batches(self, placements: list[tuple[int, ...]]) -> list[tuple[int, float]]:
-        """:meth:`best_batch` of each placement, the new ones searched in one
-        vectorised pass (a decision asks each job for several sizes at once)."""
-        keys = [(sum(1 for p in placement if p), sum(placement)) for placement in placements]
-        new = tuple(sorted({key for key in keys if key not in self._best}))
-        if new:
-            group = _grid_group(self.limits, new)
-            steps = self.fitted.params.step_s_in_groups(new, group.sizes, group.atomic, group.accum)
-            rates = self.efficiency(group.totals) / steps
-            start = 0
-            for key, candidates in zip(new, group.candidates, strict=True):
-                segment = rates[start:start + len(candidates)]
-                best = int(np.argmax(segment))
-                self._best[key] = (candidates[best], float(segment[best]))
-                start += len(candidates)
-        return [self._best[key] for key in keys]
 
 
 def search_batches(models: Iterable[object], placements: Sequence[tuple[int, ...]]) -> None:
@@ -199,8 +185,7 @@ def search_batches(models: Iterable[object], placements: Sequence[tuple[int, ...
         steps = step_s_of_many([m.fitted.params for m in members], new, group.sizes, group.atomic, group.accum)
         sqr = np.array([[m.grads.sqr] for m in members])
         var = np.array([[m.grads.var] for m in members])
-        scale = group.totals / limits.init_batch
-        rates = (var + sqr) / (var / scale + sqr) / steps
+        rates = _efficiency(sqr, var, group.totals / limits.init_batch) / steps
         start = 0
         for key, candidates in zip(new, group.candidates, strict=True):
             segment = rates[:, start:start + len(candidates)]

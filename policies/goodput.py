@@ -58,7 +58,7 @@ from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, JobView
 from dlsub.policies.elastic import place_counts
 from dlsub.policies.fitted_model import search_batches
 from dlsub.policies.placement import packed_placement
-from dlsub.policies.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime
+from dlsub.policies.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime, searches_batch
 
 
 class GoodputPolicy:
@@ -151,7 +151,7 @@ class GoodputPolicy:
         # Every job is asked about one GPU and a node beyond its minimum (the
         # guess, its speed-up, its first offer): fitted models search those
         # batch sizes together.
-        search_batches([job.model for job in jobs if job.adaptive_batch or job.batch_size is None],
+        search_batches([job.model for job in jobs if searches_batch(job, adapt_batch=True)],
                        [packed_placement(n, per_node) for n in range(1, 2 * per_node + 1)])
         curves = {job.name: RemainingTime(job, per_node, adapt_batch=True, guess_remaining=True) for job in jobs}
         his = {job.name: self._hi(job) for job in jobs}

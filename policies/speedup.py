@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from dlsub.policies.api import JobView
+from dlsub.policies.fitted_model import search_batches
 from dlsub.policies.placement import packed_placement
 
 # A job that has not said how much work is left is expected to need as much
@@ -39,6 +40,12 @@ def level_guess(done: float, unit: float, base: int = LEVEL_BASE) -> float:
     return level
 
 
+def searches_batch(job: JobView, adapt_batch: bool) -> bool:
+    """Whether the job's batch size is the best one for each placement (it
+    lets the policy choose, or has none of its own) rather than its own."""
+    return (adapt_batch and job.adaptive_batch) or job.batch_size is None
+
+
 class RemainingTime:
     """``time(n)``: seconds left for ``job`` on ``n`` GPUs; ``batch(n)``: the batch size used.
 
@@ -55,9 +62,8 @@ class RemainingTime:
             raise ValueError(f"job {job.name} has no performance model or remaining work")
         self.job = job
         self.gpus_per_node = gpus_per_node
-        self.adapt_batch = adapt_batch and job.adaptive_batch
+        self.searches_batch = searches_batch(job, adapt_batch)
         self._cache: dict[int, tuple[float, int | None]] = {}
-        self._fetched: set[int] = set()
         self.guessed = job.remaining is None
         self.work = self._guess_work() if job.remaining is None else job.remaining
 
@@ -68,9 +74,10 @@ class RemainingTime:
         model, job = self.job.model, self.job
         assert model is not None
         placement = packed_placement(gpus, self.gpus_per_node)
-        if self.adapt_batch or job.batch_size is None:
+        own = job.batch_size
+        if self.searches_batch or own is None:  # (searches_batch covers None; this tells mypy)
             return model.best_batch(placement)
-        return job.batch_size, model.goodput(placement, job.batch_size)
+        return own, model.goodput(placement, own)
 
     def _solve(self, gpus: int) -> tuple[float, int | None]:
         if gpus not in self._cache:
@@ -80,14 +87,11 @@ class RemainingTime:
         return self._cache[gpus]
 
     def prefetch(self, counts: range) -> None:
-        """Search the batch sizes of several GPU counts at once, where the
-        model can do many placements in one pass (a fitted model can, and
-        keeps what it found)."""
-        many = getattr(self.job.model, "best_batches", None)
-        todo = [n for n in counts if n > 0 and n not in self._fetched]
-        if many is not None and todo and (self.adapt_batch or self.job.batch_size is None):
-            many([packed_placement(n, self.gpus_per_node) for n in todo])
-            self._fetched.update(todo)
+        """Search the batch sizes of several GPU counts at once (a fitted
+        model does them in one pass, and keeps what it found)."""
+        todo = [n for n in counts if n > 0 and n not in self._cache]
+        if self.searches_batch and todo:
+            search_batches([self.job.model], [packed_placement(n, self.gpus_per_node) for n in todo])
 
     def time(self, gpus: int) -> float:
         return math.inf if gpus <= 0 else self._solve(gpus)[0]

@@ -116,17 +116,12 @@ class ThroughputParams:
         return np.asarray(np.exp(_log_step_synced(self._array, _sync_at(self._array, nodes, replicas),
                                                   atomic, accum_steps)))
 
-    def step_s_in_groups(self, groups: Sequence[tuple[int, int]], sizes: Sequence[int], atomic: np.ndarray,
-                         accum_steps: np.ndarray) -> np.ndarray:
-        """:meth:`step_s_at` for consecutive groups of batch splits, group ``i``
-        at ``groups[i]`` (nodes, replicas) with ``sizes[i]`` splits, in one
-        vectorised pass."""
-        sync = np.repeat([_sync_at(self._array, nodes, replicas) for nodes, replicas in groups], sizes)
-        return np.asarray(np.exp(_log_step_synced(self._array, sync, atomic, accum_steps)))
 
 def step_s_of_many(params: Sequence[ThroughputParams], groups: Sequence[tuple[int, int]], sizes: Sequence[int],
                    atomic: np.ndarray, accum_steps: np.ndarray) -> np.ndarray:
-    """:meth:`ThroughputParams.step_s_in_groups` of many jobs at once: one row per job."""
+    """:meth:`ThroughputParams.step_s_at` of many jobs at once, for consecutive
+    groups of batch splits: group ``i`` at ``groups[i]`` (nodes, replicas)
+    with ``sizes[i]`` splits. One row per job."""
     p = np.stack([one._array for one in params]).T[..., None]  # p[i]: a column, one row per job
     sync = np.repeat(np.array([[_sync_at(one._array, nodes, replicas) for nodes, replicas in groups]
                                for one in params]), sizes, axis=1)
