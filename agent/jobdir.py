@@ -36,6 +36,7 @@ from dlsub.contract import (
     ACTION_LEAVE,
     ACTION_MOVE,
     ACTION_REQUEUE,
+    APPLICATION_FIELD,
     ATTEMPTS_FILE,
     BATCH_SOURCES,
     EVENT_CHECKPOINT,
@@ -46,6 +47,7 @@ from dlsub.contract import (
     EVENT_RESTORE,
     EVENT_START,
     PROGRESS_FILE,
+    valid_application,
 )
 from dlsub.policies.batch_split import MAX_BATCH, BatchLimits
 
@@ -382,6 +384,7 @@ class Progress:
     configs: tuple[MeasuredConfig, ...] = ()  # what the job measured at each size and batch it has run
     batch_limits: dict[str, int] | None = None  # declared when it lets dlsub choose its batch size
     grads: tuple[float, float] | None = None  # its last gradient noise report (grad_sqr, grad_var)
+    application: str | None = None  # its command's digest (contract.application_digest), as it said
 
     @property
     def measured(self) -> dict[tuple[int, int], tuple[float, float | None]]:
@@ -434,6 +437,7 @@ class ProgressSummary:
     measured: dict[str, list[float | None]] = field(default_factory=dict)
     batch_limits: dict[str, int] | None = None  # what the job declared (it lets dlsub choose its batch)
     grads: list[float] | None = None  # its last gradient noise report: [grad_sqr, grad_var]
+    application: str | None = None  # its command's digest, from its latest start event
 
     def _measure(self, event: dict[str, Any]) -> None:
         """Fold one start or progress event into the rates measured at the job's current size and batch."""
@@ -442,6 +446,7 @@ class ProgressSummary:
         if event["event"] == EVENT_START:
             if event.get("batch_limits") is not None:
                 self.batch_limits = event["batch_limits"]
+            self.application = valid_application(event.get(APPLICATION_FIELD)) or self.application
         elif event.get("grad_sqr") is not None and event.get("grad_var") is not None:
             self.grads = [event["grad_sqr"], event["grad_var"]]
         if event["event"] == EVENT_START or (size[1] is not None and self.segment is not None
@@ -493,7 +498,7 @@ class ProgressSummary:
         if last is None:
             return Progress(finished=self.finished, checkpoints=self.checkpoints,
                             last_checkpoint_step=self.checkpoint_step, last_checkpoint_time=self.checkpoint_time,
-                            first_time=self.first_time, latest_time=self.latest_time)
+                            first_time=self.first_time, latest_time=self.latest_time, application=self.application)
         first = self.window[0] if self.window else last
         several = len(self.window) > 1
         return Progress(
@@ -505,6 +510,7 @@ class ProgressSummary:
             last_checkpoint_time=self.checkpoint_time, finished=self.finished, checkpoints=self.checkpoints,
             first_time=self.first_time, latest_time=self.latest_time, configs=self.measured_configs(),
             batch_limits=self.batch_limits, grads=None if self.grads is None else (self.grads[0], self.grads[1]),
+            application=self.application,
         )
 
     def measured_configs(self) -> tuple[MeasuredConfig, ...]:
@@ -523,7 +529,7 @@ class ProgressSummary:
                 "checkpoint_step": self.checkpoint_step, "checkpoint_time": self.checkpoint_time,
                 "finished": self.finished, "first_time": self.first_time, "latest_time": self.latest_time,
                 "bad_events": self.bad_events, "segment": self.segment, "measured": self.measured,
-                "batch_limits": self.batch_limits, "grads": self.grads}
+                "batch_limits": self.batch_limits, "grads": self.grads, "application": self.application}
 
     @classmethod
     def from_dict(cls, raw: Any) -> ProgressSummary:

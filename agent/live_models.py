@@ -6,7 +6,13 @@ those become the step-time reports that :func:`dlsub.policies.throughput_fit.fit
 takes (the same fit the simulator's online mode uses), and the fit becomes
 the job's :class:`~dlsub.policies.fitted_model.FittedPerformance`: the
 ``PerformanceModel`` of the :class:`~dlsub.policies.api.JobView` that the
-policy sees. A job that declared its batch limits
+policy sees. At the sizes a job has not run, the fit takes what the same
+user's earlier runs of the same command (script and arguments, as the
+library's start event digests them) on the same partition measured
+(:class:`~dlsub.policies.scaling_history.ScalingHistory`, kept in memory
+across jobs), unless their step times disagree with the job's own; and until
+it reports its gradient noise, the noise they reported first.
+A job that declared its batch limits
 (``init(batch_size=BatchSizes(...))``) has the policy choose its batch among
 them, with the gradient noise it last reported (none reported: a bigger
 batch is assumed to gain nothing). Any other job keeps the global batch it
@@ -37,6 +43,7 @@ from dlsub.policies.fitted_model import NO_GAIN, FittedPerformance, GradientStat
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.goodput_resize import ScaledJob
 from dlsub.policies.resize import ElasticJob
+from dlsub.policies.scaling_history import ScalingHistory, config_of
 from dlsub.policies.throughput_fit import StepReport, fit
 
 #: The batch a model counts in when a job's reports give no samples (its rates are then steps/s).
@@ -88,17 +95,19 @@ class LiveModels:
 
     def __init__(self) -> None:
         self._fits: dict[str, tuple[Hashable, FittedPerformance]] = {}
+        # Kept when jobs end (that is its use); in memory, so an agent restart starts it afresh.
+        self.history = ScalingHistory()
 
-    def model(self, dlsub_id: str, configs: Sequence[MeasuredConfig], batch: int, limits: BatchLimits | None,
+    def model(self, dlsub_id: str, reports: Sequence[StepReport], batch: int, limits: BatchLimits | None,
               grads: GradientStats) -> FittedPerformance:
-        # Rates to two significant figures: a refit only when they move.
-        key = (tuple((c.nodes, c.replicas, c.batch, c.accumulation_steps, _rounded(c.steps_per_s))
-                     for c in configs), batch, limits, (_rounded(grads.sqr), _rounded(grads.var)))
+        # Step times to two significant figures: a refit only when they move.
+        key = (tuple((config_of(r), _rounded(r.step_s)) for r in reports), batch, limits,
+               (_rounded(grads.sqr), _rounded(grads.var)))
         cached = self._fits.get(dlsub_id)
         if cached is None or cached[0] != key:
             fixed = BatchLimits(init_batch=batch, max_batch=batch, min_local=1, max_local=batch)
             try:
-                fitted = fit(step_reports(configs, batch))
+                fitted = fit(reports)
             except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
                 # The job's reports are its own: whatever they say, the others' sizing goes on.
                 log.warning("job %s: its throughput reports could not be fitted (%s); using the prior", dlsub_id, exc)
@@ -129,11 +138,21 @@ class LiveModels:
         if progress.total_steps is not None and progress.step is not None:
             remaining = float(max(0, progress.total_steps - progress.step))
         ran = progress.ran_s or 0.0
+        own = step_reports(progress.configs, batch)
+        reports = own
+        if progress.application is not None:
+            # What this user's earlier runs of the same command measured on this partition; until the job
+            # reports its gradient noise, the noise they reported first (the start of the same training).
+            application = (job.uid, job.partition, progress.application)
+            reports = self.history.reports_for(application, job.dlsub_id, own)
+            self.history.record(application, job.dlsub_id, own, None if progress.grads is None else grads)
+            if progress.grads is None:
+                grads = self.history.first_grads(application) or NO_GAIN
         view = JobView(
             name=job.dlsub_id, arrival_s=job.submit_time, gpus=current,
             min_gpus=job.min_nodes * per_node, max_gpus=max(most, job.min_nodes * per_node),
             batch_size=batch, adaptive_batch=limits is not None, attained_gpu_s=ran * current,
             remaining=remaining, progress=float(progress.step or 0),
-            model=self.model(job.dlsub_id, progress.configs, batch, limits, grads),
+            model=self.model(job.dlsub_id, reports, batch, limits, grads),
         )
         return ScaledJob(job, view, progress.measured, batch if samples_known else None, limits)

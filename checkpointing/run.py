@@ -508,6 +508,22 @@ def _barrier() -> None:
         dist.barrier()
 
 
+#: A script bigger than this is not read to name its command (a Python script is kilobytes).
+MAX_SCRIPT_BYTES = 16 << 20
+
+
+def _application() -> dict[str, str]:
+    """The start event's digest of the command this process runs (none when its script cannot be read):
+    the agent sizes the next run of the same command on what this one measured."""
+    try:
+        script = Path(sys.argv[0])
+        if not script.is_file() or script.stat().st_size > MAX_SCRIPT_BYTES:
+            return {}
+        return {contract.APPLICATION_FIELD: contract.application_digest(script.read_bytes(), sys.argv[1:])}
+    except (OSError, IndexError, ValueError):
+        return {}
+
+
 def init(
     job_dir: str | os.PathLike[str] | None = None,
     *,
@@ -550,5 +566,5 @@ def init(
             declared = {"batch_limits": batch_size.limits.to_event(), **run._batch_fields(),
                         "batch_from": run.batch_from}
         run._event(contract.EVENT_START, rank=run.rank, world_size=run.world_size, nodes=run.nodes,
-                   resized=run.resized, host=socket.gethostname(), pid=os.getpid(), **declared)
+                   resized=run.resized, host=socket.gethostname(), pid=os.getpid(), **declared, **_application())
     return run

@@ -13,7 +13,9 @@ whose images have nothing but Python and torch.
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -104,6 +106,27 @@ EVENT_RESTORE = "restore"
 EVENT_EXIT_FOR_RESUME = "exit_for_resume"
 EVENT_FINISHED = "finished"
 EVENT_END = "end"
+#: In a start event: :func:`application_digest` of the training's command. The
+#: agent keeps what a user's runs of one command measured (their throughput
+#: at each size), so that the next run starts at the size it scales to.
+APPLICATION_FIELD = "application"
+_APPLICATION_DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
+
+
+def application_digest(script: bytes, args: Sequence[str]) -> str:
+    """Which command a training is: its script's bytes and its arguments (a
+    different model or batch size is another command), as 32 hex digits."""
+    digest = hashlib.sha256(script)
+    for arg in args:
+        digest.update(b"\0" + arg.encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()[:32]
+
+
+def valid_application(value: object) -> str | None:
+    """A start event's application digest if it is one (the event is the job's word); None otherwise."""
+    return value if isinstance(value, str) and _APPLICATION_DIGEST.match(value) else None
+
+
 #: How an attempt ended, in an ``end`` event's ``action``: requeued to resume
 #: where it was, or requeued held for the agent to move.
 ACTION_REQUEUE = "requeue"

@@ -10,7 +10,11 @@ interval a job runs, it reports the time of its optimiser step at the
 configuration it ran (and its compute-only micro-step when it accumulates
 gradients) and its gradient noise at the batch size it ran; the policy's
 model is :mod:`dlsub.policies.throughput_fit` fitted to those reports, as
-the agent fits progress reports. Remaining work is told only when the
+the agent fits progress reports, together with what earlier runs of the same
+command (application and batch size) reported at configurations the job has
+not run, and (until the job reports its own) the gradient noise they reported
+first, as the agent keeps it (:mod:`dlsub.policies.scaling_history`; a
+workload is one user's on one partition). Remaining work is told only when the
 workload row declares the job's epochs; otherwise the policy sees the work
 done so far. The batch limits a job declares (AdaptDL jobs declare them)
 are known in both modes. The job's own batch-size re-tuning between
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from dlsub.policies.api import JobView, PerformanceModel
 from dlsub.policies.fitted_model import NO_GAIN, BatchLimits, FittedPerformance, GradientStats
+from dlsub.policies.scaling_history import ScalingHistory
 from dlsub.policies.sim.apps import normalise
 from dlsub.policies.throughput_fit import StepReport, ThroughputFit, fit
 
@@ -99,6 +104,8 @@ class OnlineInformation:
 
     def __init__(self) -> None:
         self._jobs: dict[str, _Reports] = {}
+        # What earlier runs of each command measured, as the agent keeps it.
+        self._history = ScalingHistory()
 
     def observe(self, job: SimJob) -> None:
         if job.alloc is None or job.config is None:
@@ -116,8 +123,15 @@ class OnlineInformation:
                                         compute_s=(micro - sync) if config.accum_steps else None)
         sqr, var = app.grad_stats(config.total(sum(placement)), job.epoch)
         grads = GradientStats(sqr, var)
+        self._history.record(self._command(job), job.name, [reports.steps[key]], grads)
         if grads != reports.grads:
             reports.grads, reports.model = grads, None
+
+    @staticmethod
+    def _command(job: SimJob) -> tuple[str, int]:
+        # What the agent knows a run by: its command, the script (the application) and its arguments
+        # (the row's batch size); a workload is one user's on one partition.
+        return job.app.name, job.spec.batch_size
 
     def _limits(self, job: SimJob) -> BatchLimits:
         app = job.app
@@ -125,12 +139,16 @@ class OnlineInformation:
 
     def model(self, job: SimJob) -> PerformanceModel:
         reports = self._jobs.setdefault(job.name, _Reports())
-        if reports.fitted is None or reports.fitted_on != len(reports.steps):
-            # Refit only when a configuration is new: a repeated one says the same.
-            reports.fitted, reports.fitted_on = fit(list(reports.steps.values())), len(reports.steps)
+        steps = self._history.reports_for(self._command(job), job.name, list(reports.steps.values()))
+        if reports.fitted is None or reports.fitted_on != len(steps):
+            # Refit only when a configuration is new, the job's or its application's: a repeated one says the same.
+            reports.fitted, reports.fitted_on = fit(steps), len(steps)
             reports.model = None
         if reports.model is None:
-            reports.model = FittedPerformance(reports.fitted, self._limits(job), reports.grads)
+            grads = reports.grads
+            if not reports.steps:  # it has reported nothing: its gradient noise is its command's first
+                grads = self._history.first_grads(self._command(job)) or NO_GAIN
+            reports.model = FittedPerformance(reports.fitted, self._limits(job), grads)
         return reports.model
 
     def view(self, job: SimJob) -> JobView:

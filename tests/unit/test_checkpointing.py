@@ -181,3 +181,22 @@ def test_pruning_keeps_the_newest_checkpoint_that_verifies(run) -> None:  # type
 def test_checkpoints_stay_owner_only(run) -> None:  # type: ignore[no-untyped-def]
     run.save({"step": 1})
     assert run.checkpoint_dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_start_event_names_the_command_by_its_script_and_arguments(tmp_path: Path) -> None:
+    """The agent sizes another run of the same command on what this one measured (scaling_history)."""
+    from dlsub.contract import application_digest
+
+    trainer = tmp_path / "my trainer.py"
+    trainer.write_text("import os\nfrom dlsub import checkpointing\ncheckpointing.init(os.environ['JOB'])\n")
+
+    def started(job: str, *args: str) -> str:
+        env = dict(os.environ, JOB=str(tmp_path / job))
+        subprocess.run([sys.executable, str(trainer), *args], env=env, check=True, timeout=60)
+        events = [json.loads(line) for line in (tmp_path / job / "progress.jsonl").read_text().splitlines()]
+        return str(next(e for e in events if e["event"] == "start")["application"])
+
+    first = started("a", "--lr", "0.1; rm -rf x")
+    assert first == application_digest(trainer.read_bytes(), ["--lr", "0.1; rm -rf x"])
+    assert started("b", "--lr", "0.1; rm -rf x") == first, "another run of the same command"
+    assert started("c", "--lr", "0.2") != first, "other arguments: another command"

@@ -10,6 +10,7 @@ import dataclasses
 
 from dlsub.agent.jobdir import MeasuredConfig, Progress
 from dlsub.agent.live_models import LiveModels
+from dlsub.policies.fitted_model import NO_GAIN, GradientStats
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.goodput_resize import ScaledJob, measured_text, plan_by_policy
 from dlsub.policies.resize import GROW, SHRINK, ElasticJob, Room, WorkerTask
@@ -140,3 +141,30 @@ def test_a_declared_batch_too_small_for_its_limits_does_not_stop_the_partition()
 
     huge = BatchLimits(init_batch=10**9, max_batch=10**9, min_local=10**9, max_local=10**9)
     assert split_batch(huge, 4, 1) == (1, 0)
+
+
+def test_a_new_job_starts_from_what_its_users_earlier_run_of_the_same_command_measured() -> None:
+    """Throughput history is kept per (user, partition, command digest): never another user's word."""
+    models = LiveModels()
+
+    def run_of(dlsub_id: str, uid: int, rates: dict[int, float], command: str | None = "a" * 32,
+               grads: tuple[float, float] | None = None) -> ScaledJob:
+        progress = Progress(step=100, configs=measured(rates), first_time=NOW - 300, latest_time=NOW,
+                            application=command, grads=grads)
+        return models.scaled(job(dlsub_id, uid=uid, nodes=1, max_nodes=3, submit=NOW), progress, NOW, None)
+
+    def replicas_known(scaled: ScaledJob) -> int:
+        return scaled.view.model.fitted.max_replicas  # type: ignore[attr-defined, no-any-return]
+
+    run_of("earlier", 1, {1: 2.0, 2: 3.9, 3: 5.7}, grads=(1.0, 8.0))
+    models.forget_except(set())  # it ended: its model goes, its measurements stay
+    fresh = run_of("fresh", 1, {})
+    assert replicas_known(fresh) == 6
+    assert fresh.view.model.grads == GradientStats(1.0, 8.0)  # type: ignore[attr-defined]
+    assert run_of("fresh", 1, {}, grads=(2.0, 1.0)).view.model.grads == GradientStats(2.0, 1.0)  # type: ignore[attr-defined]
+    assert replicas_known(run_of("other-args", 1, {}, command="b" * 32)) == 0
+    assert replicas_known(run_of("no-digest", 1, {}, command=None)) == 0
+    other_user = run_of("other-user", 2, {})
+    assert replicas_known(other_user) == 0 and other_user.view.model.grads == NO_GAIN  # type: ignore[attr-defined]
+    # Its own first report, three times slower than the earlier run's: another model; that run is left out.
+    assert replicas_known(run_of("slower", 1, {1: 0.6})) == 2

@@ -52,3 +52,15 @@ def test_a_file_of_made_up_sizes_keeps_only_the_newest_configurations() -> None:
             summary.feed(event)
     configs = summary.progress().configs
     assert len(configs) == MAX_CONFIGS and configs[-1].replicas == 200
+
+
+def test_the_command_digest_of_the_latest_start_is_kept_and_anything_else_is_refused() -> None:
+    summary = ProgressSummary()
+    summary.feed({**start(0, 2, 1), "application": "0123456789abcdef" * 2})
+    assert summary.progress().application == "0123456789abcdef" * 2, "known before any report"
+    for hostile in ("../../etc/passwd", "A" * 32, "0" * 33, 12345, None, ["0" * 32]):
+        summary.feed({**start(1, 2, 1), "application": hostile})
+        assert summary.progress().application == "0123456789abcdef" * 2, hostile
+    summary.feed({**start(2, 2, 1), "application": "f" * 32})
+    summary.feed(report(10, 10))
+    assert ProgressSummary.from_dict(summary.to_dict()).progress().application == "f" * 32

@@ -105,6 +105,23 @@ def test_a_declared_length_is_told_online(tmp_path: Path, oracle_tripwire: None)
     assert first["a"].remaining is not None and first["a"].remaining > 0 and first["b"].remaining is None
 
 
+def test_a_later_job_starts_from_what_earlier_runs_of_its_command_reported(tmp_path: Path,
+                                                                        oracle_tripwire: None) -> None:
+    path = tmp_path / "history.csv"
+    path.write_text("name,time,application,num_replicas,batch_size\n"
+                    "a,0,cifar10,1,128\nb,600,cifar10,1,128\nc,600,ncf,1,32768\nd,600,cifar10,1,256\n")
+    policy = Recording()
+    assert run(path, policy).summary()["completed"] == 4
+    first = {}
+    for jobs in policy.seen:
+        for view in jobs:
+            first.setdefault(view.name, view)
+    fitted = {name: view.model.fitted for name, view in first.items()}  # type: ignore[union-attr]
+    assert fitted["b"].max_replicas >= 1, "b has run nowhere yet, but a has"
+    assert fitted["c"].max_replicas == 0, "another application's reports are not c's"
+    assert fitted["d"].max_replicas == 0, "nor another batch size's: the agent sees another command"
+
+
 def test_unknown_information_mode_is_an_error(small_workload: Path) -> None:
     with pytest.raises(ValueError, match="valid: online, oracle"):
         run(small_workload, GoodputPolicy(), information="psychic")

@@ -136,3 +136,11 @@ def test_a_running_job_of_unknown_length_gets_its_size_back_before_a_newer_job_g
     assert decision == {"old": 3, "new": 1}
     # Without a running size to return to, the newer job would have had the spare GPUs.
     assert gpus(GoodputPolicy().decide([old, new], ClusterView.uniform(1, 4), 60.0, {})) == {"old": 1, "new": 3}
+
+
+def test_a_long_job_that_scales_is_not_starved_by_a_young_one_that_scales_less() -> None:
+    """Attained service weighs by its square root: eight GPU-hours done make a job's speed-up count a third
+    (not a ninth), so perfect scaling beats a young job that gains half as much per GPU."""
+    long, young = unknown_job("long", 0.0, gpu_hours_done=8.0), unknown_job("young", 50.0, serial=0.5)
+    decision = gpus(GoodputPolicy().decide([long, young], ClusterView.uniform(1, 4), 60.0, {}))
+    assert decision == {"long": 3, "young": 1}
