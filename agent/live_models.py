@@ -155,4 +155,5 @@ class LiveModels:
             remaining=remaining, progress=float(progress.step or 0),
             model=self.model(job.dlsub_id, reports, batch, limits, grads),
         )
-        return ScaledJob(job, view, progress.measured, batch if samples_known else None, limits)
+        return ScaledJob(job, view, progress.measured, batch if samples_known else None, limits,
+                         borrowed=len(reports) - len(own))

@@ -51,6 +51,7 @@ class ScaledJob:
     ``measured``: (nodes, replicas) -> (steps/s, samples/s or None) at each size it has run.
     ``batch``: the samples in one of its optimiser steps, when its reports say.
     ``limits``: its declared batch limits, when it lets dlsub choose its batch (the policy then does).
+    ``borrowed``: how many configurations its model took from earlier runs of its command.
     """
 
     job: ElasticJob
@@ -58,6 +59,7 @@ class ScaledJob:
     measured: Mapping[tuple[int, int], tuple[float, float | None]] = field(default_factory=dict)
     batch: int | None = None
     limits: BatchLimits | None = None  # declared when it lets dlsub choose its batch size
+    borrowed: int = 0
 
 
 class WholeNodes:
@@ -113,8 +115,10 @@ def _minutes(seconds: float) -> str:
 
 def measured_text(scaled: ScaledJob) -> str:
     """What the job measured at each size, e.g. "1 node 410 samples/s, 2 nodes 760 samples/s"."""
+    earlier = (f"; earlier runs of the command measured {scaled.borrowed} other "
+               f"configuration{'s' if scaled.borrowed != 1 else ''}") if scaled.borrowed else ""
     if not scaled.measured:
-        return "nothing yet (the model is the prior)"
+        return f"nothing yet{earlier}" if earlier else "nothing yet (the model is the prior)"
     parts = []
     # The sizes nearest the job's present one, at most MAX_SIZES_SHOWN of them.
     shown = sorted(sorted(scaled.measured.items(), key=lambda kv: abs(kv[0][0] - scaled.job.nodes_now))
@@ -123,7 +127,7 @@ def measured_text(scaled: ScaledJob) -> str:
         rate = samples if samples is not None else steps
         parts.append(f"{_nodes_text(nodes)} ({replicas} GPU{'s' if replicas != 1 else ''}) "
                      f"{_rate_text(rate, samples is not None)}")
-    return ", ".join(parts)
+    return ", ".join(parts) + earlier
 
 
 def predicted_rate(scaled: ScaledJob, nodes: int) -> tuple[float, bool] | None:

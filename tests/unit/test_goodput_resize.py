@@ -160,6 +160,8 @@ def test_a_new_job_starts_from_what_its_users_earlier_run_of_the_same_command_me
     models.forget_except(set())  # it ended: its model goes, its measurements stay
     fresh = run_of("fresh", 1, {})
     assert replicas_known(fresh) == 6
+    assert measured_text(fresh) == "nothing yet; earlier runs of the command measured 3 other configurations"
+    assert measured_text(run_of("fresh", 1, {1: 2.0})).endswith("measured 2 other configurations")
     assert fresh.view.model.grads == GradientStats(1.0, 8.0)  # type: ignore[attr-defined]
     assert run_of("fresh", 1, {}, grads=(2.0, 1.0)).view.model.grads == GradientStats(2.0, 1.0)  # type: ignore[attr-defined]
     assert replicas_known(run_of("other-args", 1, {}, command="b" * 32)) == 0
