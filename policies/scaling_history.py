@@ -1,4 +1,4 @@
-"""What earlier jobs of the same application measured, for a new job's throughput fit to start from.
+"""What earlier runs of the same command measured, for a new job's throughput fit to start from.
 
 A job that has reported nothing is fitted to the optimistic prior and may be
 trusted with only a few GPUs (:data:`~dlsub.policies.fitted_model.TRUSTED_FACTOR`
@@ -14,11 +14,13 @@ what the first of its application's jobs reported first: the noise at the
 start of the same training. (Without it a new job is sized as if a bigger
 batch gained nothing, and its first interval is spent at the smallest.)
 
-What counts as one application is the caller's: the simulator's application
-name; the live agent's (user, Slurm job name, partition), so that one user's
-jobs never shape another's sizing. An earlier job whose step time, at a
-configuration the new job has run, is not within :data:`AGREEMENT` of the
-new job's own (a different model under the same name) is left out.
+What counts as one application (a command) is the caller's key: the
+simulator's (application, batch size) of a workload row; the live agent's
+(uid, partition, digest of the script and its arguments from the library's
+start event), so that one user's jobs never shape another's sizing. An
+earlier job whose step time, at a configuration the new job has run, is not
+within :data:`AGREEMENT` of the new job's own (a different model behind the
+same key) is left out.
 
 Bounded: at most ``max_keys`` applications (the least recently recorded is
 dropped), the latest ``max_jobs`` jobs of each and ``max_configs``
@@ -109,15 +111,14 @@ class ScalingHistory:
         if cached is not None and cached[0] == version and cached[1] == mine:
             return list(cached[2])
         merged = list(mine)
-        covered = {config_of(r): r for r in mine}
-        own_configs = dict(covered)
+        by_config = {config_of(r): r for r in mine}
+        covered = set(by_config)
         for source, steps in reversed(self._jobs.get(key, {}).items()):
-            if source == job or not all(_agree(report, steps.get(config))
-                                        for config, report in own_configs.items()):
+            if source == job or not all(_agree(report, steps.get(config)) for config, report in by_config.items()):
                 continue
             for config, report in steps.items():
                 if config not in covered:
-                    covered[config] = report
+                    covered.add(config)
                     merged.append(report)
         if len(self._merged) >= 16 * self.max_keys:
             self._merged.clear()  # the jobs asking come and go: start afresh now and then
