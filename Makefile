@@ -1,9 +1,13 @@
-# dlsub: make testbed | make demo | make test | make lint | make bench | make bench-policies
+# dlsub: make testbed [SLURM=V] | make demo | make test | make lint | make bench | make bench-policies
 # testbed, demo and test need root: they install packages and start Slurm.
 SHELL := /bin/bash
 PREFIX ?= /opt/dlsub
 VENV := $(PREFIX)/venv
 TEST_USER ?= dltest
+# Which Slurm the testbed runs: 22.05 (this machine's Debian 12), 24.11 (Debian 13's
+# packages) or 26.05 (Debian unstable's); `make testbed SLURM=24.11`, `make test SLURM=26.05`.
+SLURM ?= 22.05
+export DLSUB_SLURM := $(SLURM)
 
 .PHONY: testbed testbed-down install demo test lint lint-installed unit integration bench bench-policies
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from dlsub.slurm_plugins.dialects import Dialect, SlurmParseError, SlurmVersion, dialect_for
 from dlsub.slurm_plugins.models import Node, Partition, SlurmJob, parse_key_values
 from dlsub.slurm_plugins.timespec import parse_slurm_duration
 from dlsub.slurm_plugins.usage import SACCT_FORMAT, UsageRecord
@@ -86,6 +87,7 @@ class SlurmClient:
 
     def __init__(self, runner: Runner | None = None) -> None:
         self._runner: Runner = runner or _default_runner
+        self._dialect: Dialect | None = None
 
     # ------------------------------------------------------------------ seam
     def _run(self, argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -118,6 +120,36 @@ class SlurmClient:
             raise SlurmError(argv, result.returncode, result.stdout, json.dumps(errors))
         return data
 
+    # ------------------------------------------------------------------ version
+    def version(self) -> SlurmVersion:
+        """The Slurm version its clients report (``scontrol --version``), asked once."""
+        return self.dialect().version
+
+    def dialect(self) -> Dialect:
+        """How this Slurm's commands and JSON are read: chosen by the version it reports."""
+        if self._dialect is None:
+            argv = ["scontrol", "--version"]
+            result = self._run(argv)
+            try:
+                version = SlurmVersion.parse(result.stdout)
+            except ValueError as exc:
+                raise SlurmError(argv, result.returncode, result.stdout, result.stderr, hint=str(exc)) from exc
+            self._dialect = dialect_for(version)
+        return self._dialect
+
+    def _records(self, argv: Sequence[str], key: str) -> list[dict[str, Any]]:
+        """The list under ``key`` in a command's JSON output."""
+        records = self._json(argv).get(key) or []
+        if not isinstance(records, list):
+            raise SlurmError(argv, 0, "", "", hint=f"Slurm {self.version()}: {key!r} is not a list")
+        return records
+
+    def _parsed(self, argv: Sequence[str], parse: Callable[[dict[str, Any]], Any], raw: dict[str, Any]) -> Any:
+        try:
+            return parse(raw)
+        except SlurmParseError as exc:
+            raise SlurmError(argv, 0, "", "", hint=str(exc)) from exc
+
     # ------------------------------------------------------------------ reads
     def ping(self) -> None:
         """Raise :class:`SlurmUnreachable` unless the primary slurmctld answers."""
@@ -133,11 +165,13 @@ class SlurmClient:
             )
 
     def nodes(self) -> list[Node]:
-        data = self._json(["sinfo", "--json"])
-        return [Node.from_sinfo(raw) for raw in data.get("nodes", [])]
+        """Every node, one record each (``sinfo --json`` on 22.05, ``scontrol show nodes --json`` after)."""
+        dialect = self.dialect()
+        argv = list(dialect.nodes_argv)
+        return [Node.from_sinfo(self._parsed(argv, dialect.node, raw)) for raw in self._records(argv, "nodes")]
 
     def partitions(self) -> list[Partition]:
-        """Partitions with their limits (``scontrol show partition``) and nodes (``sinfo --json``)."""
+        """Partitions with their limits (``scontrol show partition``) and nodes (:meth:`nodes`)."""
         nodes = self.nodes()
         result = self._run(["scontrol", "show", "partition", "--oneliner"])
         partitions = []
@@ -161,21 +195,22 @@ class SlurmClient:
         return partitions
 
     def jobs(self, *, user: str | None = None, job_ids: Iterable[int] = ()) -> list[SlurmJob]:
-        """All jobs Slurm still knows, in one ``squeue --json`` call."""
-        argv = ["squeue", "--json"]
+        """All jobs Slurm still knows (ended ones too, until MinJobAge), in one ``squeue --json`` call."""
+        dialect = self.dialect()
+        argv = ["squeue", "--json", *dialect.all_states]
         if user:
             argv += ["--user", user]
         ids = [str(int(j)) for j in job_ids]
         if ids:
             argv += ["--jobs", ",".join(ids)]
         try:
-            data = self._json(argv)
+            records = self._records(argv, "jobs")
         except SlurmError as exc:
             # squeue --jobs fails outright when a listed job has been purged.
             if ids and "Invalid job id" in (exc.stderr + exc.stdout):
                 return []
             raise
-        return [SlurmJob.from_squeue(raw) for raw in data.get("jobs", [])]
+        return [SlurmJob.from_squeue(self._parsed(argv, dialect.job, raw)) for raw in records]
 
     def accounting(self, job_ids: Iterable[int]) -> list[SlurmJob]:
         """Finished jobs from Slurm's accounting (``sacct``), for those squeue no longer lists.

@@ -1,7 +1,9 @@
 """A stateful fake Slurm behind :class:`SlurmClient`'s ``_run`` seam. Unit tests only.
 
-It answers the commands dlsub uses with output shaped like Slurm 22.05's
-(``sbatch --parsable``, ``squeue --json``, ``sinfo --json``,
+It answers the commands dlsub uses with output shaped like the Slurm version
+it is made with (``FakeSlurm(..., version="24.11.5")``; 22.05 by default:
+``scontrol --version``, ``sbatch --parsable``, ``squeue --json``, ``sinfo --json``
+on 22.05 and ``scontrol show nodes --json`` after,
 ``scontrol show partition --oneliner``, ``scancel``, ``scontrol requeue``,
 ``scontrol update/hold/release``, ``scontrol ping``) and keeps jobs in memory
 so a test can move them through states with :meth:`FakeSlurm.set_job_state`,
@@ -72,8 +74,8 @@ class FakeJob:
     array_task_id: int | None = None
 
 
-def testbed_cluster() -> FakeSlurm:
-    """A fake shaped like the local testbed: cpu (default), gpu, gpu-dev."""
+def testbed_cluster(version: str = "22.05.8") -> FakeSlurm:
+    """A fake shaped like the local testbed: cpu (default), gpu, gpu-dev; answering as Slurm ``version``."""
     return FakeSlurm(
         nodes=[
             FakeNode("cpu1", ["cpu"]),
@@ -86,13 +88,15 @@ def testbed_cluster() -> FakeSlurm:
             FakePartition("gpu", ["gpu1", "gpu2"]),
             FakePartition("gpu-dev", ["gpu1", "gpu2"], max_time="00:10:00", default_time="00:10:00"),
         ],
+        version=version,
     )
 
 
 class FakeSlurm:
     """Call it like ``subprocess.run``: ``FakeSlurm()(argv) -> CompletedProcess``."""
 
-    def __init__(self, nodes: list[FakeNode], partitions: list[FakePartition]) -> None:
+    def __init__(self, nodes: list[FakeNode], partitions: list[FakePartition], version: str = "22.05.8") -> None:
+        self.version = version
         self.nodes = {n.name: n for n in nodes}
         self.partitions = {p.name: p for p in partitions}
         self.jobs: dict[int, FakeJob] = {}
@@ -253,7 +257,7 @@ class FakeSlurm:
             "time_limit": _minutes(job.options.get("time", "")),
             "start_time": job.start_time,
             "submit_time": job.submit_time,
-            "exit_code": job.exit_code,
+            "exit_code": job.exit_code << 8,  # 22.05 prints the wait status
             "tres_per_node": f"gres:{gres}" if gres else "",
             "admin_comment": job.admin_comment,
             "node_count": job.node_count,
@@ -273,7 +277,13 @@ class FakeSlurm:
         if "--user" in argv:
             user = argv[argv.index("--user") + 1]
             jobs = [j for j in jobs if j.user == user]
-        own = ",".join(json.dumps(self._job_json(j)) for j in jobs)
+        if self._data_parser:
+            # 23.02 on: squeue's default state filter applies to --json as well.
+            if "--states=all" not in argv:
+                jobs = [j for j in jobs if j.state in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED", "COMPLETING")]
+            own = ",".join(json.dumps(_data_parser_job(self._job_json(j))) for j in jobs)
+        else:
+            own = ",".join(json.dumps(self._job_json(j)) for j in jobs)
         raw = self._raw_json if "--jobs" not in argv and "--user" not in argv else ""
         body = ",".join(t for t in (raw, own) if t)
         return self._done(argv, 0, '{"meta": {}, "errors": [], "jobs": [' + body + "]}")
@@ -292,8 +302,20 @@ class FakeSlurm:
         ]
         return self._done(argv, 0, "".join(line + "\n" for line in lines))
 
+    @property
+    def _data_parser(self) -> bool:
+        """Slurm 23.02 and later print the data_parser shapes (see dialects.py)."""
+        major, minor = (int(x) for x in self.version.split(".")[:2])
+        return (major, minor) >= (23, 2)
+
     def _sinfo(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
-        nodes = [
+        if self._data_parser:
+            return self._done(argv, 1, "", "sinfo: the fake prints grouped --json only as 22.05 did; "
+                              "dlsub reads scontrol show nodes --json on this version")
+        return self._done(argv, 0, json.dumps({"meta": {}, "errors": [], "nodes": self._node_records()}))
+
+    def _node_records(self) -> list[dict[str, Any]]:
+        nodes: list[dict[str, Any]] = [
             {
                 "name": n.name,
                 "state": n.state,
@@ -308,7 +330,11 @@ class FakeSlurm:
             }
             for n in self.nodes.values()
         ]
-        return self._done(argv, 0, json.dumps({"meta": {}, "errors": [], "nodes": nodes}))
+        if self._data_parser:
+            for node in nodes:
+                flags: list[str] = node.pop("state_flags")
+                node["state"] = [str(node["state"]).upper(), *(f.upper() for f in flags)]
+        return nodes
 
     def _invalid(self, argv: list[str], job_id: str) -> subprocess.CompletedProcess[str]:
         return self._done(argv, 1, "", f"{argv[0]}: error: Invalid job id specified ({job_id})")
@@ -329,6 +355,10 @@ class FakeSlurm:
         return self._done(argv, 0, "")
 
     def _scontrol(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        if argv[1:2] == ["--version"]:
+            return self._done(argv, 0, f"slurm-wlm {self.version}\n")
+        if argv[1:4] == ["show", "nodes", "--json"] and self._data_parser:
+            return self._done(argv, 0, json.dumps({"meta": {}, "errors": [], "nodes": self._node_records()}))
         if argv[1:2] == ["ping"]:
             return self._done(argv, 0, "Slurmctld(primary) at localhost is UP\n")
         if argv[1:3] == ["show", "partition"]:
@@ -378,3 +408,22 @@ def _minutes(text: str) -> int:
     """A job's time limit in minutes as squeue --json gives it (60 when none was asked for)."""
     minutes = parse_slurm_duration(text) if text else None
     return minutes if minutes is not None else 60
+
+
+#: squeue fields that data_parser (23.02 on) prints as {"set", "infinite", "number"}.
+_WRAPPED = ("time_limit", "start_time", "submit_time", "end_time", "node_count", "cpus", "memory_per_node",
+            "array_job_id", "array_task_id", "het_job_id", "het_job_offset")
+
+
+def _data_parser_job(flat: dict[str, Any]) -> dict[str, Any]:
+    """A 22.05-shaped squeue record in the shape Slurm 23.02 and later print (as recorded on 24.11)."""
+    out = dict(flat)
+    for key in _WRAPPED:
+        value = flat.get(key)
+        out[key] = {"set": value is not None, "infinite": False, "number": int(value or 0)}
+    out["job_state"] = [flat["job_state"]]
+    out["exit_code"] = {"status": ["ERROR" if flat["exit_code"] else "SUCCESS"],
+                        "return_code": {"set": True, "infinite": False, "number": int(flat["exit_code"]) >> 8},
+                        "signal": {"id": {"set": False, "infinite": False, "number": 0}, "name": ""}}
+    out["tres_per_node"] = str(flat.get("tres_per_node") or "").replace("gres:", "gres/", 1)
+    return out

@@ -123,36 +123,37 @@ class SlurmJob:
 
     @property
     def end_time(self) -> int:
-        return _epoch(self.extra.get("end_time"))
+        return int(self.extra.get("end_time") or 0)
 
     @property
     def user_id(self) -> int | None:
         value = self.extra.get("user_id")
-        return int(value) if isinstance(value, int) else None
+        return value if isinstance(value, int) else None
 
     @property
     def node_count(self) -> int:
         """Nodes it runs on or asked for (0: Slurm did not say)."""
-        return _positive(self.extra.get("node_count"))
+        return int(self.extra.get("node_count") or 0)
 
     @property
     def cpus_per_node(self) -> int:
         """CPUs it holds (or asks for) on each of its nodes (0: Slurm did not say)."""
-        cpus = _positive(self.extra.get("cpus"))
-        return cpus // max(1, self.node_count)
+        return int(self.extra.get("cpus") or 0) // max(1, self.node_count)
 
     @property
     def memory_per_node_mb(self) -> int:
         """Memory it asked for on each node, in MB (0: Slurm did not say, or asked per CPU)."""
-        return _positive(self.extra.get("memory_per_node"))
+        return int(self.extra.get("memory_per_node") or 0)
+
+    @property
+    def het_job_id(self) -> int | None:
+        """The heterogeneous job it is a component of (None: not a hetjob)."""
+        return int(self.extra.get("het_job_id") or 0) or None
 
     @property
     def array_job_id(self) -> int | None:
         """The job array it is a task of (None: not an array job)."""
-        value = self.extra.get("array_job_id")
-        if isinstance(value, dict):
-            value = value.get("number")
-        return value if isinstance(value, int) and value > 0 else None
+        return int(self.extra.get("array_job_id") or 0) or None
 
     @property
     def array_task_handle(self) -> str | None:
@@ -162,9 +163,7 @@ class SlurmJob:
         if array is None:
             return None
         task = self.extra.get("array_task_id")
-        if isinstance(task, dict):
-            task = task.get("number") if task.get("set", True) else None
-        if not isinstance(task, int) or task < 0 or task >= 4294967294:
+        if task is None:
             m = re.match(r"^\[?(\d+)", str(self.extra.get("array_task_string") or ""))
             task = int(m.group(1)) if m else None
         return f"{array}_{task}" if task is not None else None
@@ -197,45 +196,27 @@ class SlurmJob:
 
     @classmethod
     def from_squeue(cls, raw: dict[str, Any]) -> SlurmJob:
-        state = raw.get("job_state", "UNKNOWN")
-        if isinstance(state, list):  # Slurm >= 23.02 gives a list of flags
-            state = state[0] if state else "UNKNOWN"
+        """A job from its flat record, as :meth:`dlsub.slurm_plugins.dialects.Dialect.job` gives it
+        for the Slurm version that printed it."""
         time_limit = raw.get("time_limit")
-        if isinstance(time_limit, dict):  # newer Slurm: {"set": .., "infinite": .., "number": ..}
-            time_limit = None if time_limit.get("infinite") else time_limit.get("number")
         exit_code = raw.get("exit_code")
-        if isinstance(exit_code, dict):
-            exit_code = exit_code.get("return_code")
         return cls(
             job_id=int(raw["job_id"]),
             name=raw.get("name", ""),
             user=raw.get("user_name", ""),
-            state=str(state).upper(),
+            state=str(raw.get("job_state", "UNKNOWN")).upper(),
             partition=raw.get("partition", ""),
             nodes=raw.get("nodes", "") or "",
             comment=raw.get("comment", "") or "",
             restart_count=int(raw.get("restart_cnt") or 0),
             reason=raw.get("state_reason", "") or "",
-            time_limit_min=int(time_limit) if isinstance(time_limit, int) and time_limit > 0 else None,
-            start_time=_epoch(raw.get("start_time")),
-            submit_time=_epoch(raw.get("submit_time")),
-            exit_code=int(exit_code) if isinstance(exit_code, int) else None,
+            time_limit_min=time_limit if isinstance(time_limit, int) and time_limit > 0 else None,
+            start_time=int(raw.get("start_time") or 0),
+            submit_time=int(raw.get("submit_time") or 0),
+            exit_code=exit_code if isinstance(exit_code, int) else None,
             gpus_per_node=_gpus_in(raw.get("tres_per_node")),
             extra=raw,
         )
-
-
-def _positive(value: Any) -> int:
-    """A count from squeue's record: a number, or newer Slurm's {"set": .., "number": ..}; 0 when none."""
-    if isinstance(value, dict):
-        value = value.get("number")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def _epoch(value: Any) -> int:
-    if isinstance(value, dict):
-        value = value.get("number", 0)
-    return int(value or 0)
 
 
 def parse_key_values(line: str) -> dict[str, str]:

@@ -27,22 +27,29 @@ start_mariadb() {
         sleep 0.5
     done
     mariadb -e 'select 1' >/dev/null || die "MariaDB did not start: see /var/log/dlsub-testbed/mariadb.log"
+    # Newer client libraries (Debian unstable's, under Slurm 26.05) look for the socket here.
+    mkdir -p /run/mariadbd
+    ln -sfn /run/mysqld/mysqld.sock /run/mariadbd/mysqld.sock
     # slurmdbd connects as the Unix user slurm over the socket: no password.
-    mariadb <<'SQL'
-CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+    # Each Slurm version has a database of its own (see slurmdbd.conf).
+    local database
+    database="$(render_slurm_conf "$repo/etc/testbed/slurmdbd.conf" | awk -F= '/^StorageLoc=/{print $2}')"
+    mariadb <<SQL
+CREATE DATABASE IF NOT EXISTS $database;
 CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED VIA unix_socket;
-GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';
+GRANT ALL ON $database.* TO 'slurm'@'localhost';
 SQL
 }
 
 start_slurmdbd() {
-    if ! cmp -s "$repo/etc/testbed/slurmdbd.conf" /etc/slurm/slurmdbd.conf; then
-        install -m 600 -o slurm -g slurm "$repo/etc/testbed/slurmdbd.conf" /etc/slurm/slurmdbd.conf
+    if ! render_slurm_conf "$repo/etc/testbed/slurmdbd.conf" | cmp -s - /etc/slurm/slurmdbd.conf; then
+        render_slurm_conf "$repo/etc/testbed/slurmdbd.conf" \
+            | install -m 600 -o slurm -g slurm /dev/stdin /etc/slurm/slurmdbd.conf
         stop_pidfile /run/dlsub-testbed/slurmdbd.pid
     fi
     if ! pid_alive /run/dlsub-testbed/slurmdbd.pid; then
-        say "starting slurmdbd"
-        /usr/sbin/slurmdbd
+        say "starting slurmdbd $SLURM_VERSION"
+        "$SLURM_SBIN/slurmdbd"
     fi
     for _ in $(seq 1 60); do
         sacctmgr -n show cluster >/dev/null 2>&1 && return 0

@@ -10,6 +10,38 @@ DLSUB_PREFIX="${DLSUB_PREFIX:-/opt/dlsub}"
 AGENT_USER="${DLSUB_AGENT_USER:-dlsub}"
 MARIADB_PIDFILE=/run/mysqld/mysqld.pid  # written by mariadbd itself, as user mysql
 
+# Which Slurm the testbed runs (`make testbed SLURM=24.11`): 22.05 is this
+# machine's Debian 12 packages; newer ones are Debian's own packages of a newer
+# release, unpacked and made runnable here by slurm-tree.sh.
+SLURM_VERSIONS="22.05 24.11 26.05"
+SLURM_VERSION="${DLSUB_SLURM:-22.05}"
+SLURM_TREES=/var/lib/dlsub-testbed/slurm
+# What is up now (written by up.sh): switching versions stops the old one first.
+SLURM_UP_FILE=/run/dlsub-testbed/slurm-version
+# The Slurm clients of a newer tree, on every user's PATH ahead of /usr/bin.
+SLURM_CLIENT_LINKS=/usr/local/bin
+SLURM_CLIENTS="sacct sacctmgr salloc sattach sbatch sbcast scancel scontrol scrontab sdiag sinfo sprio squeue sreport srun sshare sstat strigger"
+PATH="$SLURM_CLIENT_LINKS:$PATH"
+
+# The Debian release whose packages carry that Slurm.
+slurm_suite() {
+    case "$1" in
+        22.05) echo bookworm ;;
+        24.11) echo trixie ;;
+        26.05) echo sid ;;
+        *) die "Slurm $1 is not one the testbed runs: choose one of $SLURM_VERSIONS (make testbed SLURM=24.11)" ;;
+    esac
+}
+slurm_suite "$SLURM_VERSION" >/dev/null
+# Where that version's daemons are (slurmctld, slurmd, slurmstepd, slurmdbd).
+if [ "$SLURM_VERSION" = 22.05 ]; then
+    SLURM_SBIN=/usr/sbin
+else
+    SLURM_SBIN="$SLURM_TREES/$SLURM_VERSION/bin"
+fi
+# Each version keeps its own state (no version reads a newer one's).
+SLURM_SPOOL="/var/spool/dlsub-testbed/$SLURM_VERSION"
+
 say() { printf 'testbed: %s\n' "$*" >&2; }
 die() { printf 'testbed: error: %s\n' "$*" >&2; exit 1; }
 
@@ -35,6 +67,22 @@ stop_pidfile() {
         kill -9 "$pid" 2>/dev/null || true
     fi
     rm -f "$pidfile"
+}
+
+# One of etc/testbed's Slurm configuration files, for the version that comes up:
+# its state directory, its accounting database, and (a newer tree) its plugins.
+render_slurm_conf() {  # file
+    local database=slurm_acct_db
+    [ "$SLURM_VERSION" = 22.05 ] || database="slurm_acct_db_${SLURM_VERSION/./_}"
+    sed -e "s|@SPOOL@|$SLURM_SPOOL|g" -e "s|@DATABASE@|$database|g" "$1"
+    if [ "$SLURM_VERSION" != 22.05 ] && [ "$(basename "$1")" != gres.conf ]; then
+        printf '# The plugins of the Slurm %s tree (testbed/slurm-tree.sh).\nPluginDir=%s\n' \
+            "$SLURM_VERSION" "$(cat "$SLURM_TREES/$SLURM_VERSION/plugindir")"
+    fi
+}
+
+start_slurmd() {  # node
+    "$SLURM_SBIN/slurmd" -N "$1" -d "$SLURM_SBIN/slurmstepd"
 }
 
 stop_slurm() {

@@ -10,4 +10,5 @@ stop_slurm
 stop_pidfile /run/dlsub-testbed/slurmdbd.pid
 stop_pidfile "$MARIADB_PIDFILE"
 stop_pidfile /run/munge/munged.pid
+rm -f "$SLURM_UP_FILE"
 say "testbed is down"

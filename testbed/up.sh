@@ -32,6 +32,31 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# ---------------------------------------------------------------- the Slurm version
+# A newer Slurm comes from a newer Debian release's packages (slurm-tree.sh);
+# its clients go on every user's PATH. 22.05's are this machine's own.
+if [ "$SLURM_VERSION" != 22.05 ]; then
+    "$here/slurm-tree.sh" "$SLURM_VERSION"
+fi
+for c in $SLURM_CLIENTS; do
+    link="$SLURM_CLIENT_LINKS/$c"
+    if [ "$SLURM_VERSION" = 22.05 ]; then
+        # Only links of ours go (a site's own /usr/local/bin/squeue stays).
+        [ -L "$link" ] && [[ "$(readlink "$link")" == "$SLURM_TREES"/* ]] && rm -f "$link"
+    else
+        ln -sfn "$SLURM_SBIN/$c" "$link"
+    fi
+done
+hash -r
+# Switching versions: the one that is up stops first (each keeps its own state).
+if [ -s "$SLURM_UP_FILE" ] && [ "$(cat "$SLURM_UP_FILE")" != "$SLURM_VERSION" ]; then
+    say "switching from Slurm $(cat "$SLURM_UP_FILE") to $SLURM_VERSION"
+    "$here/agent.sh" stop
+    stop_slurm
+    stop_pidfile /run/dlsub-testbed/slurmdbd.pid
+    rm -f "$SLURM_UP_FILE"
+fi
+
 # ---------------------------------------------------------------- munge
 if [ ! -s /etc/munge/munge.key ]; then
     say "creating munge key"
@@ -82,9 +107,8 @@ fi
 "$here/install-dlsub.sh"
 
 # ---------------------------------------------------------------- Slurm
-mkdir -p /etc/slurm /etc/dlsub /run/dlsub-testbed /var/log/dlsub-testbed \
-         /var/spool/dlsub-testbed/slurmctld
-chown slurm:slurm /var/spool/dlsub-testbed/slurmctld /var/log/dlsub-testbed
+mkdir -p /etc/slurm /etc/dlsub /run/dlsub-testbed /var/log/dlsub-testbed "$SLURM_SPOOL/slurmctld"
+chown slurm:slurm "$SLURM_SPOOL/slurmctld" /var/log/dlsub-testbed
 for node in gpu1 gpu2; do
     d="/var/lib/dlsub-testbed/gpus/$node"
     mkdir -p "$d"
@@ -100,8 +124,8 @@ cmp -s "$repo/slurm_plugins/job_submit.lua" /etc/slurm/job_submit.lua \
     || install -m 644 "$repo/slurm_plugins/job_submit.lua" /etc/slurm/job_submit.lua
 changed=0
 for f in slurm.conf gres.conf; do
-    if ! cmp -s "$repo/etc/testbed/$f" "/etc/slurm/$f"; then
-        install -m 644 "$repo/etc/testbed/$f" "/etc/slurm/$f"
+    if ! render_slurm_conf "$repo/etc/testbed/$f" | cmp -s - "/etc/slurm/$f"; then
+        render_slurm_conf "$repo/etc/testbed/$f" | install -m 644 /dev/stdin "/etc/slurm/$f"
         changed=1
     fi
 done
@@ -112,17 +136,20 @@ fi
 # Accounting: MariaDB, then slurmdbd, before slurmctld (which registers with it).
 "$here/accounting.sh"
 if ! pid_alive /run/dlsub-testbed/slurmctld.pid; then
-    say "starting slurmctld"
-    /usr/sbin/slurmctld
+    say "starting slurmctld $SLURM_VERSION"
+    "$SLURM_SBIN/slurmctld"
 fi
 for node in $TESTBED_NODES; do
     if ! pid_alive "/run/dlsub-testbed/slurmd-$node.pid"; then
         say "starting slurmd $node"
-        /usr/sbin/slurmd -N "$node"
+        start_slurmd "$node"
     fi
 done
+echo "$SLURM_VERSION" > "$SLURM_UP_FILE"
 wait_for_nodes
 "$here/accounting.sh" associations
+# slurmctld from 23.11 on re-executes itself on `scontrol reconfigure`: its nodes register again.
+wait_for_nodes
 
 # ---------------------------------------------------------------- the agent
 # Restarted every time: dlsub was just reinstalled and its policy may have changed.
@@ -131,4 +158,4 @@ wait_for_nodes
 # ---------------------------------------------------------------- the image
 "$repo/containers/build-image.sh" "$TESTBED_USER"
 
-say "testbed is up: $(sinfo -h -o '%P %a %D %t' | tr '\n' ';')"
+say "testbed is up on Slurm $(scontrol --version | awk '{print $2}'): $(sinfo -h -o '%P %a %D %t' | tr '\n' ';')"

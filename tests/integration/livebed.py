@@ -175,7 +175,8 @@ def kill_node(user: TestbedUser, node: str, slurm_job_id: int, label: str) -> No
 
 def node_back(node: str) -> None:
     """Start a node's slurmd again and return the node to service (it was marked down)."""
-    subprocess.run(["/usr/sbin/slurmd", "-N", node], check=False)
+    # The slurmd of the Slurm version that is up (testbed/node.sh knows where it is).
+    subprocess.run(["bash", str(REPO / "testbed" / "node.sh"), "start", node], check=False)
 
     def up() -> bool:
         state = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], capture_output=True, text=True).stdout.strip()
