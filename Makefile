@@ -6,10 +6,10 @@ VENV := $(PREFIX)/venv
 TEST_USER ?= dltest
 # Which Slurm the testbed runs: 22.05 (this machine's Debian 12), 24.11 (Debian 13's
 # packages) or 26.05 (Debian unstable's); `make testbed SLURM=24.11`, `make test SLURM=26.05`.
-SLURM ?= 22.05
+SLURM ?= 24.11
 export DLSUB_SLURM := $(SLURM)
 
-.PHONY: testbed testbed-down install demo test lint lint-installed unit integration bench bench-policies
+.PHONY: testbed testbed-down install demo test test-compat lint lint-installed unit integration bench bench-policies
 
 testbed:
 	bash testbed/up.sh
@@ -26,6 +26,18 @@ demo: testbed
 test: testbed
 	$(MAKE) --no-print-directory lint-installed
 	$(VENV)/bin/pytest -p no:cacheprovider -v tests
+
+# What every Slurm version must pass beside the default's full suite (CI runs it on the other two):
+# the demo job with a requeue, an immediate-mode move, an elastic grow and shrink, a hetjob, the
+# submit record (job_submit.lua), and the id-reuse security test.
+COMPAT_TESTS = tests/integration/test_end_to_end.py::test_submit_progress_usr1_requeue_resume_complete \
+	tests/integration/test_agent.py::test_immediate_mode_starts_on_cpu_and_moves_to_gpu_when_it_frees \
+	tests/integration/test_elastic.py::test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job \
+	tests/integration/test_elastic.py::test_a_heterogeneous_gang_starts_all_or_nothing_and_each_part_knows_its_role \
+	tests/integration/test_security.py::test_another_users_job_reusing_my_id_moves_nothing_of_mine \
+	tests/integration/test_submit_record.py
+test-compat: testbed
+	$(VENV)/bin/pytest -p no:cacheprovider -v $(COMPAT_TESTS)
 
 # ruff over the checkout; mypy over the installed package (from outside the
 # checkout, so it sees what users import: the one `dlsub` namespace, py.typed);

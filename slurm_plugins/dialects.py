@@ -163,6 +163,7 @@ class Dialect:
             "comment": self._str(raw, "comment", record),
             "admin_comment": self._str(raw, "admin_comment", record),
             "restart_cnt": self._int(raw, "restart_cnt", record) or 0,
+            "priority": self._limit(raw, "priority", record),
             "time_limit": self._limit(raw, "time_limit", record),
             "start_time": self._count(raw, "start_time", record),
             "submit_time": self._count(raw, "submit_time", record),

@@ -14,7 +14,7 @@ MARIADB_PIDFILE=/run/mysqld/mysqld.pid  # written by mariadbd itself, as user my
 # machine's Debian 12 packages; newer ones are Debian's own packages of a newer
 # release, unpacked and made runnable here by slurm-tree.sh.
 SLURM_VERSIONS="22.05 24.11 26.05"
-SLURM_VERSION="${DLSUB_SLURM:-22.05}"
+SLURM_VERSION="${DLSUB_SLURM:-24.11}"
 SLURM_TREES=/var/lib/dlsub-testbed/slurm
 # What is up now (written by up.sh): switching versions stops the old one first.
 SLURM_UP_FILE=/run/dlsub-testbed/slurm-version

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from dlsub.slurm_plugins.client import SlurmClient
+
 USER = os.environ.get("DLSUB_TESTBED_USER", "dltest")
 #: A second unprivileged user: "another user" in the privacy and trust tests.
 USER2 = os.environ.get("DLSUB_TESTBED_USER2", "dltest2")
@@ -80,10 +82,18 @@ REPO = Path(__file__).resolve().parents[2]
 AGENT_USER = os.environ.get("DLSUB_AGENT_USER", "dlsub")
 
 
+def slurm_jobs() -> list[dict[str, Any]]:
+    """Slurm's own records of every job it still holds (squeue --json, as root, ended jobs too), in the
+    flat shape dlsub's client reads whatever the Slurm version (slurm_plugins/dialects.py)."""
+    client = SlurmClient()
+    dialect = client.dialect()
+    out = subprocess.run(["squeue", "--json", *dialect.all_states], capture_output=True, text=True, check=True).stdout
+    return [dialect.job(raw) for raw in json.loads(out).get("jobs", [])]
+
+
 def slurm_job(job_id: int) -> dict[str, Any] | None:
-    """Slurm's own record of a job (squeue --json, as root), or None once it is gone."""
-    out = subprocess.run(["squeue", "--json"], capture_output=True, text=True, check=True).stdout
-    found = [j for j in json.loads(out).get("jobs", []) if j.get("job_id") == job_id]
+    """Slurm's own record of a job (see :func:`slurm_jobs`), or None once it is gone."""
+    found = [j for j in slurm_jobs() if j.get("job_id") == job_id]
     return found[0] if found else None
 
 

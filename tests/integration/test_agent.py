@@ -7,7 +7,6 @@ it and drive single ticks with a fake clock (`dlsub agent tick --now`).
 
 from __future__ import annotations
 
-import json
 import re
 import sqlite3
 import subprocess
@@ -27,6 +26,7 @@ from livebed import (
     kill_node,
     node_back,
     slurm_job,
+    slurm_jobs,
     wait_for,
     why_as_agent,
 )
@@ -203,8 +203,7 @@ def test_agent_killed_mid_move_loses_and_duplicates_nothing(
     final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s, timeout=240)
     assert final["partition"] == "gpu" and final["attempts"] == 2
     # One dlsub job, one Slurm job, two attempts: nothing lost, nothing duplicated.
-    mine = [j for j in json.loads(subprocess.run(["squeue", "--json"], capture_output=True, text=True).stdout)["jobs"]
-            if str(j.get("comment", "")).startswith(f"dlsub:{job['id']}")]
+    mine = [j for j in slurm_jobs() if str(j.get("comment", "")).startswith(f"dlsub:{job['id']}")]
     assert {j["job_id"] for j in mine} <= {job["slurm_job_id"]}
     starts = [a for a in attempts(job["job_dir"]) if a["event"] == "start"]
     assert [(a["slurm_job_id"], a["partition"]) for a in starts] == [

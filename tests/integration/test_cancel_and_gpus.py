@@ -39,9 +39,10 @@ def test_cancel_removes_slurm_job_and_container(user: TestbedUser, workdir: Path
         timeout=90,
     )
     wait_for("no container left", lambda: not user.containers(label), timeout=90)
-    squeue = subprocess.run(["squeue", "-h", "-j", str(job["slurm_job_id"]), "-t", "PD,R,CG"],
-                            capture_output=True, text=True)
-    assert squeue.stdout.strip() == "", "the Slurm job is gone from the queue"
+    # Slurm keeps a cancelled job COMPLETING until its node reports the step's end (seconds on 24.11).
+    wait_for("the Slurm job gone from the queue", lambda: subprocess.run(
+        ["squeue", "-h", "-j", str(job["slurm_job_id"]), "-t", "PD,R,CG"], capture_output=True, text=True,
+    ).stdout.strip() == "", timeout=60)
     assert user.run("podman", "ps", "-a", "--filter", label, "-q").stdout.strip() == ""
 
 

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from livebed import EXAMPLES, TestbedUser, blockers, kill_node, node_back, put, slurm_job, wait_for
+from livebed import EXAMPLES, TestbedUser, blockers, kill_node, node_back, put, slurm_job, slurm_jobs, wait_for
 
 TRAIN = str(EXAMPLES / "train_digits.py")
 
@@ -34,8 +34,7 @@ def progress_events(job_dir: str, kind: str) -> list[dict[str, Any]]:
 
 
 def running_workers(worker_array: int) -> list[dict[str, Any]]:
-    jobs = json.loads(subprocess.run(["squeue", "--json"], capture_output=True, text=True).stdout)["jobs"]
-    return [j for j in jobs if j.get("array_job_id") == worker_array and j.get("job_state") == "RUNNING"]
+    return [j for j in slurm_jobs() if j.get("array_job_id") == worker_array and j.get("job_state") == "RUNNING"]
 
 
 def world_sizes(job_dir: str) -> list[int]:
@@ -87,7 +86,7 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
         assert "grow" in why and "shrink" in why, why
         # squeue --json lists ended jobs too (until MinJobAge): none of the workers may still wait or run.
         wait_for("no worker task left waiting or running", lambda: not [
-            j for j in json.loads(subprocess.run(["squeue", "--json"], capture_output=True, text=True).stdout)["jobs"]
+            j for j in slurm_jobs()
             if j.get("array_job_id") == job["worker_array_id"] and j.get("job_state") in ("PENDING", "RUNNING")],
             timeout=60)
     finally:
