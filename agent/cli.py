@@ -27,6 +27,7 @@ from dlsub.agent.budget_check import check_budget, extra_for
 from dlsub.agent.cli_simulate import simulate
 from dlsub.agent.config import Settings, load_settings
 from dlsub.agent.directives import Directive, DirectiveError, read_directives
+from dlsub.agent.doctor_cli import doctor
 from dlsub.agent.estimate_cli import estimate
 from dlsub.agent.estimate_submit import apply_to_values, chosen_row, with_env
 from dlsub.agent.planner import PlanningError
@@ -469,6 +470,7 @@ main.add_command(config)
 main.add_command(estimate)
 main.add_command(usage)
 main.add_command(dashboard)
+main.add_command(doctor)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,20 @@ class SlurmClient:
             raise SlurmError(argv, 0, "", "", hint=str(exc)) from exc
 
     # ------------------------------------------------------------------ reads
+    def config(self) -> SlurmConfig:
+        """slurmctld's running configuration (``scontrol show config``)."""
+        return parse_config(self._run(["scontrol", "show", "config"]).stdout)
+
+    def admin_level(self, user: str) -> str | None:
+        """An account's Slurm admin level (``None``, ``Operator``, ``Administrator``); None when it has no
+        association (or there is no accounting)."""
+        result = self._run(["sacctmgr", "-n", "-P", "show", "user", user, "format=User,AdminLevel"], check=False)
+        for line in result.stdout.splitlines():
+            name, _, level = line.partition("|")
+            if name == user:
+                return level.strip() or "None"
+        return None
+
     def ping(self) -> None:
         """Raise :class:`SlurmUnreachable` unless the primary slurmctld answers."""
         result = self._run(["scontrol", "ping"], check=False)
@@ -336,3 +351,39 @@ def parse_start_time(text: str) -> float | None:
     if not m:
         return None
     return _time.mktime(_time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """``scontrol show config``: its ``Key = Value`` lines, and when slurmctld printed them."""
+
+    values: dict[str, str]
+    as_of: float | None  # epoch seconds of "Configuration data as of ...": slurmctld's clock
+
+    def get(self, key: str, default: str = "") -> str:
+        return self.values.get(key, default)
+
+    @property
+    def cred_expire_s(self) -> int:
+        """How long a requeued job waits before it may start again (Slurm's default is 120 s)."""
+        for key in ("AuthInfo", "CredentialParameters", "CommunicationParameters"):
+            m = re.search(r"cred_expire=(\d+)", self.get(key))
+            if m:
+                return int(m.group(1))
+        return 120
+
+
+def parse_config(text: str) -> SlurmConfig:
+    import time as _time
+
+    values: dict[str, str] = {}
+    as_of = None
+    for line in text.splitlines():
+        m = re.match(r"Configuration data as of (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", line)
+        if m:
+            as_of = _time.mktime(_time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
+            continue
+        key, sep, value = line.partition(" = ")
+        if sep and key.strip() and " " not in key.strip():
+            values.setdefault(key.strip(), value.strip())
+    return SlurmConfig(values, as_of)

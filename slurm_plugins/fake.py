@@ -107,6 +107,11 @@ class FakeSlurm:
         self.submit_uid = 1000
         self.submit_user = "tester"
         self.job_submit_lua = True
+        # `scontrol show config` and `sacctmgr show user` (dlsub doctor), as the testbed has them.
+        self.config = {"JobSubmitPlugins": "lua", "AuthInfo": "cred_expire=10", "GresTypes": "gpu",
+                       "SLURM_CONF": "/etc/slurm/slurm.conf"}
+        self.config_time = "2026-11-24T12:00:00"
+        self.admin_levels = {"dlsub": "Operator"}
         self._raw_json = ""  # pre-serialized records from add_raw_jobs, comma-joined
         self._raw_ids: set[int] = set()
 
@@ -168,6 +173,7 @@ class FakeSlurm:
             "sbatch": self._sbatch,
             "squeue": self._squeue,
             "sinfo": self._sinfo,
+            "sacctmgr": self._sacctmgr,
             "scancel": self._scancel,
             "scontrol": self._scontrol,
             "sacct": self._sacct,
@@ -336,6 +342,11 @@ class FakeSlurm:
                 node["state"] = [str(node["state"]).upper(), *(f.upper() for f in flags)]
         return nodes
 
+    def _sacctmgr(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        user = argv[argv.index("user") + 1]
+        level = self.admin_levels.get(user)
+        return self._done(argv, 0, f"{user}|{level}\n" if level is not None else "")
+
     def _invalid(self, argv: list[str], job_id: str) -> subprocess.CompletedProcess[str]:
         return self._done(argv, 1, "", f"{argv[0]}: error: Invalid job id specified ({job_id})")
 
@@ -355,6 +366,10 @@ class FakeSlurm:
         return self._done(argv, 0, "")
 
     def _scontrol(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        if argv[1:3] == ["show", "config"]:
+            lines = [f"Configuration data as of {self.config_time}",
+                     *(f"{k:<24}= {v}" for k, v in self.config.items()), f"{'SLURM_VERSION':<24}= {self.version}"]
+            return self._done(argv, 0, "\n".join(lines) + "\n")
         if argv[1:2] == ["--version"]:
             return self._done(argv, 0, f"slurm-wlm {self.version}\n")
         if argv[1:4] == ["show", "nodes", "--json"] and self._data_parser:

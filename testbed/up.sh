@@ -158,4 +158,10 @@ wait_for_nodes
 # ---------------------------------------------------------------- the image
 "$repo/containers/build-image.sh" "$TESTBED_USER"
 
+# The site check an admin would run: nothing may block dlsub here.
+if ! doctor_report="$("$DLSUB_PREFIX/venv/bin/dlsub" doctor --user "$TESTBED_USER" 2>&1)"; then
+    printf '%s\n' "$doctor_report" >&2
+    die "dlsub doctor found a problem on the testbed (above)"
+fi
+
 say "testbed is up on Slurm $(scontrol --version | awk '{print $2}'): $(sinfo -h -o '%P %a %D %t' | tr '\n' ';')"

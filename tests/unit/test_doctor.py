@@ -1,0 +1,216 @@
+"""`dlsub doctor`: every check's ok and problem paths. Unit tests with fakes: the stateful fake Slurm
+(answering as each version) and a fake host (files, users, podman, the agent's socket)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import stat
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from dlsub.agent import doctor as doctor_module
+from dlsub.agent.doctor import OK, PROBLEM, SKIPPED, WARN, Finding, Host, blocking, run_doctor
+from dlsub.agent.doctor_cli import doctor
+from dlsub.agent.policy_file import parse_policy
+from dlsub.agent.query import AgentUnavailable
+from dlsub.contract import SUBMIT_RECORD_PREFIX
+from dlsub.slurm_plugins.client import SlurmClient, parse_config
+from dlsub.slurm_plugins.dialects import SlurmVersion
+from dlsub.slurm_plugins.fake import FakeSlurm
+from dlsub.slurm_plugins.fake import testbed_cluster as cluster
+
+POLICY = parse_policy({"policy": "fifo", "partitions": {"gpu": {"role": "gpu"}, "gpu-dev": {"role": "dev"},
+                                                        "cpu": {"role": "cpu"}}})
+USER = pwd.struct_passwd(("alice", "x", 1001, 1001, "", "/home/alice", "/bin/bash"))
+
+
+def dir_stat(uid: int, mode: int) -> os.stat_result:
+    return os.stat_result((stat.S_IFDIR | mode, 0, 0, 2, uid, uid, 0, 0, 0, 0))
+
+
+class FakeHost(Host):
+    """The testbed's machine, as doctor reads it; each attribute can be broken on purpose."""
+
+    def __init__(self) -> None:
+        self.files = {"/etc/slurm/job_submit.lua": f"-- dlsub\nlocal p = '{SUBMIT_RECORD_PREFIX}'\n",
+                      "/etc/subuid": "alice:200000:65536\n", "/etc/subgid": "alice:200000:65536\n"}
+        self.stats = {"/run/user/1001": dir_stat(1001, 0o700), "/sys/fs/cgroup/unified": dir_stat(0, 0o555)}
+        self.image_rc = 0
+        self.agent: dict[str, Any] | None = {"running": True, "late": False}
+        self.clock = time.mktime(time.strptime("2026-11-24T12:00:01", "%Y-%m-%dT%H:%M:%S"))
+        self.ran: list[list[str]] = []
+
+    def read_text(self, path: Path) -> str | None:
+        return self.files.get(str(path))
+
+    def stat(self, path: Path) -> os.stat_result | None:
+        return self.stats.get(str(path))
+
+    def user(self, name: str) -> pwd.struct_passwd | None:
+        return USER if name == "alice" else None
+
+    def run_as(self, user: pwd.struct_passwd, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        self.ran.append(list(argv))
+        return subprocess.CompletedProcess(list(argv), self.image_rc, "", "")
+
+    def agent_status(self, socket_path: Path) -> dict[str, Any]:
+        if self.agent is None:
+            raise AgentUnavailable(f"no agent socket at {socket_path}: the agent is not running")
+        return self.agent
+
+    def now(self) -> float:
+        return self.clock
+
+
+def findings(fake: FakeSlurm | None = None, host: FakeHost | None = None,
+             user: str | None = "alice") -> dict[str, Finding]:
+    found = run_doctor(SlurmClient(runner=fake or cluster()), host or FakeHost(), POLICY, user=user,
+                       image="localhost/img", socket_path=Path("/run/dlsub/agent.sock"))
+    return {f.check.split(" of ")[0]: f for f in found}
+
+
+@pytest.mark.parametrize("version", ["22.05.8", "24.11.5", "26.05.5"])
+def test_a_testbed_like_site_is_ok_on_every_tested_version(version: str) -> None:
+    got = findings(cluster(version=version))
+    assert {name: f.status for name, f in got.items()} == {
+        "slurm version": OK, "job_submit.lua": OK, "cred_expire": OK, "clocks": OK, "GPU gres": OK,
+        "agent is a Slurm Operator": OK, "policy partitions exist": OK, "agent": OK, "subordinate ids": OK,
+        "cgroups": WARN, "runtime directory": OK, "image": OK}
+    assert not blocking(list(got.values()))
+    assert version in got["slurm version"].detail
+
+
+def test_versions_older_untested_and_tested() -> None:
+    assert doctor_module.check_version(SlurmVersion(21, 8, 8)).status == PROBLEM
+    assert doctor_module.check_version(SlurmVersion(25, 5, 1)).status == WARN
+    assert doctor_module.check_version(SlurmVersion(24, 11, 5)).status == OK
+
+
+def test_job_submit_plugin_missing_inactive_or_not_dlsubs() -> None:
+    host = FakeHost()
+    del host.files["/etc/slurm/job_submit.lua"]
+    got = findings(host=host)["job_submit.lua"]
+    assert got.status == PROBLEM and "missing" in got.detail and "job_submit.lua" in got.fix
+    fake = cluster()
+    fake.config["JobSubmitPlugins"] = ""
+    assert findings(fake)["job_submit.lua"].status == PROBLEM
+    host = FakeHost()
+    host.files["/etc/slurm/job_submit.lua"] = "function slurm_job_submit() return 0 end"
+    assert "not dlsub's" in findings(host=host)["job_submit.lua"].detail
+
+
+def test_the_agent_stopped_is_a_problem_with_its_fix() -> None:
+    host = FakeHost()
+    host.agent = None
+    got = findings(host=host)["agent"]
+    assert got.status == PROBLEM and "not running" in got.detail and "start" in got.fix
+
+
+def test_a_missing_subuid_entry_is_a_problem_with_its_fix() -> None:
+    host = FakeHost()
+    host.files["/etc/subuid"] = "bob:200000:65536\n"
+    got = findings(host=host)["subordinate ids"]
+    assert got.status == PROBLEM and "/etc/subuid has 0" in got.detail and "usermod --add-subuids" in got.fix
+    host.files["/etc/subuid"] = "1001:200000:1000\n"  # by uid, but too few
+    assert findings(host=host)["subordinate ids"].status == PROBLEM
+
+
+def test_operator_rights() -> None:
+    fake = cluster()
+    fake.admin_levels["dlsub"] = "None"
+    got = findings(fake)["agent is a Slurm Operator"]
+    assert got.status == PROBLEM and "adminlevel=Operator" in got.fix
+    del fake.admin_levels["dlsub"]
+    assert "no Slurm association" in findings(fake)["agent is a Slurm Operator"].detail
+
+
+def test_cred_expire_default_is_a_warning() -> None:
+    fake = cluster()
+    del fake.config["AuthInfo"]
+    got = findings(fake)["cred_expire"]
+    assert got.status == WARN and "121 s" in got.detail
+
+
+def test_partitions_named_in_the_policy_must_exist() -> None:
+    fake = cluster()
+    del fake.partitions["gpu-dev"]
+    got = findings(fake)["policy partitions exist"]
+    assert got.status == PROBLEM and "gpu-dev" in got.detail
+
+
+def test_gpu_partitions_without_gpus_or_gres() -> None:
+    fake = cluster()
+    fake.config["GresTypes"] = ""
+    assert findings(fake)["GPU gres"].status == PROBLEM
+    fake = cluster()
+    for node in fake.nodes.values():
+        node.gpus = 0
+    assert "no GPU node" in findings(fake)["GPU gres"].detail
+
+
+def test_clock_skew() -> None:
+    host = FakeHost()
+    host.clock += 30
+    got = findings(host=host)["clocks"]
+    assert got.status == PROBLEM and "+31 s" in got.detail
+
+
+def test_runtime_directory_and_image() -> None:
+    host = FakeHost()
+    host.stats["/run/user/1001"] = dir_stat(1001, 0o755)
+    assert findings(host=host)["runtime directory"].status == PROBLEM
+    del host.stats["/run/user/1001"]
+    assert findings(host=host)["runtime directory"].status == WARN
+    host = FakeHost()
+    host.image_rc = 1
+    got = findings(host=host)["image"]
+    assert got.status == PROBLEM and "build-image.sh alice" in got.fix
+    assert host.ran[-1] == ["podman", "image", "exists", "localhost/img"]
+
+
+def test_no_user_skips_podman_and_an_unknown_one_is_a_problem() -> None:
+    assert findings(user=None)["rootless Podman"].status == SKIPPED
+    assert findings(user="nobody-here")["rootless Podman"].status == PROBLEM
+
+
+def test_slurm_unreachable_costs_its_checks_not_the_report() -> None:
+    fake = cluster()
+    fake.reachable = False
+    got = findings(fake)
+    assert got["slurm version"].status == PROBLEM and "scontrol ping" in got["slurm version"].fix
+    assert got["agent"].status == OK and got["subordinate ids"].status == OK
+
+
+def test_the_config_parser_reads_every_recorded_version() -> None:
+    for version in ("22.05", "24.11", "26.05"):
+        text = (Path(__file__).parent.parent / "fixtures" / "slurm" / version / "commands" /
+                "config_text.txt").read_text()
+        cfg = parse_config(text)
+        assert cfg.get("JobSubmitPlugins") == "lua" and cfg.cred_expire_s == 10 and cfg.as_of is not None
+        assert cfg.get("SLURM_VERSION").startswith(version)
+
+
+def test_the_command_prints_json_and_exits_1_on_a_problem(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    host = FakeHost()
+    host.agent = None
+    policy = tmp_path / "policy.toml"
+    policy.write_text('policy = "fifo"\n[partitions.gpu]\nrole = "gpu"\n')
+    monkeypatch.setattr("dlsub.agent.doctor_cli.Host", lambda: host)
+    monkeypatch.setattr("dlsub.agent.doctor_cli.SlurmClient", lambda: SlurmClient(runner=cluster()))
+    result = CliRunner().invoke(doctor, ["--json", "--user", "alice", "--policy", str(policy)])
+    assert result.exit_code == 1
+    report = json.loads(result.output)
+    assert report["ok"] is False
+    assert {c["check"]: c["status"] for c in report["checks"]}["agent"] == PROBLEM
+    assert set(report["checks"][0]) == {"check", "status", "detail", "fix"}
+    host.agent = {"running": True}
+    result = CliRunner().invoke(doctor, ["--user", "alice", "--policy", str(policy)])
+    assert result.exit_code == 0 and "nothing blocks dlsub" in result.output
