@@ -204,6 +204,9 @@ def check_image(user: pwd.struct_passwd, image: str, result: subprocess.Complete
     if result.returncode == 1 and not result.stderr.strip():
         return Finding(name, PROBLEM, f"{image} is not in {user.pw_name}'s Podman storage",
                        f"build or load it as {user.pw_name} (containers/build-image.sh {user.pw_name})")
+    if "podman system migrate" in result.stderr:
+        return Finding(name, PROBLEM, f"{user.pw_name}'s Podman pause process is gone (its pid file outlived it)",
+                       f"run `podman system migrate` as {user.pw_name}")
     return Finding(name, PROBLEM, f"podman does not run for {user.pw_name}: "
                    f"{(result.stderr or result.stdout).strip()[:200]}",
                    "see `podman info` as that user (subuid/subgid, runtime directory, runc)")

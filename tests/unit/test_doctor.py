@@ -44,6 +44,7 @@ class FakeHost(Host):
                       "/etc/subuid": "alice:200000:65536\n", "/etc/subgid": "alice:200000:65536\n"}
         self.stats = {"/run/user/1001": dir_stat(1001, 0o700), "/sys/fs/cgroup/unified": dir_stat(0, 0o555)}
         self.image_rc = 0
+        self.image_stderr = ""
         self.agent: dict[str, Any] | None = {"running": True, "late": False}
         self.clock = time.mktime(time.strptime("2026-11-24T12:00:01", "%Y-%m-%dT%H:%M:%S"))
         self.ran: list[list[str]] = []
@@ -59,7 +60,7 @@ class FakeHost(Host):
 
     def run_as(self, user: pwd.struct_passwd, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         self.ran.append(list(argv))
-        return subprocess.CompletedProcess(list(argv), self.image_rc, "", "")
+        return subprocess.CompletedProcess(list(argv), self.image_rc, "", self.image_stderr)
 
     def agent_status(self, socket_path: Path) -> dict[str, Any]:
         if self.agent is None:
@@ -174,6 +175,17 @@ def test_runtime_directory_and_image() -> None:
     got = findings(host=host)["image"]
     assert got.status == PROBLEM and "build-image.sh alice" in got.fix
     assert host.ran[-1] == ["podman", "image", "exists", "localhost/img"]
+
+
+def test_a_dead_pause_process_is_named_with_its_reset() -> None:
+    """Podman 4.3's words when the pause process died but its pid file stayed (seen after a reboot)."""
+    host = FakeHost()
+    host.image_rc = 1
+    host.image_stderr = ('level=error msg="invalid internal status, try resetting the pause process with '
+                         '\\"podman system migrate\\": could not find any running process: no such process"')
+    got = findings(host=host)["image"]
+    assert got.status == PROBLEM and "pause process" in got.detail
+    assert got.fix == "run `podman system migrate` as alice"
 
 
 def test_no_user_skips_podman_and_an_unknown_one_is_a_problem() -> None:
