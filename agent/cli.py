@@ -298,7 +298,7 @@ def _statuses(client: SlurmClient, store: JobStore, records: list[JobRecord]) ->
     """
     ids = {r.slurm_job_id for r in records if r.slurm_job_id is not None}
     arrays = {r.worker_array_id for r in records if r.worker_array_id is not None}
-    listed = client.jobs() if ids else []
+    listed = client.jobs_by_id(ids | arrays) if ids else []
     slurm = {j.job_id: j for j in listed if j.job_id in ids}
     workers: dict[int, list[SlurmJob]] = {}
     for job in listed:

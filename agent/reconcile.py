@@ -84,6 +84,7 @@ from dlsub.policies.moves import (
 from dlsub.policies.resize import ElasticJob, Resize, Room, WorkerTask
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
 from dlsub.slurm_plugins.models import Partition, SlurmJob, expand_nodes
+from dlsub.slurm_plugins.queue_reader import QueueReader
 
 log = logging.getLogger("dlsub.agent")
 
@@ -255,6 +256,8 @@ class Agent:
         self._sizing_policy = sizing_policy(policy)
         # What each budget has left (sacct at most once a minute): the planner's budget gate.
         self._budgets = BudgetWatch(client, policy)
+        # Which queued jobs are dlsub's, remembered between ticks: the rest are read brief.
+        self._queue = QueueReader(client)
 
     # ---------------------------------------------------------------- observe
     def window_at(self, now: float) -> Window:
@@ -813,7 +816,9 @@ class Agent:
         deadline = started + self.policy.tick_deadline_s
         self.store.set_meta(last_tick_started=now, doing="observing")
         try:
-            slurm_jobs = self.client.jobs()
+            # The queue brief, dlsub's jobs (and the ones it has rows or moves for) whole.
+            follow = {key[1] for key in self.store.jobs()} | {int(m["slurm_job_id"]) for m in self.store.moves()}
+            slurm_jobs = self._queue.read(follow)
             partitions = self.client.partitions()
         except SlurmError as exc:
             # Stale data: decide nothing this tick; the loop goes on.
@@ -864,6 +869,8 @@ class Agent:
             doing += f"; off-hours window '{seen.window.name}' open"
         if seen.late:
             doing += f"; late: {seen.skipped} job(s) left for the next tick"
+        if self._queue.unseen:
+            doing += f"; {self._queue.unseen} queued job(s) not read yet (a few hundred a tick)"
         outcome.meta = {"last_tick": now, "doing": doing, "jobs": len(seen.jobs), "last_error": None,
                         "late": seen.late, "skipped": seen.skipped,
                         "last_tick_duration_s": round(self.deadline_clock() - started, 3)}

@@ -3,8 +3,11 @@
 As root, on a testbed that is up (`make testbed SLURM=V`), with nothing else running on it. It
 submits N held jobs (plain `sbatch --hold`, as root: they never start), then measures, on the Slurm
 version that is up, each call one agent tick makes (its argv, the bytes it prints, the median of
-three runs) and the whole tick (`dlsub agent tick` as the agent's account, over a database of its
-own), and cancels the jobs it submitted. Figures per version: run it once per `SLURM=`.
+three runs): the JSON of every job the agent read before, the brief lines it reads now, the whole
+records of the few hundred it reads at once; then one agent's ticks one after another (as the
+agent's account, over a database of its own: the first ticks read the unseen jobs whole, a few
+hundred a tick, the later ones only the brief lines), and cancels the jobs it submitted. Figures
+per version: run it once per `SLURM=`.
 
     sudo python benchmarks/slurm_reads_at_scale.py [--jobs 10000] [--repeat 3]
 
@@ -14,6 +17,7 @@ Slurm's default MaxJobCount is 10,000; the testbed's slurm.conf allows 20,000.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -24,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dlsub.slurm_plugins.client import SlurmClient
+from dlsub.slurm_plugins.dialects import QUEUE_FORMAT
+from dlsub.slurm_plugins.queue_reader import FIRST_READS
 from dlsub.slurm_plugins.usage import SACCT_FORMAT
 
 NAME = "dlsub-bench-held"
@@ -55,47 +61,80 @@ def measure(argv: list[str], repeat: int) -> tuple[int, float]:
     return size, statistics.median(times)
 
 
-def tick_seconds(repeat: int) -> float:
+#: Run as the agent's account: one Agent (as the daemon keeps one), ticking ``n`` times over a database of
+#: its own; prints each tick's seconds as JSON.
+_TICKS = """
+import json, sys, tempfile, time
+from pathlib import Path
+from dlsub.agent.agent_store import AgentStore
+from dlsub.agent.policy_file import load_policy
+from dlsub.agent.reconcile import Agent
+from dlsub.slurm_plugins.client import SlurmClient
+from dlsub.slurm_plugins.dialects import QUEUE_FORMAT
+from dlsub.slurm_plugins.queue_reader import FIRST_READS
+with tempfile.TemporaryDirectory(dir="/var/lib/dlsub") as tmp:
+    agent = Agent(SlurmClient(), AgentStore(Path(tmp) / "bench.db"), load_policy(None))
     times = []
-    for i in range(repeat):
-        db = Path(f"/var/lib/dlsub/bench-{i}-{time.monotonic_ns()}.db")
+    for _ in range(int(sys.argv[1])):
         start = time.perf_counter()
-        subprocess.run(["runuser", "-u", AGENT_USER, "--", "dlsub", "agent", "tick", "--db", str(db), "--json"],
-                       capture_output=True, check=True, timeout=600)
+        agent.tick()
         times.append(time.perf_counter() - start)
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{db}{suffix}").unlink(missing_ok=True)
-    return statistics.median(times)
+    print(json.dumps({"ticks": times, "doing": agent.store.meta().get("doing")}))
+"""
+
+
+def tick_seconds(ticks: int) -> tuple[list[float], str]:
+    """Each tick's seconds (the first reads every job whole a few hundred at a time), and what the last said."""
+    out = subprocess.run(["runuser", "-u", AGENT_USER, "--", f"{sys.prefix}/bin/python", "-c", _TICKS, str(ticks)],
+                         capture_output=True, text=True, check=True, timeout=1200, cwd="/")
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    return found["ticks"], str(found["doing"])
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--ticks", type=int, default=25, help="ticks of one agent (default: enough to have read "
+                        f"10,000 jobs whole at {FIRST_READS} a tick)")
     args = parser.parse_args()
     client = SlurmClient()
     dialect = client.dialect()
     start_ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 3600))
-    calls = {
-        "jobs": ["squeue", "--json", *dialect.all_states],
-        "nodes": list(dialect.nodes_argv),
-        "partitions": ["scontrol", "show", "partition", "--oneliner"],
-        "usage (once a minute)": ["sacct", "-n", "-P", "-X", "-D", "-S", start_ts, "-E", "now", "-a",
-                                  f"--format={SACCT_FORMAT}"],
-    }
+    leftover = [j for j in client.queue() if j.job_id and j.state != "PENDING"]
+    if len(leftover) + args.jobs > 20_000:
+        # Ended jobs count against MaxJobCount until slurmctld forgets them (MinJobAge, and only once
+        # slurmdbd has their records): an earlier run's 10,000 take a quarter of an hour.
+        print(f"waiting for slurmctld to forget {len(leftover)} ended jobs (MinJobAge)", flush=True)
+        while len(client.queue()) + args.jobs > 20_000:
+            time.sleep(10)
     print(f"Slurm {client.version()}: submitting {args.jobs} held jobs", flush=True)
     t0 = time.perf_counter()
     try:
         submit_held(args.jobs)
         print(f"submitted in {time.perf_counter() - t0:.0f} s", flush=True)
-        queued = len(client.jobs())
-        print(f"{queued} jobs in squeue\n")
-        print(f"{'call':24} {'argv':60} {'bytes':>12} {'seconds':>8}")
+        queued = client.queue()
+        newest = sorted((j.job_id for j in queued), reverse=True)[:FIRST_READS]
+        print(f"{len(queued)} jobs in squeue\n")
+        calls = {
+            "every job, JSON (before)": ["squeue", "--json", *dialect.all_states],
+            "every job, brief (now)": ["squeue", "--noheader", "--states=all", f"--format={QUEUE_FORMAT}"],
+            f"{FIRST_READS} jobs whole": ["squeue", "--json", *dialect.all_states, "--jobs",
+                                          ",".join(map(str, newest))],
+            "nodes": list(dialect.nodes_argv),
+            "partitions": ["scontrol", "show", "partition", "--oneliner"],
+            "usage (once a minute)": ["sacct", "-n", "-P", "-X", "-D", "-S", start_ts, "-E", "now", "-a",
+                                      f"--format={SACCT_FORMAT}"],
+        }
+        print(f"{'call':26} {'bytes':>12} {'seconds':>8}")
         for name, argv in calls.items():
             size, seconds = measure(argv, args.repeat)
-            print(f"{name:24} {' '.join(argv)[:60]:60} {size:12,d} {seconds:8.2f}")
-        print(f"{'whole tick':24} {'dlsub agent tick (the agent account, fresh db)':60} {'':>12} "
-              f"{tick_seconds(args.repeat):8.2f}")
+            print(f"{name:26} {size:12,d} {seconds:8.2f}")
+        ticks, doing = tick_seconds(args.ticks)
+        steady = ticks[-min(5, len(ticks)):]
+        print(f"\nagent ticks (one agent, {len(ticks)} ticks): first {ticks[0]:.2f} s, slowest {max(ticks):.2f} s, "
+              f"last {len(steady)} median {statistics.median(steady):.2f} s")
+        print(f"last tick: {doing}")
     finally:
         subprocess.run(["scancel", "--name", NAME], check=False)
     return 0

@@ -155,7 +155,7 @@ class Dashboard:
         ids = {r.slurm_job_id for r in records if r.slurm_job_id is not None}
         if not ids:
             return {}
-        slurm = {j.job_id: j for j in client.jobs() if j.job_id in ids}
+        slurm = {j.job_id: j for j in client.jobs_by_id(ids) if j.job_id in ids}
         gone = sorted(ids - set(slurm))
         if gone:
             slurm.update({j.job_id: j for j in client.accounting(gone)})

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlsub.slurm_plugins.dialects import Dialect, SlurmParseError, SlurmVersion, dialect_for
+from dlsub.slurm_plugins.dialects import QUEUE_FORMAT, Dialect, SlurmParseError, SlurmVersion, dialect_for
 from dlsub.slurm_plugins.models import Node, Partition, SlurmJob, parse_key_values
 from dlsub.slurm_plugins.timespec import parse_slurm_duration
 from dlsub.slurm_plugins.usage import SACCT_FORMAT, UsageRecord
@@ -145,7 +145,7 @@ class SlurmClient:
             raise SlurmError(argv, 0, "", "", hint=f"Slurm {self.version()}: {key!r} is not a list")
         return records
 
-    def _parsed(self, argv: Sequence[str], parse: Callable[[dict[str, Any]], Any], raw: dict[str, Any]) -> Any:
+    def _parsed(self, argv: Sequence[str], parse: Callable[[Any], Any], raw: Any) -> Any:
         try:
             return parse(raw)
         except SlurmParseError as exc:
@@ -209,8 +209,10 @@ class SlurmClient:
             )
         return partitions
 
-    def jobs(self, *, user: str | None = None, job_ids: Iterable[int] = ()) -> list[SlurmJob]:
-        """All jobs Slurm still knows (ended ones too, until MinJobAge), in one ``squeue --json`` call."""
+    def jobs(self, *, user: str | None = None, job_ids: Iterable[int] = (), strict: bool = False) -> list[SlurmJob]:
+        """All jobs Slurm still knows (ended ones too, until MinJobAge), in one ``squeue --json`` call.
+
+        squeue refuses a list of ids when one has been purged: then none (or, ``strict``, the error)."""
         dialect = self.dialect()
         argv = ["squeue", "--json", *dialect.all_states]
         if user:
@@ -222,10 +224,33 @@ class SlurmClient:
             records = self._records(argv, "jobs")
         except SlurmError as exc:
             # squeue --jobs fails outright when a listed job has been purged.
-            if ids and "Invalid job id" in (exc.stderr + exc.stdout):
+            if ids and not strict and "Invalid job id" in (exc.stderr + exc.stdout):
                 return []
             raise
         return [SlurmJob.from_squeue(self._parsed(argv, dialect.job, raw)) for raw in records]
+
+    def jobs_by_id(self, job_ids: Iterable[int]) -> list[SlurmJob]:
+        """These jobs (an array's id: all its tasks) as Slurm still lists them: one ``squeue --jobs`` call,
+        or, when one of them is gone (squeue then refuses the whole list), every job's filtered here."""
+        wanted = {int(j) for j in job_ids}
+        if not wanted:
+            return []
+        try:
+            return self.jobs(job_ids=sorted(wanted), strict=True)
+        except SlurmError as exc:
+            if "Invalid job id" not in exc.stderr + exc.stdout:
+                raise
+        return [job for job in self.jobs() if job.job_id in wanted or job.array_job_id in wanted]
+
+    def queue(self) -> list[SlurmJob]:
+        """Every job slurmctld still holds, brief (:data:`~dlsub.slurm_plugins.dialects.QUEUE_FORMAT`:
+        ids, uid, state, reason, partition, node count, GRES, submit time; no name, comment or record).
+        A few dozen bytes a job where ``squeue --json`` prints several KB: what the agent reads every
+        tick, with :meth:`jobs` for the few jobs it needs whole."""
+        dialect = self.dialect()
+        argv = ["squeue", "--noheader", "--states=all", f"--format={QUEUE_FORMAT}"]
+        lines = self._run(argv).stdout.splitlines()
+        return [SlurmJob.from_squeue(self._parsed(argv, dialect.queue_record, line)) for line in lines if line]
 
     def accounting(self, job_ids: Iterable[int]) -> list[SlurmJob]:
         """Finished jobs from Slurm's accounting (``sacct``), for those squeue no longer lists.

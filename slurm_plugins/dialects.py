@@ -28,6 +28,7 @@ parsers' tests run over all of them.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +73,25 @@ class SlurmVersion:
 
     def __str__(self) -> str:
         return f"{self.series}.{self.micro}"
+
+
+#: The whole queue as the agent's tick reads it every time (``squeue --noheader --format``): one short
+#: line a job, with only what Slurm itself decides or checks (ids, uid, state, reason, partition,
+#: node count, GRES, submit time). Nothing a user writes freely (name, comment, paths) is in it, so no
+#: job can forge a line or a field; the full JSON of the jobs that are dlsub's is read apart.
+#: These ``%`` letters mean the same from Slurm 2.x to 26.05.
+QUEUE_FIELDS = ("job_id", "array_job_id", "array_task_id", "user_id", "job_state", "state_reason", "partition",
+                "node_count", "tres_per_node", "submit_time")
+QUEUE_FORMAT = "%A|%F|%K|%U|%T|%r|%P|%D|%b|%V"
+
+
+#: How Slurm names the hold of ``scontrol requeuehold`` (priority 0, released as a user's hold is):
+#: 22.05's JSON says the first, squeue's ``%r`` the second (24.11); later JSON says JobHeldUser.
+_REQUEUED_HELD = ("job_requeued_in_held_state", "job requeued in held state")
+
+
+def _held_reason(reason: str) -> str:
+    return "JobHeldUser" if reason in _REQUEUED_HELD else reason
 
 
 class Dialect:
@@ -124,8 +144,7 @@ class Dialect:
     def _reason(self, raw: dict[str, Any], record: str) -> str:
         """Why it waits. 22.05 says ``job_requeued_in_held_state`` after ``scontrol requeuehold``
         (priority 0: held as a user's hold is) where later versions say ``JobHeldUser``."""
-        reason = self._str(raw, "state_reason", record)
-        return "JobHeldUser" if reason == "job_requeued_in_held_state" else reason
+        return _held_reason(self._str(raw, "state_reason", record))
 
     def _exit_code(self, raw: dict[str, Any], record: str) -> int | None:
         """22.05 prints the batch shell's raw wait status (exit 3 is 768; killed by SIGTERM, 15)."""
@@ -201,6 +220,40 @@ class Dialect:
             "alloc_memory": self._int(raw, "alloc_memory", record) or 0,
             "gres": self._str(raw, "gres", record),
             "gres_used": self._str(raw, "gres_used", record),
+        }
+
+    def queue_record(self, line: str) -> dict[str, Any]:
+        """One line of :data:`QUEUE_FORMAT` as the flat record ``SlurmJob.from_squeue`` reads, with
+        ``brief`` set: no name, comment or submit record (nothing a user writes is in the line)."""
+        fields = line.split("|")
+        if len(fields) != len(QUEUE_FIELDS):
+            raise self._fail("squeue line", "(line)", line, f"{len(QUEUE_FIELDS)} fields joined by '|' "
+                             f"({QUEUE_FORMAT})")
+        raw = dict(zip(QUEUE_FIELDS, fields, strict=True))
+        record = f"squeue line {raw['job_id']}"
+        numbers: dict[str, int] = {}
+        for name in ("job_id", "array_job_id", "user_id", "node_count"):
+            if not raw[name].isdigit():
+                raise self._fail(record, name, raw[name], "a whole number")
+            numbers[name] = int(raw[name])
+        try:
+            submit_time = int(time.mktime(time.strptime(raw["submit_time"], "%Y-%m-%dT%H:%M:%S")))
+        except ValueError:
+            raise self._fail(record, "submit_time", raw["submit_time"], "YYYY-MM-DDTHH:MM:SS") from None
+        # squeue prints the job's own id as its array's for a job that is not a task of one.
+        array = numbers["array_job_id"] if raw["array_task_id"] not in ("N/A", "") else 0
+        reason = raw["state_reason"]
+        return {
+            "job_id": numbers["job_id"],
+            "user_id": numbers["user_id"],
+            "job_state": raw["job_state"].upper(),
+            "state_reason": _held_reason(reason),
+            "partition": raw["partition"],
+            "node_count": numbers["node_count"],
+            "tres_per_node": "" if raw["tres_per_node"] == "N/A" else raw["tres_per_node"],
+            "array_job_id": array,
+            "submit_time": submit_time,
+            "brief": True,
         }
 
     def _node_state(self, raw: dict[str, Any], record: str) -> tuple[str, tuple[str, ...]]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,8 +113,8 @@ class FakeSlurm:
                        "SLURM_CONF": "/etc/slurm/slurm.conf"}
         self.config_time = "2026-11-24T12:00:00"
         self.admin_levels = {"dlsub": "Operator"}
-        self._raw_json = ""  # pre-serialized records from add_raw_jobs, comma-joined
-        self._raw_ids: set[int] = set()
+        # Records from add_raw_jobs, each with its JSON and its squeue line made once.
+        self._raw: dict[int, tuple[str, str]] = {}
 
     # ---------------------------------------------------------------- test API
     def set_job_state(self, job_id: int, state: str, *, nodes: str = "", exit_code: int = 0) -> None:
@@ -152,10 +153,11 @@ class FakeSlurm:
         self.jobs[job_id].reason = "JobHeldAdmin"
 
     def add_raw_jobs(self, records: list[dict[str, Any]]) -> None:
-        """Serve these ``squeue --json`` job records as they are (a big cluster, for benchmarks)."""
-        text = ",".join(json.dumps(r, separators=(",", ":")) for r in records)
-        self._raw_json = f"{self._raw_json},{text}" if self._raw_json and text else (self._raw_json or text)
-        self._raw_ids.update(int(r["job_id"]) for r in records)
+        """Serve these ``squeue --json`` job records (22.05's flat shape, turned into this version's) as they
+        are: a big cluster, for benchmarks."""
+        for r in records:
+            shaped = _data_parser_job({"exit_code": 0, **r}) if self._data_parser else r
+            self._raw[int(r["job_id"])] = (json.dumps(shaped, separators=(",", ":")), self._queue_line(r))
 
     def _use(self, job: FakeJob, sign: int) -> None:
         node = self.nodes.get(job.nodes)
@@ -272,17 +274,36 @@ class FakeSlurm:
             "array_task_string": "",
         }
 
+    def _queue_line(self, flat: dict[str, Any]) -> str:
+        """A 22.05-shaped record as ``squeue --format=QUEUE_FORMAT`` prints it on this version."""
+        task = flat.get("array_task_id")
+        array = int(flat.get("array_job_id") or 0)
+        gres = str(flat.get("tres_per_node") or "")
+        if self._data_parser:
+            gres = gres.replace("gres:", "gres/", 1)
+        submitted = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(flat.get("submit_time") or 0)))
+        return "|".join(str(v) for v in (
+            flat["job_id"], array or flat["job_id"], task if array and task is not None else "N/A",
+            flat.get("user_id", 0), flat.get("job_state", "PENDING"), flat.get("state_reason") or "None",
+            flat.get("partition", ""), flat.get("node_count") or 1, gres or "N/A", submitted))
+
     def _squeue(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         jobs = list(self.jobs.values())
+        raw = list(self._raw.values())
         if "--jobs" in argv:
             wanted = {int(x) for x in argv[argv.index("--jobs") + 1].split(",")}
-            unknown = wanted - set(self.jobs)
+            unknown = wanted - set(self.jobs) - set(self._raw)
             if unknown:
                 return self._done(argv, 1, "", "slurm_load_jobs error: Invalid job id specified")
-            jobs = [j for j in jobs if j.job_id in wanted]
+            jobs = [j for j in jobs if j.job_id in wanted or j.array_job_id in wanted]
+            raw = [self._raw[i] for i in sorted(wanted) if i in self._raw]
         if "--user" in argv:
             user = argv[argv.index("--user") + 1]
             jobs = [j for j in jobs if j.user == user]
+            raw = []
+        if any(a.startswith("--format=") for a in argv):
+            lines = [line for _, line in raw] + [self._queue_line(self._job_json(j)) for j in jobs]
+            return self._done(argv, 0, "".join(f"{line}\n" for line in lines))
         if self._data_parser:
             # 23.02 on: squeue's default state filter applies to --json as well.
             if "--states=all" not in argv:
@@ -290,8 +311,7 @@ class FakeSlurm:
             own = ",".join(json.dumps(_data_parser_job(self._job_json(j))) for j in jobs)
         else:
             own = ",".join(json.dumps(self._job_json(j)) for j in jobs)
-        raw = self._raw_json if "--jobs" not in argv and "--user" not in argv else ""
-        body = ",".join(t for t in (raw, own) if t)
+        body = ",".join(t for t in (",".join(text for text, _ in raw), own) if t)
         return self._done(argv, 0, '{"meta": {}, "errors": [], "jobs": [' + body + "]}")
 
     def purge(self, job_id: int) -> None:

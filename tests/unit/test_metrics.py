@@ -85,9 +85,9 @@ def test_a_tick_that_cannot_reach_slurm_counts_an_error(tmp_path: Path, monkeypa
     tick = metrics.instrumented(agent)
 
     def down(*args: object, **kwargs: object) -> list[object]:
-        raise SlurmError(["squeue", "--json"], 1, "", "slurm_load_jobs error: Unable to contact slurm controller")
+        raise SlurmError(["squeue"], 1, "", "slurm_load_jobs error: Unable to contact slurm controller")
 
-    monkeypatch.setattr(w.client, "jobs", down)
+    monkeypatch.setattr(w.client, "queue", down)  # the tick's first read of Slurm
     tick()
     found = samples(generate_latest(metrics.registry).decode())
     assert value(found, "dlsub_agent_errors_total", where="slurm") == 1
