@@ -472,9 +472,15 @@ class Agent:
                   writes: Writes) -> _Seen | None:
         """The job's trusted request, if it is a dlsub job the agent may follow; None otherwise."""
         row = rows.get((uid, job.job_id))
+        request = _request_from_record(job, uid)
+        if row is not None and request is not None and request["dlsub_id"] != row.dlsub_id:
+            # Slurm has given this id to another job of the same user (its state was reset, as when a
+            # site moves to a new Slurm, or ids wrapped round at MaxJobId): a new job, not the row's.
+            log.info("Slurm job %s (uid %s) is now dlsub job %s, no longer %s: a reused id", job.job_id, uid,
+                     request["dlsub_id"], row.dlsub_id)
+            row = None
         if row is not None and row.data.get("ignored"):
             return None  # decided once: never acted on, never read
-        request = _request_from_record(job, uid)
         first_note = None
         if request is None:
             frozen = row.data.get("request") if row is not None else None

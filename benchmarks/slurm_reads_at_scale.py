@@ -61,8 +61,9 @@ def measure(argv: list[str], repeat: int) -> tuple[int, float]:
     return size, statistics.median(times)
 
 
-#: Run as the agent's account: one Agent (as the daemon keeps one), ticking ``n`` times over a database of
-#: its own; prints each tick's seconds as JSON.
+#: Run as the agent's account: one Agent (as the daemon keeps one) over a database of its own, ticking
+#: until it has read every queued job whole once (a few hundred a tick), then ``steady`` more; prints
+#: each tick's seconds and what it had left unread, as JSON.
 _TICKS = """
 import json, sys, tempfile, time
 from pathlib import Path
@@ -70,33 +71,31 @@ from dlsub.agent.agent_store import AgentStore
 from dlsub.agent.policy_file import load_policy
 from dlsub.agent.reconcile import Agent
 from dlsub.slurm_plugins.client import SlurmClient
-from dlsub.slurm_plugins.dialects import QUEUE_FORMAT
-from dlsub.slurm_plugins.queue_reader import FIRST_READS
 with tempfile.TemporaryDirectory(dir="/var/lib/dlsub") as tmp:
     agent = Agent(SlurmClient(), AgentStore(Path(tmp) / "bench.db"), load_policy(None))
-    times = []
-    for _ in range(int(sys.argv[1])):
+    ticks, steady = [], int(sys.argv[1])
+    while steady and len(ticks) < 200:
         start = time.perf_counter()
         agent.tick()
-        times.append(time.perf_counter() - start)
-    print(json.dumps({"ticks": times, "doing": agent.store.meta().get("doing")}))
+        unread = agent._queue.unseen
+        ticks.append([time.perf_counter() - start, unread])
+        steady -= unread == 0
+    print(json.dumps(ticks))
 """
 
 
-def tick_seconds(ticks: int) -> tuple[list[float], str]:
-    """Each tick's seconds (the first reads every job whole a few hundred at a time), and what the last said."""
-    out = subprocess.run(["runuser", "-u", AGENT_USER, "--", f"{sys.prefix}/bin/python", "-c", _TICKS, str(ticks)],
+def agent_ticks(steady: int) -> list[tuple[float, int]]:
+    """Each tick's seconds and the jobs it left unread, until ``steady`` ticks had none left."""
+    out = subprocess.run(["runuser", "-u", AGENT_USER, "--", f"{sys.prefix}/bin/python", "-c", _TICKS, str(steady)],
                          capture_output=True, text=True, check=True, timeout=1200, cwd="/")
-    found = json.loads(out.stdout.strip().splitlines()[-1])
-    return found["ticks"], str(found["doing"])
+    return [(float(t), int(u)) for t, u in json.loads(out.stdout.strip().splitlines()[-1])]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--ticks", type=int, default=25, help="ticks of one agent (default: enough to have read "
-                        f"10,000 jobs whole at {FIRST_READS} a tick)")
+    parser.add_argument("--steady", type=int, default=5, help="ticks measured after every job was read whole once")
     args = parser.parse_args()
     client = SlurmClient()
     dialect = client.dialect()
@@ -130,11 +129,12 @@ def main() -> int:
         for name, argv in calls.items():
             size, seconds = measure(argv, args.repeat)
             print(f"{name:26} {size:12,d} {seconds:8.2f}")
-        ticks, doing = tick_seconds(args.ticks)
-        steady = ticks[-min(5, len(ticks)):]
-        print(f"\nagent ticks (one agent, {len(ticks)} ticks): first {ticks[0]:.2f} s, slowest {max(ticks):.2f} s, "
-              f"last {len(steady)} median {statistics.median(steady):.2f} s")
-        print(f"last tick: {doing}")
+        ticks = agent_ticks(args.steady)
+        first = [t for t, unread in ticks if unread] or [ticks[0][0]]
+        steady = [t for t, unread in ticks if not unread]
+        print(f"\nagent ticks: {len(first)} reading unseen jobs whole ({FIRST_READS} a tick): median "
+              f"{statistics.median(first):.2f} s, slowest {max(first):.2f} s; then {len(steady)} with every "
+              f"job seen: median {statistics.median(steady):.2f} s, slowest {max(steady):.2f} s")
     finally:
         subprocess.run(["scancel", "--name", NAME], check=False)
     return 0

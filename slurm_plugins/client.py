@@ -227,6 +227,12 @@ class SlurmClient:
             if ids and not strict and "Invalid job id" in (exc.stderr + exc.stdout):
                 return []
             raise
+        if dialect.json_ignores_filters and (user or ids):
+            # Before parsing: 22.05's flat records name the job, its array and its user plainly.
+            wanted = {int(j) for j in ids}
+            records = [raw for raw in records if isinstance(raw, dict)
+                       and (not user or raw.get("user_name") == user)
+                       and (not wanted or raw.get("job_id") in wanted or raw.get("array_job_id") in wanted)]
         return [SlurmJob.from_squeue(self._parsed(argv, dialect.job, raw)) for raw in records]
 
     def jobs_by_id(self, job_ids: Iterable[int]) -> list[SlurmJob]:

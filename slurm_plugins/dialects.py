@@ -101,6 +101,9 @@ class Dialect:
     nodes_argv: tuple[str, ...] = ("sinfo", "--json")
     #: Arguments that make ``squeue --json`` list ended jobs too (still held by slurmctld).
     all_states: tuple[str, ...] = ()
+    #: 22.05's ``squeue --json`` prints every job whatever ``--jobs``, ``--user`` or ``--states`` say
+    #: (the client filters; a whole read of a few jobs costs every job's JSON there).
+    json_ignores_filters = True
 
     def __init__(self, version: SlurmVersion) -> None:
         self.version = version
@@ -268,6 +271,7 @@ class DataParserDialect(Dialect):
 
     nodes_argv = ("scontrol", "show", "nodes", "--json")
     all_states = ("--states=all",)
+    json_ignores_filters = False
 
     def _number(self, raw: dict[str, Any], field: str, record: str) -> tuple[bool, bool, int]:
         """``{"set", "infinite", "number"}`` (absent: unset)."""

@@ -290,6 +290,10 @@ class FakeSlurm:
     def _squeue(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
         jobs = list(self.jobs.values())
         raw = list(self._raw.values())
+        if "--json" in argv and not self._data_parser:
+            # 22.05's squeue --json prints every job, whatever --jobs and --user say.
+            argv = [a for i, a in enumerate(argv) if a not in ("--jobs", "--user")
+                    and (i == 0 or argv[i - 1] not in ("--jobs", "--user"))]
         if "--jobs" in argv:
             wanted = {int(x) for x in argv[argv.index("--jobs") + 1].split(",")}
             unknown = wanted - set(self.jobs) - set(self._raw)

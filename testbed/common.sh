@@ -97,7 +97,8 @@ stop_slurm() {
 wait_for_nodes() {
     local states
     for _ in $(seq 1 60); do
-        states="$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u)"
+        # sinfo fails while slurmctld restarts (24.11 on re-executes itself on reconfigure): try again.
+        states="$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u)" || states=""
         if [ -n "$states" ] && ! grep -Eq ' (unk|down|inval|drain|drng|fail|no_respond)' <<<"$states" \
            && [ "$(wc -l <<<"$states")" -ge 4 ]; then
             return 0

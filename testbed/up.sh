@@ -94,9 +94,8 @@ job_user() {  # name first-subid
     # A pause process that died with the machine leaves its pid file in the
     # runtime directory (no logind here clears it), and Podman then refuses
     # every command until the user resets it.
-    podman_says="$(cd "$home" && runuser -u "$name" -- env HOME="$home" XDG_RUNTIME_DIR="/run/user/$uid" \
-        podman info 2>&1 >/dev/null || true)"
-    if [[ "$podman_says" == *"podman system migrate"* ]]; then
+    if ! podman_says="$(cd "$home" && runuser -u "$name" -- env HOME="$home" XDG_RUNTIME_DIR="/run/user/$uid" \
+            podman info 2>&1 >/dev/null)" && [[ "$podman_says" == *"podman system migrate"* ]]; then
         say "resetting $name's stale Podman pause process (podman system migrate)"
         (cd "$home" && runuser -u "$name" -- env HOME="$home" XDG_RUNTIME_DIR="/run/user/$uid" podman system migrate)
     fi

@@ -360,3 +360,26 @@ def test_what_the_agent_is_doing_names_no_ones_job(tmp_path: Path) -> None:
     assert [a.kind for a in agent.tick(NOW)] == ["signal-move"]
     doing = w.store.meta()["doing"]
     assert "0123abcd" not in doing and str(job_id) not in doing and "1 move" in doing, doing
+
+
+def test_a_job_id_slurm_gives_again_is_a_new_job(tmp_path: Path) -> None:
+    """Slurm's state reset (a site's new Slurm, ids wrapped round at MaxJobId): the same uid's next job
+    gets an id the agent has a finished row for; it is followed as the new job it is, not refused as a
+    finished job that came back."""
+    w = World(tmp_path)
+    job_id, job_dir = w.submit("0123abcd")
+    w.progress(job_dir, job_id)
+    agent = w.agent()
+    agent.tick(NOW)
+    w.fake.set_job_state(job_id, "COMPLETED")
+    agent.tick(NOW + 5)
+    assert w.store.jobs()[(ME, job_id)].state == "COMPLETED"
+    del w.fake.jobs[job_id]
+    w.fake._next_id = job_id - 1  # a fresh slurmctld state counts from the same first id
+    again, again_dir = w.submit("89abcdef")
+    assert again == job_id
+    w.progress(again_dir, again)
+    assert [a.kind for a in agent.tick(NOW + 10)] == ["signal-move"], "moved as any new immediate job is"
+    row = w.store.jobs()[(ME, again)]
+    assert row.dlsub_id == "89abcdef" and row.state == "RUNNING"
+    assert not [d for d in w.store.decisions("89abcdef") if "final states never change" in d.reason]
