@@ -59,6 +59,15 @@ def workdir(user: TestbedUser) -> Iterator[Path]:
 
 
 @pytest.fixture
+def submitted() -> Iterator[list[int]]:
+    """Slurm job ids a test submits itself (plain sbatch); cancelled after it, whatever happened."""
+    ids: list[int] = []
+    yield ids
+    if ids:
+        subprocess.run(["scancel", *map(str, ids)], check=False)
+
+
+@pytest.fixture
 def gpus_busy(user: TestbedUser) -> Iterator[list[int]]:
     ids = blockers(user)
     yield ids

@@ -5,21 +5,10 @@ for held, running, requeued-held, GPU, array and 2-node jobs, and the QueueReade
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
-
-import pytest
 
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.queue_reader import QueueReader
 from livebed import TestbedUser, wait_for
-
-
-@pytest.fixture
-def submitted(user: TestbedUser) -> Iterator[list[int]]:
-    ids: list[int] = []
-    yield ids
-    if ids:
-        subprocess.run(["scancel", *map(str, ids)], check=False)
 
 
 def sbatch(user: TestbedUser, ids: list[int], *options: str, wrap: str = "true") -> int:

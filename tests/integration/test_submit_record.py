@@ -7,21 +7,9 @@ user cannot rewrite it; the agent reads it with contract.SubmitRecord.parse.
 from __future__ import annotations
 
 import secrets
-import subprocess
-from collections.abc import Iterator
-
-import pytest
 
 from dlsub.contract import SubmitRecord, Tags
 from livebed import TestbedUser, slurm_job
-
-
-@pytest.fixture
-def submitted(user: TestbedUser) -> Iterator[list[int]]:
-    ids: list[int] = []
-    yield ids
-    if ids:
-        subprocess.run(["scancel", *map(str, ids)], check=False)
 
 
 def sbatch(user: TestbedUser, ids: list[int], *options: str) -> int:
