@@ -68,6 +68,7 @@ def _view(job: SimJob, model: PerformanceModel, remaining: float | None) -> JobV
         waiting_since_s=job.waiting_since_s,
         remaining=remaining,
         progress=job.progress,
+        restarts=max(job.starts - 1, 0),
         model=model,
     )
 
