@@ -29,7 +29,9 @@ first), then placed by :func:`~dlsub.policies.elastic.place_counts` (a job
 whose count is unchanged keeps its GPUs). Deterministic: no seed. Pollux's
 rule of at most one multi-node job per node is left to the packing. Jobs
 are taken in Pollux's order (least attained service, then oldest), which
-breaks ties.
+breaks ties. A job that needs at least ``min_gpus`` to run gets that many or
+none. The live agent's job views carry no restart count (0), so there only
+the age term of the restart penalty applies.
 """
 
 from __future__ import annotations
@@ -131,7 +133,9 @@ class PolluxPolicy:
         fair = math.ceil(total / len(jobs))
         scale = len(cluster.nodes) / total  # a node's worth of fair share is speed-up 1
         order = sorted(jobs, key=lambda job: (job.attained_gpu_s, job.arrival_s, job.name))
-        caps = {job.name: min(self.cap(job), total) for job in order}
+        # A job that needs at least lo GPUs to run gets none or lo..cap (the live agent's multi-node jobs).
+        los = {job.name: max(job.lo, 1) for job in order}
+        caps = {job.name: min(max(self.cap(job), los[job.name]), total) for job in order}
         widest = max(caps.values())
         search_batches([job.model for job in jobs if searches_batch(job, adapt_batch=True)],
                        [packed_placement(n, per_node) for n in range(1, widest + 1)] + [(fair,)])
@@ -141,7 +145,9 @@ class PolluxPolicy:
             current = previous[job.name].gpus if job.name in previous else 0
             kept = np.arange(len(scaled)) == current
             scaled = scaled * np.where(kept, 1.0, restart_factor(job, now, self.restart_penalty_s))
-            costs.append(1.0 / (scaled + EPSILON))
+            cost = 1.0 / (scaled + EPSILON)
+            cost[1:los[job.name]] = math.inf
+            costs.append(cost)
         counts = {job.name: n for job, n in zip(order, minimise(costs, total), strict=True) if n > 0}
         decision = place_counts(counts, jobs, cluster, previous)
         # Each interval a job re-tunes its batch size for the placement it got.

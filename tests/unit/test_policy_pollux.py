@@ -132,3 +132,13 @@ def test_never_more_gpus_than_exist_on_real_traces() -> None:
             assert sum(a.gpus for a in decision.values()) <= cluster.total_gpus
             assert all(a.batch_size for a in decision.values()), "every job is given its re-tuned batch"
             previous = decision
+
+
+def test_a_job_that_needs_a_node_gets_a_node_or_nothing() -> None:
+    cluster = ClusterView.uniform(2, 4)
+    wide = JobView(name="wide", arrival_s=0.0, gpus=4, min_gpus=4, max_gpus=8, batch_size=64,
+                   adaptive_batch=True, model=Scaling(seen=4))
+    small = [job(f"s{i}", Scaling(seen=1), arrival=float(i)) for i in range(6)]
+    decision = PolluxPolicy().decide([wide, *small], cluster, 600.0, {})
+    check_decision(decision, [wide, *small], cluster)
+    assert counts(decision).get("wide", 0) in (0, 4, 5, 6, 7, 8)
