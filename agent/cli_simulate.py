@@ -31,7 +31,7 @@ import click
 @click.option("--interval", type=click.IntRange(min=1), default=60, show_default=True,
               help="Scheduling interval, seconds.")
 @click.option("--information", type=click.Choice(["online", "oracle"]), default="online", show_default=True,
-              help="What a learning policy (goodput) is told: online, only what each job reported at the sizes "
+              help="What a learning policy (goodput, pollux) is told: online, only what each job reported at the sizes "
                    "it ran (as the live agent); oracle, every job's true performance and remaining work. "
                    "Baselines see what their papers gave them either way.")
 @click.option("--history", type=click.Choice(["none", "columns", "one-user"]), default="none", show_default=True,
