@@ -74,7 +74,7 @@ def verdict(lo: float, hi: float, null: float) -> str:
         return "one order: no interval"
     if lo <= null <= hi:
         return f"{null:g} inside the interval: no difference shown"
-    return "outside the interval: " + ("lower" if hi < null else "higher")
+    return f"{null:g} outside the interval: all of it " + ("below" if hi < null else "above")
 
 
 def report(results: dict[Task, float], loads: list[str], seeds: list[int], workloads: list[int],
