@@ -16,7 +16,7 @@ import click
 @click.command()
 @click.argument("workload", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--policy", "policy_name", default="goodput", show_default=True,
-              help="Scheduling policy (fifo, rr, efifo, gang, tiresias, optimus, goodput).")
+              help="Scheduling policy (fifo, rr, efifo, gang, tiresias, optimus, goodput, pollux, worker-greedy).")
 @click.option("--cluster", "cluster_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Cluster TOML (nodes, gpus_per_node or [[group]]) [default: 16 nodes x 4 GPUs].")
 @click.option("--traces", "traces_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
@@ -31,9 +31,13 @@ import click
 @click.option("--interval", type=click.IntRange(min=1), default=60, show_default=True,
               help="Scheduling interval, seconds.")
 @click.option("--information", type=click.Choice(["online", "oracle"]), default="online", show_default=True,
-              help="What a learning policy (goodput) is told: online, only what each job reported at the sizes "
+              help="What a learning policy (goodput, pollux) is told: online, only what each job reported at the sizes "
                    "it ran (as the live agent); oracle, every job's true performance and remaining work. "
                    "Baselines see what their papers gave them either way.")
+@click.option("--history", type=click.Choice(["none", "columns", "one-user"]), default="none", show_default=True,
+              help="Online, whose earlier runs a job's throughput fit may start from: none; the workload's user "
+                   "and command columns; or one-user, an assumption (the workload is one user's and a command "
+                   "is an application and batch size; every job of an application is then a clone).")
 @click.option("--restart-penalty", type=click.IntRange(min=0), default=30, show_default=True,
               help="Seconds without progress after every (re)allocation.")
 def simulate(
@@ -49,6 +53,7 @@ def simulate(
     interval: int,
     restart_penalty: int,
     information: str,
+    history: str,
 ) -> None:
     """Replay WORKLOAD (name,time,application,num_replicas,batch_size) under a policy.
 
@@ -78,7 +83,7 @@ def simulate(
             fail(f"no traces folder for {workload}; pass --traces DIR (the folder with one sub-folder per application)")
         assert traces is not None
         config = SimConfig(interval_s=interval, restart_penalty_s=restart_penalty, seed=seed,
-                           arrival_jitter_s=arrival_jitter, information=information)
+                           arrival_jitter_s=arrival_jitter, information=information, history=history)
         with click.progressbar(length=len(jobs), label=f"{policy.name} on {workload.name}", file=sys.stderr,
                                show_pos=True) as bar:
             done = [0]

@@ -1,10 +1,12 @@
 """The simulator against the Pollux paper's published average JCTs.
 
-    python benchmarks/pollux_fidelity.py [--loads 1.0,0.5] [--policies tiresias,optimus,goodput]
+    python benchmarks/pollux_fidelity.py [--loads 1.0,0.5] [--policies tiresias,optimus,goodput,pollux]
 
 For each load and workload: our average JCT for each policy next to the
-published figure of the same policy (goodput is set against Pollux), and
-the ratio. tiresias and optimus run as the paper's TunedJobs baselines.
+published figure of the same policy (goodput and pollux are set against
+Pollux), and the ratio. tiresias and optimus run as the paper's TunedJobs
+baselines; pollux and goodput learn online, without history across jobs (as
+in Pollux's own simulator).
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from dlsub.policies.sim.engine import simulate
 from dlsub.policies.sim.published import LOAD_DIRS, PUBLISHED_AVG_JCT_S
 from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
 
-COMPARED_WITH = {"tiresias": "tiresias", "optimus": "optimus", "goodput": "pollux"}
+COMPARED_WITH = {"tiresias": "tiresias", "optimus": "optimus", "goodput": "pollux", "pollux": "pollux"}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--loads", default="1.0,0.5")
-    parser.add_argument("--policies", default="tiresias,optimus,goodput")
+    parser.add_argument("--policies", default="tiresias,optimus,pollux,goodput")
     parser.add_argument("--workloads", default="1,2,3,4,5,6,7,8")
     args = parser.parse_args()
     cluster = ClusterView.uniform(16, 4)

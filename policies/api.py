@@ -65,6 +65,7 @@ class JobView:
     waiting_since_s: float | None = None
     remaining: float | None = None
     progress: float = 0.0
+    restarts: int = 0  # times its GPUs changed after its first start (pollux's restart penalty)
     model: PerformanceModel | None = field(default=None, compare=False, repr=False)
 
     @property

@@ -39,7 +39,11 @@ load; see ``benchmarks/goodput_online.py``). With remaining work known,
 shortest first beats Pollux by 9%. The rest of the gap was learning:
 starting each job's fit from its command's earlier runs
 (:mod:`~dlsub.policies.scaling_history`) and a softer attained-service
-weight (:meth:`_value`) brought it under Pollux's.
+weight (:meth:`_value`) brought it under Pollux's published figures. Those
+figures had history across jobs that is now the labelled assumption
+``--history one-user`` (every job of an application is a clone in the
+simulator); without it, and against ``pollux`` in the same runs, see
+``benchmarks/goodput_vs_pollux.py``.
 
 A job's model may say how far it can be trusted (``trusted_gpus``: a model
 fitted from the job's own reports trusts up to four times the most GPUs

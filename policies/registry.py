@@ -10,6 +10,7 @@ from dlsub.policies.fifo import FifoPolicy
 from dlsub.policies.gang import GangPolicy
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.optimus import OptimusPolicy
+from dlsub.policies.pollux import PolluxPolicy
 from dlsub.policies.rr import RoundRobinPolicy
 from dlsub.policies.tiresias import TiresiasPolicy
 from dlsub.policies.worker_greedy import WorkerGreedyPolicy
@@ -24,6 +25,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
         TiresiasPolicy,
         OptimusPolicy,
         GoodputPolicy,
+        PolluxPolicy,
         WorkerGreedyPolicy,
     )
 }

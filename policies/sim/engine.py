@@ -36,6 +36,9 @@ class SimConfig:
     # What a policy that learns is told: "online" (only what the live agent
     # could see) or "oracle" (see dlsub.policies.sim.information).
     information: str = "online"
+    # Where a job's history across jobs comes from, online: "none", the
+    # workload's "columns" (user, command) or the "one-user" assumption.
+    history: str = "none"
     # Stop when nothing has progressed for this long while jobs wait (a deadlock).
     stall_limit_s: float = 6 * 3600.0
     max_time_s: float = 60 * 24 * 3600.0
@@ -187,6 +190,7 @@ class SimResult:
     stalled: bool = False
     wall_s: float = 0.0
     information: str = "oracle"  # what the policy was told (see information.py)
+    history: str = "none"  # whose earlier runs online fits started from (see information.py)
 
     def summary(self) -> dict[str, object]:
         jcts = sorted(j.jct_s for j in self.jobs if j.jct_s is not None)
@@ -199,6 +203,7 @@ class SimResult:
             "policy": self.policy,
             "workload": self.workload,
             "information": self.information,
+            "history": self.history,
             "jobs": len(self.jobs),
             "completed": len(done),
             "stalled": self.stalled,
@@ -230,7 +235,10 @@ def make_jobs(
     elastic = getattr(policy, "elastic", False)
     adapts = getattr(policy, "adapts_batch", False)
     rng = random.Random(config.seed)
-    info = information_for(config.information, policy)
+    info = information_for(config.information, policy, config.history)
+    if config.history == "columns" and not any(spec.user and spec.command for spec in workload):
+        raise WorkloadError("--history columns needs the workload's user and command columns; this workload "
+                            "states neither, so no job has a known earlier run")
     jobs = []
     for spec in workload:
         trace = traces_dir / spec.application
@@ -279,7 +287,8 @@ def simulate(
         if job.lo > cluster.total_gpus:
             raise WorkloadError(f"job {job.name} needs {job.lo} GPUs; the cluster has {cluster.total_gpus}")
     told = jobs[0].info.mode if jobs else ""
-    result = SimResult(policy.name, workload_name, cluster.total_gpus, [], information=told)
+    history = config.history if told == "online" else "none"
+    result = SimResult(policy.name, workload_name, cluster.total_gpus, [], information=told, history=history)
     now = 0.0
     last_progress = 0.0
     while not all(job.done for job in jobs):

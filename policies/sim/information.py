@@ -10,15 +10,30 @@ interval a job runs, it reports the time of its optimiser step at the
 configuration it ran (and its compute-only micro-step when it accumulates
 gradients) and its gradient noise at the batch size it ran; the policy's
 model is :mod:`dlsub.policies.throughput_fit` fitted to those reports, as
-the agent fits progress reports, together with what earlier runs of the same
-command (application and batch size) reported at configurations the job has
-not run, and (until the job reports its own) the gradient noise they reported
-first, as the agent keeps it (:mod:`dlsub.policies.scaling_history`; a
-workload is one user's on one partition). Remaining work is told only when the
+the agent fits progress reports. Remaining work is told only when the
 workload row declares the job's epochs; otherwise the policy sees the work
 done so far. The batch limits a job declares (AdaptDL jobs declare them)
 are known in both modes. The job's own batch-size re-tuning between
 epochs uses the same model the policy sees.
+
+History across jobs (what earlier runs of the same command reported, at
+configurations the job has not run, and their first gradient noise, as the
+live agent keeps it: :mod:`dlsub.policies.scaling_history`) is an explicit
+option, off by default, because it needs a source a live scheduler would
+have. In the simulator every job of an application is an exact clone (the
+same traces, the same epochs), so history keyed on the application hands a
+job the oracle's throughput at every configuration an earlier clone ran
+(issue 22 counted 95% of the jobs at 1.0x load finding one). Sources:
+
+- ``none`` (the default): each job knows only its own reports, as in
+  Pollux's own simulator.
+- ``columns``: the workload's ``user`` and ``command`` columns name whose
+  a job is and what it runs (the agent's uid and command digest); a row
+  that leaves either blank gets no history, and a workload that states
+  neither column is refused.
+- ``one-user``: an assumption, to be labelled wherever it is reported:
+  the whole workload is one user's and a command is the row's application
+  and batch size (what the simulator assumed before this option existed).
 
 Both are deterministic: no clocks, no randomness.
 """
@@ -38,6 +53,7 @@ if TYPE_CHECKING:
     from dlsub.policies.sim.engine import SimJob
 
 MODES = ("online", "oracle")
+HISTORY_SOURCES = ("none", "columns", "one-user")
 
 
 class Information(Protocol):
@@ -68,6 +84,7 @@ def _view(job: SimJob, model: PerformanceModel, remaining: float | None) -> JobV
         waiting_since_s=job.waiting_since_s,
         remaining=remaining,
         progress=job.progress,
+        restarts=max(job.starts - 1, 0),
         model=model,
     )
 
@@ -102,7 +119,10 @@ class _Reports:
 class OnlineInformation:
     mode: ClassVar[str] = "online"
 
-    def __init__(self) -> None:
+    def __init__(self, history: str = "none") -> None:
+        if history not in HISTORY_SOURCES:
+            raise ValueError(f"unknown history source {history!r}; valid: {', '.join(HISTORY_SOURCES)}")
+        self.history = history
         self._jobs: dict[str, _Reports] = {}
         # What earlier runs of each command measured, as the agent keeps it.
         self._history = ScalingHistory()
@@ -123,15 +143,21 @@ class OnlineInformation:
                                         compute_s=(micro - sync) if config.accum_steps else None)
         sqr, var = app.grad_stats(config.total(sum(placement)), job.epoch)
         grads = GradientStats(sqr, var)
-        self._history.record(self._command(job), job.name, [reports.steps[key]], grads)
+        command = self._command(job)
+        if command is not None:
+            self._history.record(command, job.name, [reports.steps[key]], grads)
         if grads != reports.grads:
             reports.grads, reports.model = grads, None
 
-    @staticmethod
-    def _command(job: SimJob) -> tuple[str, int]:
-        # What the agent knows a run by: its command, the script (the application) and its arguments
-        # (the row's batch size); a workload is one user's on one partition.
-        return job.app.name, job.spec.batch_size
+    def _command(self, job: SimJob) -> tuple[str, ...] | None:
+        """The key earlier runs are shared under (the agent's uid and command digest), or None: no history."""
+        if self.history == "columns":
+            spec = job.spec
+            return (spec.user, spec.command) if spec.user and spec.command else None
+        if self.history == "one-user":
+            # Assumed: the script (the application) and its arguments (the row's batch size), one user's.
+            return job.app.name, str(job.spec.batch_size)
+        return None
 
     def _limits(self, job: SimJob) -> BatchLimits:
         app = job.app
@@ -139,7 +165,9 @@ class OnlineInformation:
 
     def model(self, job: SimJob) -> PerformanceModel:
         reports = self._jobs.setdefault(job.name, _Reports())
-        steps = self._history.reports_for(self._command(job), job.name, list(reports.steps.values()))
+        command = self._command(job)
+        own = list(reports.steps.values())
+        steps = own if command is None else self._history.reports_for(command, job.name, own)
         if reports.fitted is None or reports.fitted_on != len(steps):
             # Refit only when a configuration is new, the job's or its application's: a repeated one says the same.
             reports.fitted, reports.fitted_on = fit(steps), len(steps)
@@ -147,7 +175,7 @@ class OnlineInformation:
         if reports.model is None:
             grads = reports.grads
             if not reports.steps:  # it has reported nothing: its gradient noise is its command's first
-                grads = self._history.first_grads(self._command(job)) or NO_GAIN
+                grads = (self._history.first_grads(command) if command is not None else None) or NO_GAIN
             reports.model = FittedPerformance(reports.fitted, self._limits(job), grads)
         return reports.model
 
@@ -156,11 +184,11 @@ class OnlineInformation:
         return _view(job, self.model(job), declared)
 
 
-def information_for(mode: str, policy: object) -> Information:
+def information_for(mode: str, policy: object, history: str = "none") -> Information:
     """Online information for a policy that learns (``learns_online``); the
     baselines keep what their papers gave them (the oracle) in either mode."""
     if mode not in MODES:
         raise ValueError(f"unknown information mode {mode!r}; valid: {', '.join(MODES)}")
     if mode == "online" and getattr(policy, "learns_online", False):
-        return OnlineInformation()
+        return OnlineInformation(history)
     return OracleInformation()

@@ -3,6 +3,11 @@
 An optional ``epochs`` column declares how many epochs a job trains (blank:
 its application's usual number, undeclared): a declared job runs that long
 and a policy is told its remaining work even when it learns online.
+
+Optional ``user`` and ``command`` columns say whose a job is and what it
+runs: the source that ``--history columns`` needs to start a job's
+throughput fit from earlier runs of the same user's same command (see
+:mod:`dlsub.policies.sim.information`). The Pollux workloads state neither.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ class WorkloadJob:
     num_replicas: int
     batch_size: int
     epochs: int | None = None
+    user: str | None = None
+    command: str | None = None
 
 
 # The Pollux artifact's data, shipped with dlsub (see pollux/README.md).
@@ -61,6 +68,8 @@ def read_workload(path: Path) -> list[WorkloadJob]:
                         num_replicas=int(row["num_replicas"]),
                         batch_size=int(row["batch_size"]),
                         epochs=int(row["epochs"]) if row.get("epochs") else None,
+                        user=row.get("user") or None,
+                        command=row.get("command") or None,
                     )
                 except (TypeError, ValueError) as exc:
                     raise WorkloadError(f"{path}:{line}: {exc}") from None

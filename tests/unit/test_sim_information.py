@@ -105,21 +105,54 @@ def test_a_declared_length_is_told_online(tmp_path: Path, oracle_tripwire: None)
     assert first["a"].remaining is not None and first["a"].remaining > 0 and first["b"].remaining is None
 
 
-def test_a_later_job_starts_from_what_earlier_runs_of_its_command_reported(tmp_path: Path,
-                                                                        oracle_tripwire: None) -> None:
-    path = tmp_path / "history.csv"
-    path.write_text("name,time,application,num_replicas,batch_size\n"
-                    "a,0,cifar10,1,128\nb,600,cifar10,1,128\nc,600,ncf,1,32768\nd,600,cifar10,1,256\n")
+def _first_fits(path: Path, **config: object) -> dict[str, object]:
     policy = Recording()
-    assert run(path, policy).summary()["completed"] == 4
+    assert run(path, policy, **config).summary()["completed"] == 4
     first = {}
     for jobs in policy.seen:
         for view in jobs:
             first.setdefault(view.name, view)
-    fitted = {name: view.model.fitted for name, view in first.items()}  # type: ignore[union-attr]
+    return {name: view.model.fitted for name, view in first.items()}  # type: ignore[union-attr]
+
+
+def test_online_gives_no_job_the_history_of_earlier_clones(tmp_path: Path, oracle_tripwire: None) -> None:
+    path = tmp_path / "clones.csv"
+    path.write_text("name,time,application,num_replicas,batch_size\n"
+                    "a,0,cifar10,1,128\nb,600,cifar10,1,128\nc,600,ncf,1,32768\nd,600,cifar10,1,256\n")
+    fitted = _first_fits(path)
+    assert fitted["b"].max_replicas == 0, "a ran first, but nothing says a and b are one user's one command"
+    assert run(path, Recording()).summary()["history"] == "none"
+
+
+def test_with_history_from_columns_a_later_job_starts_from_its_commands_earlier_runs(
+        tmp_path: Path, oracle_tripwire: None) -> None:
+    path = tmp_path / "history.csv"
+    path.write_text("name,time,application,num_replicas,batch_size,user,command\n"
+                    "a,0,cifar10,1,128,ann,train.py\nb,600,cifar10,1,128,ann,train.py\n"
+                    "c,600,cifar10,1,128,bob,train.py\nd,600,cifar10,1,128,,\n")
+    fitted = _first_fits(path, history="columns")
+    assert fitted["b"].max_replicas >= 1, "b has run nowhere yet, but ann's earlier run of train.py has"
+    assert fitted["c"].max_replicas == 0, "another user's runs are not c's"
+    assert fitted["d"].max_replicas == 0, "a row that names no user and command gets no history"
+
+
+def test_the_one_user_assumption_keys_on_application_and_batch(tmp_path: Path, oracle_tripwire: None) -> None:
+    path = tmp_path / "history.csv"
+    path.write_text("name,time,application,num_replicas,batch_size\n"
+                    "a,0,cifar10,1,128\nb,600,cifar10,1,128\nc,600,ncf,1,32768\nd,600,cifar10,1,256\n")
+    fitted = _first_fits(path, history="one-user")
     assert fitted["b"].max_replicas >= 1, "b has run nowhere yet, but a has"
     assert fitted["c"].max_replicas == 0, "another application's reports are not c's"
     assert fitted["d"].max_replicas == 0, "nor another batch size's: the agent sees another command"
+
+
+def test_history_from_columns_needs_the_columns(small_workload: Path) -> None:
+    from dlsub.policies.sim.workload import WorkloadError
+
+    with pytest.raises(WorkloadError, match="user and command columns"):
+        run(small_workload, GoodputPolicy(), history="columns")
+    with pytest.raises(ValueError, match="valid: none, columns, one-user"):
+        run(small_workload, GoodputPolicy(), history="gossip")
 
 
 def test_unknown_information_mode_is_an_error(small_workload: Path) -> None:

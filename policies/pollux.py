@@ -1,0 +1,159 @@
+"""``pollux``: Pollux's scheduling policy (Qiao et al., OSDI '21), as a baseline.
+
+Written from the paper and from reading its artifact's simulator
+(petuum/adaptdl, branch osdi21-artifact, ``simulator/pollux.py`` and
+``simulator.py``); no code copied. What it keeps of Pollux:
+
+- **Objective**: the power mean with exponent -1 (the harmonic mean) of
+  the jobs' speed-ups, maximised. A job's speed-up is its goodput on its
+  GPUs (at the best batch size there) over its goodput on a fair share
+  (``ceil(GPUs / jobs)`` GPUs on one node), times nodes / GPUs; 0.001 is
+  added so that a job with no GPUs counts (1,000 in the sum of inverses):
+  every job that can run gets a GPU before any job widens, and no job is
+  guaranteed one (``min_replicas=0``: a job left out is preempted).
+- **Restart penalty**: a job whose allocation would change has its
+  speed-up scaled by ``max(age - 30 s x restarts, 0) / (age + 30 s)``.
+- **Trust cap**: a job gets at most twice the most GPUs it has reported
+  on (one before its first report), and its own maximum.
+- **Before its first report** a job's speed-up is linear (``n / fair``).
+- **Batch re-tuning**: each interval a job's batch size is the one with
+  the best goodput on the placement it gets.
+
+What it changes: Pollux searches per-node placements with a genetic
+algorithm (NSGA-II, 100 states for 100 generations, random mutation and
+crossover, warm-started from the last interval's population). Here the
+same objective, a sum over jobs of the inverse speed-ups, is minimised
+exactly over GPU counts by dynamic programming (a multiple-choice
+knapsack), each count evaluated on a packed placement (whole nodes
+first), then placed by :func:`~dlsub.policies.elastic.place_counts` (a job
+whose count is unchanged keeps its GPUs). Deterministic: no seed. Pollux's
+rule of at most one multi-node job per node is left to the packing. Jobs
+are taken in Pollux's order (least attained service, then oldest), which
+breaks ties. A job that needs at least ``min_gpus`` to run gets that many or
+none. The live agent's job views carry no restart count (0), so there only
+the age term of the restart penalty applies.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+
+from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView
+from dlsub.policies.elastic import place_counts
+from dlsub.policies.fitted_model import search_batches
+from dlsub.policies.placement import packed_placement
+from dlsub.policies.speedup import searches_batch
+
+# Added to every scaled speed-up, so that a job without GPUs has a finite cost.
+EPSILON = 1e-3
+
+
+def profiled_replicas(job: JobView) -> int | None:
+    """The most GPUs the job's own model has reports from; None when the
+    model does not say (the oracle's, which knows every size)."""
+    fitted = getattr(job.model, "fitted", None)
+    seen = getattr(fitted, "max_replicas", None)
+    return seen if isinstance(seen, int) else None
+
+
+def restart_factor(job: JobView, now: float, penalty_s: float) -> float:
+    """What a change of allocation leaves of a job's speed-up: the share of
+    its age not lost to restarts, this one included."""
+    age = max(now - job.arrival_s, 0.0)
+    return max(age - job.restarts * penalty_s, 0.0) / (age + penalty_s)
+
+
+def minimise(costs: list[np.ndarray], capacity: int) -> list[int]:
+    """The GPU count per job (``costs[j][n]``: job j's cost on n GPUs) with
+    the least total cost using at most ``capacity`` GPUs. Exact; ties go to
+    fewer GPUs."""
+    dp = np.full(capacity + 1, math.inf)
+    dp[0] = 0.0  # dp[c]: the least cost of the jobs so far on exactly c GPUs
+    used = np.arange(capacity + 1)[:, None]
+    choices = []
+    for cost in costs:
+        counts = np.arange(min(len(cost) - 1, capacity) + 1)[None, :]
+        before = used - counts
+        candidates = np.where(before >= 0, dp[np.clip(before, 0, None)], math.inf) + cost[: counts.shape[1]]
+        best = np.argmin(candidates, axis=1)
+        dp = candidates[np.arange(capacity + 1), best]
+        choices.append(best)
+    left = int(np.argmin(dp))
+    result = []
+    for best in reversed(choices):
+        n = int(best[left])
+        result.append(n)
+        left -= n
+    return result[::-1]
+
+
+class PolluxPolicy:
+    name: ClassVar[str] = "pollux"
+    elastic: ClassVar[bool] = True
+    adapts_batch: ClassVar[bool] = True
+    # Pollux's jobs fit their own throughput from what they report.
+    learns_online: ClassVar[bool] = True
+
+    def __init__(self, restart_penalty_s: float = 30.0, trust_factor: int = 2) -> None:
+        self.restart_penalty_s = restart_penalty_s
+        self.trust_factor = trust_factor
+
+    def cap(self, job: JobView) -> int:
+        """The most GPUs the job may get: its maximum, within the trust cap."""
+        seen = profiled_replicas(job)
+        return job.hi if seen is None else min(job.hi, max(self.trust_factor * seen, 1))
+
+    @staticmethod
+    def _rate(job: JobView, placement: tuple[int, ...]) -> float:
+        model = job.model
+        assert model is not None
+        if searches_batch(job, adapt_batch=True) or job.batch_size is None:
+            return model.best_batch(placement)[1]
+        return model.goodput(placement, job.batch_size)
+
+    def speedups(self, job: JobView, hi: int, fair: int, per_node: int) -> np.ndarray:
+        """Speed-up over the fair share on 0..hi GPUs (packed)."""
+        counts = np.arange(hi + 1, dtype=float)
+        if job.model is None or profiled_replicas(job) == 0:
+            return counts / fair  # nothing measured yet: linear, as Pollux assumes
+        base = self._rate(job, (fair,))
+        if base <= 0:
+            return counts / fair
+        rates = [0.0] + [self._rate(job, packed_placement(n, per_node)) for n in range(1, hi + 1)]
+        return np.array(rates) / base
+
+    def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
+        if not jobs:
+            return {}
+        total = cluster.total_gpus
+        per_node = max((node.gpus for node in cluster.nodes), default=1)
+        fair = math.ceil(total / len(jobs))
+        scale = len(cluster.nodes) / total  # a node's worth of fair share is speed-up 1
+        order = sorted(jobs, key=lambda job: (job.attained_gpu_s, job.arrival_s, job.name))
+        # A job that needs at least lo GPUs to run gets none or lo..cap (the live agent's multi-node jobs).
+        los = {job.name: max(job.lo, 1) for job in order}
+        caps = {job.name: min(max(self.cap(job), los[job.name]), total) for job in order}
+        widest = max(caps.values())
+        search_batches([job.model for job in jobs if searches_batch(job, adapt_batch=True)],
+                       [packed_placement(n, per_node) for n in range(1, widest + 1)] + [(fair,)])
+        costs = []
+        for job in order:
+            scaled = scale * self.speedups(job, caps[job.name], fair, per_node)
+            current = previous[job.name].gpus if job.name in previous else 0
+            kept = np.arange(len(scaled)) == current
+            scaled = scaled * np.where(kept, 1.0, restart_factor(job, now, self.restart_penalty_s))
+            cost = 1.0 / (scaled + EPSILON)
+            cost[1:los[job.name]] = math.inf
+            costs.append(cost)
+        counts = {job.name: n for job, n in zip(order, minimise(costs, total), strict=True) if n > 0}
+        decision = place_counts(counts, jobs, cluster, previous)
+        # Each interval a job re-tunes its batch size for the placement it got.
+        by_name = {job.name: job for job in jobs}
+        for name, alloc in decision.items():
+            job = by_name[name]
+            if job.model is not None and searches_batch(job, adapt_batch=True):
+                decision[name] = Allocation(alloc.nodes, job.model.best_batch(alloc.placement)[0])
+        return decision

@@ -1,0 +1,144 @@
+"""Unit tests (pure; no Slurm): the ``pollux`` baseline's rules and invariants."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dlsub.policies.api import Allocation, ClusterView, JobView, check_decision
+from dlsub.policies.pollux import PolluxPolicy, minimise, restart_factor
+from dlsub.policies.registry import get_policy
+from dlsub.policies.sim.performance import performance_at
+from dlsub.policies.sim.workload import POLLUX_DIR
+
+
+@dataclass
+class Scaling:
+    """Goodput ``gpus ** power`` at any batch; ``seen`` GPUs reported on (None: an oracle's model)."""
+
+    power: float = 0.9
+    seen: int | None = None
+
+    @property
+    def fitted(self) -> object:
+        return None if self.seen is None else SimpleNamespace(max_replicas=self.seen)
+
+    def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return 1.0
+
+    def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return float(sum(placement)) ** self.power
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        return 64 * sum(placement), self.goodput(placement, 0)
+
+
+def job(name: str, model: Scaling | None = None, *, arrival: float = 0.0, hi: int = 64, restarts: int = 0,
+        service: float = 0.0) -> JobView:
+    return JobView(name=name, arrival_s=arrival, gpus=1, min_gpus=1, max_gpus=hi, batch_size=64,
+                   adaptive_batch=True, attained_gpu_s=service, restarts=restarts,
+                   model=model if model is not None else Scaling())
+
+
+def counts(decision: dict[str, Allocation]) -> dict[str, int]:
+    return {name: alloc.gpus for name, alloc in decision.items() if alloc.gpus}
+
+
+def test_registered() -> None:
+    assert get_policy("pollux").name == "pollux"
+
+
+def test_minimise_is_exact() -> None:
+    rng = random.Random(3)
+    for _ in range(40):
+        capacity = rng.randint(0, 6)
+        costs = [np.array([rng.uniform(0, 10) for _ in range(rng.randint(1, 5))]) for _ in range(rng.randint(1, 4))]
+        got = minimise(costs, capacity)
+        assert sum(got) <= capacity
+        best = min(sum(c[n] for c, n in zip(costs, ns, strict=True))
+                   for ns in itertools.product(*(range(len(c)) for c in costs)) if sum(ns) <= capacity)
+        assert sum(c[n] for c, n in zip(costs, got, strict=True)) == pytest.approx(best)
+
+
+def test_every_job_runs_before_any_widens() -> None:
+    cluster = ClusterView.uniform(2, 4)
+    jobs = [job(f"j{i}", arrival=float(i)) for i in range(6)]
+    got = counts(PolluxPolicy().decide(jobs, cluster, 600.0, {}))
+    assert set(got) == {j.name for j in jobs} and sum(got.values()) == 8
+
+
+def test_min_replicas_zero_a_job_may_get_nothing() -> None:
+    cluster = ClusterView.uniform(1, 4)
+    jobs = [job(f"j{i}", arrival=float(i)) for i in range(5)]
+    decision = PolluxPolicy().decide(jobs, cluster, 600.0, {})
+    check_decision(decision, jobs, cluster)
+    assert sorted(counts(decision).values()) == [1, 1, 1, 1], "one job is left with nothing"
+    # A running job can lose all its GPUs: five waiting jobs with better speed-ups than its own.
+    running = job("old", Scaling(power=0.1, seen=4), restarts=30, arrival=0.0)
+    fresh = [job(f"new{i}", Scaling(power=1.0, seen=4), arrival=500.0) for i in range(4)]
+    previous = {"old": Allocation(("n000",) * 4)}
+    got = counts(PolluxPolicy().decide([running, *fresh], cluster, 3600.0, previous))
+    assert "old" not in got and sum(got.values()) == 4
+
+
+def test_restart_penalty_keeps_a_job_that_restarted_too_often() -> None:
+    cluster = ClusterView.uniform(1, 4)
+    previous = {"a": Allocation(("n000",))}
+    calm = job("a", Scaling(power=1.0, seen=2), restarts=0)
+    assert counts(PolluxPolicy().decide([calm], cluster, 3600.0, previous)) == {"a": 4}
+    # Restarted so often that its age is all restarts: any change leaves it nothing, so it stays.
+    churned = job("a", Scaling(power=1.0, seen=2), restarts=200)
+    assert restart_factor(churned, 3600.0, 30.0) == 0.0
+    assert counts(PolluxPolicy().decide([churned], cluster, 3600.0, previous)) == {"a": 1}
+
+
+def test_restart_factor_is_pollux_formula() -> None:
+    assert restart_factor(job("a", restarts=2, arrival=100.0), 400.0, 30.0) == pytest.approx((300 - 60) / 330)
+
+
+def test_trust_cap_is_twice_the_most_gpus_reported_on() -> None:
+    cluster = ClusterView.uniform(4, 4)
+    policy = PolluxPolicy()
+    assert counts(policy.decide([job("a", Scaling(power=1.0, seen=3))], cluster, 60.0, {})) == {"a": 6}
+    assert counts(policy.decide([job("a", Scaling(power=1.0, seen=0))], cluster, 60.0, {})) == {"a": 1}
+    assert counts(policy.decide([job("a", Scaling(power=1.0, seen=None), hi=5)], cluster, 60.0, {})) == {"a": 5}
+
+
+def test_never_more_gpus_than_exist_on_real_traces() -> None:
+    """Oracle models of the Pollux applications, many jobs, uneven histories: every decision fits."""
+    rng = random.Random(7)
+    apps = ["bert", "cifar10", "deepspeech2", "imagenet", "yolov3"]
+    from dlsub.policies.sim.apps import load_application
+
+    for trial in range(5):
+        cluster = ClusterView.uniform(rng.randint(1, 4), 4)
+        jobs = []
+        for i in range(rng.randint(1, 30)):
+            app = load_application(POLLUX_DIR / "traces" / rng.choice(apps))
+            jobs.append(JobView(name=f"t{trial}-{i}", arrival_s=rng.uniform(0, 600), gpus=1, min_gpus=1,
+                                max_gpus=min(64, app.max_batch_size // app.min_local_bsz),
+                                batch_size=app.init_batch_size, adaptive_batch=True,
+                                attained_gpu_s=rng.uniform(0, 1e4), restarts=rng.randint(0, 5),
+                                model=performance_at(app, rng.randrange(3))))
+        previous: dict[str, Allocation] = {}
+        for now in (600.0, 660.0, 720.0):
+            decision = PolluxPolicy().decide(jobs, cluster, now, previous)
+            check_decision(decision, jobs, cluster)
+            assert sum(a.gpus for a in decision.values()) <= cluster.total_gpus
+            assert all(a.batch_size for a in decision.values()), "every job is given its re-tuned batch"
+            previous = decision
+
+
+def test_a_job_that_needs_a_node_gets_a_node_or_nothing() -> None:
+    cluster = ClusterView.uniform(2, 4)
+    wide = JobView(name="wide", arrival_s=0.0, gpus=4, min_gpus=4, max_gpus=8, batch_size=64,
+                   adaptive_batch=True, model=Scaling(seen=4))
+    small = [job(f"s{i}", Scaling(seen=1), arrival=float(i)) for i in range(6)]
+    decision = PolluxPolicy().decide([wide, *small], cluster, 600.0, {})
+    check_decision(decision, [wide, *small], cluster)
+    assert counts(decision).get("wide", 0) in (0, 4, 5, 6, 7, 8)
