@@ -62,8 +62,10 @@ def test_immediate_mode_starts_on_cpu_and_moves_to_gpu_when_it_frees(
     assert moved["slurm_job_id"] == job["slurm_job_id"], "a move is the same Slurm job, requeued"
     wait_for("progress past the checkpoint on gpu",
              lambda: (user.status(job["id"])["step"] or 0) > step_at_move, timeout=60)
+    # Done when the agent sees it running on gpu, or released there and waiting to start (if it ticks first).
     why = wait_for("the agent to record the move as done",
-                   lambda: w if "running on gpu" in (w := user.dlsub("why", job["id"]).stdout) else None, timeout=30)
+                   lambda: w if re.search(r"running on gpu|waiting to start on gpu",
+                                          w := user.dlsub("why", job["id"]).stdout) else None, timeout=30)
     assert re.search(r"moving to gpu: \d+ GPU\(s\) idle, checkpoint \d+ s old, est\. .* saved", why), why
     final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s, timeout=180)
     assert final["attempts"] == 2
@@ -208,8 +210,10 @@ def test_agent_killed_mid_move_loses_and_duplicates_nothing(
     starts = [a for a in attempts(job["job_dir"]) if a["event"] == "start"]
     assert [(a["slurm_job_id"], a["partition"]) for a in starts] == [
         (job["slurm_job_id"], "cpu"), (job["slurm_job_id"], "gpu")]
+    # Done when the agent sees it running on gpu, or released there and waiting to start (if it ticks first).
     why = wait_for("the agent to record the move as done",
-                   lambda: w if "running on gpu" in (w := user.dlsub("why", job["id"]).stdout) else None, timeout=30)
+                   lambda: w if re.search(r"running on gpu|waiting to start on gpu",
+                                          w := user.dlsub("why", job["id"]).stdout) else None, timeout=30)
     assert why.count("moving to gpu") == 1, why
 
 
