@@ -42,8 +42,9 @@ COMPAT_TESTS = tests/integration/test_end_to_end.py::test_submit_progress_usr1_r
 test-compat: testbed
 	$(VENV)/bin/pytest -p no:cacheprovider -v $(COMPAT_TESTS)
 
-# ruff over the checkout; mypy over the installed package (from outside the
-# checkout, so it sees what users import: the one `dlsub` namespace, py.typed);
+# ruff over the checkout; mypy and import-linter (the layering) over the installed
+# package (from outside the checkout, so they see what users import: the one
+# `dlsub` namespace, py.typed);
 # shellcheck over every shell script in the repository. Nothing is written
 # into the checkout (no caches).
 SHELL_SCRIPTS = $(shell git ls-files --cached --others --exclude-standard -- '*.sh' '*.bash' .ci/run 2>/dev/null || find . -name '*.sh' -not -path './build/*')
@@ -51,9 +52,10 @@ lint: install
 	$(MAKE) --no-print-directory lint-installed
 
 lint-installed:
-	@test -x $(VENV)/bin/mypy || { echo "make lint: no $(VENV)/bin/mypy: run make install (or make testbed) first" >&2; exit 2; }
+	@test -x $(VENV)/bin/mypy -a -x $(VENV)/bin/lint-imports || { echo "make lint: no $(VENV)/bin/mypy or lint-imports: run make install (or make testbed) first" >&2; exit 2; }
 	$(VENV)/bin/ruff check --no-cache .
 	cd / && $(VENV)/bin/mypy --config-file "$(CURDIR)/pyproject.toml" --cache-dir /dev/null -p dlsub
+	cd / && $(VENV)/bin/lint-imports --no-cache "$(CURDIR)/pyproject.toml"
 	shellcheck -x -P SCRIPTDIR $(SHELL_SCRIPTS)
 
 unit: install

@@ -1,11 +1,11 @@
 """What each budget has left, for the agent's move planner: spend from ``sacct``, read at most once a minute.
 
-The planner (``dlsub.policies.moves``) is pure; it gets, on each job, the
+The planner (``dlsub.policies.actions.move_rules``) is pure; it gets, on each job, the
 budgets that bound its owner (``JobInfo.budgets``) with what they have left
 this period. This module fills them in. Spend comes from Slurm's accounting
 through the one Slurm client (:meth:`SlurmClient.usage`, a single ``sacct -a``
 for every user and account), priced by the policy, exactly as ``dlsub
-submit`` and ``dlsub usage`` price it (:mod:`dlsub.agent.cost`).
+submit`` and ``dlsub usage`` price it (:mod:`dlsub.site_config.cost`).
 
 One ``sacct`` per minute at most (the agent's clock, so tests drive it with
 a fake one), and again at once when a new period starts. Without a
@@ -25,10 +25,10 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 
-from dlsub.agent.budget import Budget
-from dlsub.agent.cost import Spend, period_start, price, spend
-from dlsub.agent.policy_file import AgentPolicy
-from dlsub.policies.moves import BudgetLeft, JobInfo
+from dlsub.policies.actions.move_rules import BudgetLeft, JobInfo
+from dlsub.site_config.budget import Budget
+from dlsub.site_config.cost import Spend, period_start, price, spend
+from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient
 
 log = logging.getLogger("dlsub.agent")

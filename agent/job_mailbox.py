@@ -6,7 +6,7 @@ a file of the agent's, a directory of someone else's, a FIFO. So the writer
 here
 
 * opens the job directory and then the mailbox relative to it, each with
-  ``O_DIRECTORY|O_NOFOLLOW`` (:func:`dlsub.agent.jobdir.open_dir`), and
+  ``O_DIRECTORY|O_NOFOLLOW`` (:func:`dlsub.jobdir.open_dir`), and
   refuses either unless it is a real directory owned by the job's uid;
 * never opens an existing name for writing: it writes a fresh ``O_EXCL``
   temporary file (mode 0644, so the job's user can read it: the mailbox is
@@ -27,9 +27,9 @@ import secrets
 import time
 from pathlib import Path
 
-from dlsub.agent.jobdir import Unreadable, open_dir
+from dlsub.batch_split import MAX_BATCH
 from dlsub.contract import AGENT_MAILBOX_DIR, BATCH_FILE, MAILBOX_MAX_BYTES
-from dlsub.policies.batch_split import MAX_BATCH
+from dlsub.jobdir import Unreadable, open_dir
 
 #: Longest reason kept (the job's log prints it; ``dlsub why`` has the full story).
 MAX_REASON_CHARS = 300

@@ -1,15 +1,15 @@
 """Each elastic job's view for an elastic policy, built from what the job measured (the live side of issue 10).
 
 The agent folds every job's progress reports into the rates it measured at
-each size it has run (:class:`~dlsub.agent.jobdir.ProgressSummary`). Here
-those become the step-time reports that :func:`dlsub.policies.throughput_fit.fit`
+each size it has run (:class:`~dlsub.job_progress.ProgressSummary`). Here
+those become the step-time reports that :func:`dlsub.policies.perf_models.throughput_fit.fit`
 takes (the same fit the simulator's online mode uses), and the fit becomes
-the job's :class:`~dlsub.policies.fitted_model.FittedPerformance`: the
+the job's :class:`~dlsub.policies.perf_models.fitted_model.FittedPerformance`: the
 ``PerformanceModel`` of the :class:`~dlsub.policies.api.JobView` that the
 policy sees. At the sizes a job has not run, the fit takes what the same
 user's earlier runs of the same command (script and arguments, as the
 library's start event digests them) on the same partition measured
-(:class:`~dlsub.policies.scaling_history.ScalingHistory`, kept in memory
+(:class:`~dlsub.policies.perf_models.scaling_history.ScalingHistory`, kept in memory
 across jobs), unless their step times disagree with the job's own; and until
 it reports its gradient noise, the noise they reported first.
 A job that declared its batch limits
@@ -35,16 +35,16 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from dlsub.agent.jobdir import MeasuredConfig, Progress
-from dlsub.agent.policy_file import AgentPolicy
+from dlsub.batch_split import BatchLimits
+from dlsub.job_progress import MeasuredConfig, Progress
+from dlsub.policies.actions.goodput_resize_rules import ScaledJob
+from dlsub.policies.actions.resize_rules import ElasticJob
 from dlsub.policies.api import JobView, Policy
-from dlsub.policies.batch_split import BatchLimits
-from dlsub.policies.fitted_model import NO_GAIN, FittedPerformance, GradientStats
 from dlsub.policies.goodput import GoodputPolicy
-from dlsub.policies.goodput_resize import ScaledJob
-from dlsub.policies.resize import ElasticJob
-from dlsub.policies.scaling_history import ScalingHistory, config_of
-from dlsub.policies.throughput_fit import StepReport, fit
+from dlsub.policies.perf_models.fitted_model import NO_GAIN, FittedPerformance, GradientStats
+from dlsub.policies.perf_models.scaling_history import ScalingHistory, config_of
+from dlsub.policies.perf_models.throughput_fit import StepReport, fit
+from dlsub.site_config.policy_file import AgentPolicy
 
 #: The batch a model counts in when a job's reports give no samples (its rates are then steps/s).
 NOMINAL_BATCH = 1024

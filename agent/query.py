@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dlsub.agent.policy_file import AgentPolicy
 from dlsub.contract import DLSUB_ID
+from dlsub.site_config.policy_file import AgentPolicy
 
 log = logging.getLogger("dlsub.agent.query")
 

@@ -16,7 +16,7 @@ is hostile input to it:
   one, the tags the agent first saw are frozen and the comment is never
   read again. The agent changes partition, GPUs, time limit and holds only
   within that request and the policy.
-* Files: read through :mod:`dlsub.agent.jobdir` (no symlinks, regular files
+* Files: read through :mod:`dlsub.jobdir` (no symlinks, regular files
   owned by the job's uid, bounded and incremental, every field checked). A
   bad file or a failure costs that one job its observation, with a
   recorded reason; the tick has a deadline past which remaining jobs keep
@@ -35,7 +35,6 @@ import dataclasses
 import itertools
 import logging
 import os
-import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,11 +45,19 @@ from dlsub.agent import failpoints
 from dlsub.agent.agent_store import AgentStore, Binding, JobRow, Writes
 from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.agent.job_mailbox import MailboxError, publish_batch
-from dlsub.agent.jobdir import (
-    AttemptsSummary,
+from dlsub.agent.live_models import LiveModels, sizing_policy
+from dlsub.contract import (
+    ATTEMPTS_FILE,
+    CHECKPOINT_SIGNAL,
+    MOVE_SIGNAL,
+    PROGRESS_FILE,
+    IllegalTransition,
+    JobState,
+    Tags,
+)
+from dlsub.job_progress import AttemptsSummary, Progress, ProgressSummary
+from dlsub.jobdir import (
     Cursor,
-    Progress,
-    ProgressSummary,
     Unreadable,
     check_attempt_event,
     check_progress_event,
@@ -58,20 +65,9 @@ from dlsub.agent.jobdir import (
     parse_line,
     read_new_lines,
 )
-from dlsub.agent.live_models import LiveModels, sizing_policy
-from dlsub.agent.policy_file import AgentPolicy
-from dlsub.contract import (
-    ATTEMPTS_FILE,
-    MOVE_SIGNAL,
-    PROGRESS_FILE,
-    IllegalTransition,
-    JobState,
-    Tags,
-)
-from dlsub.policies import moves as planner
-from dlsub.policies import resize as resizer
-from dlsub.policies.goodput_resize import plan_by_policy
-from dlsub.policies.moves import (
+from dlsub.policies.actions import move_rules, resize_rules
+from dlsub.policies.actions.goodput_resize_rules import plan_by_policy
+from dlsub.policies.actions.move_rules import (
     Action,
     JobInfo,
     MovePhase,
@@ -81,7 +77,8 @@ from dlsub.policies.moves import (
     Usage,
     Window,
 )
-from dlsub.policies.resize import ElasticJob, Resize, Room, WorkerTask
+from dlsub.policies.actions.resize_rules import ElasticJob, Resize, Room, WorkerTask
+from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
 from dlsub.slurm_plugins.models import Partition, SlurmJob, expand_nodes
 from dlsub.slurm_plugins.queue_reader import QueueReader
@@ -100,8 +97,8 @@ _WAITING_FOR_NODES = ("Resources", "Priority", "None", "")
 
 # Where a test may SIGKILL the tick (dlsub.agent.failpoints): before an action is
 # carried out, and once its outcome is recorded.
-_BEFORE = {planner.SIGNAL_MOVE: "move-planned", planner.RETARGET: "move-retarget"}
-_AFTER = {planner.SIGNAL_MOVE: "move-signalled", planner.RELEASE: "move-released"}
+_BEFORE = {move_rules.SIGNAL_MOVE: "move-planned", move_rules.RETARGET: "move-retarget"}
+_AFTER = {move_rules.SIGNAL_MOVE: "move-signalled", move_rules.RELEASE: "move-released"}
 
 
 def rules_from(policy: AgentPolicy) -> Rules:
@@ -132,24 +129,6 @@ def job_dir_of(job: SlurmJob, dlsub_id: str) -> Path | None:
     return directory if directory.name == dlsub_id else None
 
 
-def trusted_job_dir(job: SlurmJob) -> Path | None:
-    """The job's directory if it is a real directory (no symlink) owned by the job's user."""
-    if job.dlsub_id is None:
-        return None
-    directory = job_dir_of(job, job.dlsub_id)
-    if directory is None:
-        return None
-    try:
-        info = os.lstat(directory)
-    except OSError:
-        return None
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        return None
-    if job.user_id is not None and info.st_uid != job.user_id:
-        return None
-    return directory
-
-
 def _request_from_record(job: SlurmJob, uid: int) -> dict[str, Any] | None:
     record = job.submit_record
     if record is None or record.uid != uid:
@@ -167,7 +146,7 @@ def _request_from_tags(job: SlurmJob, tags: Tags) -> dict[str, Any]:
             "nodes": list(tags.nodes) if tags.nodes else None}
 
 
-_TAKES_GPUS = (planner.SIGNAL_MOVE, planner.BACKFILL, planner.RETARGET, planner.RELEASE)
+_TAKES_GPUS = (move_rules.SIGNAL_MOVE, move_rules.BACKFILL, move_rules.RETARGET, move_rules.RELEASE)
 
 
 def _reserve(rooms: list[Room], actions: list[Action]) -> list[Room]:
@@ -671,16 +650,18 @@ class Agent:
         seen = self._seen[action.slurm_job_id]
         row, job = seen.row, seen.job
         key = row.key()
-        if action.kind == planner.NOTE:
+        if action.kind == move_rules.NOTE:
             if row.data.get("last_note") != action.reason:
                 row.data["last_note"] = action.reason
                 writes.jobs[key] = row
                 writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, "wait", action.reason, action.details)
             return False
-        if action.kind in (planner.SIGNAL_MOVE, planner.SIGNAL_CONTINUE):
+        if action.kind in (move_rules.SIGNAL_MOVE, move_rules.SIGNAL_CONTINUE):
             if seen.info is not None and seen.info.move is None:
                 kind = (
-                    "continue" if action.kind == planner.SIGNAL_CONTINUE else str(action.details.get("kind") or "move")
+                    "continue"
+                    if action.kind == move_rules.SIGNAL_CONTINUE
+                    else str(action.details.get("kind") or "move")
                 )
                 writes.moves[key] = {
                     "uid": row.uid, "slurm_job_id": job.job_id, "dlsub_id": row.dlsub_id, "kind": kind,
@@ -693,18 +674,18 @@ class Agent:
                     writes.jobs[key] = row
                 writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, kind, action.reason, action.details)
             return True
-        if action.kind in (planner.FINISH_MOVE, planner.ABANDON_MOVE):
+        if action.kind in (move_rules.FINISH_MOVE, move_rules.ABANDON_MOVE):
             move = seen.info.move if seen.info is not None else None
             writes.ended_moves.add(key)
             writes.moves.pop(key, None)
             if move is not None and move.kind == "return":
                 row.data["backfilled_from"] = None
                 writes.jobs[key] = row
-            what = "done" if action.kind == planner.FINISH_MOVE else "abandoned"
+            what = "done" if action.kind == move_rules.FINISH_MOVE else "abandoned"
             writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user,
                           f"{move.kind if move else 'move'}-{what}", action.reason)
             return False
-        if action.kind == planner.BACKFILL:
+        if action.kind == move_rules.BACKFILL:
             # Where it came from and its own limit are known before it leaves.
             row.data["backfilled_from"] = job.partition
             row.data["backfilled_limit_min"] = seen.request.get("time_limit_min")
@@ -712,28 +693,28 @@ class Agent:
             writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, "backfill", action.reason,
                           action.details)
             return True
-        return action.kind in (planner.RETARGET, planner.RELEASE)
+        return action.kind in (move_rules.RETARGET, move_rules.RELEASE)
 
     def _perform(self, action: Action, now: float, writes: Writes) -> None:
         """Carry out one action in Slurm and note the move's new phase."""
         seen = self._seen[action.slurm_job_id]
         key, job_id = seen.row.key(), action.slurm_job_id
-        move = self.store.move(*key) if action.kind != planner.BACKFILL else None
-        if action.kind in (planner.SIGNAL_MOVE, planner.SIGNAL_CONTINUE):
-            signal = "USR1" if action.kind == planner.SIGNAL_CONTINUE else "USR2"
+        move = self.store.move(*key) if action.kind != move_rules.BACKFILL else None
+        if action.kind in (move_rules.SIGNAL_MOVE, move_rules.SIGNAL_CONTINUE):
+            signal = CHECKPOINT_SIGNAL if action.kind == move_rules.SIGNAL_CONTINUE else MOVE_SIGNAL
             self.client.cancel(job_id, signal=signal, batch=True)
-            if action.kind == planner.SIGNAL_MOVE:
+            if action.kind == move_rules.SIGNAL_MOVE:
                 failpoints.reach("move-signal-sent")
             if move is not None:
                 writes.moves[key] = {**move, "phase": MovePhase.SIGNALLED.value, "since": now,
                                      "signals": int(move["signals"] or 0) + 1}
-        elif action.kind in (planner.RETARGET, planner.BACKFILL):
+        elif action.kind in (move_rules.RETARGET, move_rules.BACKFILL):
             self.client.retarget(job_id, action.partition or "", action.gpus or 0, action.time_limit_min)
-            if action.kind == planner.RETARGET:
+            if action.kind == move_rules.RETARGET:
                 failpoints.reach("move-updated")
             if move is not None:
                 writes.moves[key] = {**move, "phase": MovePhase.UPDATED.value}
-        elif action.kind == planner.RELEASE:
+        elif action.kind == move_rules.RELEASE:
             self.client.release(job_id)
             if move is not None:
                 writes.moves[key] = {**writes.moves.get(key, move), "phase": MovePhase.RELEASED.value, "since": now}
@@ -750,14 +731,14 @@ class Agent:
                                                      for w in j.workers)) for j in seen.elastic]
         planned = []
         by_id = {(j.uid, j.dlsub_id): j for j in jobs}
-        for resize in resizer.plan_resizes(jobs, seen.rooms, self.rules.policy, self._size_by_policy(seen, now)):
+        for resize in resize_rules.plan_resizes(jobs, seen.rooms, self.rules.policy, self._size_by_policy(seen, now)):
             job = next(j for (uid, did), j in by_id.items() if did == resize.dlsub_id)
             writes.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, resize.kind, resize.reason,
                           {"worker": resize.worker, "partition": resize.partition, "nodes_before": job.nodes_now})
             planned.append(resize)
         return planned
 
-    def _size_by_policy(self, seen: Observation, now: float) -> resizer.SizeByPolicy | None:
+    def _size_by_policy(self, seen: Observation, now: float) -> resize_rules.SizeByPolicy | None:
         """With an elastic policy that learns from what jobs report (``goodput``), the sizing step that
         runs it on each elastic job's fitted model; None otherwise (the policy only orders growth)."""
         if self._sizing_policy is None:
@@ -802,12 +783,12 @@ class Agent:
             assert resize.worker is not None
             if resize.batch_size is not None and resize.accumulation_steps is not None:
                 self._tell_batch(job, resize, now, outcome)
-            if resize.kind == resizer.GROW:
+            if resize.kind == resize_rules.GROW:
                 self.client.release(resize.worker)
-            elif resize.kind == resizer.SHRINK:
+            elif resize.kind == resize_rules.SHRINK:
                 self.client.signal_task(resize.worker, MOVE_SIGNAL)
                 self._leaving[resize.worker] = now
-            elif resize.kind == resizer.END_WORKERS:
+            elif resize.kind == resize_rules.END_WORKERS:
                 self.client.cancel(int(resize.worker))
             log.info("%s %s (worker %s): %s", resize.kind, resize.dlsub_id, resize.worker, resize.reason)
         except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
@@ -835,7 +816,7 @@ class Agent:
         seen = self.observe(now, slurm_jobs, partitions, writes, deadline)
         self._last_elastic = seen.elastic
         self._elastic_dirs = seen.elastic_dirs
-        actions = planner.plan(seen.jobs, seen.partitions, self.rules, now, seen.window, seen.usage)
+        actions = move_rules.plan(seen.jobs, seen.partitions, self.rules, now, seen.window, seen.usage)
         todo: list[Action] = []
         done: list[Action] = []
         for action in actions:

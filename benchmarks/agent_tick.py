@@ -26,8 +26,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dlsub.agent.agent_store import AgentStore
-from dlsub.agent.policy_file import parse_policy
 from dlsub.agent.reconcile import Agent
+from dlsub.site_config.policy_file import parse_policy
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm, testbed_cluster
 

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 from livebed import EXAMPLES, TestbedUser, wait_for
 
 VENV = Path(os.environ.get("DLSUB_PREFIX", "/opt/dlsub")) / "venv"

@@ -30,7 +30,7 @@ in online mode, from files the benchmark writes (kept with --keep):
 * a cluster file: the testbed's gpu partition is 2 nodes x 4 GPUs, and a
   job takes 2 GPUs a node (with 2 CPUs and --mem 3G, so that two fit a
   node's 4 CPUs and 8000 MB), so it holds 4 slots of one job-node each. The live
-  agent asks the policy in exactly those units (policies/goodput_resize.py:
+  agent asks the policy in exactly those units (policies/actions/goodput_resize_rules.py:
   every slot is a one-GPU node, a job's size is its count of job-nodes), so
   the simulated cluster is 4 nodes x 1 "GPU", each GPU one 2-GPU slot, and a
   job's 1..2 replicas are its 1..2 job-nodes.
@@ -55,7 +55,7 @@ times measured live against the traces (and the simulation re-run on the
 measured ones), and the simulator's whole-second epochs.
 
 Where the two decide differently (per job, not only in seconds): live, a
-waiting job's minimum comes first whatever the policy (policies/resize.py
+waiting job's minimum comes first whatever the policy (policies/actions/resize_rules.py
 shrinks a running job for it, the oldest job's worker first); in the
 simulator the policy alone decides, so ``goodput``'s restart hysteresis can
 leave the poor scaler its second job-node while the third job waits for
@@ -87,13 +87,13 @@ from typing import Any
 from elastic_bench import TRAIN, clean_up, events, gone, now, submit, wait_testbed_quiet
 
 from dlsub.agent.live_models import sizing_policy
-from dlsub.agent.policy_file import load_policy
 from dlsub.contract import FINAL_STATES
 from dlsub.policies.api import Policy
 from dlsub.policies.efifo import ElasticFifoPolicy
 from dlsub.policies.sim.cluster_file import load_cluster
 from dlsub.policies.sim.engine import SimConfig, SimResult, simulate
 from dlsub.policies.sim.workload import read_workload
+from dlsub.site_config.policy_file import load_policy
 from livebed import USER, TestbedUser, agent_policy, wait_for
 
 REPO = Path(__file__).resolve().parents[1]

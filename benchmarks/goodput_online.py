@@ -22,15 +22,15 @@ import statistics
 import time
 
 from dlsub.policies.api import ClusterView, JobView
-from dlsub.policies.fitted_model import BatchLimits, FittedPerformance, GradientStats
 from dlsub.policies.goodput import GoodputPolicy
+from dlsub.policies.perf_models.fitted_model import BatchLimits, FittedPerformance, GradientStats
+from dlsub.policies.perf_models.throughput_fit import StepReport, fit
 from dlsub.policies.placement import packed_placement
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sim.apps import Application, load_application
 from dlsub.policies.sim.engine import SimConfig, simulate
 from dlsub.policies.sim.published import LOAD_DIRS, PUBLISHED_AVG_JCT_S
 from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
-from dlsub.policies.throughput_fit import StepReport, fit
 
 APPS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 
 from livebed import EXAMPLES, USER, TestbedUser, slurm_job, wait_for
 

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 
 from livebed import EXAMPLES, USER, TestbedUser, attempts, slurm_job, wait_for
 

@@ -68,7 +68,7 @@ _TICKS = """
 import json, sys, tempfile, time
 from pathlib import Path
 from dlsub.agent.agent_store import AgentStore
-from dlsub.agent.policy_file import load_policy
+from dlsub.site_config.policy_file import load_policy
 from dlsub.agent.reconcile import Agent
 from dlsub.slurm_plugins.client import SlurmClient
 with tempfile.TemporaryDirectory(dir="/var/lib/dlsub") as tmp:

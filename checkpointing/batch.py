@@ -13,7 +13,7 @@ group re-forms after a grow or shrink) the run's global batch is, in order:
 3. the declared initial batch.
 
 That batch is then split over the replicas by the rule the goodput policy
-predicts with (:func:`~dlsub.policies.batch_split.split_batch`): each
+predicts with (:func:`~dlsub.batch_split.split_batch`): each
 replica runs :attr:`BatchChoice.accumulation_steps` micro-steps of
 :attr:`BatchChoice.micro_batch_size` samples per optimiser step, and the
 global batch is what that adds up to (the asked-for batch rounded so every
@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from dlsub import contract
-from dlsub.policies.batch_split import BatchLimits, limits_problem, split_batch
+from dlsub.batch_split import BatchLimits, limits_problem, split_batch
 
 #: Set by ``dlsub estimate`` in a profiling run's environment (and read here only).
-BATCH_SIZE_ENV = "DLSUB_BATCH_SIZE"
+BATCH_SIZE_ENV = contract.ENV_BATCH_SIZE
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from dlsub.checkpointing.run import resume_marker
-from dlsub.contract import RESUME_EXIT_CODE
+from dlsub.contract import ENV_JOB_DIR, RESUME_EXIT_CODE, STOP_SIGNUM_NAME
 
 _SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
 
@@ -93,7 +93,7 @@ class Launcher:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
-        if self.stop_signal is None or name == "SIGTERM":
+        if self.stop_signal is None or name == STOP_SIGNUM_NAME:
             if self.stop_signal != name:
                 _log(f"received {name}: asking the training processes to checkpoint and stop")
             self.stop_signal = name
@@ -140,7 +140,7 @@ class Launcher:
     @staticmethod
     def _resume_requested(since: float | None = None) -> bool:
         """Whether the training asked to be resumed (its marker), since ``since`` when given."""
-        job_dir = os.environ.get("DLSUB_JOB_DIR")
+        job_dir = os.environ.get(ENV_JOB_DIR)
         if not job_dir:
             return False
         try:
@@ -172,7 +172,7 @@ class Launcher:
             if self.stop_signal:
                 handled = self._deliver_stop()
                 overdue = time.monotonic() - self.stop_since > self.grace_s
-                if self.stop_signal == "SIGTERM" and not terminated and (not handled or overdue):
+                if self.stop_signal == STOP_SIGNUM_NAME and not terminated and (not handled or overdue):
                     # Nothing in the container will checkpoint: SIGTERM has its
                     # default effect at once, as under plain sbatch. A training
                     # that handles it gets the grace to checkpoint first.
@@ -181,7 +181,7 @@ class Launcher:
                     _log(f"{why}: sending SIGTERM to {self.command[0]}")
                     self.child.send_signal(signal.SIGTERM)
                     terminated = True
-                elif self.stop_signal != "SIGTERM" and not handled and not unhandled_logged:
+                elif self.stop_signal != STOP_SIGNUM_NAME and not handled and not unhandled_logged:
                     # A checkpoint request nothing handles changes nothing (plain
                     # sbatch sends none): the training runs on to its time limit.
                     _log(f"no training process handles {self.stop_signal} (checkpointing.init() not called yet); "

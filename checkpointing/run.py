@@ -38,7 +38,7 @@ def attempt_key() -> str:
     In a gang every node shares the main job's attempt (``DLSUB_ATTEMPT``,
     set by the batch script), worker array tasks included.
     """
-    shared = os.environ.get("DLSUB_ATTEMPT", "")
+    shared = os.environ.get(contract.ENV_ATTEMPT, "")
     if shared and len(shared) <= 64 and all(c.isdigit() or c == "-" for c in shared):
         return shared
     job = os.environ.get("SLURM_JOB_ID")
@@ -78,10 +78,10 @@ class Run:
         self.nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
         #: "trainer", or "cpu" in a heterogeneous job's CPU component (``dlsub --cpu-nodes N``):
         #: the same script runs there, once per node, beside the GPU trainers.
-        self.role = os.environ.get("DLSUB_ROLE") or "trainer"
+        self.role = os.environ.get(contract.ENV_ROLE) or contract.ROLE_TRAINER
         #: A heterogeneous job's parts: the trainers' and the CPU component's nodes.
-        self.trainer_nodes = _hostlist("DLSUB_TRAINER_NODES")
-        self.cpu_nodes = _hostlist("DLSUB_CPU_NODES")
+        self.trainer_nodes = _hostlist(contract.ENV_TRAINER_NODES)
+        self.cpu_nodes = _hostlist(contract.ENV_CPU_NODES)
         self._resized: bool | None = None
         self.stop_reason: str | None = None
         self._seq = 0
@@ -102,7 +102,7 @@ class Run:
     @property
     def is_main(self) -> bool:
         """Rank 0 of the trainers: the one process that writes checkpoints and progress."""
-        return self.rank == 0 and self.role == "trainer"
+        return self.rank == 0 and self.role == contract.ROLE_TRAINER
 
     @property
     def resized(self) -> bool:
@@ -395,10 +395,10 @@ class Run:
         self._event(contract.EVENT_FINISHED)
 
 
-PROFILE_STEPS_ENV = "DLSUB_PROFILE_STEPS"
-PROFILE_SECONDS_ENV = "DLSUB_PROFILE_SECONDS"
+PROFILE_STEPS_ENV = contract.ENV_PROFILE_STEPS
+PROFILE_SECONDS_ENV = contract.ENV_PROFILE_SECONDS
 #: Set by ``dlsub submit --target-loss X``; ``init(target_loss=)`` wins over it.
-TARGET_LOSS_ENV = "DLSUB_TARGET_LOSS"
+TARGET_LOSS_ENV = contract.ENV_TARGET_LOSS
 _LOSS_WINDOW = 3
 
 
@@ -450,7 +450,7 @@ class _Profile:
 
 
 def _hostlist(variable: str) -> list[str]:
-    from dlsub.slurm_plugins.models import expand_nodes
+    from dlsub.hostlist import expand_nodes
 
     try:
         return expand_nodes(os.environ.get(variable, ""))
@@ -549,7 +549,7 @@ def init(
     if batch_size is not None and not isinstance(batch_size, BatchSizes):
         raise TypeError(f"init(batch_size=...) takes dlsub.checkpointing.BatchSizes(init=, max=, local_max=), "
                         f"not {type(batch_size).__name__}")
-    directory = Path(job_dir or os.environ.get("DLSUB_JOB_DIR") or "dlsub-run").resolve()
+    directory = Path(job_dir or os.environ.get(contract.ENV_JOB_DIR) or "dlsub-run").resolve()
     run = Run(directory, keep=keep, total_steps=total_steps, total_epochs=total_epochs, target_loss=target_loss,
               steps_per_epoch=steps_per_epoch, batch_sizes=batch_size)
     run._choose_batch()

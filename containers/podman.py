@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlsub import contract
+
 DEFAULT_IMAGE = "localhost/dlsub-torch:2.13.0-cpu"
 #: Where the host's dlsub package is mounted inside the container (read-only).
 LIBRARY_MOUNT = "/opt/dlsub-lib"
@@ -52,7 +54,7 @@ class RuntimeDirError(ImageError):
 
 
 def runtime_dir_fallback(uid: int | None = None) -> Path:
-    return Path(f"/tmp/dlsub-xdg-{os.getuid() if uid is None else uid}")
+    return contract.runtime_dir_fallback(os.getuid() if uid is None else uid)
 
 
 def private_runtime_dir(path: Path) -> Path:
@@ -151,16 +153,16 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     lines.append(["--volume", f"{spec.library_dir}:{LIBRARY_MOUNT}/dlsub:ro"])
     lines.append(["--workdir", str(spec.workdir)])
     lines.append(["--env", f"PYTHONPATH={LIBRARY_MOUNT}"])
-    lines += [["--env", name] for name in ("DLSUB_JOB_ID", "DLSUB_JOB_DIR", "DLSUB_ATTEMPT", *SLURM_ENV)]
+    lines += [["--env", name] for name in (contract.ENV_JOB_ID, contract.ENV_JOB_DIR, contract.ENV_ATTEMPT, *SLURM_ENV)]
     lines.append(["--env", Raw('CUDA_VISIBLE_DEVICES="${container_cuda_devices}"')])
     if spec.nnodes is not None:
-        lines.append(["--env", "DLSUB_RDZV_ENDPOINT"])
+        lines.append(["--env", contract.ENV_RDZV_ENDPOINT])
         # A node that joins a running group late needs the rendezvous store
         # apart from the workers' (TESTBED.md: torchrun late join).
         lines.append(["--env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"])
-        lines.append(["--env", f"DLSUB_NNODES={spec.nnodes}"])
+        lines.append(["--env", f"{contract.ENV_NNODES}={spec.nnodes}"])
     # A heterogeneous job's parts, for scripts whose trainers and CPU component talk.
-    lines += [["--env", "DLSUB_TRAINER_NODES"], ["--env", "DLSUB_CPU_NODES"]]
+    lines += [["--env", contract.ENV_TRAINER_NODES], ["--env", contract.ENV_CPU_NODES]]
     lines += [["--env", f"{key}={value}"] for key, value in spec.env]
     lines.append([gpu_args])
     lines.append([spec.image])

@@ -22,7 +22,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from dlsub.agent.status_window import DEFAULT_WINDOW_S, SinceError, parse_since
 from dlsub.dashboard import auth, charts
 from dlsub.dashboard.data import Dashboard, JobDetail
 from dlsub.dashboard.simulate import (
@@ -35,6 +34,7 @@ from dlsub.dashboard.simulate import (
     policy_names,
     shipped_workloads,
 )
+from dlsub.job.status_window import DEFAULT_WINDOW_S, SinceError, parse_since
 
 HERE = Path(__file__).resolve().parent
 STATIC = HERE / "static"

@@ -2,7 +2,7 @@
 
 A viewer is the account the dashboard runs as, as for every ``dlsub``
 command: its jobs are those in its own job store (``dlsub status``'s),
-merged with Slurm's view by :func:`dlsub.agent.status.job_status`. Root and
+merged with Slurm's view by :func:`dlsub.job.status.job_status`. Root and
 the policy's ``admins`` see every store they can read (each user's
 ``~/.dlsub/dlsub.db``, opened read-only). What the agent decided comes from
 its query socket, which answers about the viewer's own jobs only
@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlsub.agent.config import Settings
-from dlsub.agent.jobdir import check_progress_event, read_attempts, read_events, summarize_progress
-from dlsub.agent.policy_file import AgentPolicy
 from dlsub.agent.query import AgentUnavailable, ask
-from dlsub.agent.status import JobStatus, job_status
-from dlsub.agent.status_window import ended_at, fraction_done, is_ended
-from dlsub.agent.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.contract import DLSUB_ID, EVENT_END, EVENT_PROGRESS, EVENT_START, PROGRESS_FILE, JobState, output_file
+from dlsub.job.settings import Settings
+from dlsub.job.status import JobStatus, job_status
+from dlsub.job.status_window import ended_at, fraction_done, is_ended
+from dlsub.job.user_store import JobRecord, JobStore, UnknownJob
+from dlsub.job_progress import read_attempts, read_events, summarize_progress
+from dlsub.jobdir import check_progress_event
+from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
 from dlsub.slurm_plugins.models import Partition, SlurmJob
 

@@ -1,3 +1,3 @@
-from dlsub.agent.cli import main
+from dlsub.cli.main import main
 
 main()

@@ -3,9 +3,12 @@ training library and the agent.
 
 Everything the parts say to each other is defined here and nowhere else:
 the tags in a Slurm job's ``--comment``, the record ``job_submit.lua``
-freezes at submit time, the files of a job directory, the exit code that
-means "checkpointed, resume me", what each signal asks for, and the one
-job-state model with its legal transitions.
+freezes at submit time, the environment the batch script gives the
+container, the container's roles and labels, the files of a job directory
+and the schema of their events, the exit code that means "checkpointed,
+resume me", what each signal asks for, and the one job-state model with
+its legal transitions. (The batch script, bash, keeps its own literals; a
+unit test checks that every DLSUB_ variable it uses is named here.)
 
 Standard library only: the training library imports it inside containers
 whose images have nothing but Python and torch.
@@ -39,6 +42,58 @@ CHECKPOINT_SIGNAL = "USR1"
 MOVE_SIGNAL = "USR2"
 #: scancel and preemption: stop. Slurm, not dlsub, decides what follows.
 STOP_SIGNAL = "TERM"
+#: The same three as Python's signal module names them (``signal.Signals[...]``).
+CHECKPOINT_SIGNUM_NAME = f"SIG{CHECKPOINT_SIGNAL}"
+MOVE_SIGNUM_NAME = f"SIG{MOVE_SIGNAL}"
+STOP_SIGNUM_NAME = f"SIG{STOP_SIGNAL}"
+
+# ---------------------------------------------------------------- the container's environment
+# Set by the batch script (slurm_plugins/batch.sh) and passed into the
+# container (containers/podman.py); read by the launcher and the library.
+
+#: The dlsub id and the job directory (the container sees it at the same path).
+ENV_JOB_ID = "DLSUB_JOB_ID"
+ENV_JOB_DIR = "DLSUB_JOB_DIR"
+#: ``<slurm job id>-<restart count>``: which attempt this is (a gang's nodes share it).
+ENV_ATTEMPT = "DLSUB_ATTEMPT"
+#: One of CONTAINER_ROLES.
+ENV_ROLE = "DLSUB_ROLE"
+#: A gang's torchrun rendezvous, ``host:port``, and how many nodes it starts with.
+ENV_RDZV_ENDPOINT = "DLSUB_RDZV_ENDPOINT"
+ENV_NNODES = "DLSUB_NNODES"
+#: A heterogeneous job's parts, as Slurm host lists.
+ENV_TRAINER_NODES = "DLSUB_TRAINER_NODES"
+ENV_CPU_NODES = "DLSUB_CPU_NODES"
+#: Set by ``dlsub submit --from-estimate`` and ``dlsub estimate``'s profiling runs (``--env``): the global
+#: batch size to use, how long to profile, and the loss a run aims for.
+ENV_BATCH_SIZE = "DLSUB_BATCH_SIZE"
+ENV_PROFILE_STEPS = "DLSUB_PROFILE_STEPS"
+ENV_PROFILE_SECONDS = "DLSUB_PROFILE_SECONDS"
+ENV_TARGET_LOSS = "DLSUB_TARGET_LOSS"
+CONTAINER_ENV = (ENV_JOB_ID, ENV_JOB_DIR, ENV_ATTEMPT, ENV_ROLE, ENV_RDZV_ENDPOINT, ENV_NNODES, ENV_TRAINER_NODES,
+                 ENV_CPU_NODES, ENV_BATCH_SIZE, ENV_PROFILE_STEPS, ENV_PROFILE_SECONDS, ENV_TARGET_LOSS)
+
+#: What a container runs as (``$DLSUB_ROLE``): a training process of the group, or the one process of a
+#: heterogeneous job's CPU component (``dlsub --cpu-nodes N``). Unset means a trainer.
+ROLE_TRAINER = "trainer"
+ROLE_CPU = "cpu"
+CONTAINER_ROLES = (ROLE_TRAINER, ROLE_CPU)
+
+#: Podman labels on every container the batch script starts; the TaskEpilog and
+#: ``dlsub cancel`` find a job's containers by ``label=dlsub.slurm_job_id=<id>``.
+LABEL_JOB_ID = "dlsub.job_id"
+LABEL_SLURM_JOB_ID = "dlsub.slurm_job_id"
+LABEL_ATTEMPT = "dlsub.attempt"
+LABEL_NODE = "dlsub.node"
+
+#: Podman's runtime directory where the node has no ``/run/user/UID`` (batch
+#: script, TaskEpilog, dlsub): made mode 0700, refused if another user made it.
+RUNTIME_DIR_FALLBACK = "/tmp/dlsub-xdg-{uid}"
+
+
+def runtime_dir_fallback(uid: int) -> Path:
+    return Path(RUNTIME_DIR_FALLBACK.format(uid=uid))
+
 
 # ---------------------------------------------------------------- the job directory
 # ``$DLSUB_HOME/jobs/<dlsub id>/`` (``~/.dlsub/jobs/<id>/`` by default).
@@ -134,6 +189,53 @@ ACTION_MOVE = "move"
 #: A worker of an elastic job left the group (shrink, or the group stopped)
 #: and went back to its held pool.
 ACTION_LEAVE = "leave"
+ATTEMPT_ACTIONS = (ACTION_REQUEUE, ACTION_MOVE, ACTION_LEAVE)
+
+# The events' schema: what the agent accepts (dlsub/jobdir.py checks each
+# event against it and drops any that does not fit).
+#: The events of a progress file and of an attempts file.
+PROGRESS_EVENTS = (EVENT_START, EVENT_PROGRESS, EVENT_CHECKPOINT, EVENT_RESTORE, EVENT_EXIT_FOR_RESUME,
+                   EVENT_FINISHED)
+ATTEMPT_EVENTS = (EVENT_START, EVENT_END)
+#: Sane bounds for the fields of an event.
+MIN_TIME, MAX_TIME = 946_684_800.0, 4_102_444_800.0  # 2000-01-01 .. 2100-01-01
+MAX_STEP = 10**12
+MAX_SAMPLES = 10**15
+MAX_EPOCH = 10**9
+MAX_ABS_LOSS = 1e12
+#: Most micro-steps per optimiser step a report may claim.
+MAX_ACCUMULATION = 10**6
+#: The largest global batch a report may claim (as dlsub.batch_split.MAX_BATCH).
+MAX_REPORTED_BATCH = 10**9
+#: Every event has ``event`` and ``time`` (seconds since the epoch, MIN_TIME..MAX_TIME). The optional fields
+#: of a progress event: name, kind and bounds. Kinds: ``int`` and ``num`` (inclusive low, high), ``text`` (at
+#: most 64 characters), ``one_of`` (the choices), ``batch_limits`` (a script's declared batch limits,
+#: ``BatchLimits.to_event()``).
+PROGRESS_FIELDS: tuple[tuple[str, str, tuple[object, ...]], ...] = (
+    ("step", "int", (0, MAX_STEP)),
+    ("epoch", "num", (0, MAX_EPOCH)),
+    ("loss", "num", (-MAX_ABS_LOSS, MAX_ABS_LOSS)),
+    ("samples", "int", (0, MAX_SAMPLES)),
+    ("total_steps", "int", (1, MAX_STEP)),
+    ("total_epochs", "int", (1, MAX_EPOCH)),
+    ("seq", "int", (0, MAX_STEP)),
+    ("attempt", "text", ()),
+    ("world_size", "int", (1, 10**6)),  # start events: the group's size (elastic jobs change it)
+    ("nodes", "int", (1, 10**5)),
+    # A script that lets dlsub choose its batch size: its declared limits (start events), the global
+    # batch and micro-steps per optimiser step it runs, where that batch came from (start events), and
+    # Pollux's gradient-noise statistics at the initial batch's scale (progress reports).
+    ("batch_limits", "batch_limits", ()),
+    ("batch_size", "int", (1, MAX_REPORTED_BATCH)),
+    ("accumulation_steps", "int", (1, MAX_ACCUMULATION)),
+    ("batch_from", "one_of", (BATCH_SOURCES,)),
+    ("grad_sqr", "num", (0, float("inf"))),
+    ("grad_var", "num", (0, float("inf"))),
+)
+#: An attempt event (written by the batch script): ``slurm_job_id`` (required), ``restart`` (0 if absent),
+#: and, at its end, ``rc``, ``action`` (one of ATTEMPT_ACTIONS), ``signal``; where it ran: ``node``,
+#: ``partition``, ``nodes``, ``gpus``, ``role``.
+ATTEMPT_FIELDS = ("slurm_job_id", "restart", "rc", "action", "signal", "node", "partition", "nodes", "gpus", "role")
 
 # ---------------------------------------------------------------- ids and comment tags
 

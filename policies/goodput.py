@@ -38,7 +38,7 @@ sharing the rest by speed-up brought that to 6% (1.061x; 1.003x at 0.5x
 load; see ``benchmarks/goodput_online.py``). With remaining work known,
 shortest first beats Pollux by 9%. The rest of the gap was learning:
 starting each job's fit from its command's earlier runs
-(:mod:`~dlsub.policies.scaling_history`) and a softer attained-service
+(:mod:`~dlsub.policies.perf_models.scaling_history`) and a softer attained-service
 weight (:meth:`_value`) brought it under Pollux's published figures. Those
 figures had history across jobs that is now the labelled assumption
 ``--history one-user`` (every job of an application is a clone in the
@@ -47,11 +47,11 @@ simulator); without it, and against ``pollux`` in the same runs, see
 
 A job's model may say how far it can be trusted (``trusted_gpus``: a model
 fitted from the job's own reports trusts up to four times the most GPUs
-it has run on, see :data:`~dlsub.policies.fitted_model.TRUSTED_FACTOR`);
+it has run on, see :data:`~dlsub.policies.perf_models.fitted_model.TRUSTED_FACTOR`);
 the job gets no more than that, so it grows as its reports come in. A job
 that does not say how much work it has left is ranked as if it needed
 about as much again as it has done (see
-:class:`~dlsub.policies.speedup.RemainingTime`).
+:class:`~dlsub.policies.perf_models.speedup.RemainingTime`).
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ from typing import ClassVar
 
 from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, JobView
 from dlsub.policies.elastic import place_counts
-from dlsub.policies.fitted_model import search_batches
+from dlsub.policies.perf_models.fitted_model import search_batches
+from dlsub.policies.perf_models.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime, searches_batch
 from dlsub.policies.placement import packed_placement
-from dlsub.policies.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime, searches_batch
 
 
 class GoodputPolicy:

@@ -13,8 +13,8 @@ from typing import ClassVar
 
 from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs
 from dlsub.policies.elastic import place_counts
+from dlsub.policies.perf_models.speedup import RemainingTime
 from dlsub.policies.rigid import by_arrival
-from dlsub.policies.speedup import RemainingTime
 
 
 class OptimusPolicy:

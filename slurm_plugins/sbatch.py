@@ -186,13 +186,13 @@ def render_sbatch(spec: BatchSpec) -> str:
         if any(ch in d for ch in "\n\r"):
             raise ValueError(f"newline in an #SBATCH directive: {d!r}")
 
-    labels = [f"dlsub.job_id={spec.dlsub_id}", Raw('"dlsub.slurm_job_id=${SLURM_JOB_ID}"'),
-              Raw('"dlsub.attempt=${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"'),
-              Raw('"dlsub.node=${SLURMD_NODENAME:-}"')]
+    labels = [f"{contract.LABEL_JOB_ID}={spec.dlsub_id}", Raw(f'"{contract.LABEL_SLURM_JOB_ID}=${{SLURM_JOB_ID}}"'),
+              Raw(f'"{contract.LABEL_ATTEMPT}=${{SLURM_JOB_ID}}-${{SLURM_RESTART_COUNT:-0}}"'),
+              Raw(f'"{contract.LABEL_NODE}=${{SLURMD_NODENAME:-}}"')]
     podman = lines_to_shell(podman_run_lines(c, Raw('"$container"'), Raw('"${gpu_args[@]}"'), labels))
     # The CPU component's container runs the script itself, no torchrun: one process, role "cpu".
     podman_cpu = lines_to_shell(podman_run_lines(
-        dataclasses.replace(c, nnodes=None, env=(*c.env, ("DLSUB_ROLE", "cpu")), plain=True),
+        dataclasses.replace(c, nnodes=None, env=(*c.env, (contract.ENV_ROLE, contract.ROLE_CPU)), plain=True),
         Raw('"$container"'), Raw('"${gpu_args[@]}"'), labels)) if spec.cpu_nodes else "exit 2"
     q = shlex.quote
     words = {

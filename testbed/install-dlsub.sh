@@ -42,10 +42,11 @@ if [ ! -s "$htmx" ]; then
     rm -rf "$npm_dir"
 fi
 # `make lint`. (What dlsub imports ships its types, or is listed in
-# pyproject's mypy overrides: no stub packages needed.)
-if ! "$venv/bin/python" -c "import mypy, ruff" 2>/dev/null; then
-    say "installing mypy and ruff into $venv"
-    "$venv/bin/pip" install "${pip_opts[@]}" mypy ruff
+# pyproject's mypy overrides: no stub packages needed.) import-linter checks
+# the layering (pyproject's [tool.importlinter]).
+if ! "$venv/bin/python" -c "import mypy, ruff, importlinter" 2>/dev/null; then
+    say "installing mypy, ruff and import-linter into $venv"
+    "$venv/bin/pip" install "${pip_opts[@]}" mypy ruff import-linter
 fi
 # Build from a copy so that nothing is written into the checkout.
 build="$(mktemp -d)"

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from scipy.interpolate import LinearNDInterpolator, NearestNDInterpolator
 
-from dlsub.policies.batch_split import BatchLimits, split_batch
+from dlsub.batch_split import BatchLimits, split_batch
 
 # Epochs each application trains for (README: "A job finishes after a fixed
 # number of epochs").
@@ -125,7 +125,7 @@ class Application:
 
     def _batch_config(self, replicas: int, batch_size: int) -> BatchConfig:
         """Split a total batch over replicas, accumulating gradients above the local maximum (the rule
-        the live library runs: dlsub.policies.batch_split)."""
+        the live library runs: dlsub.batch_split)."""
         limits = BatchLimits(self.init_batch_size, self.max_batch_size, self.min_local_bsz, self.max_local_bsz)
         return BatchConfig(*split_batch(limits, replicas, batch_size))
 

@@ -9,7 +9,7 @@ job would have reported to the live agent by now, and nothing else. Each
 interval a job runs, it reports the time of its optimiser step at the
 configuration it ran (and its compute-only micro-step when it accumulates
 gradients) and its gradient noise at the batch size it ran; the policy's
-model is :mod:`dlsub.policies.throughput_fit` fitted to those reports, as
+model is :mod:`dlsub.policies.perf_models.throughput_fit` fitted to those reports, as
 the agent fits progress reports. Remaining work is told only when the
 workload row declares the job's epochs; otherwise the policy sees the work
 done so far. The batch limits a job declares (AdaptDL jobs declare them)
@@ -18,7 +18,7 @@ epochs uses the same model the policy sees.
 
 History across jobs (what earlier runs of the same command reported, at
 configurations the job has not run, and their first gradient noise, as the
-live agent keeps it: :mod:`dlsub.policies.scaling_history`) is an explicit
+live agent keeps it: :mod:`dlsub.policies.perf_models.scaling_history`) is an explicit
 option, off by default, because it needs a source a live scheduler would
 have. In the simulator every job of an application is an exact clone (the
 same traces, the same epochs), so history keyed on the application hands a
@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from dlsub.policies.api import JobView, PerformanceModel
-from dlsub.policies.fitted_model import NO_GAIN, BatchLimits, FittedPerformance, GradientStats
-from dlsub.policies.scaling_history import ScalingHistory
+from dlsub.policies.perf_models.fitted_model import NO_GAIN, BatchLimits, FittedPerformance, GradientStats
+from dlsub.policies.perf_models.scaling_history import ScalingHistory
+from dlsub.policies.perf_models.throughput_fit import StepReport, ThroughputFit, fit
 from dlsub.policies.sim.apps import normalise
-from dlsub.policies.throughput_fit import StepReport, ThroughputFit, fit
 
 if TYPE_CHECKING:
     from dlsub.policies.sim.engine import SimJob

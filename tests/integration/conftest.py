@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+# The testbed helpers the integration tests share with benchmarks/ live in testbed/livebed.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testbed"))
 from livebed import USER, USER2, TestbedUser, agent_service, blockers
 
 

@@ -78,7 +78,7 @@ def test_estimate_predicts_a_real_run(user: TestbedUser, workdir: Path) -> None:
     _within(row["memory_mb"], peak, "memory MB, batch 128")
 
     # A batch size it did not profile: the memory fitted over 32, 128 and 512.
-    from dlsub.agent.estimate_fit import Profile, fit_partition
+    from dlsub.estimate.partition_fit import Profile, fit_partition
 
     saved = json.loads((user.home / ".dlsub" / "estimates" / f"{est['id']}.json").read_text())
     fit = fit_partition([Profile.from_json(p) for p in saved["profiles"]["cpu"]])

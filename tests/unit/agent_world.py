@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent.agent_store import AgentStore
-from dlsub.agent.policy_file import AgentPolicy, parse_policy
 from dlsub.agent.reconcile import Agent
 from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE
+from dlsub.site_config.policy_file import AgentPolicy, parse_policy
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm, testbed_cluster
 

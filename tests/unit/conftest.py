@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dlsub.agent.config import Settings
+from dlsub.job.settings import Settings
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm, testbed_cluster
 
@@ -29,8 +29,8 @@ def settings(tmp_path: Path) -> Settings:
 @pytest.fixture
 def cli_env(tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     """The CLI wired to the fake Slurm, a temp DLSUB_HOME, and a fake image store."""
-    import dlsub.agent.cli as cli
-    import dlsub.agent.submit as submit
+    import dlsub.cli.main as cli
+    import dlsub.job.submit as submit
     from dlsub.containers.podman import ImageError
 
     monkeypatch.setenv("DLSUB_HOME", str(tmp_path / "dlsub-home"))
@@ -44,3 +44,16 @@ def cli_env(tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(submit, "check_image", check_image)
     return fake_slurm
+
+
+#: A folder name with what a shell or a template may mishandle: a leading dash, spaces, both quotes, `;`, `$`,
+#: a command substitution, non-ASCII letters and a line break.
+WEIRD_NAME = "-my dir; it's \"quoted\" $HOME $(id) é ü\nsecond line"
+
+
+@pytest.fixture
+def weird_dir(tmp_path: Path) -> Path:
+    """An existing folder called WEIRD_NAME: scripts and job directories in it must work as in any other."""
+    path = tmp_path / WEIRD_NAME
+    path.mkdir()
+    return path

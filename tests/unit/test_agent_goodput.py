@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from agent_world import ME, NOW, World, policy
 
+from dlsub.policies.actions.goodput_resize_rules import WholeNodes
 from dlsub.policies.api import ClusterView
-from dlsub.policies.fitted_model import FittedPerformance
 from dlsub.policies.goodput import GoodputPolicy
-from dlsub.policies.goodput_resize import WholeNodes
+from dlsub.policies.perf_models.fitted_model import FittedPerformance
 from dlsub.policies.sim.engine import SimConfig, simulate
 from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
 

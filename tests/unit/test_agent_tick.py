@@ -217,7 +217,7 @@ def test_many_jobs_of_one_user_cannot_use_up_every_deadline(tmp_path: Path) -> N
 
 
 def test_a_file_of_a_million_tiny_lines_is_read_a_bounded_slice_per_tick(tmp_path: Path) -> None:
-    from dlsub.agent.jobdir import MAX_READ_LINES, open_dir, read_new_lines
+    from dlsub.jobdir import MAX_READ_LINES, open_dir, read_new_lines
 
     (tmp_path / "progress.jsonl").write_bytes(b"1\n" * 500_000 + b"\n" * 100_000)
     fd = open_dir(tmp_path, ME)

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from agent_world import ME, NOW, OTHER, World, policy
 
-from dlsub.agent.reconcile import trusted_job_dir
+from dlsub.agent.reconcile import job_dir_of
 from dlsub.contract import Tags
+from dlsub.jobdir import Unreadable, open_dir
 from dlsub.slurm_plugins.models import SlurmJob
 
 
@@ -26,19 +27,26 @@ def slurm_job(out: str, user_id: int, comment: str = "dlsub:0123abcd;mode=immedi
 
 
 def test_trusts_only_the_users_own_real_job_directory(tmp_path: Path) -> None:
+    """The agent's two checks before it reads a job's files: the directory Slurm's output path names must be
+    called after the job's dlsub id (job_dir_of), and open_dir opens it only as a real directory of the job's user."""
     job_dir = tmp_path / "0123abcd"
     job_dir.mkdir()
-    assert trusted_job_dir(slurm_job(f"{job_dir}/slurm-%j.out", ME)) == job_dir
-    assert trusted_job_dir(slurm_job(f"{job_dir}/slurm-%j.out", ME + 4242)) is None
+    mine = slurm_job(f"{job_dir}/slurm-%j.out", ME)
+    assert mine.dlsub_id == "0123abcd" and job_dir_of(mine, "0123abcd") == job_dir
+    os.close(open_dir(job_dir, ME))
+    with pytest.raises(Unreadable, match="owned by"):
+        open_dir(job_dir, ME + 4242)
     link = tmp_path / "links" / "0123abcd"
     link.parent.mkdir()
     link.symlink_to(job_dir)
-    assert trusted_job_dir(slurm_job(f"{link}/slurm-%j.out", ME)) is None
+    assert job_dir_of(slurm_job(f"{link}/slurm-%j.out", ME), "0123abcd") == link
+    with pytest.raises(Unreadable, match="symlink"):
+        open_dir(link, ME)
     other = tmp_path / "feedbeef"
     other.mkdir()
-    assert trusted_job_dir(slurm_job(f"{other}/slurm-%j.out", ME)) is None
-    assert trusted_job_dir(slurm_job("relative/0123abcd/slurm.out", ME)) is None
-    assert trusted_job_dir(slurm_job(f"{job_dir}/slurm-%j.out", ME, comment="my own comment")) is None
+    assert job_dir_of(slurm_job(f"{other}/slurm-%j.out", ME), "0123abcd") is None
+    assert job_dir_of(slurm_job("relative/0123abcd/slurm.out", ME), "0123abcd") is None
+    assert slurm_job(f"{job_dir}/slurm-%j.out", ME, comment="my own comment").dlsub_id is None
 
 
 def test_comment_tags_are_parsed_strictly() -> None:
@@ -221,7 +229,7 @@ def test_a_job_asking_more_gpus_than_the_policy_allows_gets_the_cap(tmp_path: Pa
 
 
 def test_events_are_checked_field_by_field(tmp_path: Path) -> None:
-    from dlsub.agent.jobdir import check_attempt_event, check_progress_event, parse_line
+    from dlsub.jobdir import check_attempt_event, check_progress_event, parse_line
 
     assert parse_line(b'{"time": NaN}') is None and parse_line(b"[1]") is None
     assert parse_line(b'{"a": ' + b"1" * 10000 + b"}") is None
@@ -237,7 +245,7 @@ def test_events_are_checked_field_by_field(tmp_path: Path) -> None:
 
 
 def test_reading_is_incremental_bounded_and_restarts_when_the_file_is_replaced(tmp_path: Path) -> None:
-    from dlsub.agent.jobdir import MAX_LINE_BYTES, open_dir, read_new_lines
+    from dlsub.jobdir import MAX_LINE_BYTES, open_dir, read_new_lines
 
     f = tmp_path / "progress.jsonl"
     f.write_bytes(b'{"a": 1}\n{"a": 2}\n{"a": 3')
@@ -273,7 +281,7 @@ def test_reading_is_incremental_bounded_and_restarts_when_the_file_is_replaced(t
 
 
 def test_dlsub_status_readers_use_the_hardened_reader(tmp_path: Path) -> None:
-    from dlsub.agent.jobdir import read_attempts, summarize_progress
+    from dlsub.job_progress import read_attempts, summarize_progress
 
     (tmp_path / "progress.jsonl").symlink_to("/dev/zero")
     os.mkfifo(tmp_path / "attempts.jsonl")

@@ -20,11 +20,11 @@ import pytest
 
 from dlsub import checkpointing
 from dlsub.agent.job_mailbox import publish_batch
-from dlsub.agent.jobdir import check_progress_event
 from dlsub.checkpointing import BatchSizes
 from dlsub.checkpointing.batch import split
 from dlsub.contract import AGENT_MAILBOX_DIR, batch_file
-from dlsub.policies.fitted_model import BatchLimits, split_batch
+from dlsub.jobdir import check_progress_event
+from dlsub.policies.perf_models.fitted_model import BatchLimits, split_batch
 
 SIZES = BatchSizes(init=128, max=4096, local_max=256)
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """Unit tests: the agent makes no move or backfill that would exceed its owner's budget.
 
-The pure planner (policies/moves.py) with budgets on its jobs, and the
+The pure planner (policies/actions/move_rules.py) with budgets on its jobs, and the
 agent's tick against the stateful fake Slurm with a fake clock, spend read
 from a canned ``sacct`` at most once a minute.
 """
@@ -15,10 +15,10 @@ from pathlib import Path
 from agent_world import NOW, World, policy
 from click.testing import CliRunner
 
-from dlsub.agent.agent_cli import why
 from dlsub.agent.budget_watch import BudgetWatch
-from dlsub.policies import moves as m
-from dlsub.policies.moves import BudgetLeft, JobInfo, PartitionInfo, Rules, Window
+from dlsub.cli.agent_commands import why
+from dlsub.policies.actions import move_rules as m
+from dlsub.policies.actions.move_rules import BudgetLeft, JobInfo, PartitionInfo, Rules, Window
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
 

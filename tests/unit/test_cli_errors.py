@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dlsub.agent.cli import main, parse_mem
+from dlsub.cli.main import main, parse_mem
 from dlsub.slurm_plugins.fake import FakeSlurm
 
 
@@ -66,7 +66,7 @@ def test_missing_script(cli_env: FakeSlurm, tmp_path: Path) -> None:
 def test_unreadable_script(cli_env: FakeSlurm, tmp_path: Path, script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Root reads any file, so the permission check is driven directly here;
     # the integration tests run the same check as the unprivileged user.
-    import dlsub.agent.submit as submit
+    import dlsub.job.submit as submit
 
     monkeypatch.setattr(submit.os, "access", lambda path, mode: False)
     result = invoke(str(script))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,34 @@ def test_the_contract_imports_nothing_but_the_standard_library() -> None:
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}
     assert imported <= {"__future__", "collections", "dataclasses", "enum", "hashlib", "pathlib", "re"}, imported
+
+
+# ---------------------------------------------------------------- the bash side of the contract
+# The batch script and the TaskEpilog are bash: they cannot import the contract, so their literals are
+# checked against it here.
+
+_REPO = Path(__file__).resolve().parents[2]
+_BASH = (_REPO / "slurm_plugins" / "batch.sh", _REPO / "etc" / "slurm" / "taskepilog.sh")
+
+
+def test_every_dlsub_variable_the_bash_templates_use_is_the_contracts() -> None:
+    for path in _BASH:
+        text = path.read_text()
+        # @NAME@ are the template's placeholders, filled in by sbatch.py (checked both ways elsewhere).
+        names = set(re.findall(r"(?<![@\w])(DLSUB_[A-Z_]+)", re.sub(r"@[A-Z_]+@", "", text)))
+        unknown = names - set(contract.CONTAINER_ENV)
+        assert not unknown, f"{path.name} uses DLSUB_ variables the contract does not name: {sorted(unknown)}"
+    batch = _BASH[0].read_text()
+    assert {contract.ENV_JOB_ID, contract.ENV_JOB_DIR, contract.ENV_ATTEMPT, contract.ENV_ROLE,
+            contract.ENV_RDZV_ENDPOINT} <= set(re.findall(r"DLSUB_[A-Z_]+", batch))
+
+
+def test_the_bash_templates_use_the_contracts_roles_label_and_runtime_directory() -> None:
+    batch, epilog = (p.read_text() for p in _BASH)
+    for role in contract.CONTAINER_ROLES:
+        assert f"DLSUB_ROLE={role}" in batch
+    assert f"${{DLSUB_ROLE:-{contract.ROLE_TRAINER}}}" in batch
+    fallback = '"' + contract.RUNTIME_DIR_FALLBACK.format(uid="$(id -u)") + '"'
+    assert fallback in batch and fallback in epilog
+    assert f'"label={contract.LABEL_SLURM_JOB_ID}=${{SLURM_JOB_ID}}"' in epilog
+    assert str(contract.runtime_dir_fallback(1234)) == "/tmp/dlsub-xdg-1234"

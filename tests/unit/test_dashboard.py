@@ -12,16 +12,18 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import WEIRD_NAME
 from fastapi.testclient import TestClient
 
-from dlsub.agent.cli import main
-from dlsub.agent.config import Settings
-from dlsub.agent.policy_file import AgentPolicy
+from dlsub.cli.dashboard_command import banner
+from dlsub.cli.main import main
+from dlsub.contract import output_file
 from dlsub.dashboard import charts
 from dlsub.dashboard.app import AppConfig, create_app
 from dlsub.dashboard.auth import TokenFileError, cookie_name, read_token_file
-from dlsub.dashboard.cli import banner
 from dlsub.dashboard.data import Dashboard, Viewer, curves
+from dlsub.job.settings import Settings
+from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
 
@@ -136,6 +138,25 @@ def test_the_job_page_draws_the_loss_curve(world: dict[str, object]) -> None:
     assert "the agent does not answer" in page  # no agent in a unit test: said, not hidden
 
 
+def test_weird_paths_show_on_the_pages(cli_env: FakeSlurm, tmp_path: Path, weird_dir: Path) -> None:
+    """A script in a folder of weird characters, DLSUB_HOME in one too (less the line break submit refuses):
+    the pages find the job's files and show its name and output escaped."""
+    home = tmp_path / WEIRD_NAME.replace("\n", " ") / "me"
+    job = submit(cli_env, weird_dir, home, "<b>train<b> 'é' $x")
+    job_dir = Path(str(job["job_dir"]))
+    cli_env.set_job_state(int(job["slurm_job_id"]), "RUNNING", nodes="cpu1")  # type: ignore[call-overload]
+    progress(job_dir, 5)
+    output_file(job_dir, int(job["slurm_job_id"])).write_text("step 1 <script>alert(1)</script> é\n")  # type: ignore[call-overload]
+    world = {"fake": cli_env, "mine": home, "theirs": tmp_path / "nobody", "tmp": tmp_path}
+    client = client_for(world)
+    client.get("/?token=" + TOKEN)
+    listing = client.get("/").text
+    assert f'href="/jobs/{job["id"]}"' in listing and "<td>&lt;b&gt;train&lt;b&gt; &#39;é&#39; $x</td>" in listing
+    assert re.search(rf'<progress id="progress-{job["id"]}" max="100" value="50"', listing)
+    page = client.get(f"/jobs/{job['id']}").text
+    assert "step 1 &lt;script&gt;alert(1)&lt;/script&gt; é" in page and "<script>alert" not in page
+
+
 def test_the_cluster_page_shows_partitions_and_gpus(world: dict[str, object]) -> None:
     client = client_for(world)
     client.get("/?token=" + TOKEN)
@@ -203,7 +224,7 @@ def test_the_systemd_unit_runs_a_command_that_exists() -> None:
     """etc/systemd/dlsub-dashboard.service's ExecStart parses as `dlsub dashboard` options."""
     import shlex
 
-    from dlsub.dashboard.cli import dashboard
+    from dlsub.cli.dashboard_command import dashboard
 
     unit = (Path(__file__).resolve().parents[2] / "etc" / "systemd" / "dlsub-dashboard.service").read_text()
     line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))

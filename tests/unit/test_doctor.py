@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from dlsub.agent import doctor as doctor_module
-from dlsub.agent.doctor import OK, PROBLEM, SKIPPED, WARN, Finding, Host, blocking, run_doctor
-from dlsub.agent.doctor_cli import doctor
-from dlsub.agent.policy_file import parse_policy
 from dlsub.agent.query import AgentUnavailable
+from dlsub.cli import doctor as doctor_module
+from dlsub.cli.doctor import OK, PROBLEM, SKIPPED, WARN, Finding, Host, blocking, run_doctor
+from dlsub.cli.doctor_commands import doctor
 from dlsub.contract import SUBMIT_RECORD_PREFIX
+from dlsub.site_config.policy_file import parse_policy
 from dlsub.slurm_plugins.client import SlurmClient, parse_config
 from dlsub.slurm_plugins.dialects import SlurmVersion
 from dlsub.slurm_plugins.fake import FakeSlurm
@@ -215,8 +215,8 @@ def test_the_command_prints_json_and_exits_1_on_a_problem(monkeypatch: pytest.Mo
     host.agent = None
     policy = tmp_path / "policy.toml"
     policy.write_text('policy = "fifo"\n[partitions.gpu]\nrole = "gpu"\n')
-    monkeypatch.setattr("dlsub.agent.doctor_cli.Host", lambda: host)
-    monkeypatch.setattr("dlsub.agent.doctor_cli.SlurmClient", lambda: SlurmClient(runner=cluster()))
+    monkeypatch.setattr("dlsub.cli.doctor_commands.Host", lambda: host)
+    monkeypatch.setattr("dlsub.cli.doctor_commands.SlurmClient", lambda: SlurmClient(runner=cluster()))
     result = CliRunner().invoke(doctor, ["--json", "--user", "alice", "--policy", str(policy)])
     assert result.exit_code == 1
     report = json.loads(result.output)

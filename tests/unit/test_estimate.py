@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,16 +14,17 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import WEIRD_NAME
 
-from dlsub.agent.budget import Budget, allows, parse_budgets, refusal
-from dlsub.agent.cli import main
-from dlsub.agent.cost import Spend, job_spend, period_end, period_start, spend, summarize, total
-from dlsub.agent.estimate_cache import EstimateCache, profile_key
-from dlsub.agent.estimate_fit import Profile, cost, fit_partition, profile_from_events, steady_step_time, walltime
-from dlsub.agent.estimate_plan import Horizon, Knobs, PartitionFacts, build_rows, recommend
-from dlsub.agent.estimate_submit import from_estimate
-from dlsub.agent.loss_curve import fit_loss_curve, target_eta
-from dlsub.agent.status_extra import loss_eta
+from dlsub.cli.main import main
+from dlsub.estimate.apply_choice import from_estimate
+from dlsub.estimate.loss_curve import fit_loss_curve, target_eta
+from dlsub.estimate.partition_fit import Profile, cost, fit_partition, profile_from_events, steady_step_time, walltime
+from dlsub.estimate.profile_cache import EstimateCache, profile_key
+from dlsub.estimate.recommend import Horizon, Knobs, PartitionFacts, build_rows, recommend
+from dlsub.job.status_extra import loss_eta
+from dlsub.site_config.budget import Budget, allows, parse_budgets, refusal
+from dlsub.site_config.cost import Spend, job_spend, period_end, period_start, spend, summarize, total
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
 from dlsub.slurm_plugins.usage import UsageRecord
@@ -77,7 +79,7 @@ def test_fits_predict_a_batch_size_not_profiled() -> None:
 
 
 def test_steady_step_time_needs_two_reports() -> None:
-    from dlsub.agent.estimate_fit import FitError
+    from dlsub.estimate.partition_fit import FitError
 
     with pytest.raises(FitError, match="fewer than twice"):
         steady_step_time([(5, 1.0)])
@@ -231,7 +233,7 @@ class SacctRunner:
 def budget_env(cli_env: FakeSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SacctRunner:
     import getpass
 
-    import dlsub.agent.cli as cli
+    import dlsub.cli.main as cli
 
     policy = tmp_path / "policy.toml"
     policy.write_text('[partitions.gpu]\nrole = "gpu"\ncost_per_node_hour = 8.0\n'
@@ -322,7 +324,7 @@ def test_submit_from_estimate_dry_run(cli_env: FakeSlurm, tmp_path: Path, monkey
 
 
 def test_move_budget_gate() -> None:
-    from dlsub.policies.budget_gate import move_fits_budget
+    from dlsub.policies.actions.budget_gate import move_fits_budget
 
     assert move_fits_budget(3600, 1, 8.0, None, None)
     assert move_fits_budget(3600, 2, 8.0, 2.0, 16.0) and not move_fits_budget(3600, 2, 8.0, 1.9, None)
@@ -362,19 +364,19 @@ class CompletingRunner:
 
 
 def test_estimator_profiles_through_slurm_then_uses_the_cache(
-        tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dlsub.agent.submit as submit
-    from dlsub.agent.config import Settings
-    from dlsub.agent.estimate import EstimateRequest, Estimator
-    from dlsub.agent.policy_file import AgentPolicy
-    from dlsub.agent.user_store import JobStore
+        tmp_path: Path, weird_dir: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the fake Slurm, with the script in a folder of weird characters and DLSUB_HOME in one too."""
+    import dlsub.job.submit as submit
+    from dlsub.estimate.estimator import EstimateRequest, Estimator
+    from dlsub.job.settings import Settings
+    from dlsub.job.user_store import JobStore
+    from dlsub.site_config.policy_file import AgentPolicy
 
     monkeypatch.setattr(submit, "check_image", lambda image: None)
-    settings = Settings(home=tmp_path / "home")
+    settings = Settings(home=tmp_path / WEIRD_NAME.replace("\n", " ") / "home")  # no line break: see submit's
     runner = CompletingRunner(fake_slurm)
     estimator = Estimator(settings, SlurmClient(runner=runner), JobStore(settings.db_path), AgentPolicy(), poll_s=0)
-    script = tmp_path / "my dir; 'x'" / "train.py"
-    script.parent.mkdir()
+    script = weird_dir / "-train $x 'é'.py"
     script.write_text("print('train')\n")
     request = EstimateRequest(script=script, args=("--lr", "0.1"), batch_sizes=(32, 128, 64),
                               horizon=Horizon(epochs=2), workdir=tmp_path)
@@ -383,7 +385,8 @@ def test_estimator_profiles_through_slurm_then_uses_the_cache(
     assert len(runner.sbatch_argvs) == 6 and payload["profiled_now"] == 6
     assert all("--dependency=singleton" in argv for argv in runner.sbatch_argvs)
     texts = [Path(j.script).read_text() for j in fake_slurm.submitted()]
-    assert all("DLSUB_PROFILE_STEPS=" in t for t in texts)
+    assert all("DLSUB_PROFILE_STEPS=" in t and shlex.quote(str(script)) in t for t in texts)
+    assert all(subprocess.run(["bash", "-n", j.script]).returncode == 0 for j in fake_slurm.submitted())
     assert sorted(int(t.split("--batch-size ")[1].split()[0].strip("'")) for t in texts) == [32, 32, 64, 64, 128, 128]
     assert {(r["partition"], r["batch_size"]) for r in payload["rows"]} == {
         (p, b) for p in ("cpu", "gpu", "gpu-dev") for b in (32, 128, 64)}
@@ -408,9 +411,9 @@ def test_steady_step_time_shrugs_off_a_burst_of_contention() -> None:
 def test_status_shows_cost_so_far_and_the_loss_eta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time as _time
 
-    import dlsub.agent.status_extra as extra_mod
-    from dlsub.agent.status import job_status, render_table
-    from dlsub.agent.user_store import JobRecord
+    import dlsub.job.status_extra as extra_mod
+    from dlsub.job.status import job_status, render_table
+    from dlsub.job.user_store import JobRecord
 
     monkeypatch.setattr(extra_mod, "site_prices", lambda: {"cpu": 2.0})
     job_dir = tmp_path / "job"
@@ -437,11 +440,11 @@ def test_status_shows_cost_so_far_and_the_loss_eta(tmp_path: Path, monkeypatch: 
 
 def test_ctrl_c_cancels_the_profiling_jobs(tmp_path: Path, fake_slurm: FakeSlurm,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import dlsub.agent.submit as submit
-    from dlsub.agent.config import Settings
-    from dlsub.agent.estimate import EstimateRequest, Estimator
-    from dlsub.agent.policy_file import AgentPolicy
-    from dlsub.agent.user_store import JobStore
+    import dlsub.job.submit as submit
+    from dlsub.estimate.estimator import EstimateRequest, Estimator
+    from dlsub.job.settings import Settings
+    from dlsub.job.user_store import JobStore
+    from dlsub.site_config.policy_file import AgentPolicy
 
     cancelled: list[str] = []
 
@@ -453,7 +456,7 @@ def test_ctrl_c_cancels_the_profiling_jobs(tmp_path: Path, fake_slurm: FakeSlurm
         return fake_slurm(argv)
 
     monkeypatch.setattr(submit, "check_image", lambda image: None)
-    settings = Settings(home=tmp_path / "home")
+    settings = Settings(home=tmp_path / WEIRD_NAME.replace("\n", " ") / "home")  # no line break: see submit's
     estimator = Estimator(settings, SlurmClient(runner=runner), JobStore(settings.db_path), AgentPolicy(), poll_s=0)
     script = tmp_path / "train.py"
     script.write_text("print('train')\n")

@@ -1,4 +1,5 @@
-"""Unit (pure, no Slurm): an elastic policy sizes elastic jobs on what they measured (policies/goodput_resize.py).
+"""Unit (pure, no Slurm): an elastic policy sizes elastic jobs on what they measured
+(policies/actions/goodput_resize_rules.py).
 
 The jobs' models are fitted from measured rates exactly as the agent fits
 them (dlsub.agent.live_models); the policy is ``goodput``.
@@ -8,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from dlsub.agent.jobdir import MeasuredConfig, Progress
 from dlsub.agent.live_models import LiveModels
-from dlsub.policies.fitted_model import NO_GAIN, GradientStats
+from dlsub.job_progress import MeasuredConfig, Progress
+from dlsub.policies.actions.goodput_resize_rules import ScaledJob, measured_text, plan_by_policy
+from dlsub.policies.actions.resize_rules import GROW, SHRINK, ElasticJob, Room, WorkerTask
 from dlsub.policies.goodput import GoodputPolicy
-from dlsub.policies.goodput_resize import ScaledJob, measured_text, plan_by_policy
-from dlsub.policies.resize import GROW, SHRINK, ElasticJob, Room, WorkerTask
+from dlsub.policies.perf_models.fitted_model import NO_GAIN, GradientStats
 
 NOW = 1_000_000.0
 BATCH = 64
@@ -114,7 +115,7 @@ def test_idle_gpus_on_a_node_without_the_cpus_or_memory_for_a_worker_are_no_slot
 
 def test_a_waiting_job_takes_its_node_from_the_newest_elastic_job_first() -> None:
     """resize.plan_resizes (any policy): the older job keeps its worker, as efifo does in the simulator."""
-    from dlsub.policies.resize import plan_resizes
+    from dlsub.policies.actions.resize_rules import plan_resizes
 
     older = job("older", uid=1, nodes=2, max_nodes=2, submit=NOW - 900, workers_running=1)
     newer = job("newer", uid=2, nodes=2, max_nodes=2, submit=NOW - 300, workers_running=1)
@@ -137,7 +138,7 @@ def test_each_job_is_checked_against_its_own_worker_shape() -> None:
 
 def test_a_declared_batch_too_small_for_its_limits_does_not_stop_the_partition() -> None:
     """limits whose per-replica maximum dwarfs the batch used to make split_batch divide by zero."""
-    from dlsub.policies.batch_split import BatchLimits, split_batch
+    from dlsub.batch_split import BatchLimits, split_batch
 
     huge = BatchLimits(init_batch=10**9, max_batch=10**9, min_local=10**9, max_local=10**9)
     assert split_batch(huge, 4, 1) == (1, 0)

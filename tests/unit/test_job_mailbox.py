@@ -18,9 +18,9 @@ import pytest
 
 from dlsub.agent import job_mailbox
 from dlsub.agent.job_mailbox import MailboxError, publish_batch
-from dlsub.agent.jobdir import check_progress_event
-from dlsub.agent.private_files import AgentAccess, make_job_dir
 from dlsub.contract import AGENT_MAILBOX_DIR, BATCH_FILE, MAILBOX_MAX_BYTES, batch_file
+from dlsub.job.private_files import AgentAccess, make_job_dir
+from dlsub.jobdir import check_progress_event
 
 ME = os.getuid()
 

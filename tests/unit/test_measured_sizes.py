@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlsub.agent.jobdir import ProgressSummary
+from dlsub.job_progress import ProgressSummary
 
 
 def start(t: float, world: int, nodes: int, attempt: str = "7-0") -> dict[str, Any]:
@@ -44,7 +44,7 @@ def test_a_report_naming_another_world_size_starts_a_new_size_even_without_a_sta
 
 
 def test_a_file_of_made_up_sizes_keeps_only_the_newest_configurations() -> None:
-    from dlsub.agent.jobdir import MAX_CONFIGS
+    from dlsub.job_progress import MAX_CONFIGS
 
     summary = ProgressSummary()
     for i in range(200):

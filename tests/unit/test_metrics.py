@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dlsub.agent.metrics import AgentMetrics, RecordingSlurmClient
-from dlsub.agent.policy_file import PolicyFileError, parse_policy
+from dlsub.site_config.policy_file import PolicyFileError, parse_policy
 from dlsub.slurm_plugins.client import SlurmError
 
 

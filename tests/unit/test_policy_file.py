@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dlsub.agent.cli import main
-from dlsub.agent.policy_file import PolicyFileError, Window, load_policy, parse_policy
+from dlsub.cli.main import main
+from dlsub.site_config.policy_file import PolicyFileError, Window, load_policy, parse_policy
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 from test_query_socket import StandInStore
 
-from dlsub.agent.agent_cli import agent, why
-from dlsub.agent.daemon_cli import agent_lock, make_private
-from dlsub.agent.policy_file import AgentPolicy
 from dlsub.agent.query import QueryServer
+from dlsub.cli.agent_commands import agent, why
+from dlsub.cli.daemon_commands import agent_lock, make_private
+from dlsub.site_config.policy_file import AgentPolicy
 
 KEPT_FIELDS = {"running", "last_tick", "last_tick_age_s", "doing", "moves_in_flight", "last_error"}
 

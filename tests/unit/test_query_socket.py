@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from dlsub.agent.policy_file import AgentPolicy
 from dlsub.agent.query import Caller, QueryServer, agent_status, answer, ask
+from dlsub.site_config.policy_file import AgentPolicy
 
 NOBODY = 65534
 ALICE = 4242  # owns the jobs below; nobody the tests connect as

@@ -1,13 +1,13 @@
 """Unit tests (pure; no Slurm, no fakes needed): a new job's throughput fit starts
-from what earlier jobs of its application measured (policies/scaling_history.py)."""
+from what earlier jobs of its application measured (policies/perf_models/scaling_history.py)."""
 
 from __future__ import annotations
 
 from dlsub.policies.api import ClusterView, JobView
-from dlsub.policies.fitted_model import BatchLimits, FittedPerformance, GradientStats
 from dlsub.policies.goodput import GoodputPolicy
-from dlsub.policies.scaling_history import ScalingHistory, config_of
-from dlsub.policies.throughput_fit import StepReport, ThroughputParams, fit
+from dlsub.policies.perf_models.fitted_model import BatchLimits, FittedPerformance, GradientStats
+from dlsub.policies.perf_models.scaling_history import ScalingHistory, config_of
+from dlsub.policies.perf_models.throughput_fit import StepReport, ThroughputParams, fit
 
 #: An application that scales well: compute 0.2 s a step at 32 a replica, a cheap all-reduce.
 TRUE = ThroughputParams(alpha_c=0.05, beta_c=0.005, alpha_n=0.02, beta_n=0.001, alpha_r=0.01, beta_r=0.001,

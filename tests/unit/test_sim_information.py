@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dlsub.agent.cli import main
+from dlsub.cli.main import main
 from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs
-from dlsub.policies.fitted_model import FittedPerformance
 from dlsub.policies.goodput import GoodputPolicy
+from dlsub.policies.perf_models.fitted_model import FittedPerformance
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sim import performance
 from dlsub.policies.sim.engine import SimConfig, SimResult, simulate

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dlsub.agent.cli import main
+from dlsub.cli.main import main
 from dlsub.policies.api import ClusterView
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sim.apps import load_application

@@ -8,7 +8,7 @@ import pytest
 
 from dlsub.policies.api import Allocation, ClusterView, JobView
 from dlsub.policies.goodput import GoodputPolicy
-from dlsub.policies.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime, level_guess
+from dlsub.policies.perf_models.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime, level_guess
 
 
 class Constant:

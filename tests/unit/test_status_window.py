@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dlsub.agent.cli import main
-from dlsub.agent.jobdir import Progress
-from dlsub.agent.status_window import SinceError, fraction_done, parse_since, progress_bar
-from dlsub.agent.user_store import JobStore
+from dlsub.cli.main import main
+from dlsub.job.status_window import SinceError, fraction_done, parse_since, progress_bar
+from dlsub.job.user_store import JobStore
+from dlsub.job_progress import Progress
 from dlsub.slurm_plugins.fake import FakeSlurm
 
 

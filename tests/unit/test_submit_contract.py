@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sqlite3
 import stat
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import WEIRD_NAME
 
-from dlsub.agent.cli import main
-from dlsub.agent.user_store import JobRecord, JobStore
+from dlsub.cli.main import main
 from dlsub.contract import (
     AGENT_MAILBOX_DIR,
     ATTEMPTS_FILE,
@@ -26,6 +27,7 @@ from dlsub.contract import (
     IllegalTransition,
     JobState,
 )
+from dlsub.job.user_store import JobRecord, JobStore
 from dlsub.slurm_plugins.fake import FakeSlurm
 
 
@@ -123,8 +125,8 @@ needs_acl = pytest.mark.skipif(shutil.which("setfacl") is None, reason="setfacl 
 @needs_acl
 def test_job_directory_is_private_with_acls_for_the_agent(cli_env: FakeSlurm, tmp_path: Path, script: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from dlsub.agent import cli
-    from dlsub.agent.policy_file import AgentPolicy
+    from dlsub.cli import main as cli
+    from dlsub.site_config.policy_file import AgentPolicy
 
     monkeypatch.setattr(cli, "load_policy", lambda: AgentPolicy(agent_user="nobody"))
     umasks: list[int] = []
@@ -153,7 +155,7 @@ def test_job_directory_is_private_with_acls_for_the_agent(cli_env: FakeSlurm, tm
 
 def test_without_acls_falls_back_to_0711_and_0644_and_says_so(cli_env: FakeSlurm, script: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from dlsub.agent.private_files import AgentAccess
+    from dlsub.job.private_files import AgentAccess
 
     monkeypatch.setattr(AgentAccess, "_setfacl",
                         lambda self, path, perms: "setfacl: /x: Operation not supported")
@@ -170,7 +172,7 @@ def test_without_acls_falls_back_to_0711_and_0644_and_says_so(cli_env: FakeSlurm
 
 def test_a_home_the_agent_cannot_enter_is_pointed_out(cli_env: FakeSlurm, tmp_path: Path, script: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from dlsub.agent import private_files
+    from dlsub.job import private_files
 
     closed = tmp_path / "closed"
     monkeypatch.setattr(private_files, "agent_can_traverse", lambda path, user: path != closed)
@@ -200,6 +202,34 @@ def test_store_records_states_and_refuses_to_leave_a_final_one(tmp_path: Path) -
     assert store.get("0123abcd").state == "PREEMPTED"
     with pytest.raises(ValueError, match="observe"):
         store.update("0123abcd", state="RUNNING")
+
+
+def test_weird_paths_submit_as_any_other(cli_env: FakeSlurm, weird_dir: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script, its arguments and DLSUB_HOME with spaces, quotes, ;, $, non-ASCII and a leading dash; a line
+    break is carried in the script's path and refused, with a message, only where #SBATCH --output needs it."""
+    script = weird_dir / "-train; 'é' $x.py"
+    script.write_text("print('training')\n")
+    home = weird_dir.parent / WEIRD_NAME.replace("\n", " ") / "dlsub-home"
+    monkeypatch.setenv("DLSUB_HOME", str(home))
+    result = invoke("--json", str(script), "--note", "it's $HOME; `id`")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    record = JobStore(home / "dlsub.db").get(out["id"])
+    assert record.script == str(script) and record.args == ["--note", "it's $HOME; `id`"]
+    assert Path(record.job_dir).parent == home / "jobs"
+    batch = Path(cli_env.submitted()[-1].script)
+    text = batch.read_text()
+    assert shlex.quote(str(script)) in text and shlex.quote("it's $HOME; `id`") in text
+    assert subprocess.run(["bash", "-n", str(batch)], capture_output=True).returncode == 0
+    # Relative, from the script's parent: after `--` a leading dash is the script's name, not an option.
+    monkeypatch.chdir(weird_dir.parent)
+    relative = invoke("submit", "--dry-run", "--", f"{WEIRD_NAME}/{script.name}")
+    assert relative.exit_code == 0, relative.output
+    assert shlex.quote(str(script)) in relative.output
+    monkeypatch.setenv("DLSUB_HOME", str(weird_dir / "dlsub-home"))
+    refused = invoke(str(script))
+    assert refused.exit_code == 2 and "line break" in refused.output and "DLSUB_HOME" in refused.output
 
 
 def test_status_keeps_a_completed_job_completed_after_slurm_forgets_it(cli_env: FakeSlurm, script: Path) -> None:

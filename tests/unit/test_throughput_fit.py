@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dlsub.policies.api import JobView
-from dlsub.policies.fitted_model import (
+from dlsub.policies.perf_models.fitted_model import (
     BatchLimits,
     FittedPerformance,
     GradientStats,
@@ -15,10 +15,17 @@ from dlsub.policies.fitted_model import (
     split_batch,
     split_batches,
 )
+from dlsub.policies.perf_models.throughput_fit import (
+    PRIOR,
+    StepReport,
+    ThroughputParams,
+    _log_step,
+    _log_step_gradient,
+    fit,
+)
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sim.apps import load_application
 from dlsub.policies.sim.workload import POLLUX_DIR
-from dlsub.policies.throughput_fit import PRIOR, StepReport, ThroughputParams, _log_step, _log_step_gradient, fit
 
 TRUE = ThroughputParams(alpha_c=0.05, beta_c=0.002, alpha_n=0.2, beta_n=0.02, alpha_r=0.06, beta_r=0.008,
                         gamma=2.0)

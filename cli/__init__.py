@@ -1,0 +1,1 @@
+"""The commands people type: the `dlsub` entry point and its subcommands (click). Nothing imports this package."""

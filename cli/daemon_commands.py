@@ -1,0 +1,217 @@
+"""The agent's own commands, run as its service account: ``dlsub agent run``, ``dlsub agent tick``,
+``dlsub backfill --once``.
+
+The agent's state is private to that account: every command here sets
+umask 077 before it opens anything, and the state files (database, its
+``-wal``/``-shm`` and the lock) are made 0600 whatever made them before.
+Users reach the running agent through its query socket (:mod:`dlsub.agent.query`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import logging
+import os
+import signal
+import stat
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+import click
+
+from dlsub.agent.agent_store import AgentStore, default_db_path
+from dlsub.agent.query import QueryServer
+from dlsub.cli.errors import fail
+from dlsub.site_config.policy_file import PolicyFileError, cron_trigger, load_policy
+
+if TYPE_CHECKING:
+    from dlsub.agent.reconcile import Agent
+
+STATE_SUFFIXES = ("", "-wal", "-shm", ".lock")
+
+
+
+def private_umask() -> None:
+    """Nothing the agent creates is readable by others (the socket is opened up on purpose)."""
+    os.umask(0o077)
+
+
+def make_private(db: Path) -> None:
+    """The state files 0600: a user who can open them can hold SQLite's locks or ours and stall the agent."""
+    for suffix in STATE_SUFFIXES:
+        path = Path(str(db) + suffix)
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_mode & 0o077:
+            os.chmod(path, 0o600)
+    parent = db.parent.stat()
+    if parent.st_mode & 0o077:
+        logging.getLogger("dlsub.agent").warning(
+            "%s is open to other users (mode %o); make it 0700 and owned by the agent's account",
+            db.parent, stat.S_IMODE(parent.st_mode))
+
+
+@contextmanager
+def agent_lock(db: Path) -> Iterator[IO[str] | None]:
+    """One agent per state database: yields the held lock, or None when another agent holds it."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(str(db) + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fh = os.fdopen(fd, "a+")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        yield fh
+    finally:
+        fh.close()
+
+
+def _make_agent(db: Path, policy_path: Path | None) -> Agent:
+    from dlsub.agent.reconcile import Agent
+    from dlsub.slurm_plugins.client import SlurmClient
+
+    try:
+        policy = load_policy(policy_path)
+    except PolicyFileError as exc:
+        fail(str(exc))
+    client = SlurmClient()
+    if policy.metrics.port:
+        from dlsub.agent.metrics import RecordingSlurmClient
+
+        client = RecordingSlurmClient()  # the metrics read the partitions the tick's sinfo returned
+    agent_obj = Agent(client, AgentStore(db), policy)
+    make_private(db)
+    return agent_obj
+
+
+db_option = click.option("--db", type=click.Path(path_type=Path, dir_okay=False), default=None,
+                         help="The agent's state database [default: $DLSUB_AGENT_DB or /var/lib/dlsub/agent.db].")
+policy_option = click.option("--policy", "policy_path", type=click.Path(path_type=Path, dir_okay=False),
+                             default=None, help="Policy file [default: $DLSUB_POLICY or /etc/dlsub/policy.toml].")
+
+
+def _with_metrics(agent_obj: Agent) -> Callable[[], object]:
+    """The tick to schedule: with Prometheus metrics on 127.0.0.1 when the policy names a port."""
+    port = agent_obj.policy.metrics.port
+    if not port:
+        return agent_obj.tick
+    from dlsub.agent.metrics import AgentMetrics
+
+    metrics = AgentMetrics(per_user_labels=agent_obj.policy.metrics.per_user_labels)
+    try:
+        metrics.serve(port)
+    except OSError as exc:
+        fail(f"cannot serve metrics on 127.0.0.1:{port}: {exc} (policy.toml [metrics] port)", 1)
+    logging.info("metrics on http://127.0.0.1:%d/metrics", port)
+    return metrics.instrumented(agent_obj)
+
+
+@click.command()
+@db_option
+@policy_option
+@click.option("--pidfile", type=click.Path(path_type=Path, dir_okay=False), default=None)
+@click.option("--socket", "socket_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Where to answer users' queries [default: the policy's `socket`].")
+def run(db: Path | None, policy_path: Path | None, pidfile: Path | None, socket_path: Path | None) -> None:
+    """Run the agent until SIGTERM: a tick every tick_interval_s and at each window's edges."""
+    from apscheduler.executors.pool import ThreadPoolExecutor
+    from apscheduler.schedulers.blocking import BlockingScheduler
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    private_umask()
+    db = db or default_db_path()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s dlsub-agent: %(message)s")
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)  # it logs every tick
+    with agent_lock(db) as lock:
+        if lock is None:
+            fail(f"another agent is running on {db} (its lock is held); stop it first", 1)
+        agent_obj = _make_agent(db, policy_path)
+        policy = agent_obj.policy
+        if pidfile:
+            pidfile.write_text(f"{os.getpid()}\n")
+        agent_obj.store.set_meta(pid=os.getpid(), started=time.time(), host=os.uname().nodename,
+                                 policy=policy.policy, tick_interval_s=policy.tick_interval_s,
+                                 tick_deadline_s=policy.tick_deadline_s, stopped=None)
+        make_private(db)
+        tick_fn = _with_metrics(agent_obj)
+        # Users' questions, answered from threads of their own with their own read-only connection.
+        server = QueryServer(socket_path or Path(policy.socket), lambda: AgentStore(db, readonly=True), policy)
+        try:
+            server.start()
+        except OSError as exc:
+            fail(f"cannot answer queries on {server.path}: {exc}", 1)
+        # One worker: ticks never overlap, whichever trigger fired them.
+        scheduler = BlockingScheduler(executors={"default": ThreadPoolExecutor(1)})
+        job_defaults = {"max_instances": 1, "coalesce": True, "misfire_grace_time": None}
+        scheduler.add_job(tick_fn, IntervalTrigger(seconds=policy.tick_interval_s),
+                          next_run_time=dt.datetime.now().astimezone(), id="interval", **job_defaults)
+        for window in policy.backfill.windows:
+            zone = dt.datetime.now().astimezone().tzinfo
+            for edge in ("start", "end"):
+                scheduler.add_job(tick_fn, cron_trigger(getattr(window, edge), zone),
+                                  id=f"{window.name}-{edge}", **job_defaults)
+
+        def stop(signum: int, frame: object) -> None:
+            logging.info("stopping on signal %d", signum)
+            scheduler.shutdown(wait=False)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        logging.info("started: policy %s, tick every %.0f s, state in %s, queries on %s",
+                     policy.policy, policy.tick_interval_s, db, server.path)
+        try:
+            scheduler.start()
+        finally:
+            server.stop()
+            agent_obj.store.set_meta(stopped=time.time(), doing="stopped")
+            if pidfile:
+                pidfile.unlink(missing_ok=True)
+
+
+@click.command()
+@db_option
+@policy_option
+@click.option("--now", "now", type=float, default=None, help="Pretend it is this time (epoch seconds); for tests.")
+@click.option("--json", "as_json", is_flag=True)
+def tick(db: Path | None, policy_path: Path | None, now: float | None, as_json: bool) -> None:
+    """Run one tick and print what it did (for debugging and tests; the daemon must not be running)."""
+    private_umask()
+    db = db or default_db_path()
+    with agent_lock(db) as lock:
+        if lock is None:
+            fail(f"the agent is running on {db}; one tick at a time: stop it, or read `dlsub agent status`", 1)
+        actions = _make_agent(db, policy_path).tick(now)
+        make_private(db)
+    if as_json:
+        click.echo(json.dumps([{"kind": a.kind, "job": a.dlsub_id, "slurm_job_id": a.slurm_job_id,
+                                "reason": a.reason, "partition": a.partition} for a in actions]))
+    else:
+        for a in actions:
+            click.echo(f"{a.kind:>16} {a.dlsub_id} (Slurm {a.slurm_job_id}): {a.reason}")
+
+
+@click.command()
+@click.option("--once", is_flag=True, required=True, help="One pass, for system cron (etc/cron.d/dlsub-backfill).")
+@db_option
+@policy_option
+def backfill(once: bool, db: Path | None, policy_path: Path | None) -> None:
+    """One backfill pass (a full agent tick), unless the agent is running and does it itself."""
+    private_umask()
+    db = db or default_db_path()
+    with agent_lock(db) as lock:
+        if lock is None:
+            click.echo("dlsub: the agent is running and backfills on its own; nothing to do")
+            return
+        actions = _make_agent(db, policy_path).tick()
+        make_private(db)
+    for a in actions:
+        click.echo(f"{a.kind:>16} {a.dlsub_id} (Slurm {a.slurm_job_id}): {a.reason}")

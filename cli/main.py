@@ -1,0 +1,474 @@
+"""The ``dlsub`` command: ``dlsub train.py`` is ``dlsub submit train.py``.
+
+Thin on purpose: options are parsed here, and the work is done by
+:mod:`dlsub.job.submit`, :mod:`dlsub.job.status` and the Slurm client.
+Bad input exits 2 with a message that says what to change; nothing is
+submitted and nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import getpass
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+import dlsub
+from dlsub.cli.agent_commands import agent, backfill, config, why
+from dlsub.cli.dashboard_command import dashboard
+from dlsub.cli.doctor_commands import doctor
+from dlsub.cli.errors import fail
+from dlsub.cli.estimate_commands import estimate
+from dlsub.cli.simulate_command import simulate
+from dlsub.cli.usage_commands import usage
+from dlsub.containers.podman import ImageError
+from dlsub.contract import CHECKPOINT_SIGNAL, ENV_TARGET_LOSS, JobState, output_file
+from dlsub.estimate.apply_choice import apply_to_values, chosen_row, with_env
+from dlsub.job.budget_check import check_budget, extra_for
+from dlsub.job.directives import Directive, DirectiveError, read_directives
+from dlsub.job.partition_choice import PlanningError
+from dlsub.job.settings import Settings, load_settings
+from dlsub.job.shape import Shape, ShapeError, resolve_shape
+from dlsub.job.status import JobStatus, job_status, render_table
+from dlsub.job.submit import SubmitError, SubmitRequest, plan_job, submit_plan
+from dlsub.job.user_store import JobRecord, JobStore, UnknownJob
+from dlsub.site_config.policy_file import AgentPolicy, PolicyFileError, load_policy
+from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable
+from dlsub.slurm_plugins.models import SlurmJob
+from dlsub.slurm_plugins.timespec import TimeSpecError, parse_time_limit
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+USAGE_ERRORS = (SubmitError, PlanningError, SlurmUnreachable, ImageError, UnknownJob, TimeSpecError, DirectiveError)
+
+
+
+def friendly_errors(func: F) -> F:
+    """Our errors as one clear message and an exit code: 2 for what the user can fix."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except USAGE_ERRORS as exc:
+            fail(str(exc), 2)
+        except SlurmError as exc:
+            fail(str(exc), 1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def parse_mem(text: str) -> int:
+    """Slurm's --mem syntax (``4096``, ``512M``, ``4G``, ``1T``) in megabytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)B?\s*", text, flags=re.IGNORECASE)
+    if not m or int(m.group(1)) == 0:
+        raise click.BadParameter(f"{text!r} is not a memory size; use e.g. 4096, 512M, 4G")
+    value, unit = int(m.group(1)), m.group(2).upper() or "M"
+    factor = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
+    return max(1, int(value * factor))
+
+
+class DefaultToSubmit(click.Group):
+    """``dlsub [OPTIONS] SCRIPT [ARGS]...`` means ``dlsub submit [OPTIONS] SCRIPT [ARGS]...``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = ["submit", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=DefaultToSubmit, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(dlsub.__version__, prog_name="dlsub")
+def main() -> None:
+    """Run deep-learning training on Slurm without writing a Slurm script.
+
+    \b
+      dlsub train.py --lr 0.1        submit (shorthand of `dlsub submit`)
+      dlsub status [JOB] [--json]    your jobs: state, step, loss, ETA
+      dlsub logs JOB [-f]            the job's output
+      dlsub cancel JOB               stop it; no container is left behind
+      dlsub requeue JOB              checkpoint now and continue in a new attempt
+    """
+
+
+def site_policy() -> AgentPolicy:
+    """The site's policy.toml; its defaults, with a warning, when it cannot be read."""
+    try:
+        return load_policy()
+    except PolicyFileError as exc:
+        click.echo(f"dlsub: warning: {exc}; using dlsub's default policy (immediate mode)", err=True)
+        return AgentPolicy()
+
+
+def default_mode() -> str:
+    """The site's default submission mode (policy.toml), immediate when it says none."""
+    return site_policy().default_mode
+
+
+def _context() -> tuple[Settings, SlurmClient, JobStore]:
+    settings = load_settings()
+    return settings, SlurmClient(), JobStore(settings.db_path)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--gpus", default=None,
+              help="GPUs in all, split evenly over the nodes (one training process per GPU); MIN:MAX: an elastic "
+                   "range of whole nodes [default: 0].")
+@click.option("--gpus-per-node", type=int, default=None, help="GPUs on each node (instead of --gpus).")
+@click.option("--nodes", default=None,
+              help="Nodes, one container each, under one torchrun rendezvous; MIN:MAX: elastic, the agent grows "
+                   "and shrinks the job between them [default: 1].")
+@click.option("--cpu-nodes", type=int, default=None,
+              help="Beside the GPU trainers, this many CPU nodes running the same script with run.role == 'cpu' "
+                   "(data loading, evaluation, a parameter server); one heterogeneous job, started all together.")
+@click.option("--cpu-partition", default=None, help="Partition of the --cpu-nodes [default: one without GPUs].")
+@click.option("--cpus", type=int, default=None, help="CPUs for the job [default: 2, or $DLSUB_CPUS].")
+@click.option("--mem", "mem", default=None, help="Memory per node, Slurm syntax (4096, 512M, 4G) [default: 4G].")
+@click.option("--time", "time_limit", default=None,
+              help="Time limit, Slurm syntax (90, 1:30:00, 2-00) [default: the partition's].")
+@click.option("-p", "--partition", default=None, help="Partition; default: one that can run the job now.")
+@click.option("--image", default=None, help="Container image in your Podman storage.")
+@click.option("-J", "--name", default=None, help="Job name [default: the script's name].")
+@click.option("--mode", type=click.Choice(["immediate", "ideal"]), default=None,
+              help="immediate: start now on what is free (CPU or dev nodes) and move onto GPUs when they free up; "
+                   "ideal: wait for the ideal partition [default: the site policy's, else immediate].")
+@click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "slurm_job_id": ...}.')
+@click.option("--from-estimate", "from_estimate", default=None, metavar="ID",
+              help="Submit a row of `dlsub estimate` ID (its script, arguments, partition; --mem/--time from the "
+                   "profiles, with a margin, unless given).")
+@click.option("--choice", type=int, default=None, metavar="N",
+              help="The row of --from-estimate to submit [default: the recommended one].")
+@click.option("--target-loss", type=float, default=None,
+              help="Loss to train to: the script's run.should_finish() turns true there; status shows a loss ETA.")
+@click.argument("script", type=click.Path(path_type=Path, dir_okay=True, exists=False), required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@friendly_errors
+def submit(
+    gpus: str | None, gpus_per_node: int | None, nodes: str | None, cpu_nodes: int | None,
+    cpu_partition: str | None, cpus: int | None,
+    mem: str | None, time_limit: str | None, partition: str | None,
+    image: str | None, name: str | None, mode: str | None, dry_run: bool, as_json: bool,
+    from_estimate: str | None, choice: int | None, target_loss: float | None, script: Path | None,
+    args: tuple[str, ...],
+) -> None:
+    """Submit SCRIPT (a PyTorch training script) with ARGS to Slurm, in a container, under torchrun.
+
+    dlsub's options go before SCRIPT; everything after it is the script's,
+    as with sbatch (a `--` and a --json or --dry-run included). Options may
+    also be written in the script itself, on `#DLSUB` lines in its first
+    comment block (e.g. `#DLSUB --gpus 2 --time 1:00:00`); the command line wins.
+    """
+    values: dict[str, Any] = {"gpus": gpus, "gpus_per_node": gpus_per_node, "nodes": nodes, "cpus": cpus,
+                              "cpu_nodes": cpu_nodes, "cpu_partition": cpu_partition,
+                              "mem": mem, "time_limit": time_limit,
+                              "partition": partition, "image": image, "name": name, "mode": mode,
+                              "dry_run": dry_run, "as_json": as_json}
+    picked = chosen_row(load_settings().home, from_estimate, choice) if from_estimate is not None else None
+    if picked is None and choice is not None:
+        raise SubmitError("--choice N goes with --from-estimate ID")
+    if picked is not None and script is None:
+        script, args = Path(picked.script), picked.args
+    if script is None:
+        raise SubmitError("missing SCRIPT: give the training script to submit (or --from-estimate ID)")
+    values.update(options_from_directives(click.get_current_context(), script))
+    if picked is not None:
+        apply_to_values(values, picked)
+        click.echo(f"dlsub: {picked.note}", err=True)
+    values["cpus"], values["mem_mb"], values["limit"] = check_values(values)
+    shape = check_shape(values)
+    policy = site_policy()
+    settings, client, store = _context()
+    request = SubmitRequest(
+        script=script, args=tuple(args), gpus=shape.gpus_per_node, nodes=shape.nodes, max_nodes=shape.max_nodes,
+        cpus=values["cpus"], cpu_nodes=values["cpu_nodes"] or 0, cpu_partition=values["cpu_partition"],
+        mem_mb=values["mem_mb"], time_limit_min=values["limit"], partition=values["partition"],
+        image=values["image"], name=values["name"], workdir=Path.cwd(),
+        mode=values["mode"] or policy.default_mode,
+        max_continuations=policy.time_limits.max_continuations if policy.time_limits.continue_jobs else 0,
+    )
+    plan = plan_job(request, settings, client)
+    extra_env = dict(picked.env) if picked is not None else {}
+    if target_loss is not None:
+        extra_env[ENV_TARGET_LOSS] = repr(float(target_loss))
+    plan = with_env(plan, extra_env)
+    if values["dry_run"]:
+        click.echo(plan.script_text, nl=False)
+        click.echo(f"# dlsub: would submit to partition {plan.choice.partition}: {plan.choice.reason}", err=True)
+        return
+    check_budget(policy, client, getpass.getuser(),
+                 extra_for(policy, plan.choice.partition, request.nodes, request.time_limit_min))
+    submitted = submit_plan(plan, settings, client, store, agent_user=policy.agent_user)
+    for warning in submitted.warnings:
+        click.echo(f"dlsub: warning: {warning}", err=True)
+    record = submitted.record
+    if values["as_json"]:
+        click.echo(json.dumps({"id": record.id, "slurm_job_id": record.slurm_job_id,
+                               "partition": record.partition, "job_dir": record.job_dir,
+                               "mode": request.mode, "nodes": record.nodes, "max_nodes": record.max_nodes,
+                               "gpus_per_node": record.gpus_per_node, "worker_array_id": record.worker_array_id,
+                               "ideal_partition": plan.choice.ideal_partition or record.partition}))
+    else:
+        click.echo(
+            f"dlsub: submitted job {record.id} (Slurm job {record.slurm_job_id}) to partition "
+            f"{record.partition}: {plan.choice.reason}\n"
+            + (f"dlsub: elastic, {record.nodes} to {record.max_nodes} nodes: {record.max_nodes - record.nodes} "
+               f"held worker task(s) in Slurm job array {record.worker_array_id}, released by the agent when "
+               f"GPUs are idle\n" if record.max_nodes else "")
+            + f"dlsub: follow it with `dlsub status {record.id}` and `dlsub logs -f {record.id}`"
+        )
+
+
+def check_shape(values: dict[str, Any]) -> Shape:
+    """GPUs per node and the (elastic) node count from --gpus, --gpus-per-node and --nodes."""
+    try:
+        return resolve_shape(values.get("nodes"), values.get("gpus"), values.get("gpus_per_node"))
+    except ShapeError as exc:
+        raise SubmitError(str(exc)) from exc
+
+
+def check_values(values: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """(cpus, memory in MB, time limit in minutes) from the submit options, checked."""
+    cpus = values["cpus"]
+    if cpus is not None and cpus < 1:
+        raise SubmitError(f"--cpus must be 1 or more, not {cpus}")
+    try:
+        mem_mb = parse_mem(values["mem"]) if values["mem"] is not None else None
+    except click.BadParameter as exc:
+        raise SubmitError(f"--mem: {exc.message}") from exc
+    limit = parse_time_limit(values["time_limit"]) if values["time_limit"] is not None else None
+    return cpus, mem_mb, limit
+
+
+_SENTINEL = "dlsub-directive-placeholder-script"
+
+
+def _parse_directive(ctx: click.Context, script: Path, directive: Directive) -> dict[str, Any]:
+    """The options one ``#DLSUB`` line sets, checked; DirectiveError naming the line otherwise."""
+    where = f"{script.name} line {directive.line}: {directive.text!r}"
+    options = sorted(o for p in submit.params if isinstance(p, click.Option) for o in p.opts if o.startswith("--"))
+    for word in directive.words:
+        if word in ("-h", "--help", "--version"):
+            raise DirectiveError(f"{where}: {word} does not belong on a #DLSUB line; remove it")
+    try:
+        sub = submit.make_context(ctx.info_name, [*directive.words, "--", _SENTINEL], parent=ctx.parent)
+    except click.ClickException as exc:
+        raise DirectiveError(f"{where}: {exc.format_message()}; fix or remove the line") from exc
+    if str(sub.params["script"]) != _SENTINEL:
+        stray = str(sub.params["script"])
+        what = (f"unknown option {stray}" if stray.startswith("-") else f"{stray!r} is not an option")
+        raise DirectiveError(f"{where}: {what}; #DLSUB lines hold dlsub's submit options only "
+                             f"({', '.join(options)}); fix or remove the line")
+    given = {name: value for name, value in sub.params.items()
+             if name not in ("script", "args")
+             and sub.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+    try:
+        check_values({"cpus": None, "mem": None, "time_limit": None, **given})
+        check_shape(given)
+    except (SubmitError, TimeSpecError) as exc:
+        raise DirectiveError(f"{where}: {exc}; fix or remove the line") from exc
+    return given
+
+
+def options_from_directives(ctx: click.Context, script: Path) -> dict[str, Any]:
+    """Options from the script's ``#DLSUB`` lines that the command line left at their defaults."""
+    from_script: dict[str, Any] = {}
+    for directive in read_directives(script):
+        from_script.update(_parse_directive(ctx, script, directive))  # a later line wins, as a later option does
+    return {name: value for name, value in from_script.items()
+            if ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE}
+
+
+def _statuses(client: SlurmClient, store: JobStore, records: list[JobRecord]) -> list[JobStatus]:
+    """One squeue call for all the jobs; sacct for those Slurm no longer lists (purged after MinJobAge).
+
+    Each state seen is recorded in the store, which keeps a final state
+    final: a job once seen COMPLETED is not shown UNKNOWN after Slurm forgets it.
+    """
+    ids = {r.slurm_job_id for r in records if r.slurm_job_id is not None}
+    arrays = {r.worker_array_id for r in records if r.worker_array_id is not None}
+    listed = client.jobs_by_id(ids | arrays) if ids else []
+    slurm = {j.job_id: j for j in listed if j.job_id in ids}
+    workers: dict[int, list[SlurmJob]] = {}
+    for job in listed:
+        if job.array_job_id in arrays:
+            workers.setdefault(job.array_job_id or 0, []).append(job)
+    gone = sorted(ids - set(slurm))
+    if gone:
+        slurm.update({j.job_id: j for j in client.accounting(gone)})
+    rows = []
+    for record in records:
+        row = job_status(record, slurm.get(record.slurm_job_id or -1), workers.get(record.worker_array_id or -1))
+        shown = store.observed(record.id, row.state)
+        rows.append(row if shown.value == row.state else dataclasses.replace(row, state=shown.value))
+    return rows
+
+
+@main.command()
+@click.argument("job", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object (one job) or list.")
+@click.option("--all", "show_all", is_flag=True, help="Every job you ever submitted, however long ago it ended.")
+@click.option("--since", "since", default=None, metavar="DATE",
+              help="Jobs alive or ended since DATE (2026-11-20, 2026-11-20T09:30, or an age: 12h, 2d) "
+                   "[default: the last day].")
+@friendly_errors
+def status(job: str | None, as_json: bool, show_all: bool, since: str | None) -> None:
+    """Your dlsub jobs that are alive or ended in the last day: state, partition, step, loss, ETA, attempts.
+
+    A named JOB is always shown, however old; --all lists every job.
+    """
+    from dlsub.job.status_window import DEFAULT_WINDOW_S, SinceError, parse_since
+
+    if show_all and since is not None:
+        fail("give --all or --since, not both", 2)
+    try:
+        edge = None if show_all or job else (parse_since(since, time.time()) if since is not None
+                                              else time.time() - DEFAULT_WINDOW_S)
+    except SinceError as exc:
+        fail(str(exc), 2)
+        return
+    _, client, store = _context()
+    records = [store.get(job)] if job else store.all()
+    rows = _statuses(client, store, window_records(records, edge))
+    if edge is not None:
+        rows = window_rows(store, rows, edge)
+    if as_json:
+        payload: Any = rows[0].to_json() if job else [r.to_json() for r in rows]
+        click.echo(json.dumps(payload, indent=2))
+    elif rows:
+        click.echo(render_table(rows, bars=progress_bars(rows) if sys.stdout.isatty() else None))
+    elif edge is not None and store.all():
+        click.echo("no dlsub jobs alive or ended in that time; `dlsub status --all` lists every job")
+    else:
+        click.echo("no dlsub jobs yet; submit one with `dlsub train.py`")
+
+
+def window_records(records: list[JobRecord], edge: float | None) -> list[JobRecord]:
+    """The records worth asking Slurm about: not those the store knows ended before ``edge``."""
+    from dlsub.job.status_window import maybe_in_window
+
+    return records if edge is None else [r for r in records if maybe_in_window(r, edge)]
+
+
+def window_rows(store: JobStore, rows: list[JobStatus], edge: float) -> list[JobStatus]:
+    """The rows of jobs alive, or ended at or after ``edge``."""
+    from dlsub.job.status_window import ended_at, is_ended
+    from dlsub.job_progress import read_attempts
+
+    kept = []
+    for row in rows:
+        if is_ended(row.state) and ended_at(store.get(row.id), read_attempts(Path(row.job_dir))) < edge:
+            continue
+        kept.append(row)
+    return kept
+
+
+def progress_bars(rows: list[JobStatus]) -> list[str]:
+    """A one-line bar per running job (its declared total), for a terminal."""
+    from dlsub.job.status_window import fraction_done, progress_bar
+    from dlsub.job_progress import summarize_progress
+
+    return [progress_bar(fraction_done(summarize_progress(Path(r.job_dir)))) if r.state == JobState.RUNNING.value
+            else "" for r in rows]
+
+
+def _output_file(record: JobRecord) -> Path:
+    return output_file(Path(record.job_dir), record.slurm_job_id or 0)
+
+
+@main.command()
+@click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+@friendly_errors
+def logs(job: str, follow: bool) -> None:
+    """Print the job's output (all attempts)."""
+    _, client, store = _context()
+    record = store.get(job)
+    path = _output_file(record)
+    offset = 0
+    last_check = 0.0
+    while True:
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            offset += len(chunk)
+            if chunk:
+                sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+                sys.stdout.flush()
+        if not follow:
+            if not path.exists():
+                click.echo(f"dlsub: no output yet for job {record.id} (it has not started)", err=True)
+            return
+        now = time.monotonic()
+        if now - last_check > 3:
+            last_check = now
+            (state,) = _statuses(client, store, [record])
+            if JobState(state.state).terminal or state.state == JobState.UNKNOWN.value:
+                time.sleep(0.5)
+                if path.exists() and path.stat().st_size > offset:
+                    continue
+                click.echo(f"dlsub: job {record.id} is {state.state}", err=True)
+                return
+        time.sleep(0.5)
+
+
+def _lookup(job: str) -> tuple[SlurmClient, JobStore, JobRecord, JobStatus]:
+    """One of the user's jobs by handle, with its current status."""
+    _, client, store = _context()
+    record = store.get(job)
+    (current,) = _statuses(client, store, [record])
+    return client, store, record, current
+
+
+@main.command()
+@click.argument("job")
+@friendly_errors
+def cancel(job: str) -> None:
+    """Cancel the job; its container is stopped and removed."""
+    client, store, record, current = _lookup(job)
+    if JobState(current.state).terminal:
+        click.echo(f"dlsub: job {record.id} already ended ({current.state}); nothing to cancel")
+        return
+    store.update(record.id, cancelled_at=time.time())
+    if record.slurm_job_id is not None:
+        client.cancel(record.slurm_job_id)
+    if record.worker_array_id is not None:
+        client.cancel(record.worker_array_id)  # an elastic job's workers, running or held
+    click.echo(f"dlsub: cancelled job {record.id} (Slurm job {record.slurm_job_id})")
+
+
+@main.command()
+@click.argument("job")
+@friendly_errors
+def requeue(job: str) -> None:
+    """Checkpoint the running job now and continue it in a new Slurm attempt."""
+    client, _, record, current = _lookup(job)
+    if current.state != JobState.RUNNING.value or record.slurm_job_id is None:
+        raise SubmitError(f"job {record.id} is {current.state}, not RUNNING; only a running job can be requeued")
+    # The batch script's trap forwards SIGUSR1 into the container: checkpoint, exit 85, requeue.
+    client.cancel(record.slurm_job_id, signal=CHECKPOINT_SIGNAL, batch=True)
+    click.echo(f"dlsub: asked job {record.id} to checkpoint and continue in a new attempt")
+
+
+main.add_command(simulate)
+main.add_command(agent)
+main.add_command(why)
+main.add_command(backfill)
+main.add_command(config)
+main.add_command(estimate)
+main.add_command(usage)
+main.add_command(dashboard)
+main.add_command(doctor)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""What users ask the agent: ``dlsub why JOB`` and ``dlsub agent status``.
+
+Both ask the running agent over its socket (:mod:`dlsub.agent.query`),
+which answers about the caller's own jobs only. When it does not answer,
+root and the agent's service account read its database directly; anyone
+else is told that the agent is down and its state is private.
+
+Exit codes: 0 answered, 2 bad input, 3 the agent is not running or does
+not answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import pwd
+import sqlite3
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from dlsub.agent.agent_store import AgentStore, default_db_path
+from dlsub.agent.query import AgentUnavailable, agent_status, ask
+from dlsub.cli.errors import fail
+from dlsub.contract import DLSUB_ID
+from dlsub.site_config.policy_file import AgentPolicy, PolicyFileError, load_policy
+
+#: The agent does not answer (not running, stuck, or its socket is gone).
+EXIT_NOT_RUNNING = 3
+#: The fields `dlsub agent status --json` always has, answered or not.
+KEPT_FIELDS = ("running", "last_tick", "last_tick_age_s", "doing", "moves_in_flight", "last_error")
+
+socket_option = click.option("--socket", "socket_path", type=click.Path(path_type=Path, dir_okay=False),
+                             default=None, envvar="DLSUB_AGENT_SOCKET",
+                             help="The agent's query socket [default: $DLSUB_AGENT_SOCKET or the policy's `socket`].")
+direct_db_option = click.option(
+    "--db", type=click.Path(path_type=Path, dir_okay=False), default=None,
+    help="Read this agent database directly instead of asking the agent (root and the agent's account only).")
+
+
+
+def _policy() -> AgentPolicy:
+    try:
+        return load_policy(None)
+    except PolicyFileError as exc:
+        fail(f"{exc} (the agent's policy names its socket; ask your admin, or pass --socket)")
+
+
+def _may_read_state(db: Path) -> bool:
+    """Root and the service account may read the agent's database; nobody else can."""
+    return os.access(db, os.R_OK) and os.access(db.parent, os.X_OK)
+
+
+def _read_directly(db: Path) -> AgentStore:
+    try:
+        if db.exists() and not os.access(db, os.R_OK):  # exists() itself raises when the directory is closed
+            raise PermissionError(db)
+        return AgentStore(db, readonly=True)
+    except FileNotFoundError:
+        fail(f"no agent state at {db}: the agent has not run here", EXIT_NOT_RUNNING)
+    except (PermissionError, sqlite3.OperationalError):
+        fail(f"the agent's state at {db} is private to its service account; ask the running agent "
+              "(leave out --db)", EXIT_NOT_RUNNING)
+
+
+def _alive(pid: Any) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except PermissionError:
+        return True  # someone else's process (the service account's)
+    except (OSError, TypeError, ValueError):
+        return False
+    return True
+
+
+# ---------------------------------------------------------------- dlsub agent status
+
+
+def _print_status(info: dict[str, Any]) -> None:
+    if info["running"]:
+        click.echo(f"dlsub agent: running (pid {info.get('pid')} on {info.get('host')}); policy {info.get('policy')}")
+    else:
+        click.echo("dlsub agent: not running" + (f" ({info['error']})" if info.get("error") else ""))
+    last = info.get("last_tick")
+    if last:
+        click.echo(f"last tick: {dt.datetime.fromtimestamp(last):%Y-%m-%d %H:%M:%S} "
+                   f"({info['last_tick_age_s']:.0f} s ago)")
+    if info.get("late"):
+        why = ("the last tick hit its deadline" if info.get("last_tick_hit_deadline")
+               else f"no tick for longer than {info.get('tick_interval_s'):g} s + {info.get('tick_deadline_s'):g} s")
+        click.echo(f"late: {why}")
+    if info.get("doing") is not None:
+        click.echo(f"doing: {info['doing']}")
+    moves = info.get("moves_in_flight") or []
+    if moves:
+        click.echo(f"moves in flight: {len(moves)}")
+    if info.get("last_error"):
+        click.echo(f"last error: {info['last_error']}")
+
+
+def _status_unanswered(reason: str, db: Path | None) -> dict[str, Any]:
+    """The status when the agent does not answer: from its database for those who may read it."""
+    policy = AgentPolicy()
+    path = db or default_db_path()
+    if db is not None or _may_read_state(path):
+        try:
+            store = _read_directly(path)
+            meta = store.meta()
+            info = agent_status(meta, store.moves(), policy, time.time(), running=False)
+        except SystemExit:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an unreadable state says only that no agent runs
+            info = {**dict.fromkeys(KEPT_FIELDS), "running": False, "error": f"{reason}; its state: {exc}"}
+            return info
+        alive = bool(meta.get("pid")) and not meta.get("stopped") and _alive(meta.get("pid"))
+        info["process_alive"] = alive
+        if db is not None:  # asked to read the database: its process says whether it runs
+            info["running"] = alive
+        else:
+            info["error"] = reason
+        return info
+    return {**dict.fromkeys(KEPT_FIELDS), "running": False, "moves_in_flight": [],
+            "error": f"{reason} (its state is private to the agent's account: ask your admin if it stays down)"}
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@socket_option
+@direct_db_option
+def status(as_json: bool, socket_path: Path | None, db: Path | None) -> None:
+    """Whether the agent runs, its last tick (and whether it is late), and what it is doing."""
+    if db is not None:
+        info = _status_unanswered("read from its database (--db)", db)
+    else:
+        path = socket_path or Path(_policy().socket)
+        try:
+            reply = ask(path, {"op": "status"})
+        except AgentUnavailable as exc:
+            info = _status_unanswered(str(exc), None)
+        else:
+            if not reply.get("ok") or not isinstance(reply.get("status"), dict):
+                info = _status_unanswered(f"the agent answered with an error: {reply.get('error')}", None)
+            else:
+                info = reply["status"]
+    if as_json:
+        click.echo(json.dumps(info))
+    else:
+        _print_status(info)
+    if not info.get("running"):
+        sys.exit(EXIT_NOT_RUNNING)
+
+
+# ---------------------------------------------------------------- dlsub why
+
+
+def resolve_job(job: str) -> tuple[str | None, int | None]:
+    """JOB (a dlsub id, its prefix, or a Slurm job id) as (dlsub id, Slurm id), through the user's own store."""
+    from dlsub.job.settings import load_settings
+    from dlsub.job.user_store import JobStore, UnknownJob
+
+    try:
+        record = JobStore(load_settings().db_path).get(job)
+        return record.id, record.slurm_job_id
+    except (UnknownJob, OSError):
+        pass
+    if job.isdigit() and 0 < int(job) < 2**32:
+        return None, int(job)
+    if DLSUB_ID.match(job):
+        return job, None
+    fail(f"unknown job {job!r}: give a dlsub id (8 hex digits, or a prefix of one of yours) "
+          "or a Slurm job id; `dlsub status` lists your jobs")
+
+
+def _decisions_directly(db: Path, dlsub_id: str | None, slurm_id: int | None) -> list[dict[str, Any]]:
+    store = _read_directly(db)
+    found = store.decisions(dlsub_id=dlsub_id, slurm_job_id=None if dlsub_id else slurm_id)
+    return [dataclasses.asdict(d) for d in found]
+
+
+@click.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True)
+@socket_option
+@direct_db_option
+def why(job: str, as_json: bool, socket_path: Path | None, db: Path | None) -> None:
+    """What the agent decided about JOB (a dlsub id, its prefix, or a Slurm job id), and why."""
+    dlsub_id, slurm_id = resolve_job(job)
+    if db is not None:
+        decisions = _decisions_directly(db, dlsub_id, slurm_id)
+    else:
+        path = socket_path or Path(_policy().socket)
+        try:
+            reply = ask(path, {"op": "why", "dlsub_id": dlsub_id, "slurm_job_id": slurm_id})
+        except AgentUnavailable as exc:
+            state = default_db_path()
+            if not _may_read_state(state):
+                fail(f"{exc}; the agent's decisions are private to it and it is not answering: "
+                      "try again later, or ask your admin", EXIT_NOT_RUNNING)
+            me = pwd.getpwuid(os.geteuid()).pw_name
+            click.echo(f"dlsub: {exc}; reading {state} directly as {me}", err=True)
+            decisions = _decisions_directly(state, dlsub_id, slurm_id)
+        else:
+            if not reply.get("ok"):
+                fail(f"the agent answered: {reply.get('error')}", 1)
+            decisions = reply.get("decisions") or []
+    if as_json:
+        click.echo(json.dumps(decisions))
+        return
+    if not decisions:
+        click.echo(f"dlsub: the agent has decided nothing about job {job} yet")
+        return
+    for d in decisions:
+        when = dt.datetime.fromtimestamp(float(d["time"]))
+        click.echo(f"{when:%Y-%m-%d %H:%M:%S}  {d['kind']:<14} {d['reason']}")

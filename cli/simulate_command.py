@@ -1,0 +1,116 @@
+"""``dlsub simulate WORKLOAD.csv --policy NAME``: replay a workload in the simulator.
+
+Lives apart from the rest of the CLI because it needs numpy and scipy,
+which submitting a job does not.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from dlsub.cli.errors import fail
+
+
+@click.command()
+@click.argument("workload", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--policy", "policy_name", default="goodput", show_default=True,
+              help="Scheduling policy (fifo, rr, efifo, gang, tiresias, optimus, goodput, pollux, worker-greedy).")
+@click.option("--cluster", "cluster_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Cluster TOML (nodes, gpus_per_node or [[group]]) [default: 16 nodes x 4 GPUs].")
+@click.option("--traces", "traces_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Application traces [default: the traces/ folder beside the workload's folder].")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Write jobs.csv, timeline.csv and summary.json here.")
+@click.option("--plot", is_flag=True, help="Write a PNG of the JCT distribution and utilisation (into --out, or .).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --arrival-jitter.")
+@click.option("--arrival-jitter", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Delay each arrival by up to this many seconds (seeded).")
+@click.option("--interval", type=click.IntRange(min=1), default=60, show_default=True,
+              help="Scheduling interval, seconds.")
+@click.option("--information", type=click.Choice(["online", "oracle"]), default="online", show_default=True,
+              help="What a learning policy (goodput, pollux) is told: online, only what each job reported at the sizes "
+                   "it ran (as the live agent); oracle, every job's true performance and remaining work. "
+                   "Baselines see what their papers gave them either way.")
+@click.option("--history", type=click.Choice(["none", "columns", "one-user"]), default="none", show_default=True,
+              help="Online, whose earlier runs a job's throughput fit may start from: none; the workload's user "
+                   "and command columns; or one-user, an assumption (the workload is one user's and a command "
+                   "is an application and batch size; every job of an application is then a clone).")
+@click.option("--restart-penalty", type=click.IntRange(min=0), default=30, show_default=True,
+              help="Seconds without progress after every (re)allocation.")
+def simulate(
+    workload: Path,
+    policy_name: str,
+    cluster_file: Path | None,
+    traces_dir: Path | None,
+    as_json: bool,
+    out_dir: Path | None,
+    plot: bool,
+    seed: int,
+    arrival_jitter: float,
+    interval: int,
+    restart_penalty: int,
+    information: str,
+    history: str,
+) -> None:
+    """Replay WORKLOAD (name,time,application,num_replicas,batch_size) under a policy.
+
+    The Pollux workloads ship with dlsub: pollux/workloads/workload-1.csv ...
+    workload-8.csv (1.0x load) and pollux/workloads-0.5/ (0.5x).
+    """
+    from dlsub.policies.api import PolicyError
+    from dlsub.policies.registry import get_policy
+    from dlsub.policies.sim.cluster_file import ClusterFileError, default_cluster, load_cluster
+    from dlsub.policies.sim.engine import SimConfig
+    from dlsub.policies.sim.engine import simulate as run_simulation
+    from dlsub.policies.sim.report import write_outputs, write_plot
+    from dlsub.policies.sim.workload import POLLUX_DIR, WorkloadError, default_traces_dir, read_workload
+
+    if not workload.exists() and (POLLUX_DIR.parent / workload).is_file():
+        workload = POLLUX_DIR.parent / workload  # the shipped pollux/... workloads by name
+    try:
+        policy = get_policy(policy_name)
+        cluster = load_cluster(cluster_file) if cluster_file else default_cluster()
+        jobs = read_workload(workload)
+        traces = traces_dir or default_traces_dir(workload)
+        if traces is None or not traces.is_dir():
+            fail(f"no traces folder for {workload}; pass --traces DIR (the folder with one sub-folder per application)")
+        assert traces is not None
+        config = SimConfig(interval_s=interval, restart_penalty_s=restart_penalty, seed=seed,
+                           arrival_jitter_s=arrival_jitter, information=information, history=history)
+        with click.progressbar(length=len(jobs), label=f"{policy.name} on {workload.name}", file=sys.stderr,
+                               show_pos=True) as bar:
+            done = [0]
+
+            def on_progress(completed: int, total: int) -> None:
+                bar.update(completed - done[0])
+                done[0] = completed
+
+            result = run_simulation(jobs, traces, policy, cluster, config, workload_name=workload.stem,
+                                    on_progress=on_progress)
+    except (PolicyError, ClusterFileError, WorkloadError) as exc:
+        fail(str(exc))
+    summary = result.summary()
+    written: list[Path] = []
+    if out_dir is not None:
+        written += write_outputs(result, out_dir)
+    if plot:
+        target = (out_dir or Path(".")) / f"{workload.stem}-{policy.name}.png"
+        try:
+            written.append(write_plot(result, target))
+        except RuntimeError as exc:
+            fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        for key, value in summary.items():
+            click.echo(f"{key:>16}: {value}")
+    for path in written:
+        click.echo(f"dlsub: wrote {path}", err=True)
+    if result.stalled:
+        click.echo("dlsub: the simulation stalled: jobs waited with no progress (see 'completed')", err=True)
+        sys.exit(3)

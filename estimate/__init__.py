@@ -1,0 +1,1 @@
+"""dlsub estimate: a short profiling run, its fit per partition, and the recommended shape, time and cost."""

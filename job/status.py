@@ -1,0 +1,204 @@
+"""What ``dlsub status`` shows: Slurm's view and the job directory's, merged (pure)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE, EVENT_END, EVENT_START, JobState
+from dlsub.job.status_extra import job_extra
+from dlsub.job.user_store import JobRecord
+from dlsub.job_progress import Progress, read_attempts, read_progress_events, summarize_progress
+from dlsub.slurm_plugins.models import SlurmJob, expand_nodes
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    id: str
+    slurm_job_id: int | None
+    name: str
+    state: str
+    partition: str
+    nodes: str
+    step: int | None
+    epoch: float | None
+    loss: float | None
+    samples_per_s: float | None
+    steps_per_s: float | None
+    eta_s: float | None
+    attempts: int
+    last_checkpoint_step: int | None
+    reason: str
+    job_dir: str
+    submitted_at: float
+    # Cost so far and the loss-curve ETA (dlsub.job.status_extra).
+    node_hours: float | None = None
+    cost: float | None = None
+    target_loss: float | None = None
+    target_step: int | None = None
+    loss_eta_s: float | None = None
+    eta_confidence: float | None = None
+    # A gang's size now (training processes), every node it runs on (the main
+    # job's and its running workers'), an elastic job's range, and each time
+    # its training started at another size than before.
+    world_size: int | None = None
+    node_list: tuple[str, ...] = ()
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+    resizes: tuple[dict[str, Any], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _state_without_slurm(record: JobRecord, attempts: list[dict[str, Any]], progress: Progress) -> JobState:
+    """Slurm has forgotten the job (MinJobAge passed): read the job directory's record."""
+    if record.cancelled_at:
+        return JobState.CANCELLED
+    ends = [a for a in attempts if a.get("event") == EVENT_END]
+    if ends:
+        last = ends[-1]
+        if last.get("rc") == 0:
+            return JobState.COMPLETED
+        if last.get("action") not in (ACTION_REQUEUE, ACTION_MOVE):
+            return JobState.FAILED
+    if progress.finished:
+        return JobState.COMPLETED
+    return JobState.UNKNOWN
+
+
+def resize_history(starts: list[dict[str, Any]]) -> tuple[int | None, tuple[dict[str, Any], ...]]:
+    """The world size of the last training start, and every start at another size than the one before."""
+    sized = [e for e in starts if e.get("world_size")]
+    history = []
+    for before, after in zip(sized, sized[1:], strict=False):
+        if after["world_size"] != before["world_size"] or after.get("nodes") != before.get("nodes"):
+            history.append({"time": after["time"], "world_size": after["world_size"], "nodes": after.get("nodes"),
+                            "from_world_size": before["world_size"], "from_nodes": before.get("nodes")})
+    return (sized[-1]["world_size"] if sized else None), tuple(history)
+
+
+def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob] | None = None) -> JobStatus:
+    """``workers``: Slurm's view of an elastic job's worker tasks (its nodes count as the job's)."""
+    job_dir = Path(record.job_dir)
+    progress = summarize_progress(job_dir)
+    attempts = read_attempts(job_dir)
+    started = {(a.get("slurm_job_id"), a.get("restart")) for a in attempts
+               if a.get("event") == EVENT_START and a.get("role", "main") == "main"}
+    if slurm is not None:
+        state = JobState.from_slurm(slurm.state)
+        if record.cancelled_at and state in (JobState.CANCELLED, JobState.FAILED, JobState.UNKNOWN):
+            state = JobState.CANCELLED
+        partition, nodes, reason = slurm.partition, slurm.nodes, slurm.reason
+        attempt_count = max(len(started), slurm.restart_count + (1 if state == JobState.RUNNING else 0))
+    else:
+        state = _state_without_slurm(record, attempts, progress)
+        last_start = [a for a in attempts if a.get("event") == EVENT_START][-1:]
+        partition = last_start[0].get("partition", record.partition) if last_start else record.partition
+        nodes = last_start[0].get("node", "") if last_start else ""
+        reason = "" if state != JobState.UNKNOWN else "Slurm no longer lists the job and it left no end record"
+        attempt_count = len(started)
+    if state == JobState.RUNNING and reason == "None":
+        reason = ""
+    eta = progress.eta_s() if state in (JobState.RUNNING, JobState.COMPLETED) else None
+    if state == JobState.RUNNING and eta is not None and progress.last_time:
+        # The last report is a little old by now; count that time as done.
+        eta = max(0.0, eta - max(0.0, time.time() - progress.last_time))
+    extra = job_extra(job_dir, attempts, record.nodes, progress.steps_per_s)
+    world_size, resizes = resize_history([e for e in read_progress_events(job_dir) if e["event"] == EVENT_START])
+    running = [nodes] if state == JobState.RUNNING else []
+    running += [w.nodes for w in workers or () if w.state == "RUNNING"]
+    node_list = []
+    for hostlist in running:
+        try:
+            node_list += expand_nodes(hostlist)
+        except ValueError:
+            node_list.append(hostlist)  # shown as Slurm gave it
+    return JobStatus(
+        id=record.id,
+        slurm_job_id=record.slurm_job_id,
+        name=record.name,
+        state=state.value,
+        partition=partition,
+        nodes=nodes,
+        step=progress.step,
+        epoch=progress.epoch,
+        loss=progress.loss,
+        samples_per_s=round(progress.samples_per_s, 2) if progress.samples_per_s else None,
+        steps_per_s=round(progress.steps_per_s, 3) if progress.steps_per_s else None,
+        eta_s=round(eta, 1) if eta is not None else None,
+        attempts=attempt_count,
+        last_checkpoint_step=progress.last_checkpoint_step,
+        reason=reason,
+        job_dir=record.job_dir,
+        submitted_at=record.submitted_at,
+        node_hours=extra.node_hours,
+        cost=extra.cost,
+        target_loss=extra.target_loss,
+        target_step=extra.target_step,
+        loss_eta_s=extra.loss_eta_s if state == JobState.RUNNING else None,
+        eta_confidence=extra.eta_confidence,
+        world_size=world_size,
+        node_list=tuple(node_list),
+        min_nodes=record.nodes,
+        max_nodes=record.max_nodes,
+        resizes=resizes,
+    )
+
+
+def _fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if spec else str(value)
+
+
+def _eta_cell(r: JobStatus) -> str:
+    """The declared-total ETA; with a target loss, the loss-curve one and its confidence once stable."""
+    if r.loss_eta_s is not None and r.eta_confidence is not None:
+        return f"~{_fmt_duration(r.loss_eta_s)} ({r.eta_confidence:.0%})"
+    return _fmt_duration(r.eta_s)
+
+
+def render_table(rows: list[JobStatus], bars: list[str] | None = None) -> str:
+    """The table; ``bars`` (one per row, e.g. progress bars on a terminal) adds a PROGRESS column."""
+    header = [
+        "ID", "SLURM", "NAME", "STATE", "PARTITION", "NODES", "STEP", "EPOCH", "LOSS", "SAMPLES/S", "ETA", "TRIES",
+        "COST"
+    ]
+    body = [
+        [
+            r.id,
+            _fmt(r.slurm_job_id),
+            r.name[:20],
+            r.state + (f" ({r.reason})" if r.reason and r.state in ("PENDING", "UNKNOWN") else ""),
+            r.partition,
+            r.nodes or "-",
+            _fmt(r.step),
+            _fmt(r.epoch),
+            _fmt(r.loss, ".4f"),
+            _fmt(r.samples_per_s, ".1f"),
+            _eta_cell(r),
+            str(r.attempts),
+            _fmt(r.cost, ".3f"),
+        ]
+        for r in rows
+    ]
+    if bars is not None:
+        header.append("PROGRESS")
+        body = [[*line, bar] for line, bar in zip(body, bars, strict=True)]
+    # Every body row has one cell per header column.
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
+    return "\n".join(
+        "  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]
+    )

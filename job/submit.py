@@ -1,0 +1,272 @@
+"""Turn a ``dlsub submit`` request into a planned, rendered and submitted Slurm job.
+
+Checks everything that can be checked before anything is written, so a bad
+request submits nothing and leaves no job directory behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dlsub
+from dlsub.containers.podman import ContainerSpec, check_image, check_mount_path
+from dlsub.contract import BATCH_SCRIPT, WORKER_SCRIPT
+from dlsub.job.partition_choice import Choice, Request, choose_partition
+from dlsub.job.private_files import AgentAccess, blocked_ancestor, make_job_dir
+from dlsub.job.settings import Settings
+from dlsub.job.user_store import JobRecord, JobStore
+from dlsub.slurm_plugins.client import SlurmClient
+from dlsub.slurm_plugins.sbatch import BatchSpec, render_sbatch, safe_job_name
+
+
+class SubmitError(ValueError):
+    """A request that cannot be submitted; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    script: Path
+    args: tuple[str, ...]
+    gpus: int
+    nodes: int
+    cpus: int | None
+    mem_mb: int | None
+    time_limit_min: int | None
+    partition: str | None
+    image: str | None
+    name: str | None
+    workdir: Path
+    mode: str = "ideal"  # "immediate": start on what is free now, move to GPUs later
+    # From the site's policy: resume-requeues the batch script may make
+    # (time_limits.max_continuations; 0 when continuation is off).
+    max_continuations: int = 20
+    # An elastic job's most nodes (``--nodes MIN:MAX``): ``nodes`` is MIN.
+    max_nodes: int | None = None
+    # A CPU component of this many nodes beside the trainers (one heterogeneous job).
+    cpu_nodes: int = 0
+    cpu_partition: str | None = None  # default: the site's cpu-role partition, else one without GPUs
+
+
+@dataclass(frozen=True)
+class Plan:
+    dlsub_id: str
+    choice: Choice
+    batch: BatchSpec
+    script_text: str
+    # An elastic job's held worker array (one node per task), submitted first.
+    workers: BatchSpec | None = None
+
+
+def library_dir() -> Path:
+    """The installed ``dlsub`` package, mounted into containers for ``from dlsub import checkpointing``."""
+    return Path(dlsub.__file__).resolve().parent
+
+
+def check_script(script: Path) -> Path:
+    if not script.exists():
+        raise SubmitError(f"script {str(script)!r} does not exist; give the path of your training script")
+    if not script.is_file():
+        raise SubmitError(f"{str(script)!r} is not a file; give the path of your training script")
+    if not os.access(script, os.R_OK):
+        raise SubmitError(f"script {str(script)!r} is not readable; check its permissions (chmod u+r)")
+    return script.resolve()
+
+
+def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, check_images: bool = True) -> Plan:
+    script = check_script(req.script)
+    if req.gpus < 0:
+        raise SubmitError(f"--gpus must be 0 or more, not {req.gpus}")
+    if req.nodes < 1:
+        raise SubmitError(f"--nodes must be 1 or more, not {req.nodes}")
+    if req.max_nodes is not None and req.max_nodes <= req.nodes:
+        raise SubmitError(f"--nodes {req.nodes}:{req.max_nodes}: an elastic range needs MIN < MAX "
+                          f"(or give one number for a fixed size)")
+    if req.cpu_nodes < 0:
+        raise SubmitError(f"--cpu-nodes must be 0 or more, not {req.cpu_nodes}")
+    if req.cpu_nodes and req.max_nodes is not None:
+        raise SubmitError("--cpu-nodes cannot go with an elastic --nodes MIN:MAX: Slurm's heterogeneous jobs "
+                          "cannot be job arrays; give a fixed --nodes")
+    gang = req.nodes > 1 or req.max_nodes is not None or req.cpu_nodes > 0
+    if gang and req.mode == "immediate" and req.partition is None:
+        # A gang does not start on CPU nodes to be moved later: the agent resizes it instead.
+        req = dataclasses.replace(req, mode="ideal")
+    image = req.image or settings.image
+    cpus = req.cpus or settings.cpus
+    mem_mb = req.mem_mb or settings.mem_mb
+    for path in (script.parent, req.workdir, settings.jobs_dir):
+        try:
+            check_mount_path(path)
+        except ValueError as exc:
+            raise SubmitError(str(exc)) from exc
+    if any(ch in str(settings.jobs_dir) for ch in "\n\r"):
+        # The job directory is in #SBATCH --output=, one line of the batch script.
+        raise SubmitError(f"the job directories' folder {str(settings.jobs_dir)!r} has a line break, which "
+                          "Slurm's #SBATCH --output cannot carry; set DLSUB_HOME to a path without one")
+
+    client.ping()
+    choice = choose_partition(
+        client.partitions(),
+        Request(gpus_per_node=req.gpus, cpus=cpus, mem_mb=mem_mb, time_limit_min=req.time_limit_min,
+                nodes=req.nodes, partition=req.partition, immediate=req.mode == "immediate"),
+    )
+    if req.max_nodes is not None:
+        fits = [p for p in client.partitions() if p.name == choice.partition]
+        if fits and len(fits[0].nodes) < req.max_nodes:
+            raise SubmitError(f"--nodes {req.nodes}:{req.max_nodes}: partition {choice.partition} has only "
+                              f"{len(fits[0].nodes)} nodes; ask for at most {len(fits[0].nodes)}")
+    if check_images:
+        check_image(image)
+
+    dlsub_id = uuid.uuid4().hex[:8]
+    job_dir = settings.jobs_dir / dlsub_id
+    container = ContainerSpec(
+        image=image,
+        script=script,
+        script_args=req.args,
+        job_dir=job_dir,
+        workdir=req.workdir,
+        library_dir=library_dir(),
+        nproc_per_node=None,  # one per GPU of each attempt (they may differ after a move)
+        runtime=settings.runtime,
+        grace_s=max(5, settings.signal_grace_s // 2),
+    )
+    batch = BatchSpec(
+        dlsub_id=dlsub_id,
+        job_name=req.name or safe_job_name(script.stem),
+        partition=choice.partition,
+        container=container,
+        nodes=req.nodes,
+        gpus_per_node=req.gpus if choice.gpus_now is None else choice.gpus_now,
+        cpus_per_task=cpus,
+        mem_mb=mem_mb,
+        time_limit_min=req.time_limit_min,
+        signal_grace_s=settings.signal_grace_s,
+        dlsub_version=dlsub.__version__,
+        tags=(("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus)),
+              *((("nodes", f"{req.nodes}-{req.max_nodes}"),) if req.max_nodes is not None else ())),
+        max_continuations=max(0, req.max_continuations),
+        elastic=(req.nodes, req.max_nodes) if req.max_nodes is not None else None,
+    )
+    if req.cpu_nodes:
+        batch = dataclasses.replace(batch, cpu_nodes=req.cpu_nodes, cpu_cpus=cpus, cpu_mem_mb=mem_mb,
+                                    cpu_partition=_cpu_partition(client, req, cpus, mem_mb))
+    workers = None
+    if batch.elastic is not None:
+        # The workers wait, held, on the partition the job runs on; each is one node of the same shape.
+        tags = dict(batch.tags)
+        workers = dataclasses.replace(
+            batch, nodes=1, role="worker", gpus_per_node=req.gpus,
+            tags=(("mode", "ideal"), ("ideal", tags["ideal"]), ("gpus", str(req.gpus)), ("role", "worker"),
+                  ("nodes", tags["nodes"])))
+        render_sbatch(workers)  # a worker script that cannot be rendered fails the plan, before anything is written
+    return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers)
+
+
+def _cpu_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb: int) -> str:
+    """Where a heterogeneous job's CPU component runs: the one asked for, else the first partition
+    without GPUs that has enough nodes for it."""
+    parts = client.partitions()
+    names = [p.name for p in parts]
+    if req.cpu_partition is not None and req.cpu_partition not in names:
+        raise SubmitError(f"--cpu-partition: unknown partition {req.cpu_partition!r}; this cluster has: "
+                          f"{', '.join(names)}")
+    for p in parts:
+        if req.cpu_partition is not None and p.name != req.cpu_partition:
+            continue
+        if req.cpu_partition is None and p.max_gpus_per_node:
+            continue
+        fit = [n for n in p.nodes if n.cpus >= cpus and n.real_memory_mb >= mem_mb]
+        if len(fit) >= req.cpu_nodes:
+            return p.name
+        if req.cpu_partition is not None:
+            raise SubmitError(f"--cpu-nodes {req.cpu_nodes}: partition {p.name} has {len(fit)} node(s) with "
+                              f"{cpus} CPUs and {mem_mb} MB")
+    raise SubmitError(f"--cpu-nodes {req.cpu_nodes}: no partition without GPUs has {req.cpu_nodes} node(s) with "
+                      f"{cpus} CPUs and {mem_mb} MB; name one with --cpu-partition")
+
+
+def _write_new(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+@dataclass
+class Submitted:
+    record: JobRecord
+    warnings: list[str] = field(default_factory=list)
+
+
+def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobStore,
+                agent_user: str = "dlsub", sbatch_args: tuple[str, ...] = ()) -> Submitted:
+    """Write the job directory, sbatch it, record it; undo the directory if sbatch fails.
+
+    The job directory is private to the user except the progress and attempt
+    files, which the agent's account may read (see :mod:`dlsub.job.private_files`).
+    """
+    spec = plan.batch
+    job_dir = spec.container.job_dir
+    access = AgentAccess(agent_user)
+    warnings: list[str] = []
+    if job_dir.exists() or job_dir.is_symlink():
+        raise SubmitError(f"{job_dir} already exists; submit again for a fresh job id")
+    try:
+        make_job_dir(job_dir, access)
+        blocked = blocked_ancestor(job_dir, agent_user)
+        if blocked is not None:
+            warnings.append(
+                f"the agent (user {agent_user}) cannot enter {blocked}, so it cannot follow this job's progress "
+                f"or move it; set DLSUB_HOME to a directory on shared storage that it can enter, "
+                f"or let it pass with `setfacl -m u:{agent_user}:x {blocked}`")
+        script_path = job_dir / BATCH_SCRIPT
+        record = JobRecord(
+            id=plan.dlsub_id,
+            name=spec.job_name,
+            user=getpass.getuser(),
+            script=str(spec.container.script),
+            args=list(spec.container.script_args),
+            job_dir=str(job_dir),
+            partition=spec.partition,
+            gpus_per_node=int(dict(spec.tags).get("gpus", spec.gpus_per_node)),
+            nodes=spec.nodes,
+            cpus=spec.cpus_per_task,
+            mem_mb=spec.mem_mb,
+            time_limit_min=spec.time_limit_min,
+            image=spec.container.image,
+            max_nodes=spec.elastic[1] if spec.elastic else None,
+        )
+        store.add(record)
+        # Slurm creates the output file with the umask sbatch had: owner-only.
+        previous_umask = os.umask(0o077)
+        workers: int | None = None
+        try:
+            script_text = plan.script_text
+            if plan.workers is not None:
+                # The held workers first, so the main job's script knows the array it ends with.
+                _write_new(job_dir / WORKER_SCRIPT, render_sbatch(plan.workers))
+                workers = client.submit(job_dir / WORKER_SCRIPT)
+                record.worker_array_id = workers
+                store.update(record.id, worker_array_id=workers)
+                script_text = render_sbatch(dataclasses.replace(spec, worker_array=workers))
+            _write_new(script_path, script_text)
+            # sbatch runs in the user's current directory: that is SLURM_SUBMIT_DIR.
+            slurm_job_id = client.submit(script_path, args=sbatch_args)
+        except BaseException:
+            if workers is not None:
+                client.cancel(workers)  # no half-submitted job: the workers go with the main job
+            store.remove(record.id)
+            raise
+        finally:
+            os.umask(previous_umask)
+    except BaseException:
+        shutil.rmtree(job_dir, ignore_errors=True)
+        raise
+    store.update(record.id, slurm_job_id=slurm_job_id)
+    record.slurm_job_id = slurm_job_id
+    return Submitted(record, warnings + access.warnings)

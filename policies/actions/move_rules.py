@@ -1,0 +1,608 @@
+"""What the agent should do next with each dlsub job (pure: views in, actions out).
+
+The agent observes Slurm and the jobs' progress, builds these value objects,
+and carries out the actions this module returns. Nothing here talks to
+Slurm or reads files, so every rule is tested with a fake clock.
+
+Rules, checked for each job every tick:
+
+* **Move** (immediate mode): a job running on a CPU or dev partition while
+  its ideal GPU partition has room moves there, if it checkpoints, the
+  policy allows moving its owner's jobs, the owner stays within the GPU
+  limit, and the time it is expected to save (from its ETA and the
+  partitions' relative speeds) beats the restart cost by the margin. When
+  several jobs could take the same GPUs, the scheduling policy named in
+  policy.toml picks which.
+* **Continue** past a time limit: a running job whose allocation ends
+  within the checkpoint grace while it still has work to do is asked to
+  checkpoint and continue in a new attempt (at most N times).
+* **Backfill**: inside an off-hours window, a job waiting for its
+  partition goes to an idle node of a backfill role (dev, cpu), its time
+  limit cut to that partition's MaxTime; before the window closes it is
+  checkpointed and sent back with its own limit. A GPU job only goes where
+  there are idle GPUs: Slurm 22.05 cannot take a GPU request off a pending
+  job (the job stays "never runnable" on CPU nodes), so GPU jobs reach CPU
+  nodes only by being submitted there in immediate mode.
+* **Requeue wait**: a job that requeued itself (or was requeued for a move)
+  waits for Slurm's BeginTime, cred_expire + 1 s after the requeue (121 s by
+  default). The agent leaves that wait alone: a job started again sooner on
+  the node it just left is killed there ("Job credential revoked"), seen on
+  the testbed. Sites shorten it with ``AuthInfo=cred_expire=N``.
+* **Limits**: a move or backfill is started only while its user stays within
+  the GPU and job limits, counted over everything the user holds in Slurm
+  (``Usage``: every job of that uid, dlsub's or not, and moves in flight),
+  plus what this same tick has already decided.
+* **Budgets**: a move or backfill is started only when the node-hours it
+  adds on its target (the job's remaining time there × nodes, at that
+  partition's ``cost_per_node_hour``) fit in what each of its budgets (its
+  user's, its account's: ``JobInfo.budgets``) has left this period, less
+  what this tick has already given to other jobs of the same budget
+  (:func:`dlsub.policies.actions.budget_gate.move_fits_budget`). Otherwise the job
+  stays where it is and a note says how much it would use and what is left.
+
+A move in flight is a small state machine (``MovePhase``) that each tick
+advances from what Slurm shows, so a restarted agent picks it up where
+Slurm is. It advances by Slurm's restart count and partition, never by
+comparing Slurm's clock with the agent's, and it releases a hold only when
+its own protocol placed it: held by the user's side (``JobHeldUser``, as
+``scontrol requeuehold`` leaves it), requeued since the signal, and the
+attempt's last record says it ended for a move. An admin's hold is never
+released.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TypedDict
+
+from dlsub.contract import ACTION_MOVE
+from dlsub.policies.actions.budget_gate import move_fits_budget
+from dlsub.policies.api import ClusterView, JobView, Node
+from dlsub.policies.registry import get_policy
+
+
+class MovePhase(str, Enum):
+    """planned → signalled → (job requeued held) → updated → released → done.
+
+    ``planned`` is written before the signal is sent, so a crash between the
+    two re-sends it. A job that ends on its own during a move makes it
+    ``abandoned``.
+    """
+
+    PLANNED = "planned"
+    SIGNALLED = "signalled"
+    UPDATED = "updated"
+    RELEASED = "released"
+    DONE = "done"
+    ABANDONED = "abandoned"
+
+
+@dataclass(frozen=True)
+class MoveView:
+    kind: str  # "move" (onto GPUs), "return" (out of a backfill window), "continue" (time limit)
+    phase: MovePhase
+    target_partition: str
+    target_gpus: int
+    since: float  # when the phase was entered (the agent's clock)
+    signals: int = 0
+    time_limit_min: int | None = None
+    restart_count: int = 0  # Slurm's restart count of the job when the move was signalled
+
+
+@dataclass(frozen=True)
+class BudgetLeft:
+    """What one budget that bounds a job has left this period (None: that amount has no bound)."""
+
+    scope: str  # whose budget, as a note says it: "user alice", "account vision"
+    node_hours: float | None = None
+    cost: float | None = None
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    dlsub_id: str
+    slurm_job_id: int
+    user: str
+    state: str  # Slurm's: PENDING, RUNNING, ...
+    reason: str
+    ended: bool  # Slurm's state is a final one (completed, failed, cancelled, timed out, ...)
+    partition: str
+    mode: str  # immediate | ideal
+    ideal_partition: str
+    gpus_wanted: int
+    gpus_now: int
+    submit_time: float
+    start_time: float
+    end_time: float  # when the current allocation's time limit ends (0: none known)
+    held: bool = False
+    checkpointable: bool = False
+    last_checkpoint_time: float | None = None
+    eta_s: float | None = None
+    finished: bool = False
+    last_attempt_action: str | None = None  # "requeue" or "move" when the last attempt ended that way
+    continuations: int = 0
+    backfilled_from: str | None = None  # the partition it waited in before a backfill
+    backfilled_limit_min: int | None = None  # its own time limit, restored when it goes back
+    time_limit_min: int | None = None  # the limit it was submitted with (never raised beyond it)
+    move: MoveView | None = None
+    uid: int = 0  # Slurm's user_id of the job: limits are per uid
+    restart_count: int = 0  # Slurm's restart count
+    requeues: int = 0  # resume-requeues of this Slurm job (its attempt records); moves do not count
+    ran_s: float | None = None  # how long it has reported progress (for a job that declares no total)
+    # A gang (several nodes) or an elastic job: resized by policies.actions.resize_rules, never moved or backfilled.
+    gang: bool = False
+    # The budgets that bound this job's owner (user's, account's); empty: none, anything may move.
+    budgets: tuple[BudgetLeft, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one user holds in Slurm: every job of that uid, dlsub's or not, running or pending."""
+
+    gpus: int = 0
+    jobs: int = 0
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    name: str
+    role: str | None  # gpu | cpu | dev | None (not in the policy)
+    speed: float
+    nodes: tuple[tuple[str, int, int], ...]  # (node, idle GPUs, idle CPUs) for nodes that are up
+    pending_gpus: int = 0  # GPUs wanted by jobs already waiting there (not ours to overtake)
+    max_time_s: float | None = None
+    cost_per_node_hour: float = 0.0  # the policy's price of a node-hour here (budgets)
+
+    @property
+    def idle_gpus(self) -> int:
+        return sum(g for _, g, _ in self.nodes)
+
+    def idle_node_for(self, gpus: int, cpus: int) -> bool:
+        return any(g >= gpus and c >= cpus for _, g, c in self.nodes)
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The parts of policy.toml the planner needs, as plain values."""
+
+    policy: str = "fifo"
+    moves_enabled: bool = True
+    movable_users: tuple[str, ...] = ("*",)
+    restart_cost_s: float = 60.0
+    min_saving_s: float = 60.0
+    checkpoint_grace_s: float = 90.0
+    continue_jobs: bool = True
+    max_continuations: int = 20
+    max_gpus_per_user: int = 64
+    max_jobs_per_user: int = 100
+    max_gpus_per_job: int = 8
+    backfill_enabled: bool = True
+    backfill_roles: tuple[str, ...] = ("dev", "cpu")
+    job_cpus: int = 2
+    budget_period: str = "month"  # day | week | month: what the budgets' notes call the period
+
+    def may_move(self, user: str) -> bool:
+        return self.moves_enabled and ("*" in self.movable_users or user in self.movable_users)
+
+
+@dataclass(frozen=True)
+class Window:
+    """The state of the backfill windows at ``now``: open or not, and when that changes."""
+
+    open: bool
+    name: str = ""
+    closes_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing to do to one job, and why, in words a user reads in `dlsub why`."""
+
+    kind: str
+    dlsub_id: str
+    slurm_job_id: int
+    reason: str
+    partition: str | None = None
+    gpus: int | None = None
+    details: dict[str, float | str | int | None] = field(default_factory=dict)
+    time_limit_min: int | None = None  # set the job's time limit too (backfill, and back)
+
+
+# Action kinds the agent carries out.
+SIGNAL_MOVE = "signal-move"  # SIGUSR2 to the batch shell: checkpoint, requeue held
+SIGNAL_CONTINUE = "signal-continue"  # SIGUSR1: checkpoint, requeue (same partition)
+RETARGET = "retarget"  # scontrol update Partition=... TresPerNode=... (pending job)
+RELEASE = "release"  # scontrol release (Slurm's requeue wait still applies)
+FINISH_MOVE = "finish-move"  # the move is complete (bookkeeping)
+ABANDON_MOVE = "abandon-move"
+BACKFILL = "backfill"  # a RETARGET into a backfill partition
+NOTE = "note"  # no action; a decision worth telling the user (once)
+
+
+class _Ids(TypedDict):
+    dlsub_id: str
+    slurm_job_id: int
+
+
+def _hours(seconds: float) -> str:
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
+    """The next step of a move in flight, from what Slurm shows now."""
+    move = job.move
+    assert move is not None
+    common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+    if job.ended or job.finished:
+        # PREEMPTED is final too: Slurm will not run this job again, so nothing is left to move.
+        return [Action(ABANDON_MOVE, reason=f"the job ended ({job.state}) before the {move.kind} finished", **common)]
+    requeued = job.restart_count > move.restart_count
+    if job.state == "PENDING" and job.reason == "JobHeldAdmin":
+        return [Action(NOTE, reason="held by an administrator: the agent leaves it held and waits "
+                       f"(its {move.kind} to {move.target_partition} continues once an administrator releases it)",
+                       **common)]
+    if move.kind == "continue":
+        if job.state == "RUNNING" and requeued:
+            return [Action(FINISH_MOVE, reason="continued in a new attempt", **common)]
+        if job.state == "PENDING" and requeued:
+            return [Action(FINISH_MOVE, reason="checkpointed before its time limit: continuing in a new attempt "
+                           "once Slurm's requeue wait is over", **common)]
+        if job.state == "RUNNING" and now - move.since > 2 * rules.checkpoint_grace_s:
+            return [Action(SIGNAL_CONTINUE, reason="no checkpoint yet after the first request; asking again", **common)]
+        return []
+    # move / return
+    if job.state == "RUNNING":
+        if requeued:
+            if job.partition == move.target_partition:
+                return [Action(FINISH_MOVE, reason=f"running on {job.partition}", **common)]
+            return [Action(ABANDON_MOVE, reason=f"it started again on {job.partition}, not {move.target_partition}",
+                           **common)]
+        if move.phase == MovePhase.PLANNED or (
+            move.phase == MovePhase.SIGNALLED and now - move.since > 2 * rules.checkpoint_grace_s
+        ):
+            why = "sending the checkpoint request" if move.phase == MovePhase.PLANNED else \
+                "no checkpoint yet after the first request; asking again"
+            return [Action(SIGNAL_MOVE, reason=why, partition=move.target_partition, gpus=move.target_gpus,
+                           details={"kind": move.kind}, time_limit_min=move.time_limit_min, **common)]
+        return []
+    if job.state != "PENDING" or not requeued:
+        return []
+    if job.last_attempt_action != ACTION_MOVE:
+        # Requeued, but not by the move's checkpoint (node failure, the user, Slurm): not the agent's to steer.
+        return [Action(ABANDON_MOVE, reason="it was requeued without checkpointing for the move; left as it is",
+                       **common)]
+    actions = []
+    if job.partition != move.target_partition or job.gpus_now != move.target_gpus or (
+            move.time_limit_min is not None and job.time_limit_min != move.time_limit_min):
+        actions.append(Action(RETARGET, reason=f"checkpointed; now for {move.target_partition}",
+                              partition=move.target_partition, gpus=move.target_gpus,
+                              time_limit_min=move.time_limit_min, **common))
+    if job.reason == "JobHeldUser":
+        actions.append(Action(RELEASE, reason=f"released to start on {move.target_partition}", **common))
+    elif job.reason == "BeginTime" and not actions:
+        return []  # Slurm's requeue wait: the move is done when the job runs there
+    elif not actions:
+        return [Action(FINISH_MOVE, reason=f"waiting to start on {move.target_partition}", **common)]
+    return actions
+
+
+def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules,
+                     now: float) -> tuple[list[tuple[JobInfo, float]], list[Action]]:
+    """Jobs that could move onto their ideal GPU partition now, with the seconds a move would save,
+    and notes on those that should not move."""
+    candidates, notes = [], []
+    for job in jobs:
+        if job.move is not None or job.state != "RUNNING" or job.mode != "immediate" or job.gang:
+            continue
+        here, ideal = partitions.get(job.partition), partitions.get(job.ideal_partition)
+        if ideal is None or job.partition == job.ideal_partition or job.gpus_wanted <= 0:
+            continue
+        if job.backfilled_from:
+            continue  # placed by backfill: returns when the window closes
+        common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+        free = ideal.idle_gpus - ideal.pending_gpus
+        if not ideal.idle_node_for(job.gpus_wanted, rules.job_cpus) or free < job.gpus_wanted:
+            continue  # nothing to decide yet: no room there
+        if not rules.may_move(job.user):
+            notes.append(Action(NOTE, reason=f"not moved to {ideal.name}: the site policy does not move "
+                                f"{job.user}'s jobs", **common))
+            continue
+        if not job.checkpointable:
+            notes.append(Action(NOTE, reason=f"not moved to {ideal.name}: the job has not written a checkpoint "
+                                "yet (only jobs that checkpoint are moved)", **common))
+            continue
+        eta, basis = remaining_s(job)
+        if eta is None:
+            notes.append(Action(NOTE, reason=f"not moved to {ideal.name} yet: no progress reported, so no "
+                                "estimate of the time a move would save", **common))
+            continue
+        speed_here = here.speed if here else 1.0
+        eta_there = eta * speed_here / ideal.speed
+        saved = eta - eta_there - rules.restart_cost_s
+        if saved < rules.min_saving_s:
+            notes.append(Action(NOTE, reason=(
+                f"not moved to {ideal.name}: it would save about {_hours(max(saved, 0))} after a restart "
+                f"costing {_hours(rules.restart_cost_s)}, less than the {_hours(rules.min_saving_s)} a move must "
+                f"save (ETA {_hours(eta)} here{'; ' + basis if basis else ''})"), **common))
+            continue
+        candidates.append((job, saved))
+    return candidates, notes
+
+
+def remaining_s(job: JobInfo) -> tuple[float | None, str]:
+    """The job's remaining time here, and how it was estimated when it declared no total.
+
+    A job that reports progress but no total is assumed to need about as long
+    again as it has run: never left on CPUs forever for want of an estimate.
+    """
+    if job.eta_s is not None:
+        return job.eta_s, ""
+    if job.ran_s is not None and job.ran_s > 0:
+        return job.ran_s, f"no total declared: assuming about as long again as the {_hours(job.ran_s)} it has run"
+    return None, ""
+
+
+def usage_of(jobs: Sequence[JobInfo]) -> dict[int, Usage]:
+    """Usage counted from these jobs alone (when the caller has no fuller view of Slurm)."""
+    usage: dict[int, Usage] = {}
+    for j in jobs:
+        if j.state in ("RUNNING", "PENDING"):
+            held = max(j.gpus_now, j.move.target_gpus if j.move else 0)
+            old = usage.get(j.uid, Usage())
+            usage[j.uid] = Usage(old.gpus + held, old.jobs + 1)
+    return usage
+
+
+def _over_limit(job: JobInfo, extra_gpus: int, usage: dict[int, Usage], rules: Rules) -> str | None:
+    """Why giving ``job`` ``extra_gpus`` more would take its user past a limit (None: it would not)."""
+    mine = usage.get(job.uid, Usage())
+    if mine.jobs > rules.max_jobs_per_user:
+        return f"{job.user} holds {mine.jobs} jobs in Slurm, more than the limit of {rules.max_jobs_per_user} per user"
+    if mine.gpus + extra_gpus > rules.max_gpus_per_user:
+        return (f"{job.user} would exceed the limit of {rules.max_gpus_per_user} GPUs per user "
+                f"({mine.gpus} held in Slurm and in moves, {extra_gpus} more wanted)")
+    return None
+
+
+def _charge(usage: dict[int, Usage], uid: int, gpus: int) -> None:
+    old = usage.get(uid, Usage())
+    usage[uid] = Usage(old.gpus + gpus, old.jobs)
+
+
+# What this tick has already given each budget (by scope): node-hours and cost.
+Granted = dict[str, tuple[float, float]]
+
+
+def _over_budget(job: JobInfo, seconds: float | None, part: PartitionInfo, rules: Rules,
+                 granted: Granted) -> str | None:
+    """Why ``seconds`` more of ``job`` on ``part`` would not fit one of its budgets (None: it fits).
+
+    ``seconds`` None: its time there is unknown, so it fits only while something is left.
+    """
+    nodes = 1  # moves and backfills are of single-node jobs (gangs are resized, never moved)
+    price = part.cost_per_node_hour
+    for budget in job.budgets:
+        used_h, used_c = granted.get(budget.scope, (0.0, 0.0))
+        h_left = None if budget.node_hours is None else max(0.0, budget.node_hours - used_h)
+        c_left = None if budget.cost is None else max(0.0, budget.cost - used_c)
+        if move_fits_budget(seconds, nodes, price, h_left, c_left):
+            continue
+        left = [f"{v:.2f} {unit}" for v, unit in ((h_left, "node-hours"), (c_left, "(cost)")) if v is not None]
+        has = f"{budget.scope} has {' and '.join(left)} left of this {rules.budget_period}'s budget"
+        if seconds is None:
+            return f"{has}, and its time there is unknown"
+        hours = max(0.0, seconds) / 3600.0 * nodes
+        return (f"it would use about {hours:.2f} node-hours costing {hours * price:.2f} there "
+                f"({_hours(seconds)} at {price:.2f} per node-hour); {has}")
+    return None
+
+
+def _grant(job: JobInfo, seconds: float | None, part: PartitionInfo, granted: Granted) -> None:
+    hours = max(0.0, seconds or 0.0) / 3600.0
+    for budget in job.budgets:
+        used_h, used_c = granted.get(budget.scope, (0.0, 0.0))
+        granted[budget.scope] = (used_h + hours, used_c + hours * part.cost_per_node_hour)
+
+
+def _choose_movers(candidates: list[tuple[JobInfo, float]], usage: dict[int, Usage],
+                   partitions: dict[str, PartitionInfo], rules: Rules, now: float,
+                   granted: Granted | None = None) -> list[Action]:
+    """Which candidates take the idle GPUs, by the configured scheduling policy."""
+    actions = []
+    granted = {} if granted is None else granted
+    by_ideal: dict[str, list[tuple[JobInfo, float]]] = {}
+    for job, saved in candidates:
+        by_ideal.setdefault(job.ideal_partition, []).append((job, saved))
+    for name, group in by_ideal.items():
+        ideal = partitions[name]
+        # The ideal partition's idle GPUs, minus what jobs already waiting there want.
+        spare = ideal.pending_gpus
+        nodes = []
+        for node, gpus, _ in ideal.nodes:
+            take = min(spare, gpus)
+            spare -= take
+            if gpus - take > 0:
+                nodes.append(Node(node, gpus - take, partition=name))
+        if not nodes:
+            continue
+        views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=min(j.gpus_wanted, rules.max_gpus_per_job),
+                         remaining=remaining_s(j)[0], model=_LinearModel()) for j, _ in group]
+        decision = get_policy(rules.policy).decide(views, ClusterView(tuple(nodes)), now, {})
+        # Oldest first, so the earlier decisions of this tick count against the later ones.
+        for job, saved in sorted(group, key=lambda js: (js[0].submit_time, js[0].slurm_job_id)):
+            alloc = decision.get(job.dlsub_id)
+            gpus = min(job.gpus_wanted, rules.max_gpus_per_job)
+            if alloc is None or alloc.gpus < gpus:
+                continue
+            over = _over_limit(job, max(0, gpus - job.gpus_now), usage, rules)
+            if over:
+                actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id, f"not moved to {name}: {over}"))
+                continue
+            eta, basis = remaining_s(job)
+            # Its remaining work at the target's speed, plus the restart, is what the move adds there.
+            here = partitions.get(job.partition)
+            there_s = None if eta is None else (
+                eta * (here.speed if here else 1.0) / ideal.speed + rules.restart_cost_s)
+            broke = _over_budget(job, there_s, ideal, rules, granted)
+            if broke:
+                actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id, f"not moved to {name}: {broke}",
+                                      details={"budget": "exceeded", "seconds_there": round(there_s or 0.0)}))
+                continue
+            _grant(job, there_s, ideal, granted)
+            _charge(usage, job.uid, max(0, gpus - job.gpus_now))
+            age = now - job.last_checkpoint_time if job.last_checkpoint_time else None
+            actions.append(Action(
+                SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
+                f"moving to {name}: {ideal.idle_gpus} GPU(s) idle"
+                + (f", checkpoint {_hours(age)} old" if age is not None else "")
+                + f", est. {_hours(saved)} saved" + (f" ({basis})" if basis else ""),
+                partition=name, gpus=gpus,
+                details={"saved_s": round(saved), "idle_gpus": ideal.idle_gpus, "eta_s": round(eta or 0.0),
+                         "checkpoint_age_s": round(age) if age is not None else None,
+                         "eta_basis": basis or None},
+            ))
+    return actions
+
+
+class _LinearModel:
+    """What the agent knows of a job's scaling: nothing measured, so linear in GPUs. With the job's
+    ETA as its remaining work, policies that weigh GPUs by remaining time can rank jobs."""
+
+    def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return 1.0 / max(sum(placement), 1)
+
+    def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return float(sum(placement))
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        return 1, float(sum(placement))
+
+
+def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules,
+                   now: float) -> list[Action]:
+    actions = []
+    for job in jobs:
+        if job.move is not None or job.state != "RUNNING" or not job.end_time:
+            continue
+        left = job.end_time - now
+        if left > rules.checkpoint_grace_s:
+            continue
+        common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+        if job.finished or (job.eta_s is not None and job.eta_s <= max(left, 0)):
+            continue  # it will finish in time
+        if not rules.continue_jobs:
+            actions.append(Action(NOTE, reason=f"its time limit on {job.partition} ends in {_hours(max(left, 0))}; "
+                                  "the site policy does not continue jobs past it", **common))
+        elif not job.checkpointable:
+            actions.append(Action(NOTE, reason="its time limit is near but it has not checkpointed: not continued",
+                                  **common))
+        elif max(job.continuations, job.requeues) >= rules.max_continuations:
+            done = max(job.continuations, job.requeues)
+            actions.append(Action(NOTE, reason=f"time limit near; already continued {done} times, "
+                                  f"the most the site allows", **common))
+        else:
+            eta = f", about {_hours(job.eta_s)} of work left" if job.eta_s is not None else ""
+            actions.append(Action(SIGNAL_CONTINUE, reason=(
+                f"its time limit on {job.partition} ends in {_hours(max(left, 0))}{eta}: checkpointing to "
+                f"continue in a new attempt ({job.continuations + 1} of at most {rules.max_continuations})"),
+                partition=job.partition, **common))
+    return actions
+
+
+def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules, window: Window,
+              now: float, usage: dict[int, Usage], granted: Granted | None = None) -> list[Action]:
+    actions: list[Action] = []
+    granted = {} if granted is None else granted
+    if not rules.backfill_enabled:
+        return actions
+    if window.open:
+        closes_in = (window.closes_at - now) if window.closes_at else None
+        if closes_in is not None and closes_in <= 2 * rules.checkpoint_grace_s + rules.restart_cost_s:
+            pass  # too late to start anything in this window
+        else:
+            taken: dict[str, int] = {}
+            for job in sorted(jobs, key=lambda j: j.submit_time):
+                if job.move is not None or job.state != "PENDING" or job.held or job.backfilled_from or job.gang:
+                    continue
+                if job.reason not in ("Resources", "Priority", "ReqNodeNotAvail", (
+                        "Nodes_required_for_job_are_DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions")):
+                    continue
+                gpus = min(job.gpus_wanted, rules.max_gpus_per_job)
+                if _over_limit(job, max(0, gpus - job.gpus_now), usage, rules):
+                    continue
+                broke: list[str] = []
+                for part in partitions.values():
+                    if part.role not in rules.backfill_roles or part.name == job.partition:
+                        continue
+                    free_nodes = [n for n, g, c in part.nodes if g >= gpus and c >= rules.job_cpus]
+                    if len(free_nodes) <= taken.get(part.name, 0):
+                        continue
+                    # Never above the limit it was submitted with; cut to the partition's MaxTime.
+                    limit = job.time_limit_min
+                    if part.max_time_s is not None and (limit is None or limit * 60 > part.max_time_s):
+                        limit = int(part.max_time_s // 60)
+                    there_s = _backfill_seconds(job, limit, closes_in)
+                    why = _over_budget(job, there_s, part, rules, granted)
+                    if why:
+                        broke.append(f"not backfilled onto {part.name}: {why}")
+                        continue
+                    _grant(job, there_s, part, granted)
+                    taken[part.name] = taken.get(part.name, 0) + 1
+                    _charge(usage, job.uid, max(0, gpus - job.gpus_now))
+                    actions.append(Action(BACKFILL, job.dlsub_id, job.slurm_job_id,
+                                          f"off-hours window '{window.name}' is open and {part.name} is idle: "
+                                          f"starting there instead of waiting for {job.partition}",
+                                          partition=part.name, gpus=gpus, time_limit_min=limit,
+                                          details={"from": job.partition, "limit_min": job.time_limit_min}))
+                    break
+                else:
+                    if broke:
+                        actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id, "; ".join(broke),
+                                              details={"budget": "exceeded"}))
+    for job in jobs:
+        if not job.backfilled_from or job.move is not None or job.state != "RUNNING":
+            continue
+        closes_in = (window.closes_at - now) if (window.open and window.closes_at) else 0.0
+        if closes_in <= 2 * rules.checkpoint_grace_s:
+            why = (f"the off-hours window '{window.name}' closes in {_hours(max(closes_in, 0))}"
+                   if window.open else "the off-hours window has closed")
+            actions.append(Action(SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
+                                  f"{why}: checkpointing and moving back to {job.backfilled_from}",
+                                  partition=job.backfilled_from, gpus=job.gpus_wanted,
+                                  details={"kind": "return"}, time_limit_min=job.backfilled_limit_min))
+    return actions
+
+
+def _backfill_seconds(job: JobInfo, limit_min: int | None, closes_in: float | None) -> float | None:
+    """The most a backfill may run on its partition: its remaining work, its limit there, the window's end."""
+    bounds = [b for b in (remaining_s(job)[0], limit_min * 60.0 if limit_min is not None else None, closes_in)
+              if b is not None]
+    return min(bounds) if bounds else None
+
+
+def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Rules, now: float,
+         window: Window = Window(False), usage: dict[int, Usage] | None = None) -> list[Action]:
+    """Everything the agent should do this tick, moves in flight first.
+
+    ``usage`` is what each uid holds in Slurm (all its jobs, moves in
+    flight); without it, it is counted from ``jobs``. Moves and backfills
+    decided here are added to it as they are decided.
+    """
+    by_name = {p.name: p for p in partitions}
+    usage = dict(usage_of(jobs) if usage is None else usage)
+    actions: list[Action] = []
+    for job in jobs:
+        if job.move is not None:
+            actions += _advance_move(job, now, rules)
+    actions += _continuations(jobs, by_name, rules, now)
+    granted: Granted = {}  # budgets given this tick, shared by backfills and moves
+    actions += _backfill(jobs, by_name, rules, window, now, usage, granted)
+    busy = {a.slurm_job_id for a in actions if a.kind != NOTE}
+    candidates, notes = _move_candidates([j for j in jobs if j.slurm_job_id not in busy], by_name, rules, now)
+    actions += notes
+    actions += _choose_movers(candidates, usage, by_name, rules, now, granted)
+    return actions

@@ -1,0 +1,284 @@
+"""When an elastic job grows or shrinks (pure: views in, actions out).
+
+An elastic job (``dlsub --nodes MIN:MAX``) is a main Slurm job of MIN nodes
+and a held worker array of MAX - MIN one-node tasks of the same uid and
+dlsub id (``role=worker``). The main job keeps its allocation throughout;
+the agent changes the job's size only through the workers:
+
+* **Grow**: while the main job runs, is below MAX and nothing waiting can
+  use them, idle GPU nodes of its partition are given to it: a held task is
+  pointed at that partition and released, starts, and joins the running
+  job's rendezvous (torchrun re-forms the group, the training resumes from
+  the checkpoint it writes when torchrun stops it).
+* **Shrink**: when jobs waiting on the nodes its workers hold need GPUs that
+  are not idle, workers leave, newest first (of the newest job first), back towards MIN: each is sent
+  MOVE_SIGNAL, the whole group checkpoints, the worker requeues itself held
+  (back into the pool) and the rest re-form smaller. A waiting job's
+  minimum comes before another job's growth, whatever the policy: growth is
+  only ever made of GPUs nobody waits for.
+* **End**: once the main job has ended, its workers still in Slurm are
+  cancelled (every array of them).
+
+Among elastic jobs that could grow onto the same idle nodes, the
+scheduling policy named in policy.toml picks (``fifo``: the oldest first).
+A worker that keeps failing (requeued more than ``MAX_WORKER_RESTARTS``
+times) is not released again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from dlsub.policies.api import ClusterView, JobView, Node
+from dlsub.policies.registry import get_policy
+
+#: A worker task requeued this many times (each shrink is one) is left held.
+MAX_WORKER_RESTARTS = 25
+
+# Action kinds (carried out by the agent).
+GROW = "grow"  # retarget (when needed) and release one held worker task
+SHRINK = "shrink"  # MOVE_SIGNAL to one running worker: checkpoint, leave, requeue held
+END_WORKERS = "end-workers"  # cancel the worker array of an ended job
+
+
+@dataclass(frozen=True)
+class WorkerTask:
+    """One task of an elastic job's worker array, as squeue shows it."""
+
+    handle: str  # what scontrol and scancel take: "<array id>_<task id>"
+    slurm_job_id: int  # squeue's job_id (the array's own id while tasks are still unsplit)
+    state: str  # PENDING, RUNNING, ...
+    reason: str  # JobHeldUser while in the pool
+    partition: str
+    nodes: tuple[str, ...] = ()
+    restart_count: int = 0
+    start_time: float = 0.0
+    leaving: bool = False  # told to leave (MOVE_SIGNAL) and still checkpointing with its group
+
+    @property
+    def in_pool(self) -> bool:
+        return self.state == "PENDING" and self.reason == "JobHeldUser"
+
+    @property
+    def joining(self) -> bool:
+        """Released and on its way (pending, not held), or running."""
+        return self.state == "RUNNING" or (self.state == "PENDING" and self.reason not in
+                                           ("JobHeldUser", "JobHeldAdmin"))
+
+
+@dataclass(frozen=True)
+class ElasticJob:
+    """An elastic job's main Slurm job and its workers."""
+
+    dlsub_id: str
+    slurm_job_id: int
+    uid: int
+    user: str
+    state: str  # the main job's Slurm state
+    ended: bool  # the main job ended for good
+    partition: str
+    gpus_per_node: int
+    min_nodes: int
+    max_nodes: int
+    submit_time: float
+    worker_arrays: tuple[int, ...]  # the job's worker array(s) in Slurm
+    workers: tuple[WorkerTask, ...] = ()
+    moving: bool = False  # a move or continuation of the main job is in flight
+    cpus_per_node: int = 0  # what each of its nodes (so each worker) asks for besides GPUs; 0: unknown
+    memory_per_node_mb: int = 0
+
+    @property
+    def nodes_now(self) -> int:
+        return self.min_nodes + sum(1 for w in self.workers if w.joining)
+
+
+@dataclass(frozen=True)
+class Room:
+    """One partition's GPU nodes as the agent sees them this tick."""
+
+    name: str
+    nodes: tuple[tuple[str, int], ...]  # (node, idle GPUs) of every usable node
+    waiting_gpus: int = 0  # GPUs wanted by jobs waiting there (not held, not ours to overtake)
+    waiting_per_node: int = 0  # the most GPUs on one node that one of them wants
+    # (node, idle CPUs, free memory in MB) of the same nodes, where known: a worker needs those too.
+    spare: tuple[tuple[str, int, int], ...] = ()
+
+    @property
+    def idle_gpus(self) -> int:
+        return sum(g for _, g in self.nodes)
+
+    def short_of_gpus(self, freed: dict[str, int] | None = None) -> bool:
+        """Whether jobs wait here that the idle GPUs cannot start: too few in all, or none on one node.
+
+        ``freed``: GPUs per node that leaving workers are giving back already.
+        """
+        if self.waiting_gpus <= 0:
+            return False
+        back = freed or {}
+        idle = [(n, g + back.get(n, 0)) for n, g in self.nodes]
+        return (self.waiting_gpus > sum(g for _, g in idle)
+                or not any(g >= self.waiting_per_node for _, g in idle))
+
+
+class Capacity:
+    """What a room's idle nodes can still start this tick, worker by worker: GPUs, and CPUs and memory where
+    known (a worker released onto a node short of them would only wait). Each job is checked against its
+    own per-node request, so one job's large shape never hides a node another job fits."""
+
+    def __init__(self, room: Room, reserve_gpus: int = 0) -> None:
+        spare = {name: (cpus, mem) for name, cpus, mem in room.spare}
+        self.nodes: dict[str, list[int | None]] = {
+            name: [gpus, *spare.get(name, (None, None))] for name, gpus in room.nodes}
+        # Jobs waiting there keep first claim on idle GPUs: those of the first nodes are theirs.
+        for node in self.nodes.values():
+            gpus = node[0] or 0
+            claim = min(reserve_gpus, gpus)
+            node[0] = gpus - claim
+            reserve_gpus -= claim
+
+    @staticmethod
+    def _fits(node: list[int | None], job: ElasticJob) -> bool:
+        gpus, cpus, memory = node
+        return ((gpus or 0) >= max(1, job.gpus_per_node)
+                and (cpus is None or job.cpus_per_node <= 0 or cpus >= job.cpus_per_node)
+                and (memory is None or job.memory_per_node_mb <= 0 or memory >= job.memory_per_node_mb))
+
+    def count(self, job: ElasticJob) -> int:
+        """How many of ``job``'s workers the idle nodes could start (one node each)."""
+        return sum(1 for node in self.nodes.values() if self._fits(node, job))
+
+    def take(self, job: ElasticJob) -> str | None:
+        """A node for one worker of ``job`` (its resources then counted as used), or None."""
+        for name, node in self.nodes.items():
+            if self._fits(node, job):
+                node[0] = (node[0] or 0) - max(1, job.gpus_per_node)
+                node[1] = None if node[1] is None else node[1] - job.cpus_per_node
+                node[2] = None if node[2] is None else node[2] - job.memory_per_node_mb
+                return name
+        return None
+
+
+@dataclass(frozen=True)
+class Resize:
+    kind: str  # GROW | SHRINK | END_WORKERS
+    dlsub_id: str
+    slurm_job_id: int  # the main job
+    reason: str
+    worker: str | None = None  # the worker task's handle (END_WORKERS: the array id)
+    partition: str | None = None
+    # For a job that lets dlsub choose its batch: the global batch at the new size, and its micro-steps
+    # per optimiser step there (told to the job before the resize; it reads them when it restarts).
+    batch_size: int | None = None
+    accumulation_steps: int | None = None
+
+
+def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> list[Resize]:
+    """Workers to send away because jobs wait for the GPUs they hold.
+
+    ``freed`` (GPUs per node, shared by every job this tick) holds what
+    workers already leaving will give back, so one waiting job never sends
+    away more workers than it needs, of this job or of any other.
+    """
+    out: list[Resize] = []
+    for worker in job.workers:
+        if worker.leaving:
+            for node in worker.nodes:
+                freed[node] = freed.get(node, 0) + job.gpus_per_node
+    running = sorted((w for w in job.workers if w.state == "RUNNING" and not w.leaving), key=lambda w: -w.start_time)
+    for worker in running:
+        for room in rooms.values():
+            idle = dict(room.nodes)
+            # Only a node that the waiting jobs could then use is worth freeing.
+            helps = any(n in idle and idle[n] + freed.get(n, 0) + job.gpus_per_node >= room.waiting_per_node
+                        for n in worker.nodes)
+            if helps and room.short_of_gpus(freed):
+                for node in worker.nodes:
+                    freed[node] = freed.get(node, 0) + job.gpus_per_node
+                out.append(Resize(SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle, reason=(
+                    f"shrinking to {job.nodes_now - len(out) - 1} node(s): jobs waiting on {room.name} need "
+                    f"{room.waiting_gpus} GPU(s) and {room.idle_gpus} are idle; the worker on "
+                    f"{','.join(worker.nodes)} checkpoints with the group and goes back to the held pool")))
+                break
+    return out
+
+
+def usable_worker(worker: WorkerTask, job: ElasticJob) -> bool:
+    """A held task of the pool that may be released: on the job's own partition (the agent never points
+    a worker elsewhere: its limits are that partition's), and not one that keeps failing."""
+    return worker.in_pool and worker.partition == job.partition and worker.restart_count <= MAX_WORKER_RESTARTS
+
+
+#: Sizes the elastic jobs of one partition by an elastic policy (see dlsub.policies.actions.goodput_resize_rules).
+SizeByPolicy = Callable[[Sequence[ElasticJob], Room], list[Resize]]
+
+
+def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str = "fifo",
+                 size_by_policy: SizeByPolicy | None = None) -> list[Resize]:
+    """Every resize this tick: endings, then shrinks, then growth onto what is left idle.
+
+    With ``size_by_policy`` (an elastic policy such as ``goodput``, on the jobs' measured throughput),
+    that decides the sizes of the jobs no waiting job shrinks this tick, partition by partition;
+    otherwise the policy named only orders the jobs that could grow onto idle nodes.
+    """
+    by_name = {r.name: r for r in rooms}
+    actions: list[Resize] = []
+    for job in jobs:
+        if not job.ended:
+            continue
+        for array in job.worker_arrays:
+            if any(w.state in ("PENDING", "RUNNING") and w.handle.startswith(f"{array}_") for w in job.workers):
+                actions.append(Resize(END_WORKERS, job.dlsub_id, job.slurm_job_id, worker=str(array),
+                                      reason=f"the job ended ({job.state}): cancelling its worker tasks"))
+    live = [j for j in jobs if j.state == "RUNNING" and not j.ended and not j.moving]
+    shrinking: set[str] = set()
+    freed: dict[str, int] = {}
+    # The newest job gives a node back first (as efifo does in the simulator): the older ones keep theirs.
+    for job in sorted(live, key=lambda j: (-j.submit_time, -j.slurm_job_id)):
+        for action in _shrinks(job, by_name, freed):
+            actions.append(action)
+            shrinking.add(job.dlsub_id)
+    # Growth: idle nodes nobody waits for, per partition, to the jobs the policy picks.
+    growers = [j for j in live if j.dlsub_id not in shrinking and j.nodes_now < j.max_nodes
+               and any(usable_worker(w, j) for w in j.workers)]
+    by_partition: dict[str, list[ElasticJob]] = {}
+    for job in growers:
+        by_partition.setdefault(job.partition, []).append(job)
+    if size_by_policy is not None:
+        sizable: dict[str, list[ElasticJob]] = {}
+        for job in live:
+            if job.dlsub_id not in shrinking:
+                sizable.setdefault(job.partition, []).append(job)
+        for name, group in sorted(sizable.items()):
+            room = by_name.get(name)
+            if room is not None and not room.short_of_gpus():
+                actions.extend(size_by_policy(group, room))
+        return actions
+    for name, group in by_partition.items():
+        room = by_name.get(name)
+        if room is None or room.waiting_gpus >= room.idle_gpus or room.short_of_gpus():
+            continue
+        capacity = Capacity(room, reserve_gpus=room.waiting_gpus)
+        free = [Node(n, g[0] or 0, partition=name) for n, g in capacity.nodes.items()
+                if any(Capacity._fits(g, j) for j in group)]
+        if not free:
+            continue
+        views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time,
+                         gpus=j.gpus_per_node * (j.max_nodes - j.nodes_now)) for j in group]
+        decision = get_policy(policy).decide(views, ClusterView(tuple(free)), 0.0, {})
+        order = sorted(group, key=lambda j: (-(decision[j.dlsub_id].gpus if j.dlsub_id in decision else 0),
+                                             j.submit_time, j.slurm_job_id))
+        for job in order:
+            pool = sorted((w for w in job.workers if usable_worker(w, job)), key=lambda w: w.handle)
+            size = job.nodes_now
+            while pool and size < job.max_nodes:
+                node = capacity.take(job)
+                if node is None:
+                    break
+                worker = pool.pop(0)
+                size += 1
+                actions.append(Resize(GROW, job.dlsub_id, job.slurm_job_id, worker=worker.handle, partition=name,
+                                      reason=(f"growing to {size} node(s): {node} on {name} has idle GPU(s) "
+                                              f"that no waiting job can use; released worker "
+                                              f"{worker.handle} to join the group")))
+    return actions

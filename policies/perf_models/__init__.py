@@ -1,0 +1,1 @@
+"""The models the scheduling policies use: throughput fits, the fitted performance model, speedup, scaling history."""

@@ -1,0 +1,358 @@
+"""The admin's policy file, ``/etc/dlsub/policy.toml``: one typed, validated object.
+
+Every table and key is checked: an unknown key is an error that lists the
+valid ones, a wrong type names the key and the type wanted, and a cron
+expression or policy name that cannot be used says why. ``dlsub config
+check FILE`` runs exactly this. etc/policy.toml.example documents each key.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from dlsub.site_config.budget import BudgetError, Budgets, parse_budgets
+from dlsub.strict import read_toml, unknown_keys
+
+DEFAULT_PATH = Path("/etc/dlsub/policy.toml")
+ROLES = ("gpu", "cpu", "dev")
+MODES = ("immediate", "ideal")
+
+
+class PolicyFileError(ValueError):
+    """The policy file cannot be used; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class PartitionRole:
+    role: str
+    speed: float = 1.0  # relative training speed of one job here (gpu = 1.0)
+    cost_per_node_hour: float = 0.0
+
+
+@dataclass(frozen=True)
+class Window:
+    """An off-hours window: opens at each ``start`` cron time, closes at the next ``end``."""
+
+    name: str
+    start: str
+    end: str
+
+    def _fires(self, expr: str, since: datetime, until: datetime) -> list[datetime]:
+        trigger = cron_trigger(expr, since.tzinfo)
+        times: list[datetime] = []
+        previous: datetime | None = None
+        moment = trigger.get_next_fire_time(None, since)
+        while moment is not None and moment <= until and len(times) < 10_000:
+            times.append(moment)
+            previous = moment
+            moment = trigger.get_next_fire_time(previous, previous + timedelta(seconds=1))
+        return times
+
+    def state(self, now: float, tz: timezone | None = None) -> tuple[bool, float | None]:
+        """(is the window open at ``now``, when it next closes or opens, epoch seconds)."""
+        zone = tz or datetime.now().astimezone().tzinfo
+        moment = datetime.fromtimestamp(now, zone)
+        since = moment - timedelta(days=8)
+        last_start = max(self._fires(self.start, since, moment), default=None)
+        last_end = max(self._fires(self.end, since, moment), default=None)
+        is_open = last_start is not None and (last_end is None or last_end < last_start)
+        horizon = moment + timedelta(days=8)
+        upcoming = self._fires(self.end if is_open else self.start, moment + timedelta(seconds=1), horizon)
+        return is_open, (upcoming[0].timestamp() if upcoming else None)
+
+
+@dataclass(frozen=True)
+class Backfill:
+    enabled: bool = True
+    # Roles whose idle nodes may take waiting jobs inside a window.
+    roles: tuple[str, ...] = ("dev", "cpu")
+    windows: tuple[Window, ...] = ()
+
+
+@dataclass(frozen=True)
+class Moves:
+    enabled: bool = True
+    # Users whose jobs may be moved; "*" is everyone.
+    users: tuple[str, ...] = ("*",)
+    # What a restart costs (container start, restore, warm-up), seconds.
+    restart_cost_s: float = 60.0
+    # A move must save at least this much more than it costs.
+    min_saving_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class TimeLimits:
+    # Checkpoint and continue in a new attempt before the limit cuts a job off.
+    continue_jobs: bool = True
+    max_continuations: int = 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    # Counted over everything the user holds in Slurm (dlsub's jobs or not),
+    # moves in flight and the same tick's decisions: the agent starts no move
+    # or backfill that would take a user past either.
+    max_jobs_per_user: int = 100
+    max_gpus_per_user: int = 64
+    # The most GPUs the agent gives one job, whatever it asked for at submit.
+    max_gpus_per_job: int = 8
+
+
+@dataclass(frozen=True)
+class Retention:
+    # The agent's database keeps progress samples and decisions this long.
+    progress_days: float = 14.0
+    decisions_days: float = 90.0
+
+
+@dataclass(frozen=True)
+class MetricsPolicy:
+    # Prometheus metrics on 127.0.0.1:port (0: none).
+    port: int = 0
+    # Per-user labels (jobs by user) are off unless the site allows them.
+    per_user_labels: bool = False
+
+
+@dataclass(frozen=True)
+class AgentPolicy:
+    policy: str = "fifo"
+    default_mode: str = "immediate"
+    tick_interval_s: float = 30.0
+    # A tick that takes longer stops observing more jobs (they wait for the
+    # next tick) and `dlsub agent status` shows it late.
+    tick_deadline_s: float = 20.0
+    checkpoint_grace_s: float = 90.0
+    # Users who see every job's decisions (root always does).
+    admins: tuple[str, ...] = ()
+    # The agent's service account: job directories grant it read access to
+    # the progress and attempt files, and nothing else.
+    agent_user: str = "dlsub"
+    # Where the agent answers `dlsub why` and `dlsub agent status` (a Unix
+    # socket; the kernel tells the agent who is asking).
+    socket: str = "/run/dlsub/agent.sock"
+    partitions: dict[str, PartitionRole] = field(default_factory=dict)
+    moves: Moves = Moves()
+    time_limits: TimeLimits = TimeLimits()
+    backfill: Backfill = Backfill()
+    limits: Limits = Limits()
+    retention: Retention = Retention()
+    # Node-hours or cost per user/account and period (dlsub.site_config.budget); none by default.
+    budgets: Budgets = Budgets()
+    metrics: MetricsPolicy = MetricsPolicy()
+
+    def is_admin(self, user: str) -> bool:
+        return user == "root" or user in self.admins
+
+    def role_of(self, partition: str) -> str | None:
+        role = self.partitions.get(partition)
+        return role.role if role else None
+
+    def speed_of(self, partition: str) -> float:
+        role = self.partitions.get(partition)
+        return role.speed if role else 1.0
+
+
+# ---------------------------------------------------------------- parsing
+
+_TOML_KEYS = {  # the file's own spellings where they differ from the fields
+    "TimeLimits": {"continue": "continue_jobs"},
+}
+
+
+def _check_keys(where: str, table: dict[str, Any], valid: list[str]) -> None:
+    message = unknown_keys(where, table, valid)
+    if message:
+        raise PolicyFileError(message)
+
+
+def _typed(where: str, key: str, value: Any, kind: type) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is bool and not isinstance(value, bool) or kind is not bool and isinstance(value, bool):
+        raise PolicyFileError(f"{where}.{key}: expected {kind.__name__}, got {value!r}")
+    if not isinstance(value, kind):
+        raise PolicyFileError(f"{where}.{key}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _simple(where: str, cls: type, table: Any) -> Any:
+    """A flat dataclass from a TOML table: known keys only, each of its declared type."""
+    if not isinstance(table, dict):
+        raise PolicyFileError(f"{where}: expected a table")
+    renames: dict[str, str] = _TOML_KEYS.get(cls.__name__, {})
+    spelled: dict[str, str] = {renames.get(str(k), str(k)): str(k) for k in table}
+    names = {f.name: f for f in fields(cls)}
+    _check_keys(where, table, [next((t for t, f in renames.items() if f == n), n) for n in names])
+    from dataclasses import MISSING
+
+    missing = [
+        n for n, f in names.items() if f.default is MISSING and f.default_factory is MISSING and n not in spelled
+    ]
+    if missing:
+        raise PolicyFileError(f"{where}: missing key{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    values: dict[str, Any] = {}
+    for name, original in spelled.items():
+        hint = str(names[name].type)
+        value = table[original]
+        if hint.startswith("tuple"):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise PolicyFileError(f"{where}.{original}: expected a list of strings")
+            values[name] = tuple(value)
+        else:
+            kind = {"float": float, "int": int, "bool": bool, "str": str}[hint]
+            values[name] = _typed(where, original, value, kind)
+            if kind in (int, float) and values[name] < 0:
+                raise PolicyFileError(f"{where}.{original}: must not be negative")
+    return cls(**values)
+
+
+WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def _weekdays(field_text: str) -> str:
+    """A cron weekday field (0 or 7 = Sunday, as crontab(5) says) as explicit day names.
+
+    APScheduler's own crontab parser numbers days from Monday = 0, so a
+    site's "1-5" would silently mean Tuesday to Saturday; names are unambiguous.
+    """
+    if field_text == "*":
+        return "*"
+    days: list[int] = []
+    for part in field_text.split(","):
+        body, _, step_text = part.partition("/")
+        step = int(step_text) if step_text else 1
+        if body == "*":
+            lo, hi = 0, 6
+        elif "-" in body:
+            lo_text, hi_text = body.split("-", 1)
+            lo, hi = _day_number(lo_text), _day_number(hi_text)
+            if hi < lo:
+                hi += 7
+        else:
+            lo = hi = _day_number(body)
+        days.extend(d % 7 for d in range(lo, hi + 1, step))
+    return ",".join(WEEKDAYS[d] for d in sorted(set(days)))
+
+
+def _day_number(text: str) -> int:
+    text = text.strip().lower()
+    if text[:3] in WEEKDAYS:
+        return WEEKDAYS.index(text[:3])
+    value = int(text)
+    if not 0 <= value <= 7:
+        raise ValueError(f"weekday {value} is not 0-7")
+    return value % 7
+
+
+def cron_trigger(expr: str, tz: Any = None) -> Any:
+    """An APScheduler CronTrigger for a standard 5-field crontab expression."""
+    from apscheduler.triggers.cron import CronTrigger
+
+    parts = expr.split()
+    if len(parts) != 5:
+        raise ValueError(f"expected 5 fields (minute hour day month weekday), got {len(parts)}")
+    minute, hour, day, month, weekday = parts
+    return CronTrigger(minute=minute, hour=hour, day=day, month=month, day_of_week=_weekdays(weekday),
+                       timezone=tz)
+
+
+def _window(where: str, table: Any) -> Window:
+    window: Window = _simple(where, Window, table)
+    for key in ("start", "end"):
+        try:
+            cron_trigger(getattr(window, key))
+        except ValueError as exc:
+            raise PolicyFileError(
+                f"{where}.{key}: {getattr(window, key)!r} is not a cron expression "
+                f"(minute hour day month weekday, e.g. '0 19 * * 1-5'): {exc}"
+            ) from None
+    return window
+
+
+def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolicy:
+    top = [f.name for f in fields(AgentPolicy)]
+    _check_keys(where, data, top)
+    values: dict[str, Any] = {}
+    for key in ("policy", "default_mode", "agent_user", "socket"):
+        if key in data:
+            values[key] = _typed(where, key, data[key], str)
+    if "admins" in data:
+        admins = data["admins"]
+        if not isinstance(admins, list) or not all(isinstance(a, str) for a in admins):
+            raise PolicyFileError(f"{where}.admins: expected a list of user names")
+        values["admins"] = tuple(admins)
+    if "socket" in values and not values["socket"].startswith("/"):
+        raise PolicyFileError(f"{where}.socket: expected an absolute path, got {values['socket']!r}")
+    for key in ("tick_interval_s", "tick_deadline_s", "checkpoint_grace_s"):
+        if key in data:
+            values[key] = _typed(where, key, data[key], float)
+            if values[key] <= 0:
+                raise PolicyFileError(f"{where}.{key}: must be positive")
+    if values.get("default_mode", "immediate") not in MODES:
+        raise PolicyFileError(f"{where}.default_mode: {values['default_mode']!r}; valid modes: {', '.join(MODES)}")
+    if "policy" in values:
+        from dlsub.policies.registry import policy_names
+
+        if values["policy"] not in policy_names():
+            raise PolicyFileError(
+                f"{where}.policy: unknown policy {values['policy']!r}; valid policies: {', '.join(policy_names())}"
+            )
+    partitions = {}
+    raw_partitions = data.get("partitions", {})
+    if not isinstance(raw_partitions, dict):
+        raise PolicyFileError(f"{where}.partitions: expected a table of partitions")
+    for name, table in raw_partitions.items():
+        role = _simple(f"{where}.partitions.{name}", PartitionRole, table)
+        if role.role not in ROLES:
+            raise PolicyFileError(f"{where}.partitions.{name}.role: {role.role!r}; valid roles: {', '.join(ROLES)}")
+        if role.speed <= 0:
+            raise PolicyFileError(f"{where}.partitions.{name}.speed: must be positive")
+        partitions[name] = role
+    values["partitions"] = partitions
+    if "moves" in data:
+        values["moves"] = _simple(f"{where}.moves", Moves, data["moves"])
+    if "time_limits" in data:
+        values["time_limits"] = _simple(f"{where}.time_limits", TimeLimits, data["time_limits"])
+    if "limits" in data:
+        values["limits"] = _simple(f"{where}.limits", Limits, data["limits"])
+    if "retention" in data:
+        values["retention"] = _simple(f"{where}.retention", Retention, data["retention"])
+    if "budgets" in data:
+        try:
+            values["budgets"] = parse_budgets(data["budgets"], f"{where}.budgets")
+        except BudgetError as exc:
+            raise PolicyFileError(str(exc)) from None
+    if "metrics" in data:
+        values["metrics"] = _simple(f"{where}.metrics", MetricsPolicy, data["metrics"])
+        if values["metrics"].port > 65535:
+            raise PolicyFileError(f"{where}.metrics.port: {values['metrics'].port} is not a port (1-65535, 0: off)")
+    if "backfill" in data:
+        table = data["backfill"]
+        if not isinstance(table, dict):
+            raise PolicyFileError(f"{where}.backfill: expected a table")
+        raw_windows = table.get("window", [])
+        if not isinstance(raw_windows, list):
+            raise PolicyFileError(f"{where}.backfill.window: expected [[backfill.window]] tables")
+        windows = tuple(_window(f"{where}.backfill.window[{i}]", w) for i, w in enumerate(raw_windows))
+        rest = {k: v for k, v in table.items() if k != "window"}
+        _check_keys(f"{where}.backfill", rest, ["enabled", "roles"])
+        backfill = _simple(f"{where}.backfill", Backfill, {k: v for k, v in rest.items()})
+        bad = [r for r in backfill.roles if r not in ROLES]
+        if bad:
+            raise PolicyFileError(f"{where}.backfill.roles: {bad}; valid roles: {', '.join(ROLES)}")
+        values["backfill"] = Backfill(backfill.enabled, backfill.roles, windows)
+    return AgentPolicy(**values)
+
+
+def load_policy(path: Path | None = None) -> AgentPolicy:
+    """The policy at ``path``, $DLSUB_POLICY, or /etc/dlsub/policy.toml; defaults when none exists."""
+    if path is None:
+        env = os.environ.get("DLSUB_POLICY")
+        path = Path(env) if env else DEFAULT_PATH
+        if not path.exists():
+            return AgentPolicy()
+    return parse_policy(read_toml(path, "policy file", PolicyFileError), str(path))

@@ -1,0 +1,217 @@
+"""Helpers for the integration tests: act as the testbed user on the live testbed."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from dlsub.slurm_plugins.client import SlurmClient
+
+USER = os.environ.get("DLSUB_TESTBED_USER", "dltest")
+#: A second unprivileged user: "another user" in the privacy and trust tests.
+USER2 = os.environ.get("DLSUB_TESTBED_USER2", "dltest2")
+EXAMPLES = Path(os.environ.get("DLSUB_PREFIX", "/opt/dlsub")) / "examples"
+
+
+class TestbedUser:
+    """Runs commands as the testbed user, in a login-like environment."""
+
+    __test__ = False  # not a test class
+
+    def __init__(self, name: str) -> None:
+        entry = pwd.getpwnam(name)
+        self.name, self.uid, self.gid, self.home = name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir)
+        self.env = {
+            "HOME": str(self.home), "USER": name, "LOGNAME": name,
+            "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            "XDG_RUNTIME_DIR": f"/run/user/{self.uid}", "LANG": "C.UTF-8",
+        }
+
+    def run(self, *argv: str, cwd: Path | None = None, check: bool = False,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        cmd = ["runuser", "-u", self.name, "--", "env", "-i", *(f"{k}={v}" for k, v in self.env.items()), *argv]
+        result = subprocess.run(cmd, cwd=cwd or self.home, capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{argv} exited {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}")
+        return result
+
+    def dlsub(self, *args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run("dlsub", *args, cwd=cwd, check=check)
+
+    def submit(self, *args: str, cwd: Path | None = None) -> dict[str, Any]:
+        return json.loads(self.dlsub("--json", *args, cwd=cwd).stdout)
+
+    def status(self, job: str) -> dict[str, Any]:
+        return json.loads(self.dlsub("status", job, "--json").stdout)
+
+    def containers(self, label: str) -> list[str]:
+        out = self.run("podman", "ps", "-a", "--format", "{{.Names}}", "--filter", f"label={label}", check=True)
+        return out.stdout.split()
+
+
+def put(user: TestbedUser, path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    for p in (path, *[q for q in path.parents if str(q).startswith(tempfile.gettempdir() + "/dlsub-it-")]):
+        os.chown(p, user.uid, user.gid)
+    return path
+
+
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 120, interval: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+REPO = Path(__file__).resolve().parents[1]
+AGENT_USER = os.environ.get("DLSUB_AGENT_USER", "dlsub")
+
+
+def slurm_jobs() -> list[dict[str, Any]]:
+    """Slurm's own records of every job it still holds (squeue --json, as root, ended jobs too), in the
+    flat shape dlsub's client reads whatever the Slurm version (slurm_plugins/dialects.py)."""
+    client = SlurmClient()
+    dialect = client.dialect()
+    out = subprocess.run(["squeue", "--json", *dialect.all_states], capture_output=True, text=True, check=True).stdout
+    return [dialect.job(raw) for raw in json.loads(out).get("jobs", [])]
+
+
+def slurm_job(job_id: int) -> dict[str, Any] | None:
+    """Slurm's own record of a job (see :func:`slurm_jobs`), or None once it is gone."""
+    found = [j for j in slurm_jobs() if j.get("job_id") == job_id]
+    return found[0] if found else None
+
+
+def agent_service(action: str) -> None:
+    """Start, stop or kill -9 the testbed's agent (testbed/agent.sh, by its pid file)."""
+    subprocess.run(["bash", str(REPO / "testbed" / "agent.sh"), action], check=True, capture_output=True)
+
+
+#: The testbed's agent policy (testbed/up.sh installs etc/testbed/policy.toml there: policy = "fifo").
+POLICY_FILE = Path("/etc/dlsub/policy.toml")
+
+
+@contextmanager
+def agent_policy(name: str) -> Iterator[None]:
+    """The agent service restarted under ``policy = NAME``; the file restored and the agent restarted after
+    (also for "fifo", so that every run starts from a fresh agent)."""
+    original = POLICY_FILE.read_text()
+    assert 'policy = "fifo"' in original, f"{POLICY_FILE} is not the testbed's fifo file: is another run using it?"
+    POLICY_FILE.write_text(original.replace('policy = "fifo"', f'policy = "{name}"', 1))
+    agent_service("restart")
+    try:
+        yield
+    finally:
+        POLICY_FILE.write_text(original)
+        agent_service("restart")
+
+
+def agent_tick(db: Path, now: float | None = None, policy: Path | None = None) -> list[dict[str, Any]]:
+    """One agent tick as the service account, with a fake clock when ``now`` is given."""
+    argv = ["runuser", "-u", AGENT_USER, "--", "dlsub", "agent", "tick", "--db", str(db), "--json"]
+    if policy is not None:
+        argv += ["--policy", str(policy)]
+    if now is not None:
+        argv += ["--now", f"{now:.3f}"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if result.returncode != 0:
+        raise AssertionError(f"agent tick failed: {result.stdout}\n{result.stderr}")
+    return json.loads(result.stdout)
+
+
+def blockers(user: TestbedUser, count: int = 2, gpus: int = 4) -> list[int]:
+    """Jobs that hold every GPU of the testbed, as a busy GPU queue would."""
+    ids = []
+    for _ in range(count):
+        out = user.run("sbatch", "--parsable", "-p", "gpu", f"--gres=gpu:{gpus}", "-J", "blocker", "--mem=200",
+                       "--cpus-per-task=1", "--time=30", "--wrap", "sleep 900", check=True)
+        ids.append(int(out.stdout.strip().split(";")[0]))
+    wait_for("the blockers to hold the GPUs",
+             lambda: all((slurm_job(i) or {}).get("job_state") == "RUNNING" for i in ids), timeout=60)
+    return ids
+
+
+def attempts(job_dir: str) -> list[dict[str, Any]]:
+    path = Path(job_dir) / "attempts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def job_pids(slurm_job_id: int) -> list[int]:
+    out = subprocess.run(["scontrol", "listpids", str(slurm_job_id)], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines()[1:] if line.split() and line.split()[0].isdigit()]
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def kill_node(user: TestbedUser, node: str, slurm_job_id: int, label: str) -> None:
+    """The node "dies" under a job: its slurmd, the job's processes and stepds there, and its containers
+    (those with ``label``), all at once, as root. On this one-host testbed that is what a node loss looks
+    like to Slurm and to the other nodes. Bring it back with :func:`node_back`."""
+    pidfile = Path(f"/run/dlsub-testbed/slurmd-{node}.pid")
+    pids = job_pids(slurm_job_id)
+    stepds = {p for p in (parent_of(pid) for pid in pids) if p and "slurmstepd" in Path(f"/proc/{p}/comm").read_text()}
+    os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    for pid in [*stepds, *pids]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for name in user.containers(label):
+        user.run("podman", "rm", "-f", name)
+
+
+def node_back(node: str) -> None:
+    """Start a node's slurmd again and return the node to service (it was marked down)."""
+    # The slurmd of the Slurm version that is up (testbed/node.sh knows where it is).
+    subprocess.run(["bash", str(REPO / "testbed" / "node.sh"), "start", node], check=False)
+
+    def up() -> bool:
+        state = subprocess.run(["sinfo", "-h", "-n", node, "-o", "%t"], capture_output=True, text=True).stdout.strip()
+        if "down" in state or "drain" in state:
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
+        return state.rstrip("*") in ("idle", "mix", "alloc")
+
+    wait_for(f"{node} back in service", up, timeout=90, interval=2)
+
+
+def why_as_agent(job: str, db: Path) -> str:
+    """`dlsub why JOB` over a test agent's own database: readable by the service account only."""
+    result = subprocess.run(["runuser", "-u", AGENT_USER, "--", "dlsub", "why", job, "--db", str(db)],
+                            capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise AssertionError(f"dlsub why failed: {result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def sinfo_gpus() -> dict[str, int]:
+    """GPUs per partition as sinfo counts them (one line per node and partition)."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %P %G"], capture_output=True, text=True, check=True).stdout
+    gpus: dict[str, int] = {}
+    for line in out.splitlines():
+        _node, partition, gres = line.split()
+        found = re.search(r"gpu(?::[^:,(]+)?:(\d+)", gres)
+        gpus[partition.rstrip("*")] = gpus.get(partition.rstrip("*"), 0) + (int(found.group(1)) if found else 0)
+    return gpus

@@ -1,0 +1,119 @@
+"""Unit (pure, no Slurm): when an elastic job grows, shrinks, or has its workers ended."""
+
+from __future__ import annotations
+
+from dlsub.policies.actions.resize_rules import END_WORKERS, GROW, SHRINK, ElasticJob, Room, WorkerTask, plan_resizes
+
+
+def pool(array: int = 900, count: int = 1) -> tuple[WorkerTask, ...]:
+    return tuple(WorkerTask(f"{array}_{i}", array, "PENDING", "JobHeldUser", "gpu") for i in range(count))
+
+
+def running(handle: str, node: str, start: float = 100.0) -> WorkerTask:
+    return WorkerTask(handle, int(handle.split("_")[0]) + 1, "RUNNING", "None", "gpu", (node,), 0, start)
+
+
+def elastic(workers: tuple[WorkerTask, ...], dlsub_id: str = "0123abcd", **kw: object) -> ElasticJob:
+    fields: dict[str, object] = dict(dlsub_id=dlsub_id, slurm_job_id=901, uid=1001, user="ann", state="RUNNING",
+                                     ended=False, partition="gpu", gpus_per_node=2, min_nodes=1, max_nodes=2,
+                                     submit_time=10.0, worker_arrays=(900,), workers=workers)
+    fields.update(kw)
+    return ElasticJob(**fields)  # type: ignore[arg-type]
+
+
+GPU = Room("gpu", (("gpu1", 2), ("gpu2", 4)))
+
+
+def test_an_idle_node_nobody_waits_for_grows_the_job() -> None:
+    (action,) = plan_resizes([elastic(pool())], [GPU])
+    assert action.kind == GROW and action.worker == "900_0" and action.partition == "gpu"
+    assert "growing to 2 node(s)" in action.reason
+
+
+def test_no_growth_onto_gpus_a_waiting_job_wants() -> None:
+    busy = Room("gpu", (("gpu1", 0), ("gpu2", 4)), waiting_gpus=4)
+    assert plan_resizes([elastic(pool())], [busy]) == []
+
+
+def test_no_growth_past_max_or_while_a_released_worker_is_still_starting() -> None:
+    at_max = elastic((running("900_0", "gpu2"),) + pool(count=1)[0:0])
+    assert plan_resizes([at_max], [GPU]) == []
+    starting = elastic((WorkerTask("900_0", 902, "PENDING", "Resources", "gpu"),))
+    assert plan_resizes([starting], [GPU]) == [], "a released task that has not started yet counts as joining"
+
+
+def test_a_waiting_job_that_needs_the_node_shrinks_the_job_back() -> None:
+    job = elastic((running("900_0", "gpu2"),))
+    waiting = Room("gpu", (("gpu1", 0), ("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
+    (action,) = plan_resizes([job], [waiting])
+    assert action.kind == SHRINK and action.worker == "900_0"
+    assert "jobs waiting on gpu need 4 GPU(s) and 2 are idle" in action.reason
+
+
+def test_a_worker_on_a_node_the_waiting_job_cannot_use_stays() -> None:
+    job = elastic((running("900_0", "gpu2"),))
+    elsewhere = Room("cpu", (("cpu1", 0),), waiting_gpus=4, waiting_per_node=4)
+    assert plan_resizes([job], [GPU, elsewhere]) == []
+
+
+def test_only_as_many_workers_leave_as_the_waiting_jobs_need() -> None:
+    job = elastic((running("900_0", "gpu2", start=100), running("900_1", "gpu1", start=200)), max_nodes=3)
+    room = Room("gpu", (("gpu1", 0), ("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
+    (action,) = plan_resizes([job], [room])
+    assert action.kind == SHRINK and action.worker == "900_1", "the newest worker leaves first"
+
+
+def test_the_workers_of_an_ended_job_are_cancelled() -> None:
+    (action,) = plan_resizes([elastic(pool(), state="COMPLETED", ended=True)], [GPU])
+    assert action.kind == END_WORKERS and action.worker == "900"
+
+
+def test_a_worker_that_keeps_failing_is_not_released_again() -> None:
+    tired = (WorkerTask("900_0", 900, "PENDING", "JobHeldUser", "gpu", restart_count=99),)
+    assert plan_resizes([elastic(tired)], [GPU]) == []
+
+
+def test_the_oldest_job_grows_first_under_fifo() -> None:
+    one_node = Room("gpu", (("gpu2", 2),))  # room for one 2-GPU worker
+    young = elastic(pool(800), dlsub_id="bbbbbbbb", submit_time=50.0, slurm_job_id=801)
+    old = elastic(pool(900), dlsub_id="aaaaaaaa", submit_time=10.0)
+    (action,) = plan_resizes([young, old], [one_node])
+    assert action.dlsub_id == "aaaaaaaa"
+
+
+def test_a_node_with_room_for_two_workers_grows_two_jobs() -> None:
+    """4 idle GPUs on one node hold two 2-GPU workers (CPUs and memory permitting): both jobs grow."""
+    roomy = Room("gpu", (("gpu2", 4),), spare=(("gpu2", 4, 8000),))
+    young = elastic(pool(800), dlsub_id="bbbbbbbb", submit_time=50.0, slurm_job_id=801, cpus_per_node=2,
+                    memory_per_node_mb=4000)
+    old = elastic(pool(900), dlsub_id="aaaaaaaa", submit_time=10.0, cpus_per_node=2, memory_per_node_mb=4000)
+    assert sorted(a.dlsub_id for a in plan_resizes([young, old], [roomy])) == ["aaaaaaaa", "bbbbbbbb"]
+    short_of_memory = Room("gpu", (("gpu2", 4),), spare=(("gpu2", 4, 6000),))
+    assert [a.dlsub_id for a in plan_resizes([young, old], [short_of_memory])] == ["aaaaaaaa"]
+
+
+def test_a_job_that_is_moving_or_pending_is_not_resized() -> None:
+    assert plan_resizes([elastic(pool(), moving=True)], [GPU]) == []
+    assert plan_resizes([elastic(pool(), state="PENDING")], [GPU]) == []
+
+
+def test_a_waiting_job_that_needs_a_whole_node_shrinks_a_job_spread_over_two() -> None:
+    """4 GPUs idle in all, 2 on each node: a job wanting 4 on one node cannot start until a worker leaves."""
+    job = elastic((running("900_0", "gpu2"),))
+    split = Room("gpu", (("gpu1", 2), ("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
+    (action,) = plan_resizes([job], [split])
+    assert action.kind == SHRINK and action.worker == "900_0"
+    assert plan_resizes([elastic(pool())], [split]) == [], "and nothing grows onto them meanwhile"
+
+
+def test_a_host_list_expands_within_bounds() -> None:
+    """Unit (pure): Slurm's compressed host lists, and a refusal of one that names absurdly many nodes."""
+    import pytest
+
+    from dlsub.slurm_plugins.models import expand_nodes
+
+    assert expand_nodes("gpu[1-2],cpu1") == ["gpu1", "gpu2", "cpu1"]
+    assert expand_nodes("n[001-003,7]") == ["n001", "n002", "n003", "n7"]
+    assert expand_nodes("") == []
+    with pytest.raises(ValueError, match="names more than"):
+        expand_nodes("n[0-999999999]")
