@@ -44,8 +44,8 @@ import numpy as np
 from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView
 from dlsub.policies.elastic import place_counts
 from dlsub.policies.perf_models.fitted_model import search_batches
-from dlsub.policies.placement import packed_placement
 from dlsub.policies.perf_models.speedup import searches_batch
+from dlsub.policies.placement import packed_placement
 
 # Added to every scaled speed-up, so that a job without GPUs has a finite cost.
 EPSILON = 1e-3
