@@ -15,26 +15,42 @@ handling dlsub's signals, torchrun gets the SIGTERM immediately; a SIGUSR1
 nobody handles is logged and otherwise ignored (the training runs on). Its exit code is the training's, or
 RESUME_EXIT_CODE when an attempt asked to be resumed. It also reaps orphans,
 as a container's PID 1 must. Standard library only: any image with Python works.
+
+With ``--nproc-per-node`` above 1, or in a gang (``$DLSUB_NNODES``), the
+job's output is labelled: every line of a training process whole and
+starting with its rank (``[rank]:``, ``[node/rank]:`` in a gang), the
+launcher's and torchrun's with ``[dlsub]:`` (:mod:`dlsub.checkpointing.output_mux`;
+torchrun runs each process through :mod:`dlsub.checkpointing.rank_output`).
+A single process's output is left as it is.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from dlsub.checkpointing.output_mux import OutputMux
 from dlsub.checkpointing.run import resume_marker
-from dlsub.contract import ENV_JOB_DIR, RESUME_EXIT_CODE, STOP_SIGNUM_NAME
+from dlsub.contract import ENV_JOB_DIR, ENV_NNODES, ENV_OUTPUT_SOCKET, RESUME_EXIT_CODE, STOP_SIGNUM_NAME
 
 _SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
 
 
 def _log(message: str) -> None:
     print(f"dlsub: launch: {message}", file=sys.stderr, flush=True)
+
+
+def node_name() -> str:
+    """This node's name for output labels: Slurm's (several slurmds may share one host), else the host's."""
+    name = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)[:64] or "node"
 
 
 def _children_map() -> dict[int, list[int]]:
@@ -74,12 +90,26 @@ def _catches_usr1(pid: int) -> bool:
     return False
 
 
+#: How the rendered torchrun command starts each process through dlsub's entry point (containers/podman.py).
+ENTRY_POINT = ["-m", "dlsub.checkpointing.rank_output"]
+
+
+def without_entry_point(command: list[str]) -> list[str]:
+    """The command with torchrun starting the script itself: a process alone needs no entry point, and
+    torchrun's reports then name the script, exactly as before dlsub labelled lines."""
+    for i in range(len(command) - 1):
+        if command[i:i + 2] == ENTRY_POINT:
+            return command[:i] + command[i + 2:]
+    return command
+
+
 #: Most times an elastic group re-forms within one attempt by starting torchrun again.
 MAX_REFORMS = 100
 
 
 class Launcher:
-    def __init__(self, command: list[str], grace_s: float, elastic: bool = False) -> None:
+    def __init__(self, command: list[str], grace_s: float, elastic: bool = False,
+                 output: OutputMux | None = None) -> None:
         self.command = command
         self.grace_s = grace_s
         # An elastic gang: when the whole group checkpoints and stops because
@@ -90,12 +120,26 @@ class Launcher:
         self.stop_since = 0.0
         self.notified: set[int] = set()
         self.child: subprocess.Popen[bytes] | None = None
+        # Several training processes: their lines, torchrun's and ours go out whole and labelled.
+        self.output = output
+        self.announce: str | None = None
+
+    def _announce_signal(self) -> None:
+        if self.announce:
+            self._log(f"received {self.announce}: asking the training processes to checkpoint and stop")
+            self.announce = None
+
+    def _log(self, message: str) -> None:
+        if self.output is not None:
+            self.output.log(f"dlsub: launch: {message}")
+        else:
+            _log(message)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
         if self.stop_signal is None or name == STOP_SIGNUM_NAME:
             if self.stop_signal != name:
-                _log(f"received {name}: asking the training processes to checkpoint and stop")
+                self.announce = name  # said by the loop: a handler only sets flags (it may interrupt a write)
             self.stop_signal = name
             self.stop_since = self.stop_since or time.monotonic()
 
@@ -134,7 +178,7 @@ class Launcher:
                     and self._resume_requested(since=started)):
                 return self.exit_code(status)
             reforms += 1
-            _log("the group checkpointed and stopped for a node that left; re-forming it "
+            self._log("the group checkpointed and stopped for a node that left; re-forming it "
                  f"(torchrun again, {reforms} time(s) this attempt)")
 
     @staticmethod
@@ -151,7 +195,12 @@ class Launcher:
 
     def run_once(self) -> int:
         """Run the command to its end, handing stop signals on; its exit status."""
-        self.child = subprocess.Popen(self.command)
+        if self.output is None:
+            self.child = subprocess.Popen(self.command)
+        else:
+            env = dict(os.environ, **{ENV_OUTPUT_SOCKET: self.output.socket_path})
+            self.child = subprocess.Popen(self.command, env=env, stdout=self.output.child_stdout,
+                                          stderr=self.output.child_stderr)
         self.notified = set()
         status: int | None = None
         terminated = False
@@ -169,6 +218,7 @@ class Launcher:
                 pass
             if status is not None:
                 break
+            self._announce_signal()
             if self.stop_signal:
                 handled = self._deliver_stop()
                 overdue = time.monotonic() - self.stop_since > self.grace_s
@@ -178,21 +228,22 @@ class Launcher:
                     # that handles it gets the grace to checkpoint first.
                     why = (f"training did not stop within {self.grace_s:.0f} s" if handled
                            else "no training process handles it (checkpointing.init() not called)")
-                    _log(f"{why}: sending SIGTERM to {self.command[0]}")
+                    self._log(f"{why}: sending SIGTERM to {self.command[0]}")
                     self.child.send_signal(signal.SIGTERM)
                     terminated = True
                 elif self.stop_signal != STOP_SIGNUM_NAME and not handled and not unhandled_logged:
                     # A checkpoint request nothing handles changes nothing (plain
                     # sbatch sends none): the training runs on to its time limit.
-                    _log(f"no training process handles {self.stop_signal} (checkpointing.init() not called yet); "
+                    self._log(f"no training process handles {self.stop_signal} (checkpointing.init() not called yet); "
                          "the training runs on, and gets it if it installs the handler later")
                     unhandled_logged = True
             time.sleep(0.2)
         return status
 
     def exit_code(self, status: int) -> int:
+        self._announce_signal()
         if status == RESUME_EXIT_CODE or self._resume_requested():
-            _log(f"training checkpointed and asked to be resumed (exit {RESUME_EXIT_CODE})")
+            self._log(f"training checkpointed and asked to be resumed (exit {RESUME_EXIT_CODE})")
             return RESUME_EXIT_CODE
         return 128 - status if status < 0 else status
 
@@ -202,12 +253,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and stopping torchrun")
     parser.add_argument("--elastic", action="store_true",
                         help="re-form the group (run the command again) when it stops for a node that left")
+    parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
+                        help="training processes per node (torchrun's): with more than one, or in a gang "
+                             f"(${ENV_NNODES}), every output line is whole and labelled with where it came from")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the command to run after --")
-    return Launcher(command, args.grace, args.elastic).run()
+    gang = bool(os.environ.get(ENV_NNODES))
+    if args.nproc_per_node <= 1 and not gang:
+        return Launcher(without_entry_point(command), args.grace, args.elastic).run()
+    output = OutputMux(sys.stdout.fileno(), node_name() if gang else None).start()
+    try:
+        return Launcher(command, args.grace, args.elastic, output).run()
+    finally:
+        output.close()
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from dlsub.contract import CHECKPOINT_SIGNAL, ENV_TARGET_LOSS, JobState, output_
 from dlsub.estimate.apply_choice import apply_to_values, chosen_row, with_env
 from dlsub.job.budget_check import check_budget, extra_for
 from dlsub.job.directives import Directive, DirectiveError, read_directives
+from dlsub.job.output_lines import LogPrinter, Selection
 from dlsub.job.partition_choice import PlanningError
 from dlsub.job.settings import Settings, load_settings
 from dlsub.job.shape import Shape, ShapeError, resolve_shape
@@ -93,7 +94,7 @@ def main() -> None:
     \b
       dlsub train.py --lr 0.1        submit (shorthand of `dlsub submit`)
       dlsub status [JOB] [--json]    your jobs: state, step, loss, ETA
-      dlsub logs JOB [-f]            the job's output
+      dlsub logs JOB [-f] [--rank N] the job's output (--rank: one process's lines only)
       dlsub cancel JOB               stop it; no container is left behind
       dlsub requeue JOB              checkpoint now and continue in a new attempt
     """
@@ -387,12 +388,21 @@ def _output_file(record: JobRecord) -> Path:
 @main.command()
 @click.argument("job")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--rank", type=click.IntRange(min=0), help="Only this process's lines (its global rank, as labelled).")
+@click.option("--node", help="Only the lines of processes on this node (a job on several nodes).")
 @friendly_errors
-def logs(job: str, follow: bool) -> None:
-    """Print the job's output (all attempts)."""
+def logs(job: str, follow: bool, rank: int | None, node: str | None) -> None:
+    """Print the job's output (all attempts).
+
+    With several training processes each line starts with where it came
+    from: [RANK]: on one node, [NODE/RANK]: on several, [dlsub]: for dlsub's
+    launcher. --rank and --node keep one process's (or node's) lines; the
+    lines that mark each attempt then go to stderr.
+    """
     _, client, store = _context()
     record = store.get(job)
     path = _output_file(record)
+    printer = LogPrinter(None if rank is None and node is None else Selection(rank, node), sys.stdout, sys.stderr)
     offset = 0
     last_check = 0.0
     while True:
@@ -402,11 +412,12 @@ def logs(job: str, follow: bool) -> None:
                 chunk = f.read()
             offset += len(chunk)
             if chunk:
-                sys.stdout.write(chunk.decode("utf-8", errors="replace"))
-                sys.stdout.flush()
+                printer.chunk(chunk)
         if not follow:
             if not path.exists():
                 click.echo(f"dlsub: no output yet for job {record.id} (it has not started)", err=True)
+            else:
+                printer.end(record.id)
             return
         now = time.monotonic()
         if now - last_check > 3:
@@ -416,6 +427,7 @@ def logs(job: str, follow: bool) -> None:
                 time.sleep(0.5)
                 if path.exists() and path.stat().st_size > offset:
                     continue
+                printer.end(record.id)
                 click.echo(f"dlsub: job {record.id} is {state.state}", err=True)
                 return
         time.sleep(0.5)

@@ -24,6 +24,7 @@ LIBRARY_MOUNT = "/opt/dlsub-lib"
 # Slurm's view of the job, passed into the container by name (Podman takes
 # each value from the batch script's environment; unset ones are skipped).
 SLURM_ENV = (
+    "SLURMD_NODENAME",  # the node's name in Slurm, for output labels (the testbed's slurmds share one host)
     "SLURM_JOB_ID",
     "SLURM_JOB_NAME",
     "SLURM_JOB_PARTITION",
@@ -169,13 +170,15 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     launch = ["python3", "-m", "dlsub.checkpointing.launch", "--grace", str(spec.grace_s)]
     if spec.elastic and spec.reform:
         launch.append("--elastic")
-    lines.append([*launch, "--"])
     if spec.plain:
+        lines.append([*launch, "--"])
         lines.append(["python3", str(spec.script), *spec.script_args])
         return lines
     # One process per GPU of this attempt: the batch script counts them, since
-    # a job moved between CPU and GPU partitions gets different ones.
+    # a job moved between CPU and GPU partitions gets different ones. The
+    # launcher labels the output lines when there are several processes.
     nproc: str | Raw = str(spec.nproc_per_node) if spec.nproc_per_node else Raw('"${nproc}"')
+    lines.append([*launch, "--nproc-per-node", nproc, "--"])
     if spec.nnodes is None:
         lines.append(["torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node", nproc])
     else:
@@ -185,7 +188,10 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
         # An elastic group re-forms when a node joins or is lost (a lost node
         # costs a restart; joins do not count).
         lines.append(["--max-restarts", "3" if spec.elastic else "0"])
-    lines.append([str(spec.script), *spec.script_args])
+    # Each process starts through dlsub's entry point, which hands its output
+    # to the launcher and then execs ``python -u SCRIPT ARGS`` as torchrun would
+    # (the launcher's ENTRY_POINT; it drops them for a process alone).
+    lines.append(["-m", "dlsub.checkpointing.rank_output", str(spec.script), *spec.script_args])
     return lines
 
 

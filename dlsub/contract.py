@@ -152,6 +152,17 @@ def resume_marker(job_dir: Path, attempt: str) -> Path:
     """The file whose presence says that ``attempt`` asked to be resumed."""
     return job_dir / MARKERS_DIR / f"{attempt}.resume"
 
+# Output lines (OUTPUT_PATTERN). With several training processes every line says where it came from, as
+# torchrun's --tee labels it: ``[<global rank>]:`` on one node, ``[<node>/<global rank>]:`` in a gang; the
+# launcher's and torchrun's own lines carry LAUNCHER_SOURCE for a rank. A process alone is not labelled.
+# dlsub labels every line it hands on, so a line's first label is dlsub's (a script may print fake ones).
+OUTPUT_LABEL = "[{source}]:"
+OUTPUT_GANG_LABEL = "[{node}/{source}]:"
+LAUNCHER_SOURCE = "dlsub"
+OUTPUT_LABEL_RE = re.compile(rb"\A\[(?:(?P<node>[A-Za-z0-9._-]{1,64})/)?(?P<source>[0-9]{1,7}|dlsub)\]:")
+#: In the container: the launcher's socket, to which each training process hands its stdout and stderr.
+ENV_OUTPUT_SOCKET = "DLSUB_OUTPUT_SOCKET"
+
 
 # Progress events (``PROGRESS_FILE``) and attempt events (``ATTEMPTS_FILE``).
 EVENT_START = "start"
@@ -459,26 +470,14 @@ _NEXT: dict[JobState, frozenset[JobState]] = {
 }
 
 _FROM_SLURM = {
-    "PENDING": JobState.PENDING,
-    "CONFIGURING": JobState.PENDING,
-    "RUNNING": JobState.RUNNING,
-    "COMPLETING": JobState.RUNNING,
-    "SUSPENDED": JobState.RUNNING,
-    "STOPPED": JobState.RUNNING,
-    "RESIZING": JobState.RUNNING,
-    "SIGNALING": JobState.RUNNING,
-    "STAGE_OUT": JobState.RUNNING,
-    "REQUEUED": JobState.REQUEUED,
-    "REQUEUE_FED": JobState.REQUEUED,
-    "REQUEUE_HOLD": JobState.REQUEUED,
+    **dict.fromkeys(("PENDING", "CONFIGURING"), JobState.PENDING),
+    **dict.fromkeys(("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING", "SIGNALING", "STAGE_OUT"),
+                    JobState.RUNNING),
+    **dict.fromkeys(("REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"), JobState.REQUEUED),
     "COMPLETED": JobState.COMPLETED,
     "CANCELLED": JobState.CANCELLED,
-    "TIMEOUT": JobState.TIMEOUT,
-    "DEADLINE": JobState.TIMEOUT,
-    "FAILED": JobState.FAILED,
-    "NODE_FAIL": JobState.FAILED,
-    "OUT_OF_MEMORY": JobState.FAILED,
-    "BOOT_FAIL": JobState.FAILED,
+    **dict.fromkeys(("TIMEOUT", "DEADLINE"), JobState.TIMEOUT),
+    **dict.fromkeys(("FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"), JobState.FAILED),
     "PREEMPTED": JobState.PREEMPTED,
 }
 

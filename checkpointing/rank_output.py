@@ -1,0 +1,67 @@
+"""torchrun's entry point for each training process: ``python -u -m dlsub.checkpointing.rank_output SCRIPT ARGS``.
+
+With ``$DLSUB_OUTPUT_SOCKET`` (the launcher sets it when the job has several
+processes), it hands this process's stdout and stderr, as two pipes, to the
+launcher's :class:`~dlsub.checkpointing.output_mux.OutputMux` with the global
+rank torchrun gave it (``$RANK``), which labels each of their lines. Then,
+with or without, it becomes ``python -u SCRIPT ARGS`` by ``exec``: the same
+pid, so torchrun's and the launcher's signals reach the training itself, and
+the same command line torchrun would have run. Nothing is printed on the way:
+a job with one process writes exactly what its script writes.
+
+If the handover fails (no launcher listening), the lines go unlabelled
+straight to the container's output, as before; one line on stderr says so.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from typing import NoReturn
+
+from dlsub.contract import ENV_OUTPUT_SOCKET
+
+#: How long to wait for the launcher to take the pipes.
+HANDOVER_TIMEOUT_S = 10.0
+
+
+def hand_over_output(socket_path: str, rank: int) -> None:
+    """Make fds 1 and 2 pipes read by the launcher at ``socket_path``; raise OSError if it does not take them."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(HANDOVER_TIMEOUT_S)
+            conn.connect(socket_path)
+            socket.send_fds(conn, [json.dumps({"rank": rank}).encode()], [out_r, err_r])
+            if conn.recv(1) != b"k":
+                raise OSError(f"the launcher at {socket_path} did not take the output pipes")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+    finally:
+        for fd in (out_r, out_w, err_r, err_w):
+            os.close(fd)
+
+
+def main(argv: list[str]) -> NoReturn:
+    if not argv:
+        print("usage: python -m dlsub.checkpointing.rank_output SCRIPT [ARGS...]", file=sys.stderr)
+        sys.exit(2)
+    socket_path = os.environ.pop(ENV_OUTPUT_SOCKET, "")
+    if socket_path:
+        rank = os.environ.get("RANK", "")
+        try:
+            hand_over_output(socket_path, int(rank))
+        except (OSError, ValueError) as exc:
+            print(f"dlsub: rank {rank}: its output goes unlabelled ({exc})", file=sys.stderr, flush=True)
+    python = os.environ.get("PYTHON_EXEC") or sys.executable  # as torchrun picks it
+    os.execv(python, [python, "-u", *argv])  # noqa: S606 - argv as torchrun built it, no shell
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

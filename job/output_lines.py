@@ -1,0 +1,153 @@
+"""A job's output as ``dlsub logs`` prints it: all of it, or one process's lines (``--rank N``, ``--node NAME``).
+
+In a job with several training processes the launcher labels every line
+(:data:`dlsub.contract.OUTPUT_LABEL`, ``[rank]:`` or ``[node/rank]:``; its
+own and torchrun's ``[dlsub]:``), so a line's first label says where it came
+from. What a process prints cannot move its line elsewhere:
+
+* a fake label it prints comes after dlsub's (rank 1 printing ``[3]:x`` is
+  written ``[1]:[3]:x``), and only the first label counts;
+* a newline it prints starts a new line, which dlsub labels too; ``\\r``
+  does the same. Lines are cut here at ``\\n`` only, as the launcher wrote
+  them: never ``str.splitlines``, which also cuts at ``\\x0b``, ``\\x1c``,
+  ``\\x85``, ``\\u2028``... where the launcher did not.
+
+What this cannot tell apart: bytes a job's process writes into the output
+file itself (it is in the job's own directory) carry whatever label it
+likes; and a line longer than the launcher's limit is cut into pieces, each
+with the label. Unlabelled lines are Slurm's, Podman's or the batch
+script's (``dlsub: ...``: where each attempt starts and ends); with a
+selection the batch script's go to stderr, so that attempts stay told
+apart and stdout holds the selected process's lines alone. A job with one
+process writes no labels: its lines are printed only without a selection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
+from typing import TextIO
+
+from dlsub.contract import OUTPUT_LABEL_RE
+
+#: The batch script's own lines start so (unlabelled: it runs outside the container).
+BATCH_LINE_START = b"dlsub: "
+#: The longest unfinished line held while following (the launcher's lines are far shorter).
+MAX_PENDING = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which process's lines: a global rank, a node's name, or both."""
+
+    rank: int | None = None
+    node: str | None = None
+
+    def describe(self) -> str:
+        parts = ([f"rank {self.rank}"] if self.rank is not None else []) + \
+            ([f"node {self.node}"] if self.node is not None else [])
+        return " on ".join(parts)
+
+
+def line_source(line: bytes) -> tuple[str | None, str] | None:
+    """(node or None, rank or ``dlsub``) from a line's first label; None for an unlabelled line."""
+    match = OUTPUT_LABEL_RE.match(line)
+    if match is None:
+        return None
+    node = match["node"]
+    return (node.decode() if node else None, match["source"].decode())
+
+
+#: A run of lines for one stream: (True: the batch script's, for stderr; False: the selection's), the bytes.
+Run = tuple[bool, bytes]
+
+
+class OutputFilter:
+    """Feed it a job's output as it grows; it returns, in order, runs of the selection's lines and of the
+    batch script's."""
+
+    def __init__(self, selection: Selection) -> None:
+        self.selection = selection
+        self._pending = b""
+        self._skipping = False
+        self.labelled = 0
+        self.with_node = 0
+        self.selected = 0
+
+    def feed(self, chunk: bytes) -> list[Run]:
+        if self._skipping:
+            if b"\n" not in chunk:
+                return []
+            chunk = chunk.split(b"\n", 1)[1]
+            self._skipping = False
+        *lines, self._pending = (self._pending + chunk).split(b"\n")
+        if len(self._pending) > MAX_PENDING:
+            # Longer than any line the launcher writes: not a process's. Its rest, up to the next newline,
+            # must not pass for a line of its own (it may start with anything).
+            self._pending, self._skipping = b"", True
+        return self._select(lines, b"\n")
+
+    def finish(self) -> list[Run]:
+        """The last line, if the output does not end with a newline (yet)."""
+        rest, self._pending = self._pending, b""
+        return self._select([rest], b"") if rest else []
+
+    def _select(self, lines: list[bytes], end: bytes) -> list[Run]:
+        tagged: list[Run] = []
+        want_rank = None if self.selection.rank is None else str(self.selection.rank)
+        for line in lines:
+            source = line_source(line)
+            if source is None:
+                if line.startswith(BATCH_LINE_START):
+                    tagged.append((True, line + end))
+                continue
+            node, rank = source
+            self.labelled += 1
+            self.with_node += node is not None
+            if (want_rank is None or rank == want_rank) and self.selection.node in (None, node):
+                self.selected += 1
+                tagged.append((False, line + end))
+        return [(batch, b"".join(line for _, line in run)) for batch, run in groupby(tagged, key=itemgetter(0))]
+
+    def note(self, job_id: str) -> str | None:
+        """Why nothing was printed, when nothing was."""
+        if self.selected:
+            return None
+        if not self.labelled:
+            return (f"dlsub: no line of job {job_id}'s output carries a rank: a job with one training process "
+                    f"writes its lines unlabelled (`dlsub logs {job_id}` shows them)")
+        if self.selection.node is not None and not self.with_node:
+            return (f"dlsub: job {job_id} ran on one node: its lines carry a rank and no node name "
+                    f"(use --rank alone)")
+        return f"dlsub: no line of job {job_id}'s output came from {self.selection.describe()}"
+
+
+class LogPrinter:
+    """Prints chunks of a job's output: as they come without a selection (as ``dlsub logs`` always has),
+    else the selection's lines on ``out`` and the batch script's on ``err``."""
+
+    def __init__(self, selection: Selection | None, out: TextIO, err: TextIO) -> None:
+        self.filter = OutputFilter(selection) if selection is not None else None
+        self.out, self.err = out, err
+
+    def chunk(self, data: bytes) -> None:
+        if self.filter is None:
+            self.out.write(data.decode("utf-8", errors="replace"))
+            self.out.flush()
+            return
+        self._print(self.filter.feed(data))
+
+    def end(self, job_id: str) -> None:
+        if self.filter is None:
+            return
+        self._print(self.filter.finish())
+        note = self.filter.note(job_id)
+        if note:
+            print(note, file=self.err)
+
+    def _print(self, runs: list[Run]) -> None:
+        for batch, data in runs:
+            stream = self.err if batch else self.out
+            stream.write(data.decode("utf-8", errors="replace"))
+            stream.flush()
