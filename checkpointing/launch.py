@@ -264,7 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     gang = bool(os.environ.get(ENV_NNODES))
     if args.nproc_per_node <= 1 and not gang:
         return Launcher(without_entry_point(command), args.grace, args.elastic).run()
-    output = OutputMux(sys.stdout.fileno(), node_name() if gang else None).start()
+    try:
+        output = OutputMux(sys.stdout.fileno(), node_name() if gang else None).start()
+    except OSError as exc:  # no private temporary directory for its socket: the training still runs
+        _log(f"the output goes unlabelled: cannot set up the labelling of lines ({exc})")
+        return Launcher(without_entry_point(command), args.grace, args.elastic).run()
     try:
         return Launcher(command, args.grace, args.elastic, output).run()
     finally:

@@ -82,8 +82,12 @@ class LineSplitter:
         lines: list[bytes] = []
         start = 0
         buf = self._buf
+        nl = cr = -2  # -2: look again; -1: none left in this buffer
         while True:
-            nl, cr = buf.find(b"\n", start), buf.find(b"\r", start)
+            if -1 != nl < start:
+                nl = buf.find(b"\n", start)
+            if -1 != cr < start:
+                cr = buf.find(b"\r", start)
             end = min(nl, cr) if nl >= 0 and cr >= 0 else max(nl, cr)
             if end < 0 or end - start > self.limit:
                 if len(buf) - start <= self.limit:

@@ -266,6 +266,8 @@ if [ "$het" = 1 ]; then
 elif [ "${SLURM_NNODES:-1}" -gt 1 ]; then
     # One task per node, each running this script's node part; a node whose
     # task fails does not kill the others (an elastic group re-forms).
+    # srun forwards each node's output a line at a time (its default; never
+    # --unbuffered), so the nodes' labelled lines do not cut into each other.
     local_container=0
     srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0 \
         bash "$job_script" node &

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from dlsub.checkpointing.output_mux import LineSplitter
 from dlsub.cli.main import main
@@ -109,7 +109,7 @@ def job(cli_env: FakeSlurm, tmp_path: Path) -> dict[str, object]:
     return dict(out)
 
 
-def logs(*args: str) -> CliRunner.invoke:
+def logs(*args: str) -> Result:
     return CliRunner().invoke(main, ["logs", *args], catch_exceptions=False)
 
 
