@@ -262,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     if not command:
         parser.error("give the command to run after --")
     gang = bool(os.environ.get(ENV_NNODES))
-    if args.nproc_per_node <= 1 and not gang:
+    # A script rendered before dlsub labelled lines runs no entry point: its processes would write into
+    # torchrun's output, and their lines pass for the launcher's. It runs as it did.
+    if (args.nproc_per_node <= 1 and not gang) or without_entry_point(command) == command:
         return Launcher(without_entry_point(command), args.grace, args.elastic).run()
     try:
         output = OutputMux(sys.stdout.fileno(), node_name() if gang else None).start()

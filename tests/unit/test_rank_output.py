@@ -209,3 +209,22 @@ def test_without_the_launcher_the_entry_point_only_runs_the_script(tmp_path: Pat
                           env=environment(tmp_path), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.splitlines()) == ["hello from 0", "hello from 1"]
+
+
+def test_the_launcher_labels_only_several_processes_started_through_the_entry_point(tmp_path: Path) -> None:
+    script = tmp_path / "say.py"
+    script.write_text('print("said")\n')
+    env = environment(tmp_path)
+
+    def launch(*argv: str) -> str:
+        return subprocess.run([sys.executable, "-m", "dlsub.checkpointing.launch", *argv], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60).stdout
+
+    entry = ["-m", "dlsub.checkpointing.rank_output"]
+    # One process: the entry point is dropped, the script runs as it always has.
+    assert launch("--nproc-per-node", "1", "--", sys.executable, *entry, str(script)) == "said\n"
+    # A script rendered before labels existed (no entry point) runs as it did, even with several processes.
+    assert launch("--nproc-per-node", "2", "--", sys.executable, str(script)) == "said\n"
+    # With the entry point and several processes (here one, RANK set by hand): labelled.
+    env["RANK"] = "5"
+    assert launch("--nproc-per-node", "2", "--", sys.executable, *entry, str(script)) == "[5]:said\n"
