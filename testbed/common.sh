@@ -85,12 +85,40 @@ start_slurmd() {  # node
     "$SLURM_SBIN/slurmd" -N "$1" -d "$SLURM_SBIN/slurmstepd"
 }
 
+# The pid of the slurmctld that listens on the testbed's port (etc/testbed/slurm.conf), if any.
+# Its pid file is not enough: from 23.11 on, slurmctld re-executes itself under a new pid on
+# `scontrol reconfigure` (which up.sh runs), and the pid file may still name the old one; a
+# slurmctld left so blocks the next version's from binding the port.
+slurmctld_on_port() {
+    local pid
+    pid="$(ss -Hltnp 'sport = :6817' 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)"
+    [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = slurmctld ] && echo "$pid"
+    return 0
+}
+
+# True when the process runs this version's Slurm: a tree's binaries lie under $SLURM_TREES/V/
+# (testbed/slurm-tree.sh), 22.05's are the machine's own.
+runs_this_slurm() {  # pid
+    local exe
+    exe="$(readlink "/proc/$1/exe" 2>/dev/null)" || return 1
+    if [ "$SLURM_VERSION" = 22.05 ]; then
+        [[ "$exe" != "$SLURM_TREES"/* ]]
+    else
+        [[ "$exe" == "$SLURM_TREES/$SLURM_VERSION"/* ]]
+    fi
+}
+
 stop_slurm() {
-    local node
+    local node pid
     for node in $TESTBED_NODES; do
         stop_pidfile "/run/dlsub-testbed/slurmd-$node.pid"
     done
     stop_pidfile /run/dlsub-testbed/slurmctld.pid
+    pid="$(slurmctld_on_port)"
+    if [ -n "$pid" ]; then
+        echo "$pid" > /run/dlsub-testbed/slurmctld.pid
+        stop_pidfile /run/dlsub-testbed/slurmctld.pid
+    fi
 }
 
 # Wait until every node has registered and none is down or invalid.

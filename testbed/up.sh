@@ -15,9 +15,9 @@ repo="$(dirname "$here")"
 
 # ---------------------------------------------------------------- packages
 # acl: job directories grant the agent's account read access (setfacl);
-# `make lint` runs shellcheck; the unit tests run job_submit.lua under lua5.1 as slurmctld would.
+# `make lint` runs shellcheck; iproute2's ss finds the slurmctld on its port; the unit tests run job_submit.lua under lua5.1 as slurmctld would.
 packages=(slurm-wlm slurm-client slurmdbd mariadb-server munge podman runc uidmap slirp4netns fuse-overlayfs
-          debootstrap python3 python3-venv ca-certificates procps acl shellcheck lua5.1)
+          debootstrap python3 python3-venv ca-certificates procps iproute2 acl shellcheck lua5.1)
 # The dashboard's browser tests drive Debian's Chromium (Playwright downloads no browser here);
 # npm fetches htmx from the npm registry when dlsub is installed (nodejs may ship npm itself).
 packages+=(chromium)
@@ -141,9 +141,15 @@ if [ "$changed" -eq 1 ]; then
     say "Slurm configuration changed: restarting the daemons"
     stop_slurm
 fi
+# A slurmctld of another version still on the port (a switch cut short): stop it and its nodes.
+ctld="$(slurmctld_on_port)"
+if [ -n "$ctld" ] && ! runs_this_slurm "$ctld"; then
+    say "a slurmctld of another Slurm holds the port: stopping it"
+    stop_slurm
+fi
 # Accounting: MariaDB, then slurmdbd, before slurmctld (which registers with it).
 "$here/accounting.sh"
-if ! pid_alive /run/dlsub-testbed/slurmctld.pid; then
+if ! pid_alive /run/dlsub-testbed/slurmctld.pid && [ -z "$(slurmctld_on_port)" ]; then
     say "starting slurmctld $SLURM_VERSION"
     "$SLURM_SBIN/slurmctld"
 fi
