@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent import failpoints
-from dlsub.agent.agent_store import AgentStore, Binding, JobRow, Writes
+from dlsub.agent.agent_store import AgentStore, Binding, JobRow, ResizePhase, ResizeRow, Writes
 from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.agent.job_mailbox import MailboxError, publish_batch
 from dlsub.agent.live_models import LiveModels, sizing_policy
@@ -97,8 +97,13 @@ _WAITING_FOR_NODES = ("Resources", "Priority", "None", "")
 
 # Where a test may SIGKILL the tick (dlsub.agent.failpoints): before an action is
 # carried out, and once its outcome is recorded.
-_BEFORE = {move_rules.SIGNAL_MOVE: "move-planned", move_rules.RETARGET: "move-retarget"}
-_AFTER = {move_rules.SIGNAL_MOVE: "move-signalled", move_rules.RELEASE: "move-released"}
+_BEFORE = {move_rules.SIGNAL_MOVE: "move-planned", move_rules.RETARGET: "move-retarget",
+           resize_rules.GROW: "grow-planned", resize_rules.SHRINK: "shrink-planned"}
+_AFTER = {move_rules.SIGNAL_MOVE: "move-signalled", move_rules.RELEASE: "move-released",
+          resize_rules.GROW: "grow-recorded", resize_rules.SHRINK: "shrink-signalled"}
+# Resizes written ahead (a row in the store's ``resizes``): ending an ended job's workers is not, as it is
+# decided again from Slurm each tick and cancelling twice is harmless.
+_WRITTEN_AHEAD = (resize_rules.GROW, resize_rules.SHRINK)
 
 
 def rules_from(policy: AgentPolicy) -> Rules:
@@ -149,13 +154,13 @@ def _request_from_tags(job: SlurmJob, tags: Tags) -> dict[str, Any]:
 _TAKES_GPUS = (move_rules.SIGNAL_MOVE, move_rules.BACKFILL, move_rules.RETARGET, move_rules.RELEASE)
 
 
-def _reserve(rooms: list[Room], actions: list[Action]) -> list[Room]:
-    """The rooms with the GPUs these actions will take out of their partitions' idle ones (on the first node
-    with enough, in every partition that has that node)."""
+def _reserve(rooms: list[Room], takes: Sequence[tuple[str | None, int | None]]) -> list[Room]:
+    """The rooms with the GPUs these (partition, GPUs) takes will take out of their partitions' idle ones
+    (on the first node with enough, in every partition that has that node)."""
     idle = {n: g for room in rooms for n, g in room.nodes}
-    for action in actions:
-        room = next((r for r in rooms if r.name == action.partition), None)
-        want = action.gpus or 0
+    for partition, gpus in takes:
+        room = next((r for r in rooms if r.name == partition), None)
+        want = gpus or 0
         node = next((n for n, _ in room.nodes if idle[n] >= want), None) if room is not None and want else None
         if node is not None:
             idle[node] -= want
@@ -226,7 +231,8 @@ class Agent:
         self._unread = 0  # jobs whose files could not be read this tick
         # When each job's files were last read (deadline clock): the least recently read go first.
         self._last_read: dict[tuple[int, int], float] = {}
-        # Worker tasks sent MOVE_SIGNAL to leave, and when (the agent's clock).
+        # Worker tasks sent MOVE_SIGNAL to leave, and when (the agent's clock): reloaded from the store's
+        # resizes each tick, so a restarted agent does not tell them again.
         self._leaving: dict[str, float] = {}
         self._last_elastic: list[ElasticJob] = []
         self._elastic_dirs: dict[str, str] = {}
@@ -723,20 +729,63 @@ class Agent:
 
     # ---------------------------------------------------------------- resize
     def _plan_resizes(self, seen: Observation, now: float, writes: Writes) -> list[Resize]:
-        """This tick's grow/shrink/end-workers actions, each recorded (write-ahead) with its reason."""
-        # A worker told to leave is still running while the group checkpoints: not told again for a while.
-        self._leaving = {h: t for h, t in self._leaving.items() if now - t < LEAVE_WAIT_S}
+        """This tick's grow/shrink/end-workers actions, each recorded (write-ahead) with its reason: first
+        the ones a crash left planned and not done, then the new ones."""
+        resumed, jobs = self._recover_resizes(seen, now, writes)
         # Still running while it checkpoints with its group: its GPUs count as given back already.
         jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, leaving=w.handle in self._leaving)
-                                                     for w in j.workers)) for j in seen.elastic]
-        planned = []
+                                                     for w in j.workers)) for j in jobs]
+        planned = list(resumed)
         by_id = {(j.uid, j.dlsub_id): j for j in jobs}
         for resize in resize_rules.plan_resizes(jobs, seen.rooms, self.rules.policy, self._size_by_policy(seen, now)):
             job = next(j for (uid, did), j in by_id.items() if did == resize.dlsub_id)
             writes.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, resize.kind, resize.reason,
                           {"worker": resize.worker, "partition": resize.partition, "nodes_before": job.nodes_now})
+            if resize.kind in _WRITTEN_AHEAD and resize.worker is not None:
+                writes.resizes[resize.worker] = ResizeRow(
+                    resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.PLANNED, now,
+                    resize.reason, resize.partition, resize.batch_size, resize.accumulation_steps)
             planned.append(resize)
         return planned
+
+    def _recover_resizes(self, seen: Observation, now: float,
+                         writes: Writes) -> tuple[list[Resize], list[ElasticJob]]:
+        """The resizes in flight from the store: the workers still leaving (``_leaving``, kept across a
+        restart), and the grows a crash left written ahead and not done, to be done now (and not planned
+        again). Returns those grows and the elastic jobs as the planner must see them (a resumed grow's
+        worker counted as released already, its GPUs as taken)."""
+        rows = self.store.resizes()
+        self._leaving = {}
+        tasks = {w.handle: (j, w) for j in seen.elastic for w in j.workers}
+        resumed: list[Resize] = []
+        taken: list[tuple[str, int]] = []
+        for worker, row in rows.items():
+            job, task = tasks.get(worker, (None, None))
+            if row.phase == ResizePhase.PLANNED and row.kind == resize_rules.SHRINK:
+                # The signal may or may not have gone before the crash: counted as leaving since it was
+                # planned, so it is never sent twice within the wait, and sent again after it if still needed.
+                row = dataclasses.replace(row, phase=ResizePhase.LEAVING)
+                writes.resizes[worker] = row
+            if row.phase == ResizePhase.LEAVING:
+                if now - row.since < LEAVE_WAIT_S:
+                    self._leaving[worker] = row.since
+                else:
+                    writes.ended_resizes.add(worker)
+                continue
+            if (job is None or task is None or job.uid != row.uid or job.state != "RUNNING" or job.ended
+                    or job.moving or not resize_rules.usable_worker(task, job)):
+                # Released before the crash (no longer held), or moot now: nothing left to do.
+                writes.ended_resizes.add(worker)
+                continue
+            resumed.append(Resize(row.kind, row.dlsub_id, row.slurm_job_id, row.reason, worker, row.partition,
+                                  row.batch_size, row.accumulation_steps))
+            taken.append((job.partition, job.gpus_per_node))
+        if resumed:
+            seen.rooms = _reserve(seen.rooms, taken)
+        on_way = {r.worker for r in resumed}
+        jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, reason="None") if w.handle in on_way
+                                                     else w for w in j.workers)) for j in seen.elastic]
+        return resumed, jobs
 
     def _size_by_policy(self, seen: Observation, now: float) -> resize_rules.SizeByPolicy | None:
         """With an elastic policy that learns from what jobs report (``goodput``), the sizing step that
@@ -777,7 +826,8 @@ class Agent:
                            f"the new batch size ({resize.batch_size}) was not told to the job: {exc}; it "
                            "keeps the batch it has")
 
-    def _resize(self, resize: Resize, now: float, outcome: Writes) -> None:
+    def _resize(self, resize: Resize, now: float, outcome: Writes) -> bool:
+        """Carry out one resize in Slurm and note its outcome; False: it failed (recorded as an error)."""
         job = next(j for j in self._last_elastic if j.dlsub_id == resize.dlsub_id)
         try:
             assert resize.worker is not None
@@ -785,16 +835,26 @@ class Agent:
                 self._tell_batch(job, resize, now, outcome)
             if resize.kind == resize_rules.GROW:
                 self.client.release(resize.worker)
+                failpoints.reach("grow-released")
+                outcome.ended_resizes.add(resize.worker)  # Slurm shows it released from now on
             elif resize.kind == resize_rules.SHRINK:
                 self.client.signal_task(resize.worker, MOVE_SIGNAL)
+                failpoints.reach("shrink-signal-sent")
                 self._leaving[resize.worker] = now
+                outcome.resizes[resize.worker] = ResizeRow(
+                    resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.LEAVING, now,
+                    resize.reason, resize.partition)
             elif resize.kind == resize_rules.END_WORKERS:
                 self.client.cancel(int(resize.worker))
             log.info("%s %s (worker %s): %s", resize.kind, resize.dlsub_id, resize.worker, resize.reason)
+            return True
         except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
+            if resize.kind in _WRITTEN_AHEAD and resize.worker is not None:
+                outcome.ended_resizes.add(resize.worker)  # not done: decided afresh next tick
             outcome.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "error",
                            f"{resize.kind} failed: {exc}")
             log.warning("%s %s failed: %s", resize.kind, resize.dlsub_id, exc)
+            return False
 
     # ---------------------------------------------------------------- tick
     def tick(self, now: float | None = None) -> list[Action]:
@@ -827,12 +887,15 @@ class Agent:
             else:
                 done.append(action)
         # GPUs this tick's moves and backfills are about to take are not idle for growth.
-        seen.rooms = _reserve(seen.rooms, [a for a in actions if a.kind in _TAKES_GPUS])
+        seen.rooms = _reserve(seen.rooms, [(a.partition, a.gpus) for a in actions if a.kind in _TAKES_GPUS])
         resizes = self._plan_resizes(seen, now, writes)
         self.store.write(writes)  # what was observed and decided, before anything is done about it
         outcome = Writes()
+        resized: list[Resize] = []
         for resize in resizes:
-            self._resize(resize, now, outcome)
+            failpoints.reach(_BEFORE.get(resize.kind, ""))
+            if self._resize(resize, now, outcome):
+                resized.append(resize)
         for action in todo:
             seen_job = self._seen[action.slurm_job_id]
             failpoints.reach(_BEFORE.get(action.kind, ""))
@@ -864,6 +927,8 @@ class Agent:
         self.store.write(outcome)
         for action in done:
             failpoints.reach(_AFTER.get(action.kind, ""))
+        for resize in resized:
+            failpoints.reach(_AFTER.get(resize.kind, ""))
         try:
             self.store.prune(now, self.policy.retention.progress_days, self.policy.retention.decisions_days)
         except Exception as exc:  # noqa: BLE001 - pruning can wait for the next hour

@@ -31,3 +31,8 @@ def test_other_points_and_no_point_change_nothing() -> None:
 
 def test_every_move_point_is_named_once() -> None:
     assert len(set(failpoints.MOVE_POINTS)) == len(failpoints.MOVE_POINTS) == 6
+
+
+def test_every_resize_point_is_named_once_and_none_is_a_move_point() -> None:
+    assert len(set(failpoints.RESIZE_POINTS)) == len(failpoints.RESIZE_POINTS) == 6
+    assert not set(failpoints.RESIZE_POINTS) & set(failpoints.MOVE_POINTS)
