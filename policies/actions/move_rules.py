@@ -59,6 +59,7 @@ from typing import TypedDict
 
 from dlsub.contract import ACTION_MOVE
 from dlsub.policies.actions.budget_gate import move_fits_budget
+from dlsub.policies.actions.kinds import ActionKind
 from dlsub.policies.api import ClusterView, JobView, Node
 from dlsub.policies.registry import get_policy
 
@@ -200,7 +201,7 @@ class Window:
 class Action:
     """One thing to do to one job, and why, in words a user reads in `dlsub why`."""
 
-    kind: str
+    kind: ActionKind
     dlsub_id: str
     slurm_job_id: int
     reason: str
@@ -210,15 +211,15 @@ class Action:
     time_limit_min: int | None = None  # set the job's time limit too (backfill, and back)
 
 
-# Action kinds the agent carries out.
-SIGNAL_MOVE = "signal-move"  # SIGUSR2 to the batch shell: checkpoint, requeue held
-SIGNAL_CONTINUE = "signal-continue"  # SIGUSR1: checkpoint, requeue (same partition)
-RETARGET = "retarget"  # scontrol update Partition=... TresPerNode=... (pending job)
-RELEASE = "release"  # scontrol release (Slurm's requeue wait still applies)
-FINISH_MOVE = "finish-move"  # the move is complete (bookkeeping)
-ABANDON_MOVE = "abandon-move"
-BACKFILL = "backfill"  # a RETARGET into a backfill partition
-NOTE = "note"  # no action; a decision worth telling the user (once)
+# The kinds of move actions, by their old names (see dlsub.policies.actions.kinds).
+SIGNAL_MOVE = ActionKind.SIGNAL_MOVE
+SIGNAL_CONTINUE = ActionKind.SIGNAL_CONTINUE
+RETARGET = ActionKind.RETARGET
+RELEASE = ActionKind.RELEASE
+FINISH_MOVE = ActionKind.FINISH_MOVE
+ABANDON_MOVE = ActionKind.ABANDON_MOVE
+BACKFILL = ActionKind.BACKFILL
+NOTE = ActionKind.NOTE
 
 
 class _Ids(TypedDict):

@@ -30,16 +30,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dlsub.policies.actions.kinds import ActionKind
 from dlsub.policies.api import ClusterView, JobView, Node
 from dlsub.policies.registry import get_policy
 
 #: A worker task requeued this many times (each shrink is one) is left held.
 MAX_WORKER_RESTARTS = 25
 
-# Action kinds (carried out by the agent).
-GROW = "grow"  # retarget (when needed) and release one held worker task
-SHRINK = "shrink"  # MOVE_SIGNAL to one running worker: checkpoint, leave, requeue held
-END_WORKERS = "end-workers"  # cancel the worker array of an ended job
+# The kinds of resize actions, by their old names (see dlsub.policies.actions.kinds).
+GROW = ActionKind.GROW
+SHRINK = ActionKind.SHRINK
+END_WORKERS = ActionKind.END_WORKERS
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ class Capacity:
 
 @dataclass(frozen=True)
 class Resize:
-    kind: str  # GROW | SHRINK | END_WORKERS
+    kind: ActionKind  # GROW | SHRINK | END_WORKERS
     dlsub_id: str
     slurm_job_id: int  # the main job
     reason: str
