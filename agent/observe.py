@@ -61,6 +61,20 @@ class Observation:
     elastic_dirs: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class _Queue:
+    """The queue of one tick, sorted (see :meth:`Observing._sort_queue`)."""
+
+    candidates: list[Seen] = field(default_factory=list)  # dlsub jobs the agent may follow, identified
+    workers: dict[tuple[int, str], list[WorkerTask]] = field(default_factory=dict)  # by (uid, dlsub id)
+    worker_ids: set[int] = field(default_factory=set)
+    usage: dict[int, Usage] = field(default_factory=dict)  # every live job's GPUs, by uid
+    # Who may own each id: (not backed by a record, submit time, Slurm id, uid, source). dlsub submits an
+    # elastic job's worker array before its main job, so the workers' claim counts too: their public
+    # comment shows the id first, and another user must not take it with a main job of their own.
+    claims: dict[str, list[tuple[bool, int, int, int, str]]] = field(default_factory=dict)
+
+
 class Observing(Identifying):
     """The observe step of :class:`dlsub.agent.reconcile.Agent`."""
 
@@ -88,14 +102,45 @@ class Observing(Identifying):
         bindings = self.store.bindings()
         moves = {(int(m["uid"]), int(m["slurm_job_id"])): m for m in self.store.moves()}
         known = {p.name: p for p in partitions}
-        usage: dict[int, Usage] = {}
-        candidates: list[Seen] = []
-        workers: dict[tuple[int, str], list[WorkerTask]] = {}
-        worker_ids: set[int] = set()
-        # Who may own each id: (not backed by a record, submit time, Slurm id, uid, source). dlsub submits an
-        # elastic job's worker array before its main job, so the workers' claim counts too: their public
-        # comment shows the id first, and another user must not take it with a main job of their own.
-        claims: dict[str, list[tuple[bool, int, int, int, str]]] = {}
+        queue = self._sort_queue(slurm_jobs, rows, bindings, moves, now, writes)
+        self._bind(queue, bindings, now, writes)
+        followed: list[Seen] = []
+        for seen in queue.candidates:
+            owner = bindings[seen.request["dlsub_id"]].uid
+            if owner != seen.row.uid:
+                self._ignore(seen, owner, now, writes)
+            else:
+                followed.append(seen)
+        observed, skipped, late = self._observe_followed(followed, moves, known, now, writes, deadline)
+        self._seen = {s.job.job_id: s for s in observed}
+        pending_gpus, pending_per_node = self._waiting(slurm_jobs, moves, queue.worker_ids, known)
+        parts = [PartitionInfo(
+            name=p.name, role=self.policy.role_of(p.name), speed=self.policy.speed_of(p.name),
+            nodes=tuple((n.name, n.idle_gpus, n.idle_cpus) for n in p.nodes if n.usable),
+            pending_gpus=pending_gpus.get(p.name, 0), max_time_s=p.max_time_min * 60.0 if p.max_time_min else None,
+            cost_per_node_hour=self._price(p.name)) for p in partitions]
+        infos = [s.info for s in observed if s.info is not None]
+        infos = self._budgets.attach(infos, {s.job.job_id: str(s.job.extra.get("account") or "") for s in observed},
+                                     now)
+        elastic = self._elastic_jobs(followed, queue.workers, rows, bindings, moves)
+        mains = [s for s in followed if s.request.get("nodes") and s.request.get("role", "main") == "main"]
+        elastic_progress = {str(s.request["dlsub_id"]): ProgressSummary.from_dict(s.row.data.get("progress")).progress()
+                            for s in mains}
+        elastic_dirs = {str(s.request["dlsub_id"]): str(s.row.data["job_dir"])
+                        for s in mains if s.row.data.get("job_dir")}
+        rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0),
+                      pending_per_node.get(p.name, 0),
+                      tuple((n.name, n.idle_cpus, n.free_memory_mb) for n in p.nodes if n.usable)) for p in partitions]
+        return Observation(infos, parts, self.window_at(now), queue.usage, skipped + self._unread, late, elastic,
+                           rooms, elastic_progress, elastic_dirs)
+
+    def _sort_queue(self, slurm_jobs: list[SlurmJob], rows: dict[tuple[int, int], JobRow],
+                    bindings: dict[str, Binding], moves: dict[tuple[int, int], dict[str, Any]], now: float,
+                    writes: Writes) -> _Queue:
+        """The queue sorted: elastic jobs' worker tasks apart, the other dlsub jobs identified, every live
+        job's GPUs charged to its user, and the workers' record-backed claims on their ids."""
+        queue = _Queue()
+        usage = queue.usage
         for job in slurm_jobs:
             uid = job.user_id
             if uid is None:
@@ -104,16 +149,16 @@ class Observing(Identifying):
             worker = _worker_request(job, uid)
             if worker is not None:
                 # An elastic job's worker task: part of its main job (same uid, same id), never planned alone.
-                worker_ids.add(job.job_id)
+                queue.worker_ids.add(job.job_id)
                 task = _worker_task(job)
                 if task is not None:
-                    workers.setdefault((uid, str(worker["dlsub_id"])), []).append(task)
+                    queue.workers.setdefault((uid, str(worker["dlsub_id"])), []).append(task)
                 if state in _LIVE and not job.held:
                     old = usage.get(uid, Usage())
                     usage[uid] = Usage(old.gpus + job.gpus_per_node * max(1, job.node_count), old.jobs + 1)
                 dlsub_id = str(worker["dlsub_id"])
                 if worker.get("source") == "record" and self._may_claim(bindings.get(dlsub_id), worker):
-                    claims.setdefault(dlsub_id, []).append((False, job.submit_time, job.job_id, uid, "record"))
+                    queue.claims.setdefault(dlsub_id, []).append((False, job.submit_time, job.job_id, uid, "record"))
                 continue
             if state in _LIVE:
                 gpus = job.gpus_per_node * max(1, job.node_count)
@@ -124,32 +169,37 @@ class Observing(Identifying):
                 usage[uid] = Usage(old.gpus + gpus, old.jobs + 1)
             seen = self._identify(job, uid, rows, now, writes)
             if seen is not None:
-                candidates.append(seen)
-        # Bind each dlsub id to the uid that submitted it. A submit record (job_submit.lua) is the proof
-        # of that; a comment is only a claim, which anyone can edit into an old job of theirs the moment
-        # they see a new id in squeue. So a record-backed claim takes an id from a comment-only owner,
-        # never the other way round; among equals the earliest submit (then the lowest job id) wins.
-        for seen in candidates:
+                queue.candidates.append(seen)
+        return queue
+
+    def _bind(self, queue: _Queue, bindings: dict[str, Binding], now: float, writes: Writes) -> None:
+        """Bind each dlsub id to the uid that submitted it (``bindings`` updated, the new ones written).
+
+        A submit record (job_submit.lua) is the proof of that; a comment is only a claim, which anyone can
+        edit into an old job of theirs the moment they see a new id in squeue. So a record-backed claim takes
+        an id from a comment-only owner, never the other way round; among equals the earliest submit (then
+        the lowest job id) wins.
+        """
+        for seen in queue.candidates:
             dlsub_id = seen.request["dlsub_id"]
             if self._may_claim(bindings.get(dlsub_id), seen.request):
                 record = seen.request.get("source") == "record"
                 source = "record" if record else "comment"
-                claims.setdefault(dlsub_id, []).append(
+                queue.claims.setdefault(dlsub_id, []).append(
                     (not record, seen.job.submit_time, seen.job.job_id, seen.row.uid, source))
-        for dlsub_id, group in claims.items():
+        for dlsub_id, group in queue.claims.items():
             _, _, job_id, uid, source = min(group)
             bindings[dlsub_id] = Binding(uid, source)
             writes.bindings.append((dlsub_id, uid, job_id, now, source))
+
+    def _observe_followed(self, followed: list[Seen], moves: dict[tuple[int, int], dict[str, Any]],
+                          known: dict[str, Partition], now: float, writes: Writes,
+                          deadline: float) -> tuple[list[Seen], int, bool]:
+        """Each followed job observed, its files read in a fair order until the deadline. Returns the jobs
+        observed, how many were skipped, and whether the deadline passed."""
         observed: list[Seen] = []
         skipped, late = 0, False
         self._unread = 0
-        followed: list[Seen] = []
-        for seen in candidates:
-            owner = bindings[seen.request["dlsub_id"]].uid
-            if owner != seen.row.uid:
-                self._ignore(seen, owner, now, writes)
-            else:
-                followed.append(seen)
         live = {seen.row.key() for seen in followed}
         self._last_read = {key: at for key, at in self._last_read.items() if key in live}
         for seen in self._fair_order(followed):
@@ -175,9 +225,13 @@ class Observing(Identifying):
             if info is not None:
                 seen.info = info
                 observed.append(seen)
-        self._seen = {s.job.job_id: s for s in observed}
-        # What jobs waiting for nodes want, per partition; one user counts for at most the per-user GPU
-        # limit, so that a user's queue of jobs cannot shrink (or keep from growing) everybody else's.
+        return observed, skipped, late
+
+    def _waiting(self, slurm_jobs: list[SlurmJob], moves: dict[tuple[int, int], dict[str, Any]],
+                 worker_ids: set[int], known: dict[str, Partition]) -> tuple[dict[str, int], dict[str, int]]:
+        """What jobs waiting for nodes want, per partition: GPUs in all, and the most on one node. One user
+        counts for at most the per-user GPU limit, so that a user's queue of jobs cannot shrink (or keep
+        from growing) everybody else's."""
         by_user: dict[tuple[str, int], int] = {}
         pending_per_node: dict[str, int] = {}
         for job in slurm_jobs:
@@ -191,29 +245,7 @@ class Observing(Identifying):
         pending_gpus: dict[str, int] = {}
         for (name, _), wanted in by_user.items():
             pending_gpus[name] = pending_gpus.get(name, 0) + min(wanted, self.rules.max_gpus_per_user)
-        parts = []
-        for p in partitions:
-            up_nodes = tuple((n.name, n.idle_gpus, n.idle_cpus) for n in p.nodes if n.usable)
-            parts.append(PartitionInfo(
-                name=p.name, role=self.policy.role_of(p.name), speed=self.policy.speed_of(p.name),
-                nodes=up_nodes, pending_gpus=pending_gpus.get(p.name, 0),
-                max_time_s=p.max_time_min * 60.0 if p.max_time_min else None,
-                cost_per_node_hour=self._price(p.name),
-            ))
-        infos = [s.info for s in observed if s.info is not None]
-        infos = self._budgets.attach(infos, {s.job.job_id: str(s.job.extra.get("account") or "") for s in observed},
-                                     now)
-        elastic = self._elastic_jobs(followed, workers, rows, bindings, moves)
-        mains = [s for s in followed if s.request.get("nodes") and s.request.get("role", "main") == "main"]
-        elastic_progress = {str(s.request["dlsub_id"]): ProgressSummary.from_dict(s.row.data.get("progress")).progress()
-                            for s in mains}
-        elastic_dirs = {str(s.request["dlsub_id"]): str(s.row.data["job_dir"])
-                        for s in mains if s.row.data.get("job_dir")}
-        rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0),
-                      pending_per_node.get(p.name, 0),
-                      tuple((n.name, n.idle_cpus, n.free_memory_mb) for n in p.nodes if n.usable)) for p in partitions]
-        return Observation(infos, parts, self.window_at(now), usage, skipped + self._unread, late, elastic, rooms,
-                           elastic_progress, elastic_dirs)
+        return pending_gpus, pending_per_node
 
     def _price(self, partition: str) -> float:
         role = self.policy.partitions.get(partition)
