@@ -210,6 +210,20 @@ def usable_worker(worker: WorkerTask, job: ElasticJob) -> bool:
     return worker.in_pool and worker.partition == job.partition and worker.restart_count <= MAX_WORKER_RESTARTS
 
 
+def take_workers(job: ElasticJob, capacity: Capacity, want: int) -> list[tuple[WorkerTask, str]]:
+    """Up to ``want`` of the job's held workers that may be released (by handle), each with the idle node
+    it would start on (then counted as used), until the idle nodes can hold no more of them. Every grow,
+    whichever policy sizes the job, takes its workers here."""
+    pool = sorted((w for w in job.workers if usable_worker(w, job)), key=lambda w: w.handle)
+    taken: list[tuple[WorkerTask, str]] = []
+    while pool and len(taken) < want:
+        node = capacity.take(job)
+        if node is None:
+            break
+        taken.append((pool.pop(0), node))
+    return taken
+
+
 #: Sizes the elastic jobs of one partition by an elastic policy (see dlsub.policies.actions.goodput_resize_rules).
 SizeByPolicy = Callable[[Sequence[ElasticJob], Room], list[Resize]]
 
@@ -270,14 +284,8 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         order = sorted(group, key=lambda j: (-(decision[j.dlsub_id].gpus if j.dlsub_id in decision else 0),
                                              j.submit_time, j.slurm_job_id))
         for job in order:
-            pool = sorted((w for w in job.workers if usable_worker(w, job)), key=lambda w: w.handle)
-            size = job.nodes_now
-            while pool and size < job.max_nodes:
-                node = capacity.take(job)
-                if node is None:
-                    break
-                worker = pool.pop(0)
-                size += 1
+            for size, (worker, node) in enumerate(take_workers(job, capacity, job.max_nodes - job.nodes_now),
+                                                  start=job.nodes_now + 1):
                 actions.append(Resize(GROW, job.dlsub_id, job.slurm_job_id, worker=worker.handle, partition=name,
                                       reason=(f"growing to {size} node(s): {node} on {name} has idle GPU(s) "
                                               f"that no waiting job can use; released worker "
