@@ -15,6 +15,7 @@ job's batch shell) and that releases or signals an elastic job's workers.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent import failpoints
-from dlsub.agent.agent_store import AgentStore, ResizePhase, ResizeRow, Writes
+from dlsub.agent.agent_store import AgentStore, MoveRow, ResizePhase, ResizeRow, Writes
 from dlsub.agent.identify import Seen
 from dlsub.agent.job_mailbox import MailboxError, publish_batch
 from dlsub.contract import CHECKPOINT_SIGNAL, MOVE_SIGNAL
@@ -118,12 +119,9 @@ class Acting:
         row, job = seen.row, seen.job
         if seen.info is not None and seen.info.move is None:
             kind = "continue" if action.kind == K.SIGNAL_CONTINUE else str(action.details.get("kind") or "move")
-            writes.moves[row.key()] = {
-                "uid": row.uid, "slurm_job_id": job.job_id, "dlsub_id": row.dlsub_id, "kind": kind,
-                "phase": MovePhase.PLANNED.value, "target_partition": action.partition or "",
-                "target_gpus": action.gpus or 0, "since": now, "signals": 0, "created": now,
-                "time_limit_min": action.time_limit_min, "restart_count": job.restart_count,
-            }
+            writes.moves[row.key()] = MoveRow(
+                row.uid, job.job_id, row.dlsub_id, kind, MovePhase.PLANNED, action.partition or "", action.gpus or 0,
+                now, 0, now, action.time_limit_min, job.restart_count)
             if kind == "continue":
                 row.data["continuations"] = int(row.data.get("continuations") or 0) + 1
                 writes.jobs[row.key()] = row
@@ -173,16 +171,16 @@ class Acting:
             raise ValueError(f"unknown action {action.kind}")
         seen = self._seen[action.slurm_job_id]
         key = seen.row.key()
-        move = self.store.move(*key) if step.phase is not None else None
+        move = self.store.move_rows().get(key) if step.phase is not None else None
         step.call(self.client, action)
         failpoints.reach(step.sent)
         if move is None or not isinstance(step.phase, MovePhase):
             return
-        record = {**outcome.moves.get(key, move), "phase": step.phase.value}
+        record = dataclasses.replace(outcome.moves.get(key, move), phase=step.phase)
         if step.phase in (MovePhase.SIGNALLED, MovePhase.RELEASED):
-            record["since"] = now
+            record = dataclasses.replace(record, since=now)
         if step.phase == MovePhase.SIGNALLED:
-            record["signals"] = int(move["signals"] or 0) + 1
+            record = dataclasses.replace(record, signals=move.signals + 1)
         outcome.moves[key] = record
 
     def _resize(self, resize: Resize, now: float, outcome: Writes) -> bool:

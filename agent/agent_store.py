@@ -32,11 +32,11 @@ import os
 import pwd
 import sqlite3
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields
-from enum import Enum
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlsub.agent.records import RESIZE_COLUMNS, MoveRow, ResizePhase, ResizeRow
 from dlsub.contract import IllegalTransition, JobState, check_transition
 
 DEFAULT_DB = Path("/var/lib/dlsub/agent.db")
@@ -111,40 +111,6 @@ _PROGRESS_COLUMNS = ("uid", "slurm_job_id", "dlsub_id", "time", "step", "eta_s",
                      "partition")
 
 
-class ResizePhase(str, Enum):
-    """planned → (grow: released, the row ends) | (shrink: leaving → the row ends after ``LEAVE_WAIT_S``).
-
-    ``planned`` is committed before Slurm is asked. A restarted agent that
-    finds one resumes it from what Slurm shows: a grow whose worker is still
-    held is released (once: a released worker is no longer held), a shrink
-    counts as leaving from when it was planned (its signal may have gone; a
-    worker is never told twice within the wait).
-    """
-
-    PLANNED = "planned"
-    LEAVING = "leaving"
-
-
-@dataclass(frozen=True)
-class ResizeRow:
-    """One resize in flight, keyed by its worker task's handle ("<array id>_<task id>")."""
-
-    worker: str
-    uid: int
-    dlsub_id: str
-    slurm_job_id: int  # the main job
-    kind: str  # grow | shrink
-    phase: ResizePhase
-    since: float  # when the phase was entered (the agent's clock)
-    reason: str = ""
-    partition: str | None = None
-    batch_size: int | None = None
-    accumulation_steps: int | None = None
-
-
-RESIZE_COLUMNS = tuple(f.name for f in fields(ResizeRow))
-
-
 @dataclass
 class JobRow:
     """One Slurm job the agent follows: (uid, slurm_job_id) and what it keeps about it."""
@@ -177,7 +143,7 @@ class Writes:
     decisions: list[Decision] = field(default_factory=list)
     progress: list[dict[str, Any]] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)
-    moves: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    moves: dict[tuple[int, int], MoveRow] = field(default_factory=dict)
     ended_moves: set[tuple[int, int]] = field(default_factory=set)
     resizes: dict[str, ResizeRow] = field(default_factory=dict)
     ended_resizes: set[str] = field(default_factory=set)
@@ -369,6 +335,18 @@ class AgentStore:
     def moves(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.conn.execute("select * from moves order by created, slurm_job_id")]
 
+    def move_rows(self) -> dict[tuple[int, int], MoveRow]:
+        """The moves in flight as the agent works on them, by (uid, Slurm job id); a row that does not parse
+        is left out (it is kept in the table: nothing here deletes it)."""
+        out = {}
+        for m in self.moves():
+            try:
+                row = MoveRow.from_dict(m)
+            except (KeyError, TypeError, ValueError):
+                continue
+            out[row.key()] = row
+        return out
+
     def resizes(self) -> dict[str, ResizeRow]:
         """The resizes in flight, by worker handle (a row that does not parse is dropped: it is only a hint)."""
         out = {}
@@ -445,7 +423,7 @@ class AgentStore:
             conn.executemany(
                 f"insert or replace into moves ({', '.join(MOVE_COLUMNS)}) "
                 f"values ({', '.join('?' * len(MOVE_COLUMNS))})",
-                [tuple(m.get(c) for c in MOVE_COLUMNS) for m in writes.moves.values()])
+                [tuple(m.as_dict()[c] for c in MOVE_COLUMNS) for m in writes.moves.values()])
             conn.executemany("delete from resizes where worker = ?", [(w,) for w in writes.ended_resizes])
             conn.executemany(
                 f"insert or replace into resizes ({', '.join(RESIZE_COLUMNS)}) "
@@ -490,5 +468,5 @@ class AgentStore:
             self.conn.execute("COMMIT")
 
 
-__all__ = ["AgentStore", "Decision", "IllegalTransition", "JobRow", "ResizePhase", "ResizeRow", "Writes",
+__all__ = ["AgentStore", "Decision", "IllegalTransition", "JobRow", "MoveRow", "ResizePhase", "ResizeRow", "Writes",
            "default_db_path"]

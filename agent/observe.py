@@ -8,13 +8,14 @@ for what the agent trusts).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlsub.agent.agent_store import AgentStore, Binding, JobRow, Writes
+from dlsub.agent.agent_store import AgentStore, Binding, JobRow, MoveRow, Writes
 from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.agent.identify import Identifying, Seen, _worker_request, _worker_task
 from dlsub.contract import (
@@ -24,8 +25,6 @@ from dlsub.contract import (
 from dlsub.job_progress import AttemptsSummary, Progress, ProgressSummary
 from dlsub.policies.actions.move_rules import (
     JobInfo,
-    MovePhase,
-    MoveView,
     PartitionInfo,
     Rules,
     Usage,
@@ -100,7 +99,7 @@ class Observing(Identifying):
                 deadline: float) -> Observation:
         rows = self.store.jobs()
         bindings = self.store.bindings()
-        moves = {(int(m["uid"]), int(m["slurm_job_id"])): m for m in self.store.moves()}
+        moves = self.store.move_rows()
         known = {p.name: p for p in partitions}
         queue = self._sort_queue(slurm_jobs, rows, bindings, moves, now, writes)
         self._bind(queue, bindings, now, writes)
@@ -135,7 +134,7 @@ class Observing(Identifying):
                            rooms, elastic_progress, elastic_dirs)
 
     def _sort_queue(self, slurm_jobs: list[SlurmJob], rows: dict[tuple[int, int], JobRow],
-                    bindings: dict[str, Binding], moves: dict[tuple[int, int], dict[str, Any]], now: float,
+                    bindings: dict[str, Binding], moves: dict[tuple[int, int], MoveRow], now: float,
                     writes: Writes) -> _Queue:
         """The queue sorted: elastic jobs' worker tasks apart, the other dlsub jobs identified, every live
         job's GPUs charged to its user, and the workers' record-backed claims on their ids."""
@@ -164,7 +163,7 @@ class Observing(Identifying):
                 gpus = job.gpus_per_node * max(1, job.node_count)
                 move = moves.get((uid, job.job_id))
                 if move is not None:
-                    gpus = max(gpus, int(move["target_gpus"] or 0) * max(1, job.node_count))
+                    gpus = max(gpus, move.target_gpus * max(1, job.node_count))
                 old = usage.get(uid, Usage())
                 usage[uid] = Usage(old.gpus + gpus, old.jobs + 1)
             seen = self._identify(job, uid, rows, now, writes)
@@ -192,7 +191,7 @@ class Observing(Identifying):
             bindings[dlsub_id] = Binding(uid, source)
             writes.bindings.append((dlsub_id, uid, job_id, now, source))
 
-    def _observe_followed(self, followed: list[Seen], moves: dict[tuple[int, int], dict[str, Any]],
+    def _observe_followed(self, followed: list[Seen], moves: dict[tuple[int, int], MoveRow],
                           known: dict[str, Partition], now: float, writes: Writes,
                           deadline: float) -> tuple[list[Seen], int, bool]:
         """Each followed job observed, its files read in a fair order until the deadline. Returns the jobs
@@ -227,7 +226,7 @@ class Observing(Identifying):
                 observed.append(seen)
         return observed, skipped, late
 
-    def _waiting(self, slurm_jobs: list[SlurmJob], moves: dict[tuple[int, int], dict[str, Any]],
+    def _waiting(self, slurm_jobs: list[SlurmJob], moves: dict[tuple[int, int], MoveRow],
                  worker_ids: set[int], known: dict[str, Partition]) -> tuple[dict[str, int], dict[str, int]]:
         """What jobs waiting for nodes want, per partition: GPUs in all, and the most on one node. One user
         counts for at most the per-user GPU limit, so that a user's queue of jobs cannot shrink (or keep
@@ -254,7 +253,7 @@ class Observing(Identifying):
     @staticmethod
     def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[WorkerTask]],
                       rows: dict[tuple[int, int], JobRow], bindings: dict[str, Binding],
-                      moves: dict[tuple[int, int], dict[str, Any]]) -> list[ElasticJob]:
+                      moves: dict[tuple[int, int], MoveRow]) -> list[ElasticJob]:
         """Elastic main jobs with their worker tasks (same uid and id only); and workers whose main job
         has ended, even when Slurm no longer lists it."""
         out: list[ElasticJob] = []
@@ -308,7 +307,7 @@ class Observing(Identifying):
         queues = sorted(by_uid.values(), key=lambda q: self._last_read.get(q[0].row.key(), 0.0))
         return [seen for turn in itertools.zip_longest(*queues) for seen in turn if seen is not None]
 
-    def _observe_job(self, seen: Seen, move_row: dict[str, Any] | None, known: dict[str, Partition], now: float,
+    def _observe_job(self, seen: Seen, move_row: MoveRow | None, known: dict[str, Partition], now: float,
                      writes: Writes, read: bool) -> JobInfo | None:
         job, request = seen.job, seen.request
         row = seen.row
@@ -342,14 +341,12 @@ class Observing(Identifying):
         gpus_wanted = max(0, min(int(request.get("gpus") or 0), self.policy.limits.max_gpus_per_job, per_node))
         move = None
         if move_row is not None:
-            restart = move_row.get("restart_count")
+            restart = move_row.restart_count
             if restart is None:
                 # A move recorded before restart counts were (a migrated database): adopt Slurm's now.
                 restart = job.restart_count - (1 if job.state == "PENDING" else 0)
-                writes.moves[row.key()] = {**move_row, "restart_count": restart}
-            move = MoveView(move_row["kind"], MovePhase(move_row["phase"]), move_row["target_partition"],
-                            int(move_row["target_gpus"] or 0), float(move_row["since"]),
-                            int(move_row["signals"] or 0), move_row.get("time_limit_min"), int(restart))
+                writes.moves[row.key()] = dataclasses.replace(move_row, restart_count=restart)
+            move = move_row.view(restart)
         info = JobInfo(
             dlsub_id=row.dlsub_id, slurm_job_id=job.job_id, user=job.user, state=job.state,
             reason=job.reason, ended=new_state.terminal, partition=job.partition, mode=str(request.get("mode")),

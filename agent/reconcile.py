@@ -79,7 +79,7 @@ class Agent(Observing, Deciding, Acting):
         self.store.set_meta(last_tick_started=now, doing="observing")
         try:
             # The queue brief, dlsub's jobs (and the ones it has rows or moves for) whole.
-            follow = {key[1] for key in self.store.jobs()} | {int(m["slurm_job_id"]) for m in self.store.moves()}
+            follow = {key[1] for key in self.store.jobs()} | {key[1] for key in self.store.move_rows()}
             slurm_jobs = self._queue.read(follow)
             partitions = self.client.partitions()
         except SlurmError as exc:
@@ -117,7 +117,7 @@ class Agent(Observing, Deciding, Acting):
         """What the agent is doing, for ``dlsub agent status`` and the metrics."""
         # Every user reads this through `dlsub agent status`: counts only, no job of anyone's by name
         # (each user sees their own moves in moves_in_flight).
-        kinds = collections.Counter(str(m["kind"]) for m in self.store.moves())
+        kinds = collections.Counter(m.kind for m in self.store.move_rows().values())
         doing = f"watching {len(seen.jobs)} dlsub job(s)"
         if kinds:
             doing += "; in flight: " + ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items()))
