@@ -45,10 +45,11 @@ def rules_from(policy: AgentPolicy) -> Rules:
     )
 
 
-_TAKES_GPUS = (move_rules.SIGNAL_MOVE, move_rules.BACKFILL, move_rules.RETARGET, move_rules.RELEASE)
+#: The action kinds that take idle GPUs (not idle for growth in the same tick).
+TAKES_GPUS = (move_rules.SIGNAL_MOVE, move_rules.BACKFILL, move_rules.RETARGET, move_rules.RELEASE)
 
 
-def _reserve(rooms: list[Room], takes: Sequence[tuple[str | None, int | None]]) -> list[Room]:
+def reserve_gpus(rooms: list[Room], takes: Sequence[tuple[str | None, int | None]]) -> list[Room]:
     """The rooms with the GPUs these (partition, GPUs) takes will take out of their partitions' idle ones
     (on the first node with enough, in every partition that has that node)."""
     idle = {n: g for room in rooms for n, g in room.nodes}
@@ -113,7 +114,7 @@ class Deciding:
                                   row.partition, row.batch_size, row.accumulation_steps))
             taken.append((job.partition, job.gpus_per_node))
         if resumed:
-            seen.rooms = _reserve(seen.rooms, taken)
+            seen.rooms = reserve_gpus(seen.rooms, taken)
         on_way = {r.worker for r in resumed}
         jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, reason="None") if w.handle in on_way
                                                      else w for w in j.workers)) for j in seen.elastic]

@@ -28,11 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent.agent_store import Binding, JobRow, Writes
-from dlsub.contract import (
-    ATTEMPTS_FILE,
-    PROGRESS_FILE,
-    Tags,
-)
+from dlsub.contract import ATTEMPTS_FILE, PROGRESS_FILE, Tags
 from dlsub.job_progress import AttemptsSummary, ProgressSummary
 from dlsub.jobdir import (
     Cursor,
@@ -43,9 +39,7 @@ from dlsub.jobdir import (
     parse_line,
     read_new_lines,
 )
-from dlsub.policies.actions.move_rules import (
-    JobInfo,
-)
+from dlsub.policies.actions.move_rules import JobInfo
 from dlsub.policies.actions.resize_rules import WorkerTask
 from dlsub.slurm_plugins.models import SlurmJob, expand_nodes
 
@@ -78,7 +72,7 @@ def _request_from_tags(job: SlurmJob, tags: Tags) -> dict[str, Any]:
             "nodes": list(tags.nodes) if tags.nodes else None}
 
 
-def _worker_request(job: SlurmJob, uid: int) -> dict[str, Any] | None:
+def worker_request(job: SlurmJob, uid: int) -> dict[str, Any] | None:
     """The request of an elastic job's worker task (its submit record, else its comment); None: not one."""
     if job.array_job_id is None or job.node_count > 1:
         return None  # dlsub's workers are one-node array tasks; anything else tagged so is planned as itself
@@ -88,7 +82,7 @@ def _worker_request(job: SlurmJob, uid: int) -> dict[str, Any] | None:
     return request if request is not None and request.get("role") == "worker" else None
 
 
-def _worker_task(job: SlurmJob) -> WorkerTask | None:
+def worker_task(job: SlurmJob) -> WorkerTask | None:
     handle = job.array_task_handle
     if handle is None:
         return None

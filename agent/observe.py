@@ -17,19 +17,10 @@ from typing import Any
 
 from dlsub.agent.agent_store import AgentStore, Binding, JobRow, MoveRow, Writes
 from dlsub.agent.budget_watch import BudgetWatch
-from dlsub.agent.identify import Identifying, Seen, _worker_request, _worker_task
-from dlsub.contract import (
-    IllegalTransition,
-    JobState,
-)
+from dlsub.agent.identify import Identifying, Seen, worker_request, worker_task
+from dlsub.contract import IllegalTransition, JobState
 from dlsub.job_progress import AttemptsSummary, Progress, ProgressSummary
-from dlsub.policies.actions.move_rules import (
-    JobInfo,
-    PartitionInfo,
-    Rules,
-    Usage,
-    Window,
-)
+from dlsub.policies.actions.move_rules import JobInfo, PartitionInfo, Rules, Usage, Window
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient
@@ -145,11 +136,11 @@ class Observing(Identifying):
             if uid is None:
                 continue
             state = job.dlsub_state
-            worker = _worker_request(job, uid)
+            worker = worker_request(job, uid)
             if worker is not None:
                 # An elastic job's worker task: part of its main job (same uid, same id), never planned alone.
                 queue.worker_ids.add(job.job_id)
-                task = _worker_task(job)
+                task = worker_task(job)
                 if task is not None:
                     queue.workers.setdefault((uid, str(worker["dlsub_id"])), []).append(task)
                 if state in _LIVE and not job.held:

@@ -31,7 +31,7 @@ from dlsub.agent import failpoints
 from dlsub.agent.act import STEPS, Acting, Item
 from dlsub.agent.agent_store import AgentStore, Writes
 from dlsub.agent.budget_watch import BudgetWatch
-from dlsub.agent.decide import _TAKES_GPUS, LEAVE_WAIT_S, Deciding, _reserve, rules_from
+from dlsub.agent.decide import LEAVE_WAIT_S, TAKES_GPUS, Deciding, reserve_gpus, rules_from
 from dlsub.agent.identify import Seen, job_dir_of
 from dlsub.agent.live_models import LiveModels, sizing_policy
 from dlsub.agent.observe import Observation, Observing
@@ -98,7 +98,7 @@ class Agent(Observing, Deciding, Acting):
         for action in actions:
             (todo if self._prepare(action, now, writes) else done).append(action)
         # GPUs this tick's moves and backfills are about to take are not idle for growth.
-        seen.rooms = _reserve(seen.rooms, [(a.partition, a.gpus) for a in actions if a.kind in _TAKES_GPUS])
+        seen.rooms = reserve_gpus(seen.rooms, [(a.partition, a.gpus) for a in actions if a.kind in TAKES_GPUS])
         resumed, planned = self._plan_resizes(seen, now, writes)
         for resize in planned:
             self._prepare(resize, now, writes)
