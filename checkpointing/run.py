@@ -22,18 +22,17 @@ from typing import Any, NoReturn
 from dlsub import contract
 from dlsub.checkpointing.batch import BATCH_SIZE_ENV, BatchChoice, BatchSizes, asked_batch, env_batch_size, split
 from dlsub.checkpointing.run_support import (
-    _LOSS_WINDOW,
+    LOSS_WINDOW,
     TARGET_LOSS_ENV,
-    _application,
-    _as_step,
-    _barrier,
-    _env_float,
-    _from_rank0,
-    _hostlist,
-    _initialized_dist,
-    _non_negative,
-    _Profile,
+    Profile,
+    application,
+    as_step,
+    barrier,
     cuda_peak_mb,
+    env_float,
+    from_rank0,
+    initialized_dist,
+    non_negative,
     peak_rss_mb,
 )
 from dlsub.checkpointing.storage import (
@@ -104,9 +103,9 @@ class Run:
         self._last_step: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self.restored_from: Path | None = None
-        self.target_loss = target_loss if target_loss is not None else _env_float(TARGET_LOSS_ENV)
+        self.target_loss = target_loss if target_loss is not None else env_float(TARGET_LOSS_ENV)
         self._steps_per_epoch = steps_per_epoch
-        self._profile = _Profile.from_env()
+        self._profile = Profile.from_env()
         self._recent_losses: list[float] = []
         #: What the script declared about its batch size (``init(batch_size=)``); None: it keeps its own.
         self.batch_sizes = batch_sizes
@@ -165,7 +164,7 @@ class Run:
         all-reduce), so all ranks leave the loop at the same step.
         """
         local = self.stop_reason is not None
-        dist = _initialized_dist()
+        dist = initialized_dist()
         if dist is None:
             return local
         import torch
@@ -186,7 +185,7 @@ class Run:
         """
         if not isinstance(state, dict):
             raise TypeError(f"run.save() takes a dict of state, not {type(state).__name__}")
-        given = _as_step(step)
+        given = as_step(step)
         if step is not None and given is None:
             raise TypeError(f"run.save(step=...) takes an integer step, not {step!r}")
         # File names follow the sequence: a given step names the file when it
@@ -202,7 +201,7 @@ class Run:
             path = save_checkpoint(self.checkpoint_dir, seq, state, self.keep, step=known,
                                    meta={"world_size": self.world_size})
             self._event(contract.EVENT_CHECKPOINT, step=recorded, path=str(path), seq=seq)
-        _barrier()
+        barrier()
         return path
 
     def restore(self, map_location: Any = "cpu") -> dict[str, Any] | None:
@@ -246,7 +245,7 @@ class Run:
         its covariance); with them the agent can tell whether a bigger batch
         gains anything. Values that are not finite and >= 0 are left out.
         """
-        as_int = _as_step(step)
+        as_int = as_step(step)
         if as_int is not None:
             self._last_step = as_int
         fields: dict[str, Any] = {"step": step, "epoch": epoch, "loss": loss, "samples": samples}
@@ -257,7 +256,7 @@ class Run:
         fields.update(self._estimate_fields(loss))
         fields.update(metrics)
         fields.update(self._batch_fields(batch_size, accumulation_steps))
-        fields.update(grad_sqr=_non_negative(grad_sqr), grad_var=_non_negative(grad_var))
+        fields.update(grad_sqr=non_negative(grad_sqr), grad_var=non_negative(grad_var))
         self._event(contract.EVENT_PROGRESS, **{k: v for k, v in fields.items() if v is not None})
         if as_int is not None and self._profile is not None and self._profile.done(as_int):
             self._end_profile(as_int)
@@ -300,7 +299,7 @@ class Run:
         if sizes is None:
             return
         batch, source, reason = asked_batch(sizes, self.job_dir)
-        agreed = _from_rank0([batch, contract.BATCH_SOURCES.index(source)])
+        agreed = from_rank0([batch, contract.BATCH_SOURCES.index(source)])
         if agreed is not None:
             batch, source = agreed[0], contract.BATCH_SOURCES[agreed[1]]
         self._batch = split(sizes, self.world_size, batch, source, reason)
@@ -331,9 +330,9 @@ class Run:
         """
         if self.target_loss is None:
             return False
-        local = (len(self._recent_losses) >= _LOSS_WINDOW
+        local = (len(self._recent_losses) >= LOSS_WINDOW
                  and sum(self._recent_losses) / len(self._recent_losses) <= self.target_loss)
-        dist = _initialized_dist()
+        dist = initialized_dist()
         if dist is None:
             return local
         import torch
@@ -349,7 +348,7 @@ class Run:
         except (TypeError, ValueError):
             value = None
         if value is not None and math.isfinite(value):
-            self._recent_losses = [*self._recent_losses, value][-_LOSS_WINDOW:]
+            self._recent_losses = [*self._recent_losses, value][-LOSS_WINDOW:]
         fields: dict[str, Any] = {"peak_rss_mb": peak_rss_mb(), "steps_per_epoch": self.steps_per_epoch,
                                   "target_loss": self.target_loss}
         cuda = cuda_peak_mb()
@@ -359,7 +358,7 @@ class Run:
 
     def _batch_fields(self, batch_size: Any = None, accumulation_steps: Any = None) -> dict[str, Any]:
         """The batch a step ran with, for the agent's throughput fit: given, else this run's."""
-        given_batch, given_steps = _as_step(batch_size), _as_step(accumulation_steps)
+        given_batch, given_steps = as_step(batch_size), as_step(accumulation_steps)
         batch = given_batch if given_batch is not None and given_batch >= 1 else self.batch_size
         steps = given_steps if given_steps is not None and given_steps >= 1 else None
         if steps is None and self._batch is not None:
@@ -370,7 +369,7 @@ class Run:
         """A profiling run (``dlsub estimate``) has measured enough: record it and leave cleanly (exit 0)."""
         self._event(contract.EVENT_FINISHED, step=step, profile=True, peak_rss_mb=peak_rss_mb(),
                     cuda_peak_mb=cuda_peak_mb())
-        _barrier()
+        barrier()
         sys.stdout.flush()
         sys.stderr.flush()
         sys.exit(0)
@@ -390,7 +389,7 @@ class Run:
         Writes this attempt's resume marker first; under torchrun the process
         exits 0 and dlsub's launcher turns the marker into RESUME_EXIT_CODE.
         """
-        _barrier()
+        barrier()
         if self.is_main:
             marker = resume_marker(self.job_dir)
             marker.parent.mkdir(parents=True, exist_ok=True)
@@ -407,6 +406,15 @@ class Run:
     def finish(self) -> None:
         """Record that training completed."""
         self._event(contract.EVENT_FINISHED)
+
+
+def _hostlist(variable: str) -> list[str]:
+    from dlsub.hostlist import expand_nodes
+
+    try:
+        return expand_nodes(os.environ.get(variable, ""))
+    except ValueError:
+        return []
 
 
 def init(
@@ -451,5 +459,5 @@ def init(
             declared = {"batch_limits": batch_size.limits.to_event(), **run._batch_fields(),
                         "batch_from": run.batch_from}
         run._event(contract.EVENT_START, rank=run.rank, world_size=run.world_size, nodes=run.nodes,
-                   resized=run.resized, host=socket.gethostname(), pid=os.getpid(), **declared, **_application())
+                   resized=run.resized, host=socket.gethostname(), pid=os.getpid(), **declared, **application())
     return run

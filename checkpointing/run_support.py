@@ -1,5 +1,5 @@
 """What :mod:`dlsub.checkpointing.run` needs around a run: the profiling budget of an estimate, memory
-peaks, the hosts of the job, checked values from the environment and the training script, and
+peaks, checked values from the environment and the training script, and
 ``torch.distributed`` when the script has set it up (never imported otherwise).
 """
 
@@ -19,10 +19,10 @@ PROFILE_STEPS_ENV = contract.ENV_PROFILE_STEPS
 PROFILE_SECONDS_ENV = contract.ENV_PROFILE_SECONDS
 #: Set by ``dlsub submit --target-loss X``; ``init(target_loss=)`` wins over it.
 TARGET_LOSS_ENV = contract.ENV_TARGET_LOSS
-_LOSS_WINDOW = 3
+LOSS_WINDOW = 3
 
 
-def _env_float(name: str) -> float | None:
+def env_float(name: str) -> float | None:
     try:
         value = float(os.environ.get(name, ""))
     except ValueError:
@@ -48,7 +48,7 @@ def cuda_peak_mb() -> float | None:
         return None
 
 
-class _Profile:
+class Profile:
     """A profiling run's stop rule: at least N steps and S seconds after the first report."""
 
     def __init__(self, steps: int, seconds: float) -> None:
@@ -56,11 +56,11 @@ class _Profile:
         self.first: float | None = None
 
     @classmethod
-    def from_env(cls) -> _Profile | None:
-        steps = _env_float(PROFILE_STEPS_ENV)
+    def from_env(cls) -> Profile | None:
+        steps = env_float(PROFILE_STEPS_ENV)
         if steps is None or steps < 1:
             return None
-        return cls(int(steps), max(0.0, _env_float(PROFILE_SECONDS_ENV) or 0.0))
+        return cls(int(steps), max(0.0, env_float(PROFILE_SECONDS_ENV) or 0.0))
 
     def done(self, step: int) -> bool:
         now = time.monotonic()
@@ -69,16 +69,7 @@ class _Profile:
         return step >= self.steps and now - self.first >= self.seconds
 
 
-def _hostlist(variable: str) -> list[str]:
-    from dlsub.hostlist import expand_nodes
-
-    try:
-        return expand_nodes(os.environ.get(variable, ""))
-    except ValueError:
-        return []
-
-
-def _non_negative(value: Any) -> float | None:
+def non_negative(value: Any) -> float | None:
     """A finite number >= 0 (a float, a 0-d tensor) as a float; None for anything else."""
     try:
         number = float(value) if value is not None and not isinstance(value, bool) else math.nan
@@ -87,7 +78,7 @@ def _non_negative(value: Any) -> float | None:
     return number if math.isfinite(number) and number >= 0 else None
 
 
-def _as_step(value: Any) -> int | None:
+def as_step(value: Any) -> int | None:
     """An integral step (``int``, ``7.0``, a 0-d tensor) as an int; None for anything else."""
     if value is None or isinstance(value, bool):
         return None
@@ -100,7 +91,7 @@ def _as_step(value: Any) -> int | None:
     return int(number)
 
 
-def _initialized_dist() -> Any:
+def initialized_dist() -> Any:
     if "torch" not in sys.modules:
         return None
     import torch.distributed as dist
@@ -108,9 +99,9 @@ def _initialized_dist() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def _from_rank0(values: list[int]) -> list[int] | None:
+def from_rank0(values: list[int]) -> list[int] | None:
     """Rank 0's ``values`` on every rank (one broadcast); None where torch.distributed is not initialized."""
-    dist = _initialized_dist()
+    dist = initialized_dist()
     if dist is None:
         return None
     import torch
@@ -122,8 +113,8 @@ def _from_rank0(values: list[int]) -> list[int] | None:
     return [int(v) for v in tensor.tolist()]
 
 
-def _barrier() -> None:
-    dist = _initialized_dist()
+def barrier() -> None:
+    dist = initialized_dist()
     if dist is not None:
         dist.barrier()
 
@@ -132,7 +123,7 @@ def _barrier() -> None:
 MAX_SCRIPT_BYTES = 16 << 20
 
 
-def _application() -> dict[str, str]:
+def application() -> dict[str, str]:
     """The start event's digest of the command this process runs (none when its script cannot be read):
     the agent sizes the next run of the same command on what this one measured."""
     try:
