@@ -147,7 +147,7 @@ class Acting:
         row = seen.row
         # Where it came from and its own limit are known before it leaves.
         row.data["backfilled_from"] = seen.job.partition
-        row.data["backfilled_limit_min"] = seen.request.get("time_limit_min")
+        row.data["backfilled_limit_min"] = seen.request.time_limit_min
         writes.jobs[row.key()] = row
         writes.decide(now, row.uid, row.dlsub_id, seen.job.job_id, row.user, "backfill", action.reason,
                       action.details)

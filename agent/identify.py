@@ -21,6 +21,7 @@ is hostile input to it:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -55,31 +56,63 @@ def job_dir_of(job: SlurmJob, dlsub_id: str) -> Path | None:
     return directory if directory.name == dlsub_id else None
 
 
-def _request_from_record(job: SlurmJob, uid: int) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Request:
+    """What a dlsub job asked for, as the agent trusts it: from its submit record (``source`` "record"),
+    else the tags first seen (``source`` "comment"), frozen in its row (``JobRow.data["request"]``)."""
+
+    source: str
+    dlsub_id: str
+    mode: str | None
+    ideal: str | None
+    gpus: int | None
+    partition: str | None
+    time_limit_min: int | None
+    role: str = "main"  # "main", or "worker" for an elastic job's worker task
+    nodes: tuple[int, int] | None = None  # an elastic job's (min, max) nodes
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Request:
+        nodes = d.get("nodes")
+        return cls(str(d["source"]), str(d["dlsub_id"]), d.get("mode"), d.get("ideal"), d.get("gpus"),
+                   d.get("partition"), d.get("time_limit_min"), d.get("role", "main"),
+                   (int(nodes[0]), int(nodes[1])) if nodes else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the row keeps it (JSON)."""
+        return {"source": self.source, "dlsub_id": self.dlsub_id, "mode": self.mode, "ideal": self.ideal,
+                "gpus": self.gpus, "partition": self.partition, "time_limit_min": self.time_limit_min,
+                "role": self.role, "nodes": list(self.nodes) if self.nodes else None}
+
+    @property
+    def elastic_main(self) -> bool:
+        """The main job of an elastic job (its workers are planned with it)."""
+        return bool(self.nodes) and self.role == "main"
+
+
+def _request_from_record(job: SlurmJob, uid: int) -> Request | None:
     record = job.submit_record
     if record is None or record.uid != uid:
         return None
     tags = record.tags
-    return {"source": "record", "dlsub_id": tags.dlsub_id, "mode": tags.mode, "ideal": tags.ideal,
-            "gpus": tags.gpus or record.gpus_per_node, "partition": record.partition,
-            "time_limit_min": record.time_limit_min, "role": tags.role,
-            "nodes": list(tags.nodes) if tags.nodes else None}
+    return Request("record", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus or record.gpus_per_node,
+                   record.partition, record.time_limit_min, tags.role,
+                   (tags.nodes[0], tags.nodes[1]) if tags.nodes else None)
 
 
-def _request_from_tags(job: SlurmJob, tags: Tags) -> dict[str, Any]:
-    return {"source": "comment", "dlsub_id": tags.dlsub_id, "mode": tags.mode, "ideal": tags.ideal,
-            "gpus": tags.gpus, "partition": job.partition, "time_limit_min": job.time_limit_min, "role": tags.role,
-            "nodes": list(tags.nodes) if tags.nodes else None}
+def _request_from_tags(job: SlurmJob, tags: Tags) -> Request:
+    return Request("comment", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus, job.partition, job.time_limit_min,
+                   tags.role, (tags.nodes[0], tags.nodes[1]) if tags.nodes else None)
 
 
-def worker_request(job: SlurmJob, uid: int) -> dict[str, Any] | None:
+def worker_request(job: SlurmJob, uid: int) -> Request | None:
     """The request of an elastic job's worker task (its submit record, else its comment); None: not one."""
     if job.array_job_id is None or job.node_count > 1:
         return None  # dlsub's workers are one-node array tasks; anything else tagged so is planned as itself
     request = _request_from_record(job, uid)
     if request is None and job.tags is not None:
         request = _request_from_tags(job, job.tags)
-    return request if request is not None and request.get("role") == "worker" else None
+    return request if request is not None and request.role == "worker" else None
 
 
 def worker_task(job: SlurmJob) -> WorkerTask | None:
@@ -101,7 +134,7 @@ class Seen:
 
     job: SlurmJob
     row: JobRow
-    request: dict[str, Any]
+    request: Request
     info: JobInfo | None = None
 
 
@@ -109,21 +142,21 @@ class Identifying:
     """The part of :class:`dlsub.agent.reconcile.Agent` that decides whose job it sees and reads its files."""
 
     @staticmethod
-    def _may_claim(bound: Binding | None, request: dict[str, Any]) -> bool:
+    def _may_claim(bound: Binding | None, request: Request) -> bool:
         """Whether a job's request may (re)bind its id: an unbound id, or a record-backed claim on an id
         bound by a comment alone."""
-        return bound is None or (bound.source != "record" and request.get("source") == "record")
+        return bound is None or (bound.source != "record" and request.source == "record")
 
     def _identify(self, job: SlurmJob, uid: int, rows: dict[tuple[int, int], JobRow], now: float,
                   writes: Writes) -> Seen | None:
         """The job's trusted request, if it is a dlsub job the agent may follow; None otherwise."""
         row = rows.get((uid, job.job_id))
         request = _request_from_record(job, uid)
-        if row is not None and request is not None and request["dlsub_id"] != row.dlsub_id:
+        if row is not None and request is not None and request.dlsub_id != row.dlsub_id:
             # Slurm has given this id to another job of the same user (its state was reset, as when a
             # site moves to a new Slurm, or ids wrapped round at MaxJobId): a new job, not the row's.
             log.info("Slurm job %s (uid %s) is now dlsub job %s, no longer %s: a reused id", job.job_id, uid,
-                     request["dlsub_id"], row.dlsub_id)
+                     request.dlsub_id, row.dlsub_id)
             row = None
         if row is not None and row.data.get("ignored"):
             return None  # decided once: never acted on, never read
@@ -131,7 +164,7 @@ class Identifying:
         if request is None:
             frozen = row.data.get("request") if row is not None else None
             if isinstance(frozen, dict) and frozen.get("dlsub_id"):
-                request = frozen  # the tags first seen; the comment is not read again
+                request = Request.from_dict(frozen)  # the tags first seen; the comment is not read again
             else:
                 tags = job.tags
                 if tags is None:
@@ -141,12 +174,15 @@ class Identifying:
                               f"({tags.comment()}) and will not read this job's comment again")
         # What the record leaves open (the default partition, its default time) is fixed at first sight.
         frozen = (row.data.get("request") if row is not None else None) or {}
-        for key, now_value in (("partition", job.partition), ("time_limit_min", job.time_limit_min)):
-            if request.get(key) is None:
-                request = {**request, key: frozen.get(key) if row is not None else now_value}
+        if request.partition is None:
+            request = dataclasses.replace(
+                request, partition=frozen.get("partition") if row is not None else job.partition)
+        if request.time_limit_min is None:
+            request = dataclasses.replace(
+                request, time_limit_min=frozen.get("time_limit_min") if row is not None else job.time_limit_min)
         if row is None:
-            row = JobRow(uid, job.job_id, request["dlsub_id"], job.user, None, {})
-        elif row.data.get("request") != request:
+            row = JobRow(uid, job.job_id, request.dlsub_id, job.user, None, {})
+        elif row.data.get("request") != request.to_dict():
             row = JobRow(row.uid, row.slurm_job_id, row.dlsub_id, row.user, row.state, dict(row.data))
         seen = Seen(job, row, request)
         if first_note is not None:
@@ -154,7 +190,7 @@ class Identifying:
         return seen
 
     def _ignore(self, seen: Seen, owner: int, now: float, writes: Writes) -> None:
-        row = JobRow(seen.row.uid, seen.job.job_id, seen.request["dlsub_id"], seen.job.user, seen.row.state,
+        row = JobRow(seen.row.uid, seen.job.job_id, seen.request.dlsub_id, seen.job.user, seen.row.state,
                      {"ignored": True})
         writes.jobs[row.key()] = row
         writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "ignored",

@@ -96,7 +96,7 @@ class Observing(Identifying):
         self._bind(queue, bindings, now, writes)
         followed: list[Seen] = []
         for seen in queue.candidates:
-            owner = bindings[seen.request["dlsub_id"]].uid
+            owner = bindings[seen.request.dlsub_id].uid
             if owner != seen.row.uid:
                 self._ignore(seen, owner, now, writes)
             else:
@@ -113,10 +113,10 @@ class Observing(Identifying):
         infos = self._budgets.attach(infos, {s.job.job_id: str(s.job.extra.get("account") or "") for s in observed},
                                      now)
         elastic = self._elastic_jobs(followed, queue.workers, rows, bindings, moves)
-        mains = [s for s in followed if s.request.get("nodes") and s.request.get("role", "main") == "main"]
-        elastic_progress = {str(s.request["dlsub_id"]): ProgressSummary.from_dict(s.row.data.get("progress")).progress()
+        mains = [s for s in followed if s.request.elastic_main]
+        elastic_progress = {s.request.dlsub_id: ProgressSummary.from_dict(s.row.data.get("progress")).progress()
                             for s in mains}
-        elastic_dirs = {str(s.request["dlsub_id"]): str(s.row.data["job_dir"])
+        elastic_dirs = {s.request.dlsub_id: str(s.row.data["job_dir"])
                         for s in mains if s.row.data.get("job_dir")}
         rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0),
                       pending_per_node.get(p.name, 0),
@@ -142,12 +142,12 @@ class Observing(Identifying):
                 queue.worker_ids.add(job.job_id)
                 task = worker_task(job)
                 if task is not None:
-                    queue.workers.setdefault((uid, str(worker["dlsub_id"])), []).append(task)
+                    queue.workers.setdefault((uid, worker.dlsub_id), []).append(task)
                 if state in _LIVE and not job.held:
                     old = usage.get(uid, Usage())
                     usage[uid] = Usage(old.gpus + job.gpus_per_node * max(1, job.node_count), old.jobs + 1)
-                dlsub_id = str(worker["dlsub_id"])
-                if worker.get("source") == "record" and self._may_claim(bindings.get(dlsub_id), worker):
+                dlsub_id = worker.dlsub_id
+                if worker.source == "record" and self._may_claim(bindings.get(dlsub_id), worker):
                     queue.claims.setdefault(dlsub_id, []).append((False, job.submit_time, job.job_id, uid, "record"))
                 continue
             if state in _LIVE:
@@ -171,9 +171,9 @@ class Observing(Identifying):
         the lowest job id) wins.
         """
         for seen in queue.candidates:
-            dlsub_id = seen.request["dlsub_id"]
+            dlsub_id = seen.request.dlsub_id
             if self._may_claim(bindings.get(dlsub_id), seen.request):
-                record = seen.request.get("source") == "record"
+                record = seen.request.source == "record"
                 source = "record" if record else "comment"
                 queue.claims.setdefault(dlsub_id, []).append(
                     (not record, seen.job.submit_time, seen.job.job_id, seen.row.uid, source))
@@ -250,10 +250,10 @@ class Observing(Identifying):
         out: list[ElasticJob] = []
         mains: set[tuple[int, str]] = set()
         for seen in followed:
-            rng = seen.request.get("nodes")
-            if not rng or seen.request.get("role", "main") != "main":
+            rng = seen.request.nodes
+            if rng is None or not seen.request.elastic_main:
                 continue
-            key = (seen.row.uid, str(seen.request["dlsub_id"]))
+            key = (seen.row.uid, seen.request.dlsub_id)
             mains.add(key)
             job = seen.job
             tasks = tuple(workers.get(key, ()))
@@ -305,7 +305,7 @@ class Observing(Identifying):
         # Nested values are replaced, never changed in place, so a shallow copy tells what changed.
         before = dict(row.data), row.state
         data = row.data
-        data["request"] = request
+        data["request"] = request.to_dict()
         note = data.pop("first_note", None)
         if note:
             writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "trust", note)
@@ -320,16 +320,16 @@ class Observing(Identifying):
         if new_state.terminal and move_row is None:
             self._changed(row, before, writes)
             return None
-        if read and not self._read_files(row, job, request["dlsub_id"], now, writes):
+        if read and not self._read_files(row, job, request.dlsub_id, now, writes):
             self._unread += 1
         progress = ProgressSummary.from_dict(data.get("progress")).progress()
         attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
-        ideal_name = request.get("ideal") or request.get("partition") or job.partition
+        ideal_name = request.ideal or request.partition or job.partition
         if ideal_name not in known:
             ideal_name = job.partition
         ideal = known.get(ideal_name)
         per_node = ideal.max_gpus_per_node if ideal is not None else 0
-        gpus_wanted = max(0, min(int(request.get("gpus") or 0), self.policy.limits.max_gpus_per_job, per_node))
+        gpus_wanted = max(0, min(int(request.gpus or 0), self.policy.limits.max_gpus_per_job, per_node))
         move = None
         if move_row is not None:
             restart = move_row.restart_count
@@ -340,7 +340,7 @@ class Observing(Identifying):
             move = move_row.view(restart)
         info = JobInfo(
             dlsub_id=row.dlsub_id, slurm_job_id=job.job_id, user=job.user, state=job.state,
-            reason=job.reason, ended=new_state.terminal, partition=job.partition, mode=str(request.get("mode")),
+            reason=job.reason, ended=new_state.terminal, partition=job.partition, mode=str(request.mode),
             ideal_partition=ideal_name, gpus_wanted=gpus_wanted, gpus_now=job.gpus_per_node,
             submit_time=float(job.submit_time), start_time=float(job.start_time),
             end_time=float(job.end_time) if job.state == "RUNNING" else 0.0, held=job.held,
@@ -349,9 +349,9 @@ class Observing(Identifying):
             last_attempt_action=attempts.last_end_action,
             continuations=int(data.get("continuations") or 0),
             backfilled_from=data.get("backfilled_from"), backfilled_limit_min=data.get("backfilled_limit_min"),
-            time_limit_min=request.get("time_limit_min"), move=move, uid=row.uid,
+            time_limit_min=request.time_limit_min, move=move, uid=row.uid,
             restart_count=job.restart_count, requeues=attempts.requeues, ran_s=progress.ran_s,
-            gang=job.node_count > 1 or bool(request.get("nodes")) or bool(job.extra.get("het_job_id")),
+            gang=job.node_count > 1 or bool(request.nodes) or bool(job.extra.get("het_job_id")),
         )
         data["partition"] = job.partition
         if job.state == "RUNNING" and data.get("attempt_seen") != job.restart_count:
