@@ -12,6 +12,10 @@ Slurm's ``user_id`` of the job, never anything its user wrote. Tables:
   it is about (who may read it);
 * ``moves``: moves in flight, the write-ahead record that makes a move
   survive a crash, with Slurm's restart count when it was signalled;
+* ``resizes``: the same for an elastic job's workers: a grow or shrink
+  written before Slurm is asked, and each worker told to leave while it
+  checkpoints with its group (the agent's ``leaving`` set, kept across a
+  restart);
 * ``meta``: the agent's own pid, last tick, what it is doing.
 
 The tick writes once, in one transaction, and only rows that changed
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlsub.agent.records import RESIZE_COLUMNS, MoveRow, ResizePhase, ResizeRow
 from dlsub.contract import IllegalTransition, JobState, check_transition
 
 DEFAULT_DB = Path("/var/lib/dlsub/agent.db")
@@ -92,6 +97,9 @@ CREATE TABLE IF NOT EXISTS moves (
     uid INTEGER NOT NULL, slurm_job_id INTEGER NOT NULL, dlsub_id TEXT, kind TEXT, phase TEXT,
     target_partition TEXT, target_gpus INTEGER, since REAL, signals INTEGER, created REAL,
     time_limit_min INTEGER, restart_count INTEGER, PRIMARY KEY (uid, slurm_job_id));
+CREATE TABLE IF NOT EXISTS resizes (
+    worker TEXT PRIMARY KEY, uid INTEGER NOT NULL, dlsub_id TEXT, slurm_job_id INTEGER, kind TEXT, phase TEXT,
+    since REAL, reason TEXT, partition TEXT, batch_size INTEGER, accumulation_steps INTEGER);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
 
@@ -135,8 +143,10 @@ class Writes:
     decisions: list[Decision] = field(default_factory=list)
     progress: list[dict[str, Any]] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)
-    moves: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    moves: dict[tuple[int, int], MoveRow] = field(default_factory=dict)
     ended_moves: set[tuple[int, int]] = field(default_factory=set)
+    resizes: dict[str, ResizeRow] = field(default_factory=dict)
+    ended_resizes: set[str] = field(default_factory=set)
     meta: dict[str, Any] = field(default_factory=dict)
 
     def decide(self, when: float, uid: int | None, dlsub_id: str, slurm_job_id: int | None, user: str, kind: str,
@@ -145,7 +155,7 @@ class Writes:
 
     def __bool__(self) -> bool:
         return bool(self.jobs or self.bindings or self.decisions or self.progress or self.attempts or self.moves
-                    or self.ended_moves or self.meta)
+                    or self.ended_moves or self.resizes or self.ended_resizes or self.meta)
 
 
 def _open_readonly(path: Path) -> sqlite3.Connection:
@@ -325,6 +335,29 @@ class AgentStore:
     def moves(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.conn.execute("select * from moves order by created, slurm_job_id")]
 
+    def move_rows(self) -> dict[tuple[int, int], MoveRow]:
+        """The moves in flight as the agent works on them, by (uid, Slurm job id); a row that does not parse
+        is left out (it is kept in the table: nothing here deletes it)."""
+        out = {}
+        for m in self.moves():
+            try:
+                row = MoveRow.from_dict(m)
+            except (KeyError, TypeError, ValueError):
+                continue
+            out[row.key()] = row
+        return out
+
+    def resizes(self) -> dict[str, ResizeRow]:
+        """The resizes in flight, by worker handle (a row that does not parse is dropped: it is only a hint)."""
+        out = {}
+        for r in self.conn.execute(f"select {', '.join(RESIZE_COLUMNS)} from resizes order by since, worker"):
+            try:
+                row = ResizeRow(**{**dict(r), "phase": ResizePhase(r["phase"])})
+            except (TypeError, ValueError):
+                continue
+            out[row.worker] = row
+        return out
+
     def decisions(self, dlsub_id: str | None = None, slurm_job_id: int | None = None,
                   uid: int | None = None) -> list[Decision]:
         where, args = [], []
@@ -390,7 +423,13 @@ class AgentStore:
             conn.executemany(
                 f"insert or replace into moves ({', '.join(MOVE_COLUMNS)}) "
                 f"values ({', '.join('?' * len(MOVE_COLUMNS))})",
-                [tuple(m.get(c) for c in MOVE_COLUMNS) for m in writes.moves.values()])
+                [tuple(m.as_dict()[c] for c in MOVE_COLUMNS) for m in writes.moves.values()])
+            conn.executemany("delete from resizes where worker = ?", [(w,) for w in writes.ended_resizes])
+            conn.executemany(
+                f"insert or replace into resizes ({', '.join(RESIZE_COLUMNS)}) "
+                f"values ({', '.join('?' * len(RESIZE_COLUMNS))})",
+                [tuple(r.phase.value if c == "phase" else getattr(r, c) for c in RESIZE_COLUMNS)
+                 for r in writes.resizes.values()])
             conn.executemany(
                 "insert into decisions (time, uid, dlsub_id, slurm_job_id, user, kind, reason, details) "
                 "values (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -429,4 +468,5 @@ class AgentStore:
             self.conn.execute("COMMIT")
 
 
-__all__ = ["AgentStore", "Decision", "IllegalTransition", "JobRow", "Writes", "default_db_path"]
+__all__ = ["AgentStore", "Decision", "IllegalTransition", "JobRow", "MoveRow", "ResizePhase", "ResizeRow", "Writes",
+           "default_db_path"]

@@ -3,7 +3,9 @@
 ``DLSUB_FAILPOINT=move-signalled dlsub agent tick`` dies, kill -9 style, the
 moment the tick passes that point; nothing else changes. Integration tests
 use it to prove that a restarted agent finishes or abandons a move cleanly
-from every step of it (tests/integration/test_move_crashes.py).
+from every step of it (tests/integration/test_move_crashes.py), and that
+it grows or shrinks an elastic job once from every step of a resize
+(tests/integration/test_resize_crashes.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,16 @@ MOVE_POINTS = (
     "move-retarget",  # the job is requeued held; about to point it at the new partition
     "move-updated",  # pointed there and recorded; not yet released
     "move-released",  # released and recorded; not yet seen running there
+)
+
+#: Every point of a resize, in the order a grow then a shrink pass them.
+RESIZE_POINTS = (
+    "grow-planned",  # the grow is written ahead; the worker not released yet
+    "grow-released",  # the worker is released; not yet recorded
+    "grow-recorded",  # the release is recorded
+    "shrink-planned",  # the shrink is written ahead; no signal sent yet
+    "shrink-signal-sent",  # the worker is told to leave; not yet recorded
+    "shrink-signalled",  # recorded as leaving: it checkpoints with its group and requeues itself held
 )
 
 

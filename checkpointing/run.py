@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import resource
 import signal
 import socket
 import sys
@@ -22,6 +21,20 @@ from typing import Any, NoReturn
 
 from dlsub import contract
 from dlsub.checkpointing.batch import BATCH_SIZE_ENV, BatchChoice, BatchSizes, asked_batch, env_batch_size, split
+from dlsub.checkpointing.run_support import (
+    LOSS_WINDOW,
+    TARGET_LOSS_ENV,
+    Profile,
+    application,
+    as_step,
+    barrier,
+    cuda_peak_mb,
+    env_float,
+    from_rank0,
+    initialized_dist,
+    non_negative,
+    peak_rss_mb,
+)
 from dlsub.checkpointing.storage import (
     checkpoint_files,
     checkpoint_meta,
@@ -90,9 +103,9 @@ class Run:
         self._last_step: int | None = None
         self._previous_handlers: dict[int, Any] = {}
         self.restored_from: Path | None = None
-        self.target_loss = target_loss if target_loss is not None else _env_float(TARGET_LOSS_ENV)
+        self.target_loss = target_loss if target_loss is not None else env_float(TARGET_LOSS_ENV)
         self._steps_per_epoch = steps_per_epoch
-        self._profile = _Profile.from_env()
+        self._profile = Profile.from_env()
         self._recent_losses: list[float] = []
         #: What the script declared about its batch size (``init(batch_size=)``); None: it keeps its own.
         self.batch_sizes = batch_sizes
@@ -151,7 +164,7 @@ class Run:
         all-reduce), so all ranks leave the loop at the same step.
         """
         local = self.stop_reason is not None
-        dist = _initialized_dist()
+        dist = initialized_dist()
         if dist is None:
             return local
         import torch
@@ -172,7 +185,7 @@ class Run:
         """
         if not isinstance(state, dict):
             raise TypeError(f"run.save() takes a dict of state, not {type(state).__name__}")
-        given = _as_step(step)
+        given = as_step(step)
         if step is not None and given is None:
             raise TypeError(f"run.save(step=...) takes an integer step, not {step!r}")
         # File names follow the sequence: a given step names the file when it
@@ -188,7 +201,7 @@ class Run:
             path = save_checkpoint(self.checkpoint_dir, seq, state, self.keep, step=known,
                                    meta={"world_size": self.world_size})
             self._event(contract.EVENT_CHECKPOINT, step=recorded, path=str(path), seq=seq)
-        _barrier()
+        barrier()
         return path
 
     def restore(self, map_location: Any = "cpu") -> dict[str, Any] | None:
@@ -232,7 +245,7 @@ class Run:
         its covariance); with them the agent can tell whether a bigger batch
         gains anything. Values that are not finite and >= 0 are left out.
         """
-        as_int = _as_step(step)
+        as_int = as_step(step)
         if as_int is not None:
             self._last_step = as_int
         fields: dict[str, Any] = {"step": step, "epoch": epoch, "loss": loss, "samples": samples}
@@ -243,7 +256,7 @@ class Run:
         fields.update(self._estimate_fields(loss))
         fields.update(metrics)
         fields.update(self._batch_fields(batch_size, accumulation_steps))
-        fields.update(grad_sqr=_non_negative(grad_sqr), grad_var=_non_negative(grad_var))
+        fields.update(grad_sqr=non_negative(grad_sqr), grad_var=non_negative(grad_var))
         self._event(contract.EVENT_PROGRESS, **{k: v for k, v in fields.items() if v is not None})
         if as_int is not None and self._profile is not None and self._profile.done(as_int):
             self._end_profile(as_int)
@@ -286,7 +299,7 @@ class Run:
         if sizes is None:
             return
         batch, source, reason = asked_batch(sizes, self.job_dir)
-        agreed = _from_rank0([batch, contract.BATCH_SOURCES.index(source)])
+        agreed = from_rank0([batch, contract.BATCH_SOURCES.index(source)])
         if agreed is not None:
             batch, source = agreed[0], contract.BATCH_SOURCES[agreed[1]]
         self._batch = split(sizes, self.world_size, batch, source, reason)
@@ -317,9 +330,9 @@ class Run:
         """
         if self.target_loss is None:
             return False
-        local = (len(self._recent_losses) >= _LOSS_WINDOW
+        local = (len(self._recent_losses) >= LOSS_WINDOW
                  and sum(self._recent_losses) / len(self._recent_losses) <= self.target_loss)
-        dist = _initialized_dist()
+        dist = initialized_dist()
         if dist is None:
             return local
         import torch
@@ -335,7 +348,7 @@ class Run:
         except (TypeError, ValueError):
             value = None
         if value is not None and math.isfinite(value):
-            self._recent_losses = [*self._recent_losses, value][-_LOSS_WINDOW:]
+            self._recent_losses = [*self._recent_losses, value][-LOSS_WINDOW:]
         fields: dict[str, Any] = {"peak_rss_mb": peak_rss_mb(), "steps_per_epoch": self.steps_per_epoch,
                                   "target_loss": self.target_loss}
         cuda = cuda_peak_mb()
@@ -345,7 +358,7 @@ class Run:
 
     def _batch_fields(self, batch_size: Any = None, accumulation_steps: Any = None) -> dict[str, Any]:
         """The batch a step ran with, for the agent's throughput fit: given, else this run's."""
-        given_batch, given_steps = _as_step(batch_size), _as_step(accumulation_steps)
+        given_batch, given_steps = as_step(batch_size), as_step(accumulation_steps)
         batch = given_batch if given_batch is not None and given_batch >= 1 else self.batch_size
         steps = given_steps if given_steps is not None and given_steps >= 1 else None
         if steps is None and self._batch is not None:
@@ -356,7 +369,7 @@ class Run:
         """A profiling run (``dlsub estimate``) has measured enough: record it and leave cleanly (exit 0)."""
         self._event(contract.EVENT_FINISHED, step=step, profile=True, peak_rss_mb=peak_rss_mb(),
                     cuda_peak_mb=cuda_peak_mb())
-        _barrier()
+        barrier()
         sys.stdout.flush()
         sys.stderr.flush()
         sys.exit(0)
@@ -376,7 +389,7 @@ class Run:
         Writes this attempt's resume marker first; under torchrun the process
         exits 0 and dlsub's launcher turns the marker into RESUME_EXIT_CODE.
         """
-        _barrier()
+        barrier()
         if self.is_main:
             marker = resume_marker(self.job_dir)
             marker.parent.mkdir(parents=True, exist_ok=True)
@@ -395,60 +408,6 @@ class Run:
         self._event(contract.EVENT_FINISHED)
 
 
-PROFILE_STEPS_ENV = contract.ENV_PROFILE_STEPS
-PROFILE_SECONDS_ENV = contract.ENV_PROFILE_SECONDS
-#: Set by ``dlsub submit --target-loss X``; ``init(target_loss=)`` wins over it.
-TARGET_LOSS_ENV = contract.ENV_TARGET_LOSS
-_LOSS_WINDOW = 3
-
-
-def _env_float(name: str) -> float | None:
-    try:
-        value = float(os.environ.get(name, ""))
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory, MB (Linux reports ru_maxrss in KiB)."""
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
-def cuda_peak_mb() -> float | None:
-    """``torch.cuda.max_memory_allocated()`` in MB where torch has CUDA in use; None elsewhere."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    try:
-        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
-            return None
-        return round(float(torch.cuda.max_memory_allocated()) / 2**20, 1)
-    except (RuntimeError, AttributeError):  # a broken CUDA set-up must not cost the training its report
-        return None
-
-
-class _Profile:
-    """A profiling run's stop rule: at least N steps and S seconds after the first report."""
-
-    def __init__(self, steps: int, seconds: float) -> None:
-        self.steps, self.seconds = steps, seconds
-        self.first: float | None = None
-
-    @classmethod
-    def from_env(cls) -> _Profile | None:
-        steps = _env_float(PROFILE_STEPS_ENV)
-        if steps is None or steps < 1:
-            return None
-        return cls(int(steps), max(0.0, _env_float(PROFILE_SECONDS_ENV) or 0.0))
-
-    def done(self, step: int) -> bool:
-        now = time.monotonic()
-        if self.first is None:
-            self.first = now
-        return step >= self.steps and now - self.first >= self.seconds
-
-
 def _hostlist(variable: str) -> list[str]:
     from dlsub.hostlist import expand_nodes
 
@@ -456,72 +415,6 @@ def _hostlist(variable: str) -> list[str]:
         return expand_nodes(os.environ.get(variable, ""))
     except ValueError:
         return []
-
-
-def _non_negative(value: Any) -> float | None:
-    """A finite number >= 0 (a float, a 0-d tensor) as a float; None for anything else."""
-    try:
-        number = float(value) if value is not None and not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
-
-
-def _as_step(value: Any) -> int | None:
-    """An integral step (``int``, ``7.0``, a 0-d tensor) as an int; None for anything else."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    if not math.isfinite(number) or number != int(number):
-        return None
-    return int(number)
-
-
-def _initialized_dist() -> Any:
-    if "torch" not in sys.modules:
-        return None
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def _from_rank0(values: list[int]) -> list[int] | None:
-    """Rank 0's ``values`` on every rank (one broadcast); None where torch.distributed is not initialized."""
-    dist = _initialized_dist()
-    if dist is None:
-        return None
-    import torch
-
-    # NCCL moves only CUDA tensors; gloo (and MPI) CPU ones.
-    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    tensor = torch.tensor(values, dtype=torch.int64, device=device)
-    dist.broadcast(tensor, src=0)
-    return [int(v) for v in tensor.tolist()]
-
-
-def _barrier() -> None:
-    dist = _initialized_dist()
-    if dist is not None:
-        dist.barrier()
-
-
-#: A script bigger than this is not read to name its command (a Python script is kilobytes).
-MAX_SCRIPT_BYTES = 16 << 20
-
-
-def _application() -> dict[str, str]:
-    """The start event's digest of the command this process runs (none when its script cannot be read):
-    the agent sizes the next run of the same command on what this one measured."""
-    try:
-        script = Path(sys.argv[0])
-        if not script.is_file() or script.stat().st_size > MAX_SCRIPT_BYTES:
-            return {}
-        return {contract.APPLICATION_FIELD: contract.application_digest(script.read_bytes(), sys.argv[1:])}
-    except (OSError, IndexError, ValueError):
-        return {}
 
 
 def init(
@@ -566,5 +459,5 @@ def init(
             declared = {"batch_limits": batch_size.limits.to_event(), **run._batch_fields(),
                         "batch_from": run.batch_from}
         run._event(contract.EVENT_START, rank=run.rank, world_size=run.world_size, nodes=run.nodes,
-                   resized=run.resized, host=socket.gethostname(), pid=os.getpid(), **declared, **_application())
+                   resized=run.resized, host=socket.gethostname(), pid=os.getpid(), **declared, **application())
     return run

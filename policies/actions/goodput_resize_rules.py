@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dlsub.batch_split import BatchLimits, split_batch
-from dlsub.policies.actions.resize_rules import GROW, SHRINK, Capacity, ElasticJob, Resize, Room, usable_worker
+from dlsub.policies.actions.resize_rules import GROW, SHRINK, Capacity, ElasticJob, Resize, Room, take_workers
 from dlsub.policies.api import Allocation, ClusterView, Decision, JobView, Node, PerformanceModel, Policy
 from dlsub.policies.perf_models.speedup import RemainingTime
 from dlsub.policies.placement import packed_placement
@@ -209,15 +209,10 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
             continue
         if job.uid in left:
             want = min(want, left[job.uid] // max(1, job.gpus_per_node))
-        pool = sorted((w for w in job.workers if usable_worker(w, job)), key=lambda w: w.handle)
-        size = job.nodes_now
-        for _ in range(want):
-            node = capacity.take(job) if pool else None
-            if node is None:
-                wanting[job.uid] = wanting.get(job.uid, 0) + 1
-                continue
-            worker = pool.pop(0)
-            size += 1
+        taken = take_workers(job, capacity, want)
+        if want > len(taken):
+            wanting[job.uid] = wanting.get(job.uid, 0) + want - len(taken)
+        for size, (worker, _) in enumerate(taken, start=job.nodes_now + 1):
             if job.uid in left:
                 left[job.uid] -= max(1, job.gpus_per_node)
             batch, micro, words = _batch_at(scaled, decision, size)

@@ -53,172 +53,34 @@ released.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import TypedDict
 
 from dlsub.contract import ACTION_MOVE
 from dlsub.policies.actions.budget_gate import move_fits_budget
+from dlsub.policies.actions.kinds import ActionKind
+from dlsub.policies.actions.move_views import (
+    Action,
+    BudgetLeft,
+    JobInfo,
+    MovePhase,
+    MoveView,
+    PartitionInfo,
+    Rules,
+    Usage,
+    Window,
+)
 from dlsub.policies.api import ClusterView, JobView, Node
 from dlsub.policies.registry import get_policy
 
-
-class MovePhase(str, Enum):
-    """planned → signalled → (job requeued held) → updated → released → done.
-
-    ``planned`` is written before the signal is sent, so a crash between the
-    two re-sends it. A job that ends on its own during a move makes it
-    ``abandoned``.
-    """
-
-    PLANNED = "planned"
-    SIGNALLED = "signalled"
-    UPDATED = "updated"
-    RELEASED = "released"
-    DONE = "done"
-    ABANDONED = "abandoned"
-
-
-@dataclass(frozen=True)
-class MoveView:
-    kind: str  # "move" (onto GPUs), "return" (out of a backfill window), "continue" (time limit)
-    phase: MovePhase
-    target_partition: str
-    target_gpus: int
-    since: float  # when the phase was entered (the agent's clock)
-    signals: int = 0
-    time_limit_min: int | None = None
-    restart_count: int = 0  # Slurm's restart count of the job when the move was signalled
-
-
-@dataclass(frozen=True)
-class BudgetLeft:
-    """What one budget that bounds a job has left this period (None: that amount has no bound)."""
-
-    scope: str  # whose budget, as a note says it: "user alice", "account vision"
-    node_hours: float | None = None
-    cost: float | None = None
-
-
-@dataclass(frozen=True)
-class JobInfo:
-    dlsub_id: str
-    slurm_job_id: int
-    user: str
-    state: str  # Slurm's: PENDING, RUNNING, ...
-    reason: str
-    ended: bool  # Slurm's state is a final one (completed, failed, cancelled, timed out, ...)
-    partition: str
-    mode: str  # immediate | ideal
-    ideal_partition: str
-    gpus_wanted: int
-    gpus_now: int
-    submit_time: float
-    start_time: float
-    end_time: float  # when the current allocation's time limit ends (0: none known)
-    held: bool = False
-    checkpointable: bool = False
-    last_checkpoint_time: float | None = None
-    eta_s: float | None = None
-    finished: bool = False
-    last_attempt_action: str | None = None  # "requeue" or "move" when the last attempt ended that way
-    continuations: int = 0
-    backfilled_from: str | None = None  # the partition it waited in before a backfill
-    backfilled_limit_min: int | None = None  # its own time limit, restored when it goes back
-    time_limit_min: int | None = None  # the limit it was submitted with (never raised beyond it)
-    move: MoveView | None = None
-    uid: int = 0  # Slurm's user_id of the job: limits are per uid
-    restart_count: int = 0  # Slurm's restart count
-    requeues: int = 0  # resume-requeues of this Slurm job (its attempt records); moves do not count
-    ran_s: float | None = None  # how long it has reported progress (for a job that declares no total)
-    # A gang (several nodes) or an elastic job: resized by policies.actions.resize_rules, never moved or backfilled.
-    gang: bool = False
-    # The budgets that bound this job's owner (user's, account's); empty: none, anything may move.
-    budgets: tuple[BudgetLeft, ...] = ()
-
-
-@dataclass(frozen=True)
-class Usage:
-    """What one user holds in Slurm: every job of that uid, dlsub's or not, running or pending."""
-
-    gpus: int = 0
-    jobs: int = 0
-
-
-@dataclass(frozen=True)
-class PartitionInfo:
-    name: str
-    role: str | None  # gpu | cpu | dev | None (not in the policy)
-    speed: float
-    nodes: tuple[tuple[str, int, int], ...]  # (node, idle GPUs, idle CPUs) for nodes that are up
-    pending_gpus: int = 0  # GPUs wanted by jobs already waiting there (not ours to overtake)
-    max_time_s: float | None = None
-    cost_per_node_hour: float = 0.0  # the policy's price of a node-hour here (budgets)
-
-    @property
-    def idle_gpus(self) -> int:
-        return sum(g for _, g, _ in self.nodes)
-
-    def idle_node_for(self, gpus: int, cpus: int) -> bool:
-        return any(g >= gpus and c >= cpus for _, g, c in self.nodes)
-
-
-@dataclass(frozen=True)
-class Rules:
-    """The parts of policy.toml the planner needs, as plain values."""
-
-    policy: str = "fifo"
-    moves_enabled: bool = True
-    movable_users: tuple[str, ...] = ("*",)
-    restart_cost_s: float = 60.0
-    min_saving_s: float = 60.0
-    checkpoint_grace_s: float = 90.0
-    continue_jobs: bool = True
-    max_continuations: int = 20
-    max_gpus_per_user: int = 64
-    max_jobs_per_user: int = 100
-    max_gpus_per_job: int = 8
-    backfill_enabled: bool = True
-    backfill_roles: tuple[str, ...] = ("dev", "cpu")
-    job_cpus: int = 2
-    budget_period: str = "month"  # day | week | month: what the budgets' notes call the period
-
-    def may_move(self, user: str) -> bool:
-        return self.moves_enabled and ("*" in self.movable_users or user in self.movable_users)
-
-
-@dataclass(frozen=True)
-class Window:
-    """The state of the backfill windows at ``now``: open or not, and when that changes."""
-
-    open: bool
-    name: str = ""
-    closes_at: float | None = None
-
-
-@dataclass(frozen=True)
-class Action:
-    """One thing to do to one job, and why, in words a user reads in `dlsub why`."""
-
-    kind: str
-    dlsub_id: str
-    slurm_job_id: int
-    reason: str
-    partition: str | None = None
-    gpus: int | None = None
-    details: dict[str, float | str | int | None] = field(default_factory=dict)
-    time_limit_min: int | None = None  # set the job's time limit too (backfill, and back)
-
-
-# Action kinds the agent carries out.
-SIGNAL_MOVE = "signal-move"  # SIGUSR2 to the batch shell: checkpoint, requeue held
-SIGNAL_CONTINUE = "signal-continue"  # SIGUSR1: checkpoint, requeue (same partition)
-RETARGET = "retarget"  # scontrol update Partition=... TresPerNode=... (pending job)
-RELEASE = "release"  # scontrol release (Slurm's requeue wait still applies)
-FINISH_MOVE = "finish-move"  # the move is complete (bookkeeping)
-ABANDON_MOVE = "abandon-move"
-BACKFILL = "backfill"  # a RETARGET into a backfill partition
-NOTE = "note"  # no action; a decision worth telling the user (once)
+# The kinds of move actions, by their old names (see dlsub.policies.actions.kinds).
+SIGNAL_MOVE = ActionKind.SIGNAL_MOVE
+SIGNAL_CONTINUE = ActionKind.SIGNAL_CONTINUE
+RETARGET = ActionKind.RETARGET
+RELEASE = ActionKind.RELEASE
+FINISH_MOVE = ActionKind.FINISH_MOVE
+ABANDON_MOVE = ActionKind.ABANDON_MOVE
+BACKFILL = ActionKind.BACKFILL
+NOTE = ActionKind.NOTE
 
 
 class _Ids(TypedDict):
@@ -584,8 +446,11 @@ def _backfill_seconds(job: JobInfo, limit_min: int | None, closes_in: float | No
     return min(bounds) if bounds else None
 
 
+_CLOSED = Window(False)  # no backfill window open (frozen: one default shared by every call)
+
+
 def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Rules, now: float,
-         window: Window = Window(False), usage: dict[int, Usage] | None = None) -> list[Action]:
+         window: Window = _CLOSED, usage: dict[int, Usage] | None = None) -> list[Action]:
     """Everything the agent should do this tick, moves in flight first.
 
     ``usage`` is what each uid holds in Slurm (all its jobs, moves in
@@ -606,3 +471,9 @@ def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Ru
     actions += notes
     actions += _choose_movers(candidates, usage, by_name, rules, now, granted)
     return actions
+
+
+# The value objects live in move_views; every caller may keep importing them from here.
+__all__ = ["ABANDON_MOVE", "BACKFILL", "FINISH_MOVE", "NOTE", "RELEASE", "RETARGET", "SIGNAL_CONTINUE", "SIGNAL_MOVE",
+           "Action", "BudgetLeft", "JobInfo", "MovePhase", "MoveView", "PartitionInfo", "Rules", "Usage", "Window",
+           "plan", "remaining_s", "usage_of"]

@@ -30,16 +30,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dlsub.policies.actions.kinds import ActionKind
 from dlsub.policies.api import ClusterView, JobView, Node
 from dlsub.policies.registry import get_policy
 
 #: A worker task requeued this many times (each shrink is one) is left held.
 MAX_WORKER_RESTARTS = 25
 
-# Action kinds (carried out by the agent).
-GROW = "grow"  # retarget (when needed) and release one held worker task
-SHRINK = "shrink"  # MOVE_SIGNAL to one running worker: checkpoint, leave, requeue held
-END_WORKERS = "end-workers"  # cancel the worker array of an ended job
+# The kinds of resize actions, by their old names (see dlsub.policies.actions.kinds).
+GROW = ActionKind.GROW
+SHRINK = ActionKind.SHRINK
+END_WORKERS = ActionKind.END_WORKERS
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ class Capacity:
 
 @dataclass(frozen=True)
 class Resize:
-    kind: str  # GROW | SHRINK | END_WORKERS
+    kind: ActionKind  # GROW | SHRINK | END_WORKERS
     dlsub_id: str
     slurm_job_id: int  # the main job
     reason: str
@@ -207,6 +208,20 @@ def usable_worker(worker: WorkerTask, job: ElasticJob) -> bool:
     """A held task of the pool that may be released: on the job's own partition (the agent never points
     a worker elsewhere: its limits are that partition's), and not one that keeps failing."""
     return worker.in_pool and worker.partition == job.partition and worker.restart_count <= MAX_WORKER_RESTARTS
+
+
+def take_workers(job: ElasticJob, capacity: Capacity, want: int) -> list[tuple[WorkerTask, str]]:
+    """Up to ``want`` of the job's held workers that may be released (by handle), each with the idle node
+    it would start on (then counted as used), until the idle nodes can hold no more of them. Every grow,
+    whichever policy sizes the job, takes its workers here."""
+    pool = sorted((w for w in job.workers if usable_worker(w, job)), key=lambda w: w.handle)
+    taken: list[tuple[WorkerTask, str]] = []
+    while pool and len(taken) < want:
+        node = capacity.take(job)
+        if node is None:
+            break
+        taken.append((pool.pop(0), node))
+    return taken
 
 
 #: Sizes the elastic jobs of one partition by an elastic policy (see dlsub.policies.actions.goodput_resize_rules).
@@ -269,14 +284,8 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         order = sorted(group, key=lambda j: (-(decision[j.dlsub_id].gpus if j.dlsub_id in decision else 0),
                                              j.submit_time, j.slurm_job_id))
         for job in order:
-            pool = sorted((w for w in job.workers if usable_worker(w, job)), key=lambda w: w.handle)
-            size = job.nodes_now
-            while pool and size < job.max_nodes:
-                node = capacity.take(job)
-                if node is None:
-                    break
-                worker = pool.pop(0)
-                size += 1
+            for size, (worker, node) in enumerate(take_workers(job, capacity, job.max_nodes - job.nodes_now),
+                                                  start=job.nodes_now + 1):
                 actions.append(Resize(GROW, job.dlsub_id, job.slurm_job_id, worker=worker.handle, partition=name,
                                       reason=(f"growing to {size} node(s): {node} on {name} has idle GPU(s) "
                                               f"that no waiting job can use; released worker "

@@ -31,3 +31,18 @@ def test_other_points_and_no_point_change_nothing() -> None:
 
 def test_every_move_point_is_named_once() -> None:
     assert len(set(failpoints.MOVE_POINTS)) == len(failpoints.MOVE_POINTS) == 6
+
+
+def test_every_resize_point_is_named_once_and_none_is_a_move_point() -> None:
+    assert len(set(failpoints.RESIZE_POINTS)) == len(failpoints.RESIZE_POINTS) == 6
+    assert not set(failpoints.RESIZE_POINTS) & set(failpoints.MOVE_POINTS)
+
+
+def test_the_action_table_names_every_kind_and_every_failpoint() -> None:
+    """One table (dlsub.agent.act.STEPS) holds each action kind's step, its failpoints included."""
+    from dlsub.agent.act import STEPS
+    from dlsub.policies.actions.kinds import ActionKind
+
+    assert set(STEPS) == set(ActionKind)
+    named = {p for step in STEPS.values() for p in (step.before, step.sent, step.after) if p}
+    assert named == set(failpoints.MOVE_POINTS) | set(failpoints.RESIZE_POINTS)

@@ -1,0 +1,146 @@
+"""Decide: the resizes of a tick (the moves are :func:`dlsub.policies.actions.move_rules.plan`'s), and
+the resizes in flight a crash left in the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+from dlsub.agent.agent_store import AgentStore, ResizePhase, Writes
+from dlsub.agent.live_models import LiveModels
+from dlsub.agent.observe import Observation
+from dlsub.job_progress import Progress
+from dlsub.policies.actions import move_rules, resize_rules
+from dlsub.policies.actions.goodput_resize_rules import plan_by_policy
+from dlsub.policies.actions.kinds import ActionKind
+from dlsub.policies.actions.move_rules import Rules
+from dlsub.policies.actions.resize_rules import ElasticJob, Resize, Room
+from dlsub.policies.api import Policy
+from dlsub.site_config.policy_file import AgentPolicy
+
+log = logging.getLogger("dlsub.agent")
+
+#: Seconds a worker told to leave has to checkpoint with its group and requeue itself before it is told again.
+LEAVE_WAIT_S = 120.0
+
+
+def rules_from(policy: AgentPolicy) -> Rules:
+    return Rules(
+        policy=policy.policy,
+        moves_enabled=policy.moves.enabled,
+        movable_users=policy.moves.users,
+        restart_cost_s=policy.moves.restart_cost_s,
+        min_saving_s=policy.moves.min_saving_s,
+        checkpoint_grace_s=policy.checkpoint_grace_s,
+        continue_jobs=policy.time_limits.continue_jobs,
+        max_continuations=policy.time_limits.max_continuations,
+        max_gpus_per_user=policy.limits.max_gpus_per_user,
+        max_jobs_per_user=policy.limits.max_jobs_per_user,
+        max_gpus_per_job=policy.limits.max_gpus_per_job,
+        backfill_enabled=policy.backfill.enabled,
+        backfill_roles=policy.backfill.roles,
+        budget_period=policy.budgets.period,
+    )
+
+
+#: The action kinds that take idle GPUs (not idle for growth in the same tick).
+TAKES_GPUS = (move_rules.SIGNAL_MOVE, move_rules.BACKFILL, move_rules.RETARGET, move_rules.RELEASE)
+
+
+def reserve_gpus(rooms: list[Room], takes: Sequence[tuple[str | None, int | None]]) -> list[Room]:
+    """The rooms with the GPUs these (partition, GPUs) takes will take out of their partitions' idle ones
+    (on the first node with enough, in every partition that has that node)."""
+    idle = {n: g for room in rooms for n, g in room.nodes}
+    for partition, gpus in takes:
+        room = next((r for r in rooms if r.name == partition), None)
+        want = gpus or 0
+        node = next((n for n, _ in room.nodes if idle[n] >= want), None) if room is not None and want else None
+        if node is not None:
+            idle[node] -= want
+    return [dataclasses.replace(r, nodes=tuple((n, idle[n]) for n, _ in r.nodes)) for r in rooms]
+
+
+class Deciding:
+    """The decide step of :class:`dlsub.agent.reconcile.Agent` for elastic jobs."""
+
+    store: AgentStore
+    rules: Rules
+    _leaving: dict[str, float]
+    _models: LiveModels
+    _sizing_policy: Policy | None
+
+    def _plan_resizes(self, seen: Observation, now: float, writes: Writes) -> tuple[list[Resize], list[Resize]]:
+        """This tick's resizes: the ones a crash left written ahead and not done (carried out as they are,
+        never decided again), and the new grow/shrink/end-workers ones (to be written ahead)."""
+        resumed, jobs = self._recover_resizes(seen, now, writes)
+        # Still running while it checkpoints with its group: its GPUs count as given back already.
+        jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, leaving=w.handle in self._leaving)
+                                                     for w in j.workers)) for j in jobs]
+        planned = resize_rules.plan_resizes(jobs, seen.rooms, self.rules.policy, self._size_by_policy(seen, now))
+        return resumed, planned
+
+    def _recover_resizes(self, seen: Observation, now: float,
+                         writes: Writes) -> tuple[list[Resize], list[ElasticJob]]:
+        """The resizes in flight from the store: the workers still leaving (``_leaving``, kept across a
+        restart), and the grows a crash left written ahead and not done, to be done now (and not planned
+        again). Returns those grows and the elastic jobs as the planner must see them (a resumed grow's
+        worker counted as released already, its GPUs as taken)."""
+        rows = self.store.resizes()
+        self._leaving = {}
+        tasks = {w.handle: (j, w) for j in seen.elastic for w in j.workers}
+        resumed: list[Resize] = []
+        taken: list[tuple[str, int]] = []
+        for worker, row in rows.items():
+            job, task = tasks.get(worker, (None, None))
+            if row.phase == ResizePhase.PLANNED and row.kind == resize_rules.SHRINK:
+                # The signal may or may not have gone before the crash: counted as leaving since it was
+                # planned, so it is never sent twice within the wait, and sent again after it if still needed.
+                row = dataclasses.replace(row, phase=ResizePhase.LEAVING)
+                writes.resizes[worker] = row
+            if row.phase == ResizePhase.LEAVING:
+                if now - row.since < LEAVE_WAIT_S:
+                    self._leaving[worker] = row.since
+                else:
+                    writes.ended_resizes.add(worker)
+                continue
+            if (job is None or task is None or job.uid != row.uid or job.state != "RUNNING" or job.ended
+                    or job.moving or not resize_rules.usable_worker(task, job)):
+                # Released before the crash (no longer held), or moot now: nothing left to do.
+                writes.ended_resizes.add(worker)
+                continue
+            resumed.append(Resize(ActionKind(row.kind), row.dlsub_id, row.slurm_job_id, row.reason, worker,
+                                  row.partition, row.batch_size, row.accumulation_steps))
+            taken.append((job.partition, job.gpus_per_node))
+        if resumed:
+            seen.rooms = reserve_gpus(seen.rooms, taken)
+        on_way = {r.worker for r in resumed}
+        jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, reason="None") if w.handle in on_way
+                                                     else w for w in j.workers)) for j in seen.elastic]
+        return resumed, jobs
+
+    def _size_by_policy(self, seen: Observation, now: float) -> resize_rules.SizeByPolicy | None:
+        """With an elastic policy that learns from what jobs report (``goodput``), the sizing step that
+        runs it on each elastic job's fitted model; None otherwise (the policy only orders growth)."""
+        if self._sizing_policy is None:
+            return None
+        policy = self._sizing_policy
+        self._models.forget_except({j.dlsub_id for j in seen.elastic})
+        limit = self.rules.max_gpus_per_user
+        headroom = {uid: max(0, limit - usage.gpus) for uid, usage in seen.usage.items()}
+
+        def size(jobs: Sequence[ElasticJob], room: Room) -> list[Resize]:
+            scaled = []
+            for job in jobs:
+                try:
+                    scaled.append(self._models.scaled(job, seen.elastic_progress.get(job.dlsub_id) or Progress(),
+                                                      now, headroom.get(job.uid, limit)))
+                except Exception:  # one job's reports cost that job its resizes, never the others'
+                    log.exception("job %s: no model from its reports this tick; it keeps its size", job.dlsub_id)
+            try:
+                return plan_by_policy(scaled, room, policy, now, headroom)
+            except Exception:  # a bad model costs this partition its resizes this tick, never the tick
+                log.exception("sizing the elastic jobs of %s failed; no resizes there this tick", room.name)
+                return []
+        return size

@@ -1,0 +1,90 @@
+"""The agent's typed records of what it has in flight, as its store keeps them (see :mod:`.agent_store`).
+
+A move (or a continuation, or a return from a backfill window) is a
+:class:`MoveRow` whose phase is a :class:`MovePhase`; a grow or shrink of an
+elastic job is a :class:`ResizeRow` whose phase is a :class:`ResizePhase`.
+Both are written ahead, before the agent asks Slurm, and advanced from what
+Slurm shows after a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from enum import Enum
+from typing import Any
+
+from dlsub.policies.actions.move_views import MovePhase, MoveView
+
+
+@dataclass(frozen=True)
+class MoveRow:
+    """One move in flight, keyed by (uid, Slurm job id)."""
+
+    uid: int
+    slurm_job_id: int
+    dlsub_id: str
+    kind: str  # "move", "return" (out of a backfill window), "continue" (time limit)
+    phase: MovePhase
+    target_partition: str
+    target_gpus: int
+    since: float  # when the phase was entered (the agent's clock)
+    signals: int
+    created: float | None
+    time_limit_min: int | None
+    restart_count: int | None  # Slurm's at the signal; None: recorded before restart counts were (migrated)
+
+    @classmethod
+    def from_dict(cls, m: dict[str, Any]) -> MoveRow:
+        return cls(int(m["uid"]), int(m["slurm_job_id"]), str(m.get("dlsub_id") or ""), str(m["kind"]),
+                   MovePhase(m["phase"]), str(m.get("target_partition") or ""), int(m.get("target_gpus") or 0),
+                   float(m["since"]), int(m.get("signals") or 0), m.get("created"), m.get("time_limit_min"),
+                   None if m.get("restart_count") is None else int(m["restart_count"]))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "phase": self.phase.value}
+
+    def key(self) -> tuple[int, int]:
+        return self.uid, self.slurm_job_id
+
+    def view(self, restart_count: int) -> MoveView:
+        """What the move rules see of it."""
+        return MoveView(self.kind, self.phase, self.target_partition, self.target_gpus, self.since, self.signals,
+                        self.time_limit_min, restart_count)
+
+
+class ResizePhase(str, Enum):
+    """planned → (grow: released, the row ends) | (shrink: leaving → the row ends after ``LEAVE_WAIT_S``).
+
+    ``planned`` is committed before Slurm is asked. A restarted agent that
+    finds one resumes it from what Slurm shows: a grow whose worker is still
+    held is released (once: a released worker is no longer held), a shrink
+    counts as leaving from when it was planned (its signal may have gone; a
+    worker is never told twice within the wait).
+    """
+
+    PLANNED = "planned"
+    LEAVING = "leaving"
+
+
+@dataclass(frozen=True)
+class ResizeRow:
+    """One resize in flight, keyed by its worker task's handle ("<array id>_<task id>")."""
+
+    worker: str
+    uid: int
+    dlsub_id: str
+    slurm_job_id: int  # the main job
+    kind: str  # grow | shrink
+    phase: ResizePhase
+    since: float  # when the phase was entered (the agent's clock)
+    reason: str = ""
+    partition: str | None = None
+    batch_size: int | None = None
+    accumulation_steps: int | None = None
+
+
+RESIZE_COLUMNS = tuple(f.name for f in fields(ResizeRow))
+
+
+__all__ = ["RESIZE_COLUMNS", "MoveRow", "ResizePhase", "ResizeRow"]

@@ -1,0 +1,135 @@
+"""What :mod:`dlsub.checkpointing.run` needs around a run: the profiling budget of an estimate, memory
+peaks, checked values from the environment and the training script, and
+``torch.distributed`` when the script has set it up (never imported otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from dlsub import contract
+
+PROFILE_STEPS_ENV = contract.ENV_PROFILE_STEPS
+PROFILE_SECONDS_ENV = contract.ENV_PROFILE_SECONDS
+#: Set by ``dlsub submit --target-loss X``; ``init(target_loss=)`` wins over it.
+TARGET_LOSS_ENV = contract.ENV_TARGET_LOSS
+LOSS_WINDOW = 3
+
+
+def env_float(name: str) -> float | None:
+    try:
+        value = float(os.environ.get(name, ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory, MB (Linux reports ru_maxrss in KiB)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def cuda_peak_mb() -> float | None:
+    """``torch.cuda.max_memory_allocated()`` in MB where torch has CUDA in use; None elsewhere."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            return None
+        return round(float(torch.cuda.max_memory_allocated()) / 2**20, 1)
+    except (RuntimeError, AttributeError):  # a broken CUDA set-up must not cost the training its report
+        return None
+
+
+class Profile:
+    """A profiling run's stop rule: at least N steps and S seconds after the first report."""
+
+    def __init__(self, steps: int, seconds: float) -> None:
+        self.steps, self.seconds = steps, seconds
+        self.first: float | None = None
+
+    @classmethod
+    def from_env(cls) -> Profile | None:
+        steps = env_float(PROFILE_STEPS_ENV)
+        if steps is None or steps < 1:
+            return None
+        return cls(int(steps), max(0.0, env_float(PROFILE_SECONDS_ENV) or 0.0))
+
+    def done(self, step: int) -> bool:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        return step >= self.steps and now - self.first >= self.seconds
+
+
+def non_negative(value: Any) -> float | None:
+    """A finite number >= 0 (a float, a 0-d tensor) as a float; None for anything else."""
+    try:
+        number = float(value) if value is not None and not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def as_step(value: Any) -> int | None:
+    """An integral step (``int``, ``7.0``, a 0-d tensor) as an int; None for anything else."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(number) or number != int(number):
+        return None
+    return int(number)
+
+
+def initialized_dist() -> Any:
+    if "torch" not in sys.modules:
+        return None
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def from_rank0(values: list[int]) -> list[int] | None:
+    """Rank 0's ``values`` on every rank (one broadcast); None where torch.distributed is not initialized."""
+    dist = initialized_dist()
+    if dist is None:
+        return None
+    import torch
+
+    # NCCL moves only CUDA tensors; gloo (and MPI) CPU ones.
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    tensor = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.broadcast(tensor, src=0)
+    return [int(v) for v in tensor.tolist()]
+
+
+def barrier() -> None:
+    dist = initialized_dist()
+    if dist is not None:
+        dist.barrier()
+
+
+#: A script bigger than this is not read to name its command (a Python script is kilobytes).
+MAX_SCRIPT_BYTES = 16 << 20
+
+
+def application() -> dict[str, str]:
+    """The start event's digest of the command this process runs (none when its script cannot be read):
+    the agent sizes the next run of the same command on what this one measured."""
+    try:
+        script = Path(sys.argv[0])
+        if not script.is_file() or script.stat().st_size > MAX_SCRIPT_BYTES:
+            return {}
+        return {contract.APPLICATION_FIELD: contract.application_digest(script.read_bytes(), sys.argv[1:])}
+    except (OSError, IndexError, ValueError):
+        return {}

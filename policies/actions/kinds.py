@@ -1,0 +1,33 @@
+"""Every kind of action the agent carries out, moves and resizes alike (pure: no I/O).
+
+One vocabulary for the action rules (:mod:`.move_rules`, :mod:`.resize_rules`)
+and the agent, which looks each kind up in one table (``dlsub.agent.act``:
+its write-ahead step, its Slurm call, the phase it leads to, its
+failpoints). The values are what decisions and logs have always said.
+
+A move (or a return from a backfill window): SIGNAL_MOVE, then once the job
+is requeued held RETARGET and RELEASE, then FINISH_MOVE (or ABANDON_MOVE).
+A continuation before a time limit: SIGNAL_CONTINUE, then FINISH_MOVE.
+A backfill: BACKFILL (a pending job pointed at an idle dev partition).
+An elastic job: GROW (release a held worker task), SHRINK (tell a running
+one to leave), END_WORKERS (cancel the workers of an ended job).
+NOTE changes nothing in Slurm: a decision worth telling the user, once.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ActionKind(StrEnum):
+    SIGNAL_MOVE = "signal-move"  # SIGUSR2 to the batch shell: checkpoint, requeue held
+    SIGNAL_CONTINUE = "signal-continue"  # SIGUSR1: checkpoint, requeue (same partition)
+    RETARGET = "retarget"  # scontrol update Partition=... TresPerNode=... (pending job)
+    RELEASE = "release"  # scontrol release (Slurm's requeue wait still applies)
+    FINISH_MOVE = "finish-move"  # the move is complete (bookkeeping)
+    ABANDON_MOVE = "abandon-move"
+    BACKFILL = "backfill"  # a RETARGET into a backfill partition
+    NOTE = "note"  # no action; a decision worth telling the user (once)
+    GROW = "grow"  # release one held worker task (it joins the group's rendezvous)
+    SHRINK = "shrink"  # MOVE_SIGNAL to one running worker: checkpoint, leave, requeue held
+    END_WORKERS = "end-workers"  # cancel the worker array of an ended job
