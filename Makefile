@@ -25,7 +25,7 @@ demo: testbed
 
 test: testbed
 	$(MAKE) --no-print-directory lint-installed
-	$(VENV)/bin/pytest -p no:cacheprovider -v tests
+	$(VENV)/bin/pytest -p no:cacheprovider -v --durations=15 tests
 
 # What every Slurm version must pass beside the default's full suite (CI runs it on the other two):
 # the demo job with a requeue, an immediate-mode move, an elastic grow and shrink, a hetjob, the
