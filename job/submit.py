@@ -79,7 +79,51 @@ def check_script(script: Path) -> Path:
 
 
 def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, check_images: bool = True) -> Plan:
+    """Check ``req``, choose its partition and render its batch script(s), writing nothing.
+
+    The checks run in order: the request alone, the local paths, Slurm,
+    the image; a failure raises :class:`SubmitError` (or that step's own
+    error, e.g. Slurm unreachable) and nothing has been written.
+    """
     script = check_script(req.script)
+    _check_shape(req)
+    req = _gang_mode(req)
+    image = req.image or settings.image
+    cpus = req.cpus or settings.cpus
+    mem_mb = req.mem_mb or settings.mem_mb
+    _check_paths(script, req.workdir, settings.jobs_dir)
+    choice = _choose_partition(client, req, cpus, mem_mb)
+    if check_images:
+        check_image(image)
+
+    dlsub_id = uuid.uuid4().hex[:8]
+    container = _container_spec(req, settings, script, image, settings.jobs_dir / dlsub_id)
+    batch = BatchSpec(
+        dlsub_id=dlsub_id,
+        job_name=req.name or safe_job_name(script.stem),
+        partition=choice.partition,
+        container=container,
+        nodes=req.nodes,
+        # Immediate mode may start on fewer GPUs than asked (none, on CPU nodes) until the agent moves it.
+        gpus_per_node=req.gpus if choice.gpus_now is None else choice.gpus_now,
+        cpus_per_task=cpus,
+        mem_mb=mem_mb,
+        time_limit_min=req.time_limit_min,
+        signal_grace_s=settings.signal_grace_s,
+        dlsub_version=dlsub.__version__,
+        tags=_agent_tags(req, choice),
+        max_continuations=max(0, req.max_continuations),
+        elastic=(req.nodes, req.max_nodes) if req.max_nodes is not None else None,
+    )
+    if req.cpu_nodes:
+        batch = dataclasses.replace(batch, cpu_nodes=req.cpu_nodes, cpu_cpus=cpus, cpu_mem_mb=mem_mb,
+                                    cpu_partition=_cpu_partition(client, req, cpus, mem_mb))
+    workers = _worker_array(batch, req.gpus)
+    return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers)
+
+
+def _check_shape(req: SubmitRequest) -> None:
+    """Refuse GPU and node counts that no partition could satisfy, before asking Slurm anything."""
     if req.gpus < 0:
         raise SubmitError(f"--gpus must be 0 or more, not {req.gpus}")
     if req.nodes < 1:
@@ -92,24 +136,33 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     if req.cpu_nodes and req.max_nodes is not None:
         raise SubmitError("--cpu-nodes cannot go with an elastic --nodes MIN:MAX: Slurm's heterogeneous jobs "
                           "cannot be job arrays; give a fixed --nodes")
+
+
+def _gang_mode(req: SubmitRequest) -> SubmitRequest:
+    """``req``, in ideal mode if it is a gang that asked for immediate mode without naming a partition."""
     gang = req.nodes > 1 or req.max_nodes is not None or req.cpu_nodes > 0
     if gang and req.mode == "immediate" and req.partition is None:
         # A gang does not start on CPU nodes to be moved later: the agent resizes it instead.
-        req = dataclasses.replace(req, mode="ideal")
-    image = req.image or settings.image
-    cpus = req.cpus or settings.cpus
-    mem_mb = req.mem_mb or settings.mem_mb
-    for path in (script.parent, req.workdir, settings.jobs_dir):
+        return dataclasses.replace(req, mode="ideal")
+    return req
+
+
+def _check_paths(script: Path, workdir: Path, jobs_dir: Path) -> None:
+    """Refuse host paths the container cannot mount or the batch script cannot name."""
+    for path in (script.parent, workdir, jobs_dir):
         try:
             check_mount_path(path)
         except ValueError as exc:
             raise SubmitError(str(exc)) from exc
-    if any(ch in str(settings.jobs_dir) for ch in "\n\r"):
+    if any(ch in str(jobs_dir) for ch in "\n\r"):
         # The job directory is in #SBATCH --output=, one line of the batch script.
-        raise SubmitError(f"the job directories' folder {str(settings.jobs_dir)!r} has a line break, which "
+        raise SubmitError(f"the job directories' folder {str(jobs_dir)!r} has a line break, which "
                           "Slurm's #SBATCH --output cannot carry; set DLSUB_HOME to a path without one")
 
-    client.ping()
+
+def _choose_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb: int) -> Choice:
+    """The partition the job starts on; an elastic job's must also have nodes for its MAX."""
+    client.ping()  # an unreachable slurmctld fails here, with SlurmUnreachable's hint, before any query
     choice = choose_partition(
         client.partitions(),
         Request(gpus_per_node=req.gpus, cpus=cpus, mem_mb=mem_mb, time_limit_min=req.time_limit_min,
@@ -120,12 +173,12 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         if fits and len(fits[0].nodes) < req.max_nodes:
             raise SubmitError(f"--nodes {req.nodes}:{req.max_nodes}: partition {choice.partition} has only "
                               f"{len(fits[0].nodes)} nodes; ask for at most {len(fits[0].nodes)}")
-    if check_images:
-        check_image(image)
+    return choice
 
-    dlsub_id = uuid.uuid4().hex[:8]
-    job_dir = settings.jobs_dir / dlsub_id
-    container = ContainerSpec(
+
+def _container_spec(req: SubmitRequest, settings: Settings, script: Path, image: str, job_dir: Path) -> ContainerSpec:
+    """What each attempt's ``podman run`` starts: the user's script in their image, with dlsub's library."""
+    return ContainerSpec(
         image=image,
         script=script,
         script_args=req.args,
@@ -134,38 +187,31 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         library_dir=library_dir(),
         nproc_per_node=None,  # one per GPU of each attempt (they may differ after a move)
         runtime=settings.runtime,
+        # Half of Slurm's warning before the time limit: the rest is the batch script's, after the container.
         grace_s=max(5, settings.signal_grace_s // 2),
     )
-    batch = BatchSpec(
-        dlsub_id=dlsub_id,
-        job_name=req.name or safe_job_name(script.stem),
-        partition=choice.partition,
-        container=container,
-        nodes=req.nodes,
-        gpus_per_node=req.gpus if choice.gpus_now is None else choice.gpus_now,
-        cpus_per_task=cpus,
-        mem_mb=mem_mb,
-        time_limit_min=req.time_limit_min,
-        signal_grace_s=settings.signal_grace_s,
-        dlsub_version=dlsub.__version__,
-        tags=(("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus)),
-              *((("nodes", f"{req.nodes}-{req.max_nodes}"),) if req.max_nodes is not None else ())),
-        max_continuations=max(0, req.max_continuations),
-        elastic=(req.nodes, req.max_nodes) if req.max_nodes is not None else None,
-    )
-    if req.cpu_nodes:
-        batch = dataclasses.replace(batch, cpu_nodes=req.cpu_nodes, cpu_cpus=cpus, cpu_mem_mb=mem_mb,
-                                    cpu_partition=_cpu_partition(client, req, cpus, mem_mb))
-    workers = None
-    if batch.elastic is not None:
-        # The workers wait, held, on the partition the job runs on; each is one node of the same shape.
-        tags = dict(batch.tags)
-        workers = dataclasses.replace(
-            batch, nodes=1, role="worker", gpus_per_node=req.gpus,
-            tags=(("mode", "ideal"), ("ideal", tags["ideal"]), ("gpus", str(req.gpus)), ("role", "worker"),
-                  ("nodes", tags["nodes"])))
-        render_sbatch(workers)  # a worker script that cannot be rendered fails the plan, before anything is written
-    return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers)
+
+
+def _agent_tags(req: SubmitRequest, choice: Choice) -> tuple[tuple[str, str], ...]:
+    """The ``--comment`` tags the agent acts on: the mode, where the job ideally runs, the GPUs and
+    an elastic job's node range it asked for (the start may differ from all of them)."""
+    elastic = (("nodes", f"{req.nodes}-{req.max_nodes}"),) if req.max_nodes is not None else ()
+    return (("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus)),
+            *elastic)
+
+
+def _worker_array(batch: BatchSpec, gpus: int) -> BatchSpec | None:
+    """An elastic job's held worker array (None for a fixed-size job), checked by rendering it."""
+    if batch.elastic is None:
+        return None
+    # The workers wait, held, on the partition the job runs on; each is one node of the same shape.
+    tags = dict(batch.tags)
+    workers = dataclasses.replace(
+        batch, nodes=1, role="worker", gpus_per_node=gpus,
+        tags=(("mode", "ideal"), ("ideal", tags["ideal"]), ("gpus", str(gpus)), ("role", "worker"),
+              ("nodes", tags["nodes"])))
+    render_sbatch(workers)  # a worker script that cannot be rendered fails the plan, before anything is written
+    return workers
 
 
 def _cpu_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb: int) -> str:

@@ -137,6 +137,22 @@ def _word(value: object) -> str:
 
 
 def render_sbatch(spec: BatchSpec) -> str:
+    """The batch script for ``spec``: ``#SBATCH`` lines, then the template with its placeholders filled.
+
+    Every check runs before any text is produced, so a spec Slurm would
+    misread raises ``ValueError`` instead of becoming a script.
+    """
+    _check_spec(spec)
+    container = _rendezvous_container(spec)
+    directives = _sbatch_directives(spec, container)
+    podman, podman_cpu = _podman_commands(spec, container)
+    words = _template_words(spec, container, podman, podman_cpu)
+    lines = {"SBATCH_DIRECTIVES": "\n".join(f"#SBATCH {d}" for d in directives)}
+    return fill_template(template_text(), words, lines)
+
+
+def _check_spec(spec: BatchSpec) -> None:
+    """Refuse the shapes the script and Slurm cannot run, with what to change."""
     if spec.nodes < 1:
         raise ValueError(f"nodes must be 1 or more, not {spec.nodes}")
     if spec.max_continuations < 0:
@@ -150,11 +166,34 @@ def render_sbatch(spec: BatchSpec) -> str:
     if spec.cpu_nodes and (spec.elastic is not None or not spec.cpu_partition):
         raise ValueError("a CPU component needs its partition, and an elastic job cannot have one "
                          "(Slurm's heterogeneous jobs cannot be job arrays)")
-    c = spec.container
-    if spec.gang:
-        low, high = spec.elastic or (spec.nodes, spec.nodes)
-        c = dataclasses.replace(c, nnodes=f"{low}:{high}" if high > low else str(low), rendezvous_id=spec.dlsub_id,
-                                reform=spec.role != "worker")
+
+
+def _rendezvous_container(spec: BatchSpec) -> ContainerSpec:
+    """The container with torchrun's rendezvous set when the job is a gang, else as given.
+
+    The rendezvous id is the dlsub id so every node (and an elastic job's
+    workers) meets in the same group; only the main job may re-form it.
+    """
+    if not spec.gang:
+        return spec.container
+    low, high = spec.elastic or (spec.nodes, spec.nodes)
+    return dataclasses.replace(spec.container, nnodes=f"{low}:{high}" if high > low else str(low),
+                               rendezvous_id=spec.dlsub_id, reform=spec.role != "worker")
+
+
+def _sbatch_directives(spec: BatchSpec, container: ContainerSpec) -> list[str]:
+    """The ``#SBATCH`` options, in the order the golden scripts have them."""
+    directives = [*_resource_directives(spec), *_resume_directives(spec, container),
+                  *_cpu_component_directives(spec)]
+    for d in directives:
+        # Each directive is one line of the script: a line break would start a new (unchecked) line.
+        if any(ch in d for ch in "\n\r"):
+            raise ValueError(f"newline in an #SBATCH directive: {d!r}")
+    return directives
+
+
+def _resource_directives(spec: BatchSpec) -> list[str]:
+    """Name, partition and what each node of the (first) component gets."""
     directives = [
         f"--job-name={safe_job_name(spec.job_name)}",
         f"--partition={spec.partition}",
@@ -171,31 +210,56 @@ def render_sbatch(spec: BatchSpec) -> str:
         directives.append(f"--time={format_minutes(spec.time_limit_min)}")
     if spec.gpus_per_node:
         directives.append(f"--gres=gpu:{spec.gpus_per_node}")
-    directives += [
-        f"--output={c.job_dir}/{contract.OUTPUT_PATTERN}",
+    return directives
+
+
+def _resume_directives(spec: BatchSpec, container: ContainerSpec) -> list[str]:
+    """Output into the job directory, the checkpoint signal before the time limit, requeueing, and
+    the ``--comment`` tags the agent reads."""
+    comment = ";".join([f"{contract.COMMENT_PREFIX}{spec.dlsub_id}", *(f"{k}={v}" for k, v in spec.tags)])
+    return [
+        f"--output={container.job_dir}/{contract.OUTPUT_PATTERN}",
         "--open-mode=append",
         f"--signal=B:{contract.CHECKPOINT_SIGNAL}@{spec.signal_grace_s}",
         "--requeue",
-        "--comment=" + ";".join([f"{contract.COMMENT_PREFIX}{spec.dlsub_id}", *(f"{k}={v}" for k, v in spec.tags)]),
+        "--comment=" + comment,
     ]
-    if spec.cpu_nodes:
-        # The next component of the heterogeneous job (sbatch's own "hetjob" separator).
-        directives += ["hetjob", f"--partition={spec.cpu_partition}", f"--nodes={spec.cpu_nodes}",
-                       "--ntasks-per-node=1", f"--cpus-per-task={spec.cpu_cpus}", f"--mem={spec.cpu_mem_mb}M"]
-    for d in directives:
-        if any(ch in d for ch in "\n\r"):
-            raise ValueError(f"newline in an #SBATCH directive: {d!r}")
 
-    labels = [f"{contract.LABEL_JOB_ID}={spec.dlsub_id}", Raw(f'"{contract.LABEL_SLURM_JOB_ID}=${{SLURM_JOB_ID}}"'),
-              Raw(f'"{contract.LABEL_ATTEMPT}=${{SLURM_JOB_ID}}-${{SLURM_RESTART_COUNT:-0}}"'),
-              Raw(f'"{contract.LABEL_NODE}=${{SLURMD_NODENAME:-}}"')]
-    podman = lines_to_shell(podman_run_lines(c, Raw('"$container"'), Raw('"${gpu_args[@]}"'), labels))
+
+def _cpu_component_directives(spec: BatchSpec) -> list[str]:
+    """A heterogeneous job's CPU component, after sbatch's own ``hetjob`` separator; none without one."""
+    if not spec.cpu_nodes:
+        return []
+    return ["hetjob", f"--partition={spec.cpu_partition}", f"--nodes={spec.cpu_nodes}",
+            "--ntasks-per-node=1", f"--cpus-per-task={spec.cpu_cpus}", f"--mem={spec.cpu_mem_mb}M"]
+
+
+def _container_labels(spec: BatchSpec) -> list[str]:
+    """The ``podman run --label`` values; the Slurm ones are expanded by the batch shell at run time."""
+    return [f"{contract.LABEL_JOB_ID}={spec.dlsub_id}", Raw(f'"{contract.LABEL_SLURM_JOB_ID}=${{SLURM_JOB_ID}}"'),
+            Raw(f'"{contract.LABEL_ATTEMPT}=${{SLURM_JOB_ID}}-${{SLURM_RESTART_COUNT:-0}}"'),
+            Raw(f'"{contract.LABEL_NODE}=${{SLURMD_NODENAME:-}}"')]
+
+
+def _podman_commands(spec: BatchSpec, container: ContainerSpec) -> tuple[str, str]:
+    """The trainers' ``podman run`` command and the CPU component's; without a CPU component the
+    template's CPU branch gets ``exit 2``, so a stray ``DLSUB_ROLE=cpu`` fails instead of training."""
+    labels = _container_labels(spec)
+    podman = lines_to_shell(podman_run_lines(container, Raw('"$container"'), Raw('"${gpu_args[@]}"'), labels))
+    if not spec.cpu_nodes:
+        return podman, "exit 2"
     # The CPU component's container runs the script itself, no torchrun: one process, role "cpu".
-    podman_cpu = lines_to_shell(podman_run_lines(
-        dataclasses.replace(c, nnodes=None, env=(*c.env, (contract.ENV_ROLE, contract.ROLE_CPU)), plain=True),
-        Raw('"$container"'), Raw('"${gpu_args[@]}"'), labels)) if spec.cpu_nodes else "exit 2"
-    q = shlex.quote
-    words = {
+    cpu_container = dataclasses.replace(container, nnodes=None, plain=True,
+                                        env=(*container.env, (contract.ENV_ROLE, contract.ROLE_CPU)))
+    podman_cpu = lines_to_shell(podman_run_lines(cpu_container, Raw('"$container"'), Raw('"${gpu_args[@]}"'),
+                                                 labels))
+    return podman, podman_cpu
+
+
+def _template_words(spec: BatchSpec, container: ContainerSpec, podman: str, podman_cpu: str) -> dict[str, str]:
+    """The template's ``@NAME@`` values: contract names as checked plain words, the job directory
+    quoted, and the ``podman run`` commands (already quoted word by word)."""
+    return {
         "DLSUB_VERSION": _word(spec.dlsub_version or "unknown"),
         "DLSUB_ID": _word(spec.dlsub_id),
         "ROLE": _word(spec.role),
@@ -208,7 +272,7 @@ def render_sbatch(spec: BatchSpec) -> str:
         "ACTION_LEAVE": _word(contract.ACTION_LEAVE),
         "PROGRESS_FILE": _word(contract.PROGRESS_FILE),
         "EVENT_FINISHED": _word(contract.EVENT_FINISHED),
-        "JOB_DIR": q(str(c.job_dir)),
+        "JOB_DIR": shlex.quote(str(container.job_dir)),
         "RESUME_EXIT_CODE": _word(contract.RESUME_EXIT_CODE),
         "CHECKPOINT_SIGNAL": _word(contract.CHECKPOINT_SIGNAL),
         "MOVE_SIGNAL": _word(contract.MOVE_SIGNAL),
@@ -223,5 +287,3 @@ def render_sbatch(spec: BatchSpec) -> str:
         "ACTION_REQUEUE": _word(contract.ACTION_REQUEUE),
         "PODMAN_RUN": podman,
     }
-    lines = {"SBATCH_DIRECTIVES": "\n".join(f"#SBATCH {d}" for d in directives)}
-    return fill_template(template_text(), words, lines)
