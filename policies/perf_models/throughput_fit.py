@@ -207,6 +207,7 @@ class ThroughputFit:
     max_replicas: int  # the most replicas any report ran on (0: none yet)
     max_nodes: int
     rmsle: float  # root mean squared log error on the reports (0 with none)
+    max_batch: int = 0  # the largest total batch (samples per optimiser step) any report ran (0: none yet)
 
     @property
     def trusted_replicas(self) -> int:
@@ -321,4 +322,5 @@ def fit(reports: Sequence[StepReport], prior: ThroughputParams = PRIOR) -> Throu
         int(replicas.max()),
         int(nodes.max()),
         float(math.sqrt(float(np.mean(residual ** 2)))),
+        int(np.max(replicas * atomic * (accum + 1))),
     )
