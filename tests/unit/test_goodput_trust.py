@@ -7,7 +7,13 @@ import pytest
 
 from dlsub.policies.api import ClusterView, JobView
 from dlsub.policies.goodput import GoodputPolicy
-from dlsub.policies.perf_models.fitted_model import BatchLimits, FittedPerformance, GradientStats, search_batches
+from dlsub.policies.perf_models.fitted_model import (
+    BatchLimits,
+    FittedPerformance,
+    GradientStats,
+    search_batches,
+    split_batch,
+)
 from dlsub.policies.perf_models.throughput_fit import StepReport, ThroughputParams, fit
 
 TRUE = ThroughputParams(alpha_c=0.05, beta_c=0.002, alpha_n=0.2, beta_n=0.02, alpha_r=0.06, beta_r=0.008,
@@ -85,3 +91,20 @@ def test_batch_trust_holds_the_batch_the_policy_picks() -> None:
     held = GoodputPolicy(batch_trust=2.0).decide([_job(model)], cluster, 0.0, {})["a"]
     assert free.batch_size is not None and free.batch_size > 256
     assert held.batch_size is not None and held.batch_size <= max(256, 4 * held.gpus * 16)
+
+
+def test_a_job_that_ran_one_atomic_batch_is_given_another_to_separate_fixed_from_per_sample_compute() -> None:
+    one_atomic = FittedPerformance(fit(reports([(1, 1), (1, 2), (1, 4)], atomic=32)), LIMITS, NOISY)
+    assert one_atomic.fitted.atomics == (32,)
+    cluster = ClusterView.uniform(16, 4)
+    plain = GoodputPolicy().decide([_job(one_atomic)], cluster, 0.0, {})["a"]
+    explored = GoodputPolicy(explore_batch=1.5).decide([_job(one_atomic)], cluster, 0.0, {})["a"]
+    assert explored.gpus == plain.gpus
+    assert explored.batch_size is not None
+    atomic = split_batch(LIMITS, explored.gpus, explored.batch_size)[0]
+    assert max(atomic, 32) >= 1.5 * min(atomic, 32)
+    # Two atomic sizes seen: the fit can tell the parts apart, and the model's own best batch is used.
+    two = FittedPerformance(fit(reports([(1, 1), (1, 4)], atomic=32) + reports([(1, 2)], atomic=64)), LIMITS, NOISY)
+    assert two.fitted.atomics == (32, 64)
+    assert GoodputPolicy(explore_batch=1.5).decide([_job(two)], cluster, 0.0, {}) == \
+        GoodputPolicy().decide([_job(two)], cluster, 0.0, {})
