@@ -37,6 +37,7 @@ import argparse
 import json
 import math
 import statistics
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def policy_of(label: str) -> Policy:
     """``name`` or ``name:k=v,...`` (constructor arguments, numbers) as a policy."""
     name, _, params = label.partition(":")
     kwargs = {key: float(value) for key, value in (item.split("=", 1) for item in params.split(",") if item)}
-    return type(get_policy(name))(**kwargs) if kwargs else get_policy(name)  # type: ignore[call-arg]
+    return type(get_policy(name))(**kwargs) if kwargs else get_policy(name)
 
 
 def _key(row: dict[str, object]) -> Task:
@@ -93,7 +94,7 @@ def verdict(lo: float, hi: float, null: float) -> str:
 
 
 def report(results: dict[Task, float], loads: list[str], seeds: list[int], workloads: list[int],
-           histories: list[str], goodput: str = "goodput", halves: dict[str, tuple[int, ...]] = HALVES,
+           histories: list[str], goodput: str = "goodput", halves: Mapping[str, tuple[int, ...]] = HALVES,
            paired: bool = False) -> None:
     for load in loads:
         print(f"\n== {load}x load, {len(seeds)} arrival orders (seeds {seeds[0]}..{seeds[-1]}) ==")

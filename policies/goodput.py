@@ -59,7 +59,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import ClassVar
 
 from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, JobView
@@ -82,24 +81,18 @@ class GoodputPolicy:
         restart_penalty_s: float = 30.0,
         restart_weight: float = 10.0,
         restart_share: float = 0.1,
-        node_trust: int = 0,
-        batch_trust: float = 0.0,
         explore_batch: float = 0.0,
     ) -> None:
         self.efficiency_floor = efficiency_floor
         self.restart_penalty_s = restart_penalty_s
         self.restart_weight = restart_weight
         self.restart_share = restart_share
-        self.node_trust = int(node_trust)
-        self.batch_trust = batch_trust
         self.explore_batch = explore_batch
 
-    def _hi(self, job: JobView, per_node: int) -> int:
+    @staticmethod
+    def _hi(job: JobView) -> int:
         """The job's maximum, within what its model can vouch for (never below its minimum)."""
         trusted = getattr(job.model, "trusted_gpus", None)
-        fitted = getattr(job.model, "fitted", None)
-        if trusted is not None and self.node_trust and getattr(fitted, "max_nodes", 2) <= 1:
-            trusted = min(trusted, self.node_trust * per_node)
         return job.hi if trusted is None else max(min(job.hi, trusted), job.lo)
 
     def _explored(self, job: JobView, n: int, per_node: int, batch: int | None) -> int | None:
@@ -198,16 +191,13 @@ class GoodputPolicy:
 
     def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
         per_node = max((node.gpus for node in cluster.nodes), default=1)
-        if self.batch_trust:
-            jobs = [replace(job, model=job.model.batch_trusted(self.batch_trust))
-                    if isinstance(job.model, FittedPerformance) else job for job in jobs]
         # Every job is asked about one GPU and a node beyond its minimum (the
         # guess, its speed-up, its first offer): fitted models search those
         # batch sizes together.
         search_batches([job.model for job in jobs if searches_batch(job, adapt_batch=True)],
                        [packed_placement(n, per_node) for n in range(1, 2 * per_node + 1)])
         curves = {job.name: RemainingTime(job, per_node, adapt_batch=True, guess_remaining=True) for job in jobs}
-        his = {job.name: self._hi(job, per_node) for job in jobs}
+        his = {job.name: self._hi(job) for job in jobs}
         order = sorted(jobs, key=lambda job: (self._rank(job, curves[job.name], previous), job.arrival_s, job.name))
         keep_margin = self.restart_penalty_s * self.restart_weight
         left = cluster.total_gpus

@@ -123,29 +123,11 @@ def _grid_group(limits: BatchLimits, keys: tuple[tuple[int, int], ...]) -> _Grid
 class FittedPerformance:
     """A job's performance as its reports say; immutable, so its batch searches are cached."""
 
-    def __init__(self, fitted: ThroughputFit, limits: BatchLimits, grads: GradientStats = NO_GAIN,
-                 batch_cap: int | None = None) -> None:
+    def __init__(self, fitted: ThroughputFit, limits: BatchLimits, grads: GradientStats = NO_GAIN) -> None:
         self.fitted = fitted
         self.limits = limits
         self.grads = grads
-        # best_batch looks no higher than this total batch (each replica count's smallest candidate
-        # stays allowed); None: up to the job's maximum.
-        self.batch_cap = batch_cap
         self._best: dict[tuple[int, int], tuple[int, float]] = {}
-        self._capped: dict[int, FittedPerformance] = {}
-
-    def batch_trusted(self, factor: float) -> FittedPerformance:
-        """This model, its batch search held to ``factor`` times the largest total batch the job has
-        reported (a trust region in the batch, as :attr:`trusted_gpus` is in GPUs); itself before any
-        report. Kept, so that the capped model's searches are cached like this one's."""
-        if self.fitted.max_batch <= 0 or factor <= 0:
-            return self
-        cap = int(factor * self.fitted.max_batch)
-        if cap >= self.limits.max_batch:
-            return self
-        if cap not in self._capped:
-            self._capped[cap] = FittedPerformance(self.fitted, self.limits, self.grads, batch_cap=cap)
-        return self._capped[cap]
 
     @property
     def trusted_gpus(self) -> int:
@@ -204,14 +186,9 @@ def search_batches(models: Iterable[object], placements: Sequence[tuple[int, ...
         sqr = np.array([[m.grads.sqr] for m in members])
         var = np.array([[m.grads.var] for m in members])
         rates = _efficiency(sqr, var, group.totals / limits.init_batch) / steps
-        caps = np.array([[m.batch_cap if m.batch_cap is not None else np.inf] for m in members])
         start = 0
         for key, candidates in zip(new, group.candidates, strict=True):
             segment = rates[:, start:start + len(candidates)]
-            if np.isfinite(caps).any():
-                over = np.array(candidates, dtype=float)[None, :] > caps
-                over[:, 0] = False  # the smallest candidate on these replicas is always allowed
-                segment = np.where(over, -np.inf, segment)
             best = np.argmax(segment, axis=1)
             for row, (model, index) in enumerate(zip(members, best, strict=True)):
                 model._best[key] = (candidates[index], float(segment[row, index]))

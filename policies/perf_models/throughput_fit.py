@@ -207,7 +207,6 @@ class ThroughputFit:
     max_replicas: int  # the most replicas any report ran on (0: none yet)
     max_nodes: int
     rmsle: float  # root mean squared log error on the reports (0 with none)
-    max_batch: int = 0  # the largest total batch (samples per optimiser step) any report ran (0: none yet)
     atomics: tuple[int, ...] = ()  # the per-replica (atomic) batch sizes the reports ran, ascending
 
     @property
@@ -323,6 +322,5 @@ def fit(reports: Sequence[StepReport], prior: ThroughputParams = PRIOR) -> Throu
         int(replicas.max()),
         int(nodes.max()),
         float(math.sqrt(float(np.mean(residual ** 2)))),
-        int(np.max(replicas * atomic * (accum + 1))),
         tuple(sorted({int(a) for a in atomic})),
     )
