@@ -63,7 +63,7 @@ from typing import ClassVar
 
 from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, JobView
 from dlsub.policies.elastic import place_counts
-from dlsub.policies.perf_models.fitted_model import FittedPerformance, search_batches, split_batch
+from dlsub.policies.perf_models.fitted_model import search_batches
 from dlsub.policies.perf_models.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime, searches_batch
 from dlsub.policies.placement import packed_placement
 
@@ -81,42 +81,17 @@ class GoodputPolicy:
         restart_penalty_s: float = 30.0,
         restart_weight: float = 10.0,
         restart_share: float = 0.1,
-        explore_batch: float = 0.0,
     ) -> None:
         self.efficiency_floor = efficiency_floor
         self.restart_penalty_s = restart_penalty_s
         self.restart_weight = restart_weight
         self.restart_share = restart_share
-        self.explore_batch = explore_batch
 
     @staticmethod
     def _hi(job: JobView) -> int:
         """The job's maximum, within what its model can vouch for (never below its minimum)."""
         trusted = getattr(job.model, "trusted_gpus", None)
         return job.hi if trusted is None else max(min(job.hi, trusted), job.lo)
-
-    def _explored(self, job: JobView, n: int, per_node: int, batch: int | None) -> int | None:
-        """The batch size to run ``job`` at on ``n`` GPUs: ``batch``, unless every report of the job ran
-        one per-replica (atomic) batch size, from which the fit cannot tell the fixed part of a step's
-        compute from the per-sample part (it takes half of each, Pollux's optimistic prior; the
-        Pollux applications' true fixed share is 0.07 to 0.98), and with it how the step time
-        changes with the batch: then the batch the model rates best among those whose atomic batch
-        is at least ``explore_batch`` times away from the one seen, so that the next report
-        separates the two. A batch change costs no restart."""
-        model, fitted = job.model, getattr(job.model, "fitted", None)
-        if (not isinstance(model, FittedPerformance) or fitted is None or not searches_batch(job, adapt_batch=True)
-                or fitted.reports == 0 or len(fitted.atomics) != 1):
-            return batch
-        seen = fitted.atomics[0]
-        placement = packed_placement(n, per_node)
-        best: tuple[float, int] | None = None
-        for candidate in model.batch_candidates(n):
-            atomic = split_batch(model.limits, n, candidate)[0]
-            if max(atomic, seen) >= self.explore_batch * min(atomic, seen):
-                rate = model.goodput(placement, candidate)
-                if best is None or rate > best[0]:
-                    best = (rate, candidate)
-        return batch if best is None else best[1]
 
     def _grow(self, curve: RemainingTime, start: int, limit: int, per_node: int) -> int:
         """Largest count from ``start`` whose every increment is worth the floor."""
@@ -254,7 +229,4 @@ class GoodputPolicy:
             left -= k
             heapq.heappush(heap, offer(name))
         batches = {name: curves[name].batch(n) for name, n in counts.items()}
-        if self.explore_batch:
-            by_name = {job.name: job for job in jobs}
-            batches = {name: self._explored(by_name[name], n, per_node, batches[name]) for name, n in counts.items()}
         return place_counts(counts, jobs, cluster, previous, batches)

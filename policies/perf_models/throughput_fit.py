@@ -207,7 +207,6 @@ class ThroughputFit:
     max_replicas: int  # the most replicas any report ran on (0: none yet)
     max_nodes: int
     rmsle: float  # root mean squared log error on the reports (0 with none)
-    atomics: tuple[int, ...] = ()  # the per-replica (atomic) batch sizes the reports ran, ascending
 
     @property
     def trusted_replicas(self) -> int:
@@ -322,5 +321,4 @@ def fit(reports: Sequence[StepReport], prior: ThroughputParams = PRIOR) -> Throu
         int(replicas.max()),
         int(nodes.max()),
         float(math.sqrt(float(np.mean(residual ** 2)))),
-        tuple(sorted({int(a) for a in atomic})),
     )
