@@ -2,6 +2,7 @@
 
     python benchmarks/goodput_vs_pollux.py [--loads 0.5,1.0] [--orders 5] [--jitter 120]
         [--workloads 1,2,3,4,5,6,7,8] [--history none,one-user] [--procs 2] [--raw FILE]
+        [--variant K=V,...] [--paired] [--tuned-on 1-4|5-8]
 
 For each load, each arrival order (seed 1..N: every arrival delayed by up
 to --jitter seconds) and each workload, goodput and pollux run on the same
@@ -22,6 +23,12 @@ published figure (1.0x and 0.5x, no jitter in the paper).
 Only the 0.5x and 1.0x workloads: the artifact's other loads are the
 acceptance set and are never run here. --raw FILE keeps every run's result
 as a line of JSON; a run already in it is not run again (resume).
+
+--variant K=V,... runs goodput with those constructor arguments (e.g.
+``explore_batch=1.5``) in place of its defaults; with --paired, plain goodput
+runs too and the paired change the variant makes is printed. --tuned-on 5-8
+labels workloads 5-8 as the half a constant was chosen on and 1-4 as
+untouched (the reverse split).
 """
 
 from __future__ import annotations
@@ -30,18 +37,20 @@ import argparse
 import json
 import math
 import statistics
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from scipy import stats
 
-from dlsub.policies.api import ClusterView
+from dlsub.policies.api import ClusterView, Policy
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sim.engine import SimConfig, simulate
 from dlsub.policies.sim.published import LOAD_DIRS, PUBLISHED_AVG_JCT_S
 from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
 
 HALVES = {"tuned (1-4)": (1, 2, 3, 4), "untouched (5-8)": (5, 6, 7, 8)}
+REVERSED = {"tuned (5-8)": (5, 6, 7, 8), "untouched (1-4)": (1, 2, 3, 4)}
 Task = tuple[str, int, int, str, str]  # load, workload, seed, policy, history
 
 
@@ -49,10 +58,17 @@ def run(task: Task, jitter: float) -> dict[str, object]:
     load, workload, seed, policy, history = task
     jobs = read_workload(POLLUX_DIR / LOAD_DIRS[load] / f"workload-{workload}.csv")
     config = SimConfig(seed=seed, arrival_jitter_s=jitter, information="online", history=history)
-    summary = simulate(jobs, POLLUX_DIR / "traces", get_policy(policy), ClusterView.uniform(16, 4), config).summary()
+    summary = simulate(jobs, POLLUX_DIR / "traces", policy_of(policy), ClusterView.uniform(16, 4), config).summary()
     return {"load": load, "workload": workload, "seed": seed, "policy": policy, "history": history,
             "jitter": jitter, "avg_jct_s": summary["avg_jct_s"], "stalled": summary["stalled"],
             "wall_s": summary["wall_s"]}
+
+
+def policy_of(label: str) -> Policy:
+    """``name`` or ``name:k=v,...`` (constructor arguments, numbers) as a policy."""
+    name, _, params = label.partition(":")
+    kwargs = {key: float(value) for key, value in (item.split("=", 1) for item in params.split(",") if item)}
+    return type(get_policy(name))(**kwargs) if kwargs else get_policy(name)
 
 
 def _key(row: dict[str, object]) -> Task:
@@ -78,11 +94,12 @@ def verdict(lo: float, hi: float, null: float) -> str:
 
 
 def report(results: dict[Task, float], loads: list[str], seeds: list[int], workloads: list[int],
-           histories: list[str]) -> None:
+           histories: list[str], goodput: str = "goodput", halves: Mapping[str, tuple[int, ...]] = HALVES,
+           paired: bool = False) -> None:
     for load in loads:
         print(f"\n== {load}x load, {len(seeds)} arrival orders (seeds {seeds[0]}..{seeds[-1]}) ==")
         published = PUBLISHED_AVG_JCT_S[load]["pollux"]
-        for half, members in HALVES.items():
+        for half, members in halves.items():
             ws = [w for w in members if w in workloads]
             if not ws:
                 continue
@@ -93,13 +110,13 @@ def report(results: dict[Task, float], loads: list[str], seeds: list[int], workl
             per_order: dict[str, list[float]] = {}
             for history in histories:
                 per_order[history] = [
-                    statistics.mean(results[(load, w, s, "goodput", history)] / results[(load, w, s, "pollux", "none")]
+                    statistics.mean(results[(load, w, s, goodput, history)] / results[(load, w, s, "pollux", "none")]
                                     for w in ws)
                     for s in seeds
                 ]
                 mean, lo, hi = interval(per_order[history])
                 label = "online, no history" if history == "none" else f"online, history {history} (assumed source)"
-                print(f"  goodput/pollux, {label:<45} {mean:.3f}  95% [{lo:.3f}, {hi:.3f}]  "
+                print(f"  {goodput}/pollux, {label:<45} {mean:.3f}  95% [{lo:.3f}, {hi:.3f}]  "
                       f"{verdict(lo, hi, 1.0)}")
             for history in histories:
                 if history == "none" or "none" not in per_order:
@@ -108,6 +125,13 @@ def report(results: dict[Task, float], loads: list[str], seeds: list[int], workl
                 mean, lo, hi = interval(diffs)
                 print(f"  change from history {history} (paired):{'':<19} {mean:+.3f}  95% [{lo:+.3f}, {hi:+.3f}]  "
                       f"{verdict(lo, hi, 0.0)}")
+            for history in histories if paired else []:
+                diffs = [statistics.mean((results[(load, w, s, goodput, history)]
+                                          - results[(load, w, s, "goodput", history)])
+                                         / results[(load, w, s, "pollux", "none")] for w in ws) for s in seeds]
+                mean, lo, hi = interval(diffs)
+                print(f"  change from {goodput} over goodput, history {history} (paired): {mean:+.3f}  "
+                      f"95% [{lo:+.3f}, {hi:+.3f}]  {verdict(lo, hi, 0.0)}")
 
 
 def main() -> None:
@@ -119,6 +143,10 @@ def main() -> None:
     parser.add_argument("--history", default="none,one-user",
                         help="goodput's history sources to compare (pollux always runs without)")
     parser.add_argument("--procs", type=int, default=2)
+    parser.add_argument("--variant", default="", help="goodput's constructor arguments, K=V,... (numbers)")
+    parser.add_argument("--paired", action="store_true", help="with --variant: run plain goodput too, and compare")
+    parser.add_argument("--tuned-on", choices=("1-4", "5-8"), default="1-4",
+                        help="the half a constant was chosen on (5-8: the reverse split)")
     parser.add_argument("--raw", type=Path, default=None, help="keep (and resume from) every run's result, JSON lines")
     args = parser.parse_args()
     loads = args.loads.split(",")
@@ -128,6 +156,9 @@ def main() -> None:
     seeds = list(range(1, args.orders + 1))
     workloads = [int(w) for w in args.workloads.split(",")]
     histories = args.history.split(",")
+    goodput = f"goodput:{args.variant}" if args.variant else "goodput"
+    policy_of(goodput)  # a bad --variant fails here, before any run
+    goodputs = [goodput, "goodput"] if args.paired and args.variant else [goodput]
     results: dict[Task, float] = {}
     if args.raw is not None and args.raw.exists():
         for line in args.raw.read_text().splitlines():
@@ -139,7 +170,7 @@ def main() -> None:
         for seed in seeds:
             for w in workloads:
                 tasks.append((load, w, seed, "pollux", "none"))
-                tasks.extend((load, w, seed, "goodput", h) for h in histories)
+                tasks.extend((load, w, seed, g, h) for g in goodputs for h in histories)
     todo = [task for task in tasks if task not in results]
     with ProcessPoolExecutor(max_workers=args.procs) as pool:
         for row in pool.map(run, todo, [args.jitter] * len(todo)):
@@ -150,7 +181,8 @@ def main() -> None:
                 with args.raw.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
     print(f"goodput vs pollux, dlsub's simulator, 16 nodes x 4 GPUs, arrivals jittered up to {args.jitter:g} s")
-    report(results, loads, seeds, workloads, histories)
+    report(results, loads, seeds, workloads, histories, goodput, HALVES if args.tuned_on == "1-4" else REVERSED,
+           paired=len(goodputs) > 1)
 
 
 if __name__ == "__main__":

@@ -130,6 +130,20 @@ def measured_text(scaled: ScaledJob) -> str:
     return ", ".join(parts) + earlier
 
 
+def model_text(scaled: ScaledJob) -> str:
+    """Which model sized the job, e.g. "its throughput fit on 2 sizes it ran and 3 configurations of earlier
+    runs of its command" (``dlsub why`` shows it in every resize's reason)."""
+    if scaled.view.model is None:
+        return "no model (its own size)"
+    own, borrowed = len(scaled.measured), scaled.borrowed
+    if not own and not borrowed:
+        return "the throughput model's prior (it has measured nothing yet)"
+    parts = [f"{own} size{'s' if own != 1 else ''} it ran"] if own else []
+    if borrowed:
+        parts.append(f"{borrowed} configuration{'s' if borrowed != 1 else ''} of earlier runs of its command")
+    return "its throughput fit on " + " and ".join(parts)
+
+
 def predicted_rate(scaled: ScaledJob, nodes: int) -> tuple[float, bool] | None:
     """(rate, in samples/s) the job's model predicts on ``nodes`` nodes; None without a model."""
     view, per_node = scaled.view, scaled.job.gpus_per_node
@@ -145,7 +159,7 @@ def predicted_rate(scaled: ScaledJob, nodes: int) -> tuple[float, bool] | None:
 
 def _figures(scaled: ScaledJob, before: int, after: int) -> str:
     """The measured and predicted figures and the seconds the change saves (negative: costs)."""
-    text = f"measured {measured_text(scaled)}"
+    text = f"sized on {model_text(scaled)}; measured {measured_text(scaled)}"
     predicted = predicted_rate(scaled, after)
     if predicted is not None:
         rate, samples = predicted

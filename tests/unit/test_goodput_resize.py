@@ -11,7 +11,7 @@ import dataclasses
 
 from dlsub.agent.live_models import LiveModels
 from dlsub.job_progress import MeasuredConfig, Progress
-from dlsub.policies.actions.goodput_resize_rules import ScaledJob, measured_text, plan_by_policy
+from dlsub.policies.actions.goodput_resize_rules import ScaledJob, measured_text, model_text, plan_by_policy
 from dlsub.policies.actions.resize_rules import GROW, SHRINK, ElasticJob, Room, WorkerTask
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.perf_models.fitted_model import NO_GAIN, GradientStats
@@ -171,3 +171,19 @@ def test_a_new_job_starts_from_what_its_users_earlier_run_of_the_same_command_me
     assert replicas_known(other_user) == 0 and other_user.view.model.grads == NO_GAIN  # type: ignore[attr-defined]
     # Its own first report, three times slower than the earlier run's: another model; that run is left out.
     assert replicas_known(run_of("slower", 1, {1: 0.6})) == 2
+
+
+def test_every_resize_reason_says_which_model_sized_the_job() -> None:
+    """``dlsub why`` shows the reason: the prior, the job's own fit, or a fit with earlier runs' configurations."""
+    models = LiveModels()
+    fresh = scaled(models, job("fresh", uid=3, nodes=1, max_nodes=2, submit=NOW), {})
+    assert model_text(fresh) == "the throughput model's prior (it has measured nothing yet)"
+    ran = scaled(models, job("ran", uid=3, nodes=2, max_nodes=3, submit=NOW), {1: 2.0, 2: 3.9})
+    assert model_text(ran) == "its throughput fit on 2 sizes it ran"
+    assert model_text(dataclasses.replace(ran, borrowed=1)) == \
+        "its throughput fit on 2 sizes it ran and 1 configuration of earlier runs of its command"
+    assert model_text(dataclasses.replace(ran, view=dataclasses.replace(ran.view, model=None))) == \
+        "no model (its own size)"
+    good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0})
+    (grow,) = plan_by_policy([good], Room("gpu", (("gpu2", 2),)), POLICY, NOW)
+    assert "sized on its throughput fit on 1 size it ran; measured 1 node" in grow.reason
