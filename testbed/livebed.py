@@ -23,6 +23,10 @@ USER2 = os.environ.get("DLSUB_TESTBED_USER2", "dltest2")
 EXAMPLES = Path(os.environ.get("DLSUB_PREFIX", "/opt/dlsub")) / "examples"
 
 
+# The states `dlsub status` gives a job that will not run again.
+ENDED = ("COMPLETED", "FAILED", "CANCELLED")
+
+
 class TestbedUser:
     """Runs commands as the testbed user, in a login-like environment."""
 
@@ -53,6 +57,12 @@ class TestbedUser:
 
     def status(self, job: str) -> dict[str, Any]:
         return json.loads(self.dlsub("status", job, "--json").stdout)
+
+    def wait_until_ended(self, job: str, what: str = "the job to end", timeout: float = 240,
+                         interval: float = 1.0) -> dict[str, Any]:
+        """The job's `dlsub status --json` once it has completed, failed or been cancelled."""
+        return wait_for(what, lambda: (s := self.status(job))["state"] in ENDED and s,
+                        timeout=timeout, interval=interval)
 
     def containers(self, label: str) -> list[str]:
         out = self.run("podman", "ps", "-a", "--format", "{{.Names}}", "--filter", f"label={label}", check=True)

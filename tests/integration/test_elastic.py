@@ -153,8 +153,7 @@ def test_a_heterogeneous_gang_starts_all_or_nothing_and_each_part_knows_its_role
         assert not list(Path(job["job_dir"]).glob("role-*.json")), "no part started without the other"
     finally:
         subprocess.run(["scancel", *map(str, busy)], check=False)
-    done = wait_for("the gang to finish", lambda: (s := user.status(job["id"]))["state"] in
-                    ("COMPLETED", "FAILED", "CANCELLED") and s, timeout=240)
+    done = user.wait_until_ended(job["id"], "the gang to finish")
     assert done["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
     seen = [json.loads(p.read_text()) for p in Path(job["job_dir"]).glob("role-*.json")]
     roles = sorted(s["role"] for s in seen)

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from livebed import EXAMPLES, TestbedUser, attempts, put, wait_for
+from livebed import EXAMPLES, TestbedUser, attempts, put
 
 ROW_KEYS = ("partition", "batch_size", "memory_mb", "walltime_s", "cost", "start_s", "finish_s", "feasible")
 
@@ -26,8 +26,7 @@ def _run_for_real(user: TestbedUser, workdir: Path, batch_size: int) -> tuple[fl
     """(walltime of its one attempt, peak memory it reported) of the example at this batch size on cpu."""
     job = user.submit("-p", "cpu", "examples/train_digits.py", "--epochs", "10", "--batch-size", str(batch_size),
                       cwd=workdir)
-    done = wait_for("the real run to end", lambda: (s := user.status(job["id"]))["state"]
-                    in ("COMPLETED", "FAILED", "CANCELLED") and s, timeout=180, interval=0.5)
+    done = user.wait_until_ended(job["id"], "the real run to end", timeout=180, interval=0.5)
     assert done["state"] == "COMPLETED", user.dlsub("logs", job["id"]).stdout
     records = attempts(job["job_dir"])
     start = next(a["time"] for a in records if a["event"] == "start")

@@ -37,11 +37,7 @@ dist.destroy_process_group()
 def test_a_two_node_gang_forms_world_size_four_and_completes(user: TestbedUser, workdir: Path) -> None:
     probe = put(user, workdir / "gang probe.py", GANG_PROBE)
     job = user.submit("--nodes", "2", "--gpus-per-node", "2", str(probe), cwd=workdir)
-    done = wait_for(
-        "the gang to finish",
-        lambda: (s := user.status(job["id"])) and s["state"] in ("COMPLETED", "FAILED", "CANCELLED") and s,
-        timeout=240,
-    )
+    done = user.wait_until_ended(job["id"], "the gang to finish")
     assert done["state"] == "COMPLETED", user.dlsub("logs", job["id"]).stdout
     ranks = json.loads((Path(job["job_dir"]) / "gang.json").read_text())
     assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3]

@@ -17,7 +17,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from livebed import TestbedUser, put, wait_for
+from livebed import TestbedUser, put
 
 LINES = 300
 PRINTER = f"""
@@ -47,11 +47,7 @@ def test_a_gangs_four_ranks_print_at_once_and_every_line_is_whole_with_its_rank(
                                                                                 workdir: Path) -> None:
     printer = put(user, workdir / "print at once.py", PRINTER)
     job = user.submit("--nodes", "2", "--gpus-per-node", "2", str(printer), cwd=workdir)
-    done = wait_for(
-        "the gang to finish",
-        lambda: (s := user.status(job["id"])) and s["state"] in ("COMPLETED", "FAILED", "CANCELLED") and s,
-        timeout=240,
-    )
+    done = user.wait_until_ended(job["id"], "the gang to finish")
     log = user.dlsub("logs", job["id"])
     assert done["state"] == "COMPLETED", log.stdout
     assert log.stdout.endswith("\n"), "the output ends with a whole line"
