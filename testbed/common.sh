@@ -55,9 +55,14 @@ pid_alive() {
 
 # Stop one daemon by its pid file (only processes we started), waiting for it.
 stop_pidfile() {
-    local pidfile="$1" pid
-    pid_alive "$pidfile" || { rm -f "$pidfile"; return 0; }
-    pid="$(cat "$pidfile")"
+    local pidfile="$1"
+    pid_alive "$pidfile" && stop_pid "$(cat "$pidfile")"
+    rm -f "$pidfile"
+}
+
+# Stop one process we started: TERM, then KILL if it is still there after 10 s.
+stop_pid() {
+    local pid="$1"
     kill "$pid" 2>/dev/null || true
     for _ in $(seq 1 50); do
         kill -0 "$pid" 2>/dev/null || break
@@ -66,7 +71,6 @@ stop_pidfile() {
     if kill -0 "$pid" 2>/dev/null; then
         kill -9 "$pid" 2>/dev/null || true
     fi
-    rm -f "$pidfile"
 }
 
 # One of etc/testbed's Slurm configuration files, for the version that comes up:
@@ -116,8 +120,7 @@ stop_slurm() {
     stop_pidfile /run/dlsub-testbed/slurmctld.pid
     pid="$(slurmctld_on_port)"
     if [ -n "$pid" ]; then
-        echo "$pid" > /run/dlsub-testbed/slurmctld.pid
-        stop_pidfile /run/dlsub-testbed/slurmctld.pid
+        stop_pid "$pid"
     fi
 }
 
