@@ -168,6 +168,9 @@ def resolve_job(job: str) -> tuple[str | None, int | None]:
         return record.id, record.slurm_job_id
     except (UnknownJob, OSError):
         pass
+    if DLSUB_ID.match(job) and job.isdigit():
+        # Eight decimal digits are both a dlsub id (older ids could be all digits) and a Slurm job id.
+        return job, int(job)
     if job.isdigit() and 0 < int(job) < 2**32:
         return None, int(job)
     if DLSUB_ID.match(job):
@@ -190,6 +193,36 @@ def _decisions_directly(db: Path, dlsub_id: str | None, slurm_id: int | None) ->
 def why(job: str, as_json: bool, socket_path: Path | None, db: Path | None) -> None:
     """What the agent decided about JOB (a dlsub id, its prefix, or a Slurm job id), and why."""
     dlsub_id, slurm_id = resolve_job(job)
+    decisions = _why_decisions(dlsub_id, slurm_id, socket_path, db)
+    if dlsub_id is not None and slurm_id is not None and not decisions and not _known_to_me(job):
+        # JOB could be either kind of id and nothing is recorded under the dlsub id: try the Slurm id.
+        decisions = _why_decisions(None, slurm_id, socket_path, db)
+    if as_json:
+        click.echo(json.dumps(decisions))
+        return
+    if not decisions:
+        click.echo(f"dlsub: the agent has decided nothing about job {job} yet")
+        return
+    for d in decisions:
+        when = dt.datetime.fromtimestamp(float(d["time"]))
+        click.echo(f"{when:%Y-%m-%d %H:%M:%S}  {d['kind']:<14} {d['reason']}")
+
+
+def _known_to_me(job: str) -> bool:
+    """Whether JOB names a job in the caller's own store (then its dlsub id alone names it)."""
+    from dlsub.job.settings import load_settings
+    from dlsub.job.user_store import JobStore, UnknownJob
+
+    try:
+        JobStore(load_settings().db_path).get(job)
+    except (UnknownJob, OSError):
+        return False
+    return True
+
+
+def _why_decisions(dlsub_id: str | None, slurm_id: int | None, socket_path: Path | None,
+                   db: Path | None) -> list[dict[str, Any]]:
+    """The agent's decisions about a job, from the agent's socket, or its store read directly."""
     if db is not None:
         decisions = _decisions_directly(db, dlsub_id, slurm_id)
     else:
@@ -208,12 +241,4 @@ def why(job: str, as_json: bool, socket_path: Path | None, db: Path | None) -> N
             if not reply.get("ok"):
                 fail(f"the agent answered: {reply.get('error')}", 1)
             decisions = reply.get("decisions") or []
-    if as_json:
-        click.echo(json.dumps(decisions))
-        return
-    if not decisions:
-        click.echo(f"dlsub: the agent has decided nothing about job {job} yet")
-        return
-    for d in decisions:
-        when = dt.datetime.fromtimestamp(float(d["time"]))
-        click.echo(f"{when:%Y-%m-%d %H:%M:%S}  {d['kind']:<14} {d['reason']}")
+    return list(decisions)

@@ -68,6 +68,14 @@ def library_dir() -> Path:
     return Path(dlsub.__file__).resolve().parent
 
 
+def new_dlsub_id() -> str:
+    """A fresh dlsub id: 8 hex digits, never all decimal ones, so it can never be read as a Slurm job id."""
+    while True:
+        candidate = uuid.uuid4().hex[:8]
+        if not candidate.isdigit():
+            return candidate
+
+
 def check_script(script: Path) -> Path:
     if not script.exists():
         raise SubmitError(f"script {str(script)!r} does not exist; give the path of your training script")
@@ -96,7 +104,7 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     if check_images:
         check_image(image)
 
-    dlsub_id = uuid.uuid4().hex[:8]
+    dlsub_id = new_dlsub_id()
     container = _container_spec(req, settings, script, image, settings.jobs_dir / dlsub_id)
     batch = BatchSpec(
         dlsub_id=dlsub_id,

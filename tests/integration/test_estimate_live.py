@@ -72,7 +72,11 @@ def test_estimate_predicts_a_real_run(user: TestbedUser, workdir: Path) -> None:
 
     # A profiled batch size, run for real: walltime and memory within 25% of the prediction.
     row = next(r for r in rows if r["partition"] == "cpu" and r["batch_size"] == 128)
-    wall, peak = _run_for_real(user, workdir, 128)
+    # Two runs, the faster one compared: the estimate is of an undisturbed run, and on this 2-core machine
+    # a run of ~10 s (most of it the container's start) can meet the previous test's jobs still ending.
+    (wall, peak), (wall_again, peak_again) = (_run_for_real(user, workdir, 128) for _ in range(2))
+    print(f"walltime s, batch 128: two runs {wall:.1f}, {wall_again:.1f}")
+    wall, peak = min(wall, wall_again), max(peak, peak_again)
     _within(row["walltime_s"], wall, "walltime s, batch 128")
     _within(row["memory_mb"], peak, "memory MB, batch 128")
 

@@ -89,3 +89,32 @@ def test_the_daemons_files_are_private_whatever_the_umask(tmp_path: Path) -> Non
         os.umask(old)
     for suffix in ("", "-wal", "-shm", ".lock"):
         assert stat.S_IMODE(Path(f"{db}{suffix}").stat().st_mode) == 0o600, suffix
+
+
+def test_why_finds_a_job_whose_dlsub_id_is_all_decimal_digits_or_the_slurm_job_of_that_number(env: Path) -> None:
+    """Eight decimal digits are both a dlsub id and a Slurm job id: `dlsub why` finds whichever was decided on
+    (a real AgentStore read directly, as the service account does with --db)."""
+    from dlsub.agent.agent_store import AgentStore, Writes
+
+    db = env / "agent.db"
+    store = AgentStore(db)
+    writes = Writes()
+    writes.decide(1.0, 1000, "35566508", 7, "alice", "signal-continue", "time limit on gpu-dev ends in 30 s")
+    writes.decide(2.0, 1000, "0123abcd", 12345678, "alice", "move", "gpu partition idle")
+    store.write(writes)
+    by_dlsub_id = CliRunner().invoke(why, ["35566508", "--db", str(db)])
+    assert by_dlsub_id.exit_code == 0 and "time limit on gpu-dev" in by_dlsub_id.stdout, by_dlsub_id.output
+    by_slurm_id = CliRunner().invoke(why, ["12345678", "--db", str(db)])
+    assert by_slurm_id.exit_code == 0 and "gpu partition idle" in by_slurm_id.stdout, by_slurm_id.output
+
+
+def test_new_dlsub_ids_are_never_all_decimal_digits(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uuid
+
+    from dlsub.contract import DLSUB_ID
+    from dlsub.job import submit
+
+    fresh = iter([uuid.UUID("12345678" + "0" * 24), uuid.UUID("1234567a" + "0" * 24)])
+    monkeypatch.setattr(submit.uuid, "uuid4", lambda: next(fresh))
+    made = submit.new_dlsub_id()
+    assert made == "1234567a" and DLSUB_ID.match(made)
