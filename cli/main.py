@@ -30,10 +30,11 @@ from dlsub.cli.estimate_commands import estimate
 from dlsub.cli.simulate_command import simulate
 from dlsub.cli.usage_commands import usage
 from dlsub.containers.podman import ImageError
-from dlsub.contract import CHECKPOINT_SIGNAL, ENV_TARGET_LOSS, JobState, output_file
+from dlsub.contract import CHECKPOINT_SIGNAL, ENV_TARGET_LOSS, JobState
 from dlsub.estimate.apply_choice import apply_to_values, chosen_row, with_env
 from dlsub.job.budget_check import check_budget, extra_for
 from dlsub.job.directives import Directive, DirectiveError, read_directives
+from dlsub.job.output_files import OutputFiles
 from dlsub.job.output_lines import LogPrinter, Selection
 from dlsub.job.partition_choice import PlanningError
 from dlsub.job.settings import Settings, load_settings
@@ -381,10 +382,6 @@ def progress_bars(rows: list[JobStatus]) -> list[str]:
             else "" for r in rows]
 
 
-def _output_file(record: JobRecord) -> Path:
-    return output_file(Path(record.job_dir), record.slurm_job_id or 0)
-
-
 @main.command()
 @click.argument("job")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
@@ -397,24 +394,27 @@ def logs(job: str, follow: bool, rank: int | None, node: str | None) -> None:
     With several training processes each line starts with where it came
     from: [RANK]: on one node, [NODE/RANK]: on several, [dlsub]: for dlsub's
     launcher. --rank and --node keep one process's (or node's) lines; the
-    lines that mark each attempt then go to stderr.
+    lines that mark each attempt then go to stderr. An elastic job's workers
+    write their own files (slurm-ARRAY_TASK.out): they are printed after the
+    main job's, each under a line that names it; with -f, lines are printed
+    whole as each file grows.
     """
     _, client, store = _context()
     record = store.get(job)
-    path = _output_file(record)
-    printer = LogPrinter(None if rank is None and node is None else Selection(rank, node), sys.stdout, sys.stderr)
-    offset = 0
+    files = OutputFiles(Path(record.job_dir), record.slurm_job_id, record.worker_array_id)
+    printer = LogPrinter(None if rank is None and node is None else Selection(rank, node), sys.stdout, sys.stderr,
+                         whole_lines=record.worker_array_id is not None)
     last_check = 0.0
     while True:
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-            offset += len(chunk)
-            if chunk:
-                printer.chunk(chunk)
+        for source, chunk, first in files.read_new():
+            if first and source.worker is not None:
+                printer.chunk(f"dlsub: job {record.id} worker task {source.worker}'s output "
+                              f"({source.path.name}):\n".encode(), source.path.name)
+            printer.chunk(chunk, source.path.name)
+            if not follow:
+                printer.close(source.path.name)
         if not follow:
-            if not path.exists():
+            if not files.sources():
                 click.echo(f"dlsub: no output yet for job {record.id} (it has not started)", err=True)
             else:
                 printer.end(record.id)
@@ -425,7 +425,7 @@ def logs(job: str, follow: bool, rank: int | None, node: str | None) -> None:
             (state,) = _statuses(client, store, [record])
             if JobState(state.state).terminal or state.state == JobState.UNKNOWN.value:
                 time.sleep(0.5)
-                if path.exists() and path.stat().st_size > offset:
+                if files.grew():
                     continue
                 printer.end(record.id)
                 click.echo(f"dlsub: job {record.id} is {state.state}", err=True)

@@ -23,7 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent.query import AgentUnavailable, ask
-from dlsub.contract import DLSUB_ID, EVENT_END, EVENT_PROGRESS, EVENT_START, PROGRESS_FILE, JobState, output_file
+from dlsub.contract import (
+    DLSUB_ID,
+    EVENT_END,
+    EVENT_PROGRESS,
+    EVENT_START,
+    PROGRESS_FILE,
+    JobState,
+    output_file,
+)
+from dlsub.job.output_files import worker_output_files
 from dlsub.job.settings import Settings
 from dlsub.job.status import JobStatus, job_status
 from dlsub.job.status_window import ended_at, fraction_done, is_ended
@@ -85,6 +94,7 @@ class JobDetail:
     decisions: list[dict[str, Any]] = field(default_factory=list)
     decisions_note: str = ""
     log_tail: str = ""
+    worker_log_tails: list[tuple[str, str]] = field(default_factory=list)  # an elastic job's: (file name, end)
 
 
 # ---------------------------------------------------------------- job stores
@@ -233,6 +243,9 @@ class Dashboard:
         if detail.decisions:
             detail.view = dataclasses.replace(detail.view, why=plain_why(detail.decisions[-1]))
         detail.log_tail = tail(output_file(job_dir, record.slurm_job_id or 0))
+        if record.worker_array_id is not None:
+            detail.worker_log_tails = [(path.name, tail(path))
+                                       for _, path in worker_output_files(job_dir, record.worker_array_id)]
         return detail
 
     # ---------------------------------------------------------------- the agent

@@ -99,8 +99,10 @@ def runtime_dir_fallback(uid: int) -> Path:
 # ``$DLSUB_HOME/jobs/<dlsub id>/`` (``~/.dlsub/jobs/<id>/`` by default).
 
 BATCH_SCRIPT = "job.sbatch"
-#: Slurm's output file, one per Slurm job (``%j``); all attempts append to it.
+#: Slurm's output file, one per Slurm job (``%j``); all attempts append to it. An elastic job's worker tasks
+#: write one each, named as Slurm names an array's by default (a task keeps its index through every rejoin).
 OUTPUT_PATTERN = "slurm-%j.out"
+WORKER_OUTPUT_PATTERN = "slurm-%A_%a.out"
 #: JSON lines from the training library (rank 0): start, progress, checkpoint,
 #: restore, exit_for_resume, finished. The agent reads it.
 PROGRESS_FILE = "progress.jsonl"

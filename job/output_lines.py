@@ -59,6 +59,15 @@ def line_source(line: bytes) -> tuple[str | None, str] | None:
     return (node.decode() if node else None, match["source"].decode())
 
 
+@dataclass
+class LineCounts:
+    """Lines seen with a label, with a node in it, and selected."""
+
+    labelled: int = 0
+    with_node: int = 0
+    selected: int = 0
+
+
 #: A run of lines for one stream: (True: the batch script's, for stderr; False: the selection's), the bytes.
 Run = tuple[bool, bytes]
 
@@ -67,13 +76,12 @@ class OutputFilter:
     """Feed it a job's output as it grows; it returns, in order, runs of the selection's lines and of the
     batch script's."""
 
-    def __init__(self, selection: Selection) -> None:
+    def __init__(self, selection: Selection, counts: LineCounts | None = None) -> None:
         self.selection = selection
         self._pending = b""
         self._skipping = False
-        self.labelled = 0
-        self.with_node = 0
-        self.selected = 0
+        # Shared by the filters of one job's files: what `note` says is about all of them.
+        self.counts = counts if counts is not None else LineCounts()
 
     def feed(self, chunk: bytes) -> list[Run]:
         if self._skipping:
@@ -103,51 +111,91 @@ class OutputFilter:
                     tagged.append((True, line + end))
                 continue
             node, rank = source
-            self.labelled += 1
-            self.with_node += node is not None
+            self.counts.labelled += 1
+            self.counts.with_node += node is not None
             if (want_rank is None or rank == want_rank) and self.selection.node in (None, node):
-                self.selected += 1
+                self.counts.selected += 1
                 tagged.append((False, line + end))
         return [(batch, b"".join(line for _, line in run)) for batch, run in groupby(tagged, key=itemgetter(0))]
 
     def note(self, job_id: str) -> str | None:
         """Why nothing was printed, when nothing was."""
-        if self.selected:
+        if self.counts.selected:
             return None
-        if not self.labelled:
+        if not self.counts.labelled:
             return (f"dlsub: no line of job {job_id}'s output carries a rank: a job with one training process "
                     f"writes its lines unlabelled (`dlsub logs {job_id}` shows them)")
-        if self.selection.node is not None and not self.with_node:
+        if self.selection.node is not None and not self.counts.with_node:
             return (f"dlsub: job {job_id} ran on one node: its lines carry a rank and no node name "
                     f"(use --rank alone)")
         return f"dlsub: no line of job {job_id}'s output came from {self.selection.describe()}"
 
 
 class LogPrinter:
-    """Prints chunks of a job's output: as they come without a selection (as ``dlsub logs`` always has),
-    else the selection's lines on ``out`` and the batch script's on ``err``."""
+    """Prints chunks of a job's output files: as they come without a selection (as ``dlsub logs`` always has),
+    else the selection's lines on ``out`` and the batch script's on ``err``.
 
-    def __init__(self, selection: Selection | None, out: TextIO, err: TextIO) -> None:
-        self.filter = OutputFilter(selection) if selection is not None else None
+    Each chunk names its file (``source``). With ``whole_lines`` (a job with several files: an elastic job's
+    workers write their own) nothing is printed before its line ends, so one file's partial line is never
+    glued to another's; :meth:`close` prints a file's unfinished last line.
+    """
+
+    def __init__(self, selection: Selection | None, out: TextIO, err: TextIO, whole_lines: bool = False) -> None:
+        self.selection = selection
+        self.whole_lines = whole_lines
         self.out, self.err = out, err
+        self._counts = LineCounts()
+        self._filters: dict[str, OutputFilter] = {}
+        self._pending: dict[str, bytes] = {}
 
-    def chunk(self, data: bytes) -> None:
-        if self.filter is None:
-            self.out.write(data.decode("utf-8", errors="replace"))
-            self.out.flush()
+    def chunk(self, data: bytes, source: str = "") -> None:
+        if self.selection is not None:
+            self._print(self._filter(source).feed(data))
+        elif not self.whole_lines:
+            self._write(self.out, data)
+        else:
+            held = self._pending.pop(source, b"") + data
+            cut = held.rfind(b"\n") + 1
+            if len(held) - cut > MAX_PENDING:  # no line is this long: print it as it comes
+                cut = len(held)
+            self._write(self.out, held[:cut])
+            if cut < len(held):
+                self._pending[source] = held[cut:]
+
+    def close(self, source: str = "") -> None:
+        """The file's last line, though it has no newline (yet); it is printed with one when another file
+        follows it."""
+        if self.selection is not None:
+            if source in self._filters:
+                runs = self._filters.pop(source).finish()
+                self._print([(batch, data if data.endswith(b"\n") or not self.whole_lines else data + b"\n")
+                             for batch, data in runs])
             return
-        self._print(self.filter.feed(data))
+        rest = self._pending.pop(source, b"")
+        if rest:
+            self._write(self.out, rest + b"\n" if self.whole_lines else rest)
 
     def end(self, job_id: str) -> None:
-        if self.filter is None:
+        for source in [*self._filters, *self._pending]:
+            self.close(source)
+        if self.selection is None:
             return
-        self._print(self.filter.finish())
-        note = self.filter.note(job_id)
+        note = OutputFilter(self.selection, self._counts).note(job_id)
         if note:
             print(note, file=self.err)
 
+    def _filter(self, source: str) -> OutputFilter:
+        assert self.selection is not None
+        if source not in self._filters:
+            self._filters[source] = OutputFilter(self.selection, self._counts)
+        return self._filters[source]
+
     def _print(self, runs: list[Run]) -> None:
         for batch, data in runs:
-            stream = self.err if batch else self.out
+            self._write(self.err if batch else self.out, data)
+
+    @staticmethod
+    def _write(stream: TextIO, data: bytes) -> None:
+        if data:
             stream.write(data.decode("utf-8", errors="replace"))
             stream.flush()

@@ -217,8 +217,11 @@ def _resume_directives(spec: BatchSpec, container: ContainerSpec) -> list[str]:
     """Output into the job directory, the checkpoint signal before the time limit, requeueing, and
     the ``--comment`` tags the agent reads."""
     comment = ";".join([f"{contract.COMMENT_PREFIX}{spec.dlsub_id}", *(f"{k}={v}" for k, v in spec.tags)])
+    # A worker task's own file (`dlsub logs` reads them after the main job's): with %j each would be named by
+    # the job id Slurm gives the task only when it starts, which `dlsub logs` would have to ask Slurm for.
+    pattern = contract.WORKER_OUTPUT_PATTERN if spec.role == "worker" else contract.OUTPUT_PATTERN
     return [
-        f"--output={container.job_dir}/{contract.OUTPUT_PATTERN}",
+        f"--output={container.job_dir}/{pattern}",
         "--open-mode=append",
         f"--signal=B:{contract.CHECKPOINT_SIGNAL}@{spec.signal_grace_s}",
         "--requeue",

@@ -4,7 +4,8 @@
   a blocker holds the other; the agent grows it when the blocker ends (the
   world size doubles, training resumes from the checkpoint torchrun's stop
   made), and shrinks it back when another user's job needs the node; both
-  complete, and `dlsub why` and `dlsub status` tell the resizes.
+  complete, and `dlsub why` and `dlsub status` tell the resizes; `dlsub logs`
+  shows the worker's own output file after the main job's.
 * The node of a worker dies mid-run: the job shrinks instead of failing.
 * A heterogeneous job (GPU trainers on `gpu`, a CPU component on `cpu`)
   starts all-or-nothing and each part learns its role.
@@ -84,6 +85,13 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
         assert steps == sorted(steps) and all(s > 0 for s in steps), "every re-formed group resumed, never from 0"
         why = user.dlsub("why", job["id"]).stdout
         assert "grow" in why and "shrink" in why, why
+        # The worker task wrote its own file; `dlsub logs` prints it after the main job's, and --node finds it.
+        log = user.dlsub("logs", job["id"]).stdout
+        joined = re.search(rf"^dlsub: job {job['id']} worker task (\d+)'s output \(slurm-{job['worker_array_id']}_\1"
+                           r"\.out\):\n(?:.*\n)*?dlsub: job \S+ worker \d+ on (?P<node>\S+) joins", log, re.M)
+        assert joined, log[-3000:]
+        on_worker = user.dlsub("logs", job["id"], "--node", joined["node"]).stdout.splitlines()
+        assert on_worker and all(line.startswith(f"[{joined['node']}/") for line in on_worker), on_worker[:20]
         # squeue --json lists ended jobs too (until MinJobAge): none of the workers may still wait or run.
         wait_for("no worker task left waiting or running", lambda: not [
             j for j in slurm_jobs()

@@ -22,7 +22,9 @@ from dlsub.dashboard import charts
 from dlsub.dashboard.app import AppConfig, create_app
 from dlsub.dashboard.auth import TokenFileError, cookie_name, read_token_file
 from dlsub.dashboard.data import Dashboard, Viewer, curves
+from dlsub.job.output_files import worker_output_file
 from dlsub.job.settings import Settings
+from dlsub.job.user_store import JobStore
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
@@ -155,6 +157,27 @@ def test_weird_paths_show_on_the_pages(cli_env: FakeSlurm, tmp_path: Path, weird
     assert re.search(rf'<progress id="progress-{job["id"]}" max="100" value="50"', listing)
     page = client.get(f"/jobs/{job['id']}").text
     assert "step 1 &lt;script&gt;alert(1)&lt;/script&gt; é" in page and "<script>alert" not in page
+
+
+def test_an_elastic_jobs_page_shows_each_workers_output(cli_env: FakeSlurm, tmp_path: Path) -> None:
+    mine = tmp_path / "me"
+    os.environ["DLSUB_HOME"] = str(mine)
+    script = tmp_path / "train.py"
+    script.write_text("print('training')\n")
+    job = json.loads(CliRunner().invoke(main, ["--json", "--nodes", "1:2", str(script)],
+                                        catch_exceptions=False).stdout)
+    job_dir = Path(job["job_dir"])
+    record = JobStore(Settings(home=mine).db_path).get(job["id"])
+    assert record.worker_array_id is not None
+    cli_env.set_job_state(int(job["slurm_job_id"]), "RUNNING", nodes="cpu1")
+    output_file(job_dir, int(job["slurm_job_id"])).write_text("[cpu1/0]:main rank\n")
+    worker_output_file(job_dir, record.worker_array_id, 0).write_text("[cpu2/1]:<i>worker</i> rank\n")
+    client = client_for({"fake": cli_env, "mine": mine, "theirs": tmp_path / "nobody", "tmp": tmp_path})
+    client.get("/?token=" + TOKEN)
+    page = client.get(f"/jobs/{job['id']}").text
+    assert "[cpu1/0]:main rank" in page
+    assert f"Worker output: slurm-{record.worker_array_id}_0.out" in page
+    assert "[cpu2/1]:&lt;i&gt;worker&lt;/i&gt; rank" in page
 
 
 def test_the_cluster_page_shows_partitions_and_gpus(world: dict[str, object]) -> None:

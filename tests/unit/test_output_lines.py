@@ -5,7 +5,9 @@ it, long lines cut between UTF-8 characters), the label format in the
 contract, `dlsub logs JOB --rank N / --node NAME` through the CLI against the
 fake Slurm (a process's lines only, attempts still marked, hostile lines not
 misattributed, `-f`), a job with one process printed byte for byte as
-before, and the dashboard's log tail showing whole labelled lines.
+before, an elastic job's worker files read after the main job's (whole
+lines, `--rank`, `-f`), and the dashboard's log tail showing whole labelled
+lines.
 """
 
 from __future__ import annotations
@@ -18,9 +20,22 @@ from click.testing import CliRunner, Result
 
 from dlsub.checkpointing.output_mux import LineSplitter
 from dlsub.cli.main import main
-from dlsub.contract import LAUNCHER_SOURCE, OUTPUT_GANG_LABEL, OUTPUT_LABEL, OUTPUT_LABEL_RE, output_file
+from dlsub.contract import (
+    BATCH_SCRIPT,
+    LAUNCHER_SOURCE,
+    OUTPUT_GANG_LABEL,
+    OUTPUT_LABEL,
+    OUTPUT_LABEL_RE,
+    OUTPUT_PATTERN,
+    WORKER_OUTPUT_PATTERN,
+    WORKER_SCRIPT,
+    output_file,
+)
 from dlsub.dashboard.data import tail
+from dlsub.job.output_files import worker_output_file, worker_output_files
 from dlsub.job.output_lines import OutputFilter, Selection, line_source
+from dlsub.job.settings import load_settings
+from dlsub.job.user_store import JobStore
 from dlsub.slurm_plugins.fake import FakeSlurm
 
 # ---------------------------------------------------------------- the launcher's splitter
@@ -164,3 +179,83 @@ def test_the_dashboards_tail_shows_whole_labelled_lines(tmp_path: Path) -> None:
     shown = tail(path).splitlines()
     assert len(shown) > 100 and all(line_source(line.encode()) for line in shown)
     assert shown[-1] == "[n1/3]:step 2999 done"
+
+
+# ---------------------------------------------------------------- an elastic job's workers write their own files
+
+
+def test_worker_output_files_are_the_arrays_own_in_task_order(tmp_path: Path) -> None:
+    for name in ("slurm-77_10.out", "slurm-77_2.out", "slurm-77_0.out", "slurm-77.out", "slurm-78_1.out",
+                 "slurm-77_x.out", "slurm-77_1.out.bak", "slurm-777_1.out", "slurm-77_-1.out"):
+        (tmp_path / name).write_text("x\n")
+    assert worker_output_files(tmp_path, 77) == [(0, tmp_path / "slurm-77_0.out"), (2, tmp_path / "slurm-77_2.out"),
+                                                (10, tmp_path / "slurm-77_10.out")]
+    assert worker_output_file(tmp_path, 77, 2).name == "slurm-77_2.out"
+
+
+MAIN_OUTPUT = ("dlsub: job 0123abcd attempt 7-0 on n1 (partition cpu)\n"
+               "[n1/0]:rank 0 step 1\n"
+               "[n1/1]:rank 1 step 1\n"
+               "[n1/0]:rank 0 no newline yet")
+WORKER_OUTPUT = ("dlsub: job 0123abcd worker 9 on n2 joins the group of 7-0\n"
+                 "[n2/2]:rank 2 step 1\n"
+                 "[n2/3]:rank 3 step 1\n"
+                 "[n2/3]:rank 3 last")
+
+
+@pytest.fixture
+def elastic_job(cli_env: FakeSlurm, tmp_path: Path) -> dict[str, object]:
+    script = tmp_path / "train.py"
+    script.write_text("print('training')\n")
+    result = CliRunner().invoke(main, ["--json", "--nodes", "1:2", str(script)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    out = dict(json.loads(result.stdout))
+    cli_env.set_job_state(int(out["slurm_job_id"]), "RUNNING", nodes="n1")
+    record = JobStore(load_settings().db_path).get(str(out["id"]))
+    assert record.worker_array_id is not None, "an elastic job has a held worker array"
+    out["worker_array_id"] = record.worker_array_id
+    return out
+
+
+def test_dlsub_logs_shows_the_workers_output_after_the_main_jobs(elastic_job: dict[str, object]) -> None:
+    job_dir, array = Path(str(elastic_job["job_dir"])), int(str(elastic_job["worker_array_id"]))
+    write_output(elastic_job, MAIN_OUTPUT.encode())
+    before = logs(str(elastic_job["id"]))
+    assert before.exit_code == 0 and before.stdout == MAIN_OUTPUT + "\n", "no worker has started: the main file alone"
+    worker_output_file(job_dir, array, 1).write_text(WORKER_OUTPUT)
+    header = f"dlsub: job {elastic_job['id']} worker task 1's output (slurm-{array}_1.out):"
+    result = logs(str(elastic_job["id"]))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.split("\n") == [*MAIN_OUTPUT.split("\n"), header, *WORKER_OUTPUT.split("\n"), ""], \
+        "each file's lines whole, the main job's unfinished last line not glued to the worker's first"
+    rank_3 = logs(str(elastic_job["id"]), "--rank", "3")
+    assert rank_3.stdout == "[n2/3]:rank 3 step 1\n[n2/3]:rank 3 last\n"
+    assert rank_3.stderr.splitlines() == [MAIN_OUTPUT.split("\n")[0], header, WORKER_OUTPUT.split("\n")[0]], \
+        "the lines that mark where each file and attempt starts go to stderr"
+    on_n2 = logs(str(elastic_job["id"]), "--node", "n2")
+    assert on_n2.stdout.splitlines() == WORKER_OUTPUT.split("\n")[1:]
+    assert "no line of job" in logs(str(elastic_job["id"]), "--rank", "4").stderr
+
+
+def test_dlsub_logs_follow_reads_every_file_until_the_job_ends(elastic_job: dict[str, object],
+                                                              cli_env: FakeSlurm) -> None:
+    job_dir, array = Path(str(elastic_job["job_dir"])), int(str(elastic_job["worker_array_id"]))
+    write_output(elastic_job, MAIN_OUTPUT.encode())
+    worker_output_file(job_dir, array, 0).write_text(WORKER_OUTPUT)
+    cli_env.set_job_state(int(str(elastic_job["slurm_job_id"])), "COMPLETED", nodes="n1")
+    result = logs(str(elastic_job["id"]), "-f")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.split("\n")
+    assert sorted(lines) == sorted([*MAIN_OUTPUT.split("\n"), *WORKER_OUTPUT.split("\n"),
+                                    f"dlsub: job {elastic_job['id']} worker task 0's output (slurm-{array}_0.out):",
+                                    ""]), "every line once, whole"
+    assert result.stderr.splitlines()[-1].endswith("is COMPLETED")
+    only_2 = logs(str(elastic_job["id"]), "-f", "--rank", "2")
+    assert only_2.stdout == "[n2/2]:rank 2 step 1\n"
+
+
+def test_a_worker_task_writes_its_own_file_named_as_slurm_names_an_arrays(elastic_job: dict[str, object]) -> None:
+    job_dir = Path(str(elastic_job["job_dir"]))
+    worker_script = (job_dir / WORKER_SCRIPT).read_text()
+    assert f"#SBATCH --output={job_dir}/{WORKER_OUTPUT_PATTERN}\n" in worker_script
+    assert f"#SBATCH --output={job_dir}/{OUTPUT_PATTERN}\n" in (job_dir / BATCH_SCRIPT).read_text()

@@ -1,0 +1,77 @@
+"""Which files hold a job's output, and what is new in them since the last look (``dlsub logs``).
+
+A job writes one Slurm output file (:func:`dlsub.contract.output_file`; all
+its attempts append to it). An elastic job's worker tasks each write their
+own (:func:`worker_output_files`): they run on other nodes as
+separate Slurm jobs, and a task that leaves and rejoins the group appends to
+the same file. Worker files appear while the job runs (a task's first start
+creates it), so every look lists them again.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from dlsub.contract import WORKER_OUTPUT_PATTERN, output_file
+
+
+def worker_output_file(job_dir: Path, worker_array_id: int, task: int) -> Path:
+    return job_dir / WORKER_OUTPUT_PATTERN.replace("%A", str(int(worker_array_id))).replace("%a", str(int(task)))
+
+
+def worker_output_files(job_dir: Path, worker_array_id: int) -> list[tuple[int, Path]]:
+    """(task index, file) of an elastic job's worker tasks whose output file exists now, in task order."""
+    prefix, suffix = WORKER_OUTPUT_PATTERN.replace("%A", str(int(worker_array_id))).split("%a")
+    name = re.compile(re.escape(prefix) + "(?P<task>[0-9]{1,7})" + re.escape(suffix) + r"\Z")
+    return sorted((int(m["task"]), path) for path in job_dir.glob(f"{prefix}*{suffix}")
+                  if (m := name.match(path.name)))
+
+
+@dataclass(frozen=True)
+class OutputSource:
+    """One output file: ``worker`` is its worker task's index, None for the main job's file."""
+
+    path: Path
+    worker: int | None = None
+
+
+class OutputFiles:
+    """The job's output files, read incrementally: the main job's first, then the workers' in task order."""
+
+    def __init__(self, job_dir: Path, slurm_job_id: int | None, worker_array_id: int | None) -> None:
+        self.job_dir = job_dir
+        self.main = OutputSource(output_file(job_dir, slurm_job_id or 0))
+        self.worker_array_id = worker_array_id
+        self._offsets: dict[Path, int] = {}
+
+    def sources(self) -> list[OutputSource]:
+        """The files that exist now (a job that has not started has none)."""
+        found = [self.main] if self.main.path.exists() else []
+        if self.worker_array_id is not None:
+            workers = worker_output_files(self.job_dir, self.worker_array_id)
+            found += [OutputSource(path, task) for task, path in workers]
+        return found
+
+    def read_new(self) -> list[tuple[OutputSource, bytes, bool]]:
+        """(file, the bytes written since the last call, whether this is the file's first read) per file,
+        including files that have nothing new."""
+        out = []
+        for source in self.sources():
+            first = source.path not in self._offsets
+            offset = self._offsets.get(source.path, 0)
+            try:
+                with open(source.path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except FileNotFoundError:  # removed between listing and reading: nothing to show
+                continue
+            self._offsets[source.path] = offset + len(chunk)
+            out.append((source, chunk, first))
+        return out
+
+    def grew(self) -> bool:
+        """Whether any file has bytes not read yet (or a new file has appeared)."""
+        return any(s.path not in self._offsets or s.path.stat().st_size > self._offsets[s.path]
+                   for s in self.sources())
