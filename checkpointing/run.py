@@ -38,7 +38,10 @@ from dlsub.checkpointing.run_support import (
 from dlsub.checkpointing.storage import (
     checkpoint_files,
     checkpoint_meta,
+    checkpoint_path,
+    checkpoint_seq,
     checkpoint_step,
+    load_verified,
     restore_latest,
     save_checkpoint,
 )
@@ -205,14 +208,30 @@ class Run:
         return path
 
     def restore(self, map_location: Any = "cpu") -> dict[str, Any] | None:
-        """The newest checkpoint that verifies (falling back past corrupt ones), or None."""
-        state, path, skipped = restore_latest(self.checkpoint_dir, map_location)
+        """The newest checkpoint that verifies (falling back past corrupt ones), or None; the same one on
+        every rank. Every rank calls it.
+
+        With torch.distributed set up, rank 0 picks it and tells the others which (one broadcast), and no
+        rank returns before every rank has read it. Picked by each rank alone, a rank that starts late
+        could read a checkpoint rank 0 saved after it restored (at an epoch's end that is at once), and
+        the group would train from two states and hang in mismatched collectives: seen live when a
+        worker node's ranks joined a grown group later than the main node's.
+        """
+        dist = initialized_dist()
+        picks = dist is None or dist.get_rank() == 0
+        state, path, skipped = restore_latest(self.checkpoint_dir, map_location) if picks else (None, None, [])
+        if dist is not None:
+            (chosen,) = from_rank0([checkpoint_seq(path) if path is not None else -1]) or [-1]
+            if not picks and chosen >= 0:
+                path = checkpoint_path(self.checkpoint_dir, chosen)
+                state = load_verified(path, map_location)  # rank 0 verified it: failing here is not silent
+            barrier()  # nobody saves (and prunes) before all have read it
         for reason in skipped:
             print(f"dlsub: skipped checkpoint: {reason}", file=sys.stderr, flush=True)
         if path is not None:
             self.restored_from = path
             self._resized = None  # from the checkpoint actually restored
-            seq = int(path.name[5:].split(".")[0])
+            seq = checkpoint_seq(path)
             self._seq = max(self._seq, seq)
             # None when the checkpoint was saved with no step known (or by an older dlsub).
             self._last_step = checkpoint_step(path)

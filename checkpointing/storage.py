@@ -80,6 +80,18 @@ def checkpoint_files(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def checkpoint_path(directory: Path, seq: int) -> Path:
+    return directory / f"ckpt-{seq:08d}.pt"
+
+
+def checkpoint_seq(path: Path) -> int:
+    """The sequence number in a checkpoint's file name."""
+    m = _NAME.match(path.name)
+    if m is None:
+        raise ValueError(f"{path.name!r} is not a checkpoint's file name")
+    return int(m.group(1))
+
+
 def _sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
@@ -91,7 +103,7 @@ def save_checkpoint(directory: Path, seq: int, state: dict[str, Any], keep: int,
     # that one; it never reads checkpoints).
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     data = _serialize(state)
-    path = directory / f"ckpt-{seq:08d}.pt"
+    path = checkpoint_path(directory, seq)
     sidecar = hashlib.sha256(data).hexdigest() + "\n"
     info = dict(meta or {})
     if step is not None:

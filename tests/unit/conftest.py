@@ -1,7 +1,12 @@
-"""Unit-test fixtures: a stateful fake Slurm behind the client's _run seam."""
+"""Unit-test fixtures: a stateful fake Slurm behind the client's _run seam; ranks of a real torch.distributed
+group on loopback (the checkpointing library's collective calls)."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +14,27 @@ import pytest
 from dlsub.job.settings import Settings
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm, testbed_cluster
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_ranks(script: str, args: list[str], env_by_rank: list[dict[str, str]], timeout: float = 120) -> list[str]:
+    """Run ``script`` (``python -c``) as the ranks of one torch.distributed group (gloo, on loopback), rank r
+    with ``env_by_rank[r]`` added; each rank's last line of output, once every rank has exited 0."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(len(env_by_rank))}
+    procs = [subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True,
+                              env={**base, "RANK": str(rank), **extra}) for rank, extra in enumerate(env_by_rank)]
+    try:
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0] * len(procs), outs
+    return [out.strip().splitlines()[-1] for out in outs]
 
 
 @pytest.fixture

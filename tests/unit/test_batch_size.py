@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import REPO, run_ranks
 
 from dlsub import checkpointing
 from dlsub.agent.job_mailbox import publish_batch
@@ -27,7 +27,6 @@ from dlsub.jobdir import check_progress_event
 from dlsub.policies.perf_models.fitted_model import BatchLimits, split_batch
 
 SIZES = BatchSizes(init=128, max=4096, local_max=256)
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -199,19 +198,11 @@ _RANK = textwrap.dedent("""
 """)
 
 
-def test_under_torch_distributed_every_rank_takes_rank_0s_batch(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "WORLD_SIZE": "2"}
-    base.pop("DLSUB_BATCH_SIZE", None)
+def test_under_torch_distributed_every_rank_takes_rank_0s_batch(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DLSUB_BATCH_SIZE", raising=False)
     # Rank 0 is asked for 512 by name; rank 1 would otherwise fall back to the declared 128.
-    procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              env={**base, "RANK": str(rank), **({"DLSUB_BATCH_SIZE": "512"} if rank == 0 else {})})
-             for rank in (0, 1)]
-    outs = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
-    assert all(p.returncode == 0 for p in procs)
+    outs = [json.loads(line) for line in run_ranks(_RANK, [str(tmp_path)], [{"DLSUB_BATCH_SIZE": "512"}, {}])]
     assert sorted(outs) == [[0, 512, 1, "environment"], [1, 512, 1, "environment"]]
 
 

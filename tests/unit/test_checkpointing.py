@@ -1,5 +1,6 @@
 """Unit: the checkpointing library — atomic saves, keep-K, fallback past
-corrupt or truncated checkpoints, signals, and exit_for_resume (real files,
+corrupt or truncated checkpoints, signals, exit_for_resume, and one
+checkpoint restored by every rank of a torch.distributed group (real files,
 real signals, real subprocesses; no Slurm)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_ranks
 
 from dlsub import checkpointing
 from dlsub.checkpointing.storage import checkpoint_files
@@ -200,3 +202,29 @@ def test_the_start_event_names_the_command_by_its_script_and_arguments(tmp_path:
     assert first == application_digest(trainer.read_bytes(), ["--lr", "0.1; rm -rf x"])
     assert started("b", "--lr", "0.1; rm -rf x") == first, "another run of the same command"
     assert started("c", "--lr", "0.2") != first, "other arguments: another command"
+
+
+# ---------------------------------------------------------------- every rank restores the same checkpoint
+
+_LATE_RANK = textwrap.dedent("""
+    import json, sys, time
+    import torch.distributed as dist
+    from dlsub import checkpointing
+    dist.init_process_group("gloo")
+    run = checkpointing.init(sys.argv[1], handle_signals=False)
+    if run.rank == 1:
+        time.sleep(2)  # a rank that starts late, as a worker node's do when they join a grown group
+    state = run.restore()
+    run.save({"step": 99}, step=99)  # at an epoch's end the training saves at once after restoring
+    print(json.dumps([run.rank, state["step"], run.restored_from.name]))
+    dist.destroy_process_group()
+""")
+
+
+def test_every_rank_restores_the_checkpoint_rank_0_picked_though_one_comes_late(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    first = checkpointing.init(job, handle_signals=False)
+    first.save({"step": 7}, step=7)
+    outs = sorted(json.loads(line) for line in run_ranks(_LATE_RANK, [str(job)], [{}, {}]))
+    assert outs == [[0, 7, "ckpt-00000007.pt"], [1, 7, "ckpt-00000007.pt"]], \
+        "the late rank read what rank 0 restored, not the checkpoint rank 0 saved after it"
