@@ -91,5 +91,6 @@ def manual_agent(tmp_path: Path) -> Iterator[Path]:
     db = Path(f"/var/lib/dlsub/it-{os.getpid()}-{time.monotonic_ns()}.db")
     yield db
     agent_service("start")
-    for suffix in ("", "-wal", "-shm", ".lock"):
+    # ".policy.toml": the policy file a test may give its agent (window_policy, the GPU-limit test).
+    for suffix in ("", "-wal", "-shm", ".lock", ".policy.toml"):
         Path(str(db) + suffix).unlink(missing_ok=True)
