@@ -401,7 +401,7 @@ def logs(job: str, follow: bool, rank: int | None, node: str | None) -> None:
     """
     _, client, store = _context()
     record = store.get(job)
-    files = OutputFiles(Path(record.job_dir), record.slurm_job_id, record.worker_array_id)
+    files = OutputFiles(Path(record.job_dir), record.slurm_job_id, record.worker_array_id, record.worker_tasks)
     printer = LogPrinter(None if rank is None and node is None else Selection(rank, node), sys.stdout, sys.stderr,
                          whole_lines=record.worker_array_id is not None)
     last_check = 0.0

@@ -244,8 +244,8 @@ class Dashboard:
             detail.view = dataclasses.replace(detail.view, why=plain_why(detail.decisions[-1]))
         detail.log_tail = tail(output_file(job_dir, record.slurm_job_id or 0))
         if record.worker_array_id is not None:
-            detail.worker_log_tails = [(path.name, tail(path))
-                                       for _, path in worker_output_files(job_dir, record.worker_array_id)]
+            detail.worker_log_tails = [(path.name, tail(path)) for _, path in
+                                       worker_output_files(job_dir, record.worker_array_id, record.worker_tasks)]
         return detail
 
     # ---------------------------------------------------------------- the agent

@@ -10,7 +10,6 @@ creates it), so every look lists them again.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,12 +20,13 @@ def worker_output_file(job_dir: Path, worker_array_id: int, task: int) -> Path:
     return job_dir / WORKER_OUTPUT_PATTERN.replace("%A", str(int(worker_array_id))).replace("%a", str(int(task)))
 
 
-def worker_output_files(job_dir: Path, worker_array_id: int) -> list[tuple[int, Path]]:
-    """(task index, file) of an elastic job's worker tasks whose output file exists now, in task order."""
-    prefix, suffix = WORKER_OUTPUT_PATTERN.replace("%A", str(int(worker_array_id))).split("%a")
-    name = re.compile(re.escape(prefix) + "(?P<task>[0-9]{1,7})" + re.escape(suffix) + r"\Z")
-    return sorted((int(m["task"]), path) for path in job_dir.glob(f"{prefix}*{suffix}")
-                  if (m := name.match(path.name)))
+def worker_output_files(job_dir: Path, worker_array_id: int, tasks: int) -> list[tuple[int, Path]]:
+    """(task index, file) of the worker tasks, of an array of ``tasks``, whose output file exists now.
+
+    Each is looked for by name, not by listing the directory: a file named for an index the array does not
+    have is none of its tasks', and a directory full of such names costs nothing."""
+    found = [(task, worker_output_file(job_dir, worker_array_id, task)) for task in range(max(0, tasks))]
+    return [(task, path) for task, path in found if path.exists()]
 
 
 @dataclass(frozen=True)
@@ -40,17 +40,19 @@ class OutputSource:
 class OutputFiles:
     """The job's output files, read incrementally: the main job's first, then the workers' in task order."""
 
-    def __init__(self, job_dir: Path, slurm_job_id: int | None, worker_array_id: int | None) -> None:
+    def __init__(self, job_dir: Path, slurm_job_id: int | None, worker_array_id: int | None = None,
+                 worker_tasks: int = 0) -> None:
         self.job_dir = job_dir
         self.main = OutputSource(output_file(job_dir, slurm_job_id or 0))
         self.worker_array_id = worker_array_id
+        self.worker_tasks = worker_tasks
         self._offsets: dict[Path, int] = {}
 
     def sources(self) -> list[OutputSource]:
         """The files that exist now (a job that has not started has none)."""
         found = [self.main] if self.main.path.exists() else []
         if self.worker_array_id is not None:
-            workers = worker_output_files(self.job_dir, self.worker_array_id)
+            workers = worker_output_files(self.job_dir, self.worker_array_id, self.worker_tasks)
             found += [OutputSource(path, task) for task, path in workers]
         return found
 

@@ -45,6 +45,11 @@ class JobRecord:
     max_nodes: int | None = None  # an elastic job's most nodes (None: fixed at ``nodes``)
     worker_array_id: int | None = None  # its held worker array in Slurm
 
+    @property
+    def worker_tasks(self) -> int:
+        """How many tasks its worker array has: one for each node it may add."""
+        return self.max_nodes - self.nodes if self.max_nodes is not None else 0
+
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
         row["args"] = json.dumps(self.args)

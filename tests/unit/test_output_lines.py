@@ -186,10 +186,11 @@ def test_the_dashboards_tail_shows_whole_labelled_lines(tmp_path: Path) -> None:
 
 def test_worker_output_files_are_the_arrays_own_in_task_order(tmp_path: Path) -> None:
     for name in ("slurm-77_10.out", "slurm-77_2.out", "slurm-77_0.out", "slurm-77.out", "slurm-78_1.out",
-                 "slurm-77_x.out", "slurm-77_1.out.bak", "slurm-777_1.out", "slurm-77_-1.out"):
+                 "slurm-77_x.out", "slurm-77_1.out.bak", "slurm-777_1.out", "slurm-77_-1.out", "slurm-77_11.out"):
         (tmp_path / name).write_text("x\n")
-    assert worker_output_files(tmp_path, 77) == [(0, tmp_path / "slurm-77_0.out"), (2, tmp_path / "slurm-77_2.out"),
-                                                (10, tmp_path / "slurm-77_10.out")]
+    first = [(0, tmp_path / "slurm-77_0.out"), (2, tmp_path / "slurm-77_2.out")]
+    assert worker_output_files(tmp_path, 77, 11) == [*first, (10, tmp_path / "slurm-77_10.out")]
+    assert worker_output_files(tmp_path, 77, 3) == first, "an index the array does not have is none of its tasks'"
     assert worker_output_file(tmp_path, 77, 2).name == "slurm-77_2.out"
 
 
@@ -222,8 +223,9 @@ def test_dlsub_logs_shows_the_workers_output_after_the_main_jobs(elastic_job: di
     write_output(elastic_job, MAIN_OUTPUT.encode())
     before = logs(str(elastic_job["id"]))
     assert before.exit_code == 0 and before.stdout == MAIN_OUTPUT + "\n", "no worker has started: the main file alone"
-    worker_output_file(job_dir, array, 1).write_text(WORKER_OUTPUT)
-    header = f"dlsub: job {elastic_job['id']} worker task 1's output (slurm-{array}_1.out):"
+    worker_output_file(job_dir, array, 0).write_text(WORKER_OUTPUT)
+    worker_output_file(job_dir, array, 1).write_text("[n9/9]:not a task of this array (it has one)\n")
+    header = f"dlsub: job {elastic_job['id']} worker task 0's output (slurm-{array}_0.out):"
     result = logs(str(elastic_job["id"]))
     assert result.exit_code == 0, result.output
     assert result.stdout.split("\n") == [*MAIN_OUTPUT.split("\n"), header, *WORKER_OUTPUT.split("\n"), ""], \
