@@ -20,7 +20,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 
@@ -158,25 +158,34 @@ def status(as_json: bool, socket_path: Path | None, db: Path | None) -> None:
 # ---------------------------------------------------------------- dlsub why
 
 
-def resolve_job(job: str) -> tuple[str | None, int | None]:
-    """JOB (a dlsub id, its prefix, or a Slurm job id) as (dlsub id, Slurm id), through the user's own store."""
+class JobHandle(NamedTuple):
+    """What JOB names: a dlsub id, a Slurm job id, or both; ``either`` when it is not one of the user's own
+    jobs and could be either kind (eight decimal digits)."""
+
+    dlsub_id: str | None
+    slurm_id: int | None
+    either: bool = False
+
+
+def resolve_job(job: str) -> JobHandle:
+    """JOB (a dlsub id, its prefix, or a Slurm job id) as a handle, through the user's own store."""
     from dlsub.job.settings import load_settings
     from dlsub.job.user_store import JobStore, UnknownJob
 
     try:
         record = JobStore(load_settings().db_path).get(job)
-        return record.id, record.slurm_job_id
+        return JobHandle(record.id, record.slurm_job_id)
     except (UnknownJob, OSError):
         pass
     if DLSUB_ID.match(job) and job.isdigit():
         # Eight decimal digits are both a dlsub id (older ids could be all digits) and a Slurm job id.
-        return job, int(job)
+        return JobHandle(job, int(job), either=True)
     if job.isdigit() and 0 < int(job) < 2**32:
-        return None, int(job)
+        return JobHandle(None, int(job))
     if DLSUB_ID.match(job):
-        return job, None
+        return JobHandle(job, None)
     fail(f"unknown job {job!r}: give a dlsub id (8 hex digits, or a prefix of one of yours) "
-          "or a Slurm job id; `dlsub status` lists your jobs")
+         "or a Slurm job id; `dlsub status` lists your jobs")
 
 
 def _decisions_directly(db: Path, dlsub_id: str | None, slurm_id: int | None) -> list[dict[str, Any]]:
@@ -192,11 +201,11 @@ def _decisions_directly(db: Path, dlsub_id: str | None, slurm_id: int | None) ->
 @direct_db_option
 def why(job: str, as_json: bool, socket_path: Path | None, db: Path | None) -> None:
     """What the agent decided about JOB (a dlsub id, its prefix, or a Slurm job id), and why."""
-    dlsub_id, slurm_id = resolve_job(job)
-    decisions = _why_decisions(dlsub_id, slurm_id, socket_path, db)
-    if dlsub_id is not None and slurm_id is not None and not decisions and not _known_to_me(job):
-        # JOB could be either kind of id and nothing is recorded under the dlsub id: try the Slurm id.
-        decisions = _why_decisions(None, slurm_id, socket_path, db)
+    handle = resolve_job(job)
+    decisions = _why_decisions(handle.dlsub_id, handle.slurm_id, socket_path, db)
+    if handle.either and not decisions:
+        # Nothing is recorded under JOB as a dlsub id: try it as a Slurm id.
+        decisions = _why_decisions(None, handle.slurm_id, socket_path, db)
     if as_json:
         click.echo(json.dumps(decisions))
         return
@@ -206,18 +215,6 @@ def why(job: str, as_json: bool, socket_path: Path | None, db: Path | None) -> N
     for d in decisions:
         when = dt.datetime.fromtimestamp(float(d["time"]))
         click.echo(f"{when:%Y-%m-%d %H:%M:%S}  {d['kind']:<14} {d['reason']}")
-
-
-def _known_to_me(job: str) -> bool:
-    """Whether JOB names a job in the caller's own store (then its dlsub id alone names it)."""
-    from dlsub.job.settings import load_settings
-    from dlsub.job.user_store import JobStore, UnknownJob
-
-    try:
-        JobStore(load_settings().db_path).get(job)
-    except (UnknownJob, OSError):
-        return False
-    return True
 
 
 def _why_decisions(dlsub_id: str | None, slurm_id: int | None, socket_path: Path | None,
