@@ -406,7 +406,8 @@ def logs(job: str, follow: bool, rank: int | None, node: str | None) -> None:
                          whole_lines=record.worker_array_id is not None)
     last_check = 0.0
     while True:
-        for source, chunk, first in files.read_new():
+        read = files.read_new()
+        for source, chunk, first in read:
             if first and source.worker is not None:
                 printer.chunk(f"dlsub: job {record.id} worker task {source.worker}'s output "
                               f"({source.path.name}):\n".encode(), source.path.name)
@@ -414,7 +415,7 @@ def logs(job: str, follow: bool, rank: int | None, node: str | None) -> None:
             if not follow:
                 printer.close(source.path.name)
         if not follow:
-            if not files.sources():
+            if not read:  # no file exists yet
                 click.echo(f"dlsub: no output yet for job {record.id} (it has not started)", err=True)
             else:
                 printer.end(record.id)

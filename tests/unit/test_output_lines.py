@@ -134,6 +134,12 @@ def write_output(job: dict[str, object], data: bytes) -> Path:
     return path
 
 
+def test_dlsub_logs_before_any_output_says_the_job_has_not_started(job: dict[str, object]) -> None:
+    result = logs(str(job["id"]))
+    assert result.exit_code == 0 and result.stdout == ""
+    assert f"no output yet for job {job['id']} (it has not started)" in result.stderr
+
+
 def test_dlsub_logs_rank_shows_one_process_and_marks_attempts_on_stderr(job: dict[str, object]) -> None:
     write_output(job, GANG_OUTPUT.encode())
     result = logs(str(job["id"]), "--rank", "3")
