@@ -30,7 +30,7 @@ from dlsub.contract import CHECKPOINT_SIGNAL, MOVE_SIGNAL
 from dlsub.policies.actions.kinds import ActionKind as K
 from dlsub.policies.actions.move_rules import Action, MovePhase
 from dlsub.policies.actions.resize_rules import ElasticJob, Resize
-from dlsub.slurm_plugins.client import SlurmClient
+from dlsub.slurm_plugins.client import SlurmClient, SlurmError
 
 log = logging.getLogger("dlsub.agent")
 
@@ -56,6 +56,20 @@ def _retarget(client: SlurmClient, a: Action) -> None:
     client.retarget(a.slurm_job_id, a.partition or "", a.gpus or 0, a.time_limit_min)
 
 
+def _grow(client: SlurmClient, r: Resize) -> None:
+    """Point the held worker at the node the rules chose (where its GPUs were counted), then release it.
+
+    A Slurm that refuses the pin still gets the release: the worker then starts wherever its GPUs are idle,
+    which is where a grow went before workers were pinned."""
+    assert r.worker is not None
+    if r.node:
+        try:
+            client.point_at_node(r.worker, r.node)
+        except SlurmError as exc:
+            log.warning("could not point worker %s at %s (%s); releasing it unpinned", r.worker, r.node, exc)
+    client.release(r.worker)
+
+
 STEPS: dict[K, Step] = {
     K.SIGNAL_MOVE: Step("_prepare_move", lambda c, a: c.cancel(a.slurm_job_id, signal=MOVE_SIGNAL, batch=True),
                         MovePhase.SIGNALLED, before="move-planned", sent="move-signal-sent", after="move-signalled"),
@@ -69,7 +83,7 @@ STEPS: dict[K, Step] = {
     K.FINISH_MOVE: Step("_prepare_end_move"),
     K.ABANDON_MOVE: Step("_prepare_end_move"),
     K.NOTE: Step("_prepare_note"),
-    K.GROW: Step("_prepare_resize", lambda c, r: c.release(r.worker), ENDED, before="grow-planned",
+    K.GROW: Step("_prepare_resize", _grow, ENDED, before="grow-planned",
                  sent="grow-released", after="grow-recorded"),
     K.SHRINK: Step("_prepare_resize", lambda c, r: c.signal_task(r.worker, MOVE_SIGNAL), ResizePhase.LEAVING,
                    before="shrink-planned", sent="shrink-signal-sent", after="shrink-signalled"),
@@ -156,7 +170,8 @@ class Acting:
     def _prepare_resize(self, resize: Resize, now: float, writes: Writes) -> bool:
         job = self._elastic_job(resize)
         writes.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, resize.kind, resize.reason,
-                      {"worker": resize.worker, "partition": resize.partition, "nodes_before": job.nodes_now})
+                      {"worker": resize.worker, "partition": resize.partition, "node": resize.node,
+                       "nodes_before": job.nodes_now, "gpus_before": job.gpus_now})
         if written_ahead(resize.kind) and resize.worker is not None:
             writes.resizes[resize.worker] = ResizeRow(
                 resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.PLANNED, now,

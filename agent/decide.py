@@ -112,7 +112,7 @@ class Deciding:
                 continue
             resumed.append(Resize(ActionKind(row.kind), row.dlsub_id, row.slurm_job_id, row.reason, worker,
                                   row.partition, row.batch_size, row.accumulation_steps))
-            taken.append((job.partition, job.gpus_per_node))
+            taken.append((job.partition, job.gpus_per_worker))
         if resumed:
             seen.rooms = reserve_gpus(seen.rooms, taken)
         on_way = {r.worker for r in resumed}

@@ -69,20 +69,21 @@ class Request:
     partition: str | None
     time_limit_min: int | None
     role: str = "main"  # "main", or "worker" for an elastic job's worker task
-    nodes: tuple[int, int] | None = None  # an elastic job's (min, max) nodes
+    nodes: tuple[int, int] | None = None  # an elastic job's (min, max) members: the main job's nodes, then workers
+    step: int = 0  # GPUs of each worker of a job elastic in GPUs (0: whole nodes)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Request:
         nodes = d.get("nodes")
         return cls(str(d["source"]), str(d["dlsub_id"]), d.get("mode"), d.get("ideal"), d.get("gpus"),
                    d.get("partition"), d.get("time_limit_min"), d.get("role", "main"),
-                   (int(nodes[0]), int(nodes[1])) if nodes else None)
+                   (int(nodes[0]), int(nodes[1])) if nodes else None, int(d.get("step") or 0))
 
     def to_dict(self) -> dict[str, Any]:
         """As the row keeps it (JSON)."""
         return {"source": self.source, "dlsub_id": self.dlsub_id, "mode": self.mode, "ideal": self.ideal,
                 "gpus": self.gpus, "partition": self.partition, "time_limit_min": self.time_limit_min,
-                "role": self.role, "nodes": list(self.nodes) if self.nodes else None}
+                "role": self.role, "nodes": list(self.nodes) if self.nodes else None, "step": self.step}
 
     @property
     def elastic_main(self) -> bool:
@@ -97,12 +98,12 @@ def _request_from_record(job: SlurmJob, uid: int) -> Request | None:
     tags = record.tags
     return Request("record", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus or record.gpus_per_node,
                    record.partition, record.time_limit_min, tags.role,
-                   (tags.nodes[0], tags.nodes[1]) if tags.nodes else None)
+                   (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step)
 
 
 def _request_from_tags(job: SlurmJob, tags: Tags) -> Request:
     return Request("comment", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus, job.partition, job.time_limit_min,
-                   tags.role, (tags.nodes[0], tags.nodes[1]) if tags.nodes else None)
+                   tags.role, (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step)
 
 
 def worker_request(job: SlurmJob, uid: int) -> Request | None:
@@ -115,17 +116,21 @@ def worker_request(job: SlurmJob, uid: int) -> Request | None:
     return request if request is not None and request.role == "worker" else None
 
 
+def nodes_of(job: SlurmJob) -> tuple[str, ...]:
+    """The nodes a job runs on; () when none, or when Slurm's list is not one it would give."""
+    try:
+        return tuple(expand_nodes(job.nodes))
+    except ValueError:
+        return ()
+
+
 def worker_task(job: SlurmJob) -> WorkerTask | None:
     handle = job.array_task_handle
     if handle is None:
         return None
-    try:
-        nodes = tuple(expand_nodes(job.nodes))
-    except ValueError:
-        nodes = ()  # not a list Slurm would give: the worker is known, its node is not
     return WorkerTask(handle=handle, slurm_job_id=job.job_id, state=job.state, reason=job.reason,
-                      partition=job.partition, nodes=nodes,
-                      restart_count=job.restart_count, start_time=float(job.start_time))
+                      partition=job.partition, nodes=nodes_of(job),
+                      restart_count=job.restart_count, start_time=float(job.start_time), gpus=job.gpus_per_node)
 
 
 @dataclass

@@ -124,14 +124,14 @@ class LiveModels:
 
         A job that declared batch limits (it lets dlsub choose its batch) has the policy pick its batch
         among them, with the gradient noise it last reported; any other keeps the batch it runs."""
-        per_node = max(1, job.gpus_per_node)
+        per_node = job.gpus_per_worker  # the policy sizes it in steps of one worker
         limits = BatchLimits.from_event(progress.batch_limits)
         grads = GradientStats(*progress.grads) if progress.grads is not None else NO_GAIN
         latest = config_batch(progress.configs[-1]) if progress.configs else None
         samples_known = any(c.samples_per_s is not None or c.batch for c in progress.configs)
         batch = latest or (limits.init_batch if limits else NOMINAL_BATCH)
-        current = job.nodes_now * per_node
-        most = job.max_nodes * per_node
+        current = job.gpus_now
+        most = job.max_gpus
         if headroom_gpus is not None:
             most = min(most, current + max(0, headroom_gpus) // per_node * per_node)
         remaining = None
@@ -150,7 +150,7 @@ class LiveModels:
                 grads = self.history.first_grads(application) or NO_GAIN
         view = JobView(
             name=job.dlsub_id, arrival_s=job.submit_time, gpus=current,
-            min_gpus=job.min_nodes * per_node, max_gpus=max(most, job.min_nodes * per_node),
+            min_gpus=job.main_gpus, max_gpus=max(most, job.main_gpus),
             batch_size=batch, adaptive_batch=limits is not None, attained_gpu_s=ran * current,
             remaining=remaining, progress=float(progress.step or 0),
             model=self.model(job.dlsub_id, reports, batch, limits, grads),

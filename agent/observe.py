@@ -17,7 +17,7 @@ from typing import Any
 
 from dlsub.agent.agent_store import AgentStore, Binding, JobRow, MoveRow, Writes
 from dlsub.agent.budget_watch import BudgetWatch
-from dlsub.agent.identify import Identifying, Seen, worker_request, worker_task
+from dlsub.agent.identify import Identifying, Seen, nodes_of, worker_request, worker_task
 from dlsub.contract import IllegalTransition, JobState
 from dlsub.job_progress import AttemptsSummary, Progress, ProgressSummary
 from dlsub.policies.actions.move_rules import JobInfo, PartitionInfo, Rules, Usage, Window
@@ -258,13 +258,16 @@ class Observing(Identifying):
             job = seen.job
             tasks = tuple(workers.get(key, ()))
             arrays = {int(t.handle.split("_")[0]) for t in tasks}
+            # A job elastic in GPUs: each worker takes the step it asked for, or the GPUs Slurm gives its tasks
+            # if those are more (they are what a node must have idle for it).
+            step = max([seen.request.step, *(t.gpus for t in tasks)]) if seen.request.step else 0
             out.append(ElasticJob(
                 dlsub_id=key[1], slurm_job_id=job.job_id, uid=key[0], user=job.user, state=job.state,
                 ended=job.dlsub_state.terminal, partition=job.partition,
                 gpus_per_node=job.gpus_per_node, min_nodes=int(rng[0]), max_nodes=int(rng[1]),
                 submit_time=float(job.submit_time), worker_arrays=tuple(sorted(arrays)),
                 workers=tasks, moving=seen.row.key() in moves, cpus_per_node=job.cpus_per_node,
-                memory_per_node_mb=job.memory_per_node_mb))
+                memory_per_node_mb=job.memory_per_node_mb, worker_gpus=step, main_nodes=nodes_of(job)))
         ended = {(r.uid, r.dlsub_id): r for r in rows.values()
                  if r.state is not None and JobState(r.state).terminal and not r.data.get("ignored")}
         for key, orphans in workers.items():

@@ -90,7 +90,11 @@ class Run:
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        #: Nodes in the group now (torchrun's GROUP_WORLD_SIZE; 1 off-cluster).
+        #: Processes of this member of the group (torchrun's LOCAL_WORLD_SIZE): one per GPU it holds, so
+        #: the members of a job elastic in GPUs (``--gpus 1:4``) may differ.
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        #: Members in the group now (torchrun's GROUP_WORLD_SIZE; 1 off-cluster): its nodes, or the main job
+        #: and the workers of an elastic job, which may share a node.
         self.nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
         #: "trainer", or "cpu" in a heterogeneous job's CPU component (``dlsub --cpu-nodes N``):
         #: the same script runs there, once per node, beside the GPU trainers.

@@ -122,9 +122,12 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("--gpus", default=None,
-              help="GPUs in all, split evenly over the nodes (one training process per GPU); MIN:MAX: an elastic "
-                   "range of whole nodes [default: 0].")
-@click.option("--gpus-per-node", type=int, default=None, help="GPUs on each node (instead of --gpus).")
+              help="GPUs in all, split evenly over the nodes (one training process per GPU); MIN:MAX: elastic, "
+                   "the agent grows and shrinks the job by --gpus-step GPUs, on its node first [default: 0].")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="GPUs on each node (instead of --gpus); with --gpus MIN:MAX, grow by whole nodes of this many.")
+@click.option("--gpus-step", type=int, default=None,
+              help="GPUs each worker of an elastic --gpus MIN:MAX adds or takes away [default: 1].")
 @click.option("--nodes", default=None,
               help="Nodes, one container each, under one torchrun rendezvous; MIN:MAX: elastic, the agent grows "
                    "and shrinks the job between them [default: 1].")
@@ -155,7 +158,7 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @friendly_errors
 def submit(
-    gpus: str | None, gpus_per_node: int | None, nodes: str | None, cpu_nodes: int | None,
+    gpus: str | None, gpus_per_node: int | None, gpus_step: int | None, nodes: str | None, cpu_nodes: int | None,
     cpu_partition: str | None, cpus: int | None,
     mem: str | None, time_limit: str | None, partition: str | None,
     image: str | None, name: str | None, mode: str | None, dry_run: bool, as_json: bool,
@@ -169,7 +172,8 @@ def submit(
     also be written in the script itself, on `#DLSUB` lines in its first
     comment block (e.g. `#DLSUB --gpus 2 --time 1:00:00`); the command line wins.
     """
-    values: dict[str, Any] = {"gpus": gpus, "gpus_per_node": gpus_per_node, "nodes": nodes, "cpus": cpus,
+    values: dict[str, Any] = {"gpus": gpus, "gpus_per_node": gpus_per_node, "gpus_step": gpus_step, "nodes": nodes,
+                              "cpus": cpus,
                               "cpu_nodes": cpu_nodes, "cpu_partition": cpu_partition,
                               "mem": mem, "time_limit": time_limit,
                               "partition": partition, "image": image, "name": name, "mode": mode,
@@ -191,6 +195,7 @@ def submit(
     settings, client, store = _context()
     request = SubmitRequest(
         script=script, args=tuple(args), gpus=shape.gpus_per_node, nodes=shape.nodes, max_nodes=shape.max_nodes,
+        worker_gpus=shape.worker_gpus,
         cpus=values["cpus"], cpu_nodes=values["cpu_nodes"] or 0, cpu_partition=values["cpu_partition"],
         mem_mb=values["mem_mb"], time_limit_min=values["limit"], partition=values["partition"],
         image=values["image"], name=values["name"], workdir=Path.cwd(),
@@ -217,14 +222,15 @@ def submit(
                                "partition": record.partition, "job_dir": record.job_dir,
                                "mode": request.mode, "nodes": record.nodes, "max_nodes": record.max_nodes,
                                "gpus_per_node": record.gpus_per_node, "worker_array_id": record.worker_array_id,
+                               "worker_gpus": record.gpus_per_worker,
                                "ideal_partition": plan.choice.ideal_partition or record.partition}))
     else:
         click.echo(
             f"dlsub: submitted job {record.id} (Slurm job {record.slurm_job_id}) to partition "
             f"{record.partition}: {plan.choice.reason}\n"
-            + (f"dlsub: elastic, {record.nodes} to {record.max_nodes} nodes: {record.max_nodes - record.nodes} "
-               f"held worker task(s) in Slurm job array {record.worker_array_id}, released by the agent when "
-               f"GPUs are idle\n" if record.max_nodes else "")
+            + (f"dlsub: elastic, {record.elastic_range}: {record.worker_tasks} held worker task(s) in Slurm job "
+               f"array {record.worker_array_id}, released by the agent when GPUs are idle\n"
+               if record.max_nodes else "")
             + f"dlsub: follow it with `dlsub status {record.id}` and `dlsub logs -f {record.id}`"
         )
 
@@ -232,7 +238,8 @@ def submit(
 def check_shape(values: dict[str, Any]) -> Shape:
     """GPUs per node and the (elastic) node count from --gpus, --gpus-per-node and --nodes."""
     try:
-        return resolve_shape(values.get("nodes"), values.get("gpus"), values.get("gpus_per_node"))
+        return resolve_shape(values.get("nodes"), values.get("gpus"), values.get("gpus_per_node"),
+                             values.get("gpus_step"))
     except ShapeError as exc:
         raise SubmitError(str(exc)) from exc
 
@@ -274,7 +281,8 @@ def _parse_directive(ctx: click.Context, script: Path, directive: Directive) -> 
              and sub.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
     try:
         check_values({"cpus": None, "mem": None, "time_limit": None, **given})
-        check_shape(given)
+        # --gpus-step may sit on another line than the --gpus MIN:MAX it steps.
+        check_shape({k: v for k, v in given.items() if k != "gpus_step" or "gpus" in given})
     except (SubmitError, TimeSpecError) as exc:
         raise DirectiveError(f"{where}: {exc}; fix or remove the line") from exc
     return given

@@ -287,9 +287,10 @@ class Tags:
     ideal: str | None = None  # the partition it should end up on (None: where it is)
     gpus: int = 0  # GPUs per node it asked for (immediate mode starts some jobs with none)
     role: str = "main"
-    # An elastic job's range of nodes, (MIN, MAX) with MIN < MAX: the main job
-    # holds MIN, its held worker array the rest. None: a fixed size.
+    # An elastic job's range of members, (MIN, MAX) with MIN < MAX: the main job
+    # holds MIN nodes, its held worker array the rest. None: a fixed size.
     nodes: tuple[int, int] | None = None
+    step: int = 0  # GPUs of each worker of a job elastic in GPUs (--gpus MIN:MAX); 0: whole nodes
 
     def __post_init__(self) -> None:
         if not DLSUB_ID.match(self.dlsub_id):
@@ -305,6 +306,8 @@ class Tags:
         if self.nodes is not None and not 1 <= self.nodes[0] < self.nodes[1] <= MAX_NODES:
             raise ContractError(f"nodes={self.nodes[0]}-{self.nodes[1]} is not a range MIN-MAX with "
                                 f"1 <= MIN < MAX <= {MAX_NODES}")
+        if not 0 <= self.step <= MAX_GPUS or (self.step and self.nodes is None):
+            raise ContractError(f"step={self.step}: a GPU step 1..{MAX_GPUS} of an elastic range")
 
     def comment(self) -> str:
         parts = [f"{COMMENT_PREFIX}{self.dlsub_id}", f"mode={self.mode}"]
@@ -315,6 +318,8 @@ class Tags:
             parts.append(f"role={self.role}")
         if self.nodes is not None:
             parts.append(f"nodes={self.nodes[0]}-{self.nodes[1]}")
+        if self.step:
+            parts.append(f"step={self.step}")
         return ";".join(parts)
 
     @classmethod
@@ -331,11 +336,11 @@ class Tags:
         values: dict[str, str] = {}
         for part in rest:
             m = _TAG.match(part)
-            if not m or m.group(1) in values or m.group(1) not in ("mode", "ideal", "gpus", "role", "nodes"):
+            if not m or m.group(1) in values or m.group(1) not in ("mode", "ideal", "gpus", "role", "nodes", "step"):
                 return None
             values[m.group(1)] = m.group(2)
-        gpus = values.get("gpus", "0")
-        if not gpus.isdigit() or len(gpus) > 5:
+        gpus, step = values.get("gpus", "0"), values.get("step", "0")
+        if not (gpus + step).isdigit() or len(gpus) > 5 or len(step) > 5:
             return None
         nodes = None
         if "nodes" in values:
@@ -345,7 +350,7 @@ class Tags:
             nodes = (int(m.group(1)), int(m.group(2)))
         try:
             return cls(head, values.get("mode", "ideal"), values.get("ideal") or None, int(gpus),
-                       values.get("role", "main"), nodes)
+                       values.get("role", "main"), nodes, int(step))
         except ContractError:
             return None
 

@@ -46,8 +46,11 @@ class SubmitRequest:
     # From the site's policy: resume-requeues the batch script may make
     # (time_limits.max_continuations; 0 when continuation is off).
     max_continuations: int = 20
-    # An elastic job's most nodes (``--nodes MIN:MAX``): ``nodes`` is MIN.
+    # An elastic job's most members (``--nodes MIN:MAX``: nodes; ``--gpus MIN:MAX``: the main job and its
+    # workers): ``nodes`` is the main job's.
     max_nodes: int | None = None
+    # GPUs of each worker of a job elastic in GPUs (``--gpus-step``); 0: a whole node of ``gpus``.
+    worker_gpus: int = 0
     # A CPU component of this many nodes beside the trainers (one heterogeneous job).
     cpu_nodes: int = 0
     cpu_partition: str | None = None  # default: the site's cpu-role partition, else one without GPUs
@@ -61,6 +64,7 @@ class Plan:
     script_text: str
     # An elastic job's held worker array (one node per task), submitted first.
     workers: BatchSpec | None = None
+    worker_gpus: int = 0  # a job elastic in GPUs: each worker's (SubmitRequest.worker_gpus)
 
 
 def library_dir() -> Path:
@@ -126,8 +130,8 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     if req.cpu_nodes:
         batch = dataclasses.replace(batch, cpu_nodes=req.cpu_nodes, cpu_cpus=cpus, cpu_mem_mb=mem_mb,
                                     cpu_partition=_cpu_partition(client, req, cpus, mem_mb))
-    workers = _worker_array(batch, req.gpus)
-    return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers)
+    workers = _worker_array(batch, req.worker_gpus or req.gpus)
+    return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers, req.worker_gpus)
 
 
 def _check_shape(req: SubmitRequest) -> None:
@@ -176,11 +180,17 @@ def _choose_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb
         Request(gpus_per_node=req.gpus, cpus=cpus, mem_mb=mem_mb, time_limit_min=req.time_limit_min,
                 nodes=req.nodes, partition=req.partition, immediate=req.mode == "immediate"),
     )
-    if req.max_nodes is not None:
-        fits = [p for p in client.partitions() if p.name == choice.partition]
-        if fits and len(fits[0].nodes) < req.max_nodes:
-            raise SubmitError(f"--nodes {req.nodes}:{req.max_nodes}: partition {choice.partition} has only "
-                              f"{len(fits[0].nodes)} nodes; ask for at most {len(fits[0].nodes)}")
+    fits = [p for p in client.partitions() if p.name == choice.partition]
+    if req.max_nodes is not None and req.worker_gpus and fits:
+        most = req.gpus + (req.max_nodes - 1) * req.worker_gpus
+        there = sum(n.gpus for n in fits[0].nodes)
+        if there < most or max(n.gpus for n in fits[0].nodes) < req.worker_gpus:
+            raise SubmitError(f"--gpus {req.gpus}:{most}: partition {choice.partition} has {there} GPUs in all "
+                              f"(at most {max(n.gpus for n in fits[0].nodes)} on a node); ask for at most {there}, "
+                              f"in steps that fit one node")
+    elif req.max_nodes is not None and fits and len(fits[0].nodes) < req.max_nodes:
+        raise SubmitError(f"--nodes {req.nodes}:{req.max_nodes}: partition {choice.partition} has only "
+                          f"{len(fits[0].nodes)} nodes; ask for at most {len(fits[0].nodes)}")
     return choice
 
 
@@ -203,7 +213,9 @@ def _container_spec(req: SubmitRequest, settings: Settings, script: Path, image:
 def _agent_tags(req: SubmitRequest, choice: Choice) -> tuple[tuple[str, str], ...]:
     """The ``--comment`` tags the agent acts on: the mode, where the job ideally runs, the GPUs and
     an elastic job's node range it asked for (the start may differ from all of them)."""
-    elastic = (("nodes", f"{req.nodes}-{req.max_nodes}"),) if req.max_nodes is not None else ()
+    elastic: tuple[tuple[str, str], ...] = (("nodes", f"{req.nodes}-{req.max_nodes}"),) if req.max_nodes else ()
+    if req.max_nodes is not None and req.worker_gpus:
+        elastic += (("step", str(req.worker_gpus)),)  # elastic in GPUs: each worker adds this many
     return (("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus)),
             *elastic)
 
@@ -212,12 +224,14 @@ def _worker_array(batch: BatchSpec, gpus: int) -> BatchSpec | None:
     """An elastic job's held worker array (None for a fixed-size job), checked by rendering it."""
     if batch.elastic is None:
         return None
-    # The workers wait, held, on the partition the job runs on; each is one node of the same shape.
+    # The workers wait, held, on the partition the job runs on; each is one node of the same shape, or, for a
+    # job elastic in GPUs, a task of ``gpus`` GPUs (its step) on any node with as many idle, CPUs and memory as
+    # the main job's.
     tags = dict(batch.tags)
     workers = dataclasses.replace(
         batch, nodes=1, role="worker", gpus_per_node=gpus,
         tags=(("mode", "ideal"), ("ideal", tags["ideal"]), ("gpus", str(gpus)), ("role", "worker"),
-              ("nodes", tags["nodes"])))
+              ("nodes", tags["nodes"]), *((("step", tags["step"]),) if "step" in tags else ())))
     render_sbatch(workers)  # a worker script that cannot be rendered fails the plan, before anything is written
     return workers
 
@@ -294,6 +308,7 @@ def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobS
             time_limit_min=spec.time_limit_min,
             image=spec.container.image,
             max_nodes=spec.elastic[1] if spec.elastic else None,
+            worker_gpus=plan.worker_gpus or None,
         )
         store.add(record)
         # Slurm creates the output file with the umask sbatch had: owner-only.

@@ -42,13 +42,33 @@ class JobRecord:
     cancelled_at: float | None = None
     state: str | None = None  # the last JobState observed (None: never observed)
     state_at: float | None = None
-    max_nodes: int | None = None  # an elastic job's most nodes (None: fixed at ``nodes``)
+    # An elastic job's most members, its main job's nodes and its workers (None: fixed at ``nodes``).
+    max_nodes: int | None = None
     worker_array_id: int | None = None  # its held worker array in Slurm
+    worker_gpus: int | None = None  # GPUs of each worker (None: a node's, ``gpus_per_node``; elastic in nodes)
 
     @property
     def worker_tasks(self) -> int:
-        """How many tasks its worker array has: one for each node it may add."""
+        """How many tasks its worker array has: one for each member it may add."""
         return self.max_nodes - self.nodes if self.max_nodes is not None else 0
+
+    @property
+    def gpus_per_worker(self) -> int:
+        return self.worker_gpus or self.gpus_per_node
+
+    @property
+    def elastic_in_gpus(self) -> bool:
+        return self.max_nodes is not None and self.worker_gpus is not None
+
+    @property
+    def elastic_range(self) -> str:
+        """An elastic job's range as it asked for it: "1 to 4 GPUs" or "1 to 2 nodes" ("" when fixed)."""
+        if self.max_nodes is None:
+            return ""
+        if self.elastic_in_gpus:
+            low = self.nodes * self.gpus_per_node
+            return f"{low} to {low + self.worker_tasks * self.gpus_per_worker} GPUs"
+        return f"{self.nodes} to {self.max_nodes} nodes"
 
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
@@ -68,7 +88,7 @@ class UnknownJob(LookupError):
 
 
 # Columns added since the first schema, with their types; added on open.
-_ADDED_COLUMNS = {"state": str, "state_at": float, "max_nodes": int, "worker_array_id": int}
+_ADDED_COLUMNS = {"state": str, "state_at": float, "max_nodes": int, "worker_array_id": int, "worker_gpus": int}
 
 
 class JobStore:

@@ -59,6 +59,10 @@ class SlurmUnreachable(SlurmError):
 _HANDLE = re.compile(r"^\d+(_\d+)?\Z")
 
 
+#: A node name as Slurm prints it (what ``point_at_node`` puts on a command line).
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+
+
 def _job_handle(job: int | str) -> str:
     """A job id (``123``) or array task (``123_4``), checked: it goes on a command line."""
     text = str(int(job)) if isinstance(job, int) else str(job)
@@ -314,6 +318,14 @@ class SlurmClient:
         BeginTime (cred_expire + 1 s after the requeue): started sooner on the node it left, slurmd kills
         it ("Job credential revoked")."""
         self._run(["scontrol", "release", _job_handle(job_id)])
+
+    def point_at_node(self, job_id: int | str, node: str) -> None:
+        """Have a pending job (or one array task) start on ``node`` only (``scontrol update ReqNodeList=``):
+        an elastic job's worker starts where the agent counted idle GPUs for it, the job's own node first,
+        not on whichever node Slurm would try first. Slurm keeps it across a requeue; each grow points again."""
+        if not _NODE_NAME.match(node):
+            raise ValueError(f"{node!r} is not a Slurm node name")
+        self._run(["scontrol", "update", f"jobid={_job_handle(job_id)}", f"ReqNodeList={node}"])
 
     def signal_task(self, handle: str, signal: str) -> None:
         """Signal the batch shell of one array task (``scancel --batch --signal``)."""

@@ -432,6 +432,10 @@ class FakeSlurm:
                 if job.state != "PENDING":
                     return self._done(argv, 1, "", "scontrol: error: Job is no longer pending execution")
                 job.options["partition"] = fields["Partition"]
+            if "ReqNodeList" in fields:
+                if job.state != "PENDING":
+                    return self._done(argv, 1, "", "scontrol: error: Job is no longer pending execution")
+                job.options["nodelist"] = fields["ReqNodeList"]
             if "TresPerNode" in fields:
                 value = fields["TresPerNode"]
                 job.options["gres"] = value.removeprefix("gres:") if value else ""

@@ -109,6 +109,11 @@ def _nodes_text(nodes: int) -> str:
     return f"{nodes} node{'s' if nodes != 1 else ''}"
 
 
+def _size_text(job: ElasticJob, members: int) -> str:
+    """Its size at ``members`` members: "2 nodes", or "3 GPUs" for a job elastic in GPUs."""
+    return job.size_text(members) if job.worker_gpus else _nodes_text(members)
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if abs(seconds) >= 90 else f"{seconds:.0f} s"
 
@@ -146,12 +151,13 @@ def model_text(scaled: ScaledJob) -> str:
 
 def predicted_rate(scaled: ScaledJob, nodes: int) -> tuple[float, bool] | None:
     """(rate, in samples/s) the job's model predicts on ``nodes`` nodes; None without a model."""
-    view, per_node = scaled.view, scaled.job.gpus_per_node
+    view, job = scaled.view, scaled.job
     model = view.model
-    if model is None or per_node <= 0:
+    if model is None or job.gpus_per_node <= 0:
         return None
     batch = view.batch_size or scaled.batch or 1
-    step = model.step_time(packed_placement(nodes * per_node, per_node), batch)
+    gpus = job.gpus_at(nodes)
+    step = model.step_time(packed_placement(gpus, job.packing(gpus)), batch)
     if step <= 0:
         return None
     return (batch / step, True) if scaled.batch else (1.0 / step, False)
@@ -163,11 +169,11 @@ def _figures(scaled: ScaledJob, before: int, after: int) -> str:
     predicted = predicted_rate(scaled, after)
     if predicted is not None:
         rate, samples = predicted
-        text += f"; predicted {_nodes_text(after)} {_rate_text(rate, samples)}"
-    view, per_node = scaled.view, scaled.job.gpus_per_node
+        text += f"; predicted {_size_text(scaled.job, after)} {_rate_text(rate, samples)}"
+    view, job = scaled.view, scaled.job
     if view.model is not None:
-        curve = RemainingTime(view, per_node, adapt_batch=True, guess_remaining=True)
-        saved = curve.time(before * per_node) - curve.time(after * per_node)
+        curve = RemainingTime(view, job.packing(job.max_gpus), adapt_batch=True, guess_remaining=True)
+        saved = curve.time(job.gpus_at(before)) - curve.time(job.gpus_at(after))
         guess = "" if view.remaining is not None else " (remaining work guessed: none declared)"
         text += (f", est. {_minutes(saved)} saved{guess}" if saved >= 0
                  else f", est. {_minutes(-saved)} longer{guess}")
@@ -179,7 +185,7 @@ def _batch_at(scaled: ScaledJob, decision: Decision, nodes: int) -> tuple[int | 
     alloc = decision.get(scaled.job.dlsub_id)
     if scaled.limits is None or alloc is None or alloc.batch_size is None:
         return None, None, ""
-    replicas = nodes * max(1, scaled.job.gpus_per_node)
+    replicas = scaled.job.gpus_at(nodes)
     atomic, extra = split_batch(scaled.limits, replicas, alloc.batch_size)
     batch = atomic * replicas * (extra + 1)
     return batch, extra + 1, f"; batch {batch} ({extra + 1} micro-step(s) of {atomic} per GPU)"
@@ -204,7 +210,7 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
         own = tuple(f"{scaled.job.dlsub_id}#{i}" for i in range(scaled.job.nodes_now))
         nodes.extend(Node(slot, 1, partition=room.name) for slot in own)
         previous[scaled.job.dlsub_id] = Allocation(own)
-    views = [in_nodes(s.view, max(1, s.job.gpus_per_node)) for s in jobs]
+    views = [in_nodes(s.view, s.job.gpus_per_worker) for s in jobs]
     decision = policy.decide(views, ClusterView(tuple(nodes)), now, previous)
     target: dict[str, int] = {}
     for scaled in jobs:
@@ -222,17 +228,19 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
         if want <= 0:
             continue
         if job.uid in left:
-            want = min(want, left[job.uid] // max(1, job.gpus_per_node))
+            want = min(want, left[job.uid] // job.gpus_per_worker)
         taken = take_workers(job, capacity, want)
         if want > len(taken):
             wanting[job.uid] = wanting.get(job.uid, 0) + want - len(taken)
-        for size, (worker, _) in enumerate(taken, start=job.nodes_now + 1):
+        for size, placed in enumerate(taken, start=job.nodes_now + 1):
+            worker = placed.worker
             if job.uid in left:
-                left[job.uid] -= max(1, job.gpus_per_node)
+                left[job.uid] -= job.gpus_per_worker
             batch, micro, words = _batch_at(scaled, decision, size)
             actions.append(Resize(GROW, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
-                                  partition=room.name, batch_size=batch, accumulation_steps=micro, reason=(
-                                      f"growing to {_nodes_text(size)} ({policy.name} policy): "
+                                  partition=room.name, node=placed.node, batch_size=batch,
+                                  accumulation_steps=micro, reason=(
+                                      f"growing to {_size_text(job, size)} ({policy.name} policy): "
                                       f"{_figures(scaled, job.nodes_now, size)}{words}; released worker "
                                       f"{worker.handle} to join the group")))
     # Workers already leaving give their nodes back soon: not one more shrink for the same want.
@@ -253,7 +261,7 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
             batch, micro, words = _batch_at(scaled, decision, size)
             actions.append(Resize(SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
                                   batch_size=batch, accumulation_steps=micro, reason=(
-                f"shrinking to {_nodes_text(size)} ({policy.name} policy): another elastic job of yours gains "
+                f"shrinking to {_size_text(job, size)} ({policy.name} policy): another elastic job of yours gains "
                 f"more from the node; {_figures(scaled, job.nodes_now, size)}{words}; the worker on "
                 f"{','.join(worker.nodes) or '?'} checkpoints with the group and goes back to the held pool")))
     return actions

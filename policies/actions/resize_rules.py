@@ -56,6 +56,7 @@ class WorkerTask:
     restart_count: int = 0
     start_time: float = 0.0
     leaving: bool = False  # told to leave (MOVE_SIGNAL) and still checkpointing with its group
+    gpus: int = 0  # the GPUs Slurm gives the task (its gres); 0: unknown
 
     @property
     def in_pool(self) -> bool:
@@ -88,10 +89,48 @@ class ElasticJob:
     moving: bool = False  # a move or continuation of the main job is in flight
     cpus_per_node: int = 0  # what each of its nodes (so each worker) asks for besides GPUs; 0: unknown
     memory_per_node_mb: int = 0
+    worker_gpus: int = 0  # a job elastic in GPUs (--gpus MIN:MAX): each worker's; 0: a whole node's
+    main_nodes: tuple[str, ...] = ()  # where the main job runs
 
     @property
     def nodes_now(self) -> int:
+        """Its members now: the main job's nodes and the workers running or on their way."""
         return self.min_nodes + sum(1 for w in self.workers if w.joining)
+
+    @property
+    def gpus_per_worker(self) -> int:
+        return max(1, self.worker_gpus or self.gpus_per_node)
+
+    @property
+    def main_gpus(self) -> int:
+        return self.min_nodes * self.gpus_per_node
+
+    def gpus_at(self, members: int) -> int:
+        return self.main_gpus + self.gpus_per_worker * (members - self.min_nodes)
+
+    @property
+    def gpus_now(self) -> int:
+        return self.gpus_at(self.nodes_now)
+
+    @property
+    def max_gpus(self) -> int:
+        return self.gpus_at(self.max_nodes)
+
+    def packing(self, gpus: int) -> int:
+        """GPUs a node holds for it, to place ``gpus`` of them: a node's (whole nodes), else all on one (its
+        workers go to its own node first)."""
+        return max(1, gpus if self.worker_gpus else self.gpus_per_node)
+
+    def size_text(self, members: int) -> str:
+        """Its size at ``members`` members, in what it asked for: "3 GPUs" (``--gpus MIN:MAX``) or "2 node(s)"."""
+        if self.worker_gpus:
+            gpus = self.gpus_at(members)
+            return f"{gpus} GPU{'s' if gpus != 1 else ''}"
+        return f"{members} node(s)"
+
+    def own_nodes(self) -> tuple[str, ...]:
+        """The nodes it runs on now, the main job's first: a worker placed there keeps the job on few nodes."""
+        return (*self.main_nodes, *(n for w in self.workers if w.joining for n in w.nodes))
 
 
 @dataclass(frozen=True)
@@ -141,23 +180,46 @@ class Capacity:
     @staticmethod
     def _fits(node: list[int | None], job: ElasticJob) -> bool:
         gpus, cpus, memory = node
-        return ((gpus or 0) >= max(1, job.gpus_per_node)
+        return ((gpus or 0) >= job.gpus_per_worker
                 and (cpus is None or job.cpus_per_node <= 0 or cpus >= job.cpus_per_node)
                 and (memory is None or job.memory_per_node_mb <= 0 or memory >= job.memory_per_node_mb))
 
+    def _candidates(self, job: ElasticJob) -> list[str]:
+        """Where a worker of ``job`` may go, best first: the nodes the job already runs on (fewer nodes per
+        job, as Pollux places), then the node with the most idle GPUs (where its next workers fit too)."""
+        own = [n for n in dict.fromkeys(job.own_nodes()) if n in self.nodes]
+        rest = sorted((n for n in self.nodes if n not in own), key=lambda n: -(self.nodes[n][0] or 0))
+        return [n for n in (*own, *rest) if self._fits(self.nodes[n], job)]
+
     def count(self, job: ElasticJob) -> int:
-        """How many of ``job``'s workers the idle nodes could start (one node each)."""
-        return sum(1 for node in self.nodes.values() if self._fits(node, job))
+        """How many of ``job``'s workers the idle GPUs could start (several on one node when they fit)."""
+        saved = {name: list(node) for name, node in self.nodes.items()}
+        try:
+            taken = 0
+            while taken < job.max_nodes and self.take(job) is not None:
+                taken += 1
+            return taken
+        finally:
+            self.nodes = saved
 
     def take(self, job: ElasticJob) -> str | None:
         """A node for one worker of ``job`` (its resources then counted as used), or None."""
-        for name, node in self.nodes.items():
-            if self._fits(node, job):
-                node[0] = (node[0] or 0) - max(1, job.gpus_per_node)
-                node[1] = None if node[1] is None else node[1] - job.cpus_per_node
-                node[2] = None if node[2] is None else node[2] - job.memory_per_node_mb
-                return name
+        for name in self._candidates(job)[:1]:
+            node = self.nodes[name]
+            node[0] = (node[0] or 0) - job.gpus_per_worker
+            node[1] = None if node[1] is None else node[1] - job.cpus_per_node
+            node[2] = None if node[2] is None else node[2] - job.memory_per_node_mb
+            return name
         return None
+
+    def why_there(self, job: ElasticJob, node: str) -> str:
+        """Why a worker of ``job`` goes to ``node`` (for the resize's reason)."""
+        if node in job.own_nodes():
+            return f"{node}, a node the job already runs on, has {job.gpus_per_worker} idle GPU(s) for it"
+        if job.own_nodes():
+            return (f"{node} has the most idle GPUs ({(self.nodes[node][0] or 0) + job.gpus_per_worker}) and none "
+                    f"of the job's nodes ({','.join(dict.fromkeys(job.own_nodes()))}) has {job.gpus_per_worker}")
+        return f"{node} has {job.gpus_per_worker} idle GPU(s) for it"
 
 
 @dataclass(frozen=True)
@@ -172,6 +234,8 @@ class Resize:
     # per optimiser step there (told to the job before the resize; it reads them when it restarts).
     batch_size: int | None = None
     accumulation_steps: int | None = None
+    # GROW: the node the worker is pointed at (Slurm's ReqNodeList) before its release; None: where Slurm likes.
+    node: str | None = None
 
 
 def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> list[Resize]:
@@ -182,24 +246,32 @@ def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> 
     away more workers than it needs, of this job or of any other.
     """
     out: list[Resize] = []
+    each = job.gpus_per_worker
     for worker in job.workers:
         if worker.leaving:
             for node in worker.nodes:
-                freed[node] = freed.get(node, 0) + job.gpus_per_node
+                freed[node] = freed.get(node, 0) + each
     running = sorted((w for w in job.workers if w.state == "RUNNING" and not w.leaving), key=lambda w: -w.start_time)
+    # GPUs each node would have back if every worker of the job still there left (several may share one).
+    held: dict[str, int] = {}
+    for worker in running:
+        for node in worker.nodes:
+            held[node] = held.get(node, 0) + each
     for worker in running:
         for room in rooms.values():
             idle = dict(room.nodes)
             # Only a node that the waiting jobs could then use is worth freeing.
-            helps = any(n in idle and idle[n] + freed.get(n, 0) + job.gpus_per_node >= room.waiting_per_node
+            helps = any(n in idle and idle[n] + freed.get(n, 0) + held.get(n, 0) >= room.waiting_per_node
                         for n in worker.nodes)
             if helps and room.short_of_gpus(freed):
                 for node in worker.nodes:
-                    freed[node] = freed.get(node, 0) + job.gpus_per_node
+                    freed[node] = freed.get(node, 0) + each
+                    held[node] -= each
                 out.append(Resize(SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle, reason=(
-                    f"shrinking to {job.nodes_now - len(out) - 1} node(s): jobs waiting on {room.name} need "
-                    f"{room.waiting_gpus} GPU(s) and {room.idle_gpus} are idle; the worker on "
-                    f"{','.join(worker.nodes)} checkpoints with the group and goes back to the held pool")))
+                    f"shrinking to {job.size_text(job.nodes_now - len(out) - 1)}: jobs waiting on {room.name} "
+                    f"need {room.waiting_gpus} GPU(s) and {room.idle_gpus} are idle; the worker on "
+                    f"{','.join(worker.nodes)} ({each} GPU(s)) checkpoints with the group and goes back to the "
+                    f"held pool")))
                 break
     return out
 
@@ -210,17 +282,26 @@ def usable_worker(worker: WorkerTask, job: ElasticJob) -> bool:
     return worker.in_pool and worker.partition == job.partition and worker.restart_count <= MAX_WORKER_RESTARTS
 
 
-def take_workers(job: ElasticJob, capacity: Capacity, want: int) -> list[tuple[WorkerTask, str]]:
+@dataclass(frozen=True)
+class Placed:
+    """A held worker to release, the idle node it is pointed at, and why there."""
+
+    worker: WorkerTask
+    node: str
+    why: str
+
+
+def take_workers(job: ElasticJob, capacity: Capacity, want: int) -> list[Placed]:
     """Up to ``want`` of the job's held workers that may be released (by handle), each with the idle node
-    it would start on (then counted as used), until the idle nodes can hold no more of them. Every grow,
+    it is to start on (then counted as used), until the idle GPUs can hold no more of them. Every grow,
     whichever policy sizes the job, takes its workers here."""
     pool = sorted((w for w in job.workers if usable_worker(w, job)), key=lambda w: w.handle)
-    taken: list[tuple[WorkerTask, str]] = []
+    taken: list[Placed] = []
     while pool and len(taken) < want:
         node = capacity.take(job)
         if node is None:
             break
-        taken.append((pool.pop(0), node))
+        taken.append(Placed(pool.pop(0), node, capacity.why_there(job, node)))
     return taken
 
 
@@ -278,16 +359,16 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
                 if any(Capacity._fits(g, j) for j in group)]
         if not free:
             continue
-        views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time,
-                         gpus=j.gpus_per_node * (j.max_nodes - j.nodes_now)) for j in group]
+        views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=j.max_gpus - j.gpus_now) for j in group]
         decision = get_policy(policy).decide(views, ClusterView(tuple(free)), 0.0, {})
         order = sorted(group, key=lambda j: (-(decision[j.dlsub_id].gpus if j.dlsub_id in decision else 0),
                                              j.submit_time, j.slurm_job_id))
         for job in order:
-            for size, (worker, node) in enumerate(take_workers(job, capacity, job.max_nodes - job.nodes_now),
-                                                  start=job.nodes_now + 1):
-                actions.append(Resize(GROW, job.dlsub_id, job.slurm_job_id, worker=worker.handle, partition=name,
-                                      reason=(f"growing to {size} node(s): {node} on {name} has idle GPU(s) "
-                                              f"that no waiting job can use; released worker "
-                                              f"{worker.handle} to join the group")))
+            for size, placed in enumerate(take_workers(job, capacity, job.max_nodes - job.nodes_now),
+                                          start=job.nodes_now + 1):
+                actions.append(Resize(GROW, job.dlsub_id, job.slurm_job_id, worker=placed.worker.handle,
+                                      partition=name, node=placed.node, reason=(
+                                          f"growing to {job.size_text(size)}: {placed.why} (partition {name}; "
+                                          f"no waiting job can use them); released worker "
+                                          f"{placed.worker.handle} there to join the group")))
     return actions

@@ -105,6 +105,61 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
                 subprocess.run(["scancel", str(leftover)], check=False)
 
 
+def _hold_gpus(user: TestbedUser, node: str, gpus: int) -> int:
+    out = user.run("sbatch", "--parsable", "-p", "gpu", "-w", node, f"--gres=gpu:{gpus}", "-J", "blocker",
+                   "--mem=200", "--cpus-per-task=1", "--time=30", "--wrap", "sleep 900", check=True)
+    job = int(out.stdout.strip().split(";")[0])
+    wait_for(f"{gpus} GPU(s) of {node} held", lambda: (slurm_job(job) or {}).get("job_state") == "RUNNING", timeout=60)
+    return job
+
+
+def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_waiting_job(
+    user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    # gpu2 busy throughout; gpu1's GPUs held by three 1-GPU jobs but one: the job starts on that one.
+    held = [_hold_gpus(user, "gpu2", 4), *(_hold_gpus(user, "gpu1", 1) for _ in range(3))]
+    other = None
+    try:
+        job = user.submit("--gpus", "1:4", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "40", "--throttle",
+                          "0.1", cwd=workdir)
+        assert job["max_nodes"] == 4 and job["worker_gpus"] == 1 and job["gpus_per_node"] == 1, job
+        wait_for("training on 1 GPU", lambda: world_sizes(job["job_dir"])[-1:] == [1]
+                 and progress_events(job["job_dir"], "checkpoint"), timeout=180)
+        for size, blocker in zip((2, 3, 4), held[1:], strict=True):
+            # One more GPU of gpu1 frees: the job takes it, on the node it runs on (gpu2 stays busy).
+            subprocess.run(["scancel", str(blocker)], check=True)
+            wait_for(f"the agent to grow the job to {size} GPUs",
+                     lambda want=size: want in world_sizes(job["job_dir"]), timeout=120)
+        grew_at = next(e["time"] for e in progress_events(job["job_dir"], "start") if e["world_size"] == 4)
+        restored = wait_for("the 4-GPU group to restore", lambda: [
+            e for e in progress_events(job["job_dir"], "restore") if e["time"] >= grew_at], timeout=60)
+        assert restored[0]["step"] > 0, "the grown group resumes from a checkpoint, not from step 0"
+        assert all(w.get("nodes") == "gpu1" for w in running_workers(job["worker_array_id"])), "workers on its node"
+        why = user.dlsub("why", job["id"]).stdout
+        assert "growing to 4 GPUs: gpu1, a node the job already runs on, has 1 idle GPU(s)" in why, why
+        # Another user's 2-GPU job waits for gpu1: two workers leave, newest first; the job goes on at 2 GPUs.
+        out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:2", "-J", "needs-two", "--mem=200",
+                        "--cpus-per-task=1", "--time=5", "--wrap", "sleep 5", check=True)
+        other = int(out.stdout.strip().split(";")[0])
+        wait_for("the other user's job to start", lambda: (slurm_job(other) or {}).get("job_state") in
+                 ("RUNNING", "COMPLETED", None), timeout=180)
+        # Two workers are told to leave; the third leaves with them today (a worker does not re-form a group,
+        # only the main job does), so the job goes on at 1 GPU, not 2, and grows again once the other job is done.
+        wait_for("training on at fewer GPUs", lambda: any(w < 4 for w in after_first(world_sizes(job["job_dir"]), 4)),
+                 timeout=120)
+        final = wait_for("the elastic job to complete",
+                         lambda: (s := user.status(job["id"]))["state"] in ("COMPLETED", "FAILED") and s, timeout=300)
+        assert final["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
+        assert "done: " in output(job["job_dir"])
+        steps = [e["step"] for e in progress_events(job["job_dir"], "restore")]
+        assert steps == sorted(steps) and all(s > 0 for s in steps), "every re-formed group resumed, never from 0"
+        assert "shrinking to 3 GPUs" in user.dlsub("why", job["id"]).stdout
+    finally:
+        for leftover in (*held, other):
+            if leftover:
+                subprocess.run(["scancel", str(leftover)], check=False)
+
+
 def test_a_worker_node_that_dies_shrinks_the_job_which_completes(
     user: TestbedUser, workdir: Path, service_agent: None
 ) -> None:

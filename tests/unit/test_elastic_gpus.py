@@ -1,0 +1,178 @@
+"""Unit: jobs elastic in GPUs (``dlsub --gpus MIN:MAX``), which grow and shrink by workers of a few GPUs,
+on their own node first.
+
+Pure where the name says so; the submit and Slurm-client tests run against the stateful fake Slurm behind
+the client's ``_run`` seam.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dlsub.cli.main import main
+from dlsub.contract import BATCH_SCRIPT, Tags
+from dlsub.job.settings import load_settings
+from dlsub.job.shape import Shape, ShapeError, resolve_shape
+from dlsub.job.user_store import JobStore
+from dlsub.policies.actions.resize_rules import GROW, SHRINK, ElasticJob, Room, WorkerTask, plan_resizes
+from dlsub.slurm_plugins.client import SlurmClient
+from dlsub.slurm_plugins.fake import FakeSlurm
+
+
+# ---------------------------------------------------------------- the shape (pure)
+def test_gpus_min_max_alone_is_a_main_job_of_min_gpus_and_workers_of_one_gpu_each() -> None:
+    assert resolve_shape(None, "1:4", None) == Shape(1, 1, 4, worker_gpus=1)
+    assert resolve_shape(None, "2:8", None, 2) == Shape(2, 1, 4, worker_gpus=2)
+    assert resolve_shape(None, "4:8", 4) == Shape(4, 1, 2), "with --gpus-per-node it grows by whole nodes"
+    assert resolve_shape("1:2", None, 4) == Shape(4, 1, 2)
+
+
+@pytest.mark.parametrize(("nodes", "gpus", "per_node", "step", "message"), [
+    (None, "1:4", None, 2, "MAX - MIN must be a multiple of 2; try --gpus 1:3"),
+    ("1:2", None, 4, 2, "--gpus-step 2: give a step of 1 or more GPUs, with an elastic --gpus MIN:MAX"),
+    (None, "4", None, 1, "with an elastic --gpus MIN:MAX"),
+    (None, "1:4", None, 0, "give a step of 1 or more"),
+    (None, "0:4", None, None, "starts on 1 GPU or more"),
+])
+def test_steps_that_do_not_fit_the_range_are_refused_with_what_to_write(
+        nodes: str | None, gpus: str, per_node: int | None, step: int | None, message: str) -> None:
+    with pytest.raises(ShapeError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        resolve_shape(nodes, gpus, per_node, step)
+
+
+def test_the_step_tag_round_trips_and_needs_an_elastic_range() -> None:
+    tags = Tags("0123abcd", gpus=1, nodes=(1, 4), step=1)
+    assert tags.comment().endswith(";nodes=1-4;step=1") and Tags.parse(tags.comment()) == tags
+    assert Tags.parse("dlsub:0123abcd;gpus=1;step=1") is None, "a step without a range is not trusted"
+    assert Tags.parse("dlsub:0123abcd;gpus=1;nodes=1-4;step=x") is None
+
+
+# ---------------------------------------------------------------- submitting (fake Slurm)
+def test_dlsub_gpus_1_4_submits_one_gpu_and_three_held_one_gpu_workers(cli_env: FakeSlurm, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('training')\n")
+    result = CliRunner().invoke(main, ["--json", "--gpus", "1:4", str(script)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert (out["gpus_per_node"], out["nodes"], out["max_nodes"], out["worker_gpus"]) == (1, 1, 4, 1)
+    record = JobStore(load_settings().db_path).get(out["id"])
+    assert record.elastic_range == "1 to 4 GPUs" and record.worker_tasks == 3
+    main_job, workers = cli_env.jobs[out["slurm_job_id"]], cli_env.jobs[out["worker_array_id"]]
+    assert main_job.options["gres"] == "gpu:1" and workers.options["gres"] == "gpu:1"
+    assert workers.options["array"] == "0-2" and "step=1" in workers.options["comment"]
+    assert "step=1" in main_job.options["comment"] and "nodes=1-4" in main_job.options["comment"]
+    script_text = (Path(out["job_dir"]) / BATCH_SCRIPT).read_text()
+    assert "--nnodes 1:4" in script_text, "one rendezvous of the main job and up to three workers"
+
+
+def test_more_gpus_than_the_partition_has_is_refused_before_anything_is_written(
+        cli_env: FakeSlurm, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('training')\n")
+    result = CliRunner().invoke(main, ["--gpus", "1:64", "-p", "gpu", str(script)])
+    assert result.exit_code != 0 and "partition gpu has 8 GPUs in all" in result.output, result.output
+    assert not cli_env.submitted()
+
+
+def test_the_client_points_a_held_task_at_a_node_and_refuses_a_name_slurm_would_not_print(
+        fake_slurm: FakeSlurm, client: SlurmClient, tmp_path: Path) -> None:
+    script = tmp_path / "w.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --array=0-2\n#SBATCH --hold\n#SBATCH -p gpu\nsleep 1\n")
+    array = client.submit(script)
+    client.point_at_node(f"{array}_1", "gpu1")
+    assert fake_slurm.task(f"{array}_1").options["nodelist"] == "gpu1"
+    with pytest.raises(ValueError, match="not a Slurm node name"):
+        client.point_at_node(f"{array}_2", "gpu1 Partition=cpu")
+
+
+# ---------------------------------------------------------------- growing and shrinking (pure)
+def held(count: int) -> tuple[WorkerTask, ...]:
+    return tuple(WorkerTask(f"900_{i}", 900, "PENDING", "JobHeldUser", "gpu") for i in range(count))
+
+
+def on_node(handle: str, node: str, start: float) -> WorkerTask:
+    return WorkerTask(handle, 950 + start, "RUNNING", "None", "gpu", (node,), 0, start, gpus=1)
+
+
+def gpu_job(workers: tuple[WorkerTask, ...]) -> ElasticJob:
+    return ElasticJob("0123abcd", 901, 1001, "ann", "RUNNING", False, "gpu", gpus_per_node=1, min_nodes=1,
+                      max_nodes=4, submit_time=10.0, worker_arrays=(900,), workers=workers, worker_gpus=1,
+                      main_nodes=("gpu1",))
+
+
+def test_a_worker_goes_to_a_free_gpu_of_the_jobs_own_node_before_an_idle_node() -> None:
+    room = Room("gpu", (("gpu2", 4), ("gpu1", 1)))
+    first, second, third = plan_resizes([gpu_job(held(3))], [room])
+    assert (first.kind, first.node, second.node, third.node) == (GROW, "gpu1", "gpu2", "gpu2")
+    assert first.reason.startswith("growing to 2 GPUs: gpu1, a node the job already runs on, has 1 idle GPU(s)")
+    assert "none of the job's nodes (gpu1) has 1" in second.reason and third.reason.startswith("growing to 4 GPUs")
+
+
+def test_a_waiting_two_gpu_job_sends_away_two_one_gpu_workers_newest_first() -> None:
+    job = gpu_job((on_node("900_0", "gpu1", 100), on_node("900_1", "gpu1", 200), on_node("900_2", "gpu1", 300)))
+    room = Room("gpu", (("gpu1", 0), ("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
+    first, second = plan_resizes([job], [room])
+    assert (first.kind, first.worker, second.worker) == (SHRINK, "900_2", "900_1")
+    assert first.reason.startswith("shrinking to 3 GPUs") and second.reason.startswith("shrinking to 2 GPUs")
+
+
+# ---------------------------------------------------------------- members of different sizes (real torch)
+@pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
+                    reason="torchrun is not installed")
+def test_torchrun_forms_one_group_of_members_with_different_local_world_sizes(tmp_path: Path) -> None:
+    """Real torchrun (gloo, loopback): a member of 1 process and one of 3 form world size 4, and each
+    process's run.local_world_size is its own member's."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import os, torch, torch.distributed as dist\n"
+        "from dlsub.checkpointing.run import Run\n"
+        "dist.init_process_group('gloo')\n"
+        "t = torch.ones(1); dist.all_reduce(t)\n"
+        "from pathlib import Path\n"
+        "run = Run(Path(os.environ['OUT']))\n"
+        "open(os.path.join(os.environ['OUT'], f'rank{run.rank}'), 'w').write("
+        "f'{run.world_size} {run.local_world_size} {run.nodes} {t.item():.0f}')\n")
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    env = {**os.environ, "OUT": str(tmp_path)}
+    argv = [torchrun, "--nnodes=1:3", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29517",
+            "--rdzv-id=hetero", "--rdzv-conf=last_call_timeout=2"]
+    members = [subprocess.Popen([*argv, f"--nproc-per-node={n}", str(probe)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for n in (1, 3)]
+    for member in members:
+        out, _ = member.communicate(timeout=120)
+        assert member.returncode == 0, out.decode(errors="replace")[-2000:]
+    seen = sorted((tmp_path / f"rank{r}").read_text() for r in range(4))
+    assert sorted(s.split()[1] for s in seen) == ["1", "3", "3", "3"], seen
+    assert all(s.split()[0] == "4" and s.split()[2] == "2" and s.split()[3] == "4" for s in seen), seen
+
+
+def test_a_slurm_that_refuses_the_pin_still_gets_the_worker_released(
+        fake_slurm: FakeSlurm, client: SlurmClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake Slurm: a grow whose ``scontrol update ReqNodeList=`` fails releases the worker anyway (it then
+    starts wherever its GPUs are idle, as grows did before pinning)."""
+    from dlsub.agent.act import STEPS
+    from dlsub.policies.actions.kinds import ActionKind
+    from dlsub.policies.actions.resize_rules import Resize
+    from dlsub.slurm_plugins.client import SlurmError
+
+    script = tmp_path / "w.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --array=0-1\n#SBATCH --hold\n#SBATCH -p gpu\nsleep 1\n")
+    array = client.submit(script)
+
+    def refuse(job_id: int | str, node: str) -> None:
+        raise SlurmError(["scontrol", "update"], 1, "", "scontrol: error: Invalid node name specified")
+
+    monkeypatch.setattr(client, "point_at_node", refuse)
+    grow = STEPS[ActionKind.GROW].call
+    assert grow is not None
+    grow(client, Resize(ActionKind.GROW, "0123abcd", 901, "test", worker=f"{array}_1", node="gpu1"))
+    assert fake_slurm.task(f"{array}_1").reason == "None", "released though the pin was refused"
+    assert fake_slurm.task(f"{array}_0").reason == "JobHeldUser"
