@@ -28,9 +28,12 @@ STARTED_SLURM: list[int] = []
 STARTED_DLSUB: list[str] = []
 
 
-def hold_node(user: TestbedUser, wait_running: bool = True, name: str = "holder") -> int:
-    """A job wanting one whole GPU node, holding it until cancelled (the benchmark ends it when it chooses)."""
-    out = user.run("sbatch", "--parsable", "-p", "gpu", f"--gres=gpu:{GPUS_PER_NODE}", "-J", name, "--mem=200",
+def hold_node(user: TestbedUser, wait_running: bool = True, name: str = "holder", gpus: int = GPUS_PER_NODE,
+              node: str | None = None) -> int:
+    """A job wanting ``gpus`` GPUs of one node (all of one by default; of ``node`` when named), holding them
+    until cancelled (the benchmark ends it when it chooses)."""
+    where = ["-w", node] if node else []
+    out = user.run("sbatch", "--parsable", "-p", "gpu", *where, f"--gres=gpu:{gpus}", "-J", name, "--mem=200",
                    "--cpus-per-task=1", "--time=30", "--wrap", "sleep 1800", check=True)
     job_id = int(out.stdout.strip().split(";")[0])
     STARTED_SLURM.append(job_id)

@@ -1,6 +1,6 @@
 """Resize latency on the live testbed: the agent's decision -> all ranks training at the new size.
 
-    python benchmarks/resize_latency.py [--samples 5] [--throttle 0.05] [--json]
+    python benchmarks/resize_latency.py [--samples 5] [--throttle 0.05] [--within-node] [--json]
 
 One sample = one elastic job (`dlsub --nodes 1:2 --gpus-per-node 4`, on
 `gpu`) that starts on one node while another job holds the other, then:
@@ -24,6 +24,13 @@ requeued, and Slurm keeps a requeued job from starting for cred_expire +
 Progress is reported
 every step and a step sleeps --throttle s, so "first step" is measured to
 within about one step. Prints every sample and the medians.
+
+--within-node: the same within one node, by GPUs (``dlsub --gpus 3:4``, a
+job elastic in GPUs): gpu2 is held throughout, the job starts on 3 GPUs of
+gpu1 while a 1-GPU job holds the fourth; grow = that job is cancelled and a
+1-GPU worker joins on gpu1 (world size 3 -> 4); shrink = another 1-GPU job
+waits, the worker leaves (4 -> 3) and that job holds the GPU for the next
+sample.
 
 Runs as root (acts as the testbed user); needs the agent service (tick 3 s)
 and an otherwise idle testbed. Takes about 1.5 min per sample.
@@ -72,21 +79,30 @@ def resize(user: TestbedUser, job: dict[str, Any], kind: str, after: float, size
             "latency_s": round(float(trained["time"]) - decided, 2)}
 
 
+#: --within-node: world sizes before and after a grow, all on gpu1.
+IN_NODE_SMALL, IN_NODE_LARGE = GPUS_PER_NODE - 1, GPUS_PER_NODE
+
+
 def one_sample(user: TestbedUser, holder: int, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
-    """Grow then shrink one elastic job; returns the figures and the job now holding a node."""
-    job = submit(user, "-p", "gpu", "--time", "30", "--nodes", "1:2", "--gpus-per-node", str(GPUS_PER_NODE),
+    """Grow then shrink one elastic job; returns the figures and the job now holding a node (or a GPU)."""
+    small, large = (IN_NODE_SMALL, IN_NODE_LARGE) if args.within_node else (SMALL, LARGE)
+    shape = (("--gpus", f"{small}:{large}", "--cpus", "1", "--mem", "1G") if args.within_node
+             else ("--nodes", "1:2", "--gpus-per-node", str(GPUS_PER_NODE)))
+    job = submit(user, "-p", "gpu", "--time", "30", *shape,
                  TRAIN, "--epochs", "1000", "--throttle", str(args.throttle), "--report-every", "1")
     try:
-        # Training at one node's size with a checkpoint behind it, as a job that has run a while.
-        wait_for("training at world size 4", lambda: first_after(job["job_dir"], "progress", 0, world_size=SMALL)
+        # Training at its small size with a checkpoint behind it, as a job that has run a while.
+        wait_for(f"training at world size {small}", lambda: first_after(job["job_dir"], "progress", 0,
+                                                                         world_size=small)
                  and first_after(job["job_dir"], "checkpoint", 0), timeout=240, interval=0.5)
         freed = now()
         scancel(holder)
-        grow = resize(user, job, "grow", freed, LARGE)
-        # Another job wants a whole GPU node: the agent gives one back.
-        other = hold_node(user, wait_running=False, name="wants-a-node")
+        grow = resize(user, job, "grow", freed, large)
+        # Another job wants the GPUs the worker holds: the agent gives them back.
+        other = (hold_node(user, wait_running=False, name="wants-a-gpu", gpus=1, node="gpu1") if args.within_node
+                 else hold_node(user, wait_running=False, name="wants-a-node"))
         asked = now()
-        shrink = resize(user, job, "shrink", asked, SMALL)
+        shrink = resize(user, job, "shrink", asked, small)
         wait_for("the waiting job to start", lambda: (slurm_job(other) or {}).get("job_state") == "RUNNING",
                  timeout=180, interval=0.5)
     finally:
@@ -100,13 +116,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--throttle", type=float, default=0.05, help="seconds each training step sleeps")
+    parser.add_argument("--within-node", action="store_true",
+                        help="grow and shrink by one GPU within gpu1 (dlsub --gpus 3:4), not by a whole node")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     user = TestbedUser(USER)
     wait_testbed_quiet()
     rows = []
     try:
-        holder = hold_node(user)
+        if args.within_node:
+            hold_node(user, node="gpu2")  # busy throughout: every grow is within gpu1
+            holder = hold_node(user, gpus=1, node="gpu1")
+        else:
+            holder = hold_node(user)
         for i in range(args.samples):
             row, holder = one_sample(user, holder, args)
             rows.append(row)
@@ -120,12 +142,13 @@ def main() -> None:
         clean_up(user)  # the last holder, and whatever a failure left
     grow = [r["grow"]["latency_s"] for r in rows]
     shrink = [r["shrink"]["latency_s"] for r in rows]
+    small, large = (IN_NODE_SMALL, IN_NODE_LARGE) if args.within_node else (SMALL, LARGE)
     if args.json:
         print(json.dumps({"samples": rows, "median_grow_s": statistics.median(grow),
-                          "median_shrink_s": statistics.median(shrink)}, indent=2))
+                          "median_shrink_s": statistics.median(shrink), "within_node": args.within_node}, indent=2))
     else:
-        print(f"median over {len(rows)}: grow {statistics.median(grow):.1f} s (decision -> world size {LARGE} "
-              f"training), shrink {statistics.median(shrink):.1f} s (decision -> world size {SMALL} training)")
+        print(f"median over {len(rows)}: grow {statistics.median(grow):.1f} s (decision -> world size {large} "
+              f"training), shrink {statistics.median(shrink):.1f} s (decision -> world size {small} training)")
 
 
 if __name__ == "__main__":

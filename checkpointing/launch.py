@@ -38,7 +38,15 @@ from pathlib import Path
 
 from dlsub.checkpointing.output_mux import OutputMux
 from dlsub.checkpointing.run import resume_marker
-from dlsub.contract import ENV_JOB_DIR, ENV_NNODES, ENV_OUTPUT_SOCKET, RESUME_EXIT_CODE, STOP_SIGNUM_NAME
+from dlsub.contract import (
+    ENV_ATTEMPT,
+    ENV_JOB_DIR,
+    ENV_NNODES,
+    ENV_OUTPUT_SOCKET,
+    RESUME_EXIT_CODE,
+    STOP_SIGNUM_NAME,
+    reform_marker,
+)
 
 _SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
 
@@ -105,17 +113,22 @@ def without_entry_point(command: list[str]) -> list[str]:
 
 #: Most times an elastic group re-forms within one attempt by starting torchrun again.
 MAX_REFORMS = 100
+#: How long a worker whose group stopped waits for its main job to say it re-forms.
+FOLLOW_WAIT_S = 20.0
 
 
 class Launcher:
     def __init__(self, command: list[str], grace_s: float, elastic: bool = False,
-                 output: OutputMux | None = None) -> None:
+                 output: OutputMux | None = None, follow: bool = False) -> None:
         self.command = command
         self.grace_s = grace_s
         # An elastic gang: when the whole group checkpoints and stops because
         # another node asked to leave (a shrink), and this node was asked
         # nothing, torchrun is started again and the group re-forms smaller.
         self.elastic = elastic
+        # A worker: it re-forms only when the main job does (it marks it), so that a worker whose main job
+        # stopped for good, or requeued itself, goes back to the pool instead of waiting for a group.
+        self.follow = follow
         self.stop_signal: str | None = None
         self.stop_since = 0.0
         self.notified: set[int] = set()
@@ -175,11 +188,33 @@ class Launcher:
             started = time.time()
             status = self.run_once()
             if not (self.elastic and status == 0 and self.stop_signal is None and reforms < MAX_REFORMS
-                    and self._resume_requested(since=started)):
+                    and self._resume_requested(since=started) and self._reforms(since=started)):
                 return self.exit_code(status)
             reforms += 1
             self._log("the group checkpointed and stopped for a node that left; re-forming it "
                  f"(torchrun again, {reforms} time(s) this attempt)")
+
+    def _reforms(self, since: float) -> bool:
+        """The main job marks that its group re-forms; a worker waits (a while) for that mark."""
+        job_dir, attempt = os.environ.get(ENV_JOB_DIR), os.environ.get(ENV_ATTEMPT)
+        if not job_dir or not attempt:
+            return not self.follow
+        marker = reform_marker(Path(job_dir), attempt)
+        if not self.follow:
+            try:
+                marker.touch()
+            except OSError as exc:
+                self._log(f"could not tell the workers that the group re-forms ({exc}); they go back to the pool")
+            return True
+        deadline = time.monotonic() + FOLLOW_WAIT_S
+        while time.monotonic() < deadline and self.stop_signal is None:
+            try:
+                if marker.stat().st_mtime >= since - 1.0:
+                    return True
+            except OSError:
+                pass
+            time.sleep(0.2)
+        return False
 
     @staticmethod
     def _resume_requested(since: float | None = None) -> bool:
@@ -253,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and stopping torchrun")
     parser.add_argument("--elastic", action="store_true",
                         help="re-form the group (run the command again) when it stops for a node that left")
+    parser.add_argument("--follow", action="store_true",
+                        help="with --elastic: re-form only when the group's main job does (an elastic job's worker)")
     parser.add_argument("--nproc-per-node", type=int, default=1, metavar="N",
                         help="training processes per node (torchrun's): with more than one, or in a gang "
                              f"(${ENV_NNODES}), every output line is whole and labelled with where it came from")
@@ -265,14 +302,14 @@ def main(argv: list[str] | None = None) -> int:
     # A script rendered before dlsub labelled lines runs no entry point: its processes would write into
     # torchrun's output, and their lines pass for the launcher's. It runs as it did.
     if (args.nproc_per_node <= 1 and not gang) or without_entry_point(command) == command:
-        return Launcher(without_entry_point(command), args.grace, args.elastic).run()
+        return Launcher(without_entry_point(command), args.grace, args.elastic, follow=args.follow).run()
     try:
         output = OutputMux(sys.stdout.fileno(), node_name() if gang else None).start()
     except OSError as exc:  # no private temporary directory for its socket: the training still runs
         _log(f"the output goes unlabelled: cannot set up the labelling of lines ({exc})")
-        return Launcher(without_entry_point(command), args.grace, args.elastic).run()
+        return Launcher(without_entry_point(command), args.grace, args.elastic, follow=args.follow).run()
     try:
-        return Launcher(command, args.grace, args.elastic, output).run()
+        return Launcher(command, args.grace, args.elastic, output, follow=args.follow).run()
     finally:
         output.close()
 

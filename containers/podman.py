@@ -101,9 +101,11 @@ class ContainerSpec:
     # heterogeneous job's CPU component.
     plain: bool = False
     # An elastic job's main nodes start torchrun again when the group stops
-    # for a node that left; a worker does not: it goes back to the pool and
-    # the agent releases it again (its main job may be gone or requeued).
+    # for a node that left. A worker (``follow``) does so only when its main
+    # job says it re-forms (contract.reform_marker); otherwise it goes back to
+    # the pool (its main job may be gone or requeued).
     reform: bool = True
+    follow: bool = False
 
     @property
     def elastic(self) -> bool:
@@ -170,6 +172,8 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     launch = ["python3", "-m", "dlsub.checkpointing.launch", "--grace", str(spec.grace_s)]
     if spec.elastic and spec.reform:
         launch.append("--elastic")
+        if spec.follow:
+            launch.append("--follow")
     if spec.plain:
         lines.append([*launch, "--"])
         lines.append(["python3", str(spec.script), *spec.script_args])

@@ -154,6 +154,12 @@ def resume_marker(job_dir: Path, attempt: str) -> Path:
     """The file whose presence says that ``attempt`` asked to be resumed."""
     return job_dir / MARKERS_DIR / f"{attempt}.resume"
 
+
+def reform_marker(job_dir: Path, attempt: str) -> Path:
+    """Touched by the main job's launcher each time ``attempt``'s group re-forms after a member left: the
+    workers that were not asked to leave re-form with it (launch ``--follow``)."""
+    return job_dir / MARKERS_DIR / f"{attempt}.reform"
+
 # Output lines (OUTPUT_PATTERN). With several training processes every line says where it came from, as
 # torchrun's --tee labels it: ``[<global rank>]:`` on one node, ``[<node>/<global rank>]:`` in a gang; the
 # launcher's and torchrun's own lines carry LAUNCHER_SOURCE for a rank. A process alone is not labelled.

@@ -67,13 +67,16 @@ if [ "$role" = main ]; then
             && mv -f "$rendezvous_file.tmp" "$rendezvous_file"
     fi
 elif [ "$role" = worker ]; then
+    # This task alone, by its array handle: the task that started last carries the array's own job id, and
+    # `scontrol requeuehold <array id>` would requeue every task of the array (the whole group would leave).
+    self_task="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
     main_job_id=""
     read -r DLSUB_RDZV_ENDPOINT DLSUB_ATTEMPT main_job_id < "$rendezvous_file" 2>/dev/null
     if ! [[ "${DLSUB_RDZV_ENDPOINT:-}" =~ ^[A-Za-z0-9._-]+:[0-9]+$ && "${DLSUB_ATTEMPT:-}" =~ ^[0-9]+-[0-9]+$ \
             && "${main_job_id:-}" =~ ^[0-9]+$ ]] \
         || [ "$(squeue -h -j "$main_job_id" -o %T 2>/dev/null)" != RUNNING ]; then
         echo "dlsub: worker $SLURM_JOB_ID: the main job of $DLSUB_JOB_ID is not running; back to the held pool" >&2
-        scontrol requeuehold "$SLURM_JOB_ID"
+        scontrol requeuehold "$self_task"
         exit 0
     fi
     export DLSUB_RDZV_ENDPOINT DLSUB_ATTEMPT
@@ -236,7 +239,7 @@ if [ "$role" = worker ]; then
     log_attempt @EVENT_END@ ",\"rc\":$rc,\"action\":\"@ACTION_LEAVE@\""
     echo "dlsub: worker $SLURM_JOB_ID left the group (exit $rc); requeued held, back in the pool" >&2
     trap 'exit 0' "$stop_signal_name"
-    scontrol requeuehold "$SLURM_JOB_ID" || exit "$rc"
+    scontrol requeuehold "$self_task" || exit "$rc"
     exit 0
 fi
 

@@ -172,13 +172,14 @@ def _rendezvous_container(spec: BatchSpec) -> ContainerSpec:
     """The container with torchrun's rendezvous set when the job is a gang, else as given.
 
     The rendezvous id is the dlsub id so every node (and an elastic job's
-    workers) meets in the same group; only the main job may re-form it.
+    workers) meets in the same group; the main job re-forms it after a member
+    leaves, and a worker re-forms with it only when the main job says so.
     """
     if not spec.gang:
         return spec.container
     low, high = spec.elastic or (spec.nodes, spec.nodes)
     return dataclasses.replace(spec.container, nnodes=f"{low}:{high}" if high > low else str(low),
-                               rendezvous_id=spec.dlsub_id, reform=spec.role != "worker")
+                               rendezvous_id=spec.dlsub_id, follow=spec.role == "worker")
 
 
 def _sbatch_directives(spec: BatchSpec, container: ContainerSpec) -> list[str]:

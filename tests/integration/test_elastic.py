@@ -6,6 +6,10 @@
   made), and shrinks it back when another user's job needs the node; both
   complete, and `dlsub why` and `dlsub status` tell the resizes; `dlsub logs`
   shows the worker's own output file after the main job's.
+* A job elastic in GPUs (`--gpus 1:4`) starts on the one free GPU of gpu1 and
+  grows 1 -> 2 -> 3 -> 4 GPUs there as 1-GPU jobs end (gpu2 stays busy);
+  another user's 2-GPU job sends its two newest workers away (the third
+  re-forms with the main job: world size 2) and it completes.
 * The node of a worker dies mid-run: the job shrinks instead of failing.
 * A heterogeneous job (GPU trainers on `gpu`, a CPU component on `cpu`)
   starts all-or-nothing and each part learns its role.
@@ -143,10 +147,9 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
         other = int(out.stdout.strip().split(";")[0])
         wait_for("the other user's job to start", lambda: (slurm_job(other) or {}).get("job_state") in
                  ("RUNNING", "COMPLETED", None), timeout=180)
-        # Two workers are told to leave; the third leaves with them today (a worker does not re-form a group,
-        # only the main job does), so the job goes on at 1 GPU, not 2, and grows again once the other job is done.
-        wait_for("training on at fewer GPUs", lambda: any(w < 4 for w in after_first(world_sizes(job["job_dir"]), 4)),
-                 timeout=120)
+        # The two newest workers leave; the third re-forms with the main job (it was not asked to leave).
+        wait_for("training on at 2 GPUs", lambda: 2 in after_first(world_sizes(job["job_dir"]), 4), timeout=120)
+        assert after_first(world_sizes(job["job_dir"]), 4)[0] == 2, world_sizes(job["job_dir"])
         final = wait_for("the elastic job to complete",
                          lambda: (s := user.status(job["id"]))["state"] in ("COMPLETED", "FAILED") and s, timeout=300)
         assert final["state"] == "COMPLETED", output(job["job_dir"])[-3000:]

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 WORKER = textwrap.dedent(
     """
@@ -106,3 +107,48 @@ def test_unhandled_usr1_is_logged_and_ignored(tmp_path: Path) -> None:
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "still running" in out
     assert "no training process handles SIGUSR1" in err
+
+
+def _group_member(tmp_path: Path, runs: Path, main_reforms: bool) -> list[str]:
+    """A stand-in for torchrun: each run counts itself; the first checkpoints for the group (the resume
+    marker) and exits 0, as a member does when the group stops for a node that left; with ``main_reforms``
+    it also leaves the main job's mark, as the main job's launcher would. The second run finishes."""
+    attempts = tmp_path / "job" / "attempts"
+    script = textwrap.dedent(f"""
+        import pathlib, time
+        runs = pathlib.Path({str(runs)!r})
+        runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
+        # As checkpointing.init() does: a run answers the stop request that led to it.
+        (pathlib.Path({str(attempts)!r}) / "5-0.resume").unlink(missing_ok=True)
+        if len(runs.read_text()) == 1:
+            (pathlib.Path({str(attempts)!r}) / "5-0.resume").touch()
+            if {main_reforms!r}:
+                (pathlib.Path({str(attempts)!r}) / "5-0.reform").touch()
+            time.sleep(1.5)  # the marks are this run's, older than the next run's start
+        """)
+    return [sys.executable, "-c", script]
+
+
+def test_a_worker_re_forms_with_its_main_job_and_only_then(tmp_path: Path, monkeypatch: Any) -> None:
+    """In-process launcher, real child processes: a worker (``--follow``) whose group stopped re-forms when
+    the main job marks that it re-forms, and otherwise goes back to the pool (exit 85) after a short wait."""
+    from dlsub.checkpointing import launch
+
+    (tmp_path / "job" / "attempts").mkdir(parents=True)
+    monkeypatch.setenv("DLSUB_JOB_DIR", str(tmp_path / "job"))
+    monkeypatch.setenv("DLSUB_ATTEMPT", "5-0")
+    monkeypatch.setattr(launch, "FOLLOW_WAIT_S", 1.0)
+    runs = tmp_path / "runs-followed"
+    assert launch.Launcher(_group_member(tmp_path, runs, True), 5, elastic=True, follow=True).run() == 0
+    assert runs.read_text() == "xx", "re-formed once, then finished with the group"
+    for marker in (tmp_path / "job" / "attempts").iterdir():
+        marker.unlink()
+    runs = tmp_path / "runs-alone"
+    assert launch.Launcher(_group_member(tmp_path, runs, False), 5, elastic=True, follow=True).run() == 85
+    assert runs.read_text() == "x", "no mark from the main job: back to the pool, not a second run"
+    # The main job's launcher leaves the mark itself when it re-forms.
+    for marker in (tmp_path / "job" / "attempts").iterdir():
+        marker.unlink()
+    runs = tmp_path / "runs-main"
+    assert launch.Launcher(_group_member(tmp_path, runs, False), 5, elastic=True).run() == 0
+    assert runs.read_text() == "xx" and (tmp_path / "job" / "attempts" / "5-0.reform").exists()

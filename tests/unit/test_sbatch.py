@@ -144,7 +144,7 @@ def test_an_elastic_job_renders_a_main_and_a_held_worker_array(tmp_path: Path) -
     assert "worker_array=4242" in main and "#SBATCH --array" not in main
     worker = render_sbatch(BatchSpec(**{**s.__dict__, "elastic": (1, 3), "role": "worker"}))
     assert "#SBATCH --array=0-1" in worker and "#SBATCH --hold" in worker and "role=worker" in worker
-    assert "--elastic" not in worker, "a worker that loses its group goes back to the pool; only main nodes re-form"
+    assert "--elastic --follow" in worker and "--follow" not in main, "a worker re-forms only with its main job"
     with pytest.raises(ValueError, match="worker script belongs to an elastic job"):
         render_sbatch(BatchSpec(**{**s.__dict__, "role": "worker"}))
     with pytest.raises(ValueError, match="nodes must be 1 or more"):
