@@ -16,7 +16,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 
-from livebed import EXAMPLES, TestbedUser, slurm_job, wait_for
+from livebed import EXAMPLES, TestbedUser, slurm_job, slurm_jobs, wait_for
 
 TRAIN = str(EXAMPLES / "train_digits.py")
 #: The whole GPU node an elastic job could grow onto, or a waiting job wants.
@@ -72,8 +72,8 @@ ALIVE = ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEU
 def gone(*job_ids: int | None) -> bool:
     """Whether none of these Slurm jobs (an array's id covers its tasks) is alive."""
     wanted = {i for i in job_ids if i}
-    jobs = json.loads(subprocess.run(["squeue", "--json"], capture_output=True, text=True, check=True).stdout)["jobs"]
-    return not [j for j in jobs if (j.get("job_id") in wanted or j.get("array_job_id") in wanted)
+    # Read through the client's dialect: squeue --json nests ids and states after 22.05.
+    return not [j for j in slurm_jobs() if (j.get("job_id") in wanted or j.get("array_job_id") in wanted)
                 and j.get("job_state") in ALIVE]
 
 
