@@ -175,22 +175,24 @@ def _check_paths(script: Path, workdir: Path, jobs_dir: Path) -> None:
 def _choose_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb: int) -> Choice:
     """The partition the job starts on; an elastic job's must also have nodes for its MAX."""
     client.ping()  # an unreachable slurmctld fails here, with SlurmUnreachable's hint, before any query
+    parts = client.partitions()
     choice = choose_partition(
-        client.partitions(),
+        parts,
         Request(gpus_per_node=req.gpus, cpus=cpus, mem_mb=mem_mb, time_limit_min=req.time_limit_min,
                 nodes=req.nodes, partition=req.partition, immediate=req.mode == "immediate"),
     )
-    fits = [p for p in client.partitions() if p.name == choice.partition]
-    if req.max_nodes is not None and req.worker_gpus and fits:
+    chosen = next((p for p in parts if p.name == choice.partition), None)
+    if req.max_nodes is None or chosen is None:
+        return choice
+    if req.worker_gpus and chosen.nodes:
         most = req.gpus + (req.max_nodes - 1) * req.worker_gpus
-        there = sum(n.gpus for n in fits[0].nodes)
-        if there < most or max(n.gpus for n in fits[0].nodes) < req.worker_gpus:
+        there, per_node = sum(n.gpus for n in chosen.nodes), max(n.gpus for n in chosen.nodes)
+        if there < most or per_node < req.worker_gpus:
             raise SubmitError(f"--gpus {req.gpus}:{most}: partition {choice.partition} has {there} GPUs in all "
-                              f"(at most {max(n.gpus for n in fits[0].nodes)} on a node); ask for at most {there}, "
-                              f"in steps that fit one node")
-    elif req.max_nodes is not None and fits and len(fits[0].nodes) < req.max_nodes:
+                              f"(at most {per_node} on a node); ask for at most {there}, in steps that fit one node")
+    elif not req.worker_gpus and len(chosen.nodes) < req.max_nodes:
         raise SubmitError(f"--nodes {req.nodes}:{req.max_nodes}: partition {choice.partition} has only "
-                          f"{len(fits[0].nodes)} nodes; ask for at most {len(fits[0].nodes)}")
+                          f"{len(chosen.nodes)} nodes; ask for at most {len(chosen.nodes)}")
     return choice
 
 
@@ -213,7 +215,9 @@ def _container_spec(req: SubmitRequest, settings: Settings, script: Path, image:
 def _agent_tags(req: SubmitRequest, choice: Choice) -> tuple[tuple[str, str], ...]:
     """The ``--comment`` tags the agent acts on: the mode, where the job ideally runs, the GPUs and
     an elastic job's node range it asked for (the start may differ from all of them)."""
-    elastic: tuple[tuple[str, str], ...] = (("nodes", f"{req.nodes}-{req.max_nodes}"),) if req.max_nodes else ()
+    elastic: tuple[tuple[str, str], ...] = ()
+    if req.max_nodes is not None:
+        elastic = (("nodes", f"{req.nodes}-{req.max_nodes}"),)
     if req.max_nodes is not None and req.worker_gpus:
         elastic += (("step", str(req.worker_gpus)),)  # elastic in GPUs: each worker adds this many
     return (("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus)),

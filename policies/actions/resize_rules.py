@@ -204,13 +204,15 @@ class Capacity:
 
     def take(self, job: ElasticJob) -> str | None:
         """A node for one worker of ``job`` (its resources then counted as used), or None."""
-        for name in self._candidates(job)[:1]:
-            node = self.nodes[name]
-            node[0] = (node[0] or 0) - job.gpus_per_worker
-            node[1] = None if node[1] is None else node[1] - job.cpus_per_node
-            node[2] = None if node[2] is None else node[2] - job.memory_per_node_mb
-            return name
-        return None
+        candidates = self._candidates(job)
+        if not candidates:
+            return None
+        name = candidates[0]
+        node = self.nodes[name]
+        node[0] = (node[0] or 0) - job.gpus_per_worker
+        node[1] = None if node[1] is None else node[1] - job.cpus_per_node
+        node[2] = None if node[2] is None else node[2] - job.memory_per_node_mb
+        return name
 
     def why_there(self, job: ElasticJob, node: str) -> str:
         """Why a worker of ``job`` goes to ``node`` (for the resize's reason)."""
