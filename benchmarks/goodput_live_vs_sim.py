@@ -1,16 +1,19 @@
-"""Live against simulated: average JCT of one small elastic workload on the testbed and in the simulator.
+"""Live against simulated: average JCT of one small workload of jobs elastic in GPUs on the testbed and in the
+simulator.
 
     flock /tmp/dlsub-testbed.lock python benchmarks/goodput_live_vs_sim.py [--policies goodput,fifo]
-        [--arrivals 0,40,80] [--epochs 15] [--restart-penalty 16] [--keep DIR] [--json]
+        [--arrivals 0,30,60,90] [--epochs 12] [--restart-penalty 18] [--keep DIR] [--json]
         [--sim-only | --live-from DIR/results.json]
 
-The workload: three elastic jobs (`dlsub -p gpu --nodes 1:2 --gpus-per-node 2
-train_digits.py --epochs E`), submitted at --arrivals seconds. The testbed's
-fake GPUs share two cores, so each job emulates its per-GPU speed with
-train_digits' throttles: the first (``poor``) sleeps --poor-throttle s per
-step whatever its size (it scales poorly), the others (``good``) sleep
---good-per-sample s per sample of their process's share of the global batch
-of 64 (two nodes step twice as fast). Each lasts about 2.5 min on one node.
+The workload: jobs of 1 to 4 GPUs (`dlsub -p gpu --gpus 1:4 --cpus 1 train_digits.py
+--epochs E`: a main job of one GPU and three held one-GPU workers), submitted
+at --arrivals seconds, that share the testbed's two 4-GPU nodes: a node holds
+GPUs of several jobs at once. The testbed's fake GPUs share two cores, so each
+job emulates its per-GPU speed with train_digits' throttles: the first and
+every third after it (``poor``) sleep --poor-throttle s per step whatever its
+size (it scales poorly), the others (``good``) sleep --good-per-sample s per
+sample of their process's share of the global batch of 64 (four GPUs step
+four times as fast).
 
 Live: for each policy, the agent service restarted under that policy
 (policy.toml's ``policy``, restored after), the jobs submitted on schedule
@@ -21,32 +24,33 @@ Simulated: the same workload for :func:`dlsub.policies.sim.engine.simulate`
 in online mode, from files the benchmark writes (kept with --keep):
 
 * traces, one folder per application, from the same throttle model: the
-  time of one step at each placement and local batch is the throttle plus
-  --overhead-s of real compute on the shared cores; ``validation-64.csv``
-  says an epoch is the 22 steps train_digits runs (1,437 training samples,
-  batch 64) with no batch-size gain, so the batch stays 64 as live;
+  time of one step at each placement of 1 to 4 GPUs (on one node or split
+  over two) and local batch is the throttle plus --overhead-s of real
+  compute on the shared cores; ``validation-64.csv`` says an epoch is the 22
+  steps train_digits runs (1,437 training samples, batch 64) with no
+  batch-size gain, so the batch stays 64 as live, and local batches of 16 to
+  64 give each job 1 to 4 replicas;
 * a workload CSV whose rows declare the jobs' epochs (live, the job reports
   its total steps, so the agent knows the remaining work too);
-* a cluster file: the testbed's gpu partition is 2 nodes x 4 GPUs, and a
-  job takes 2 GPUs a node (with 2 CPUs and --mem 3G, so that two fit a
-  node's 4 CPUs and 8000 MB), so it holds 4 slots of one job-node each. The live
-  agent asks the policy in exactly those units (policies/actions/goodput_resize_rules.py:
-  every slot is a one-GPU node, a job's size is its count of job-nodes), so
-  the simulated cluster is 4 nodes x 1 "GPU", each GPU one 2-GPU slot, and a
-  job's 1..2 replicas are its 1..2 job-nodes.
+* a cluster file: the testbed's gpu partition, 2 nodes x 4 GPUs. The live
+  agent asks the policy in exactly these terms
+  (policies/actions/goodput_resize_rules.py): the nodes by name with their
+  GPUs, each job's Allocation (the node of each GPU it holds), sizes in GPUs;
+  what is live only is said to the policy (a job changes size a worker at a
+  time, and grows in place).
 
 The scheduling interval is the agent's tick (3 s) and the restart penalty
-the testbed's measured resize (benchmarks/resize_latency.py: 15-18 s),
-which the simulator also charges at a job's first start (live: container
-start, torch import, rendezvous). `dlsub simulate` takes --interval and
---restart-penalty, but it builds ``goodput`` with its own restart margin
-(30 s x 10), while the live agent's is ``moves.restart_cost_s +
-min_saving_s`` (policy.toml; 20 s on the testbed): so the benchmark calls
-the engine with the very policy object the agent builds
-(:func:`dlsub.agent.live_models.sizing_policy`), and prints the CLI's
-figure beside it. Live ``fifo`` grows elastic jobs onto idle nodes oldest
-first and shrinks them for waiting jobs: its simulated counterpart is
-``efifo``.
+the testbed's measured within-node resize (benchmarks/resize_latency.py
+--within-node: about 18 s), which the simulator also charges at a job's
+first start (live: container start, torch import, rendezvous). `dlsub
+simulate` takes --interval and --restart-penalty, but it builds ``goodput``
+with its own restart margin (30 s x 10), while the live agent's is
+``moves.restart_cost_s + min_saving_s`` (policy.toml; 20 s on the testbed):
+so the benchmark calls the engine with the very policy object the agent
+builds (:func:`dlsub.agent.live_models.sizing_policy`), and prints the
+CLI's figure beside it. Live ``fifo`` grows elastic jobs onto idle GPUs
+oldest first and shrinks them for waiting jobs: its simulated counterpart
+is ``efifo``.
 
 Prints live and simulated average JCT per policy and their ratio (the
 floor: within 25%), per job, and where the gap comes from: start-up and
@@ -56,10 +60,10 @@ measured ones), and the simulator's whole-second epochs.
 
 Where the two decide differently (per job, not only in seconds): live, a
 waiting job's minimum comes first whatever the policy (policies/actions/resize_rules.py
-shrinks a running job for it, the oldest job's worker first); in the
-simulator the policy alone decides, so ``goodput``'s restart hysteresis can
-leave the poor scaler its second job-node while the third job waits for
-one, and ``efifo`` shrinks the newest job rather than the oldest.
+shrinks a running job for it, the newest job's newest worker first); in the
+simulator the policy alone decides. Live, a job's GPUs are only ever taken
+for another job of the same user (another user's reported throughput is
+that user's word); the simulator has no users.
 
 Runs as root (acts as the testbed user dltest) under the testbed lock;
 needs the agent service and an otherwise idle testbed; about 5 min per
@@ -90,6 +94,7 @@ from dlsub.agent.live_models import sizing_policy
 from dlsub.contract import FINAL_STATES
 from dlsub.policies.api import Policy
 from dlsub.policies.efifo import ElasticFifoPolicy
+from dlsub.policies.sim.apps import normalise
 from dlsub.policies.sim.cluster_file import load_cluster
 from dlsub.policies.sim.engine import SimConfig, SimResult, simulate
 from dlsub.policies.sim.workload import read_workload
@@ -98,8 +103,8 @@ from livebed import USER, TestbedUser, agent_policy, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 64  # train_digits' global batch (its default)
-GPUS_PER_JOB_NODE = 2
-SLOTS = 4  # 2 GPU nodes x 4 GPUs, in job-nodes of 2 GPUs
+NODES, GPUS_PER_NODE = 2, 4  # the testbed's gpu partition
+MAX_GPUS = 4  # each job's --gpus 1:4
 #: Live policy -> the simulator's policy that does what the agent does under it.
 SIM_COUNTERPART = {"goodput": "goodput", "fifo": "efifo"}
 
@@ -142,27 +147,28 @@ StepModel = Callable[[Emulated, int, int], float]
 # ------------------------------------------------------------------ simulated
 
 
-def write_traces(folder: Path, apps: Sequence[Emulated], epochs: int, step_model: StepModel) -> Path:
-    """One trace folder per application, in job-node units (one "GPU" = one 2-GPU slot).
+def placements(most: int) -> list[tuple[int, ...]]:
+    """Every placement of 1 to ``most`` GPUs on one node or split over two, in the traces' form ("13", not "31")."""
+    seen = {normalise(tuple(p for p in (a, b) if p)) for a in range(1, most + 1) for b in range(0, most + 1 - a)}
+    return sorted(seen, key=lambda p: (sum(p), len(p), p))
 
-    Placements "1" (one job-node) and "11" (two) are what the jobs run; "2" (two slots on one node, which
-    the 1-GPU nodes of the cluster file never give) only makes the measured points span three dimensions,
-    as the simulator's interpolator needs. Local batches 32 and 64 keep a job's replicas at 1..2
-    (the simulator allows the largest batch over the smallest local one).
-    """
+
+def write_traces(folder: Path, apps: Sequence[Emulated], epochs: int, step_model: StepModel) -> Path:
+    """One trace folder per application, in GPUs: every placement of 1 to 4 GPUs, at local batches of 16, 32
+    and 64 (the simulator gives a job of batch 64 up to 64 / 16 = 4 replicas, as --gpus 1:4 does live)."""
     per_epoch = steps_per_epoch()
     for app in apps:
         where = folder / app.name
         where.mkdir(parents=True, exist_ok=True)
         rows = []
-        for placement, nodes, slots in (("1", 1, 1), ("11", 2, 2), ("2", 1, 2)):
-            for local in (BATCH // 2, BATCH):
-                step = step_model(app, slots * GPUS_PER_JOB_NODE, slots * local)
-                rows.append((placement, nodes, slots, local, step))
+        for placement in placements(MAX_GPUS):
+            world = sum(placement)
+            for local in (BATCH // 4, BATCH // 2, BATCH):
+                rows.append((placement, world, local, step_model(app, world, world * local)))
         (where / "placements.csv").write_text("placement,local_bsz,step_time,sync_time\n" + "".join(
-            f"{p},{local},{step:.6f},0\n" for p, _, _, local, step in rows))
+            f"{''.join(map(str, p))},{local},{step:.6f},0\n" for p, _, local, step in rows))
         (where / "scalability.csv").write_text("num_nodes,num_replicas,local_bsz,step_time,sync_time\n" + "".join(
-            f"{n},{s},{local},{step:.6f},0\n" for _, n, s, local, step in rows))
+            f"{len(p)},{w},{local},{step:.6f},0\n" for p, w, local, step in rows))
         # Progress counts steps at the first batch size: epoch k ends after k x 22 steps.
         (where / f"validation-{BATCH}.csv").write_text("progress,iteration,metric,grad_sqr,grad_var\n" + "".join(
             f"{k * per_epoch},{k * per_epoch},0,1,1\n" for k in range(1, epochs + 1)))
@@ -176,8 +182,8 @@ def write_workload(path: Path, jobs: Sequence[JobSpec]) -> Path:
 
 
 def write_cluster(path: Path) -> Path:
-    path.write_text(f'# The testbed\'s gpu partition (2 nodes x 4 GPUs) in job-nodes of {GPUS_PER_JOB_NODE} GPUs\n'
-                    f'[[group]]\npartition = "gpu"\nnodes = {SLOTS}\ngpus_per_node = 1\n')
+    path.write_text(f"# The testbed's gpu partition\n[[group]]\npartition = \"gpu\"\nnodes = {NODES}\n"
+                    f"gpus_per_node = {GPUS_PER_NODE}\n")
     return path
 
 
@@ -279,8 +285,8 @@ def run_live(live_name: str, jobs: Sequence[JobSpec], args: argparse.Namespace) 
             for spec in jobs:
                 if spec.name not in submitted and now() - t0 >= spec.arrival_s:
                     submitted[spec.name] = submit(
-                        user, "-p", "gpu", "--time", "20", "--name", spec.name, "--mem", args.mem,
-                        "--nodes", "1:2", "--gpus-per-node", str(GPUS_PER_JOB_NODE), TRAIN,
+                        user, "-p", "gpu", "--time", "20", "--name", spec.name, "--cpus", "1", "--mem", args.mem,
+                        "--gpus", f"1:{MAX_GPUS}", TRAIN,
                         "--epochs", str(spec.epochs), *spec.app.args())
             # One `dlsub status` for all jobs every 2 s: the poll shares the two cores with the jobs (JCT is
             # Slurm's, not the poll's).
@@ -349,21 +355,22 @@ def measured_model(live: Mapping[str, list[dict[str, Any]]], jobs: Sequence[JobS
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policies", default="goodput,fifo", help="live policies, in the order run")
-    parser.add_argument("--arrivals", default="0,40,80", help="submission times, s; the first job scales poorly")
-    parser.add_argument("--epochs", type=int, default=15, help="per job (22 steps of 64 samples each)")
+    parser.add_argument("--arrivals", default="0,30,60,90",
+                        help="submission times, s; the first job and every third after it scale poorly")
+    parser.add_argument("--epochs", type=int, default=12, help="per job (22 steps of 64 samples each)")
     parser.add_argument("--poor-throttle", type=float, default=0.4, help="the poor scaler: seconds per step")
     parser.add_argument("--good-per-sample", type=float, default=0.012,
                         help="the good scalers: seconds per sample of a process's share of the batch")
     parser.add_argument("--overhead-s", type=float, default=0.02,
                         help="the traces' real compute per step on the shared cores (elastic_vs_rigid: ~0.02 s)")
     parser.add_argument("--tick", type=int, default=3, help="the agent's tick = the simulator's interval, s")
-    parser.add_argument("--restart-penalty", type=int, default=16,
-                        help="the simulator's restart penalty, s (resize_latency: 15-18 s)")
+    parser.add_argument("--restart-penalty", type=int, default=18,
+                        help="the simulator's restart penalty, s (resize_latency --within-node: ~18 s)")
     parser.add_argument("--policy-file", type=Path, default=Path("/etc/dlsub/policy.toml"),
                         help="whose moves.restart_cost_s + min_saving_s make goodput's margin "
                              "[the testbed's; etc/testbed/policy.toml when absent]")
-    parser.add_argument("--mem", default="3G",
-                        help="memory per job-node: two must fit a GPU node's 8000 MB (dlsub's default 4G does not)")
+    parser.add_argument("--mem", default="1800M",
+                        help="memory per member (main job, each worker): four must fit a GPU node's 8000 MB")
     parser.add_argument("--live-limit-s", type=float, default=480.0, help="give up a live run after this long")
     parser.add_argument("--sim-only", action="store_true", help="no live runs (no testbed needed)")
     parser.add_argument("--live-from", type=Path, default=None,
@@ -381,8 +388,8 @@ def main() -> None:
     arrivals = [float(a) for a in args.arrivals.split(",")]
     poor = Emulated("poor", throttle=args.poor_throttle)
     good = Emulated("good", per_sample=args.good_per_sample)
-    jobs = [JobSpec(f"j{i + 1}-{app.name}", t, app, args.epochs)
-            for i, (t, app) in enumerate(zip(arrivals, [poor] + [good] * (len(arrivals) - 1), strict=True))]
+    jobs = [JobSpec(f"j{i + 1}-{(poor if i % 3 == 0 else good).name}", t, poor if i % 3 == 0 else good, args.epochs)
+            for i, t in enumerate(arrivals)]
 
     def model(app: Emulated, world: int, batch: int) -> float:
         return app.step_s(world, batch, args.overhead_s)
@@ -425,9 +432,9 @@ def main() -> None:
 
 
 def report(out: Mapping[str, Any], jobs: Sequence[JobSpec], args: argparse.Namespace, model: StepModel) -> None:
-    print(f"\n{len(jobs)} elastic jobs (--nodes 1:2 --gpus-per-node 2, {args.epochs} epochs x "
-          f"{steps_per_epoch()} steps) at {args.arrivals} s; sim: interval {args.tick} s, restart penalty "
-          f"{args.restart_penalty} s, online information, 4 job-node slots")
+    print(f"\n{len(jobs)} jobs elastic in GPUs (--gpus 1:{MAX_GPUS}, {args.epochs} epochs x "
+          f"{steps_per_epoch()} steps) at {args.arrivals} s on {NODES} nodes x {GPUS_PER_NODE} GPUs; sim: interval "
+          f"{args.tick} s, restart penalty {args.restart_penalty} s, online information")
     print(f"{'policy (sim)':<17} {'live avg JCT':>12} {'sim avg JCT':>12} {'sim/live':>9}  floor  "
           f"{'sim on live steps':>17} {'CLI sim':>8}")
     for name, res in out["policies"].items():

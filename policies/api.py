@@ -49,7 +49,9 @@ class JobView:
     ``gpus`` is what the job asked for (a rigid job runs at exactly that);
     elastic policies may give anything in ``[min_gpus, max_gpus]``.
     ``remaining`` is the work left in the units of ``model``'s goodput
-    (progress), when known.
+    (progress), when known. ``step``: its GPU count changes in multiples of
+    this above ``lo`` (a live job grows by workers of ``step`` GPUs; every
+    simulated job by one GPU).
     """
 
     name: str
@@ -66,6 +68,7 @@ class JobView:
     remaining: float | None = None
     progress: float = 0.0
     restarts: int = 0  # times its GPUs changed after its first start (pollux's restart penalty)
+    step: int = 1
     model: PerformanceModel | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -75,6 +78,12 @@ class JobView:
     @property
     def hi(self) -> int:
         return self.gpus if self.max_gpus is None else self.max_gpus
+
+    def allowed(self, gpus: int) -> int:
+        """The largest count it can run at that is at most ``gpus`` (its minimum plus whole steps), or 0."""
+        if gpus < self.lo:
+            return 0
+        return min(self.hi, self.lo + (gpus - self.lo) // max(1, self.step) * max(1, self.step))
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,15 @@ class Node:
 
 @dataclass(frozen=True)
 class ClusterView:
+    """The GPUs the policy may hand out, node by node.
+
+    ``grow_in_place``: a running job keeps the GPUs it holds when its count
+    changes (the live agent's jobs grow by adding workers and shrink by
+    sending their newest away); the simulator may re-place a job anywhere.
+    """
+
     nodes: tuple[Node, ...]
+    grow_in_place: bool = False
 
     @classmethod
     def uniform(cls, num_nodes: int, gpus_per_node: int, partition: str = "gpu") -> ClusterView:

@@ -105,19 +105,28 @@ class GoodputPolicy:
 
     @staticmethod
     def _hi(job: JobView) -> int:
-        """The job's maximum, within what its model can vouch for (never below its minimum)."""
+        """The job's maximum, within what its model can vouch for (never below its minimum), in whole steps."""
         trusted = getattr(job.model, "trusted_gpus", None)
-        return job.hi if trusted is None else max(min(job.hi, trusted), job.lo)
+        return max(job.allowed(job.hi if trusted is None else min(job.hi, trusted)), job.lo)
 
-    def _grow(self, curve: RemainingTime, start: int, limit: int, per_node: int) -> int:
-        """Largest count from ``start`` whose every increment is worth the floor."""
-        if not 0.0 < curve.time(1) < math.inf or curve.time(start) <= 0.0:
+    @staticmethod
+    def _steps(job: JobView, per_node: int, most: int) -> range:
+        """The increments a job may take at once: whole steps of its, up to a node's worth and ``most``."""
+        step = max(1, job.step)
+        return range(step, min(max(per_node, step), most) + 1, step)
+
+    def _grow(self, job: JobView, curve: RemainingTime, start: int, limit: int, per_node: int) -> int:
+        """Largest count from ``start`` whose every increment is worth the floor: a GPU more must add at least
+        that share of what one GPU gives at the job's minimum (one GPU, for every simulated job; a live job
+        whose minimum is its main job's several GPUs is not judged on one GPU, a size it never runs at)."""
+        lo = max(job.lo, 1)
+        if not 0.0 < curve.time(lo) < math.inf or curve.time(start) <= 0.0:
             return start  # no work left (or no rate at all): more GPUs cannot speed it up
-        base = 1.0 / curve.time(1)
+        base = 1.0 / (curve.time(lo) * lo)
         n = start
         while n < limit:
             best_k, best_gain = 0, 0.0
-            for k in range(1, min(per_node, limit - n) + 1):
+            for k in self._steps(job, per_node, limit - n):
                 gain = (1.0 / curve.time(n + k) - 1.0 / curve.time(n)) / (k * base)
                 if gain > best_gain:
                     best_k, best_gain = k, gain
@@ -156,15 +165,14 @@ class GoodputPolicy:
         changed = 1.0 - self.restart_share
         return lambda n: weight * curve.speedup(n) * (1.0 if n == current else changed)
 
-    @staticmethod
-    def _offer(curve: RemainingTime, value: Callable[[int], float], n: int, hi: int, left: int, per_node: int,
-               min_gain: float) -> tuple[float, int]:
+    def _offer(self, job: JobView, curve: RemainingTime, value: Callable[[int], float], n: int, hi: int, left: int,
+               per_node: int, min_gain: float) -> tuple[float, int]:
         """(minus the value gained per GPU, GPUs) of the best step up from ``n``;
         a step must gain more than ``min_gain`` in all."""
         best = (0.0, 1)
-        steps = min(per_node, hi - n, left)
-        curve.prefetch(range(n, n + steps + 1))
-        for k in range(1, steps + 1):
+        steps = self._steps(job, per_node, min(hi - n, left))
+        curve.prefetch(range(n, n + (steps[-1] if steps else 0) + 1))
+        for k in steps:
             gain = value(n + k) - value(n)
             if gain > min_gain and -gain / k < best[0]:
                 best = (-gain / k, k)
@@ -205,7 +213,7 @@ class GoodputPolicy:
                 counts[job.name] = lo
                 left -= lo
                 continue
-            n = self._grow(curve, lo, min(his[job.name], left), per_node)
+            n = self._grow(job, curve, lo, min(his[job.name], left), per_node)
             current = currents.get(job.name, 0)
             if (current and current != n and current <= left and lo <= current <= his[job.name]
                     and curve.time(current) - curve.time(n) < keep_margin):
@@ -224,12 +232,13 @@ class GoodputPolicy:
         # worth at a time at most, so that a slower step across a node
         # boundary does not hide the faster one beyond it.
         values = {name: self._value(curves[name], currents.get(name, 0)) for name in counts}
+        by_name = {job.name: job for job in jobs}
 
         def offer(name: str) -> tuple[float, int, str]:
             # A known-length job that would otherwise run on unchanged must
             # gain a restart's worth (the restart share does it for the rest).
             unchanged = currents.get(name) == counts[name] and not curves[name].guessed
-            return self._offer(curves[name], values[name], counts[name], his[name], left, per_node,
+            return self._offer(by_name[name], curves[name], values[name], counts[name], his[name], left, per_node,
                                keep_margin if unchanged else 0.0) + (name,)
 
         heap = [offer(name) for name in counts]

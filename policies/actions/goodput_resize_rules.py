@@ -1,45 +1,57 @@
 """Elastic jobs sized by an elastic policy (``goodput``) on what they measured (pure: views in, actions out).
 
-The live agent's counterpart of the simulator's allocation step. Each tick,
-per partition, the elastic jobs running there and the GPU slots they could
-use (the nodes they hold, plus idle nodes that no waiting job claims) go to
-the policy's ``decide`` (the same object and the same code the simulator
-calls), as :class:`~dlsub.policies.api.JobView` values whose performance
-model the agent fitted from the job's own progress reports
-(:mod:`dlsub.policies.perf_models.throughput_fit`). An elastic job changes size one
-whole node (one worker task) at a time, so the policy is asked in units of
-nodes: each job's view and model count whole nodes of its GPUs
-(:class:`WholeNodes`), and the cluster is the slots those nodes fill, so
-the policy never splits a node between jobs.
+The live agent's counterpart of the simulator's allocation step, in the
+simulator's own terms. Each tick, per partition, the elastic jobs running
+there go to the policy's ``decide`` (the same object and the same code the
+simulator calls) as :class:`~dlsub.policies.api.JobView` values in GPUs,
+whose performance model the agent fitted from the job's own progress
+reports (:mod:`dlsub.policies.perf_models.throughput_fit`), with the
+partition's real nodes (:class:`~dlsub.policies.api.ClusterView`: on each
+node, the GPUs idle after waiting jobs' claims plus those the elastic jobs
+hold there) and each job's real :class:`~dlsub.policies.api.Allocation`
+(the node of every GPU it holds: its main job's, then its workers' by
+start). What differs from the simulator is stated to the policy, not
+translated behind its back: a job changes size in whole workers
+(``JobView.step``: the GPUs of one worker, one for ``--gpus MIN:MAX``, a
+node's for ``--nodes``), and a running job grows and shrinks in place
+(``ClusterView.grow_in_place``: it keeps the GPUs it holds and adds a
+worker's on one node, its own first; a shrink sends its newest worker
+away).
 
 What the decision turns into:
 
-* a job the policy gives more nodes grows onto idle slots (a held worker is
-  released), as many as there are: a slot is a node whose idle GPUs, CPUs
-  and memory hold that job's worker (:class:`~dlsub.policies.actions.resize_rules.Capacity`);
-* a job the policy gives fewer nodes shrinks (its newest worker leaves)
+* a job the policy gives more GPUs grows by releasing held workers, each
+  pointed at the node the policy put its new GPUs on, when that node's idle
+  GPUs, CPUs and memory hold the worker
+  (:class:`~dlsub.policies.actions.resize_rules.Capacity`); else on the idle
+  node Capacity picks (own nodes first); with nothing idle, not now;
+* a job the policy gives fewer GPUs shrinks (its newest worker leaves)
   only when another job of the same user that the policy grows finds no
-  idle slot: a node is taken from a job only to give it to one that gains
-  more from it, and never on another user's word (a job's reported
+  idle GPUs: GPUs are taken from a job only to give them to one that gains
+  more from them, and never on another user's word (a job's reported
   throughput is what the job says; another user could inflate it).
 
-The policy itself holds the restart-cost hysteresis (a job keeps its size
-unless changing it saves more than a restart costs); per-user limits come
-in as each job's ``max_gpus`` and, across one user's jobs in one tick, as
-``headroom``. Every action's reason shows the figures behind it: what the
-job measured at each size it has run, what the model predicts at the new
-size, and the time that saves (or costs).
+A job in the middle of a resize (a released worker not yet running, or a
+worker leaving) keeps its size this tick, and the GPUs it is taking or
+giving back are offered to no one. The policy itself holds the
+restart-cost hysteresis (a job keeps its size unless changing it saves
+more than a restart costs); per-user limits come in as each job's
+``max_gpus`` and, across one user's jobs in one tick, as ``headroom``.
+Every action's reason shows the figures behind it: what the job measured
+at each size it has run, what the model predicts at the new size, the
+time that saves (or costs), and where the policy placed the worker.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dlsub.batch_split import BatchLimits, split_batch
 from dlsub.policies.actions.resize_rules import GROW, SHRINK, Capacity, ElasticJob, Resize, Room, take_workers
-from dlsub.policies.api import Allocation, ClusterView, Decision, JobView, Node, PerformanceModel, Policy
+from dlsub.policies.api import Allocation, ClusterView, Decision, JobView, Node, Policy
 from dlsub.policies.perf_models.speedup import RemainingTime
 from dlsub.policies.placement import packed_placement
 
@@ -60,40 +72,6 @@ class ScaledJob:
     batch: int | None = None
     limits: BatchLimits | None = None  # declared when it lets dlsub choose its batch size
     borrowed: int = 0
-
-
-class WholeNodes:
-    """A job's performance model counted in whole nodes of ``per_node`` GPUs: placement ``(1, 1)`` is two nodes."""
-
-    def __init__(self, model: PerformanceModel, per_node: int) -> None:
-        self.model = model
-        self.per_node = per_node
-
-    @property
-    def trusted_gpus(self) -> int | None:
-        trusted = getattr(self.model, "trusted_gpus", None)
-        return None if trusted is None else max(1, trusted // self.per_node)
-
-    def _gpus(self, placement: tuple[int, ...]) -> tuple[int, ...]:
-        return tuple(p * self.per_node for p in placement)
-
-    def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
-        return self.model.step_time(self._gpus(placement), batch_size)
-
-    def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
-        return self.model.goodput(self._gpus(placement), batch_size)
-
-    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
-        return self.model.best_batch(self._gpus(placement))
-
-
-def in_nodes(view: JobView, per_node: int) -> JobView:
-    """The view counted in whole nodes (what the policy is asked about)."""
-    return dataclasses.replace(
-        view, gpus=view.gpus // per_node, min_gpus=None if view.min_gpus is None else view.min_gpus // per_node,
-        max_gpus=None if view.max_gpus is None else view.max_gpus // per_node,
-        attained_gpu_s=view.attained_gpu_s / per_node,
-        model=None if view.model is None else WholeNodes(view.model, per_node))
 
 
 #: Measured sizes a reason lists.
@@ -191,37 +169,72 @@ def _batch_at(scaled: ScaledJob, decision: Decision, nodes: int) -> tuple[int | 
     return batch, extra + 1, f"; batch {batch} ({extra + 1} micro-step(s) of {atomic} per GPU)"
 
 
+def held_gpus(job: ElasticJob) -> tuple[str, ...]:
+    """The node of each GPU the job holds: its main job's first, then its running workers' oldest first (so a
+    policy that shrinks it in place keeps a prefix, and the workers cut are the newest, the ones that leave).
+    A node squeue did not name stands as a name of the job's own, so its GPUs still count."""
+    main = (*job.main_nodes, *(f"{job.dlsub_id}#main{i}" for i in range(len(job.main_nodes), job.min_nodes)))
+    nodes = [node for node in main[:job.min_nodes] for _ in range(job.gpus_per_node)]
+    running = sorted((w for w in job.workers if w.state == "RUNNING"), key=lambda w: (w.start_time, w.handle))
+    for worker in running:
+        nodes.extend([worker.nodes[0] if worker.nodes else f"{worker.handle}#node"] * job.gpus_per_worker)
+    return tuple(nodes)
+
+
+def resizing(job: ElasticJob) -> bool:
+    """Whether a resize of the job is under way: a released worker not yet running, or one leaving."""
+    return any(w.leaving or (w.joining and w.state != "RUNNING") for w in job.workers)
+
+
+def partition_view(room: Room, capacity: Capacity, holding: Mapping[str, Allocation]) -> ClusterView:
+    """The GPUs the policy may hand out: on each node, those idle after waiting jobs' claims
+    (``capacity``) and those the jobs being sized hold there."""
+    offered: Counter[str] = Counter({name: node[0] or 0 for name, node in capacity.nodes.items()})
+    for alloc in holding.values():
+        offered.update(alloc.nodes)
+    return ClusterView(tuple(Node(name, gpus, partition=room.name) for name, gpus in offered.items() if gpus > 0),
+                       grow_in_place=True)
+
+
+def new_spots(job: ElasticJob, decided: Allocation | None, held: Allocation) -> list[str]:
+    """The node of each worker the policy adds to the job: where its decision has a worker's GPUs more
+    than the job holds."""
+    if decided is None:
+        return []
+    added = Counter(decided.nodes) - Counter(held.nodes)
+    return [node for node, gpus in added.items() for _ in range(gpus // job.gpus_per_worker)]
+
+
+def members_given(job: ElasticJob, decided: Allocation | None) -> int:
+    """The job's members (main job, then workers) at the GPUs the policy gave it; a job it left out or gave
+    less than its minimum keeps its main job (the agent never stops a job to size it)."""
+    gpus = 0 if decided is None else decided.gpus
+    return min(job.max_nodes, job.min_nodes + max(0, gpus - job.main_gpus) // job.gpus_per_worker)
+
+
 def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: float,
                    headroom: Mapping[int, int] | None = None) -> list[Resize]:
     """Grow and shrink the elastic jobs of one partition to the sizes ``policy`` decides.
 
     ``room``: the partition as observed (idle GPUs per node, and what jobs waiting there want: their
-    claim on idle nodes comes first). ``headroom``: GPUs each uid may still add this tick.
+    claim on idle GPUs comes first). ``headroom``: GPUs each uid may still add this tick.
     """
-    if not jobs:
+    # GPUs that released workers are about to take: claimed, like a waiting job's.
+    starting = sum(s.job.gpus_per_worker for s in jobs for w in s.job.workers
+                   if w.joining and w.state != "RUNNING")
+    capacity = Capacity(room, reserve_gpus=room.waiting_gpus + starting)
+    settled = [s for s in jobs if not resizing(s.job)]
+    if not settled:
         return []
-    # Waiting jobs keep first claim on idle GPUs; each job is checked against its own per-node request.
-    capacity = Capacity(room, reserve_gpus=room.waiting_gpus)
-    free = [f"{room.name}#{i}" for i in range(max(capacity.count(s.job) for s in jobs))]
-    # In whole nodes: every slot is one node's worth of a job's GPUs.
-    nodes: list[Node] = [Node(slot, 1, partition=room.name) for slot in free]
-    previous: dict[str, Allocation] = {}
-    for scaled in jobs:
-        own = tuple(f"{scaled.job.dlsub_id}#{i}" for i in range(scaled.job.nodes_now))
-        nodes.extend(Node(slot, 1, partition=room.name) for slot in own)
-        previous[scaled.job.dlsub_id] = Allocation(own)
-    views = [in_nodes(s.view, s.job.gpus_per_worker) for s in jobs]
-    decision = policy.decide(views, ClusterView(tuple(nodes)), now, previous)
-    target: dict[str, int] = {}
-    for scaled in jobs:
-        job = scaled.job
-        given = decision[job.dlsub_id].gpus if job.dlsub_id in decision else 0
-        target[job.dlsub_id] = max(job.min_nodes, min(job.max_nodes, given))
+    held = {s.job.dlsub_id: Allocation(held_gpus(s.job)) for s in settled}
+    views = [dataclasses.replace(s.view, step=s.job.gpus_per_worker) for s in settled]
+    decision = policy.decide(views, partition_view(room, capacity, held), now, held)
+    target = {s.job.dlsub_id: members_given(s.job, decision.get(s.job.dlsub_id)) for s in settled}
     left = dict(headroom or {})
     actions: list[Resize] = []
-    wanting: dict[int, int] = {}  # per uid: nodes the policy grows its jobs by that no idle slot can give
-    order = sorted(jobs, key=lambda s: (-(target[s.job.dlsub_id] - s.job.nodes_now), s.job.submit_time,
-                                        s.job.slurm_job_id))
+    wanting: dict[int, int] = {}  # per uid: GPUs the policy grows its jobs by that no idle node can give now
+    order = sorted(settled, key=lambda s: (-(target[s.job.dlsub_id] - s.job.nodes_now), s.job.submit_time,
+                                           s.job.slurm_job_id))
     for scaled in order:
         job = scaled.job
         want = target[job.dlsub_id] - job.nodes_now
@@ -229,9 +242,10 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
             continue
         if job.uid in left:
             want = min(want, left[job.uid] // job.gpus_per_worker)
-        taken = take_workers(job, capacity, want)
+        spots = new_spots(job, decision.get(job.dlsub_id), held[job.dlsub_id])
+        taken = take_workers(job, capacity, want, spots)
         if want > len(taken):
-            wanting[job.uid] = wanting.get(job.uid, 0) + want - len(taken)
+            wanting[job.uid] = wanting.get(job.uid, 0) + (want - len(taken)) * job.gpus_per_worker
         for size, placed in enumerate(taken, start=job.nodes_now + 1):
             worker = placed.worker
             if job.uid in left:
@@ -241,27 +255,27 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
                                   partition=room.name, node=placed.node, batch_size=batch,
                                   accumulation_steps=micro, reason=(
                                       f"growing to {_size_text(job, size)} ({policy.name} policy): "
-                                      f"{_figures(scaled, job.nodes_now, size)}{words}; released worker "
-                                      f"{worker.handle} to join the group")))
-    # Workers already leaving give their nodes back soon: not one more shrink for the same want.
+                                      f"{_figures(scaled, job.nodes_now, size)}{words}; {placed.why}; released "
+                                      f"worker {worker.handle} there to join the group")))
+    # Workers already leaving give their GPUs back soon: not one more shrink for the same want.
     for scaled in jobs:
         leaving = sum(1 for w in scaled.job.workers if w.leaving)
-        wanting[scaled.job.uid] = wanting.get(scaled.job.uid, 0) - leaving
-    # A node is taken from a job only for another job of the same user: the throughput a job reports is its
+        wanting[scaled.job.uid] = wanting.get(scaled.job.uid, 0) - leaving * scaled.job.gpus_per_worker
+    # GPUs are taken from a job only for another job of the same user: the throughput a job reports is its
     # own word, and another user's word must never shrink it (waiting jobs' minimums are resize.py's affair).
-    for scaled in sorted(jobs, key=lambda s: (s.job.submit_time, s.job.slurm_job_id), reverse=True):
+    for scaled in sorted(settled, key=lambda s: (s.job.submit_time, s.job.slurm_job_id), reverse=True):
         job = scaled.job
         running = sorted((w for w in job.workers if w.state == "RUNNING" and not w.leaving),
                          key=lambda w: -w.start_time)
         size = job.nodes_now
         while wanting.get(job.uid, 0) > 0 and size > target[job.dlsub_id] and running:
             worker = running.pop(0)
-            wanting[job.uid] -= 1
+            wanting[job.uid] -= job.gpus_per_worker
             size -= 1
             batch, micro, words = _batch_at(scaled, decision, size)
             actions.append(Resize(SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
                                   batch_size=batch, accumulation_steps=micro, reason=(
                 f"shrinking to {_size_text(job, size)} ({policy.name} policy): another elastic job of yours gains "
-                f"more from the node; {_figures(scaled, job.nodes_now, size)}{words}; the worker on "
+                f"more from its GPUs; {_figures(scaled, job.nodes_now, size)}{words}; the worker on "
                 f"{','.join(worker.nodes) or '?'} checkpoints with the group and goes back to the held pool")))
     return actions

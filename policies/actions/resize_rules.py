@@ -202,12 +202,16 @@ class Capacity:
         finally:
             self.nodes = saved
 
-    def take(self, job: ElasticJob) -> str | None:
-        """A node for one worker of ``job`` (its resources then counted as used), or None."""
-        candidates = self._candidates(job)
-        if not candidates:
-            return None
-        name = candidates[0]
+    def take(self, job: ElasticJob, prefer: str | None = None) -> str | None:
+        """A node for one worker of ``job`` (its resources then counted as used), or None: ``prefer`` when
+        the worker fits there, else the best candidate."""
+        if prefer is not None and prefer in self.nodes and self._fits(self.nodes[prefer], job):
+            name = prefer
+        else:
+            candidates = self._candidates(job)
+            if not candidates:
+                return None
+            name = candidates[0]
         node = self.nodes[name]
         node[0] = (node[0] or 0) - job.gpus_per_worker
         node[1] = None if node[1] is None else node[1] - job.cpus_per_node
@@ -293,17 +297,23 @@ class Placed:
     why: str
 
 
-def take_workers(job: ElasticJob, capacity: Capacity, want: int) -> list[Placed]:
+def take_workers(job: ElasticJob, capacity: Capacity, want: int, spots: Sequence[str] = ()) -> list[Placed]:
     """Up to ``want`` of the job's held workers that may be released (by handle), each with the idle node
-    it is to start on (then counted as used), until the idle GPUs can hold no more of them. Every grow,
+    it is to start on (then counted as used), until the idle GPUs can hold no more of them. ``spots``: the
+    nodes a policy placed them on, in order (each taken when the worker fits there now). Every grow,
     whichever policy sizes the job, takes its workers here."""
     pool = sorted((w for w in job.workers if usable_worker(w, job)), key=lambda w: w.handle)
     taken: list[Placed] = []
     while pool and len(taken) < want:
-        node = capacity.take(job)
+        spot = spots[len(taken)] if len(taken) < len(spots) else None
+        node = capacity.take(job, prefer=spot)
         if node is None:
             break
-        taken.append(Placed(pool.pop(0), node, capacity.why_there(job, node)))
+        why = capacity.why_there(job, node)
+        if spot is not None:
+            why = f"placed by the policy on {node}: {why}" if node == spot else (
+                f"the policy placed it on {spot}, where it does not fit now; {why}")
+        taken.append(Placed(pool.pop(0), node, why))
     return taken
 
 

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 from agent_world import ME, NOW, World, policy
 
-from dlsub.policies.actions.goodput_resize_rules import WholeNodes
-from dlsub.policies.api import ClusterView
+from dlsub.policies.api import Allocation, ClusterView
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.perf_models.fitted_model import FittedPerformance
 from dlsub.policies.sim.engine import SimConfig, simulate
@@ -124,13 +123,18 @@ def test_under_fifo_the_older_job_would_have_taken_it(tmp_path: Path) -> None:
 
 def test_the_agent_and_the_simulator_call_one_policy_code_path(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both reach GoodputPolicy.decide, each with models fitted from reports (FittedPerformance)."""
+    """Both reach GoodputPolicy.decide, each with models fitted from reports (FittedPerformance), in GPUs, and
+    with the jobs' Allocations on the cluster's nodes: the agent's are the testbed nodes the jobs run on."""
     calls: list[tuple[str, set[type]]] = []
     decide = GoodputPolicy.decide
 
     def recording(self: GoodputPolicy, jobs: Any, cluster: ClusterView, now: float, previous: Any) -> Any:
-        models = {type(j.model.model if isinstance(j.model, WholeNodes) else j.model) for j in jobs}
-        calls.append((caller, models))
+        calls.append((caller, {type(j.model) for j in jobs}))
+        names = {node.name for node in cluster.nodes}
+        assert all(isinstance(alloc, Allocation) and set(alloc.nodes) <= names for alloc in previous.values())
+        if caller == "agent":  # each job's Allocation is the GPUs it holds now, on the testbed's nodes
+            assert cluster.grow_in_place and names <= set(world.fake.nodes), names
+            assert [previous[job.name].gpus for job in jobs] == [job.gpus for job in jobs]
         return decide(self, jobs, cluster, now, previous)
 
     monkeypatch.setattr(GoodputPolicy, "decide", recording)

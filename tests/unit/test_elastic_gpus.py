@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -142,13 +143,24 @@ def test_torchrun_forms_one_group_of_members_with_different_local_world_sizes(tm
         "f'{run.world_size} {run.local_world_size} {run.nodes} {t.item():.0f}')\n")
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "OUT": str(tmp_path)}
-    argv = [torchrun, "--nnodes=1:3", "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:29517",
+    # At least both members (an elastic job's range is 1:1+W, but with a minimum of one a member that starts
+    # slowly on a loaded machine can miss the first round and wait for a second that never comes).
+    with socket.socket() as free:  # a port of its own: a store left by another run must not answer
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    argv = [torchrun, "--nnodes=2:3", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
             "--rdzv-id=hetero", "--rdzv-conf=last_call_timeout=2"]
     members = [subprocess.Popen([*argv, f"--nproc-per-node={n}", str(probe)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for n in (1, 3)]
-    for member in members:
-        out, _ = member.communicate(timeout=120)
-        assert member.returncode == 0, out.decode(errors="replace")[-2000:]
+    try:
+        for member in members:
+            out, _ = member.communicate(timeout=120)
+            assert member.returncode == 0, out.decode(errors="replace")[-2000:]
+    finally:
+        for member in members:
+            if member.poll() is None:  # never left behind holding the port
+                member.kill()
+                member.wait()
     seen = sorted((tmp_path / f"rank{r}").read_text() for r in range(4))
     assert sorted(s.split()[1] for s in seen) == ["1", "3", "3", "3"], seen
     assert all(s.split()[0] == "4" and s.split()[2] == "2" and s.split()[3] == "4" for s in seen), seen
@@ -176,3 +188,94 @@ def test_a_slurm_that_refuses_the_pin_still_gets_the_worker_released(
     grow(client, Resize(ActionKind.GROW, "0123abcd", 901, "test", worker=f"{array}_1", node="gpu1"))
     assert fake_slurm.task(f"{array}_1").reason == "None", "released though the pin was refused"
     assert fake_slurm.task(f"{array}_0").reason == "JobHeldUser"
+
+
+# ---------------------------------------------------------------- sized by goodput in GPUs (pure)
+def test_a_job_that_grows_in_place_keeps_its_gpus_and_adds_on_its_own_node_first() -> None:
+    """place_counts on a live cluster (grow_in_place): not repacked onto the idle node, as the simulator may."""
+    from dlsub.policies.api import Allocation, ClusterView, JobView, Node
+    from dlsub.policies.elastic import place_counts
+
+    cluster = ClusterView((Node("gpu1", 4), Node("gpu2", 4), Node("gpu3", 4)), grow_in_place=True)
+    jobs = [JobView("a", 0.0, gpus=1, min_gpus=1, max_gpus=4),
+            JobView("b", 1.0, gpus=2, min_gpus=2, max_gpus=6, step=2)]
+    previous = {"a": Allocation(("gpu2",)), "b": Allocation(("gpu1", "gpu1"))}
+    decision = place_counts({"a": 3, "b": 6}, jobs, cluster, previous)
+    assert decision["a"].nodes == ("gpu2", "gpu2", "gpu2"), "its own node first"
+    assert decision["b"].nodes == ("gpu1",) * 4 + ("gpu3",) * 2, "a whole step on one node: the roomiest"
+    shrunk = place_counts({"b": 2}, jobs[1:], cluster, {"b": decision["b"]})
+    assert shrunk["b"].nodes == ("gpu1", "gpu1"), "the oldest GPUs stay: the newest worker is the one that leaves"
+    # The simulator's cluster re-places a job whose count changes (packed, tightest fit).
+    moved = place_counts({"a": 4}, jobs[:1], ClusterView((Node("gpu1", 4), Node("gpu2", 4))), previous)
+    assert moved["a"].nodes == ("gpu1",) * 4
+
+
+def test_goodput_gives_a_job_its_minimum_plus_whole_steps_only() -> None:
+    """JobView.step: a job of 1 to 8 GPUs whose workers have ``step`` GPUs gets its minimum plus whole steps,
+    the most that fit under its maximum with perfect scaling (pure)."""
+    from dlsub.policies.api import ClusterView, JobView
+    from dlsub.policies.goodput import GoodputPolicy
+
+    linear = _LinearModel()
+    cluster = ClusterView.uniform(2, 4)
+    for step, expected in ((1, 8), (2, 7), (3, 7), (4, 5)):
+        job = JobView("j", 0.0, gpus=1, min_gpus=1, max_gpus=8, batch_size=64, remaining=1e4, step=step, model=linear)
+        assert GoodputPolicy().decide([job], cluster, 0.0, {})["j"].gpus == expected, step
+
+
+class _LinearModel:
+    """Perfect scaling: a step takes 1 s on one GPU, 1/n on n."""
+
+    trusted_gpus = None
+
+    def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return 1.0 / sum(placement)
+
+    def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return batch_size / self.step_time(placement, batch_size)
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        return 64, self.goodput(placement, 64)
+
+
+def _scaled_gpu_job(dlsub_id: str, uid: int, workers: tuple[WorkerTask, ...], rates: dict[int, float],
+                    node: str = "gpu1", total: int = 5000) -> object:
+    from dlsub.agent.live_models import LiveModels
+    from dlsub.job_progress import MeasuredConfig, Progress
+
+    job = ElasticJob(dlsub_id, uid * 10, uid, f"u{uid}", "RUNNING", False, "gpu", gpus_per_node=1, min_nodes=1,
+                     max_nodes=4, submit_time=float(uid), worker_arrays=(uid * 100,), workers=workers, worker_gpus=1,
+                     main_nodes=(node,))
+    configs = tuple(MeasuredConfig(1, n, None, None, r, r * 64) for n, r in rates.items())
+    return LiveModels().scaled(job, Progress(step=100, total_steps=total, configs=configs, first_time=0.0,
+                                             latest_time=300.0), 300.0, None)
+
+
+def test_goodput_grows_a_gpu_job_onto_the_idle_gpus_of_its_shared_node_where_the_policy_placed_them() -> None:
+    """The agent's goodput sizing in GPUs (pure): gpu1 is shared with a rigid job, 2 GPUs idle there and 4 on
+    gpu2; the policy adds the job's GPUs on its own node and each worker is pinned where the policy put it."""
+    from dlsub.policies.actions.goodput_resize_rules import plan_by_policy
+    from dlsub.policies.goodput import GoodputPolicy
+
+    pool = tuple(WorkerTask(f"100_{i}", 100, "PENDING", "JobHeldUser", "gpu") for i in range(3))
+    job = _scaled_gpu_job("0123abcd", 1, pool, {1: 2.0})
+    room = Room("gpu", (("gpu1", 2), ("gpu2", 4)))
+    grows = plan_by_policy([job], room, GoodputPolicy(), 300.0)  # type: ignore[list-item]
+    assert [(a.kind, a.node) for a in grows] == [(GROW, "gpu1"), (GROW, "gpu1"), (GROW, "gpu2")], grows
+    assert "placed by the policy on gpu1: gpu1, a node the job already runs on" in grows[0].reason
+    assert grows[0].reason.startswith("growing to 2 GPUs (goodput policy)")
+
+
+def test_another_users_job_on_the_same_node_never_shrinks_my_workers_however_well_it_says_it_scales() -> None:
+    """Two users' jobs elastic in GPUs share gpu1 (pure): B's reports claim it scales 100x; A's workers stay,
+    and B grows only onto what is idle."""
+    from dlsub.policies.actions.goodput_resize_rules import plan_by_policy
+    from dlsub.policies.goodput import GoodputPolicy
+
+    mine = _scaled_gpu_job("aaaa0001", 1, (on_node("100_0", "gpu1", 100), on_node("100_1", "gpu1", 110)),
+                           {1: 2.0, 2: 2.01, 3: 2.02})
+    theirs = _scaled_gpu_job("bbbb0002", 2, tuple(WorkerTask(f"200_{i}", 200, "PENDING", "JobHeldUser", "gpu")
+                                                 for i in range(3)), {1: 2.0, 2: 200.0}, total=10_000)
+    assert plan_by_policy([mine, theirs], Room("gpu", (("gpu1", 0),)), GoodputPolicy(), 300.0) == []  # type: ignore[list-item]
+    grows = plan_by_policy([mine, theirs], Room("gpu", (("gpu1", 0), ("gpu2", 1))), GoodputPolicy(), 300.0)  # type: ignore[list-item]
+    assert [(a.kind, a.dlsub_id, a.node) for a in grows] == [(GROW, "bbbb0002", "gpu2")]

@@ -64,7 +64,10 @@ def test_a_node_is_taken_from_a_poor_scaler_only_to_give_it_to_a_better_one() ->
                   {1: 2.0, 2: 2.02})
     alone = plan_by_policy([poor], Room("gpu", ()), POLICY, NOW)
     assert alone == [], "nobody else wants the node: the job keeps it (a shrink would only cost a restart)"
-    good = scaled(models, job("good", uid=1, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
+    # Less work left than the poor scaler (goodput serves the shorter first: with equal work the tie between
+    # the two went by the float noise of their fits).
+    good = scaled(models, job("good", uid=1, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9},
+                  total=4000)
     actions = plan_by_policy([poor, good], Room("gpu", ()), POLICY, NOW)
     assert [(a.kind, a.dlsub_id) for a in actions] == [(SHRINK, "poor")]
     assert "another elastic job of yours gains more" in actions[0].reason
