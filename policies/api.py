@@ -51,7 +51,9 @@ class JobView:
     ``remaining`` is the work left in the units of ``model``'s goodput
     (progress), when known. ``step``: its GPU count changes in multiples of
     this above ``lo`` (a live job grows by workers of ``step`` GPUs; every
-    simulated job by one GPU).
+    simulated job by one GPU). ``packing``: its model is asked about
+    placements of this many GPUs a node (a live job of whole nodes of a few
+    GPUs each, as it asked for them); None: as many as a node has.
     """
 
     name: str
@@ -69,6 +71,7 @@ class JobView:
     progress: float = 0.0
     restarts: int = 0  # times its GPUs changed after its first start (pollux's restart penalty)
     step: int = 1
+    packing: int | None = None
     model: PerformanceModel | None = field(default=None, compare=False, repr=False)
 
     @property

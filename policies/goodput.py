@@ -195,7 +195,8 @@ class GoodputPolicy:
         # batch sizes together.
         search_batches([job.model for job in jobs if searches_batch(job, adapt_batch=True)],
                        [packed_placement(n, per_node) for n in range(1, 2 * per_node + 1)])
-        curves = {job.name: RemainingTime(job, per_node, adapt_batch=True, guess_remaining=True) for job in jobs}
+        curves = {job.name: RemainingTime(job, min(per_node, job.packing or per_node), adapt_batch=True,
+                                          guess_remaining=True) for job in jobs}
         his = {job.name: self._hi(job) for job in jobs}
         order = sorted(jobs, key=lambda job: (self._rank(job, curves[job.name], previous), job.arrival_s, job.name))
         keep_margin = self.restart_penalty_s * self.restart_weight

@@ -227,7 +227,10 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
     if not settled:
         return []
     held = {s.job.dlsub_id: Allocation(held_gpus(s.job)) for s in settled}
-    views = [dataclasses.replace(s.view, step=s.job.gpus_per_worker) for s in settled]
+    # A job of whole nodes is judged on its GPUs a node as it asked for them, (2, 2) and not (4,): the placement
+    # it measures itself on (where several of its members share a node, they may run faster).
+    views = [dataclasses.replace(s.view, step=s.job.gpus_per_worker,
+                                 packing=None if s.job.worker_gpus else s.job.gpus_per_node) for s in settled]
     decision = policy.decide(views, partition_view(room, capacity, held), now, held)
     target = {s.job.dlsub_id: members_given(s.job, decision.get(s.job.dlsub_id)) for s in settled}
     left = dict(headroom or {})

@@ -190,3 +190,21 @@ def test_every_resize_reason_says_which_model_sized_the_job() -> None:
     good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0})
     (grow,) = plan_by_policy([good], Room("gpu", (("gpu2", 2),)), POLICY, NOW)
     assert "sized on its throughput fit on 1 size it ran; measured 1 node" in grow.reason
+
+
+def test_jobs_of_whole_nodes_on_larger_nodes_are_judged_on_their_own_placement() -> None:
+    """The live goodput test's moment (pure): two of one user's jobs of 2-GPU nodes on the testbed's 4-GPU nodes,
+    another user's job on gpu1. The poor scaler measured 2 nodes no faster than 1; asked about 4 GPUs packed on
+    one node (4,), a placement it can never run at, its fit promised more and it kept the node the good scaler
+    gains from. Asked about (2, 2), as it runs, it gives the node back."""
+    models = LiveModels()
+    poor_worker = WorkerTask("10_0", 11, "RUNNING", "None", "gpu", ("gpu2",), start_time=NOW - 200)
+    poor = dataclasses.replace(job("poor", uid=1, nodes=2, max_nodes=2, submit=NOW - 600, pool=0),
+                               workers=(poor_worker,), main_nodes=("gpu1",))
+    good = dataclasses.replace(job("good", uid=1, nodes=1, max_nodes=2, submit=NOW - 60, pool=1),
+                               main_nodes=("gpu2",))
+    jobs = [scaled(models, poor, {1: 153 / BATCH, 2: 149 / BATCH}, total=110_000),
+            scaled(models, good, {1: 153 / BATCH}, total=110_000)]
+    room = Room("gpu", (("gpu1", 0), ("gpu2", 0)), spare=(("gpu1", 1, 6000), ("gpu2", 2, 6000)))
+    actions = plan_by_policy(jobs, room, POLICY, NOW)
+    assert [(a.kind, a.dlsub_id, a.worker) for a in actions] == [(SHRINK, "poor", "10_0")], actions
