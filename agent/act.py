@@ -175,7 +175,7 @@ class Acting:
         if written_ahead(resize.kind) and resize.worker is not None:
             writes.resizes[resize.worker] = ResizeRow(
                 resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.PLANNED, now,
-                resize.reason, resize.partition, resize.batch_size, resize.accumulation_steps)
+                resize.reason, resize.partition, resize.batch_size, resize.accumulation_steps, resize.node)
         return True
 
     # ---------------------------------------------------------------- carry out

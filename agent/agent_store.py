@@ -99,7 +99,7 @@ CREATE TABLE IF NOT EXISTS moves (
     time_limit_min INTEGER, restart_count INTEGER, PRIMARY KEY (uid, slurm_job_id));
 CREATE TABLE IF NOT EXISTS resizes (
     worker TEXT PRIMARY KEY, uid INTEGER NOT NULL, dlsub_id TEXT, slurm_job_id INTEGER, kind TEXT, phase TEXT,
-    since REAL, reason TEXT, partition TEXT, batch_size INTEGER, accumulation_steps INTEGER);
+    since REAL, reason TEXT, partition TEXT, batch_size INTEGER, accumulation_steps INTEGER, node TEXT);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
 
@@ -236,6 +236,8 @@ class AgentStore:
                     conn.execute(statement)
             if "source" not in self._columns("bindings"):  # a v2 database from before claims had a source
                 conn.execute("ALTER TABLE bindings ADD COLUMN source TEXT NOT NULL DEFAULT 'comment'")
+            if "node" not in self._columns("resizes"):  # from before grows were pinned to a node
+                conn.execute("ALTER TABLE resizes ADD COLUMN node TEXT")
             if v1:
                 self._copy_v1(uid_of)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

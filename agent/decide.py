@@ -111,7 +111,7 @@ class Deciding:
                 writes.ended_resizes.add(worker)
                 continue
             resumed.append(Resize(ActionKind(row.kind), row.dlsub_id, row.slurm_job_id, row.reason, worker,
-                                  row.partition, row.batch_size, row.accumulation_steps))
+                                  row.partition, row.batch_size, row.accumulation_steps, row.node))
             taken.append((job.partition, job.gpus_per_worker))
         if resumed:
             seen.rooms = reserve_gpus(seen.rooms, taken)

@@ -82,6 +82,7 @@ class ResizeRow:
     partition: str | None = None
     batch_size: int | None = None
     accumulation_steps: int | None = None
+    node: str | None = None  # a grow's: the node its worker is pinned to (pinned again when a crash resumes it)
 
 
 RESIZE_COLUMNS = tuple(f.name for f in fields(ResizeRow))

@@ -62,13 +62,17 @@ def test_a_grow_killed_at_each_step_releases_the_worker_once(tmp_path: Path, cra
     assert world.store is not None
     if point == "grow-planned":
         assert worker.reason == "JobHeldUser", "died before the release"
-        assert world.store.resizes()[handle].phase == ResizePhase.PLANNED, "the grow was written ahead"
+        planned = world.store.resizes()[handle]
+        assert planned.phase == ResizePhase.PLANNED and planned.node, "the grow was written ahead, with its node"
+        world.fake.task(handle).options.pop("nodelist", None)  # as if the pin had not been made before the crash
     else:
         assert worker.reason == "None"
     agent = world.agent()  # restarted
     agent.tick(NOW + 3)
     agent.tick(NOW + 6)
     assert worker.reason == "None", "the grow is carried out (or kept) after the restart"
+    if point == "grow-planned":
+        assert worker.options.get("nodelist") == planned.node, "resumed on the node it was planned for"
     assert releases(world, handle) == 1, "never released twice"
     assert len(decisions(world, "grow")) == 1, "one grow decision, written ahead once"
     assert world.store.resizes() == {}, "nothing left in flight"

@@ -86,3 +86,19 @@ def test_rows_round_trip_through_one_transaction(tmp_path: Path) -> None:
     store.write(w)
     assert store.job(ME, 5).data == {"x": [1, 2]} and store.decisions(uid=ME)[0].details == {"k": 1}
     assert json.dumps(store.meta()) == '{"late": false}'
+
+
+def test_a_resize_written_ahead_before_grows_had_a_node_is_read_back(tmp_path: Path) -> None:
+    """SQLite only: a resizes table from before grows were pinned (no node column) gains the column, and its
+    row comes back with no node (the grow then goes where Slurm likes, as it did)."""
+    path = tmp_path / "agent.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE resizes (worker TEXT PRIMARY KEY, uid INTEGER NOT NULL, dlsub_id TEXT, "
+                 "slurm_job_id INTEGER, kind TEXT, phase TEXT, since REAL, reason TEXT, partition TEXT, "
+                 "batch_size INTEGER, accumulation_steps INTEGER)")
+    conn.execute("insert into resizes values ('900_1', 1001, '0123abcd', 901, 'grow', 'planned', ?, 'r', 'gpu', "
+                 "NULL, NULL)", (NOW,))
+    conn.commit()
+    conn.close()
+    (row,) = AgentStore(path).resizes().values()
+    assert (row.worker, row.kind, row.node) == ("900_1", "grow", None)
