@@ -188,24 +188,36 @@ class Launcher:
             started = time.time()
             status = self.run_once()
             if not (self.elastic and status == 0 and self.stop_signal is None and reforms < MAX_REFORMS
-                    and self._resume_requested(since=started) and self._reforms(since=started)):
+                    and self._resume_requested(since=started)):
                 return self.exit_code(status)
+            if self.follow and not self._main_reforms(since=started):
+                return self.exit_code(status)
+            if not self.follow:
+                self._mark_reform()
             reforms += 1
             self._log("the group checkpointed and stopped for a node that left; re-forming it "
                  f"(torchrun again, {reforms} time(s) this attempt)")
 
-    def _reforms(self, since: float) -> bool:
-        """The main job marks that its group re-forms; a worker waits (a while) for that mark."""
+    @staticmethod
+    def _reform_marker() -> Path | None:
         job_dir, attempt = os.environ.get(ENV_JOB_DIR), os.environ.get(ENV_ATTEMPT)
-        if not job_dir or not attempt:
-            return not self.follow
-        marker = reform_marker(Path(job_dir), attempt)
-        if not self.follow:
-            try:
-                marker.touch()
-            except OSError as exc:
-                self._log(f"could not tell the workers that the group re-forms ({exc}); they go back to the pool")
-            return True
+        return reform_marker(Path(job_dir), attempt) if job_dir and attempt else None
+
+    def _mark_reform(self) -> None:
+        """The main job's group re-forms: its workers are told (the mark they wait for)."""
+        marker = self._reform_marker()
+        if marker is None:
+            return
+        try:
+            marker.touch()
+        except OSError as exc:
+            self._log(f"could not tell the workers that the group re-forms ({exc}); they go back to the pool")
+
+    def _main_reforms(self, since: float) -> bool:
+        """A worker waits (a while) for its main job's mark that the group re-forms."""
+        marker = self._reform_marker()
+        if marker is None:
+            return False
         deadline = time.monotonic() + FOLLOW_WAIT_S
         while time.monotonic() < deadline and self.stop_signal is None:
             try:
