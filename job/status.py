@@ -48,6 +48,9 @@ class JobStatus:
     min_nodes: int | None = None
     max_nodes: int | None = None
     resizes: tuple[dict[str, Any], ...] = ()
+    # A job elastic in GPUs (--gpus MIN:MAX): its range in GPUs (None otherwise).
+    min_gpus: int | None = None
+    max_gpus: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -145,6 +148,8 @@ def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob
         min_nodes=record.nodes,
         max_nodes=record.max_nodes,
         resizes=resizes,
+        min_gpus=record.gpu_range[0] if record.gpu_range else None,
+        max_gpus=record.gpu_range[1] if record.gpu_range else None,
     )
 
 

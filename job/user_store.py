@@ -61,13 +61,20 @@ class JobRecord:
         return self.max_nodes is not None and self.worker_gpus is not None
 
     @property
+    def gpu_range(self) -> tuple[int, int] | None:
+        """A job elastic in GPUs: its fewest and most GPUs (None for any other job)."""
+        if not self.elastic_in_gpus:
+            return None
+        low = self.nodes * self.gpus_per_node
+        return low, low + self.worker_tasks * self.gpus_per_worker
+
+    @property
     def elastic_range(self) -> str:
         """An elastic job's range as it asked for it: "1 to 4 GPUs" or "1 to 2 nodes" ("" when fixed)."""
         if self.max_nodes is None:
             return ""
-        if self.elastic_in_gpus:
-            low = self.nodes * self.gpus_per_node
-            return f"{low} to {low + self.worker_tasks * self.gpus_per_worker} GPUs"
+        if self.gpu_range is not None:
+            return f"{self.gpu_range[0]} to {self.gpu_range[1]} GPUs"
         return f"{self.nodes} to {self.max_nodes} nodes"
 
     def to_row(self) -> dict[str, Any]:

@@ -72,6 +72,9 @@ def test_dlsub_gpus_1_4_submits_one_gpu_and_three_held_one_gpu_workers(cli_env: 
     assert "step=1" in main_job.options["comment"] and "nodes=1-4" in main_job.options["comment"]
     script_text = (Path(out["job_dir"]) / BATCH_SCRIPT).read_text()
     assert "--nnodes 1:4" in script_text, "one rendezvous of the main job and up to three workers"
+    status = CliRunner().invoke(main, ["status", "--json", out["id"]], catch_exceptions=False)
+    row = json.loads(status.stdout)
+    assert (row["min_gpus"], row["max_gpus"]) == (1, 4), "dlsub status says its range in GPUs"
 
 
 def test_more_gpus_than_the_partition_has_is_refused_before_anything_is_written(
