@@ -10,7 +10,9 @@ interval a job runs, it reports the time of its optimiser step at the
 configuration it ran (and its compute-only micro-step when it accumulates
 gradients) and its gradient noise at the batch size it ran; the policy's
 model is :mod:`dlsub.policies.perf_models.throughput_fit` fitted to those reports, as
-the agent fits progress reports. Remaining work is told only when the
+the agent fits progress reports. (``pollux`` alone has every report carry
+its compute time, as Pollux's simulator gave its jobs: see
+:func:`information_for`.) Remaining work is told only when the
 workload row declares the job's epochs; otherwise the policy sees the work
 done so far. The batch limits a job declares (AdaptDL jobs declare them)
 are known in both modes. The job's own batch-size re-tuning between
