@@ -25,27 +25,35 @@ crossover, warm-started from the last interval's population). Here the
 same objective, a sum over jobs of the inverse speed-ups, is minimised
 exactly over GPU counts by dynamic programming (a multiple-choice
 knapsack), each count evaluated on a packed placement (whole nodes
-first), then placed by :func:`~dlsub.policies.elastic.place_counts` (a job
-whose count is unchanged keeps its GPUs). Deterministic: no seed. Pollux's
-rule of at most one multi-node job per node is left to the packing. Jobs
-are taken in Pollux's order (least attained service, then oldest), which
-breaks ties. A job that needs at least ``min_gpus`` to run gets that many or
-none. The live agent's job views carry no restart count (0), so there only
-the age term of the restart penalty applies.
+first). Then the counts are placed as Pollux's search scores placements
+(:func:`place_pollux`): on the nodes a job really gets, at most one job
+spanning several nodes per node, a job whose count is unchanged keeping
+its GPUs. Placing the packed counts without that check spread more than
+half the jobs' allocations over more nodes than packed (workload-3 at
+1.0x), where they ran slower than the search had counted on.
+Deterministic: no seed. Jobs are taken in Pollux's order (least attained
+service, then oldest), which breaks ties. A job that needs at least
+``min_gpus`` to run gets that many or none. The live agent's job views
+carry no restart count (0), so there only the age term of the restart
+penalty applies.
+
+In the simulator pollux's jobs report the compute part of every step
+(``times_compute``), as Pollux's simulated jobs do (its traces' sync time).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import numpy as np
 
 from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView
-from dlsub.policies.elastic import place_counts
 from dlsub.policies.perf_models.fitted_model import search_batches
 from dlsub.policies.perf_models.speedup import searches_batch
-from dlsub.policies.placement import packed_placement
+from dlsub.policies.placement import free_gpus, packed_placement
 
 # Added to every scaled speed-up, so that a job without GPUs has a finite cost.
 EPSILON = 1e-3
@@ -96,6 +104,9 @@ class PolluxPolicy:
     adapts_batch: ClassVar[bool] = True
     # Pollux's jobs fit their own throughput from what they report.
     learns_online: ClassVar[bool] = True
+    # In Pollux's simulator every report splits the step into compute and
+    # synchronisation (see dlsub.policies.sim.information.information_for).
+    times_compute: ClassVar[bool] = True
 
     def __init__(self, restart_penalty_s: float = 30.0, trust_factor: int = 2) -> None:
         self.restart_penalty_s = restart_penalty_s
@@ -116,14 +127,18 @@ class PolluxPolicy:
 
     def speedups(self, job: JobView, hi: int, fair: int, per_node: int) -> np.ndarray:
         """Speed-up over the fair share on 0..hi GPUs (packed)."""
-        counts = np.arange(hi + 1, dtype=float)
+        return np.array([0.0] + [self.speedup(job, packed_placement(n, per_node), fair)
+                                 for n in range(1, hi + 1)])
+
+    def speedup(self, job: JobView, placement: tuple[int, ...], fair: int) -> float:
+        """Speed-up over the fair share (``fair`` GPUs on one node) on ``placement``."""
+        count = sum(placement)
         if job.model is None or profiled_replicas(job) == 0:
-            return counts / fair  # nothing measured yet: linear, as Pollux assumes
+            return count / fair  # nothing measured yet: linear, as Pollux assumes
         base = self._rate(job, (fair,))
         if base <= 0:
-            return counts / fair
-        rates = [0.0] + [self._rate(job, packed_placement(n, per_node)) for n in range(1, hi + 1)]
-        return np.array(rates) / base
+            return count / fair
+        return self._rate(job, placement) / base if count else 0.0
 
     def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
         if not jobs:
@@ -149,11 +164,96 @@ class PolluxPolicy:
             cost[1:los[job.name]] = math.inf
             costs.append(cost)
         counts = {job.name: n for job, n in zip(order, minimise(costs, total), strict=True) if n > 0}
-        decision = place_counts(counts, jobs, cluster, previous)
-        # Each interval a job re-tunes its batch size for the placement it got.
         by_name = {job.name: job for job in jobs}
+
+        def cost_at(name: str, nodes: tuple[str, ...]) -> float:
+            """Pollux's cost of the job on these GPUs: its speed-up where they are."""
+            job = by_name[name]
+            if len(nodes) < los[name]:
+                return math.inf if nodes else 1.0 / EPSILON
+            scaled = scale * self.speedup(job, tuple(Counter(nodes).values()), fair)
+            alloc = previous.get(name)
+            if alloc is None or Counter(alloc.nodes) != Counter(nodes):
+                scaled *= restart_factor(job, now, self.restart_penalty_s)
+            return 1.0 / (scaled + EPSILON)
+
+        decision = place_pollux(counts, by_name, cluster, previous, cost_at, caps)
+        # Each interval a job re-tunes its batch size for the placement it got.
         for name, alloc in decision.items():
             job = by_name[name]
             if job.model is not None and searches_batch(job, adapt_batch=True):
                 decision[name] = Allocation(alloc.nodes, job.model.best_batch(alloc.placement)[0])
         return decision
+
+
+def place_pollux(counts: Mapping[str, int], jobs: Mapping[str, JobView], cluster: ClusterView,
+                 previous: Allocations, cost_at: Callable[[str, tuple[str, ...]], float],
+                 caps: Mapping[str, int]) -> Decision:
+    """GPUs for the counts, judged as Pollux judges placements.
+
+    The counts were chosen on packed placements; where they are, they
+    stay. Pollux's search scores each job on the nodes it really gets, and
+    lets at most one job spanning several nodes onto a node. So a job whose
+    count changed (largest first) is offered two placements, and gets the
+    one its cost prefers: the most of its count that one node holds (the
+    tightest fit), or its count over the nodes that host no other
+    multi-node job (empty nodes first, then the most free). A job may thus
+    get fewer GPUs than its count, and leave some idle, where spreading it
+    would cost it more than it gains. GPUs left idle then go, a node at a
+    time, to whichever job (within its cap, on one node) lowers its cost the
+    most, as Pollux's search would add them, until none gains.
+    """
+    decision: Decision = {}
+    for name, count in counts.items():
+        alloc = previous.get(name)
+        if alloc is not None and alloc.gpus == count:
+            decision[name] = alloc
+    spanned = {node for alloc in decision.values() if len(set(alloc.nodes)) > 1 for node in alloc.nodes}
+    free = free_gpus(cluster, decision)
+    capacity = cluster.capacity()
+    pending = sorted((name for name in counts if name not in decision),
+                     key=lambda name: (-counts[name], jobs[name].arrival_s, name))
+    for name in pending:
+        count = counts[name]
+        most = min(count, max(free.values(), default=0))
+        options: list[tuple[str, ...]] = []
+        if most > 0:
+            node = min((node for node in free if free[node] >= most), key=free.__getitem__)
+            options.append((node,) * most)
+        if count > most:
+            allowed = sorted((node for node in free if free[node] > 0 and node not in spanned),
+                             key=lambda node: (free[node] < capacity[node], -free[node]))
+            nodes: list[str] = []
+            for node in allowed:
+                nodes.extend([node] * min(free[node], count - len(nodes)))
+            if len(set(nodes)) > 1 and len(nodes) > most:
+                options.append(tuple(nodes))
+        if not options:
+            continue
+        chosen = min(options, key=lambda nodes: cost_at(name, nodes))
+        if math.isinf(cost_at(name, chosen)):
+            continue
+        decision[name] = Allocation(chosen, jobs[name].batch_size)
+        for node in chosen:
+            free[node] -= 1
+        if len(set(chosen)) > 1:
+            spanned.update(chosen)
+    while True:
+        best: tuple[float, str, tuple[str, ...]] | None = None
+        for node in (node for node in free if free[node] > 0):
+            for name in jobs:
+                held = decision[name].nodes if name in decision else ()
+                if set(held) - {node}:
+                    continue  # grows only on the one node it is on
+                before = cost_at(name, held)
+                for extra in range(1, min(free[node], caps[name] - len(held)) + 1):
+                    grown = held + (node,) * extra
+                    gain = before - cost_at(name, grown)
+                    if gain > 0 and (best is None or gain > best[0]):
+                        best = (gain, name, grown)
+        if best is None:
+            return decision
+        _, name, grown = best
+        held = decision[name].nodes if name in decision else ()
+        free[grown[-1]] -= len(grown) - len(held)
+        decision[name] = Allocation(grown, jobs[name].batch_size)

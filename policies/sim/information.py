@@ -10,7 +10,9 @@ interval a job runs, it reports the time of its optimiser step at the
 configuration it ran (and its compute-only micro-step when it accumulates
 gradients) and its gradient noise at the batch size it ran; the policy's
 model is :mod:`dlsub.policies.perf_models.throughput_fit` fitted to those reports, as
-the agent fits progress reports. Remaining work is told only when the
+the agent fits progress reports. (``pollux`` alone has every report carry
+its compute time, as Pollux's simulator gave its jobs: see
+:func:`information_for`.) Remaining work is told only when the
 workload row declares the job's epochs; otherwise the policy sees the work
 done so far. The batch limits a job declares (AdaptDL jobs declare them)
 are known in both modes. The job's own batch-size re-tuning between
@@ -119,10 +121,12 @@ class _Reports:
 class OnlineInformation:
     mode: ClassVar[str] = "online"
 
-    def __init__(self, history: str = "none") -> None:
+    def __init__(self, history: str = "none", times_compute: bool = False) -> None:
         if history not in HISTORY_SOURCES:
             raise ValueError(f"unknown history source {history!r}; valid: {', '.join(HISTORY_SOURCES)}")
         self.history = history
+        # Whether every report carries the compute part of the step (see information_for).
+        self.times_compute = times_compute
         self._jobs: dict[str, _Reports] = {}
         # What earlier runs of each command measured, as the agent keeps it.
         self._history = ScalingHistory()
@@ -140,7 +144,8 @@ class OnlineInformation:
         micro, sync = app.step_sync(placement, config.atomic)
         key = (len(placement), sum(placement), config.atomic, config.accum_steps)
         reports.steps[key] = StepReport(*key, step_s=step,
-                                        compute_s=(micro - sync) if config.accum_steps else None)
+                                        compute_s=(micro - sync) if config.accum_steps or self.times_compute
+                                        else None)
         sqr, var = app.grad_stats(config.total(sum(placement)), job.epoch)
         grads = GradientStats(sqr, var)
         command = self._command(job)
@@ -186,9 +191,15 @@ class OnlineInformation:
 
 def information_for(mode: str, policy: object, history: str = "none") -> Information:
     """Online information for a policy that learns (``learns_online``); the
-    baselines keep what their papers gave them (the oracle) in either mode."""
+    baselines keep what their papers gave them (the oracle) in either mode.
+
+    A policy whose ``times_compute`` is true has every report carry the
+    compute part of its step (the step less its synchronisation), as
+    Pollux's simulator gives its jobs (the traces' sync time, fitted on
+    every step): pollux, so that it runs as Pollux ran. The live agent's
+    jobs time compute alone only when they accumulate gradients."""
     if mode not in MODES:
         raise ValueError(f"unknown information mode {mode!r}; valid: {', '.join(MODES)}")
     if mode == "online" and getattr(policy, "learns_online", False):
-        return OnlineInformation(history)
+        return OnlineInformation(history, times_compute=getattr(policy, "times_compute", False))
     return OracleInformation()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from dlsub.policies.api import Allocation, ClusterView, JobView, check_decision
-from dlsub.policies.pollux import PolluxPolicy, minimise, restart_factor
+from dlsub.policies.pollux import PolluxPolicy, minimise, place_pollux, restart_factor
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sim.performance import performance_at
 from dlsub.policies.sim.workload import POLLUX_DIR
@@ -142,3 +143,47 @@ def test_a_job_that_needs_a_node_gets_a_node_or_nothing() -> None:
     decision = PolluxPolicy().decide([wide, *small], cluster, 600.0, {})
     check_decision(decision, [wide, *small], cluster)
     assert counts(decision).get("wide", 0) in (0, 4, 5, 6, 7, 8)
+
+
+def _cost_by_nodes(across: float) -> Callable[[str, tuple[str, ...]], float]:
+    """Cost of a job on ``nodes``: its inverse speed-up, ``across`` of each GPU lost when it spans nodes."""
+    def cost(name: str, nodes: tuple[str, ...]) -> float:
+        if not nodes:
+            return 1000.0
+        speed = len(nodes) * (across if len(set(nodes)) > 1 else 1.0)
+        return 1.0 / speed
+    return cost
+
+
+def test_placement_one_multi_node_job_per_node() -> None:
+    cluster = ClusterView.uniform(2, 4)
+    big = Allocation(("n000", "n000", "n001", "n001"))
+    jobs = {"big": job("big"), "x": job("x")}
+    # x's 3 GPUs would have to span both nodes, which big already spans: it gets the 2 one node holds.
+    got = place_pollux({"big": 4, "x": 3}, jobs, cluster, {"big": big}, _cost_by_nodes(0.9), {"big": 4, "x": 3})
+    assert got["big"] == big
+    assert len(set(got["x"].nodes)) == 1 and got["x"].gpus == 2
+
+
+def test_placement_spreads_only_where_the_job_gains() -> None:
+    cluster = ClusterView.uniform(2, 4)
+    previous = {"a": Allocation(("n000", "n000")), "b": Allocation(("n001", "n001"))}
+    jobs = {name: job(name) for name in ("a", "b", "x")}
+    wanted = {"a": 2, "b": 2, "x": 4}
+    caps = {"a": 2, "b": 2, "x": 4}
+    # Four GPUs over two nodes at 0.9 a GPU (speed 3.6) beat two on one node (2): spread.
+    spread = place_pollux(wanted, jobs, cluster, previous, _cost_by_nodes(0.9), caps)
+    assert spread["x"].gpus == 4 and len(set(spread["x"].nodes)) == 2
+    # At 0.4 a GPU (speed 1.6) two on one node are better: x gets 2, and the 2 left idle stay so
+    # (x cannot grow on a node it is not on, nor a or b past their caps).
+    packed = place_pollux(wanted, jobs, cluster, previous, _cost_by_nodes(0.4), caps)
+    assert packed["x"].gpus == 2 and len(set(packed["x"].nodes)) == 1
+
+
+def test_placement_idle_gpus_go_to_a_waiting_job() -> None:
+    cluster = ClusterView.uniform(2, 4)
+    previous = {"a": Allocation(("n000", "n000", "n000")), "b": Allocation(("n001", "n001", "n001"))}
+    jobs = {name: job(name) for name in ("a", "b", "w")}
+    # The counts leave w nothing, and a GPU idle on each node: w gets one (its cost falls from 1000).
+    got = place_pollux({"a": 3, "b": 3}, jobs, cluster, previous, _cost_by_nodes(0.9), {"a": 3, "b": 3, "w": 4})
+    assert got["w"].gpus == 1
