@@ -203,7 +203,9 @@ def test_one_process_alone_writes_exactly_what_its_script_writes(tmp_path: Path)
 def test_without_the_launcher_the_entry_point_only_runs_the_script(tmp_path: Path, nproc: int) -> None:
     # torchrun run by hand (no $DLSUB_OUTPUT_SOCKET): the processes write unlabelled, as before.
     script = tmp_path / "hello.py"
-    script.write_text('import os\nprint("hello from", os.environ["RANK"])\n')
+    # One write per line: unlabelled lines of two processes may interleave where a print makes several writes
+    # (unbuffered, "hello from" and " 0" went out apart under load), and no line should here.
+    script.write_text('import os, sys\nsys.stdout.write(f"hello from {os.environ[\'RANK\']}\\n")\n')
     proc = subprocess.run([str(TORCHRUN), "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc),
                            "-m", "dlsub.checkpointing.rank_output", str(script)], cwd=tmp_path,
                           env=environment(tmp_path), capture_output=True, text=True, timeout=120)
