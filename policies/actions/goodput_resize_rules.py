@@ -183,7 +183,7 @@ def held_gpus(job: ElasticJob) -> tuple[str, ...]:
 
 def resizing(job: ElasticJob) -> bool:
     """Whether a resize of the job is under way: a released worker not yet running, or one leaving."""
-    return any(w.leaving or (w.joining and w.state != "RUNNING") for w in job.workers)
+    return any(w.leaving or w.starting for w in job.workers)
 
 
 def partition_view(room: Room, capacity: Capacity, holding: Mapping[str, Allocation]) -> ClusterView:
@@ -220,8 +220,7 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
     claim on idle GPUs comes first). ``headroom``: GPUs each uid may still add this tick.
     """
     # GPUs that released workers are about to take: claimed, like a waiting job's.
-    starting = sum(s.job.gpus_per_worker for s in jobs for w in s.job.workers
-                   if w.joining and w.state != "RUNNING")
+    starting = sum(s.job.gpus_per_worker for s in jobs for w in s.job.workers if w.starting)
     capacity = Capacity(room, reserve_gpus=room.waiting_gpus + starting)
     settled = [s for s in jobs if not resizing(s.job)]
     if not settled:

@@ -68,6 +68,11 @@ class WorkerTask:
         return self.state == "RUNNING" or (self.state == "PENDING" and self.reason not in
                                            ("JobHeldUser", "JobHeldAdmin"))
 
+    @property
+    def starting(self) -> bool:
+        """Released and on its way, not running yet."""
+        return self.joining and self.state != "RUNNING"
+
 
 @dataclass(frozen=True)
 class ElasticJob:
