@@ -27,6 +27,8 @@ A single process's output is left as it is.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
 import re
 import signal
@@ -111,6 +113,16 @@ def without_entry_point(command: list[str]) -> list[str]:
     return command
 
 
+def via_torchrun_main(command: list[str]) -> list[str]:
+    """``torchrun ARGS`` as :mod:`dlsub.checkpointing.torchrun_main` runs it (faster to leave), when this
+    Python has torch (the image's ``torchrun`` is its script); any other command as it is."""
+    if not command or os.path.basename(command[0]) != "torchrun" or importlib.util.find_spec("torch") is None:
+        return command
+    return [sys.executable, "-m", TORCHRUN_MAIN, *command[1:]]
+
+
+#: The module that runs torchrun for the launcher (``--from-stdin``: started ahead, told its arguments later).
+TORCHRUN_MAIN = "dlsub.checkpointing.torchrun_main"
 #: Most times an elastic group re-forms within one attempt by starting torchrun again.
 MAX_REFORMS = 100
 #: How long a worker whose group stopped waits for its main job to say it re-forms.
@@ -136,6 +148,10 @@ class Launcher:
         # Several training processes: their lines, torchrun's and ours go out whole and labelled.
         self.output = output
         self.announce: str | None = None
+        # The next torchrun, started while the group stops for a member that left: it imports torch while
+        # the old group exits, and is told its arguments if the group re-forms (else it is killed).
+        self.standby: subprocess.Popen[bytes] | None = None
+        self._marker_seen = 0.0
 
     def _announce_signal(self) -> None:
         if self.announce:
@@ -184,19 +200,90 @@ class Launcher:
         for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         reforms = 0
-        while True:
-            started = time.time()
-            status = self.run_once()
-            if not (self.elastic and status == 0 and self.stop_signal is None and reforms < MAX_REFORMS
-                    and self._resume_requested(since=started)):
-                return self.exit_code(status)
-            if self.follow and not self._main_reforms(since=started):
-                return self.exit_code(status)
-            if not self.follow:
-                self._mark_reform()
-            reforms += 1
-            self._log("the group checkpointed and stopped for a node that left; re-forming it "
-                 f"(torchrun again, {reforms} time(s) this attempt)")
+        try:
+            while True:
+                started = time.time()
+                status = self.run_once(started)
+                if not (self.elastic and status == 0 and self.stop_signal is None and reforms < MAX_REFORMS
+                        and self._resume_requested(since=started)):
+                    return self.exit_code(status)
+                if self.follow and not self._main_reforms(since=started):
+                    return self.exit_code(status)
+                if not self.follow:
+                    self._mark_reform()
+                reforms += 1
+                self._log("the group checkpointed and stopped for a node that left; re-forming it "
+                          f"(torchrun again, {reforms} time(s) this attempt)")
+        finally:
+            self._drop_standby()
+
+    def _spawn(self, argv: list[str], stdin: int | None = None) -> subprocess.Popen[bytes]:
+        if self.output is None:
+            return subprocess.Popen(argv, stdin=stdin)
+        env = dict(os.environ, **{ENV_OUTPUT_SOCKET: self.output.socket_path})
+        return subprocess.Popen(argv, env=env, stdin=stdin, stdout=self.output.child_stdout,
+                                stderr=self.output.child_stderr)
+
+    def _start_child(self) -> subprocess.Popen[bytes]:
+        """The command, through the standby when one is ready (its arguments go to it now), else anew."""
+        standby, self.standby = self.standby, None
+        argv = via_torchrun_main(self.command)
+        if standby is not None and standby.stdin is not None and standby.poll() is None:
+            try:
+                standby.stdin.write(json.dumps(self.command[1:]).encode() + b"\n")
+                standby.stdin.close()
+                return standby
+            except OSError:  # it died meanwhile: start afresh
+                pass
+        if standby is not None:
+            self._kill(standby)
+        return self._spawn(argv)
+
+    def _maybe_start_standby(self, started: float) -> None:
+        """Once the group is stopping for a member that left (its rank 0 wrote the resume marker for a
+        reason other than torchrun's own SIGTERM, which is a re-rendezvous torchrun does itself), start
+        the next torchrun so that its import overlaps the old group's exit."""
+        if (not self.elastic or self.standby is not None or self.stop_signal is not None
+                or via_torchrun_main(self.command) == self.command):
+            return
+        marker = self._resume_marker_path()
+        if marker is None:
+            return
+        try:
+            written = marker.stat().st_mtime
+        except OSError:
+            return
+        if written < started - 1.0 or written == self._marker_seen:
+            return
+        self._marker_seen = written
+        try:
+            reason = json.loads(marker.read_text(encoding="utf-8")[:4096]).get("reason")
+        except (OSError, ValueError, AttributeError):  # the user's file: anything but the library's JSON
+            return
+        if reason == "SIGTERM":
+            return
+        self.standby = self._spawn([sys.executable, "-m", TORCHRUN_MAIN, "--from-stdin"], stdin=subprocess.PIPE)
+
+    @staticmethod
+    def _resume_marker_path() -> Path | None:
+        job_dir = os.environ.get(ENV_JOB_DIR)
+        return resume_marker(Path(job_dir)) if job_dir else None
+
+    @staticmethod
+    def _kill(process: subprocess.Popen[bytes]) -> None:
+        try:
+            process.kill()
+        except OSError:
+            pass
+        try:
+            process.wait(timeout=10)
+        except (subprocess.TimeoutExpired, ChildProcessError):
+            pass
+
+    def _drop_standby(self) -> None:
+        if self.standby is not None:
+            self._kill(self.standby)
+            self.standby = None
 
     @staticmethod
     def _reform_marker() -> Path | None:
@@ -240,14 +327,10 @@ class Launcher:
             return False
         return since is None or written >= since - 1.0
 
-    def run_once(self) -> int:
+    def run_once(self, started: float | None = None) -> int:
         """Run the command to its end, handing stop signals on; its exit status."""
-        if self.output is None:
-            self.child = subprocess.Popen(self.command)
-        else:
-            env = dict(os.environ, **{ENV_OUTPUT_SOCKET: self.output.socket_path})
-            self.child = subprocess.Popen(self.command, env=env, stdout=self.output.child_stdout,
-                                          stderr=self.output.child_stderr)
+        started = time.time() if started is None else started
+        self.child = self._start_child()
         self.notified = set()
         status: int | None = None
         terminated = False
@@ -261,10 +344,13 @@ class Launcher:
                         break
                     if pid == self.child.pid:
                         status = os.waitstatus_to_exitcode(raw)
+                    elif self.standby is not None and pid == self.standby.pid:
+                        self.standby.returncode = os.waitstatus_to_exitcode(raw)  # it died unused
             except ChildProcessError:
                 pass
             if status is not None:
                 break
+            self._maybe_start_standby(started)
             self._announce_signal()
             if self.stop_signal:
                 handled = self._deliver_stop()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_ranks
+from conftest import REPO, run_ranks
 
 from dlsub import checkpointing
 from dlsub.checkpointing.storage import checkpoint_files
@@ -118,6 +118,36 @@ def test_exit_for_resume_exits_85_and_resumes_at_saved_step(tmp_path: Path) -> N
     assert proc.stdout.readline().split() == ["start", "3"]
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 85
+
+
+EXITING_TRAINER = textwrap.dedent(
+    """
+    import atexit, gc, os, sys
+    from dlsub import checkpointing
+    job = os.environ["JOB"]
+    log = open(os.path.join(job, "user.log"), "w")  # never closed: Python flushes it at exit
+    log.write("written before the stop")
+    atexit.register(lambda: open(os.path.join(job, "atexit"), "w").write(str(gc.get_freeze_count())))
+    run = checkpointing.init(job)
+    run.save({"step": 1}, step=1)
+    run.exit_for_resume()
+    """
+)
+
+
+def test_exit_for_resume_freezes_the_collector_and_keeps_the_users_exit(tmp_path: Path) -> None:
+    """Unit (a real subprocess): a resize waits on every process's exit, and the collector's passes over
+    torch's objects at exit cost about a second each; exit_for_resume freezes them first. The user's
+    atexit handlers still run and a file left open is still flushed."""
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(EXITING_TRAINER)
+    job = tmp_path / "job"
+    job.mkdir()
+    done = subprocess.run([sys.executable, str(trainer)], env=dict(os.environ, JOB=str(job), PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == checkpointing.RESUME_EXIT_CODE, done.stderr
+    assert int((job / "atexit").read_text()) > 0  # frozen before the user's handler ran
+    assert (job / "user.log").read_text() == "written before the stop"
 
 
 def _events(run, kind: str) -> list[dict]:  # type: ignore[no-untyped-def]

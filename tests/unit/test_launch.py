@@ -5,7 +5,9 @@ handles it, and the launcher must exit 85 when the training asked to resume."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +15,9 @@ import textwrap
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
+from conftest import REPO
 
 WORKER = textwrap.dedent(
     """
@@ -152,3 +157,77 @@ def test_a_worker_re_forms_with_its_main_job_and_only_then(tmp_path: Path, monke
     runs = tmp_path / "runs-main"
     assert launch.Launcher(_group_member(tmp_path, runs, False), 5, elastic=True).run() == 0
     assert runs.read_text() == "xx" and (tmp_path / "job" / "attempts" / "5-0.reform").exists()
+
+
+REFORMING_RANK = textwrap.dedent(
+    """
+    import os, pathlib
+    from dlsub import checkpointing
+    out = pathlib.Path(os.environ["OUT"])
+    parent = pathlib.Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\\0")
+    run = checkpointing.init()
+    state = run.restore()
+    with open(out / "runs", "a") as f:  # which torchrun started this run, and what stdin the rank has
+        f.write(f"{b'--from-stdin' in parent} {os.readlink('/proc/self/fd/0')}\\n")
+    if state is None:
+        run.request_stop("peer")  # as when the group stops for a member that left
+        run.save({"step": 1}, step=1)
+        run.exit_for_resume()
+    run.finish()
+    """
+)
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
+                    reason="torchrun is not installed")
+def test_a_re_formed_group_starts_from_the_torchrun_started_while_the_old_one_stopped(tmp_path: Path) -> None:
+    """Real torchrun and launcher, no Slurm: the group stops for a member that left (rank 0's stop reason is
+    the peer's); the launcher starts the next torchrun as it stops and hands it its arguments when the group
+    re-forms. The re-formed run is that torchrun's, its rank reads /dev/null as before, and it finishes."""
+    script = tmp_path / "rank.py"
+    script.write_text(REFORMING_RANK)
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    env = dict(os.environ, DLSUB_JOB_DIR=str(tmp_path / "job"), SLURM_JOB_ID="5", SLURM_RESTART_COUNT="0",
+               DLSUB_ATTEMPT="5-0", OUT=str(tmp_path), PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [sys.executable, "-m", "dlsub.checkpointing.launch", "--grace", "5", "--elastic", "--",
+         torchrun, "--standalone", "--nnodes", "1", "--nproc-per-node", "1", str(script)],
+        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "runs").read_text().splitlines() == ["False /dev/null", "True /dev/null"], done.stderr[-3000:]
+    assert "re-forming it" in done.stderr
+
+
+def test_no_standby_when_torchrun_itself_restarts_the_group(tmp_path: Path, monkeypatch: Any) -> None:
+    """In-process launcher: a group that stopped on torchrun's SIGTERM (a member joined: torchrun
+    re-rendezvouses by itself) gets no standby torchrun; one that stopped for a peer does, once."""
+    from dlsub.checkpointing import launch
+
+    monkeypatch.setenv("DLSUB_JOB_DIR", str(tmp_path / "job"))
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    marker = tmp_path / "job" / "attempts" / "5-0.resume"
+    marker.parent.mkdir(parents=True)
+    launcher = launch.Launcher(["torchrun", "--standalone", "x.py"], 5, elastic=True)
+    started = time.time()
+    marker.write_text(json.dumps({"reason": "SIGTERM"}))
+    launcher._maybe_start_standby(started)
+    assert launcher.standby is None
+    marker.write_text(json.dumps({"reason": "peer"}))
+    os.utime(marker, (started + 5, started + 5))
+    launcher._maybe_start_standby(started)
+    try:
+        assert launcher.standby is not None and launcher.standby.poll() is None
+        first = launcher.standby
+        launcher._maybe_start_standby(started)
+        assert launcher.standby is first
+    finally:
+        launcher._drop_standby()
+    assert first.returncode is not None and launcher.standby is None
+
+
+def test_torchrun_main_refuses_a_command_line_it_cannot_read() -> None:
+    done = subprocess.run([sys.executable, "-m", "dlsub.checkpointing.torchrun_main", "--from-stdin"],
+                          input="not json\n", capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert done.returncode == 2 and "no command line came on standard input" in done.stderr
