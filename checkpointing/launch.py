@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from dlsub.checkpointing.output_mux import OutputMux
-from dlsub.checkpointing.run import resume_marker
+from dlsub.checkpointing.run import STOP_PEER_RESTART, resume_marker
 from dlsub.contract import (
     ENV_ATTEMPT,
     ENV_JOB_DIR,
@@ -241,7 +241,8 @@ class Launcher:
 
     def _maybe_start_standby(self, started: float) -> None:
         """Once the group is stopping for a member that left (its rank 0 wrote the resume marker for a
-        reason other than torchrun's own SIGTERM, which is a re-rendezvous torchrun does itself), start
+        reason other than torchrun's own SIGTERM, here or on a peer, which is a re-rendezvous torchrun
+        does itself), start
         the next torchrun so that its import overlaps the old group's exit."""
         if (not self.elastic or self.standby is not None or self.stop_signal is not None
                 or via_torchrun_main(self.command) == self.command):
@@ -260,7 +261,7 @@ class Launcher:
             reason = json.loads(marker.read_text(encoding="utf-8")[:4096]).get("reason")
         except (OSError, ValueError, AttributeError):  # the user's file: anything but the library's JSON
             return
-        if reason == "SIGTERM":
+        if reason in ("SIGTERM", STOP_PEER_RESTART):
             return
         self.standby = self._spawn([sys.executable, "-m", TORCHRUN_MAIN, "--from-stdin"], stdin=subprocess.PIPE)
 

@@ -67,6 +67,13 @@ def resume_marker(job_dir: Path, key: str | None = None) -> Path:
     return contract.resume_marker(job_dir, key or attempt_key())
 
 
+#: A stop reason: another member's torchrun stopped its processes (SIGTERM), which it does to restart the
+#: group when a member joins. This process's own torchrun restarts it as well once it sees the member.
+STOP_PEER_RESTART = "peer-restart"
+#: How long a process stopped by a peer's restart waits for its own torchrun's SIGTERM before it leaves.
+OWN_RESTART_WAIT_S = 15.0
+
+
 class Run:
     """One training run's handle. Use :func:`init` to make one."""
 
@@ -169,7 +176,9 @@ class Run:
         """True once a stop was requested (SIGUSR1 before the time limit, SIGTERM, ...).
 
         Under torch.distributed every rank gets the same answer (a one-element
-        all-reduce), so all ranks leave the loop at the same step.
+        all-reduce), so all ranks leave the loop at the same step. A rank
+        stopped by another's request gets the reason ``"peer"``, or
+        :data:`STOP_PEER_RESTART` when that request was torchrun's SIGTERM.
         """
         local = self.stop_reason is not None
         dist = initialized_dist()
@@ -177,10 +186,11 @@ class Run:
             return local
         import torch
 
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+        # 2: torchrun's own SIGTERM (the launcher turns every other stop into SIGUSR1); 1: any other request.
+        flag = torch.tensor([(2 if self.stop_reason == "SIGTERM" else 1) if local else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() and not local:
-            self.stop_reason = "peer"
+            self.stop_reason = STOP_PEER_RESTART if flag.item() == 2 else "peer"
         return bool(flag.item())
 
     # ------------------------------------------------------------------ checkpoints
@@ -428,10 +438,22 @@ class Run:
         # cores). Frozen objects are skipped by them; everything reachable is
         # still released as at any exit, and atexit handlers still run.
         gc.freeze()
+        if self.stop_reason == STOP_PEER_RESTART and ":" in os.environ.get(contract.ENV_NNODES, ""):
+            self._await_own_restart()
         # Under torchrun a non-zero exit is a worker failure: torchrun would
         # print it as one, or restart the workers with --max-restarts. Exit 0
         # there; dlsub's launcher sees the marker and exits RESUME_EXIT_CODE.
         sys.exit(0 if os.environ.get("TORCHELASTIC_RUN_ID") else RESUME_EXIT_CODE)
+
+    def _await_own_restart(self) -> None:
+        """Another member's torchrun is restarting an elastic group (a member joined) and this process
+        stopped with it. Its own torchrun restarts it too once it sees the member waiting, and stops it
+        with SIGTERM; a process that left before that would look to it like training that finished, and it
+        would wait at its exit barrier while the others re-form without it. So wait for that SIGTERM (a
+        while: a torchrun that is only shutting down sends none)."""
+        deadline = time.monotonic() + OWN_RESTART_WAIT_S
+        while self.stop_reason != "SIGTERM" and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def finish(self) -> None:
         """Record that training completed."""

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -258,3 +259,56 @@ def test_every_rank_restores_the_checkpoint_rank_0_picked_though_one_comes_late(
     outs = sorted(json.loads(line) for line in run_ranks(_LATE_RANK, [str(job)], [{}, {}]))
     assert outs == [[0, 7, "ckpt-00000007.pt"], [1, 7, "ckpt-00000007.pt"]], \
         "the late rank read what rank 0 restored, not the checkpoint rank 0 saved after it"
+
+
+# ---------------------------------------------------------------- why a rank stopped, when a peer asked
+
+_ASKED_RANK = textwrap.dedent("""
+    import json, sys
+    import torch.distributed as dist
+    from dlsub import checkpointing
+    dist.init_process_group("gloo")
+    run = checkpointing.init(sys.argv[1], handle_signals=False)
+    if run.rank == 1:
+        run.request_stop(sys.argv[2])
+    print(json.dumps([run.rank, run.should_stop(), run.stop_reason]))
+    dist.destroy_process_group()
+""")
+
+
+def test_a_peers_stop_tells_torchruns_restart_from_other_requests(tmp_path: Path) -> None:
+    """Unit (a real gloo group of two processes): rank 1 stopped by its torchrun (SIGTERM: a restart for a
+    member that joined) stops rank 0 as a peer's restart; any other request (a member leaving) as "peer"."""
+    for asked, told in (("SIGTERM", checkpointing.run.STOP_PEER_RESTART), ("SIGUSR1", "peer")):
+        outs = sorted(json.loads(line) for line in run_ranks(_ASKED_RANK, [str(tmp_path / asked), asked], [{}, {}]))
+        assert outs == [[0, True, told], [1, True, asked]], outs
+
+
+_RESTARTED_RANK = textwrap.dedent("""
+    import os, sys, time
+    from dlsub import checkpointing
+    run = checkpointing.init(os.environ["JOB"])
+    run.stop_reason = checkpointing.run.STOP_PEER_RESTART
+    print("stopping", flush=True)
+    run.exit_for_resume()
+""")
+
+
+@pytest.mark.parametrize("elastic", [True, False])
+def test_a_rank_stopped_by_a_peers_restart_leaves_on_its_own_torchruns_sigterm(tmp_path: Path, elastic: bool) -> None:
+    """Unit (a real subprocess): in an elastic group a process stopped by another member's restart waits for
+    its own torchrun's SIGTERM before it exits (exiting first, it would look finished to its torchrun, which
+    would then wait at its exit barrier while the others re-form). Elsewhere it exits at once."""
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(_RESTARTED_RANK)
+    env = dict(os.environ, JOB=str(tmp_path / "job"), PYTHONPATH=str(REPO))
+    env.pop("DLSUB_NNODES", None)
+    if elastic:
+        env["DLSUB_NNODES"] = "1:4"
+    proc = subprocess.Popen([sys.executable, str(trainer)], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "stopping"
+    if elastic:
+        time.sleep(1.5)
+        assert proc.poll() is None, "left before its own torchrun stopped it"
+        proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == checkpointing.RESUME_EXIT_CODE
