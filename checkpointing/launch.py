@@ -152,6 +152,8 @@ class Launcher:
         # the old group exits, and is told its arguments if the group re-forms (else it is killed).
         self.standby: subprocess.Popen[bytes] | None = None
         self._marker_seen = 0.0
+        # Decided once: find_spec looks through sys.path, and the loop asks every 0.2 s.
+        self.argv = via_torchrun_main(command)
 
     def _announce_signal(self) -> None:
         if self.announce:
@@ -227,7 +229,6 @@ class Launcher:
     def _start_child(self) -> subprocess.Popen[bytes]:
         """The command, through the standby when one is ready (its arguments go to it now), else anew."""
         standby, self.standby = self.standby, None
-        argv = via_torchrun_main(self.command)
         if standby is not None and standby.stdin is not None and standby.poll() is None:
             try:
                 standby.stdin.write(json.dumps(self.command[1:]).encode() + b"\n")
@@ -237,15 +238,14 @@ class Launcher:
                 pass
         if standby is not None:
             self._kill(standby)
-        return self._spawn(argv)
+        return self._spawn(self.argv)
 
     def _maybe_start_standby(self, started: float) -> None:
         """Once the group is stopping for a member that left (its rank 0 wrote the resume marker for a
         reason other than torchrun's own SIGTERM, here or on a peer, which is a re-rendezvous torchrun
-        does itself), start
-        the next torchrun so that its import overlaps the old group's exit."""
+        does itself), start the next torchrun so that its import overlaps the old group's exit."""
         if (not self.elastic or self.standby is not None or self.stop_signal is not None
-                or via_torchrun_main(self.command) == self.command):
+                or self.argv == self.command):
             return
         marker = self._resume_marker_path()
         if marker is None:
@@ -319,11 +319,11 @@ class Launcher:
     @staticmethod
     def _resume_requested(since: float | None = None) -> bool:
         """Whether the training asked to be resumed (its marker), since ``since`` when given."""
-        job_dir = os.environ.get(ENV_JOB_DIR)
-        if not job_dir:
+        marker = Launcher._resume_marker_path()
+        if marker is None:
             return False
         try:
-            written = resume_marker(Path(job_dir)).stat().st_mtime
+            written = marker.stat().st_mtime
         except OSError:
             return False
         return since is None or written >= since - 1.0
