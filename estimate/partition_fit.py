@@ -3,8 +3,9 @@
 A profiling run trains a few dozen steps at one batch size on one
 partition and stops by itself (``DLSUB_PROFILE_STEPS``). From its progress
 and attempt records come a :class:`Profile`: the steady-state step time
-(warm-up steps left out, the median of the per-report-interval step
-times, so a burst of contention or one late report does not skew it), the peak memory, the
+(warm-up steps left out, the median over windows of an epoch's steps,
+so a burst of contention or one late report does not skew it but a
+checkpoint at each epoch's end counts), the peak memory, the
 steps an epoch has, and the fixed cost of an attempt (container start,
 imports, data loading, and the end of the attempt), measured apart from the
 steps so that a short profile still predicts a long run.
@@ -73,14 +74,19 @@ def _num(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def steady_step_time(points: Sequence[tuple[int, float]]) -> float:
+def steady_step_time(points: Sequence[tuple[int, float]], period: int | None = None) -> float:
     """Seconds per step from (step, time) reports, warm-up left out.
 
-    The median of the per-report-interval step times: a burst of
+    The median of the step times over windows of at least ``period`` steps
+    (the steps of an epoch), one window from each report: a burst of
     contention from a neighbour on a shared node (or one slow report)
-    moves a mean or a least-squares slope, not the median. Costs the
-    training pays in most intervals (a checkpoint every epoch when an
-    epoch is a few steps) stay in it.
+    moves a mean or a least-squares slope, not the median, while a cost
+    the training pays once an epoch (an evaluation pass, a checkpoint at
+    the epoch's end) lies in every window and so stays in the step time.
+    With windows of single report intervals such a cost fell in a minority
+    of them and the median dropped it. When the profile's steady part is
+    shorter than a period, that cost cannot be seen; the windows are then
+    the report intervals.
     """
     ordered = sorted({s: t for s, t in points}.items())
     if len(ordered) < 2:
@@ -89,11 +95,22 @@ def steady_step_time(points: Sequence[tuple[int, float]]) -> float:
     steady = [(s, t) for s, t in ordered[1:] if s > WARMUP_SHARE * last_step]
     if len(steady) < 2:
         steady = ordered[-2:]
-    per_step = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(steady, steady[1:], strict=False)]
+    per_step = _window_step_times(steady, max(1, period or 1)) or _window_step_times(steady, 1)
     slope = float(np.median(per_step))
     if not math.isfinite(slope) or slope <= 0:
         raise FitError("the profiling run's step times do not increase with its steps")
     return slope
+
+
+def _window_step_times(points: Sequence[tuple[int, float]], span: int) -> list[float]:
+    """Seconds per step from each report to the first later report at least ``span`` steps on."""
+    times: list[float] = []
+    for i, (s0, t0) in enumerate(points):
+        later = next(((s, t) for s, t in points[i + 1:] if s - s0 >= span), None)
+        if later is None:
+            break  # the reports after this one are closer to the end still
+        times.append((later[1] - t0) / (later[0] - s0))
+    return times
 
 
 def profile_from_events(partition: str, batch_size: int, progress: Sequence[dict[str, Any]],
@@ -104,14 +121,14 @@ def profile_from_events(partition: str, batch_size: int, progress: Sequence[dict
     if not reports:
         raise FitError("the profiling run reported no progress: does the script call run.report(step=...)?")
     points = [(int(e["step"]), float(e["time"])) for e in reports]
-    step_s = steady_step_time(points)
-    memory = max((_num(e.get("peak_rss_mb")) or 0.0 for e in progress), default=0.0)
-    cuda = [c for e in progress if (c := _num(e.get("cuda_peak_mb"))) is not None]
     spe = [int(v) for e in reports if (v := _num(e.get("steps_per_epoch"))) is not None and v >= 1]
     if not spe:
         # A fractional epoch says it too: steps / epochs.
         spe = [round(float(e["step"]) / float(e["epoch"])) for e in reports
                if (_num(e.get("epoch")) or 0) > 0 and float(e["epoch"]) != int(float(e["epoch"]))]
+    step_s = steady_step_time(points, period=spe[-1] if spe else None)
+    memory = max((_num(e.get("peak_rss_mb")) or 0.0 for e in progress), default=0.0)
+    cuda = [c for e in progress if (c := _num(e.get("cuda_peak_mb"))) is not None]
     starts = [float(a["time"]) for a in attempts if a.get("event") == "start" and _num(a.get("time")) is not None]
     ends = [float(a["time"]) for a in attempts if a.get("event") == "end" and _num(a.get("time")) is not None]
     first_step, first_time = min(points)

@@ -408,6 +408,24 @@ def test_steady_step_time_shrugs_off_a_burst_of_contention() -> None:
     assert steady_step_time(points) == pytest.approx(0.01)
 
 
+def test_steady_step_time_keeps_a_cost_paid_once_an_epoch() -> None:
+    """Pure. Reports every 5 steps and at each epoch's end (11 steps), 0.01 s a step, and a 0.55 s
+    evaluation after each epoch: a real run pays 0.06 s a step. Of the report intervals only one in
+    three holds the evaluation, so their median alone gave 0.01."""
+    points, t, step = [], 0.0, 0
+    for _epoch in range(8):
+        for s in sorted({5, 10, 11}):
+            t += (s - (step % 11)) * 0.01
+            step = step - step % 11 + s
+            points.append((step, t))
+        t += 0.55
+    assert steady_step_time(points, period=11) == pytest.approx(0.06, rel=0.02)
+    assert steady_step_time(points) == pytest.approx(0.01)  # the epoch unknown: nothing to span
+    # A burst of contention still moves it little: the median over windows, not their mean.
+    slow = [(s, tt + (2.0 if s >= 50 else 0.0)) for s, tt in points]
+    assert steady_step_time(slow, period=11) == pytest.approx(0.06, rel=0.05)
+
+
 def test_status_shows_cost_so_far_and_the_loss_eta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time as _time
 
