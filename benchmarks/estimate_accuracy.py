@@ -25,21 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 
-from livebed import EXAMPLES, USER, TestbedUser, attempts, wait_for
+from livebed import EXAMPLES, USER, TestbedUser, timed_run
 
 
 def real_run(user: TestbedUser, workdir: Path, partition: str, batch_size: int, epochs: int) -> tuple[float, float]:
-    job = user.submit("-p", partition, "examples/train_digits.py", "--epochs", str(epochs), "--batch-size",
-                      str(batch_size), cwd=workdir)
-    done = wait_for("the run", lambda: (s := user.status(job["id"]))["state"] in ("COMPLETED", "FAILED", "CANCELLED")
-                    and s, timeout=1800, interval=0.5)
-    if done["state"] != "COMPLETED":
-        raise SystemExit(f"run at batch size {batch_size} ended {done['state']}")
-    records = attempts(job["job_dir"])
-    wall = next(a["time"] for a in records if a["event"] == "end") - next(
-        a["time"] for a in records if a["event"] == "start")
-    progress = [json.loads(x) for x in (Path(job["job_dir"]) / "progress.jsonl").read_text().splitlines()]
-    return wall, max(float(e.get("peak_rss_mb") or 0) for e in progress)
+    return timed_run(user, workdir, "-p", partition, "examples/train_digits.py", "--epochs", str(epochs),
+                     "--batch-size", str(batch_size), timeout=1800)
 
 
 def main() -> None:

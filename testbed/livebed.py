@@ -88,6 +88,52 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 120, inte
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
 
 
+def _cpu_idle_ticks() -> tuple[int, int]:
+    """(idle + iowait ticks, all ticks) of the whole machine since boot, from /proc/stat."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return ticks[3] + ticks[4], sum(ticks)
+
+
+def wait_until_quiet(idle_share: float = 0.8, timeout: float = 90) -> bool:
+    """Wait until Slurm holds no pending or running job and the CPUs were ``idle_share`` idle for two
+    consecutive seconds: a measurement of one undisturbed run starts there. Every testbed node shares this
+    machine's cores, so a previous test's jobs still ending, or their containers being removed, slow the
+    next run. False when the machine stayed busy for ``timeout`` s (the caller measures anyway and says so).
+    """
+    deadline = time.monotonic() + timeout
+    calm = 0
+    while time.monotonic() < deadline:
+        queued = subprocess.run(["squeue", "-h", "-t", "PD,R,CG,S"], capture_output=True, text=True).stdout
+        before = _cpu_idle_ticks()
+        time.sleep(1.0)
+        idle, total = (a - b for a, b in zip(_cpu_idle_ticks(), before, strict=True))
+        calm = calm + 1 if not queued.strip() and total and idle / total >= idle_share else 0
+        if calm >= 2:
+            return True
+    return False
+
+
+def timed_run(user: TestbedUser, workdir: Path, *args: str, timeout: float = 180) -> tuple[float, float]:
+    """(walltime of its one attempt, the training's peak resident memory it reported) of `dlsub submit ARGS`.
+
+    Submitted once the testbed is quiet (:func:`wait_until_quiet`), and waited for in the attempt records
+    the batch script writes: a `dlsub status` is a Python process, and on this 2-core machine polling it
+    took CPU from the very run being timed (a ~10 s run, polled every 3 s: 11-12 s; not polled: 9.5-10.5).
+    """
+    if not wait_until_quiet():
+        print("the testbed stayed busy for 90 s; measuring anyway")
+    job = user.submit(*args, cwd=workdir)
+    wait_for("the timed run's attempt to end", lambda: any(a["event"] == "end" for a in attempts(job["job_dir"])),
+             timeout=timeout, interval=0.5)
+    done = user.wait_until_ended(job["id"], "the timed run to end", timeout=60)
+    assert done["state"] == "COMPLETED", user.dlsub("logs", job["id"]).stdout
+    records = attempts(job["job_dir"])
+    start = next(a["time"] for a in records if a["event"] == "start")
+    end = next(a["time"] for a in records if a["event"] == "end")
+    progress = [json.loads(line) for line in (Path(job["job_dir"]) / "progress.jsonl").read_text().splitlines()]
+    return end - start, max(float(e.get("peak_rss_mb") or 0) for e in progress)
+
+
 REPO = Path(__file__).resolve().parents[1]
 AGENT_USER = os.environ.get("DLSUB_AGENT_USER", "dlsub")
 

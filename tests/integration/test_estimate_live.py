@@ -1,18 +1,20 @@
 """Integration (live Slurm testbed + rootless Podman + real PyTorch): `dlsub estimate` profiles the
 example through Slurm and returns a row per partition and batch size; a real run of a profiled batch
-size matches its walltime and memory predictions within 25%, and a batch size it did not profile its
-memory prediction; a second estimate comes from the cache; a job over budget is refused."""
+size matches its walltime (median of three runs) and memory predictions within 25%, and a batch size
+it did not profile its memory prediction; a second estimate comes from the cache; a job over budget is
+refused."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from livebed import EXAMPLES, TestbedUser, attempts, put
+from livebed import EXAMPLES, TestbedUser, put, timed_run, wait_until_quiet
 
 ROW_KEYS = ("partition", "batch_size", "memory_mb", "walltime_s", "cost", "start_s", "finish_s", "feasible")
 
@@ -23,19 +25,9 @@ def _copy_examples(user: TestbedUser, workdir: Path) -> None:
 
 
 def _run_for_real(user: TestbedUser, workdir: Path, batch_size: int) -> tuple[float, float]:
-    """(walltime of its one attempt, peak memory it reported) of the example at this batch size on cpu."""
-    job = user.submit("-p", "cpu", "examples/train_digits.py", "--epochs", "10", "--batch-size", str(batch_size),
-                      cwd=workdir)
-    # Asked every 3 s, not every 0.5: each `dlsub status` is a Python process, and on this 2-core machine a
-    # poll every half second took CPU from the very run being timed (its attempt's start and end are read
-    # from the job's own files, so the polling interval does not change what is measured).
-    done = user.wait_until_ended(job["id"], "the real run to end", timeout=180, interval=3.0)
-    assert done["state"] == "COMPLETED", user.dlsub("logs", job["id"]).stdout
-    records = attempts(job["job_dir"])
-    start = next(a["time"] for a in records if a["event"] == "start")
-    end = next(a["time"] for a in records if a["event"] == "end")
-    progress = [json.loads(line) for line in (Path(job["job_dir"]) / "progress.jsonl").read_text().splitlines()]
-    return end - start, max(float(e.get("peak_rss_mb") or 0) for e in progress)
+    """(walltime, peak memory) of the example at this batch size on cpu, timed undisturbed."""
+    return timed_run(user, workdir, "-p", "cpu", "examples/train_digits.py", "--epochs", "10", "--batch-size",
+                     str(batch_size))
 
 
 def _within(predicted: float, measured: float, what: str) -> None:
@@ -48,6 +40,9 @@ def test_estimate_predicts_a_real_run(user: TestbedUser, workdir: Path) -> None:
     _copy_examples(user, workdir)
     # Profiles of earlier runs of this test would be reused (same script, arguments, image): start cold.
     shutil.rmtree(user.home / ".dlsub" / "estimates" / "profiles", ignore_errors=True)
+    # Profiled on a quiet machine, as the real runs below are measured.
+    if not wait_until_quiet():
+        print("the testbed stayed busy for 90 s; profiling anyway")
     began = time.monotonic()
     out = user.run("dlsub", "estimate", "--batch-sizes", "32,128,512", "--epochs", "10", "--json",
                    "examples/train_digits.py", cwd=workdir, timeout=400)
@@ -75,13 +70,14 @@ def test_estimate_predicts_a_real_run(user: TestbedUser, workdir: Path) -> None:
 
     # A profiled batch size, run for real: walltime and memory within 25% of the prediction.
     row = next(r for r in rows if r["partition"] == "cpu" and r["batch_size"] == 128)
-    # Two runs, the faster one compared: the estimate is of an undisturbed run, and on this 2-core machine
-    # a run of ~10 s (most of it the container's start) can meet the previous test's jobs still ending.
-    (wall, peak), (wall_again, peak_again) = (_run_for_real(user, workdir, 128) for _ in range(2))
-    print(f"walltime s, batch 128: two runs {wall:.1f}, {wall_again:.1f}")
-    wall, peak = min(wall, wall_again), max(peak, peak_again)
-    _within(row["walltime_s"], wall, "walltime s, batch 128")
-    _within(row["memory_mb"], peak, "memory MB, batch 128")
+    # The estimate is of a typical undisturbed run: three runs, each started on a quiet machine, and their
+    # median compared. A run of ~10 s is mostly the container's start, which on this 2-core machine (every
+    # node shares its cores) varied from 8 to 12 s between consecutive identical runs; the fastest of two,
+    # compared before, was the tail of that spread (CI: 8.1 s against a prediction of 10.5 s).
+    runs = [_run_for_real(user, workdir, 128) for _ in range(3)]
+    print("walltime s, batch 128: runs " + ", ".join(f"{w:.1f}" for w, _ in runs))
+    _within(row["walltime_s"], statistics.median(w for w, _ in runs), "walltime s, batch 128 (median of 3)")
+    _within(row["memory_mb"], max(p for _, p in runs), "memory MB, batch 128")
 
     # A batch size it did not profile: the memory fitted over 32, 128 and 512.
     from dlsub.estimate.partition_fit import Profile, fit_partition
