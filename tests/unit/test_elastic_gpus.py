@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -144,29 +144,47 @@ def test_torchrun_forms_one_group_of_members_with_different_local_world_sizes(tm
         "run = Run(Path(os.environ['OUT']))\n"
         "open(os.path.join(os.environ['OUT'], f'rank{run.rank}'), 'w').write("
         "f'{run.world_size} {run.local_world_size} {run.nodes} {t.item():.0f}')\n")
+    from torch.distributed import TCPStore
+
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "OUT": str(tmp_path)}
     # At least both members (an elastic job's range is 1:1+W, but with a minimum of one a member that starts
     # slowly on a loaded machine can miss the first round and wait for a second that never comes).
-    with socket.socket() as free:  # a port of its own: a store left by another run must not answer
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    argv = [torchrun, "--nnodes=2:3", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-            "--rdzv-id=hetero", "--rdzv-conf=last_call_timeout=2"]
+    # The rendezvous store is the test's own, on a port it holds from the start (no free-port race with
+    # anything else on the machine), and neither member hosts it (is_host=false): with both on this host
+    # each would otherwise try to, and the one that did would take the store away when it exited first.
+    store = TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+    argv = [torchrun, "--nnodes=2:3", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{store.port}",
+            "--rdzv-id=hetero", "--rdzv-conf=last_call_timeout=2,is_host=false"]
     members = [subprocess.Popen([*argv, f"--nproc-per-node={n}", str(probe)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for n in (1, 3)]
     try:
+        deadline = time.monotonic() + 180
         for member in members:
-            out, _ = member.communicate(timeout=120)
+            try:
+                out, _ = member.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail("the members did not finish in 180 s:\n" + _outputs(members))
             assert member.returncode == 0, out.decode(errors="replace")[-2000:]
     finally:
         for member in members:
             if member.poll() is None:  # never left behind holding the port
                 member.kill()
                 member.wait()
+        del store
     seen = sorted((tmp_path / f"rank{r}").read_text() for r in range(4))
     assert sorted(s.split()[1] for s in seen) == ["1", "3", "3", "3"], seen
     assert all(s.split()[0] == "4" and s.split()[2] == "2" and s.split()[3] == "4" for s in seen), seen
+
+
+def _outputs(members: list[subprocess.Popen[bytes]]) -> str:
+    """What each still-running member printed, for a failure's message (it is killed to read it)."""
+    told = []
+    for i, member in enumerate(members):
+        member.kill()
+        out, _ = member.communicate()
+        told.append(f"--- member {i} ---\n" + (out or b"").decode(errors="replace")[-3000:])
+    return "\n".join(told)
 
 
 def test_a_slurm_that_refuses_the_pin_still_gets_the_worker_released(
