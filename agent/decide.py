@@ -22,8 +22,11 @@ from dlsub.site_config.policy_file import AgentPolicy
 
 log = logging.getLogger("dlsub.agent")
 
-#: Seconds a worker told to leave has to checkpoint with its group and requeue itself before it is told again.
-LEAVE_WAIT_S = 120.0
+def leave_wait_s(policy: AgentPolicy) -> float:
+    """Seconds a worker told to leave has to checkpoint with its group and requeue itself before it is told
+    again: the site's checkpoint grace (``checkpoint_grace_s``), the time any job is given to checkpoint when
+    asked. A fixed two minutes made every lost shrink signal cost two minutes whatever the site's grace."""
+    return policy.checkpoint_grace_s
 
 
 def rules_from(policy: AgentPolicy) -> Rules:
@@ -66,6 +69,7 @@ class Deciding:
     """The decide step of :class:`dlsub.agent.reconcile.Agent` for elastic jobs."""
 
     store: AgentStore
+    policy: AgentPolicy
     rules: Rules
     _leaving: dict[str, float]
     _models: LiveModels
@@ -100,7 +104,7 @@ class Deciding:
                 row = dataclasses.replace(row, phase=ResizePhase.LEAVING)
                 writes.resizes[worker] = row
             if row.phase == ResizePhase.LEAVING:
-                if now - row.since < LEAVE_WAIT_S:
+                if now - row.since < leave_wait_s(self.policy):
                     self._leaving[worker] = row.since
                 else:
                     writes.ended_resizes.add(worker)

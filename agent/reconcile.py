@@ -31,7 +31,7 @@ from dlsub.agent import failpoints
 from dlsub.agent.act import STEPS, Acting, Item
 from dlsub.agent.agent_store import AgentStore, Writes
 from dlsub.agent.budget_watch import BudgetWatch
-from dlsub.agent.decide import LEAVE_WAIT_S, TAKES_GPUS, Deciding, reserve_gpus, rules_from
+from dlsub.agent.decide import TAKES_GPUS, Deciding, reserve_gpus, rules_from
 from dlsub.agent.identify import Seen, job_dir_of
 from dlsub.agent.live_models import LiveModels, sizing_policy
 from dlsub.agent.observe import Observation, Observing
@@ -138,4 +138,4 @@ class Agent(Observing, Deciding, Acting):
             failpoints.reach(STEPS[item.kind].after)
 
 
-__all__ = ["LEAVE_WAIT_S", "Agent", "Observation", "job_dir_of", "rules_from"]
+__all__ = ["Agent", "Observation", "job_dir_of", "rules_from"]

@@ -14,7 +14,7 @@ later ticks run without it, as a restarted agent would.
   starts, training goes on at world size 4. A restarted agent finds the
   worker in its store as leaving. Killed before the signal went
   (``shrink-planned``), the agent counts the worker as leaving from when it
-  planned it, and tells it once the wait (``LEAVE_WAIT_S``) is over.
+  planned it, and tells it once the wait (the policy's checkpoint grace, ``leave_wait_s``) is over.
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from dlsub.agent.decide import leave_wait_s
+from dlsub.site_config.policy_file import load_policy
 from test_elastic import TRAIN, after_first, world_sizes
 from test_move_crashes import decisions, tick
 
-from dlsub.agent.reconcile import LEAVE_WAIT_S
-from livebed import TestbedUser, blockers, slurm_job, slurm_jobs, wait_for
+from livebed import POLICY_FILE, TestbedUser, blockers, slurm_job, slurm_jobs, wait_for
 
 GROW_POINTS = ("grow-planned", "grow-released", "grow-recorded")
 SHRINK_POINTS = ("shrink-planned", "shrink-signal-sent", "shrink-signalled")
@@ -120,7 +122,7 @@ def test_agent_killed_at_each_step_of_a_shrink_sends_the_worker_away_once(
             tick(manual_agent)
             return 4 in after_first(world_sizes(job["job_dir"]), 8)
 
-        wait_for("training back at world size 4", shrunk, timeout=LEAVE_WAIT_S + 180, interval=2)
+        wait_for("training back at world size 4", shrunk, timeout=leave_wait_s(load_policy(POLICY_FILE)) + 180, interval=2)
         wait_for("the other user's job to start", lambda: tick(manual_agent) == 0 and (slurm_job(other) or {}).get(
             "job_state") in ("RUNNING", "COMPLETED", None), timeout=180, interval=2)
         tasks = worker_tasks(job["worker_array_id"])

@@ -45,7 +45,7 @@ def test_one_waiting_job_shrinks_elastic_job_all_the_way(tmp_path: Path) -> None
     # Bob: ONE pending 4-GPU job (needs one node).
     world.submit("0bad0bad", uid=OTHER, user="bob", comment="", partition="gpu", gres="gpu:4", start_on=None)
     for t in (10, 13, 16, 19):
-        agent.tick(NOW + t)  # workers still checkpointing (< LEAVE_WAIT_S); none has left yet
+        agent.tick(NOW + t)  # workers still checkpointing (within leave_wait_s); none has left yet
     signalled = [world.fake.task(f"{array}_{i}").signals for i in range(3)]
     assert sum(1 for s in signalled if "USR2" in s) == 1, f"one waiting 4-GPU job, but {signalled}"
 

@@ -19,7 +19,7 @@ from test_agent_resize import decisions, elastic
 
 from dlsub.agent import failpoints
 from dlsub.agent.agent_store import ResizePhase
-from dlsub.agent.reconcile import LEAVE_WAIT_S
+from dlsub.agent.decide import leave_wait_s
 
 
 class Crash(BaseException):
@@ -106,7 +106,7 @@ def test_a_shrink_killed_at_each_step_is_not_forgotten_nor_sent_twice(tmp_path: 
     assert worker.signals == ([] if point == "shrink-planned" else ["USR2"]), "not told again within the wait"
     assert len(decisions(world, "shrink")) == 1
     # It never leaves (its signal was lost, or its checkpoint hangs): after the wait it is told (again).
-    agent.tick(NOW + 10 + LEAVE_WAIT_S + 1)
+    agent.tick(NOW + 10 + leave_wait_s(world.policy) + 1)
     assert worker.signals == (["USR2"] if point == "shrink-planned" else ["USR2", "USR2"])
     assert len(decisions(world, "shrink")) == 2
 
@@ -122,11 +122,11 @@ def test_a_worker_told_to_leave_is_remembered_by_a_restarted_agent(tmp_path: Pat
     world.submit("0bad0bad", uid=OTHER, user="bob", comment="", partition="gpu", gres="gpu:4", start_on=None)
     world.agent().tick(NOW + 10)
     assert worker.signals == ["USR2"]
-    for t in (13, 40, 90):
+    for t in (13, 20, 35):  # within the wait (the world's checkpoint grace, 30 s)
         world.agent().tick(NOW + t)  # a new agent each tick
     assert worker.signals == ["USR2"], "not told again while it checkpoints with its group"
     world.fake.requeue_held(worker.job_id)
-    world.agent().tick(NOW + 10 + LEAVE_WAIT_S + 1)
+    world.agent().tick(NOW + 10 + leave_wait_s(world.policy) + 1)
     assert world.store is not None and world.store.resizes() == {}, "forgotten once the wait is over"
     assert worker.signals == ["USR2"] and worker.reason == "JobHeldUser"
 
