@@ -54,7 +54,7 @@ class MoveRow:
 
 
 class ResizePhase(str, Enum):
-    """planned → (grow: released, the row ends) | (shrink: leaving → the row ends after ``leave_wait_s``, the checkpoint grace).
+    """planned → (grow: released, the row ends) | (shrink: leaving → the row ends after ``leave_wait_s``).
 
     ``planned`` is committed before Slurm is asked. A restarted agent that
     finds one resumes it from what Slurm shows: a grow whose worker is still

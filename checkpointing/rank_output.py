@@ -4,10 +4,16 @@ With ``$DLSUB_OUTPUT_SOCKET`` (the launcher sets it when the job has several
 processes), it hands this process's stdout and stderr, as two pipes, to the
 launcher's :class:`~dlsub.checkpointing.output_mux.OutputMux` with the global
 rank torchrun gave it (``$RANK``), which labels each of their lines. Then,
-with or without, it becomes ``python -u SCRIPT ARGS`` by ``exec``: the same
-pid, so torchrun's and the launcher's signals reach the training itself, and
-the same command line torchrun would have run. Nothing is printed on the way:
-a job with one process writes exactly what its script writes.
+with or without, it runs SCRIPT with ARGS in this process, as ``python -u
+SCRIPT ARGS`` would (``__main__``, ``sys.argv``, ``sys.path[0]``, unbuffered:
+torchrun started it with ``-u``): the same pid, so torchrun's and the
+launcher's signals reach the training itself. Nothing is printed on the way.
+
+In this process rather than by ``exec`` so that a process group the script
+leaves alive is destroyed at exit, after the script's own exit handlers and
+before the interpreter finalizes; without that a gloo process can die of
+SIGABRT after training that succeeded
+(:func:`dlsub.checkpointing.run_support.end_process_group` says why).
 
 If the handover fails (no launcher listening), the lines go unlabelled
 straight to the container's output, as before; one line on stderr says so.
@@ -18,10 +24,12 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import socket
 import sys
 from typing import NoReturn
 
+from dlsub.checkpointing.run_support import end_process_group_at_exit
 from dlsub.contract import ENV_OUTPUT_SOCKET
 
 #: How long to wait for the launcher to take the pipes.
@@ -59,8 +67,16 @@ def main(argv: list[str]) -> NoReturn:
             hand_over_output(socket_path, int(rank))
         except (OSError, ValueError) as exc:
             print(f"dlsub: rank {rank}: its output goes unlabelled ({exc})", file=sys.stderr, flush=True)
-    python = os.environ.get("PYTHON_EXEC") or sys.executable  # as torchrun picks it
-    os.execv(python, [python, "-u", *argv])  # noqa: S606 - argv as torchrun built it, no shell
+    run_script(argv[0], argv[1:])
+    sys.exit(0)
+
+
+def run_script(script: str, args: list[str]) -> None:
+    """Run ``script`` as ``python SCRIPT ARGS`` runs it, in this process, its process group ended at exit."""
+    end_process_group_at_exit()  # registered before the script's own handlers, so it runs after them
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # what ``python SCRIPT`` puts first
+    runpy.run_path(script, run_name="__main__")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from dlsub.checkpointing.run_support import (
     as_step,
     barrier,
     cuda_peak_mb,
+    end_process_group_at_exit,
     env_float,
     from_rank0,
     initialized_dist,
@@ -498,6 +499,8 @@ def init(
     run = Run(directory, keep=keep, total_steps=total_steps, total_epochs=total_epochs, target_loss=target_loss,
               steps_per_epoch=steps_per_epoch, batch_sizes=batch_size)
     run._choose_batch()
+    # A process that exits with its group alive can die of SIGABRT at exit (end_process_group says why).
+    end_process_group_at_exit()
     if handle_signals:
         run.install_signal_handlers()
     if run.is_main:

@@ -5,6 +5,7 @@ peaks, checked values from the environment and the training script, and
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import resource
@@ -117,6 +118,39 @@ def barrier() -> None:
     dist = initialized_dist()
     if dist is not None:
         dist.barrier()
+
+
+def end_process_group() -> None:
+    """Destroy the default process group if the script left it alive: registered with ``atexit`` by the
+    rank entry point and by :func:`dlsub.checkpointing.init`, so it runs after the script's own exit
+    handlers and before the interpreter finalizes.
+
+    Why: a gloo collective's work object is released by one of the group's worker threads, which needs the
+    GIL to drop the tensors it holds. A process that exits with the group alive races that thread against
+    ``Py_FinalizeEx``: a thread that asks for the GIL during finalization is ended with ``pthread_exit``,
+    whose unwinding through the work's (noexcept) destructor calls ``std::terminate``. The process dies of
+    SIGABRT ("terminate called without an active exception") after training that succeeded, and torchrun
+    reports the job failed. Destroying the group first joins those threads while Python is still whole.
+    """
+    dist = initialized_dist()
+    if dist is None:
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception as exc:  # noqa: BLE001 - at exit: say it, never turn a finished run into a failure
+        print(f"dlsub: could not destroy the process group at exit ({exc})", file=sys.stderr, flush=True)
+
+
+_ending_at_exit = False
+
+
+def end_process_group_at_exit() -> None:
+    """Have :func:`end_process_group` run at exit, once a process however often asked: the first to ask
+    (the rank entry point, before the script runs) sets its place, after every handler the script adds."""
+    global _ending_at_exit
+    if not _ending_at_exit:
+        atexit.register(end_process_group)
+        _ending_at_exit = True
 
 
 #: A script bigger than this is not read to name its command (a Python script is kilobytes).

@@ -25,12 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from dlsub.agent.decide import leave_wait_s
-from dlsub.site_config.policy_file import load_policy
 from test_elastic import TRAIN, after_first, world_sizes
 from test_move_crashes import decisions, tick
 
+from dlsub.agent.decide import leave_wait_s
+from dlsub.site_config.policy_file import load_policy
 from livebed import POLICY_FILE, TestbedUser, blockers, slurm_job, slurm_jobs, wait_for
 
 GROW_POINTS = ("grow-planned", "grow-released", "grow-recorded")
@@ -122,7 +121,8 @@ def test_agent_killed_at_each_step_of_a_shrink_sends_the_worker_away_once(
             tick(manual_agent)
             return 4 in after_first(world_sizes(job["job_dir"]), 8)
 
-        wait_for("training back at world size 4", shrunk, timeout=leave_wait_s(load_policy(POLICY_FILE)) + 180, interval=2)
+        wait = leave_wait_s(load_policy(POLICY_FILE))
+        wait_for("training back at world size 4", shrunk, timeout=wait + 180, interval=2)
         wait_for("the other user's job to start", lambda: tick(manual_agent) == 0 and (slurm_job(other) or {}).get(
             "job_state") in ("RUNNING", "COMPLETED", None), timeout=180, interval=2)
         tasks = worker_tasks(job["worker_array_id"])

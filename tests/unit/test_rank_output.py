@@ -230,3 +230,43 @@ def test_the_launcher_labels_only_several_processes_started_through_the_entry_po
     # With the entry point and several processes (here one, RANK set by hand): labelled.
     env["RANK"] = "5"
     assert launch("--nproc-per-node", "2", "--", sys.executable, *entry, str(script)) == "[5]:said\n"
+
+
+def test_the_entry_point_runs_the_script_as_python_would_and_ends_its_group_after_its_exit_handlers(
+        tmp_path: Path) -> None:
+    """Real gloo group of one: the script is ``__main__`` with its own argv and directory first on sys.path,
+    its exit handlers still see its group alive, and the entry point destroys the group after them, before
+    the interpreter finalizes (a group left alive can kill a process with SIGABRT at exit)."""
+    script = tmp_path / "dir with space" / "train.py"
+    script.parent.mkdir()
+    (script.parent / "helper_mod.py").write_text("VALUE = 'imported from the script directory'\n")
+    script.write_text(textwrap.dedent("""
+        import atexit, sys
+        import torch, torch.distributed as dist
+        import helper_mod
+        destroy = dist.destroy_process_group
+        def spy(*args, **kwargs):
+            print("destroyed, alive before:", dist.is_initialized())
+            return destroy(*args, **kwargs)
+        dist.destroy_process_group = spy
+        dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        atexit.register(lambda: print("the script's exit handler sees the group:", dist.is_initialized()))
+        print(__name__, sys.argv[1:], helper_mod.VALUE)
+    """))
+    store = tmp_path / "store"
+    proc = subprocess.run([sys.executable, "-u", "-m", "dlsub.checkpointing.rank_output", str(script), str(store),
+                           "x;y"], cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"__main__ [{str(store)!r}, 'x;y'] imported from the script directory",
+        "the script's exit handler sees the group: True",
+        "destroyed, alive before: True",
+    ], proc.stdout + proc.stderr
+    # A script's failure is still the process's: its exception and exit status.
+    script.write_text("raise SystemExit(3)\n")
+    failed = subprocess.run([sys.executable, "-u", "-m", "dlsub.checkpointing.rank_output", str(script)],
+                            cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=60)
+    assert failed.returncode == 3, failed.stderr
