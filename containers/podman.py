@@ -35,7 +35,8 @@ SLURM_ENV = (
     "SLURM_CPUS_PER_TASK",
     "SLURM_CPUS_ON_NODE",
     "SLURM_MEM_PER_NODE",
-    "SLURM_JOB_GPUS",
+    "SLURM_JOB_GPUS",  # Slurm's global ids of the GPUs (the batch step's)
+    "SLURM_STEP_GPUS",  # the same for an srun step (a gang's node)
     "SLURM_GPUS_ON_NODE",
     "SLURM_SUBMIT_DIR",
     "SLURM_CLUSTER_NAME",
@@ -134,7 +135,12 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     Returned as lines of words (an option with its value per line) so the
     rendered script reads well; join them for the plain argv.
     """
-    lines: list[list[str]] = [["podman", "--runtime", spec.runtime, "run", "--rm"], ["--name", container_name]]
+    # The container stays in the job's cgroup, whatever the user's containers.conf says, so that Slurm's
+    # memory, CPU and device limits and its process tracking keep applying to it: cgroupfs (no systemd scope
+    # of its own) and the host's cgroup namespace (on cgroup v2 a private one is the default), as Slurm's
+    # containers guide sets them for Podman. Rootless Podman cannot restrict devices itself.
+    lines: list[list[str]] = [["podman", "--runtime", spec.runtime, "--cgroup-manager", "cgroupfs", "run", "--rm"],
+                              ["--name", container_name], ["--cgroupns", "host"]]
     lines += [["--label", label] for label in labels]
     if spec.nnodes is not None:
         # torchrun's c10d rendezvous tells nodes apart by (host name, torchrun's

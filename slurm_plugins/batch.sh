@@ -108,27 +108,46 @@ setup_runtime_dir() {
     fi
 }
 
-# GPUs: Slurm sets CUDA_VISIBLE_DEVICES. With a CDI spec for NVIDIA GPUs the
-# devices themselves go into the container and are renumbered from 0 there;
-# without one the indices are passed through as Slurm gave them.
+# GPUs. Slurm's ids for this node's GPUs are global on the node: SLURM_STEP_GPUS
+# in an srun step (a gang's node), SLURM_JOB_GPUS in the batch step.
+# CUDA_VISIBLE_DEVICES holds the same ids, unless Slurm constrains devices
+# (task/cgroup with ConstrainDevices=yes), where it counts 0..n-1 within the job.
+# A CDI spec names a node's GPUs by that global index (`nvidia-ctk cdi generate`'s
+# default, nvidia.com/gpu=N), so the devices asked of Podman come from Slurm's
+# ids, never from CUDA_VISIBLE_DEVICES (under the constraint "0" is another
+# job's GPU); in the container they are its only GPUs, numbered from 0. Without
+# a CDI spec CUDA_VISIBLE_DEVICES goes in as Slurm set it.
+cdi_spec_dirs=(/etc/cdi /var/run/cdi)
 gpu_args=()
 container_cuda_devices="${CUDA_VISIBLE_DEVICES:-}"
 # One training process per GPU Slurm gave this node, one on a CPU node.
 nproc=1
+node_has_cdi_gpus() {
+    local dir
+    for dir in "${cdi_spec_dirs[@]}"; do
+        grep -qs 'nvidia.com/gpu' "$dir"/*.yaml "$dir"/*.json && return 0
+    done
+    return 1
+}
+slurm_gpu_ids() {  # Slurm's global ids of this step's GPUs; CUDA_VISIBLE_DEVICES where Slurm sets no other
+    local ids="${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}"
+    [[ "$ids" =~ ^[0-9]+(,[0-9]+)*$ ]] || ids="${CUDA_VISIBLE_DEVICES:-}"
+    echo "$ids"
+}
 setup_gpus() {
-    if [ -n "$container_cuda_devices" ] && grep -qs 'nvidia.com/gpu' /etc/cdi/*.yaml /etc/cdi/*.json /var/run/cdi/*.yaml /var/run/cdi/*.json; then
-        IFS=, read -ra slurm_gpus <<< "$CUDA_VISIBLE_DEVICES"
+    [ -n "${CUDA_VISIBLE_DEVICES:-}" ] || return 0
+    IFS=, read -ra visible_gpus <<< "$CUDA_VISIBLE_DEVICES"
+    # shellcheck disable=SC2034  # used by the podman line
+    nproc="${#visible_gpus[@]}"
+    if node_has_cdi_gpus; then
+        IFS=, read -ra slurm_gpus <<< "$(slurm_gpu_ids)"
         renumbered=()
         for i in "${!slurm_gpus[@]}"; do
             gpu_args+=(--device "nvidia.com/gpu=${slurm_gpus[$i]}")
             renumbered+=("$i")
         done
-        container_cuda_devices="$(IFS=,; echo "${renumbered[*]}")"
-    fi
-    if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
-        IFS=, read -ra visible_gpus <<< "$CUDA_VISIBLE_DEVICES"
         # shellcheck disable=SC2034  # used by the podman line
-        nproc="${#visible_gpus[@]}"
+        container_cuda_devices="$(IFS=,; echo "${renumbered[*]}")"
     fi
 }
 
@@ -215,7 +234,7 @@ fi
 
 # ------------------------------------------------------------------ worker: joins, leaves, returns to the pool
 if [ "$role" = worker ]; then
-    log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"${CUDA_VISIBLE_DEVICES:-}\",\"main\":\"$main_job_id\""
+    log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"$(slurm_gpu_ids)\",\"main\":\"$main_job_id\""
     echo "dlsub: job $DLSUB_JOB_ID worker $SLURM_JOB_ID on ${SLURMD_NODENAME:-$(hostname -s)} joins the group of" \
         "attempt $DLSUB_ATTEMPT at $DLSUB_RDZV_ENDPOINT" >&2
     run_container
@@ -250,7 +269,7 @@ end_workers() {  # the job has ended for good: its worker array ends with it
     fi
 }
 
-log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"${CUDA_VISIBLE_DEVICES:-}\",\"nnodes\":${SLURM_NNODES:-1}"
+log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"$(slurm_gpu_ids)\",\"nnodes\":${SLURM_NNODES:-1}"
 echo "dlsub: job $DLSUB_JOB_ID attempt $DLSUB_ATTEMPT on ${SLURM_JOB_NODELIST:-$(hostname -s)} (partition ${SLURM_JOB_PARTITION:-?})" >&2
 cpu_part=""
 if [ "$het" = 1 ]; then

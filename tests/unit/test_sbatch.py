@@ -6,6 +6,7 @@ involved."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -59,7 +60,10 @@ def _stub(bin_dir: Path, name: str, body: str) -> None:
 
 def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_rc: int, *,
                 max_continuations: int = 20, env_extra: dict[str, str] | None = None,
-                podman_body: str | None = None, after_start: object | None = None) -> tuple[int, Path]:
+                podman_body: str | None = None, after_start: object | None = None,
+                text: str | None = None) -> tuple[int, Path]:
+    """Run the batch script rendered for ``script`` (or ``text``, a rendered one) under bash, with stand-in
+    ``podman`` and ``scontrol`` that record their argv; its exit status and the record."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     log = tmp_path / "calls.jsonl"
@@ -68,7 +72,8 @@ def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_r
     _stub(bin_dir, "podman",
           record + 'case "$1" in rm | kill) exit 0 ;; esac\n' + (podman_body or f"exit {container_rc}\n"))
     _stub(bin_dir, "scontrol", record + "exit 0\n")
-    text = render_sbatch(spec(tmp_path, script, args, max_continuations=max_continuations))
+    if text is None:
+        text = render_sbatch(spec(tmp_path, script, args, max_continuations=max_continuations))
     # The fallback runtime directory, under tmp_path rather than the shared /tmp.
     text = text.replace('"/tmp/dlsub-xdg-$(id -u)"', f'"{tmp_path}/xdg-fallback-$(id -u)"')
     batch = tmp_path / "job.sbatch"
@@ -287,3 +292,56 @@ def test_a_cpu_component_makes_one_heterogeneous_job(tmp_path: Path) -> None:
     assert "DLSUB_ROLE=cpu" in text and "python3 /" in text, "the CPU part runs the script without torchrun"
     with pytest.raises(ValueError, match="cannot be job arrays"):
         render_sbatch(BatchSpec(**{**s.__dict__, "cpu_nodes": 1, "cpu_partition": "cpu", "elastic": (1, 2)}))
+
+
+@pytest.mark.parametrize(("env", "devices", "inside"), [
+    # task/cgroup with ConstrainDevices=yes: CUDA_VISIBLE_DEVICES counts within the job; Slurm's ids are global.
+    ({"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "2,3"}, ["nvidia.com/gpu=2", "nvidia.com/gpu=3"], "0,1"),
+    # The same in an srun step (a gang's node): the step's ids win over the batch step's.
+    ({"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "0,1,2,3", "SLURM_STEP_GPUS": "1,3"},
+     ["nvidia.com/gpu=1", "nvidia.com/gpu=3"], "0,1"),
+    # No device constraint: every variable holds the global ids.
+    ({"CUDA_VISIBLE_DEVICES": "2,3", "SLURM_JOB_GPUS": "2,3"}, ["nvidia.com/gpu=2", "nvidia.com/gpu=3"], "0,1"),
+    # A Slurm that sets neither (or garbage in them): CUDA_VISIBLE_DEVICES, as before.
+    ({"CUDA_VISIBLE_DEVICES": "3", "SLURM_JOB_GPUS": "3;x"}, ["nvidia.com/gpu=3"], "0"),
+])
+def test_cdi_devices_come_from_slurms_global_gpu_ids(tmp_path: Path, env: dict[str, str], devices: list[str],
+                                                     inside: str) -> None:
+    run = _podman_run_with_gpus(tmp_path, env, cdi=True)
+    assert _values(run, "--device") == devices
+    assert f"CUDA_VISIBLE_DEVICES={inside}" in _values(run, "--env")
+    assert set(_values(run, "--nproc-per-node")) == {str(len(devices))}  # the launcher's and torchrun's
+
+
+def test_without_a_cdi_spec_the_gpus_pass_through_as_slurm_numbered_them(tmp_path: Path) -> None:
+    run = _podman_run_with_gpus(tmp_path, {"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "2,3"}, cdi=False)
+    assert _values(run, "--device") == []
+    assert "CUDA_VISIBLE_DEVICES=0,1" in _values(run, "--env")
+    assert set(_values(run, "--nproc-per-node")) == {"2"}
+
+
+def test_the_container_stays_in_the_jobs_cgroup_whatever_the_users_podman_config(tmp_path: Path) -> None:
+    run = _podman_run_with_gpus(tmp_path, {}, cdi=False)
+    assert run[:run.index("run")] == ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
+    assert _values(run, "--cgroupns") == ["host"]
+
+
+def _podman_run_with_gpus(tmp_path: Path, env: dict[str, str], cdi: bool) -> list[str]:
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    if cdi:  # as `nvidia-ctk cdi generate` writes it (abridged)
+        (specs / "nvidia.yaml").write_text('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n- name: "0"\n')
+    script = tmp_path / "train.py"
+    script.write_text("")
+    base = spec(tmp_path, script, ())
+    # The count of processes left to the script, as for a job that may move between CPU and GPU nodes.
+    text = render_sbatch(dataclasses.replace(base, container=dataclasses.replace(base.container, nproc_per_node=0)))
+    assert "cdi_spec_dirs=(/etc/cdi /var/run/cdi)" in text
+    text = text.replace("cdi_spec_dirs=(/etc/cdi /var/run/cdi)", f"cdi_spec_dirs=({specs})")
+    rc, log = _run_script(tmp_path, script, (), 0, env_extra=env, text=text)
+    assert rc == 0, (tmp_path / "stderr.txt").read_text()
+    return next(c for c in _calls(log) if c[:1] == ["podman"] and "run" in c)
+
+
+def _values(argv: list[str], option: str) -> list[str]:
+    return [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == option]
