@@ -82,6 +82,15 @@ class Host:
     def now(self) -> float:
         return time.time()
 
+    def fs_type(self, path: Path) -> str | None:
+        """The file system type of ``path`` as the kernel names it (stat -f), or None if unknown."""
+        try:
+            out = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True,
+                                 timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() or None if out.returncode == 0 else None
+
 
 # ---------------------------------------------------------------- the checks, each from what it read
 
@@ -131,6 +140,44 @@ def check_cred_expire(config: SlurmConfig) -> Finding:
                    "continuations wait that long)", "AuthInfo=cred_expire=10 in slurm.conf (then restart the daemons)")
 
 
+def check_job_cgroups(config: SlurmConfig) -> Finding:
+    """Whether Slurm keeps each job, and so its container, in a cgroup of its own with its limits."""
+    name = "job cgroups"
+    missing = [f"ProctrackType={config.get('ProctrackType') or 'unset'}"] \
+        if config.get("ProctrackType") != "proctrack/cgroup" else []
+    if "task/cgroup" not in config.get("TaskPlugin").split(","):
+        missing.append(f"TaskPlugin={config.get('TaskPlugin') or 'unset'}")
+    missing += [f"{key}={config.get(key) or 'no'}" for key in ("ConstrainDevices", "ConstrainRAMSpace")
+                if config.get(key).lower() != "yes"]
+    if missing:
+        return Finding(name, WARN, f"{', '.join(missing)}: a job's container is not held to the GPUs and memory "
+                       "Slurm gave it, and a cancelled job can leave processes behind",
+                       "ProctrackType=proctrack/cgroup and TaskPlugin=task/cgroup,task/affinity in slurm.conf, "
+                       "ConstrainDevices=yes and ConstrainRAMSpace=yes in cgroup.conf (then restart the daemons)")
+    return Finding(name, OK, f"proctrack/cgroup, task/cgroup, devices and memory constrained "
+                   f"({config.get('CgroupPlugin') or 'cgroup'}); dlsub keeps containers in the job's cgroup")
+
+
+#: File systems rootless Podman's storage does not work on (Podman's rootless.md): network and parallel ones.
+SHARED_FILESYSTEMS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb2", "ceph", "fuse.ceph",
+                                "panfs", "fuse.glusterfs", "fuse.sshfs", "wekafs"})
+
+
+def check_storage(user: pwd.struct_passwd, info: subprocess.CompletedProcess[str], fs_type: str | None) -> Finding:
+    """Rootless Podman's graph root must be on a node-local file system."""
+    name = f"container storage of {user.pw_name}"
+    graph_root = info.stdout.strip()
+    if info.returncode != 0 or not graph_root:
+        return Finding(name, PROBLEM, f"podman info failed: {(info.stderr or info.stdout).strip()[:200]}",
+                       f"run `podman info` as {user.pw_name} and fix what it says")
+    if fs_type in SHARED_FILESYSTEMS:
+        return Finding(name, PROBLEM, f"the graph root {graph_root} is on {fs_type}, a shared file system "
+                       "rootless Podman's storage does not work on",
+                       f"graphroot = \"/tmp/{user.pw_name}_containers/storage\" (node-local disk) in "
+                       f"{user.pw_dir}/.config/containers/storage.conf, or the site's /etc/containers/storage.conf")
+    return Finding(name, OK, f"{graph_root} ({fs_type or 'file system unknown'})")
+
+
 def check_gpus(config: SlurmConfig, gpu_partitions: dict[str, int]) -> Finding:
     name = "GPU gres"
     missing = sorted(p for p, gpus in gpu_partitions.items() if gpus == 0)
@@ -178,8 +225,9 @@ def check_cgroups(controllers: str | None, hybrid: bool) -> Finding:
     if controllers is not None:
         return Finding(name, OK, f"cgroup v2 ({controllers.strip() or 'no controllers delegated'})")
     if hybrid:
-        return Finding(name, WARN, "hybrid cgroups (v1 and v2): rootless Podman runs with runc, without "
-                       "limits (crun refuses this layout)", "a unified (v2) hierarchy with delegation gives limits")
+        return Finding(name, WARN, "hybrid cgroups (v1 and v2): rootless Podman runs with runc and sets no "
+                       "limits of its own (crun refuses this layout); a container has its job's, where Slurm "
+                       "constrains jobs (job cgroups)", "a unified (v2) hierarchy with delegation")
     return Finding(name, WARN, "no cgroup v2 hierarchy: rootless Podman runs without resource limits (with runc)",
                    "boot with systemd.unified_cgroup_hierarchy=1 for limits")
 
@@ -265,6 +313,7 @@ def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: st
         script = conf_dir / "job_submit.lua"
         findings.append(check_job_submit(cfg, host.read_text(script), script))
         findings.append(check_cred_expire(cfg))
+        findings.append(check_job_cgroups(cfg))
         findings.append(check_clock(cfg.as_of, host.now()))
         probe("GPU gres", slurm_fix, lambda: check_gpus(cfg, _gpu_partitions(client, policy)))
     probe("agent is a Slurm Operator", "set up Slurm accounting (slurmdbd)",
@@ -298,7 +347,14 @@ def _podman_checks(host: Host, user: str | None, image: str) -> list[Finding]:
         check_cgroups(controllers, hybrid),
         check_runtime_dir(entry, host.stat(Path(f"/run/user/{entry.pw_uid}"))),
         check_image(entry, image, host.run_as(entry, ["podman", "image", "exists", image])),
+        _storage_check(host, entry),
     ]
+
+
+def _storage_check(host: Host, entry: pwd.struct_passwd) -> Finding:
+    info = host.run_as(entry, ["podman", "info", "--format", "{{.Store.GraphRoot}}"])
+    root = info.stdout.strip()
+    return check_storage(entry, info, host.fs_type(Path(root)) if info.returncode == 0 and root else None)
 
 
 def blocking(findings: Sequence[Finding]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -72,6 +73,12 @@ def _state_without_slurm(record: JobRecord, attempts: list[dict[str, Any]], prog
     return JobState.UNKNOWN
 
 
+def out_of_memory_reason(mem_mb: int) -> str:
+    """What to tell a user whose job Slurm stopped for going past its memory (task/cgroup's limit)."""
+    return (f"out of memory: the job used more than the {mem_mb} MB it asked for (--mem), and Slurm stopped it; "
+            f"resubmit with a larger --mem (e.g. --mem {math.ceil(2 * mem_mb / 1024)}G), or `dlsub estimate` it")
+
+
 def resize_history(starts: list[dict[str, Any]]) -> tuple[int | None, tuple[dict[str, Any], ...]]:
     """The world size of the last training start, and every start at another size than the one before."""
     sized = [e for e in starts if e.get("world_size")]
@@ -105,6 +112,8 @@ def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob
         attempt_count = len(started)
     if state == JobState.RUNNING and reason == "None":
         reason = ""
+    if slurm is not None and slurm.state == "OUT_OF_MEMORY":
+        reason = out_of_memory_reason(record.mem_mb)
     eta = progress.eta_s() if state in (JobState.RUNNING, JobState.COMPLETED) else None
     if state == JobState.RUNNING and eta is not None and progress.last_time:
         # The last report is a little old by now; count that time as done.
@@ -204,6 +213,9 @@ def render_table(rows: list[JobStatus], bars: list[str] | None = None) -> str:
         body = [[*line, bar] for line, bar in zip(body, bars, strict=True)]
     # Every body row has one cell per header column.
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body, strict=True)]
-    return "\n".join(
+    table = "\n".join(
         "  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]
     )
+    # Why a job failed, where dlsub knows (too long for a cell): one line each under the table.
+    failures = [f"{r.id}: {r.reason}" for r in rows if r.state == "FAILED" and r.reason]
+    return "\n".join([table, *failures])

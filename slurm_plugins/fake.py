@@ -110,7 +110,9 @@ class FakeSlurm:
         self.job_submit_lua = True
         # `scontrol show config` and `sacctmgr show user` (dlsub doctor), as the testbed has them.
         self.config = {"JobSubmitPlugins": "lua", "AuthInfo": "cred_expire=10", "GresTypes": "gpu",
-                       "SLURM_CONF": "/etc/slurm/slurm.conf"}
+                       "SLURM_CONF": "/etc/slurm/slurm.conf", "ProctrackType": "proctrack/cgroup",
+                       "TaskPlugin": "task/cgroup,task/affinity", "CgroupPlugin": "cgroup/v1",
+                       "ConstrainDevices": "yes", "ConstrainRAMSpace": "yes"}
         self.config_time = "2026-11-24T12:00:00"
         self.admin_levels = {"dlsub": "Operator"}
         # Records from add_raw_jobs, each with its JSON and its squeue line made once.

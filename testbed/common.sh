@@ -79,7 +79,8 @@ render_slurm_conf() {  # file
     local database=slurm_acct_db
     [ "$SLURM_VERSION" = 22.05 ] || database="slurm_acct_db_${SLURM_VERSION/./_}"
     sed -e "s|@SPOOL@|$SLURM_SPOOL|g" -e "s|@DATABASE@|$database|g" "$1"
-    if [ "$SLURM_VERSION" != 22.05 ] && [ "$(basename "$1")" != gres.conf ]; then
+    # (Not in gres.conf or cgroup.conf, which take no PluginDir.)
+    if [ "$SLURM_VERSION" != 22.05 ] && [[ "$(basename "$1")" != @(gres|cgroup).conf ]]; then
         printf '# The plugins of the Slurm %s tree (testbed/slurm-tree.sh).\nPluginDir=%s\n' \
             "$SLURM_VERSION" "$(cat "$SLURM_TREES/$SLURM_VERSION/plugindir")"
     fi

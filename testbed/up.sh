@@ -117,11 +117,20 @@ fi
 # ---------------------------------------------------------------- Slurm
 mkdir -p /etc/slurm /etc/dlsub /run/dlsub-testbed /var/log/dlsub-testbed "$SLURM_SPOOL/slurmctld"
 chown slurm:slurm "$SLURM_SPOOL/slurmctld" /var/log/dlsub-testbed
+# Fake GPUs: character devices of NVIDIA's major (195), which has no driver here (opening one fails
+# with ENXIO where the job's device cgroup allows it, EPERM where it denies it), a minor of their own
+# each so that denying one GPU denies nothing else (as /dev/null's 1:3 did). gpu1 has minors 0-3,
+# gpu2 4-7: the nodes share this machine's devices, and Slurm constrains devices by number.
+minor=0
 for node in gpu1 gpu2; do
     d="/var/lib/dlsub-testbed/gpus/$node"
     mkdir -p "$d"
     for i in 0 1 2 3; do
-        [ -c "$d/nvidia$i" ] || mknod -m 666 "$d/nvidia$i" c 1 3
+        if [ "$(stat -c '%t:%T' "$d/nvidia$i" 2>/dev/null)" != "$(printf '%x:%x' 195 "$minor")" ]; then
+            rm -f "$d/nvidia$i"
+            mknod -m 666 "$d/nvidia$i" c 195 "$minor"
+        fi
+        minor=$((minor + 1))
     done
 done
 install -m 755 "$repo/etc/slurm/taskepilog.sh" /etc/dlsub/taskepilog
@@ -131,7 +140,7 @@ install -m 644 "$repo/etc/testbed/policy.toml" /etc/dlsub/policy.toml
 cmp -s "$repo/slurm_plugins/job_submit.lua" /etc/slurm/job_submit.lua \
     || install -m 644 "$repo/slurm_plugins/job_submit.lua" /etc/slurm/job_submit.lua
 changed=0
-for f in slurm.conf gres.conf; do
+for f in slurm.conf gres.conf cgroup.conf; do
     if ! render_slurm_conf "$repo/etc/testbed/$f" | cmp -s - "/etc/slurm/$f"; then
         render_slurm_conf "$repo/etc/testbed/$f" | install -m 644 /dev/stdin "/etc/slurm/$f"
         changed=1

@@ -23,6 +23,9 @@ fi
 ids=$(podman ps -aq --filter "label=dlsub.slurm_job_id=${SLURM_JOB_ID}" 2>/dev/null)
 [ -n "$ids" ] || exit 0
 echo "dlsub: taskepilog: removing containers of Slurm job ${SLURM_JOB_ID}: $ids" >&2
+# Under proctrack/cgroup Slurm has already killed the container's processes and its conmon with the step:
+# Podman still records the container as running, fails to stop it ("could not be stopped: timed out
+# waiting for file .../exits/ID") and marks it exited; the second rm then removes it.
 # shellcheck disable=SC2086  # ids are podman's hex ids, one per word
-podman rm -f -t 5 $ids >/dev/null 2>&1 || true
+podman rm -f -t 5 $ids >/dev/null 2>&1 || podman rm -f -t 0 $ids >/dev/null 2>&1 || true
 exit 0

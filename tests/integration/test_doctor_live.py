@@ -40,7 +40,8 @@ def test_the_testbed_is_ok(user: TestbedUser) -> None:
     version = subprocess.run(["scontrol", "--version"], capture_output=True, text=True).stdout.split()[-1]
     assert version in checks["slurm version"]["detail"]
     for name in ("agent is a Slurm Operator", "job_submit.lua", "cred_expire", "GPU gres", "policy partitions exist",
-                 "agent", "clocks", f"image of {USER}", f"subordinate ids of {USER}"):
+                 "agent", "clocks", f"image of {USER}", f"subordinate ids of {USER}", "job cgroups",
+                 f"container storage of {USER}"):
         assert checks[name]["status"] == "ok", checks[name]
 
 

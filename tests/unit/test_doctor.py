@@ -48,6 +48,8 @@ class FakeHost(Host):
         self.agent: dict[str, Any] | None = {"running": True, "late": False}
         self.clock = time.mktime(time.strptime("2026-11-24T12:00:01", "%Y-%m-%dT%H:%M:%S"))
         self.ran: list[list[str]] = []
+        self.graph_root = "/home/alice/.local/share/containers/storage"
+        self.fs = "ext2/ext3"
 
     def read_text(self, path: Path) -> str | None:
         return self.files.get(str(path))
@@ -60,7 +62,12 @@ class FakeHost(Host):
 
     def run_as(self, user: pwd.struct_passwd, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         self.ran.append(list(argv))
+        if list(argv[:2]) == ["podman", "info"]:
+            return subprocess.CompletedProcess(list(argv), 0, self.graph_root + "\n", "")
         return subprocess.CompletedProcess(list(argv), self.image_rc, "", self.image_stderr)
+
+    def fs_type(self, path: Path) -> str | None:
+        return self.fs if str(path) == self.graph_root else None
 
     def agent_status(self, socket_path: Path) -> dict[str, Any]:
         if self.agent is None:
@@ -84,7 +91,7 @@ def test_a_testbed_like_site_is_ok_on_every_tested_version(version: str) -> None
     assert {name: f.status for name, f in got.items()} == {
         "slurm version": OK, "job_submit.lua": OK, "cred_expire": OK, "clocks": OK, "GPU gres": OK,
         "agent is a Slurm Operator": OK, "policy partitions exist": OK, "agent": OK, "subordinate ids": OK,
-        "cgroups": WARN, "runtime directory": OK, "image": OK}
+        "cgroups": WARN, "runtime directory": OK, "image": OK, "job cgroups": OK, "container storage": OK}
     assert not blocking(list(got.values()))
     assert version in got["slurm version"].detail
 
@@ -174,7 +181,7 @@ def test_runtime_directory_and_image() -> None:
     host.image_rc = 1
     got = findings(host=host)["image"]
     assert got.status == PROBLEM and "build-image.sh alice" in got.fix
-    assert host.ran[-1] == ["podman", "image", "exists", "localhost/img"]
+    assert ["podman", "image", "exists", "localhost/img"] in host.ran
 
 
 def test_a_dead_pause_process_is_named_with_its_reset() -> None:
@@ -226,3 +233,23 @@ def test_the_command_prints_json_and_exits_1_on_a_problem(monkeypatch: pytest.Mo
     host.agent = {"running": True}
     result = CliRunner().invoke(doctor, ["--user", "alice", "--policy", str(policy)])
     assert result.exit_code == 0 and "nothing blocks dlsub" in result.output
+
+
+def test_slurm_without_its_cgroup_plugins_is_a_warning_with_its_fix() -> None:
+    fake = cluster()
+    fake.config.update({"ProctrackType": "proctrack/linuxproc", "TaskPlugin": "task/none"})
+    del fake.config["ConstrainDevices"]
+    got = findings(fake)["job cgroups"]
+    assert got.status == WARN
+    assert "ProctrackType=proctrack/linuxproc" in got.detail and "ConstrainDevices=no" in got.detail
+    assert "ConstrainRAMSpace" not in got.detail
+    assert "task/cgroup" in got.fix and "ConstrainDevices=yes" in got.fix
+
+
+def test_container_storage_on_a_shared_file_system_is_a_problem_with_its_fix() -> None:
+    host = FakeHost()
+    host.fs = "nfs"
+    got = findings(host=host)["container storage"]
+    assert got.status == PROBLEM and "nfs" in got.detail and host.graph_root in got.detail
+    assert "graphroot" in got.fix and "/home/alice/.config/containers/storage.conf" in got.fix
+    assert ["podman", "info", "--format", "{{.Store.GraphRoot}}"] in host.ran

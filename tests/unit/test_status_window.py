@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -90,3 +91,25 @@ def test_progress_bar_and_fraction() -> None:
     assert fraction_done(Progress(finished=True)) == 1.0
     assert progress_bar(0.25, width=8) == "[##------]  25%"
     assert progress_bar(None) == "-"
+
+
+def test_a_job_slurm_stopped_for_its_memory_says_so_and_what_to_ask_for(tmp_path: Path) -> None:
+    """Pure: Slurm's OUT_OF_MEMORY (task/cgroup's memory limit) is FAILED with the reason and the --mem to ask
+    for, in the JSON and under the table."""
+    from dlsub.job.status import job_status, render_table
+    from dlsub.job.user_store import JobRecord
+    from dlsub.slurm_plugins.models import SlurmJob
+
+    (tmp_path / "job").mkdir()
+    record = JobRecord("0123abcd", "t", "me", "t.py", [], str(tmp_path / "job"), "cpu", 0, 1, 2, 700, None, "img",
+                       slurm_job_id=9)
+    slurm = SlurmJob(job_id=9, name="t", user="me", state="OUT_OF_MEMORY", partition="cpu", nodes="cpu1",
+                     comment="", restart_count=0, reason="OutOfMemory", time_limit_min=None, start_time=0,
+                     submit_time=0, exit_code=None)
+    row = job_status(record, slurm)
+    assert row.state == "FAILED"
+    assert row.reason.startswith("out of memory: the job used more than the 700 MB it asked for (--mem)")
+    assert "--mem 2G" in row.reason
+    assert render_table([row]).splitlines()[-1] == f"0123abcd: {row.reason}"
+    finished = job_status(record, dataclasses.replace(slurm, state="COMPLETED", reason="None"))
+    assert len(render_table([finished]).splitlines()) == 2, "no failure line for a job that did not fail"

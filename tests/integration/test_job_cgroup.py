@@ -1,0 +1,114 @@
+"""Integration (live Slurm testbed with its cgroup plugins + rootless Podman + CDI): the container stays in
+the job's cgroup, and Slurm's limits apply to it: its device cgroup allows the GPUs Slurm gave the job and
+no others, and a job past its ``--mem`` is stopped and told so.
+
+The testbed runs ``proctrack/cgroup`` and ``task/cgroup`` with ``ConstrainDevices`` and
+``ConstrainRAMSpace`` (etc/testbed/cgroup.conf, cgroup v1 here); its fake GPUs are devices of NVIDIA's
+major with a minor each. Its nodes have no CDI spec (their Podman is one per user across the testbed's
+nodes: README, "The testbed"), so the container gets no GPU device files; which CDI devices a node with a
+spec would be asked for is unit-tested (tests/unit/test_sbatch.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from livebed import TestbedUser, put, slurm_job, wait_for
+
+#: The fake GPUs' major (testbed/up.sh): NVIDIA's, which has no driver on this machine.
+NVIDIA_MAJOR = 195
+
+PROBE = """
+import errno, glob, json, os, sys
+from dlsub import checkpointing
+run = checkpointing.init()
+
+def opened(path):
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+        return "opened"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+
+out = {
+    "cgroups": dict(line.strip().split(":", 2)[1:] for line in open("/proc/self/cgroup")),
+    "opened": {os.path.basename(p): opened(p) for p in sys.argv[1:]},
+    "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "slurm_job_gpus": os.environ.get("SLURM_JOB_GPUS"),
+    "gpu_files": {p: opened(p) for p in sorted(glob.glob("/dev/nvidia*"))},
+}
+with open(os.path.join(os.environ["DLSUB_JOB_DIR"], "probe.json"), "w") as f:
+    json.dump(out, f)
+run.finish()
+"""
+
+HOG = """
+import os
+from dlsub import checkpointing
+run = checkpointing.init()
+run.report(step=1, loss=1.0)
+chunks = []
+for _ in range(64):  # up to 4 GiB, 64 MiB at a time, each page touched
+    chunks.append(bytearray(64 << 20))
+    chunks[-1][::4096] = b"x" * len(chunks[-1][::4096])
+run.finish()
+"""
+
+
+@pytest.fixture
+def two_gpus_held_on_gpu1(user2: TestbedUser) -> Iterator[int]:
+    """Another user's job holding GPUs 0-1 of gpu1, and one holding all of gpu2: a 2-GPU job goes to gpu1's
+    GPUs 2,3 (Slurm's global ids), which its container must see as 0,1."""
+    ids = []
+    for node, gpus in (("gpu1", 2), ("gpu2", 4)):
+        out = user2.run("sbatch", "--parsable", "-p", "gpu", "-w", node, f"--gres=gpu:{gpus}", "--mem=100",
+                        "--cpus-per-task=1", "--time=10", "-J", "holder", "--wrap", "sleep 600", check=True)
+        ids.append(int(out.stdout.strip().split(";")[0]))
+    wait_for("the holders to run", lambda: all((slurm_job(i) or {}).get("job_state") == "RUNNING" for i in ids),
+             timeout=60)
+    yield ids[0]
+    subprocess.run(["scancel", *map(str, ids)], check=False)
+
+
+def test_the_container_is_in_the_jobs_cgroup_whose_devices_are_exactly_its_gpus(
+        user: TestbedUser, workdir: Path, two_gpus_held_on_gpu1: int) -> None:
+    probe = put(user, workdir / "probe.py", PROBE)
+    # The container sees the workdir: device files there stand for gpu1's GPU 2 (this job's, minor 2) and
+    # GPU 0 (the holder's, minor 0), as a process would reach them if they were in its container.
+    for name, minor in (("own-gpu", 2), ("holders-gpu", 0)):
+        os.mknod(workdir / name, 0o666 | stat.S_IFCHR, os.makedev(NVIDIA_MAJOR, minor))
+    job = user.submit("--gpus", "2", "-p", "gpu", "--mem", "2G", str(probe), str(workdir / "own-gpu"),
+                      str(workdir / "holders-gpu"), cwd=workdir)
+    done = user.wait_until_ended(job["id"], "the probe to finish", timeout=180)
+    assert done["state"] == "COMPLETED", user.dlsub("logs", job["id"]).stdout
+    assert done["nodes"] == "gpu1"
+    seen = json.loads((Path(job["job_dir"]) / "probe.json").read_text())
+    # Slurm's global ids, and under ConstrainDevices the job's own numbering 0..n-1; no CDI: no device files.
+    assert seen["slurm_job_gpus"] == "2,3", seen
+    assert seen["cuda_visible_devices"] == "0,1", seen
+    assert seen["gpu_files"] == {}, seen
+    # Every controller Slurm tracks the job with holds the container's process: its limits apply to it.
+    slurm_id = job["slurm_job_id"]
+    for controller in ("memory", "devices", "cpuset", "freezer"):
+        assert f"/slurm_gpu1/uid_{user.uid}/job_{slurm_id}/" in seen["cgroups"][controller], (controller, seen)
+    # So the job's device cgroup holds the container: its own GPU opens as far as a GPU can without a driver
+    # (ENXIO), the other job's is refused (EPERM).
+    assert seen["opened"] == {"own-gpu": "ENXIO", "holders-gpu": "EPERM"}, seen
+
+
+def test_a_job_past_its_memory_is_stopped_by_slurm_and_status_says_so(user: TestbedUser, workdir: Path) -> None:
+    hog = put(user, workdir / "hog.py", HOG)
+    job = user.submit("--mem", "700M", "-p", "cpu", str(hog), cwd=workdir)
+    done = user.wait_until_ended(job["id"], "the job to be stopped", timeout=180)
+    assert done["state"] == "FAILED", done
+    assert (slurm_job(job["slurm_job_id"]) or {}).get("job_state") == "OUT_OF_MEMORY", slurm_job(job["slurm_job_id"])
+    assert "out of memory" in done["reason"] and "--mem" in done["reason"], done
+    table = user.dlsub("status", job["id"]).stdout
+    assert f"{job['id']}: out of memory" in table, table
