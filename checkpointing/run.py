@@ -29,6 +29,7 @@ from dlsub.checkpointing.run_support import (
     application,
     as_step,
     barrier,
+    collective_device,
     cuda_peak_mb,
     env_float,
     from_rank0,
@@ -192,7 +193,9 @@ class Run:
         import torch
 
         # 2: torchrun's own SIGTERM (the launcher turns every other stop into SIGUSR1); 1: any other request.
-        flag = torch.tensor([(2 if self.stop_reason == "SIGTERM" else 1) if local else 0], dtype=torch.int32)
+        # On the backend's device: a CPU tensor fails under NCCL (Lightning's and the Trainer's DDP on GPUs).
+        flag = torch.tensor([(2 if self.stop_reason == "SIGTERM" else 1) if local else 0], dtype=torch.int32,
+                            device=collective_device(dist))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() and not local:
             self.stop_reason = STOP_PEER_RESTART if flag.item() == 2 else "peer"
@@ -414,7 +417,7 @@ class Run:
             return local
         import torch
 
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=collective_device(dist))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
