@@ -80,10 +80,17 @@ def prune(directory: Path, keep: int, good: Path | None = None) -> list[Path]:
     if good is not None:
         kept.add(good)
     deleted = [p for p in folders if p not in kept]
-    deleted += [p for p in directory.iterdir() if _PARTIAL.match(p.name)]
     for victim in deleted:
         shutil.rmtree(victim, ignore_errors=True)
-    return deleted
+    return deleted + clear_partials(directory)
+
+
+def clear_partials(directory: Path) -> list[Path]:
+    """Remove the ``.partial`` folders of killed saves. Call only when no save is in progress."""
+    partials = [p for p in directory.iterdir() if _PARTIAL.match(p.name)]
+    for partial in partials:
+        shutil.rmtree(partial, ignore_errors=True)
+    return partials
 
 
 class _Writer(dcp.FileSystemWriter):
@@ -164,7 +171,7 @@ class Sharded:
         partial = _partial(final)
         if run.is_main:
             run.checkpoint_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-            prune(run.checkpoint_dir, run.keep + 1)  # leftovers of a killed save; keep + 1: this one is not in yet
+            clear_partials(run.checkpoint_dir)  # leftovers of a killed save (no save is in flight now)
             partial.mkdir()
         barrier()
         world_size = run.world_size
