@@ -76,9 +76,9 @@ class DlsubCallback(TrainerCallback):
         return str(chosen)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if state.max_steps and state.max_steps > 0:
-            self._init_kwargs.setdefault("total_steps", state.max_steps)
-        self._adapter(args.output_dir)
+        run = self._adapter(args.output_dir).run  # made by resume_checkpoint() already, as a rule
+        if run.total_steps is None and state.max_steps and state.max_steps > 0:
+            run.total_steps = state.max_steps  # for dlsub status's ETA
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         loss = (logs or {}).get("loss")
