@@ -29,6 +29,7 @@ from dlsub.checkpointing.run_support import (
     application,
     as_step,
     barrier,
+    collective_device,
     cuda_peak_mb,
     end_process_group_at_exit,
     env_float,
@@ -126,6 +127,7 @@ class Run:
         #: What the script declared about its batch size (``init(batch_size=)``); None: it keeps its own.
         self.batch_sizes = batch_sizes
         self._batch: BatchChoice | None = None
+        self._sharded: Any = None  # sharded.Sharded, made at the first sharded save or restore
 
     # ------------------------------------------------------------------ identity
     @property
@@ -153,6 +155,10 @@ class Run:
                 files = checkpoint_files(self.checkpoint_dir)
                 path = files[0][1] if files else None
             before = checkpoint_meta(path).get("world_size") if path is not None else None
+            if path is None and self.checkpoint_dir.is_dir() and "torch" in sys.modules:
+                from dlsub.checkpointing.sharded import newest_world_size
+
+                before = newest_world_size(self.checkpoint_dir)
             self._resized = isinstance(before, int) and before != self.world_size
         return self._resized
 
@@ -188,7 +194,9 @@ class Run:
         import torch
 
         # 2: torchrun's own SIGTERM (the launcher turns every other stop into SIGUSR1); 1: any other request.
-        flag = torch.tensor([(2 if self.stop_reason == "SIGTERM" else 1) if local else 0], dtype=torch.int32)
+        # On the backend's device: a CPU tensor fails under NCCL (Lightning's and the Trainer's DDP on GPUs).
+        flag = torch.tensor([(2 if self.stop_reason == "SIGTERM" else 1) if local else 0], dtype=torch.int32,
+                            device=collective_device(dist))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() and not local:
             self.stop_reason = STOP_PEER_RESTART if flag.item() == 2 else "peer"
@@ -254,6 +262,44 @@ class Run:
             step = self._last_step if self._last_step is not None else seq
             self._event(contract.EVENT_RESTORE, path=str(path), skipped=len(skipped), step=step, seq=seq)
         return state
+
+    # ------------------------------------------------------------------ sharded checkpoints (DCP)
+    def _shards(self) -> Any:
+        if self._sharded is None:
+            from dlsub.checkpointing.sharded import Sharded
+
+            self._sharded = Sharded(self)
+        return self._sharded
+
+    def save_sharded(self, state: dict[str, Any], step: int | None = None, *, asynchronous: bool = False) -> Path:
+        """Checkpoint ``state`` with ``torch.distributed.checkpoint``: every rank calls it and writes its own
+        shards (FSDP2 / DTensor state dicts; ``sharded.ModelState(model, optimizer)`` for a model and its
+        optimizer). Returns the checkpoint's folder (the same on every rank).
+
+        ``asynchronous=True`` returns once the state is copied to CPU memory and writes it in a thread: the
+        checkpoint counts once written (the next save, :meth:`restore_sharded` and :meth:`finish` wait for
+        it; :meth:`wait_for_checkpoint` does so explicitly). Save synchronously before
+        :meth:`exit_for_resume` (a synchronous save waits for the one in flight first). ``step`` as in
+        :meth:`save`.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"run.save_sharded() takes a dict of state, not {type(state).__name__}")
+        given = as_step(step)
+        if step is not None and given is None:
+            raise TypeError(f"run.save_sharded(step=...) takes an integer step, not {step!r}")
+        path: Path = self._shards().save(state, given, asynchronous)
+        return path
+
+    def restore_sharded(self, state: dict[str, Any]) -> bool:
+        """Load the newest sharded checkpoint that verifies into ``state`` in place (DCP reshards to the
+        tensors' layout now: another world size after a resize is fine); False when there is none. The same
+        checkpoint on every rank: every rank calls it, rank 0 picks."""
+        return self._shards().restore(state) is not None
+
+    def wait_for_checkpoint(self) -> None:
+        """Until an asynchronous :meth:`save_sharded` in flight has completed (raises what it raised)."""
+        if self._sharded is not None:
+            self._sharded.wait()
 
     # ------------------------------------------------------------------ progress
     def report(
@@ -372,7 +418,7 @@ class Run:
             return local
         import torch
 
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=collective_device(dist))
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
@@ -457,7 +503,8 @@ class Run:
             time.sleep(0.05)
 
     def finish(self) -> None:
-        """Record that training completed."""
+        """Record that training completed (after an asynchronous save in flight has)."""
+        self.wait_for_checkpoint()
         self._event(contract.EVENT_FINISHED)
 
 

@@ -100,6 +100,13 @@ def initialized_dist() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
+def collective_device(dist: Any) -> str:
+    """Where a small tensor for a collective must live: NCCL moves only CUDA tensors; gloo (and MPI) CPU ones."""
+    import torch
+
+    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+
+
 def from_rank0(values: list[int]) -> list[int] | None:
     """Rank 0's ``values`` on every rank (one broadcast); None where torch.distributed is not initialized."""
     dist = initialized_dist()
@@ -107,9 +114,7 @@ def from_rank0(values: list[int]) -> list[int] | None:
         return None
     import torch
 
-    # NCCL moves only CUDA tensors; gloo (and MPI) CPU ones.
-    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    tensor = torch.tensor(values, dtype=torch.int64, device=device)
+    tensor = torch.tensor(values, dtype=torch.int64, device=collective_device(dist))
     dist.broadcast(tensor, src=0)
     return [int(v) for v in tensor.tolist()]
 

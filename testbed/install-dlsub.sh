@@ -29,6 +29,12 @@ if ! "$venv/bin/python" -c "import fastapi, uvicorn, jinja2, prometheus_client, 
     "$venv/bin/pip" install "${pip_opts[@]}" "fastapi>=0.110" "uvicorn>=0.29" "jinja2>=3.1" "prometheus-client>=0.17" \
         httpx playwright
 fi
+# The training frameworks dlsub.checkpointing has adapters for (pyproject's lightning and hf extras), for their
+# unit tests and examples. torch==2.13.0 is named again so that pip keeps the CPU build installed above.
+if ! "$venv/bin/python" -c "import lightning, pytorch_lightning, transformers, accelerate" 2>/dev/null; then
+    say "installing lightning, transformers, accelerate into $venv"
+    "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" "lightning>=2.0" "transformers>=4.40" "accelerate>=0.30"
+fi
 # htmx for the dashboard's live updates, from the npm registry (served by the dashboard itself:
 # no CDN at run time). Kept under $DLSUB_PREFIX/share so a reinstall needs no network.
 htmx_version=2.0.11

@@ -1,0 +1,127 @@
+"""dlsub for a PyTorch Lightning script: add one callback, change nothing else.
+
+    from dlsub.checkpointing.lightning import DlsubCallback
+
+    trainer = Trainer(max_steps=1000, callbacks=[DlsubCallback()])
+    trainer.fit(model, data)
+
+Works with ``lightning`` and with ``pytorch_lightning`` 2.x (the callback is
+made on whichever is installed, ``lightning`` first; either Trainer takes it
+in its ``callbacks`` list). What it does:
+
+* reports each training step to dlsub (step, loss, samples seen);
+* when dlsub asks the job to stop (a time limit, a move, a resize,
+  ``dlsub requeue``: SIGUSR1, or torchrun's SIGTERM), saves through
+  Lightning's own ``trainer.save_checkpoint`` at the end of the current step,
+  seals it, and leaves with dlsub's "resume me";
+* on the next attempt, resumes from the newest sealed checkpoint without a
+  ``ckpt_path`` (one the script passes is used only until dlsub has one of
+  its own), at any world size (Lightning's DDP checkpoints are whole);
+* turns Lightning's own Slurm auto-requeue off (``SLURMEnvironment``'s
+  ``auto_requeue``), so the one requeue is dlsub's.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+from dlsub.checkpointing.frameworks import Adapter, batch_length, loss_value
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the older package name
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment,no-redef,unused-ignore]
+
+#: Where Lightning checkpoints go, under the job's checkpoint folder.
+SUBDIR = "lightning"
+
+
+def _name(step: int) -> str:
+    return f"step-{step:08d}.ckpt"
+
+
+class DlsubCallback(Callback):
+    """The one object a Lightning script adds (``Trainer(callbacks=[DlsubCallback()])``).
+
+    ``keep``: how many of dlsub's Lightning checkpoints to keep (the newest that verifies always stays).
+    Other keyword arguments go to :func:`dlsub.checkpointing.init` (``total_steps=``, ``target_loss=``...;
+    ``total_steps`` defaults to the Trainer's ``max_steps``).
+    """
+
+    def __init__(self, keep: int = 2, **init_kwargs: Any) -> None:
+        super().__init__()
+        self.keep = keep
+        self._init_kwargs = init_kwargs
+        self.adapter: Adapter | None = None
+        self.samples = 0
+
+    @property
+    def run(self) -> Any:
+        """The :class:`dlsub.checkpointing.Run` (after the Trainer's setup)."""
+        return self.adapter.run if self.adapter is not None else None
+
+    # Lightning keeps this in its checkpoints, so the count of samples continues across attempts.
+    def state_dict(self) -> dict[str, Any]:
+        return {"samples": self.samples}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.samples = int(state_dict.get("samples", 0))
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit" or self.adapter is not None:
+            return
+        # What Lightning's signal connector reads (a single-device strategy has none of its own).
+        environment = getattr(trainer._accelerator_connector, "cluster_environment", None)
+        if environment is not None and getattr(environment, "auto_requeue", False):
+            environment.auto_requeue = False  # exactly one requeue: dlsub's
+        kwargs = dict(self._init_kwargs)
+        if trainer.max_steps and trainer.max_steps > 0:
+            kwargs.setdefault("total_steps", trainer.max_steps)
+        # The process group is up by now (the strategy's set-up comes first): every rank agrees.
+        self.adapter = Adapter(SUBDIR, self.keep, kwargs)
+        resume = self.adapter.resume_candidate([(int(p.stem.split("-")[1]), p) for p in self._checkpoints()])
+        if resume is not None:
+            self._resume_from(trainer, resume)
+
+    def _checkpoints(self) -> list[Path]:
+        assert self.adapter is not None
+        return sorted(self.adapter.directory.glob("step-*.ckpt"), reverse=True)
+
+    @staticmethod
+    def _resume_from(trainer: Any, path: Path) -> None:
+        """Make this fit() restore ``path``. Lightning picks its checkpoint before any hook runs and
+        loads it after ``setup``; the connector's ``resume_start`` is where the path is read."""
+        connector = trainer._checkpoint_connector
+        original = connector.resume_start
+
+        def resume_start(checkpoint_path: Any = None, *args: Any, **kwargs: Any) -> None:
+            connector.resume_start = original  # once
+            original(str(path), *args, **kwargs)
+
+        connector.resume_start = resume_start
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        # Lightning's own SIGTERM handler (set just before) would end fit() with an exit code of 0 at the
+        # next step, which the launcher would take for a finished training; dlsub's checkpoints instead.
+        assert self.adapter is not None
+        signal.signal(signal.SIGTERM, self.adapter.run._on_signal)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        adapter = self.adapter
+        if adapter is None:
+            return
+        self.samples += batch_length(batch) * trainer.world_size
+        batches = trainer.num_training_batches
+        epoch = trainer.current_epoch + (batch_idx + 1) / batches if isinstance(batches, int) and batches else None
+        adapter.run.report(step=trainer.global_step, epoch=epoch, loss=loss_value(outputs), samples=self.samples)
+        if adapter.run.should_stop():
+            path = adapter.directory / _name(trainer.global_step)
+            trainer.save_checkpoint(path)
+            adapter.checkpointed(path, trainer.global_step, [p for p in self._checkpoints() if p != path])
+            adapter.run.exit_for_resume()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.adapter is not None:
+            self.adapter.run.finish()

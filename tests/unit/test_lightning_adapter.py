@@ -1,0 +1,113 @@
+"""Unit (real Lightning on CPU, no Slurm): examples/lightning_train.py with dlsub's one callback, stopped by a
+SIGUSR1 at step 5 as dlsub stops it, exits "resume me" with a sealed Lightning checkpoint, and the next run
+resumes there without being given a path; with pytorch_lightning and Lightning's own SLURMEnvironment, whose
+auto-requeue the callback turns off so that the one requeue is dlsub's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from dlsub.contract import RESUME_EXIT_CODE
+
+pytest.importorskip("lightning")
+
+# The example, with a callback ahead of dlsub's that sends this process SIGUSR1 (what dlsub's launcher sends
+# for a time limit, a move or a resize) at the end of step argv[1] (0: never).
+_DRIVE = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, os.path.join(os.environ["REPO"], "examples"))
+    import lightning as L
+    import lightning_train
+
+    class SignalAt(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == int(sys.argv[1]):
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    lightning_train.main(["--max-steps", "12"], callbacks=[SignalAt()])
+""")
+
+
+def _run(script: str, job: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "REPO": str(REPO), "DLSUB_JOB_DIR": str(job),
+                               **env})
+
+
+def _events(job: Path) -> list[dict]:  # type: ignore[type-arg]
+    return [json.loads(line) for line in (job / "progress.jsonl").read_text().splitlines()]
+
+
+def test_stopped_lightning_run_checkpoints_and_the_next_resumes_at_its_step(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    first = _run(_DRIVE, job, "5")
+    assert first.returncode == RESUME_EXIT_CODE, first.stderr[-3000:]
+    saved = job / "checkpoints" / "lightning" / "step-00000005.ckpt"
+    assert json.loads(saved.with_name(saved.name + ".dlsub.json").read_text())["step"] == 5, "sealed"
+    second = _run(_DRIVE, job, "0")
+    assert second.returncode == 0, second.stderr[-3000:]
+    events = _events(job)
+    kinds = [e["event"] for e in events if e["event"] != "progress"]
+    assert kinds == ["start", "checkpoint", "exit_for_resume", "start", "restore", "finished"], kinds
+    restore = next(e for e in events if e["event"] == "restore")
+    assert restore["step"] == 5 and restore["path"] == str(saved)
+    progress = [e for e in events if e["event"] == "progress"]
+    assert [e["step"] for e in progress] == list(range(1, 13)), "each step once: the second run began at 6"
+    assert [e["samples"] for e in progress] == [32 * s for s in range(1, 13)], "samples seen carry over"
+    # Lightning restarts a plain DataLoader's epoch on a mid-epoch resume: step 6 sees step 1's batch, with
+    # the trained weights (a fresh model's loss on it would be step 1's).
+    assert progress[5]["loss"] < 0.8 * progress[0]["loss"], "the loss curve continues: the model was restored"
+
+
+_PL = textwrap.dedent("""
+    import os, signal, sys
+    import torch
+    import pytorch_lightning as pl
+    from pytorch_lightning.plugins.environments import SLURMEnvironment
+    from torch.utils.data import DataLoader, TensorDataset
+    from dlsub.checkpointing.lightning import DlsubCallback
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Check(pl.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 2:
+                env = trainer._accelerator_connector.cluster_environment
+                assert isinstance(env, SLURMEnvironment) and not env.auto_requeue, env
+                handler = signal.getsignal(signal.SIGUSR1)
+                assert getattr(handler, "__self__", None) is dlsub.run, f"SIGUSR1 goes to {handler}, not dlsub"
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    dlsub = DlsubCallback()
+    data = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8)
+    trainer = pl.Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, plugins=[SLURMEnvironment(auto_requeue=True)],
+                         callbacks=[Check(), dlsub])
+    trainer.fit(Model(), data)
+""")
+
+
+def test_pytorch_lightning_with_slurm_auto_requeue_leaves_the_requeue_to_dlsub(tmp_path: Path) -> None:
+    pytest.importorskip("pytorch_lightning")
+    job = tmp_path / "job"
+    slurm = {"SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+             "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "77", "SLURM_NODELIST": "localhost"}
+    done = _run(_PL, job, **slurm)
+    assert done.returncode == RESUME_EXIT_CODE, done.stderr[-3000:]
+    assert "scontrol" not in done.stderr and "requeue" not in done.stderr.lower(), "Lightning did not requeue"
+    assert [e["step"] for e in _events(job) if e["event"] == "checkpoint"] == [2]
