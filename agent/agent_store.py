@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent.records import RESIZE_COLUMNS, MoveRow, ResizePhase, ResizeRow
-from dlsub.contract import IllegalTransition, JobState, check_transition
+from dlsub.contract import JobState, check_transition
+from dlsub.policies.actions.kinds import ActionKind
 
 DEFAULT_DB = Path("/var/lib/dlsub/agent.db")
 SCHEMA_VERSION = 2
@@ -111,6 +112,16 @@ _PROGRESS_COLUMNS = ("uid", "slurm_job_id", "dlsub_id", "time", "step", "eta_s",
                      "partition")
 
 
+def _state(value: str | None) -> JobState | None:
+    """A stored job state (None: never seen in Slurm); a value no JobState has reads as UNKNOWN."""
+    if value is None:
+        return None
+    try:
+        return JobState(value)
+    except ValueError:
+        return JobState.UNKNOWN
+
+
 @dataclass
 class JobRow:
     """One Slurm job the agent follows: (uid, slurm_job_id) and what it keeps about it."""
@@ -119,7 +130,7 @@ class JobRow:
     slurm_job_id: int
     dlsub_id: str
     user: str
-    state: str | None  # a JobState value
+    state: JobState | None  # None: not seen in Slurm yet
     data: dict[str, Any] = field(default_factory=dict)
 
     def key(self) -> tuple[int, int]:
@@ -130,7 +141,7 @@ class JobRow:
 
     def set_state(self, new: JobState | str) -> None:
         """Move to ``new``; raises :class:`IllegalTransition` for a move the job-state model forbids."""
-        self.state = check_transition(self.state, new).value
+        self.state = check_transition(self.state, new)
 
 
 @dataclass
@@ -316,8 +327,8 @@ class AgentStore:
                 data = json.loads(r["data"] or "{}")
             except ValueError:
                 data = {}
-            row = JobRow(int(r["uid"]), int(r["slurm_job_id"]), r["dlsub_id"] or "", r["user"] or "", r["state"],
-                         data if isinstance(data, dict) else {})
+            row = JobRow(int(r["uid"]), int(r["slurm_job_id"]), r["dlsub_id"] or "", r["user"] or "",
+                         _state(r["state"]), data if isinstance(data, dict) else {})
             rows[row.key()] = row
         return rows
 
@@ -354,7 +365,7 @@ class AgentStore:
         out = {}
         for r in self.conn.execute(f"select {', '.join(RESIZE_COLUMNS)} from resizes order by since, worker"):
             try:
-                row = ResizeRow(**{**dict(r), "phase": ResizePhase(r["phase"])})
+                row = ResizeRow(**{**dict(r), "kind": ActionKind(r["kind"]), "phase": ResizePhase(r["phase"])})
             except (TypeError, ValueError):
                 continue
             out[row.worker] = row
@@ -470,5 +481,4 @@ class AgentStore:
             self.conn.execute("COMMIT")
 
 
-__all__ = ["AgentStore", "Decision", "IllegalTransition", "JobRow", "MoveRow", "ResizePhase", "ResizeRow", "Writes",
-           "default_db_path"]
+__all__ = ["AgentStore", "Binding", "Decision", "JobRow", "Writes", "default_db_path"]

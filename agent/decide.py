@@ -8,14 +8,15 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from dlsub.agent.agent_store import AgentStore, ResizePhase, Writes
+from dlsub.agent.agent_store import AgentStore, Writes
 from dlsub.agent.live_models import LiveModels
 from dlsub.agent.observe import Observation
+from dlsub.agent.records import ResizePhase
 from dlsub.job_progress import Progress
-from dlsub.policies.actions import move_rules, resize_rules
+from dlsub.policies.actions import resize_rules
 from dlsub.policies.actions.goodput_resize_rules import plan_by_policy
 from dlsub.policies.actions.kinds import ActionKind
-from dlsub.policies.actions.move_rules import Rules
+from dlsub.policies.actions.move_views import Rules
 from dlsub.policies.actions.resize_rules import ElasticJob, Resize, Room
 from dlsub.policies.api import Policy
 from dlsub.site_config.policy_file import AgentPolicy
@@ -49,7 +50,7 @@ def rules_from(policy: AgentPolicy) -> Rules:
 
 
 #: The action kinds that take idle GPUs (not idle for growth in the same tick).
-TAKES_GPUS = (move_rules.SIGNAL_MOVE, move_rules.BACKFILL, move_rules.RETARGET, move_rules.RELEASE)
+TAKES_GPUS = (ActionKind.SIGNAL_MOVE, ActionKind.BACKFILL, ActionKind.RETARGET, ActionKind.RELEASE)
 
 
 def reserve_gpus(rooms: list[Room], takes: Sequence[tuple[str | None, int | None]]) -> list[Room]:
@@ -98,7 +99,7 @@ class Deciding:
         taken: list[tuple[str, int]] = []
         for worker, row in rows.items():
             job, task = tasks.get(worker, (None, None))
-            if row.phase == ResizePhase.PLANNED and row.kind == resize_rules.SHRINK:
+            if row.phase == ResizePhase.PLANNED and row.kind == ActionKind.SHRINK:
                 # The signal may or may not have gone before the crash: counted as leaving since it was
                 # planned, so it is never sent twice within the wait, and sent again after it if still needed.
                 row = dataclasses.replace(row, phase=ResizePhase.LEAVING)

@@ -40,7 +40,7 @@ from dlsub.jobdir import (
     parse_line,
     read_new_lines,
 )
-from dlsub.policies.actions.move_rules import JobInfo
+from dlsub.policies.actions.move_views import JobInfo
 from dlsub.policies.actions.resize_rules import WorkerTask
 from dlsub.slurm_plugins.models import SlurmJob, expand_nodes
 

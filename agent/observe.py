@@ -15,12 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlsub.agent.agent_store import AgentStore, Binding, JobRow, MoveRow, Writes
+from dlsub.agent.agent_store import AgentStore, Binding, JobRow, Writes
 from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.agent.identify import Identifying, Seen, nodes_of, worker_request, worker_task
+from dlsub.agent.records import MoveRow
 from dlsub.contract import IllegalTransition, JobState
 from dlsub.job_progress import AttemptsSummary, Progress, ProgressSummary
-from dlsub.policies.actions.move_rules import JobInfo, PartitionInfo, Rules, Usage, Window
+from dlsub.policies.actions.move_views import JobInfo, PartitionInfo, Rules, Usage, Window
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient
@@ -269,7 +270,7 @@ class Observing(Identifying):
                 workers=tasks, moving=seen.row.key() in moves, cpus_per_node=job.cpus_per_node,
                 memory_per_node_mb=job.memory_per_node_mb, worker_gpus=step, main_nodes=nodes_of(job)))
         ended = {(r.uid, r.dlsub_id): r for r in rows.values()
-                 if r.state is not None and JobState(r.state).terminal and not r.data.get("ignored")}
+                 if r.state is not None and r.state.terminal and not r.data.get("ignored")}
         for key, orphans in workers.items():
             row = ended.get(key)
             bound = bindings.get(key[1])

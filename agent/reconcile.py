@@ -36,7 +36,7 @@ from dlsub.agent.identify import Seen, job_dir_of
 from dlsub.agent.live_models import LiveModels, sizing_policy
 from dlsub.agent.observe import Observation, Observing
 from dlsub.policies.actions import move_rules
-from dlsub.policies.actions.move_rules import Action
+from dlsub.policies.actions.move_views import Action
 from dlsub.policies.actions.resize_rules import ElasticJob
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError

@@ -20,7 +20,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 # ---------------------------------------------------------------- exit codes
@@ -425,7 +425,7 @@ def gpus_in_tres(tres: str | None) -> int:
 # ---------------------------------------------------------------- job states
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     """A dlsub job's state, one model for the CLI, the stores and the agent.
 
     ::

@@ -18,8 +18,8 @@ from agent_world import NOW, OTHER, World
 from test_agent_resize import decisions, elastic
 
 from dlsub.agent import failpoints
-from dlsub.agent.agent_store import ResizePhase
 from dlsub.agent.decide import leave_wait_s
+from dlsub.agent.records import ResizePhase
 
 
 class Crash(BaseException):
