@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlsub.agent.query import AgentUnavailable, ask
 from dlsub.contract import (
     DLSUB_ID,
     EVENT_END,
@@ -32,6 +31,7 @@ from dlsub.contract import (
     JobState,
     output_file,
 )
+from dlsub.job.agent_client import AgentUnavailable, ask
 from dlsub.job.output_files import worker_output_files
 from dlsub.job.settings import Settings
 from dlsub.job.status import JobStatus, job_status

@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from dlsub.agent.query import Caller, QueryServer, agent_status, answer, ask
+from dlsub.agent.query import Caller, QueryServer, agent_status, answer
+from dlsub.job.agent_client import ask
 from dlsub.site_config.policy_file import AgentPolicy
 
 NOBODY = 65534
@@ -256,7 +257,7 @@ def test_a_stale_socket_is_replaced_and_a_live_one_is_not_taken_over(sock_dir: P
 
 
 def test_client_reports_an_agent_that_is_not_there(sock_dir: Path) -> None:
-    from dlsub.agent.query import AgentUnavailable
+    from dlsub.job.agent_client import AgentUnavailable
 
     with pytest.raises(AgentUnavailable, match="not running"):
         ask(sock_dir / "missing.sock", {"op": "status"})
