@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "ARCHITECTURE.md"

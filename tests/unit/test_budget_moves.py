@@ -14,6 +14,7 @@ from pathlib import Path
 
 from agent_world import NOW, World, policy
 from click.testing import CliRunner
+from move_jobs import job_info
 
 from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.cli.agent_commands import why
@@ -35,13 +36,8 @@ def parts(gpu_price: float = 8.0) -> list[PartitionInfo]:
 
 
 def job(**kw: object) -> JobInfo:
-    base: dict[str, object] = {
-        "dlsub_id": "aaaa0001", "slurm_job_id": 10, "user": "alice", "state": "RUNNING", "reason": "None",
-        "ended": False, "partition": "cpu", "mode": "immediate", "ideal_partition": "gpu", "gpus_wanted": 1,
-        "gpus_now": 0, "submit_time": NOW - 600, "start_time": NOW - 500, "end_time": NOW + 36000,
-        "checkpointable": True, "last_checkpoint_time": NOW - 40, "eta_s": 10 * 3600.0}
-    base.update(kw)
-    return JobInfo(**base)  # type: ignore[arg-type]
+    """10 h of work left on cpu (1 h on gpu), its limit 10 h away."""
+    return job_info(NOW, **{"end_time": NOW + 36000, "eta_s": 10 * 3600.0, **kw})
 
 
 # ---------------------------------------------------------------- the planner (pure)

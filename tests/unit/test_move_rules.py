@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from move_jobs import job_info
+
 from dlsub.policies.actions import move_rules as m
 from dlsub.policies.actions.kinds import ActionKind as K
 from dlsub.policies.actions.kinds import MoveKind
@@ -31,13 +33,7 @@ def parts(gpu_idle: int = 4, cpu_idle_cpus: int = 4) -> list[PartitionInfo]:
 
 
 def job(**kw: object) -> JobInfo:
-    base: dict[str, object] = {
-        "dlsub_id": "aaaa0001", "slurm_job_id": 10, "user": "alice", "state": "RUNNING", "reason": "None",
-        "ended": False, "partition": "cpu", "mode": "immediate", "ideal_partition": "gpu", "gpus_wanted": 1,
-        "gpus_now": 0, "submit_time": NOW - 600, "start_time": NOW - 500, "end_time": NOW + 3600,
-        "checkpointable": True, "last_checkpoint_time": NOW - 40, "eta_s": 3 * 3600.0}
-    base.update(kw)
-    return JobInfo(**base)  # type: ignore[arg-type]
+    return job_info(NOW, **kw)
 
 
 def kinds(actions: list[Action]) -> list[str]:

@@ -215,7 +215,10 @@ def test_unfinished_request_does_not_stall_another_client(server: QueryServer) -
 def test_bounded_connections_refuse_quickly_and_recover(server: QueryServer, store: StandInStore) -> None:
     # This uid may hold 2 connections at once: a third is refused at once, not queued.
     stuck = [_raw(server.path, b"{") for _ in range(2)]
-    time.sleep(0.1)
+    deadline = time.monotonic() + 5
+    while server._active.get(os.geteuid(), 0) < 2:  # both taken up by the server, not just connected
+        assert time.monotonic() < deadline, "the server did not take the two connections up"
+        time.sleep(0.005)
     started = time.monotonic()
     refused = json.loads(_read_all(_raw(server.path, b"")))
     assert refused["ok"] is False and "busy" in refused["error"] and time.monotonic() - started < 0.5
