@@ -24,8 +24,8 @@ from typing import Any
 
 from dlsub.agent import failpoints
 from dlsub.agent.agent_store import AgentStore, Writes
-from dlsub.agent.identify import Seen
 from dlsub.agent.job_mailbox import MailboxError, publish_batch
+from dlsub.agent.observe import Observation
 from dlsub.agent.records import MoveRow, ResizePhase, ResizeRow
 from dlsub.contract import CHECKPOINT_SIGNAL, MOVE_SIGNAL
 from dlsub.policies.actions.kinds import ActionKind as K
@@ -43,7 +43,7 @@ Item = Action | Resize
 class Step:
     """What the agent does for one kind of action (see the module's docstring)."""
 
-    prepare: Callable[[Acting, Any, float, Writes], bool]  # writes it ahead (the kind's Action or Resize)
+    prepare: Callable[[Observation, Any, float, Writes], bool]  # writes it ahead (the kind's Action or Resize)
     call: Callable[[SlurmClient, Any], None] | None = None
     phase: MovePhase | ResizePhase | None = None
     before: str = ""
@@ -74,130 +74,127 @@ def written_ahead(kind: K) -> bool:
     return STEPS[kind].phase is not None
 
 
-class Acting:
-    """The act step of :class:`dlsub.agent.reconcile.Agent`: write ahead, then carry out, through ``STEPS``."""
+# ---------------------------------------------------------------- the act step of a tick
+def prepare(item: Item, seen: Observation, now: float, writes: Writes) -> bool:
+    """Write-ahead: record the decision (and a move's or resize's intent) before acting. False: nothing to
+    do in Slurm."""
+    return STEPS[item.kind].prepare(seen, item, now, writes)
 
-    client: SlurmClient
-    store: AgentStore
-    _seen: dict[int, Seen]
-    _leaving: dict[str, float]
-    _last_elastic: list[ElasticJob]
-    _elastic_dirs: dict[str, str]
 
-    # ---------------------------------------------------------------- write ahead, then carry out
-    def _prepare(self, item: Item, now: float, writes: Writes) -> bool:
-        """Write-ahead: record the decision (and a move's or resize's intent) before acting. False: nothing
-        to do in Slurm."""
-        return STEPS[item.kind].prepare(self, item, now, writes)
-
-    def _perform(self, action: Action, now: float, outcome: Writes) -> None:
-        """Carry out one move action in Slurm and note the move's new phase."""
-        step = STEPS[action.kind]
-        if step.call is None:
-            raise ValueError(f"unknown action {action.kind}")
-        seen = self._seen[action.slurm_job_id]
-        key = seen.row.key()
-        move = self.store.move_rows().get(key) if step.phase is not None else None
-        step.call(self.client, action)
-        failpoints.reach(step.sent)
-        if move is None or not isinstance(step.phase, MovePhase):
-            return
-        record = dataclasses.replace(outcome.moves.get(key, move), phase=step.phase)
-        if step.phase in (MovePhase.SIGNALLED, MovePhase.RELEASED):
-            record = dataclasses.replace(record, since=now)
-        if step.phase == MovePhase.SIGNALLED:
-            record = dataclasses.replace(record, signals=move.signals + 1)
-        outcome.moves[key] = record
-
-    def _resize(self, resize: Resize, now: float, outcome: Writes) -> bool:
-        """Carry out one resize in Slurm and note its outcome; False: it failed (recorded as an error)."""
-        job = self._elastic_job(resize)
-        step = STEPS[resize.kind]
+def act(client: SlurmClient, store: AgentStore, seen: Observation, leaving: dict[str, float],
+        resizes: list[Resize], todo: list[Action], done: list[Action], now: float) -> tuple[Writes, list[Item]]:
+    """Carry out what was written ahead: resizes, then moves. ``leaving`` (the workers told to leave, and
+    when) gets this tick's shrinks. Returns the outcome to record, and what was done (whose ``after``
+    failpoints come once the outcome is recorded)."""
+    outcome = Writes()
+    finished: list[Item] = []
+    for resize in resizes:
+        failpoints.reach(STEPS[resize.kind].before)
+        if _resize(client, seen, leaving, resize, now, outcome):
+            finished.append(resize)
+    for action in todo:
+        failpoints.reach(STEPS[action.kind].before)
         try:
-            assert resize.worker is not None and step.call is not None
-            if resize.batch_size is not None and resize.accumulation_steps is not None:
-                self._tell_batch(job, resize, now, outcome)
-            step.call(self.client, resize)
-            failpoints.reach(step.sent)
-            if step.phase == ResizePhase.ENDED:
-                outcome.ended_resizes.add(resize.worker)
-            elif step.phase == ResizePhase.LEAVING:
-                self._leaving[resize.worker] = now
-                outcome.resizes[resize.worker] = ResizeRow(
-                    resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.LEAVING, now,
-                    resize.reason, resize.partition)
-            log.info("%s %s (worker %s): %s", resize.kind, resize.dlsub_id, resize.worker, resize.reason)
-            return True
+            _perform(client, store, seen, action, now, outcome)
+            done.append(action)
+            log.info("%s %s (Slurm %s): %s", action.kind, action.dlsub_id, action.slurm_job_id, action.reason)
         except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
-            if written_ahead(resize.kind) and resize.worker is not None:
-                outcome.ended_resizes.add(resize.worker)  # not done: decided afresh next tick
-            outcome.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "error",
-                           f"{resize.kind} failed: {exc}")
-            log.warning("%s %s failed: %s", resize.kind, resize.dlsub_id, exc)
-            return False
+            row = seen.followed[action.slurm_job_id].row
+            outcome.decide(now, row.uid, row.dlsub_id, action.slurm_job_id, row.user, "error",
+                           f"{action.kind} failed: {exc}")
+            log.warning("%s %s failed: %s", action.kind, action.dlsub_id, exc)
+    return outcome, [*done, *finished]
 
-    def _elastic_job(self, resize: Resize) -> ElasticJob:
-        return next(j for j in self._last_elastic if j.dlsub_id == resize.dlsub_id)
 
-    def _tell_batch(self, job: ElasticJob, resize: Resize, now: float, outcome: Writes) -> None:
-        """Leave the batch the policy picked in the job's mailbox before it resizes (it reads it as it
-        restarts); a mailbox that cannot be written costs the job only the new batch."""
-        assert resize.batch_size is not None and resize.accumulation_steps is not None
-        job_dir = self._elastic_dirs.get(job.dlsub_id)
-        try:
-            if not job_dir:
-                raise MailboxError("no job directory is known for it")
-            publish_batch(Path(job_dir), job.uid, resize.batch_size, resize.accumulation_steps, resize.reason)
-        except (MailboxError, ValueError) as exc:
-            outcome.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "skipped",
-                           f"the new batch size ({resize.batch_size}) was not told to the job: {exc}; it "
-                           "keeps the batch it has")
+# ---------------------------------------------------------------- carry out
+def _perform(client: SlurmClient, store: AgentStore, seen: Observation, action: Action, now: float,
+             outcome: Writes) -> None:
+    """Carry out one move action in Slurm and note the move's new phase."""
+    step = STEPS[action.kind]
+    if step.call is None:
+        raise ValueError(f"unknown action {action.kind}")
+    key = seen.followed[action.slurm_job_id].row.key()
+    move = store.move_rows().get(key) if step.phase is not None else None
+    step.call(client, action)
+    failpoints.reach(step.sent)
+    if move is None or not isinstance(step.phase, MovePhase):
+        return
+    record = dataclasses.replace(outcome.moves.get(key, move), phase=step.phase)
+    if step.phase in (MovePhase.SIGNALLED, MovePhase.RELEASED):
+        record = dataclasses.replace(record, since=now)
+    if step.phase == MovePhase.SIGNALLED:
+        record = dataclasses.replace(record, signals=move.signals + 1)
+    outcome.moves[key] = record
 
-    # ---------------------------------------------------------------- the act step of a tick
-    def act(self, resizes: list[Resize], todo: list[Action], done: list[Action],
-            now: float) -> tuple[Writes, list[Item]]:
-        """Carry out what was written ahead: resizes, then moves. Returns the outcome to record, and what
-        was done (whose ``after`` failpoints come once the outcome is recorded)."""
-        outcome = Writes()
-        finished: list[Item] = []
-        for resize in resizes:
-            failpoints.reach(STEPS[resize.kind].before)
-            if self._resize(resize, now, outcome):
-                finished.append(resize)
-        for action in todo:
-            failpoints.reach(STEPS[action.kind].before)
-            try:
-                self._perform(action, now, outcome)
-                done.append(action)
-                log.info("%s %s (Slurm %s): %s", action.kind, action.dlsub_id, action.slurm_job_id, action.reason)
-            except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
-                row = self._seen[action.slurm_job_id].row
-                outcome.decide(now, row.uid, row.dlsub_id, action.slurm_job_id, row.user, "error",
-                               f"{action.kind} failed: {exc}")
-                log.warning("%s %s failed: %s", action.kind, action.dlsub_id, exc)
-        return outcome, [*done, *finished]
+
+def _resize(client: SlurmClient, seen: Observation, leaving: dict[str, float], resize: Resize, now: float,
+            outcome: Writes) -> bool:
+    """Carry out one resize in Slurm and note its outcome; False: it failed (recorded as an error)."""
+    job = _elastic_job(seen, resize)
+    step = STEPS[resize.kind]
+    try:
+        assert resize.worker is not None and step.call is not None
+        if resize.batch_size is not None and resize.accumulation_steps is not None:
+            _tell_batch(seen, job, resize, now, outcome)
+        step.call(client, resize)
+        failpoints.reach(step.sent)
+        if step.phase == ResizePhase.ENDED:
+            outcome.ended_resizes.add(resize.worker)
+        elif step.phase == ResizePhase.LEAVING:
+            leaving[resize.worker] = now
+            outcome.resizes[resize.worker] = ResizeRow(
+                resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.LEAVING, now,
+                resize.reason, resize.partition)
+        log.info("%s %s (worker %s): %s", resize.kind, resize.dlsub_id, resize.worker, resize.reason)
+        return True
+    except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
+        if written_ahead(resize.kind) and resize.worker is not None:
+            outcome.ended_resizes.add(resize.worker)  # not done: decided afresh next tick
+        outcome.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "error",
+                       f"{resize.kind} failed: {exc}")
+        log.warning("%s %s failed: %s", resize.kind, resize.dlsub_id, exc)
+        return False
+
+
+def _elastic_job(seen: Observation, resize: Resize) -> ElasticJob:
+    return next(j for j in seen.elastic if j.dlsub_id == resize.dlsub_id)
+
+
+def _tell_batch(seen: Observation, job: ElasticJob, resize: Resize, now: float, outcome: Writes) -> None:
+    """Leave the batch the policy picked in the job's mailbox before it resizes (it reads it as it restarts);
+    a mailbox that cannot be written costs the job only the new batch."""
+    assert resize.batch_size is not None and resize.accumulation_steps is not None
+    job_dir = seen.elastic_dirs.get(job.dlsub_id)
+    try:
+        if not job_dir:
+            raise MailboxError("no job directory is known for it")
+        publish_batch(Path(job_dir), job.uid, resize.batch_size, resize.accumulation_steps, resize.reason)
+    except (MailboxError, ValueError) as exc:
+        outcome.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "skipped",
+                       f"the new batch size ({resize.batch_size}) was not told to the job: {exc}; it "
+                       "keeps the batch it has")
 
 
 # ---------------------------------------------------------------- write-ahead, one function per kind of step
-def _prepare_nothing(agent: Acting, action: Action, now: float, writes: Writes) -> bool:
+def _prepare_nothing(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
     return True
 
 
-def _prepare_note(agent: Acting, action: Action, now: float, writes: Writes) -> bool:
-    seen = agent._seen[action.slurm_job_id]
-    row = seen.row
+def _prepare_note(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
+    followed = seen.followed[action.slurm_job_id]
+    row = followed.row
     if row.data.get("last_note") != action.reason:
         row.data["last_note"] = action.reason
         writes.jobs[row.key()] = row
-        writes.decide(now, row.uid, row.dlsub_id, seen.job.job_id, row.user, "wait", action.reason,
+        writes.decide(now, row.uid, row.dlsub_id, followed.job.job_id, row.user, "wait", action.reason,
                       action.details)
     return False
 
 
-def _prepare_move(agent: Acting, action: Action, now: float, writes: Writes) -> bool:
-    seen = agent._seen[action.slurm_job_id]
-    row, job = seen.row, seen.job
-    if seen.info is not None and seen.info.move is None:
+def _prepare_move(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
+    followed = seen.followed[action.slurm_job_id]
+    row, job = followed.row, followed.job
+    if followed.info is not None and followed.info.move is None:
         kind = MoveKind.CONTINUE if action.kind == K.SIGNAL_CONTINUE else action.move_kind
         writes.moves[row.key()] = MoveRow(
             row.uid, job.job_id, row.dlsub_id, kind, MovePhase.PLANNED, action.partition or "", action.gpus or 0,
@@ -209,35 +206,35 @@ def _prepare_move(agent: Acting, action: Action, now: float, writes: Writes) -> 
     return True
 
 
-def _prepare_end_move(agent: Acting, action: Action, now: float, writes: Writes) -> bool:
-    seen = agent._seen[action.slurm_job_id]
-    row, key = seen.row, seen.row.key()
-    move = seen.info.move if seen.info is not None else None
+def _prepare_end_move(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
+    followed = seen.followed[action.slurm_job_id]
+    row, key = followed.row, followed.row.key()
+    move = followed.info.move if followed.info is not None else None
     writes.ended_moves.add(key)
     writes.moves.pop(key, None)
     if move is not None and move.kind == MoveKind.RETURN:
         row.data["backfilled_from"] = None
         writes.jobs[key] = row
     what = "done" if action.kind == K.FINISH_MOVE else "abandoned"
-    writes.decide(now, row.uid, row.dlsub_id, seen.job.job_id, row.user,
+    writes.decide(now, row.uid, row.dlsub_id, followed.job.job_id, row.user,
                   f"{move.kind if move else MoveKind.MOVE}-{what}", action.reason)
     return False
 
 
-def _prepare_backfill(agent: Acting, action: Action, now: float, writes: Writes) -> bool:
-    seen = agent._seen[action.slurm_job_id]
-    row = seen.row
+def _prepare_backfill(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
+    followed = seen.followed[action.slurm_job_id]
+    row = followed.row
     # Where it came from and its own limit are known before it leaves.
-    row.data["backfilled_from"] = seen.job.partition
-    row.data["backfilled_limit_min"] = seen.request.time_limit_min
+    row.data["backfilled_from"] = followed.job.partition
+    row.data["backfilled_limit_min"] = followed.request.time_limit_min
     writes.jobs[row.key()] = row
-    writes.decide(now, row.uid, row.dlsub_id, seen.job.job_id, row.user, "backfill", action.reason,
+    writes.decide(now, row.uid, row.dlsub_id, followed.job.job_id, row.user, "backfill", action.reason,
                   action.details)
     return True
 
 
-def _prepare_resize(agent: Acting, resize: Resize, now: float, writes: Writes) -> bool:
-    job = agent._elastic_job(resize)
+def _prepare_resize(seen: Observation, resize: Resize, now: float, writes: Writes) -> bool:
+    job = _elastic_job(seen, resize)
     writes.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, resize.kind, resize.reason,
                   {"worker": resize.worker, "partition": resize.partition, "node": resize.node,
                    "nodes_before": job.nodes_now, "gpus_before": job.gpus_now})
@@ -271,4 +268,4 @@ STEPS: dict[K, Step] = {
 }
 
 
-__all__ = ["STEPS", "Acting", "Step", "written_ahead"]
+__all__ = ["STEPS", "Item", "Step", "act", "prepare", "written_ahead"]

@@ -71,6 +71,17 @@ class Binding:
     source: str
 
 
+@dataclass(frozen=True)
+class NewBinding:
+    """A dlsub id bound this tick to the uid that owns it, through this Slurm job (written to ``bindings``)."""
+
+    dlsub_id: str
+    uid: int
+    slurm_job_id: int
+    when: float
+    source: str  # the evidence: "record" or "comment"
+
+
 _DDL = """
 CREATE TABLE IF NOT EXISTS bindings (
     dlsub_id TEXT PRIMARY KEY, uid INTEGER NOT NULL, slurm_job_id INTEGER, bound REAL,
@@ -149,8 +160,7 @@ class Writes:
     """Everything one tick (or one step of it) writes, committed in one transaction."""
 
     jobs: dict[tuple[int, int], JobRow] = field(default_factory=dict)
-    # (dlsub id, uid, Slurm job id, when, source): a record-backed claim replaces a comment-only one.
-    bindings: list[tuple[str, int, int, float, str]] = field(default_factory=list)
+    bindings: list[NewBinding] = field(default_factory=list)  # a record-backed one replaces a comment-only one
     decisions: list[Decision] = field(default_factory=list)
     progress: list[dict[str, Any]] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)
@@ -415,9 +425,9 @@ class AgentStore:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for (dlsub_id, uid, slurm_job_id, when, source) in writes.bindings:
+            for b in writes.bindings:
                 conn.execute("insert or replace into bindings (dlsub_id, uid, slurm_job_id, bound, source) "
-                             "values (?, ?, ?, ?, ?)", (dlsub_id, uid, slurm_job_id, when, source))
+                             "values (?, ?, ?, ?, ?)", (b.dlsub_id, b.uid, b.slurm_job_id, b.when, b.source))
             conn.executemany(
                 "insert into jobs (uid, slurm_job_id, dlsub_id, user, state, data) values (?, ?, ?, ?, ?, ?) "
                 "on conflict (uid, slurm_job_id) do update set dlsub_id = excluded.dlsub_id, user = excluded.user, "
@@ -481,4 +491,4 @@ class AgentStore:
             self.conn.execute("COMMIT")
 
 
-__all__ = ["AgentStore", "Binding", "Decision", "JobRow", "Writes", "default_db_path"]
+__all__ = ["AgentStore", "Binding", "Decision", "JobRow", "NewBinding", "Writes", "default_db_path"]

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlsub.agent.agent_store import AgentStore, Binding, JobRow, Writes
+from dlsub.agent.agent_store import AgentStore, Binding, JobRow, NewBinding, Writes
 from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.agent.identify import Identifying, Seen, nodes_of, worker_request, worker_task
 from dlsub.agent.records import MoveRow
@@ -50,6 +50,20 @@ class Observation:
     # and its job directory (where its mailbox is).
     elastic_progress: dict[str, Progress] = field(default_factory=dict)
     elastic_dirs: dict[str, str] = field(default_factory=dict)
+    # The jobs followed and observed this tick, by Slurm job id (what the act step writes ahead about).
+    followed: dict[int, Seen] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, order=True)
+class _Claim:
+    """One job's claim on a dlsub id. Ordered by who wins it: a record-backed claim before a comment-only one,
+    then the earliest submit, then the lowest Slurm job id."""
+
+    comment_only: bool
+    submit_time: int
+    slurm_job_id: int
+    uid: int
+    source: str  # "record" or "comment"
 
 
 @dataclass
@@ -60,10 +74,10 @@ class _Queue:
     workers: dict[tuple[int, str], list[WorkerTask]] = field(default_factory=dict)  # by (uid, dlsub id)
     worker_ids: set[int] = field(default_factory=set)
     usage: dict[int, Usage] = field(default_factory=dict)  # every live job's GPUs, by uid
-    # Who may own each id: (not backed by a record, submit time, Slurm id, uid, source). dlsub submits an
-    # elastic job's worker array before its main job, so the workers' claim counts too: their public
-    # comment shows the id first, and another user must not take it with a main job of their own.
-    claims: dict[str, list[tuple[bool, int, int, int, str]]] = field(default_factory=dict)
+    # Who may own each id. dlsub submits an elastic job's worker array before its main job, so the workers'
+    # claim counts too: their public comment shows the id first, and another user must not take it with a
+    # main job of their own.
+    claims: dict[str, list[_Claim]] = field(default_factory=dict)
 
 
 class Observing(Identifying):
@@ -74,7 +88,6 @@ class Observing(Identifying):
     policy: AgentPolicy
     rules: Rules
     deadline_clock: Callable[[], float]
-    _seen: dict[int, Seen]
     _unread: int
     _last_read: dict[tuple[int, int], float]
     _budgets: BudgetWatch
@@ -103,7 +116,6 @@ class Observing(Identifying):
             else:
                 followed.append(seen)
         observed, skipped, late = self._observe_followed(followed, moves, known, now, writes, deadline)
-        self._seen = {s.job.job_id: s for s in observed}
         pending_gpus, pending_per_node = self._waiting(slurm_jobs, moves, queue.worker_ids, known)
         parts = [PartitionInfo(
             name=p.name, role=self.policy.role_of(p.name), speed=self.policy.speed_of(p.name),
@@ -123,7 +135,7 @@ class Observing(Identifying):
                       pending_per_node.get(p.name, 0),
                       tuple((n.name, n.idle_cpus, n.free_memory_mb) for n in p.nodes if n.usable)) for p in partitions]
         return Observation(infos, parts, self.window_at(now), queue.usage, skipped + self._unread, late, elastic,
-                           rooms, elastic_progress, elastic_dirs)
+                           rooms, elastic_progress, elastic_dirs, {s.job.job_id: s for s in observed})
 
     def _sort_queue(self, slurm_jobs: list[SlurmJob], rows: dict[tuple[int, int], JobRow],
                     bindings: dict[str, Binding], moves: dict[tuple[int, int], MoveRow], now: float,
@@ -149,7 +161,8 @@ class Observing(Identifying):
                     usage[uid] = Usage(old.gpus + job.gpus_per_node * max(1, job.node_count), old.jobs + 1)
                 dlsub_id = worker.dlsub_id
                 if worker.source == "record" and self._may_claim(bindings.get(dlsub_id), worker):
-                    queue.claims.setdefault(dlsub_id, []).append((False, job.submit_time, job.job_id, uid, "record"))
+                    claim = _Claim(False, job.submit_time, job.job_id, uid, "record")
+                    queue.claims.setdefault(dlsub_id, []).append(claim)
                 continue
             if state in _LIVE:
                 gpus = job.gpus_per_node * max(1, job.node_count)
@@ -177,11 +190,11 @@ class Observing(Identifying):
                 record = seen.request.source == "record"
                 source = "record" if record else "comment"
                 queue.claims.setdefault(dlsub_id, []).append(
-                    (not record, seen.job.submit_time, seen.job.job_id, seen.row.uid, source))
+                    _Claim(not record, seen.job.submit_time, seen.job.job_id, seen.row.uid, source))
         for dlsub_id, group in queue.claims.items():
-            _, _, job_id, uid, source = min(group)
-            bindings[dlsub_id] = Binding(uid, source)
-            writes.bindings.append((dlsub_id, uid, job_id, now, source))
+            won = min(group)
+            bindings[dlsub_id] = Binding(won.uid, won.source)
+            writes.bindings.append(NewBinding(dlsub_id, won.uid, won.slurm_job_id, now, won.source))
 
     def _observe_followed(self, followed: list[Seen], moves: dict[tuple[int, int], MoveRow],
                           known: dict[str, Partition], now: float, writes: Writes,
