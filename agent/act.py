@@ -81,16 +81,15 @@ def prepare(item: Item, seen: Observation, now: float, writes: Writes) -> bool:
     return STEPS[item.kind].prepare(seen, item, now, writes)
 
 
-def act(client: SlurmClient, store: AgentStore, seen: Observation, leaving: dict[str, float],
-        resizes: list[Resize], todo: list[Action], done: list[Action], now: float) -> tuple[Writes, list[Item]]:
-    """Carry out what was written ahead: resizes, then moves. ``leaving`` (the workers told to leave, and
-    when) gets this tick's shrinks. Returns the outcome to record, and what was done (whose ``after``
-    failpoints come once the outcome is recorded)."""
+def act(client: SlurmClient, store: AgentStore, seen: Observation, resizes: list[Resize], todo: list[Action],
+        done: list[Action], now: float) -> tuple[Writes, list[Item]]:
+    """Carry out what was written ahead: resizes, then moves. Returns the outcome to record, and what was
+    done (whose ``after`` failpoints come once the outcome is recorded)."""
     outcome = Writes()
     finished: list[Item] = []
     for resize in resizes:
         failpoints.reach(STEPS[resize.kind].before)
-        if _resize(client, seen, leaving, resize, now, outcome):
+        if _resize(client, seen, resize, now, outcome):
             finished.append(resize)
     for action in todo:
         failpoints.reach(STEPS[action.kind].before)
@@ -127,8 +126,7 @@ def _perform(client: SlurmClient, store: AgentStore, seen: Observation, action: 
     outcome.moves[key] = record
 
 
-def _resize(client: SlurmClient, seen: Observation, leaving: dict[str, float], resize: Resize, now: float,
-            outcome: Writes) -> bool:
+def _resize(client: SlurmClient, seen: Observation, resize: Resize, now: float, outcome: Writes) -> bool:
     """Carry out one resize in Slurm and note its outcome; False: it failed (recorded as an error)."""
     job = _elastic_job(seen, resize)
     step = STEPS[resize.kind]
@@ -141,7 +139,6 @@ def _resize(client: SlurmClient, seen: Observation, leaving: dict[str, float], r
         if step.phase == ResizePhase.ENDED:
             outcome.ended_resizes.add(resize.worker)
         elif step.phase == ResizePhase.LEAVING:
-            leaving[resize.worker] = now
             outcome.resizes[resize.worker] = ResizeRow(
                 resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.LEAVING, now,
                 resize.reason, resize.partition)

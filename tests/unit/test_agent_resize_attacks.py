@@ -10,6 +10,7 @@ from pathlib import Path
 from agent_world import ME, NOW, OTHER, World
 
 from dlsub.agent.agent_store import Writes
+from dlsub.agent.observe import observe
 from dlsub.slurm_plugins.fake import FakeNode, FakePartition, FakeSlurm
 
 ID = "e1a571c0"
@@ -70,7 +71,7 @@ def test_worker_tag_hides_gang_gpus_from_usage(tmp_path: Path) -> None:
     world.fake.jobs[job].array_job_id, world.fake.jobs[job].array_task_id = job, 0
     agent = world.agent()
     slurm_jobs, parts = world.client.jobs(), world.client.partitions()
-    seen = agent.observe(NOW, slurm_jobs, parts, Writes(), 1e18)
+    seen = observe(agent.observing, NOW, slurm_jobs, parts, Writes(), 1e18)
     assert seen.usage[OTHER].gpus == 64, f"16-node x 4-GPU job charged as {seen.usage[OTHER].gpus} GPUs"
 
 
