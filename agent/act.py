@@ -1,11 +1,11 @@
 """Act: what the agent does in Slurm for each kind of action, in one table.
 
 ``STEPS`` maps each :class:`ActionKind` to its step: the write-ahead
-(``prepare``: record the decision, and a move's or resize's intent, in the
-tick's first transaction; False: nothing to do in Slurm), the Slurm call,
-the phase its record enters once the call is made (a move's
-:class:`MovePhase`, a resize's :class:`ResizePhase`; ``ENDED``: the record
-is dropped, Slurm shows the rest), and its failpoints (where a crash test
+(``prepare``, a function: record the decision, and a move's or resize's
+intent, in the tick's first transaction; False: nothing to do in Slurm), the
+Slurm call, the phase its record enters once the call is made (a move's
+:class:`MovePhase`, a resize's :class:`ResizePhase`; ``ResizePhase.ENDED``:
+the record is dropped, Slurm shows the rest), and its failpoints (where a crash test
 may kill the tick: ``before`` the call, once it is ``sent`` and not yet
 recorded, and ``after`` its outcome is recorded).
 
@@ -23,19 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent import failpoints
-from dlsub.agent.agent_store import AgentStore, MoveRow, ResizePhase, ResizeRow, Writes
-from dlsub.agent.identify import Seen
+from dlsub.agent.agent_store import AgentStore, Writes
 from dlsub.agent.job_mailbox import MailboxError, publish_batch
+from dlsub.agent.observe import Observation
+from dlsub.agent.records import MoveRow, ResizePhase, ResizeRow
 from dlsub.contract import CHECKPOINT_SIGNAL, MOVE_SIGNAL
 from dlsub.policies.actions.kinds import ActionKind as K
-from dlsub.policies.actions.move_rules import Action, MovePhase
+from dlsub.policies.actions.kinds import MoveKind
+from dlsub.policies.actions.move_views import Action, MovePhase
 from dlsub.policies.actions.resize_rules import ElasticJob, Resize
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
 
 log = logging.getLogger("dlsub.agent")
-
-#: The phase of a record that ends with the call (a grow: Slurm shows the worker released from then on).
-ENDED = "ended"
 
 Item = Action | Resize
 
@@ -44,9 +43,9 @@ Item = Action | Resize
 class Step:
     """What the agent does for one kind of action (see the module's docstring)."""
 
-    prepare: str  # the name of the Acting method that writes it ahead
+    prepare: Callable[[Observation, Any, float, Writes], bool]  # writes it ahead (the kind's Action or Resize)
     call: Callable[[SlurmClient, Any], None] | None = None
-    phase: MovePhase | ResizePhase | str | None = None
+    phase: MovePhase | ResizePhase | None = None
     before: str = ""
     sent: str = ""
     after: str = ""
@@ -70,201 +69,200 @@ def _grow(client: SlurmClient, r: Resize) -> None:
     client.release(r.worker)
 
 
-STEPS: dict[K, Step] = {
-    K.SIGNAL_MOVE: Step("_prepare_move", lambda c, a: c.cancel(a.slurm_job_id, signal=MOVE_SIGNAL, batch=True),
-                        MovePhase.SIGNALLED, before="move-planned", sent="move-signal-sent", after="move-signalled"),
-    K.SIGNAL_CONTINUE: Step("_prepare_move",
-                            lambda c, a: c.cancel(a.slurm_job_id, signal=CHECKPOINT_SIGNAL, batch=True),
-                            MovePhase.SIGNALLED),
-    K.RETARGET: Step("_prepare_nothing", _retarget, MovePhase.UPDATED, before="move-retarget", sent="move-updated"),
-    K.RELEASE: Step("_prepare_nothing", lambda c, a: c.release(a.slurm_job_id), MovePhase.RELEASED,
-                    after="move-released"),
-    K.BACKFILL: Step("_prepare_backfill", _retarget),  # not a move: no record, no phase
-    K.FINISH_MOVE: Step("_prepare_end_move"),
-    K.ABANDON_MOVE: Step("_prepare_end_move"),
-    K.NOTE: Step("_prepare_note"),
-    K.GROW: Step("_prepare_resize", _grow, ENDED, before="grow-planned",
-                 sent="grow-released", after="grow-recorded"),
-    K.SHRINK: Step("_prepare_resize", lambda c, r: c.signal_task(r.worker, MOVE_SIGNAL), ResizePhase.LEAVING,
-                   before="shrink-planned", sent="shrink-signal-sent", after="shrink-signalled"),
-    # Not written ahead: decided again from Slurm each tick while workers are left, and cancelling twice is
-    # harmless.
-    K.END_WORKERS: Step("_prepare_resize", lambda c, r: c.cancel(int(r.worker))),
-}
-
-
 def written_ahead(kind: K) -> bool:
     """Whether a resize of this kind keeps a record in the store's ``resizes`` while in flight."""
     return STEPS[kind].phase is not None
 
 
-class Acting:
-    """The act step of :class:`dlsub.agent.reconcile.Agent`: write ahead, then carry out, through ``STEPS``."""
+# ---------------------------------------------------------------- the act step of a tick
+def prepare(item: Item, seen: Observation, now: float, writes: Writes) -> bool:
+    """Write-ahead: record the decision (and a move's or resize's intent) before acting. False: nothing to
+    do in Slurm."""
+    return STEPS[item.kind].prepare(seen, item, now, writes)
 
-    client: SlurmClient
-    store: AgentStore
-    _seen: dict[int, Seen]
-    _leaving: dict[str, float]
-    _last_elastic: list[ElasticJob]
-    _elastic_dirs: dict[str, str]
 
-    # ---------------------------------------------------------------- write-ahead
-    def _prepare(self, item: Item, now: float, writes: Writes) -> bool:
-        """Write-ahead: record the decision (and a move's or resize's intent) before acting. False: nothing
-        to do in Slurm."""
-        prepare: Callable[[Item, float, Writes], bool] = getattr(self, STEPS[item.kind].prepare)
-        return prepare(item, now, writes)
-
-    def _prepare_nothing(self, action: Action, now: float, writes: Writes) -> bool:
-        return True
-
-    def _prepare_note(self, action: Action, now: float, writes: Writes) -> bool:
-        seen = self._seen[action.slurm_job_id]
-        row = seen.row
-        if row.data.get("last_note") != action.reason:
-            row.data["last_note"] = action.reason
-            writes.jobs[row.key()] = row
-            writes.decide(now, row.uid, row.dlsub_id, seen.job.job_id, row.user, "wait", action.reason,
-                          action.details)
-        return False
-
-    def _prepare_move(self, action: Action, now: float, writes: Writes) -> bool:
-        seen = self._seen[action.slurm_job_id]
-        row, job = seen.row, seen.job
-        if seen.info is not None and seen.info.move is None:
-            kind = "continue" if action.kind == K.SIGNAL_CONTINUE else str(action.details.get("kind") or "move")
-            writes.moves[row.key()] = MoveRow(
-                row.uid, job.job_id, row.dlsub_id, kind, MovePhase.PLANNED, action.partition or "", action.gpus or 0,
-                now, 0, now, action.time_limit_min, job.restart_count)
-            if kind == "continue":
-                row.data["continuations"] = int(row.data.get("continuations") or 0) + 1
-                writes.jobs[row.key()] = row
-            writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, kind, action.reason, action.details)
-        return True
-
-    def _prepare_end_move(self, action: Action, now: float, writes: Writes) -> bool:
-        seen = self._seen[action.slurm_job_id]
-        row, key = seen.row, seen.row.key()
-        move = seen.info.move if seen.info is not None else None
-        writes.ended_moves.add(key)
-        writes.moves.pop(key, None)
-        if move is not None and move.kind == "return":
-            row.data["backfilled_from"] = None
-            writes.jobs[key] = row
-        what = "done" if action.kind == K.FINISH_MOVE else "abandoned"
-        writes.decide(now, row.uid, row.dlsub_id, seen.job.job_id, row.user,
-                      f"{move.kind if move else 'move'}-{what}", action.reason)
-        return False
-
-    def _prepare_backfill(self, action: Action, now: float, writes: Writes) -> bool:
-        seen = self._seen[action.slurm_job_id]
-        row = seen.row
-        # Where it came from and its own limit are known before it leaves.
-        row.data["backfilled_from"] = seen.job.partition
-        row.data["backfilled_limit_min"] = seen.request.time_limit_min
-        writes.jobs[row.key()] = row
-        writes.decide(now, row.uid, row.dlsub_id, seen.job.job_id, row.user, "backfill", action.reason,
-                      action.details)
-        return True
-
-    def _prepare_resize(self, resize: Resize, now: float, writes: Writes) -> bool:
-        job = self._elastic_job(resize)
-        writes.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, resize.kind, resize.reason,
-                      {"worker": resize.worker, "partition": resize.partition, "node": resize.node,
-                       "nodes_before": job.nodes_now, "gpus_before": job.gpus_now})
-        if written_ahead(resize.kind) and resize.worker is not None:
-            writes.resizes[resize.worker] = ResizeRow(
-                resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.PLANNED, now,
-                resize.reason, resize.partition, resize.batch_size, resize.accumulation_steps, resize.node)
-        return True
-
-    # ---------------------------------------------------------------- carry out
-    def _perform(self, action: Action, now: float, outcome: Writes) -> None:
-        """Carry out one move action in Slurm and note the move's new phase."""
-        step = STEPS[action.kind]
-        if step.call is None:
-            raise ValueError(f"unknown action {action.kind}")
-        seen = self._seen[action.slurm_job_id]
-        key = seen.row.key()
-        move = self.store.move_rows().get(key) if step.phase is not None else None
-        step.call(self.client, action)
-        failpoints.reach(step.sent)
-        if move is None or not isinstance(step.phase, MovePhase):
-            return
-        record = dataclasses.replace(outcome.moves.get(key, move), phase=step.phase)
-        if step.phase in (MovePhase.SIGNALLED, MovePhase.RELEASED):
-            record = dataclasses.replace(record, since=now)
-        if step.phase == MovePhase.SIGNALLED:
-            record = dataclasses.replace(record, signals=move.signals + 1)
-        outcome.moves[key] = record
-
-    def _resize(self, resize: Resize, now: float, outcome: Writes) -> bool:
-        """Carry out one resize in Slurm and note its outcome; False: it failed (recorded as an error)."""
-        job = self._elastic_job(resize)
-        step = STEPS[resize.kind]
+def act(client: SlurmClient, store: AgentStore, seen: Observation, resizes: list[Resize], todo: list[Action],
+        done: list[Action], now: float) -> tuple[Writes, list[Item]]:
+    """Carry out what was written ahead: resizes, then moves. Returns the outcome to record, and what was
+    done (whose ``after`` failpoints come once the outcome is recorded)."""
+    outcome = Writes()
+    finished: list[Item] = []
+    for resize in resizes:
+        failpoints.reach(STEPS[resize.kind].before)
+        if _resize(client, seen, resize, now, outcome):
+            finished.append(resize)
+    for action in todo:
+        failpoints.reach(STEPS[action.kind].before)
         try:
-            assert resize.worker is not None and step.call is not None
-            if resize.batch_size is not None and resize.accumulation_steps is not None:
-                self._tell_batch(job, resize, now, outcome)
-            step.call(self.client, resize)
-            failpoints.reach(step.sent)
-            if step.phase == ENDED:
-                outcome.ended_resizes.add(resize.worker)
-            elif step.phase == ResizePhase.LEAVING:
-                self._leaving[resize.worker] = now
-                outcome.resizes[resize.worker] = ResizeRow(
-                    resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.LEAVING, now,
-                    resize.reason, resize.partition)
-            log.info("%s %s (worker %s): %s", resize.kind, resize.dlsub_id, resize.worker, resize.reason)
-            return True
+            _perform(client, store, seen, action, now, outcome)
+            done.append(action)
+            log.info("%s %s (Slurm %s): %s", action.kind, action.dlsub_id, action.slurm_job_id, action.reason)
         except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
-            if written_ahead(resize.kind) and resize.worker is not None:
-                outcome.ended_resizes.add(resize.worker)  # not done: decided afresh next tick
-            outcome.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "error",
-                           f"{resize.kind} failed: {exc}")
-            log.warning("%s %s failed: %s", resize.kind, resize.dlsub_id, exc)
-            return False
-
-    def _elastic_job(self, resize: Resize) -> ElasticJob:
-        return next(j for j in self._last_elastic if j.dlsub_id == resize.dlsub_id)
-
-    def _tell_batch(self, job: ElasticJob, resize: Resize, now: float, outcome: Writes) -> None:
-        """Leave the batch the policy picked in the job's mailbox before it resizes (it reads it as it
-        restarts); a mailbox that cannot be written costs the job only the new batch."""
-        assert resize.batch_size is not None and resize.accumulation_steps is not None
-        job_dir = self._elastic_dirs.get(job.dlsub_id)
-        try:
-            if not job_dir:
-                raise MailboxError("no job directory is known for it")
-            publish_batch(Path(job_dir), job.uid, resize.batch_size, resize.accumulation_steps, resize.reason)
-        except (MailboxError, ValueError) as exc:
-            outcome.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "skipped",
-                           f"the new batch size ({resize.batch_size}) was not told to the job: {exc}; it "
-                           "keeps the batch it has")
-
-    # ---------------------------------------------------------------- the act step of a tick
-    def act(self, resizes: list[Resize], todo: list[Action], done: list[Action],
-            now: float) -> tuple[Writes, list[Item]]:
-        """Carry out what was written ahead: resizes, then moves. Returns the outcome to record, and what
-        was done (whose ``after`` failpoints come once the outcome is recorded)."""
-        outcome = Writes()
-        finished: list[Item] = []
-        for resize in resizes:
-            failpoints.reach(STEPS[resize.kind].before)
-            if self._resize(resize, now, outcome):
-                finished.append(resize)
-        for action in todo:
-            failpoints.reach(STEPS[action.kind].before)
-            try:
-                self._perform(action, now, outcome)
-                done.append(action)
-                log.info("%s %s (Slurm %s): %s", action.kind, action.dlsub_id, action.slurm_job_id, action.reason)
-            except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
-                row = self._seen[action.slurm_job_id].row
-                outcome.decide(now, row.uid, row.dlsub_id, action.slurm_job_id, row.user, "error",
-                               f"{action.kind} failed: {exc}")
-                log.warning("%s %s failed: %s", action.kind, action.dlsub_id, exc)
-        return outcome, [*done, *finished]
+            row = seen.followed[action.slurm_job_id].row
+            outcome.decide(now, row.uid, row.dlsub_id, action.slurm_job_id, row.user, "error",
+                           f"{action.kind} failed: {exc}")
+            log.warning("%s %s failed: %s", action.kind, action.dlsub_id, exc)
+    return outcome, [*done, *finished]
 
 
-__all__ = ["ENDED", "STEPS", "Acting", "Step", "written_ahead"]
+# ---------------------------------------------------------------- carry out
+def _perform(client: SlurmClient, store: AgentStore, seen: Observation, action: Action, now: float,
+             outcome: Writes) -> None:
+    """Carry out one move action in Slurm and note the move's new phase."""
+    step = STEPS[action.kind]
+    if step.call is None:
+        raise ValueError(f"unknown action {action.kind}")
+    key = seen.followed[action.slurm_job_id].row.key()
+    move = store.move_rows().get(key) if step.phase is not None else None
+    step.call(client, action)
+    failpoints.reach(step.sent)
+    if move is None or not isinstance(step.phase, MovePhase):
+        return
+    record = dataclasses.replace(outcome.moves.get(key, move), phase=step.phase)
+    if step.phase in (MovePhase.SIGNALLED, MovePhase.RELEASED):
+        record = dataclasses.replace(record, since=now)
+    if step.phase == MovePhase.SIGNALLED:
+        record = dataclasses.replace(record, signals=move.signals + 1)
+    outcome.moves[key] = record
+
+
+def _resize(client: SlurmClient, seen: Observation, resize: Resize, now: float, outcome: Writes) -> bool:
+    """Carry out one resize in Slurm and note its outcome; False: it failed (recorded as an error)."""
+    job = _elastic_job(seen, resize)
+    step = STEPS[resize.kind]
+    try:
+        assert resize.worker is not None and step.call is not None
+        if resize.batch_size is not None and resize.accumulation_steps is not None:
+            _tell_batch(seen, job, resize, now, outcome)
+        step.call(client, resize)
+        failpoints.reach(step.sent)
+        if step.phase == ResizePhase.ENDED:
+            outcome.ended_resizes.add(resize.worker)
+        elif step.phase == ResizePhase.LEAVING:
+            outcome.resizes[resize.worker] = ResizeRow(
+                resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.LEAVING, now,
+                resize.reason, resize.partition)
+        log.info("%s %s (worker %s): %s", resize.kind, resize.dlsub_id, resize.worker, resize.reason)
+        return True
+    except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
+        if written_ahead(resize.kind) and resize.worker is not None:
+            outcome.ended_resizes.add(resize.worker)  # not done: decided afresh next tick
+        outcome.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "error",
+                       f"{resize.kind} failed: {exc}")
+        log.warning("%s %s failed: %s", resize.kind, resize.dlsub_id, exc)
+        return False
+
+
+def _elastic_job(seen: Observation, resize: Resize) -> ElasticJob:
+    return next(j for j in seen.elastic if j.dlsub_id == resize.dlsub_id)
+
+
+def _tell_batch(seen: Observation, job: ElasticJob, resize: Resize, now: float, outcome: Writes) -> None:
+    """Leave the batch the policy picked in the job's mailbox before it resizes (it reads it as it restarts);
+    a mailbox that cannot be written costs the job only the new batch."""
+    assert resize.batch_size is not None and resize.accumulation_steps is not None
+    job_dir = seen.elastic_dirs.get(job.dlsub_id)
+    try:
+        if not job_dir:
+            raise MailboxError("no job directory is known for it")
+        publish_batch(Path(job_dir), job.uid, resize.batch_size, resize.accumulation_steps, resize.reason)
+    except (MailboxError, ValueError) as exc:
+        outcome.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "skipped",
+                       f"the new batch size ({resize.batch_size}) was not told to the job: {exc}; it "
+                       "keeps the batch it has")
+
+
+# ---------------------------------------------------------------- write-ahead, one function per kind of step
+def _prepare_nothing(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
+    return True
+
+
+def _prepare_note(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
+    followed = seen.followed[action.slurm_job_id]
+    row = followed.row
+    if row.data.get("last_note") != action.reason:
+        row.data["last_note"] = action.reason
+        writes.jobs[row.key()] = row
+        writes.decide(now, row.uid, row.dlsub_id, followed.job.job_id, row.user, "wait", action.reason,
+                      action.details)
+    return False
+
+
+def _prepare_move(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
+    followed = seen.followed[action.slurm_job_id]
+    row, job = followed.row, followed.job
+    if followed.info is not None and followed.info.move is None:
+        kind = MoveKind.CONTINUE if action.kind == K.SIGNAL_CONTINUE else action.move_kind
+        writes.moves[row.key()] = MoveRow(
+            row.uid, job.job_id, row.dlsub_id, kind, MovePhase.PLANNED, action.partition or "", action.gpus or 0,
+            now, 0, now, action.time_limit_min, job.restart_count)
+        if kind == MoveKind.CONTINUE:
+            row.data["continuations"] = int(row.data.get("continuations") or 0) + 1
+            writes.jobs[row.key()] = row
+        writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, kind, action.reason, action.details)
+    return True
+
+
+def _prepare_end_move(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
+    followed = seen.followed[action.slurm_job_id]
+    row, key = followed.row, followed.row.key()
+    move = followed.info.move if followed.info is not None else None
+    writes.ended_moves.add(key)
+    writes.moves.pop(key, None)
+    if move is not None and move.kind == MoveKind.RETURN:
+        row.data["backfilled_from"] = None
+        writes.jobs[key] = row
+    what = "done" if action.kind == K.FINISH_MOVE else "abandoned"
+    writes.decide(now, row.uid, row.dlsub_id, followed.job.job_id, row.user,
+                  f"{move.kind if move else MoveKind.MOVE}-{what}", action.reason)
+    return False
+
+
+def _prepare_backfill(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
+    followed = seen.followed[action.slurm_job_id]
+    row = followed.row
+    # Where it came from and its own limit are known before it leaves.
+    row.data["backfilled_from"] = followed.job.partition
+    row.data["backfilled_limit_min"] = followed.request.time_limit_min
+    writes.jobs[row.key()] = row
+    writes.decide(now, row.uid, row.dlsub_id, followed.job.job_id, row.user, "backfill", action.reason,
+                  action.details)
+    return True
+
+
+def _prepare_resize(seen: Observation, resize: Resize, now: float, writes: Writes) -> bool:
+    job = _elastic_job(seen, resize)
+    writes.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, resize.kind, resize.reason,
+                  {"worker": resize.worker, "partition": resize.partition, "node": resize.node,
+                   "nodes_before": job.nodes_now, "gpus_before": job.gpus_now})
+    if written_ahead(resize.kind) and resize.worker is not None:
+        writes.resizes[resize.worker] = ResizeRow(
+            resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.PLANNED, now,
+            resize.reason, resize.partition, resize.batch_size, resize.accumulation_steps, resize.node)
+    return True
+
+
+STEPS: dict[K, Step] = {
+    K.SIGNAL_MOVE: Step(_prepare_move, lambda c, a: c.cancel(a.slurm_job_id, signal=MOVE_SIGNAL, batch=True),
+                        MovePhase.SIGNALLED, before="move-planned", sent="move-signal-sent", after="move-signalled"),
+    K.SIGNAL_CONTINUE: Step(_prepare_move,
+                            lambda c, a: c.cancel(a.slurm_job_id, signal=CHECKPOINT_SIGNAL, batch=True),
+                            MovePhase.SIGNALLED),
+    K.RETARGET: Step(_prepare_nothing, _retarget, MovePhase.UPDATED, before="move-retarget", sent="move-updated"),
+    K.RELEASE: Step(_prepare_nothing, lambda c, a: c.release(a.slurm_job_id), MovePhase.RELEASED,
+                    after="move-released"),
+    K.BACKFILL: Step(_prepare_backfill, _retarget),  # not a move: no record, no phase
+    K.FINISH_MOVE: Step(_prepare_end_move),
+    K.ABANDON_MOVE: Step(_prepare_end_move),
+    K.NOTE: Step(_prepare_note),
+    K.GROW: Step(_prepare_resize, _grow, ResizePhase.ENDED, before="grow-planned",
+                 sent="grow-released", after="grow-recorded"),
+    K.SHRINK: Step(_prepare_resize, lambda c, r: c.signal_task(r.worker, MOVE_SIGNAL), ResizePhase.LEAVING,
+                   before="shrink-planned", sent="shrink-signal-sent", after="shrink-signalled"),
+    # Not written ahead: decided again from Slurm each tick while workers are left, and cancelling twice is
+    # harmless.
+    K.END_WORKERS: Step(_prepare_resize, lambda c, r: c.cancel(int(r.worker))),
+}
+
+
+__all__ = ["STEPS", "Item", "Step", "act", "prepare", "written_ahead"]

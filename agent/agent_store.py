@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent.records import RESIZE_COLUMNS, MoveRow, ResizePhase, ResizeRow
-from dlsub.contract import IllegalTransition, JobState, check_transition
+from dlsub.contract import JobState, check_transition
+from dlsub.policies.actions.kinds import ActionKind
 
 DEFAULT_DB = Path("/var/lib/dlsub/agent.db")
 SCHEMA_VERSION = 2
@@ -68,6 +69,17 @@ class Binding:
 
     uid: int
     source: str
+
+
+@dataclass(frozen=True)
+class NewBinding:
+    """A dlsub id bound this tick to the uid that owns it, through this Slurm job (written to ``bindings``)."""
+
+    dlsub_id: str
+    uid: int
+    slurm_job_id: int
+    when: float
+    source: str  # the evidence: "record" or "comment"
 
 
 _DDL = """
@@ -111,6 +123,16 @@ _PROGRESS_COLUMNS = ("uid", "slurm_job_id", "dlsub_id", "time", "step", "eta_s",
                      "partition")
 
 
+def _state(value: str | None) -> JobState | None:
+    """A stored job state (None: never seen in Slurm); a value no JobState has reads as UNKNOWN."""
+    if value is None:
+        return None
+    try:
+        return JobState(value)
+    except ValueError:
+        return JobState.UNKNOWN
+
+
 @dataclass
 class JobRow:
     """One Slurm job the agent follows: (uid, slurm_job_id) and what it keeps about it."""
@@ -119,7 +141,7 @@ class JobRow:
     slurm_job_id: int
     dlsub_id: str
     user: str
-    state: str | None  # a JobState value
+    state: JobState | None  # None: not seen in Slurm yet
     data: dict[str, Any] = field(default_factory=dict)
 
     def key(self) -> tuple[int, int]:
@@ -130,7 +152,7 @@ class JobRow:
 
     def set_state(self, new: JobState | str) -> None:
         """Move to ``new``; raises :class:`IllegalTransition` for a move the job-state model forbids."""
-        self.state = check_transition(self.state, new).value
+        self.state = check_transition(self.state, new)
 
 
 @dataclass
@@ -138,8 +160,7 @@ class Writes:
     """Everything one tick (or one step of it) writes, committed in one transaction."""
 
     jobs: dict[tuple[int, int], JobRow] = field(default_factory=dict)
-    # (dlsub id, uid, Slurm job id, when, source): a record-backed claim replaces a comment-only one.
-    bindings: list[tuple[str, int, int, float, str]] = field(default_factory=list)
+    bindings: list[NewBinding] = field(default_factory=list)  # a record-backed one replaces a comment-only one
     decisions: list[Decision] = field(default_factory=list)
     progress: list[dict[str, Any]] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)
@@ -316,8 +337,8 @@ class AgentStore:
                 data = json.loads(r["data"] or "{}")
             except ValueError:
                 data = {}
-            row = JobRow(int(r["uid"]), int(r["slurm_job_id"]), r["dlsub_id"] or "", r["user"] or "", r["state"],
-                         data if isinstance(data, dict) else {})
+            row = JobRow(int(r["uid"]), int(r["slurm_job_id"]), r["dlsub_id"] or "", r["user"] or "",
+                         _state(r["state"]), data if isinstance(data, dict) else {})
             rows[row.key()] = row
         return rows
 
@@ -354,7 +375,7 @@ class AgentStore:
         out = {}
         for r in self.conn.execute(f"select {', '.join(RESIZE_COLUMNS)} from resizes order by since, worker"):
             try:
-                row = ResizeRow(**{**dict(r), "phase": ResizePhase(r["phase"])})
+                row = ResizeRow(**{**dict(r), "kind": ActionKind(r["kind"]), "phase": ResizePhase(r["phase"])})
             except (TypeError, ValueError):
                 continue
             out[row.worker] = row
@@ -404,9 +425,9 @@ class AgentStore:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for (dlsub_id, uid, slurm_job_id, when, source) in writes.bindings:
+            for b in writes.bindings:
                 conn.execute("insert or replace into bindings (dlsub_id, uid, slurm_job_id, bound, source) "
-                             "values (?, ?, ?, ?, ?)", (dlsub_id, uid, slurm_job_id, when, source))
+                             "values (?, ?, ?, ?, ?)", (b.dlsub_id, b.uid, b.slurm_job_id, b.when, b.source))
             conn.executemany(
                 "insert into jobs (uid, slurm_job_id, dlsub_id, user, state, data) values (?, ?, ?, ?, ?, ?) "
                 "on conflict (uid, slurm_job_id) do update set dlsub_id = excluded.dlsub_id, user = excluded.user, "
@@ -470,5 +491,4 @@ class AgentStore:
             self.conn.execute("COMMIT")
 
 
-__all__ = ["AgentStore", "Decision", "IllegalTransition", "JobRow", "MoveRow", "ResizePhase", "ResizeRow", "Writes",
-           "default_db_path"]
+__all__ = ["AgentStore", "Binding", "Decision", "JobRow", "NewBinding", "Writes", "default_db_path"]

@@ -25,7 +25,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 
-from dlsub.policies.actions.move_rules import BudgetLeft, JobInfo
+from dlsub.policies.actions.move_views import BudgetLeft, JobInfo
 from dlsub.site_config.budget import Budget
 from dlsub.site_config.cost import Spend, period_start, price, spend
 from dlsub.site_config.policy_file import AgentPolicy

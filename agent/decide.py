@@ -8,14 +8,15 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from dlsub.agent.agent_store import AgentStore, ResizePhase, Writes
+from dlsub.agent.agent_store import AgentStore, Writes
 from dlsub.agent.live_models import LiveModels
 from dlsub.agent.observe import Observation
+from dlsub.agent.records import ResizePhase
 from dlsub.job_progress import Progress
-from dlsub.policies.actions import move_rules, resize_rules
+from dlsub.policies.actions import resize_rules
 from dlsub.policies.actions.goodput_resize_rules import plan_by_policy
 from dlsub.policies.actions.kinds import ActionKind
-from dlsub.policies.actions.move_rules import Rules
+from dlsub.policies.actions.move_views import Rules
 from dlsub.policies.actions.resize_rules import ElasticJob, Resize, Room
 from dlsub.policies.api import Policy
 from dlsub.site_config.policy_file import AgentPolicy
@@ -49,7 +50,7 @@ def rules_from(policy: AgentPolicy) -> Rules:
 
 
 #: The action kinds that take idle GPUs (not idle for growth in the same tick).
-TAKES_GPUS = (move_rules.SIGNAL_MOVE, move_rules.BACKFILL, move_rules.RETARGET, move_rules.RELEASE)
+TAKES_GPUS = (ActionKind.SIGNAL_MOVE, ActionKind.BACKFILL, ActionKind.RETARGET, ActionKind.RELEASE)
 
 
 def reserve_gpus(rooms: list[Room], takes: Sequence[tuple[str | None, int | None]]) -> list[Room]:
@@ -65,86 +66,80 @@ def reserve_gpus(rooms: list[Room], takes: Sequence[tuple[str | None, int | None
     return [dataclasses.replace(r, nodes=tuple((n, idle[n]) for n, _ in r.nodes)) for r in rooms]
 
 
-class Deciding:
-    """The decide step of :class:`dlsub.agent.reconcile.Agent` for elastic jobs."""
+def plan_resizes(seen: Observation, store: AgentStore, policy: AgentPolicy, rules: Rules, models: LiveModels,
+                 sizing_policy: Policy | None, now: float, writes: Writes) -> tuple[list[Resize], list[Resize]]:
+    """This tick's resizes: the ones a crash left written ahead and not done (carried out as they are, never
+    decided again), and the new grow/shrink/end-workers ones (to be written ahead). ``sizing_policy``: an
+    elastic policy that sizes jobs on the ``models`` fitted from their reports (None: the policy only orders
+    growth)."""
+    resumed, jobs, leaving = _recover_resizes(seen, store, policy, now, writes)
+    # Still running while it checkpoints with its group: its GPUs count as given back already.
+    jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, leaving=w.handle in leaving)
+                                                 for w in j.workers)) for j in jobs]
+    sizing = None if sizing_policy is None else _size_by_policy(seen, rules, models, sizing_policy, now)
+    planned = resize_rules.plan_resizes(jobs, seen.rooms, rules.policy, sizing)
+    return resumed, planned
 
-    store: AgentStore
-    policy: AgentPolicy
-    rules: Rules
-    _leaving: dict[str, float]
-    _models: LiveModels
-    _sizing_policy: Policy | None
 
-    def _plan_resizes(self, seen: Observation, now: float, writes: Writes) -> tuple[list[Resize], list[Resize]]:
-        """This tick's resizes: the ones a crash left written ahead and not done (carried out as they are,
-        never decided again), and the new grow/shrink/end-workers ones (to be written ahead)."""
-        resumed, jobs = self._recover_resizes(seen, now, writes)
-        # Still running while it checkpoints with its group: its GPUs count as given back already.
-        jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, leaving=w.handle in self._leaving)
-                                                     for w in j.workers)) for j in jobs]
-        planned = resize_rules.plan_resizes(jobs, seen.rooms, self.rules.policy, self._size_by_policy(seen, now))
-        return resumed, planned
-
-    def _recover_resizes(self, seen: Observation, now: float,
-                         writes: Writes) -> tuple[list[Resize], list[ElasticJob]]:
-        """The resizes in flight from the store: the workers still leaving (``_leaving``, kept across a
-        restart), and the grows a crash left written ahead and not done, to be done now (and not planned
-        again). Returns those grows and the elastic jobs as the planner must see them (a resumed grow's
-        worker counted as released already, its GPUs as taken)."""
-        rows = self.store.resizes()
-        self._leaving = {}
-        tasks = {w.handle: (j, w) for j in seen.elastic for w in j.workers}
-        resumed: list[Resize] = []
-        taken: list[tuple[str, int]] = []
-        for worker, row in rows.items():
-            job, task = tasks.get(worker, (None, None))
-            if row.phase == ResizePhase.PLANNED and row.kind == resize_rules.SHRINK:
-                # The signal may or may not have gone before the crash: counted as leaving since it was
-                # planned, so it is never sent twice within the wait, and sent again after it if still needed.
-                row = dataclasses.replace(row, phase=ResizePhase.LEAVING)
-                writes.resizes[worker] = row
-            if row.phase == ResizePhase.LEAVING:
-                if now - row.since < leave_wait_s(self.policy):
-                    self._leaving[worker] = row.since
-                else:
-                    writes.ended_resizes.add(worker)
-                continue
-            if (job is None or task is None or job.uid != row.uid or job.state != "RUNNING" or job.ended
-                    or job.moving or not resize_rules.usable_worker(task, job)):
-                # Released before the crash (no longer held), or moot now: nothing left to do.
+def _recover_resizes(seen: Observation, store: AgentStore, policy: AgentPolicy, now: float,
+                     writes: Writes) -> tuple[list[Resize], list[ElasticJob], dict[str, float]]:
+    """The resizes in flight from the store: the grows a crash left written ahead and not done, to be done
+    now (and not planned again), and the workers still leaving (kept in the store across ticks and
+    restarts). Returns those grows, the elastic jobs as the planner must see them (a resumed grow's worker
+    counted as released already, its GPUs as taken), and the leaving workers with when they were told."""
+    rows = store.resizes()
+    leaving: dict[str, float] = {}
+    tasks = {w.handle: (j, w) for j in seen.elastic for w in j.workers}
+    resumed: list[Resize] = []
+    taken: list[tuple[str, int]] = []
+    for worker, row in rows.items():
+        job, task = tasks.get(worker, (None, None))
+        if row.phase == ResizePhase.PLANNED and row.kind == ActionKind.SHRINK:
+            # The signal may or may not have gone before the crash: counted as leaving since it was
+            # planned, so it is never sent twice within the wait, and sent again after it if still needed.
+            row = dataclasses.replace(row, phase=ResizePhase.LEAVING)
+            writes.resizes[worker] = row
+        if row.phase == ResizePhase.LEAVING:
+            if now - row.since < leave_wait_s(policy):
+                leaving[worker] = row.since
+            else:
                 writes.ended_resizes.add(worker)
-                continue
-            resumed.append(Resize(ActionKind(row.kind), row.dlsub_id, row.slurm_job_id, row.reason, worker,
-                                  row.partition, row.batch_size, row.accumulation_steps, row.node))
-            taken.append((job.partition, job.gpus_per_worker))
-        if resumed:
-            seen.rooms = reserve_gpus(seen.rooms, taken)
-        on_way = {r.worker for r in resumed}
-        jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, reason="None") if w.handle in on_way
-                                                     else w for w in j.workers)) for j in seen.elastic]
-        return resumed, jobs
+            continue
+        if (job is None or task is None or job.uid != row.uid or job.state != "RUNNING" or job.ended
+                or job.moving or not resize_rules.usable_worker(task, job)):
+            # Released before the crash (no longer held), or moot now: nothing left to do.
+            writes.ended_resizes.add(worker)
+            continue
+        resumed.append(Resize(ActionKind(row.kind), row.dlsub_id, row.slurm_job_id, row.reason, worker,
+                              row.partition, row.batch_size, row.accumulation_steps, row.node))
+        taken.append((job.partition, job.gpus_per_worker))
+    if resumed:
+        seen.rooms = reserve_gpus(seen.rooms, taken)
+    on_way = {r.worker for r in resumed}
+    jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, reason="None") if w.handle in on_way
+                                                 else w for w in j.workers)) for j in seen.elastic]
+    return resumed, jobs, leaving
 
-    def _size_by_policy(self, seen: Observation, now: float) -> resize_rules.SizeByPolicy | None:
-        """With an elastic policy that learns from what jobs report (``goodput``), the sizing step that
-        runs it on each elastic job's fitted model; None otherwise (the policy only orders growth)."""
-        if self._sizing_policy is None:
-            return None
-        policy = self._sizing_policy
-        self._models.forget_except({j.dlsub_id for j in seen.elastic})
-        limit = self.rules.max_gpus_per_user
-        headroom = {uid: max(0, limit - usage.gpus) for uid, usage in seen.usage.items()}
 
-        def size(jobs: Sequence[ElasticJob], room: Room) -> list[Resize]:
-            scaled = []
-            for job in jobs:
-                try:
-                    scaled.append(self._models.scaled(job, seen.elastic_progress.get(job.dlsub_id) or Progress(),
-                                                      now, headroom.get(job.uid, limit)))
-                except Exception:  # one job's reports cost that job its resizes, never the others'
-                    log.exception("job %s: no model from its reports this tick; it keeps its size", job.dlsub_id)
+def _size_by_policy(seen: Observation, rules: Rules, models: LiveModels, policy: Policy,
+                    now: float) -> resize_rules.SizeByPolicy:
+    """With an elastic policy that learns from what jobs report (``goodput``), the sizing step that runs it
+    on each elastic job's fitted model."""
+    models.forget_except({j.dlsub_id for j in seen.elastic})
+    limit = rules.max_gpus_per_user
+    headroom = {uid: max(0, limit - usage.gpus) for uid, usage in seen.usage.items()}
+
+    def size(jobs: Sequence[ElasticJob], room: Room) -> list[Resize]:
+        scaled = []
+        for job in jobs:
             try:
-                return plan_by_policy(scaled, room, policy, now, headroom)
-            except Exception:  # a bad model costs this partition its resizes this tick, never the tick
-                log.exception("sizing the elastic jobs of %s failed; no resizes there this tick", room.name)
-                return []
-        return size
+                scaled.append(models.scaled(job, seen.elastic_progress.get(job.dlsub_id) or Progress(), now,
+                                            headroom.get(job.uid, limit)))
+            except Exception:  # one job's reports cost that job its resizes, never the others'
+                log.exception("job %s: no model from its reports this tick; it keeps its size", job.dlsub_id)
+        try:
+            return plan_by_policy(scaled, room, policy, now, headroom)
+        except Exception:  # a bad model costs this partition its resizes this tick, never the tick
+            log.exception("sizing the elastic jobs of %s failed; no resizes there this tick", room.name)
+            return []
+    return size

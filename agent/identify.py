@@ -40,7 +40,7 @@ from dlsub.jobdir import (
     parse_line,
     read_new_lines,
 )
-from dlsub.policies.actions.move_rules import JobInfo
+from dlsub.policies.actions.move_views import JobInfo
 from dlsub.policies.actions.resize_rules import WorkerTask
 from dlsub.slurm_plugins.models import SlurmJob, expand_nodes
 
@@ -143,130 +143,131 @@ class Seen:
     info: JobInfo | None = None
 
 
-class Identifying:
-    """The part of :class:`dlsub.agent.reconcile.Agent` that decides whose job it sees and reads its files."""
+# ---------------------------------------------------------------- whose job it is, and its files
+def may_claim(bound: Binding | None, request: Request) -> bool:
+    """Whether a job's request may (re)bind its id: an unbound id, or a record-backed claim on an id
+    bound by a comment alone."""
+    return bound is None or (bound.source != "record" and request.source == "record")
 
-    @staticmethod
-    def _may_claim(bound: Binding | None, request: Request) -> bool:
-        """Whether a job's request may (re)bind its id: an unbound id, or a record-backed claim on an id
-        bound by a comment alone."""
-        return bound is None or (bound.source != "record" and request.source == "record")
 
-    def _identify(self, job: SlurmJob, uid: int, rows: dict[tuple[int, int], JobRow], now: float,
-                  writes: Writes) -> Seen | None:
-        """The job's trusted request, if it is a dlsub job the agent may follow; None otherwise."""
-        row = rows.get((uid, job.job_id))
-        request = _request_from_record(job, uid)
-        if row is not None and request is not None and request.dlsub_id != row.dlsub_id:
-            # Slurm has given this id to another job of the same user (its state was reset, as when a
-            # site moves to a new Slurm, or ids wrapped round at MaxJobId): a new job, not the row's.
-            log.info("Slurm job %s (uid %s) is now dlsub job %s, no longer %s: a reused id", job.job_id, uid,
-                     request.dlsub_id, row.dlsub_id)
-            row = None
-        if row is not None and row.data.get("ignored"):
-            return None  # decided once: never acted on, never read
-        first_note = None
-        if request is None:
-            frozen = row.data.get("request") if row is not None else None
-            if isinstance(frozen, dict) and frozen.get("dlsub_id"):
-                request = Request.from_dict(frozen)  # the tags first seen; the comment is not read again
-            else:
-                tags = job.tags
-                if tags is None:
-                    return None  # not dlsub's
-                request = _request_from_tags(job, tags)
-                first_note = ("no submit record from job_submit.lua: the agent trusts the tags it saw first "
-                              f"({tags.comment()}) and will not read this job's comment again")
-        # What the record leaves open (the default partition, its default time) is fixed at first sight.
-        frozen = (row.data.get("request") if row is not None else None) or {}
-        if request.partition is None:
-            request = dataclasses.replace(
-                request, partition=frozen.get("partition") if row is not None else job.partition)
-        if request.time_limit_min is None:
-            request = dataclasses.replace(
-                request, time_limit_min=frozen.get("time_limit_min") if row is not None else job.time_limit_min)
-        if row is None:
-            row = JobRow(uid, job.job_id, request.dlsub_id, job.user, None, {})
-        elif row.data.get("request") != request.to_dict():
-            row = JobRow(row.uid, row.slurm_job_id, row.dlsub_id, row.user, row.state, dict(row.data))
-        seen = Seen(job, row, request)
-        if first_note is not None:
-            seen.row.data["first_note"] = first_note
-        return seen
+def identify(job: SlurmJob, uid: int, rows: dict[tuple[int, int], JobRow], now: float,
+             writes: Writes) -> Seen | None:
+    """The job's trusted request, if it is a dlsub job the agent may follow; None otherwise."""
+    row = rows.get((uid, job.job_id))
+    request = _request_from_record(job, uid)
+    if row is not None and request is not None and request.dlsub_id != row.dlsub_id:
+        # Slurm has given this id to another job of the same user (its state was reset, as when a
+        # site moves to a new Slurm, or ids wrapped round at MaxJobId): a new job, not the row's.
+        log.info("Slurm job %s (uid %s) is now dlsub job %s, no longer %s: a reused id", job.job_id, uid,
+                 request.dlsub_id, row.dlsub_id)
+        row = None
+    if row is not None and row.data.get("ignored"):
+        return None  # decided once: never acted on, never read
+    first_note = None
+    if request is None:
+        frozen = row.data.get("request") if row is not None else None
+        if isinstance(frozen, dict) and frozen.get("dlsub_id"):
+            request = Request.from_dict(frozen)  # the tags first seen; the comment is not read again
+        else:
+            tags = job.tags
+            if tags is None:
+                return None  # not dlsub's
+            request = _request_from_tags(job, tags)
+            first_note = ("no submit record from job_submit.lua: the agent trusts the tags it saw first "
+                          f"({tags.comment()}) and will not read this job's comment again")
+    # What the record leaves open (the default partition, its default time) is fixed at first sight.
+    frozen = (row.data.get("request") if row is not None else None) or {}
+    if request.partition is None:
+        request = dataclasses.replace(
+            request, partition=frozen.get("partition") if row is not None else job.partition)
+    if request.time_limit_min is None:
+        request = dataclasses.replace(
+            request, time_limit_min=frozen.get("time_limit_min") if row is not None else job.time_limit_min)
+    if row is None:
+        row = JobRow(uid, job.job_id, request.dlsub_id, job.user, None, {})
+    elif row.data.get("request") != request.to_dict():
+        row = JobRow(row.uid, row.slurm_job_id, row.dlsub_id, row.user, row.state, dict(row.data))
+    seen = Seen(job, row, request)
+    if first_note is not None:
+        seen.row.data["first_note"] = first_note
+    return seen
 
-    def _ignore(self, seen: Seen, owner: int, now: float, writes: Writes) -> None:
-        row = JobRow(seen.row.uid, seen.job.job_id, seen.request.dlsub_id, seen.job.user, seen.row.state,
-                     {"ignored": True})
-        writes.jobs[row.key()] = row
-        writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "ignored",
-                      f"this Slurm job's comment names dlsub job {row.dlsub_id}, which belongs to another user: "
-                      "the agent ignores this job (it never acts on it or reads its files)")
-        log.warning("Slurm job %s (uid %s) claims dlsub id %s of uid %s: ignored", row.slurm_job_id, row.uid,
-                    row.dlsub_id, owner)
 
-    def _once(self, row: JobRow, slot: str, reason: str, now: float, writes: Writes, kind: str = "wait") -> None:
-        """Record ``reason`` as a decision unless it is the last one recorded in ``slot``."""
-        notes = dict(row.data.get("said") or {})
-        if notes.get(slot) == reason:
-            return
-        notes[slot] = reason
-        row.data["said"] = notes
-        writes.jobs[row.key()] = row
-        writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, kind, reason)
+def ignore(seen: Seen, owner: int, now: float, writes: Writes) -> None:
+    row = JobRow(seen.row.uid, seen.job.job_id, seen.request.dlsub_id, seen.job.user, seen.row.state,
+                 {"ignored": True})
+    writes.jobs[row.key()] = row
+    writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "ignored",
+                  f"this Slurm job's comment names dlsub job {row.dlsub_id}, which belongs to another user: "
+                  "the agent ignores this job (it never acts on it or reads its files)")
+    log.warning("Slurm job %s (uid %s) claims dlsub id %s of uid %s: ignored", row.slurm_job_id, row.uid,
+                row.dlsub_id, owner)
 
-    def _read_files(self, row: JobRow, job: SlurmJob, dlsub_id: str, now: float, writes: Writes) -> bool:
-        """Fold what was appended to the job's progress and attempt files since last time into its row.
 
-        False: they could not be read (the reason is recorded once); the row keeps its last summary.
-        """
-        data = row.data
-        if "job_dir" not in data:
-            found = job_dir_of(job, dlsub_id)
-            data["job_dir"] = str(found) if found else None  # fixed at first sight
-        job_dir = data.get("job_dir")
-        if not job_dir:
-            self._once(row, "files", "Slurm's record of this job names no job directory called "
-                       f"{dlsub_id} for its output: progress is not read", now, writes, "skipped")
-            return False
-        cursors = dict(data.get("files") or {})
-        progress = ProgressSummary.from_dict(data.get("progress"))
-        attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
-        fed = {PROGRESS_FILE: False, ATTEMPTS_FILE: False}
-        dropped: list[str] = []
+def once(row: JobRow, slot: str, reason: str, now: float, writes: Writes, kind: str = "wait") -> None:
+    """Record ``reason`` as a decision unless it is the last one recorded in ``slot``."""
+    notes = dict(row.data.get("said") or {})
+    if notes.get(slot) == reason:
+        return
+    notes[slot] = reason
+    row.data["said"] = notes
+    writes.jobs[row.key()] = row
+    writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, kind, reason)
+
+
+def read_files(row: JobRow, job: SlurmJob, dlsub_id: str, now: float, writes: Writes) -> bool:
+    """Fold what was appended to the job's progress and attempt files since last time into its row.
+
+    False: they could not be read (the reason is recorded once); the row keeps its last summary.
+    """
+    data = row.data
+    if "job_dir" not in data:
+        found = job_dir_of(job, dlsub_id)
+        data["job_dir"] = str(found) if found else None  # fixed at first sight
+    job_dir = data.get("job_dir")
+    if not job_dir:
+        once(row, "files", "Slurm's record of this job names no job directory called "
+                   f"{dlsub_id} for its output: progress is not read", now, writes, "skipped")
+        return False
+    cursors = dict(data.get("files") or {})
+    progress = ProgressSummary.from_dict(data.get("progress"))
+    attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
+    fed = {PROGRESS_FILE: False, ATTEMPTS_FILE: False}
+    dropped: list[str] = []
+    try:
+        dir_fd = open_dir(Path(job_dir), row.uid)
         try:
-            dir_fd = open_dir(Path(job_dir), row.uid)
-            try:
-                for name, check, summary in ((PROGRESS_FILE, check_progress_event, progress),
-                                             (ATTEMPTS_FILE, check_attempt_event, attempts)):
-                    chunk = read_new_lines(dir_fd, name, row.uid, Cursor.from_dict(cursors.get(name)))
-                    if chunk.dropped:
-                        dropped.append(f"{name}: {chunk.dropped} bytes passed over (lines over 64 KiB, or more "
-                                       "than 1 MiB behind)")
-                    cursor = chunk.cursor
-                    fed[name] = bool(chunk.lines)
-                    for line in chunk.lines:
-                        raw = parse_line(line)
-                        event = check(raw) if raw is not None else None
-                        if event is None:
-                            summary.bad_events += 1
-                        else:
-                            summary.feed(event)
-                    cursors[name] = cursor.to_dict() if cursor else None
-            finally:
-                os.close(dir_fd)
-        except Unreadable as exc:
-            self._once(row, "files", f"not read this tick: {exc.reason}", now, writes, "skipped")
-            return False
-        if cursors != data.get("files"):
-            data["files"] = cursors
-        if fed[PROGRESS_FILE] or "progress" not in data:
-            data["progress"] = progress.to_dict()
-        if fed[ATTEMPTS_FILE] or "attempts" not in data:
-            data["attempts"] = attempts.to_dict()
-        if dropped:
-            self._once(row, "dropped", "read in part: " + "; ".join(dropped), now, writes, "skipped")
-        said = data.get("said") or {}
-        if said.get("files"):
-            # Readable again: the same trouble later is worth saying again.
-            data["said"] = {k: v for k, v in said.items() if k != "files"}
-        return True
+            for name, check, summary in ((PROGRESS_FILE, check_progress_event, progress),
+                                         (ATTEMPTS_FILE, check_attempt_event, attempts)):
+                chunk = read_new_lines(dir_fd, name, row.uid, Cursor.from_dict(cursors.get(name)))
+                if chunk.dropped:
+                    dropped.append(f"{name}: {chunk.dropped} bytes passed over (lines over 64 KiB, or more "
+                                   "than 1 MiB behind)")
+                cursor = chunk.cursor
+                fed[name] = bool(chunk.lines)
+                for line in chunk.lines:
+                    raw = parse_line(line)
+                    event = check(raw) if raw is not None else None
+                    if event is None:
+                        summary.bad_events += 1
+                    else:
+                        summary.feed(event)
+                cursors[name] = cursor.to_dict() if cursor else None
+        finally:
+            os.close(dir_fd)
+    except Unreadable as exc:
+        once(row, "files", f"not read this tick: {exc.reason}", now, writes, "skipped")
+        return False
+    if cursors != data.get("files"):
+        data["files"] = cursors
+    if fed[PROGRESS_FILE] or "progress" not in data:
+        data["progress"] = progress.to_dict()
+    if fed[ATTEMPTS_FILE] or "attempts" not in data:
+        data["attempts"] = attempts.to_dict()
+    if dropped:
+        once(row, "dropped", "read in part: " + "; ".join(dropped), now, writes, "skipped")
+    said = data.get("said") or {}
+    if said.get("files"):
+        # Readable again: the same trouble later is worth saying again.
+        data["said"] = {k: v for k, v in said.items() if k != "files"}
+    return True

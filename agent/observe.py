@@ -15,15 +15,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlsub.agent.agent_store import AgentStore, Binding, JobRow, MoveRow, Writes
+from dlsub.agent.agent_store import AgentStore, Binding, JobRow, NewBinding, Writes
 from dlsub.agent.budget_watch import BudgetWatch
-from dlsub.agent.identify import Identifying, Seen, nodes_of, worker_request, worker_task
+from dlsub.agent.identify import (
+    Seen,
+    identify,
+    ignore,
+    may_claim,
+    nodes_of,
+    once,
+    read_files,
+    worker_request,
+    worker_task,
+)
+from dlsub.agent.records import MoveRow
 from dlsub.contract import IllegalTransition, JobState
 from dlsub.job_progress import AttemptsSummary, Progress, ProgressSummary
-from dlsub.policies.actions.move_rules import JobInfo, PartitionInfo, Rules, Usage, Window
+from dlsub.policies.actions.move_views import JobInfo, PartitionInfo, Rules, Usage, Window
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
 from dlsub.site_config.policy_file import AgentPolicy
-from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.models import Partition, SlurmJob
 
 log = logging.getLogger("dlsub.agent")
@@ -49,333 +59,360 @@ class Observation:
     # and its job directory (where its mailbox is).
     elastic_progress: dict[str, Progress] = field(default_factory=dict)
     elastic_dirs: dict[str, str] = field(default_factory=dict)
+    # The jobs followed and observed this tick, by Slurm job id (what the act step writes ahead about).
+    followed: dict[int, Seen] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, order=True)
+class _Claim:
+    """One job's claim on a dlsub id. Ordered by who wins it: a record-backed claim before a comment-only one,
+    then the earliest submit, then the lowest Slurm job id."""
+
+    comment_only: bool
+    submit_time: int
+    slurm_job_id: int
+    uid: int
+    source: str  # "record" or "comment"
 
 
 @dataclass
 class _Queue:
-    """The queue of one tick, sorted (see :meth:`Observing._sort_queue`)."""
+    """The queue of one tick, sorted (see :func:`_sort_queue`)."""
 
     candidates: list[Seen] = field(default_factory=list)  # dlsub jobs the agent may follow, identified
     workers: dict[tuple[int, str], list[WorkerTask]] = field(default_factory=dict)  # by (uid, dlsub id)
     worker_ids: set[int] = field(default_factory=set)
     usage: dict[int, Usage] = field(default_factory=dict)  # every live job's GPUs, by uid
-    # Who may own each id: (not backed by a record, submit time, Slurm id, uid, source). dlsub submits an
-    # elastic job's worker array before its main job, so the workers' claim counts too: their public
-    # comment shows the id first, and another user must not take it with a main job of their own.
-    claims: dict[str, list[tuple[bool, int, int, int, str]]] = field(default_factory=dict)
+    # Who may own each id. dlsub submits an elastic job's worker array before its main job, so the workers'
+    # claim counts too: their public comment shows the id first, and another user must not take it with a
+    # main job of their own.
+    claims: dict[str, list[_Claim]] = field(default_factory=dict)
 
 
-class Observing(Identifying):
-    """The observe step of :class:`dlsub.agent.reconcile.Agent`."""
+@dataclass(frozen=True)
+class ObserveWith:
+    """What the observe step reads besides Slurm's answers, and what it keeps from one tick to the next."""
 
-    client: SlurmClient
     store: AgentStore
     policy: AgentPolicy
     rules: Rules
-    deadline_clock: Callable[[], float]
-    _seen: dict[int, Seen]
-    _unread: int
-    _last_read: dict[tuple[int, int], float]
-    _budgets: BudgetWatch
+    budgets: BudgetWatch
+    deadline_clock: Callable[[], float]  # real elapsed time, for the tick's deadline
+    # When each followed job's files were last read (deadline clock): the least recently read go first.
+    # The agent's memory (a restart starts it afresh); the entries of jobs no longer followed are dropped.
+    last_read: dict[tuple[int, int], float]
 
-    def window_at(self, now: float) -> Window:
-        best = Window(False)
-        for window in self.policy.backfill.windows:
-            is_open, change = window.state(now)
-            if is_open and (not best.open or (change or 1e18) < (best.closes_at or 1e18)):
-                best = Window(True, window.name, change)
-        return best
 
-    def observe(self, now: float, slurm_jobs: list[SlurmJob], partitions: list[Partition], writes: Writes,
-                deadline: float) -> Observation:
-        rows = self.store.jobs()
-        bindings = self.store.bindings()
-        moves = self.store.move_rows()
-        known = {p.name: p for p in partitions}
-        queue = self._sort_queue(slurm_jobs, rows, bindings, moves, now, writes)
-        self._bind(queue, bindings, now, writes)
-        followed: list[Seen] = []
-        for seen in queue.candidates:
-            owner = bindings[seen.request.dlsub_id].uid
-            if owner != seen.row.uid:
-                self._ignore(seen, owner, now, writes)
-            else:
-                followed.append(seen)
-        observed, skipped, late = self._observe_followed(followed, moves, known, now, writes, deadline)
-        self._seen = {s.job.job_id: s for s in observed}
-        pending_gpus, pending_per_node = self._waiting(slurm_jobs, moves, queue.worker_ids, known)
-        parts = [PartitionInfo(
-            name=p.name, role=self.policy.role_of(p.name), speed=self.policy.speed_of(p.name),
-            nodes=tuple((n.name, n.idle_gpus, n.idle_cpus) for n in p.nodes if n.usable),
-            pending_gpus=pending_gpus.get(p.name, 0), max_time_s=p.max_time_min * 60.0 if p.max_time_min else None,
-            cost_per_node_hour=self._price(p.name)) for p in partitions]
-        infos = [s.info for s in observed if s.info is not None]
-        infos = self._budgets.attach(infos, {s.job.job_id: str(s.job.extra.get("account") or "") for s in observed},
-                                     now)
-        elastic = self._elastic_jobs(followed, queue.workers, rows, bindings, moves)
-        mains = [s for s in followed if s.request.elastic_main]
-        elastic_progress = {s.request.dlsub_id: ProgressSummary.from_dict(s.row.data.get("progress")).progress()
-                            for s in mains}
-        elastic_dirs = {s.request.dlsub_id: str(s.row.data["job_dir"])
-                        for s in mains if s.row.data.get("job_dir")}
-        rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0),
-                      pending_per_node.get(p.name, 0),
-                      tuple((n.name, n.idle_cpus, n.free_memory_mb) for n in p.nodes if n.usable)) for p in partitions]
-        return Observation(infos, parts, self.window_at(now), queue.usage, skipped + self._unread, late, elastic,
-                           rooms, elastic_progress, elastic_dirs)
+def window_at(policy: AgentPolicy, now: float) -> Window:
+    best = Window(False)
+    for window in policy.backfill.windows:
+        is_open, change = window.state(now)
+        if is_open and (not best.open or (change or 1e18) < (best.closes_at or 1e18)):
+            best = Window(True, window.name, change)
+    return best
 
-    def _sort_queue(self, slurm_jobs: list[SlurmJob], rows: dict[tuple[int, int], JobRow],
-                    bindings: dict[str, Binding], moves: dict[tuple[int, int], MoveRow], now: float,
-                    writes: Writes) -> _Queue:
-        """The queue sorted: elastic jobs' worker tasks apart, the other dlsub jobs identified, every live
-        job's GPUs charged to its user, and the workers' record-backed claims on their ids."""
-        queue = _Queue()
-        usage = queue.usage
-        for job in slurm_jobs:
-            uid = job.user_id
-            if uid is None:
-                continue
-            state = job.dlsub_state
-            worker = worker_request(job, uid)
-            if worker is not None:
-                # An elastic job's worker task: part of its main job (same uid, same id), never planned alone.
-                queue.worker_ids.add(job.job_id)
-                task = worker_task(job)
-                if task is not None:
-                    queue.workers.setdefault((uid, worker.dlsub_id), []).append(task)
-                if state in _LIVE and not job.held:
-                    old = usage.get(uid, Usage())
-                    usage[uid] = Usage(old.gpus + job.gpus_per_node * max(1, job.node_count), old.jobs + 1)
-                dlsub_id = worker.dlsub_id
-                if worker.source == "record" and self._may_claim(bindings.get(dlsub_id), worker):
-                    queue.claims.setdefault(dlsub_id, []).append((False, job.submit_time, job.job_id, uid, "record"))
-                continue
-            if state in _LIVE:
-                gpus = job.gpus_per_node * max(1, job.node_count)
-                move = moves.get((uid, job.job_id))
-                if move is not None:
-                    gpus = max(gpus, move.target_gpus * max(1, job.node_count))
+
+def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions: list[Partition], writes: Writes,
+            deadline: float) -> Observation:
+    """What Slurm and the job files show this tick (``writes`` gets what changed in the agent's rows)."""
+    rows = ctx.store.jobs()
+    bindings = ctx.store.bindings()
+    moves = ctx.store.move_rows()
+    known = {p.name: p for p in partitions}
+    queue = _sort_queue(slurm_jobs, rows, bindings, moves, now, writes)
+    _bind(queue, bindings, now, writes)
+    followed: list[Seen] = []
+    for seen in queue.candidates:
+        owner = bindings[seen.request.dlsub_id].uid
+        if owner != seen.row.uid:
+            ignore(seen, owner, now, writes)
+        else:
+            followed.append(seen)
+    observed, skipped, late = _observe_followed(ctx, followed, moves, known, now, writes, deadline)
+    pending_gpus, pending_per_node = _waiting(ctx.rules, slurm_jobs, moves, queue.worker_ids, known)
+    parts = [PartitionInfo(
+        name=p.name, role=ctx.policy.role_of(p.name), speed=ctx.policy.speed_of(p.name),
+        nodes=tuple((n.name, n.idle_gpus, n.idle_cpus) for n in p.nodes if n.usable),
+        pending_gpus=pending_gpus.get(p.name, 0), max_time_s=p.max_time_min * 60.0 if p.max_time_min else None,
+        cost_per_node_hour=_price(ctx.policy, p.name)) for p in partitions]
+    infos = [s.info for s in observed if s.info is not None]
+    infos = ctx.budgets.attach(infos, {s.job.job_id: str(s.job.extra.get("account") or "") for s in observed},
+                               now)
+    elastic = _elastic_jobs(followed, queue.workers, rows, bindings, moves)
+    mains = [s for s in followed if s.request.elastic_main]
+    elastic_progress = {s.request.dlsub_id: ProgressSummary.from_dict(s.row.data.get("progress")).progress()
+                        for s in mains}
+    elastic_dirs = {s.request.dlsub_id: str(s.row.data["job_dir"])
+                    for s in mains if s.row.data.get("job_dir")}
+    rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0),
+                  pending_per_node.get(p.name, 0),
+                  tuple((n.name, n.idle_cpus, n.free_memory_mb) for n in p.nodes if n.usable)) for p in partitions]
+    return Observation(infos, parts, window_at(ctx.policy, now), queue.usage, skipped, late, elastic,
+                       rooms, elastic_progress, elastic_dirs, {s.job.job_id: s for s in observed})
+
+
+def _sort_queue(slurm_jobs: list[SlurmJob], rows: dict[tuple[int, int], JobRow], bindings: dict[str, Binding],
+                moves: dict[tuple[int, int], MoveRow], now: float, writes: Writes) -> _Queue:
+    """The queue sorted: elastic jobs' worker tasks apart, the other dlsub jobs identified, every live
+    job's GPUs charged to its user, and the workers' record-backed claims on their ids."""
+    queue = _Queue()
+    usage = queue.usage
+    for job in slurm_jobs:
+        uid = job.user_id
+        if uid is None:
+            continue
+        state = job.dlsub_state
+        worker = worker_request(job, uid)
+        if worker is not None:
+            # An elastic job's worker task: part of its main job (same uid, same id), never planned alone.
+            queue.worker_ids.add(job.job_id)
+            task = worker_task(job)
+            if task is not None:
+                queue.workers.setdefault((uid, worker.dlsub_id), []).append(task)
+            if state in _LIVE and not job.held:
                 old = usage.get(uid, Usage())
-                usage[uid] = Usage(old.gpus + gpus, old.jobs + 1)
-            seen = self._identify(job, uid, rows, now, writes)
-            if seen is not None:
-                queue.candidates.append(seen)
-        return queue
+                usage[uid] = Usage(old.gpus + job.gpus_per_node * max(1, job.node_count), old.jobs + 1)
+            dlsub_id = worker.dlsub_id
+            if worker.source == "record" and may_claim(bindings.get(dlsub_id), worker):
+                claim = _Claim(False, job.submit_time, job.job_id, uid, "record")
+                queue.claims.setdefault(dlsub_id, []).append(claim)
+            continue
+        if state in _LIVE:
+            gpus = job.gpus_per_node * max(1, job.node_count)
+            move = moves.get((uid, job.job_id))
+            if move is not None:
+                gpus = max(gpus, move.target_gpus * max(1, job.node_count))
+            old = usage.get(uid, Usage())
+            usage[uid] = Usage(old.gpus + gpus, old.jobs + 1)
+        seen = identify(job, uid, rows, now, writes)
+        if seen is not None:
+            queue.candidates.append(seen)
+    return queue
 
-    def _bind(self, queue: _Queue, bindings: dict[str, Binding], now: float, writes: Writes) -> None:
-        """Bind each dlsub id to the uid that submitted it (``bindings`` updated, the new ones written).
 
-        A submit record (job_submit.lua) is the proof of that; a comment is only a claim, which anyone can
-        edit into an old job of theirs the moment they see a new id in squeue. So a record-backed claim takes
-        an id from a comment-only owner, never the other way round; among equals the earliest submit (then
-        the lowest job id) wins.
-        """
-        for seen in queue.candidates:
-            dlsub_id = seen.request.dlsub_id
-            if self._may_claim(bindings.get(dlsub_id), seen.request):
-                record = seen.request.source == "record"
-                source = "record" if record else "comment"
-                queue.claims.setdefault(dlsub_id, []).append(
-                    (not record, seen.job.submit_time, seen.job.job_id, seen.row.uid, source))
-        for dlsub_id, group in queue.claims.items():
-            _, _, job_id, uid, source = min(group)
-            bindings[dlsub_id] = Binding(uid, source)
-            writes.bindings.append((dlsub_id, uid, job_id, now, source))
+def _bind(queue: _Queue, bindings: dict[str, Binding], now: float, writes: Writes) -> None:
+    """Bind each dlsub id to the uid that submitted it (``bindings`` updated, the new ones written).
 
-    def _observe_followed(self, followed: list[Seen], moves: dict[tuple[int, int], MoveRow],
-                          known: dict[str, Partition], now: float, writes: Writes,
-                          deadline: float) -> tuple[list[Seen], int, bool]:
-        """Each followed job observed, its files read in a fair order until the deadline. Returns the jobs
-        observed, how many were skipped, and whether the deadline passed."""
-        observed: list[Seen] = []
-        skipped, late = 0, False
-        self._unread = 0
-        live = {seen.row.key() for seen in followed}
-        self._last_read = {key: at for key, at in self._last_read.items() if key in live}
-        for seen in self._fair_order(followed):
-            try:
-                # A job that has never run has written nothing yet: its files are not worth a read.
-                ran = seen.job.state != "PENDING" or seen.job.restart_count > 0
-                if not ran:
-                    read = False
-                elif self.deadline_clock() > deadline:
-                    late = True
-                    skipped += 1
-                    read = False
-                else:
-                    read = True
-                    self._last_read[seen.row.key()] = self.deadline_clock()
-                info = self._observe_job(seen, moves.get(seen.row.key()), known, now, writes, read)
-            except Exception as exc:
-                log.exception("observing Slurm job %s failed", seen.job.job_id)
-                self._once(seen.row, "failed", f"observing this job failed ({type(exc).__name__}: {exc}); "
-                           "skipped this tick", now, writes, "skipped")
-                skipped += 1
-                continue
-            if info is not None:
-                seen.info = info
-                observed.append(seen)
-        return observed, skipped, late
+    A submit record (job_submit.lua) is the proof of that; a comment is only a claim, which anyone can
+    edit into an old job of theirs the moment they see a new id in squeue. So a record-backed claim takes
+    an id from a comment-only owner, never the other way round; among equals the earliest submit (then
+    the lowest job id) wins.
+    """
+    for seen in queue.candidates:
+        dlsub_id = seen.request.dlsub_id
+        if may_claim(bindings.get(dlsub_id), seen.request):
+            record = seen.request.source == "record"
+            source = "record" if record else "comment"
+            queue.claims.setdefault(dlsub_id, []).append(
+                _Claim(not record, seen.job.submit_time, seen.job.job_id, seen.row.uid, source))
+    for dlsub_id, group in queue.claims.items():
+        won = min(group)
+        bindings[dlsub_id] = Binding(won.uid, won.source)
+        writes.bindings.append(NewBinding(dlsub_id, won.uid, won.slurm_job_id, now, won.source))
 
-    def _waiting(self, slurm_jobs: list[SlurmJob], moves: dict[tuple[int, int], MoveRow],
-                 worker_ids: set[int], known: dict[str, Partition]) -> tuple[dict[str, int], dict[str, int]]:
-        """What jobs waiting for nodes want, per partition: GPUs in all, and the most on one node. One user
-        counts for at most the per-user GPU limit, so that a user's queue of jobs cannot shrink (or keep
-        from growing) everybody else's."""
-        by_user: dict[tuple[str, int], int] = {}
-        pending_per_node: dict[str, int] = {}
-        for job in slurm_jobs:
-            if (job.state == "PENDING" and not job.held and job.gpus_per_node and job.user_id is not None
-                    and (job.user_id, job.job_id) not in moves and job.job_id not in worker_ids
-                    and job.reason in _WAITING_FOR_NODES and self._could_run(job, known)):
-                wanted = job.gpus_per_node * max(1, job.node_count)
-                for name in job.partition.split(","):
-                    by_user[(name, job.user_id)] = by_user.get((name, job.user_id), 0) + wanted
-                    pending_per_node[name] = max(pending_per_node.get(name, 0), job.gpus_per_node)
-        pending_gpus: dict[str, int] = {}
-        for (name, _), wanted in by_user.items():
-            pending_gpus[name] = pending_gpus.get(name, 0) + min(wanted, self.rules.max_gpus_per_user)
-        return pending_gpus, pending_per_node
 
-    def _price(self, partition: str) -> float:
-        role = self.policy.partitions.get(partition)
-        return role.cost_per_node_hour if role else 0.0
-
-    @staticmethod
-    def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[WorkerTask]],
-                      rows: dict[tuple[int, int], JobRow], bindings: dict[str, Binding],
-                      moves: dict[tuple[int, int], MoveRow]) -> list[ElasticJob]:
-        """Elastic main jobs with their worker tasks (same uid and id only); and workers whose main job
-        has ended, even when Slurm no longer lists it."""
-        out: list[ElasticJob] = []
-        mains: set[tuple[int, str]] = set()
-        for seen in followed:
-            rng = seen.request.nodes
-            if rng is None or not seen.request.elastic_main:
-                continue
-            key = (seen.row.uid, seen.request.dlsub_id)
-            mains.add(key)
-            job = seen.job
-            tasks = tuple(workers.get(key, ()))
-            arrays = {int(t.handle.split("_")[0]) for t in tasks}
-            # A job elastic in GPUs: each worker takes the step it asked for, or the GPUs Slurm gives its tasks
-            # if those are more (they are what a node must have idle for it).
-            step = max([seen.request.step, *(t.gpus for t in tasks)]) if seen.request.step else 0
-            out.append(ElasticJob(
-                dlsub_id=key[1], slurm_job_id=job.job_id, uid=key[0], user=job.user, state=job.state,
-                ended=job.dlsub_state.terminal, partition=job.partition,
-                gpus_per_node=job.gpus_per_node, min_nodes=int(rng[0]), max_nodes=int(rng[1]),
-                submit_time=float(job.submit_time), worker_arrays=tuple(sorted(arrays)),
-                workers=tasks, moving=seen.row.key() in moves, cpus_per_node=job.cpus_per_node,
-                memory_per_node_mb=job.memory_per_node_mb, worker_gpus=step, main_nodes=nodes_of(job)))
-        ended = {(r.uid, r.dlsub_id): r for r in rows.values()
-                 if r.state is not None and JobState(r.state).terminal and not r.data.get("ignored")}
-        for key, orphans in workers.items():
-            row = ended.get(key)
-            bound = bindings.get(key[1])
-            if key in mains or row is None or bound is None or bound.uid != key[0]:
-                continue
-            arrays = {int(t.handle.split("_")[0]) for t in orphans}
-            out.append(ElasticJob(
-                dlsub_id=key[1], slurm_job_id=row.slurm_job_id, uid=key[0], user=row.user, state=str(row.state),
-                ended=True, partition="", gpus_per_node=0, min_nodes=1, max_nodes=2, submit_time=0.0,
-                worker_arrays=tuple(sorted(arrays)), workers=tuple(orphans)))
-        return out
-
-    @staticmethod
-    def _could_run(job: SlurmJob, known: dict[str, Partition]) -> bool:
-        """Whether some partition the job names has enough up nodes with as many GPUs as it wants per node."""
-        for name in job.partition.split(","):
-            part = known.get(name)
-            if part is not None and sum(1 for n in part.nodes if n.usable and n.gpus >= job.gpus_per_node) \
-                    >= max(1, job.node_count):
-                return True
-        return False
-
-    def _fair_order(self, jobs: list[Seen]) -> list[Seen]:
-        """The order to read jobs' files in: one job of each user in turn, each user's least recently read
-        first, so that many jobs of one user (or a few slow ones) cannot use up the deadline every tick."""
-        by_uid: dict[int, list[Seen]] = {}
-        for seen in sorted(jobs, key=lambda s: self._last_read.get(s.row.key(), 0.0)):
-            by_uid.setdefault(seen.row.uid, []).append(seen)
-        queues = sorted(by_uid.values(), key=lambda q: self._last_read.get(q[0].row.key(), 0.0))
-        return [seen for turn in itertools.zip_longest(*queues) for seen in turn if seen is not None]
-
-    def _observe_job(self, seen: Seen, move_row: MoveRow | None, known: dict[str, Partition], now: float,
-                     writes: Writes, read: bool) -> JobInfo | None:
-        job, request = seen.job, seen.request
-        row = seen.row
-        # Nested values are replaced, never changed in place, so a shallow copy tells what changed.
-        before = dict(row.data), row.state
-        data = row.data
-        data["request"] = request.to_dict()
-        note = data.pop("first_note", None)
-        if note:
-            writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "trust", note)
-        new_state = job.dlsub_state
+def _observe_followed(ctx: ObserveWith, followed: list[Seen], moves: dict[tuple[int, int], MoveRow],
+                      known: dict[str, Partition], now: float, writes: Writes,
+                      deadline: float) -> tuple[list[Seen], int, bool]:
+    """Each followed job observed, its files read in a fair order until the deadline. Returns the jobs
+    observed, how many were skipped (those whose files could not be read included), and whether the
+    deadline passed."""
+    observed: list[Seen] = []
+    skipped, unread, late = 0, 0, False
+    live = {seen.row.key() for seen in followed}
+    for key in [key for key in ctx.last_read if key not in live]:
+        del ctx.last_read[key]
+    for seen in _fair_order(ctx.last_read, followed):
         try:
-            row.set_state(new_state)
-        except IllegalTransition as exc:
-            self._once(row, "state", f"Slurm shows this job {new_state.value} after {row.state}: {exc}; "
-                       "the agent leaves it alone", now, writes)
-            self._changed(row, before, writes)
-            return None
-        if new_state.terminal and move_row is None:
-            self._changed(row, before, writes)
-            return None
-        if read and not self._read_files(row, job, request.dlsub_id, now, writes):
-            self._unread += 1
-        progress = ProgressSummary.from_dict(data.get("progress")).progress()
-        attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
-        ideal_name = request.ideal or request.partition or job.partition
-        if ideal_name not in known:
-            ideal_name = job.partition
-        ideal = known.get(ideal_name)
-        per_node = ideal.max_gpus_per_node if ideal is not None else 0
-        gpus_wanted = max(0, min(int(request.gpus or 0), self.policy.limits.max_gpus_per_job, per_node))
-        move = None
-        if move_row is not None:
-            restart = move_row.restart_count
-            if restart is None:
-                # A move recorded before restart counts were (a migrated database): adopt Slurm's now.
-                restart = job.restart_count - (1 if job.state == "PENDING" else 0)
-                writes.moves[row.key()] = dataclasses.replace(move_row, restart_count=restart)
-            move = move_row.view(restart)
-        info = JobInfo(
-            dlsub_id=row.dlsub_id, slurm_job_id=job.job_id, user=job.user, state=job.state,
-            reason=job.reason, ended=new_state.terminal, partition=job.partition, mode=str(request.mode),
-            ideal_partition=ideal_name, gpus_wanted=gpus_wanted, gpus_now=job.gpus_per_node,
-            submit_time=float(job.submit_time), start_time=float(job.start_time),
-            end_time=float(job.end_time) if job.state == "RUNNING" else 0.0, held=job.held,
-            checkpointable=progress.checkpoints > 0, last_checkpoint_time=progress.last_checkpoint_time,
-            eta_s=progress.eta_s(), finished=bool(progress.finished and job.state != "RUNNING"),
-            last_attempt_action=attempts.last_end_action,
-            continuations=int(data.get("continuations") or 0),
-            backfilled_from=data.get("backfilled_from"), backfilled_limit_min=data.get("backfilled_limit_min"),
-            time_limit_min=request.time_limit_min, move=move, uid=row.uid,
-            restart_count=job.restart_count, requeues=attempts.requeues, ran_s=progress.ran_s,
-            gang=job.node_count > 1 or bool(request.nodes) or bool(job.extra.get("het_job_id")),
-        )
-        data["partition"] = job.partition
-        if job.state == "RUNNING" and data.get("attempt_seen") != job.restart_count:
-            data["attempt_seen"] = job.restart_count
-            writes.attempts.append({
-                "uid": row.uid, "slurm_job_id": job.job_id, "restart": job.restart_count, "dlsub_id": row.dlsub_id,
-                "partition": job.partition, "nodes": job.nodes, "first_seen": now,
-                "start_time": float(job.start_time), "state": job.state,
-            })
-        sample = [progress.step, progress.last_checkpoint_step, progress.checkpoints]
-        if progress.step is not None and data.get("sample") != sample:
-            data["sample"] = sample
-            writes.progress.append({
-                "uid": row.uid, "slurm_job_id": job.job_id, "dlsub_id": row.dlsub_id, "time": now,
-                "step": progress.step, "eta_s": info.eta_s, "steps_per_s": progress.steps_per_s,
-                "checkpoint_step": progress.last_checkpoint_step, "partition": job.partition,
-            })
-        self._changed(row, before, writes)
-        return info
+            # A job that has never run has written nothing yet: its files are not worth a read.
+            ran = seen.job.state != "PENDING" or seen.job.restart_count > 0
+            if not ran:
+                read = False
+            elif ctx.deadline_clock() > deadline:
+                late = True
+                skipped += 1
+                read = False
+            else:
+                read = True
+                ctx.last_read[seen.row.key()] = ctx.deadline_clock()
+            info, files_unread = _observe_job(ctx.policy, seen, moves.get(seen.row.key()), known, now, writes,
+                                              read)
+            unread += files_unread
+        except Exception as exc:
+            log.exception("observing Slurm job %s failed", seen.job.job_id)
+            once(seen.row, "failed", f"observing this job failed ({type(exc).__name__}: {exc}); "
+                 "skipped this tick", now, writes, "skipped")
+            skipped += 1
+            continue
+        if info is not None:
+            seen.info = info
+            observed.append(seen)
+    return observed, skipped + unread, late
 
-    @staticmethod
-    def _changed(row: JobRow, before: tuple[dict[str, Any], str | None], writes: Writes) -> None:
-        if (row.data, row.state) != before:
-            writes.jobs[row.key()] = row
+
+def _waiting(rules: Rules, slurm_jobs: list[SlurmJob], moves: dict[tuple[int, int], MoveRow],
+             worker_ids: set[int], known: dict[str, Partition]) -> tuple[dict[str, int], dict[str, int]]:
+    """What jobs waiting for nodes want, per partition: GPUs in all, and the most on one node. One user
+    counts for at most the per-user GPU limit, so that a user's queue of jobs cannot shrink (or keep
+    from growing) everybody else's."""
+    by_user: dict[tuple[str, int], int] = {}
+    pending_per_node: dict[str, int] = {}
+    for job in slurm_jobs:
+        if (job.state == "PENDING" and not job.held and job.gpus_per_node and job.user_id is not None
+                and (job.user_id, job.job_id) not in moves and job.job_id not in worker_ids
+                and job.reason in _WAITING_FOR_NODES and _could_run(job, known)):
+            wanted = job.gpus_per_node * max(1, job.node_count)
+            for name in job.partition.split(","):
+                by_user[(name, job.user_id)] = by_user.get((name, job.user_id), 0) + wanted
+                pending_per_node[name] = max(pending_per_node.get(name, 0), job.gpus_per_node)
+    pending_gpus: dict[str, int] = {}
+    for (name, _), wanted in by_user.items():
+        pending_gpus[name] = pending_gpus.get(name, 0) + min(wanted, rules.max_gpus_per_user)
+    return pending_gpus, pending_per_node
+
+
+def _price(policy: AgentPolicy, partition: str) -> float:
+    role = policy.partitions.get(partition)
+    return role.cost_per_node_hour if role else 0.0
+
+
+def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[WorkerTask]],
+                  rows: dict[tuple[int, int], JobRow], bindings: dict[str, Binding],
+                  moves: dict[tuple[int, int], MoveRow]) -> list[ElasticJob]:
+    """Elastic main jobs with their worker tasks (same uid and id only); and workers whose main job
+    has ended, even when Slurm no longer lists it."""
+    out: list[ElasticJob] = []
+    mains: set[tuple[int, str]] = set()
+    for seen in followed:
+        rng = seen.request.nodes
+        if rng is None or not seen.request.elastic_main:
+            continue
+        key = (seen.row.uid, seen.request.dlsub_id)
+        mains.add(key)
+        job = seen.job
+        tasks = tuple(workers.get(key, ()))
+        arrays = {int(t.handle.split("_")[0]) for t in tasks}
+        # A job elastic in GPUs: each worker takes the step it asked for, or the GPUs Slurm gives its tasks
+        # if those are more (they are what a node must have idle for it).
+        step = max([seen.request.step, *(t.gpus for t in tasks)]) if seen.request.step else 0
+        out.append(ElasticJob(
+            dlsub_id=key[1], slurm_job_id=job.job_id, uid=key[0], user=job.user, state=job.state,
+            ended=job.dlsub_state.terminal, partition=job.partition,
+            gpus_per_node=job.gpus_per_node, min_nodes=int(rng[0]), max_nodes=int(rng[1]),
+            submit_time=float(job.submit_time), worker_arrays=tuple(sorted(arrays)),
+            workers=tasks, moving=seen.row.key() in moves, cpus_per_node=job.cpus_per_node,
+            memory_per_node_mb=job.memory_per_node_mb, worker_gpus=step, main_nodes=nodes_of(job)))
+    ended = {(r.uid, r.dlsub_id): r for r in rows.values()
+             if r.state is not None and r.state.terminal and not r.data.get("ignored")}
+    for key, orphans in workers.items():
+        row = ended.get(key)
+        bound = bindings.get(key[1])
+        if key in mains or row is None or bound is None or bound.uid != key[0]:
+            continue
+        arrays = {int(t.handle.split("_")[0]) for t in orphans}
+        out.append(ElasticJob(
+            dlsub_id=key[1], slurm_job_id=row.slurm_job_id, uid=key[0], user=row.user, state=str(row.state),
+            ended=True, partition="", gpus_per_node=0, min_nodes=1, max_nodes=2, submit_time=0.0,
+            worker_arrays=tuple(sorted(arrays)), workers=tuple(orphans)))
+    return out
+
+
+def _could_run(job: SlurmJob, known: dict[str, Partition]) -> bool:
+    """Whether some partition the job names has enough up nodes with as many GPUs as it wants per node."""
+    for name in job.partition.split(","):
+        part = known.get(name)
+        if part is not None and sum(1 for n in part.nodes if n.usable and n.gpus >= job.gpus_per_node) \
+                >= max(1, job.node_count):
+            return True
+    return False
+
+
+def _fair_order(last_read: dict[tuple[int, int], float], jobs: list[Seen]) -> list[Seen]:
+    """The order to read jobs' files in: one job of each user in turn, each user's least recently read
+    first, so that many jobs of one user (or a few slow ones) cannot use up the deadline every tick."""
+    by_uid: dict[int, list[Seen]] = {}
+    for seen in sorted(jobs, key=lambda s: last_read.get(s.row.key(), 0.0)):
+        by_uid.setdefault(seen.row.uid, []).append(seen)
+    queues = sorted(by_uid.values(), key=lambda q: last_read.get(q[0].row.key(), 0.0))
+    return [seen for turn in itertools.zip_longest(*queues) for seen in turn if seen is not None]
+
+
+def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, known: dict[str, Partition],
+                 now: float, writes: Writes, read: bool) -> tuple[JobInfo | None, bool]:
+    """What the planner gets of one followed job (None: nothing to plan), and whether its files could not
+    be read."""
+    job, request = seen.job, seen.request
+    row = seen.row
+    # Nested values are replaced, never changed in place, so a shallow copy tells what changed.
+    before = dict(row.data), row.state
+    data = row.data
+    data["request"] = request.to_dict()
+    note = data.pop("first_note", None)
+    if note:
+        writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "trust", note)
+    new_state = job.dlsub_state
+    try:
+        row.set_state(new_state)
+    except IllegalTransition as exc:
+        once(row, "state", f"Slurm shows this job {new_state.value} after {row.state}: {exc}; "
+             "the agent leaves it alone", now, writes)
+        _changed(row, before, writes)
+        return None, False
+    if new_state.terminal and move_row is None:
+        _changed(row, before, writes)
+        return None, False
+    unread = read and not read_files(row, job, request.dlsub_id, now, writes)
+    progress = ProgressSummary.from_dict(data.get("progress")).progress()
+    attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
+    ideal_name = request.ideal or request.partition or job.partition
+    if ideal_name not in known:
+        ideal_name = job.partition
+    ideal = known.get(ideal_name)
+    per_node = ideal.max_gpus_per_node if ideal is not None else 0
+    gpus_wanted = max(0, min(int(request.gpus or 0), policy.limits.max_gpus_per_job, per_node))
+    move = None
+    if move_row is not None:
+        restart = move_row.restart_count
+        if restart is None:
+            # A move recorded before restart counts were (a migrated database): adopt Slurm's now.
+            restart = job.restart_count - (1 if job.state == "PENDING" else 0)
+            writes.moves[row.key()] = dataclasses.replace(move_row, restart_count=restart)
+        move = move_row.view(restart)
+    info = JobInfo(
+        dlsub_id=row.dlsub_id, slurm_job_id=job.job_id, user=job.user, state=job.state,
+        reason=job.reason, ended=new_state.terminal, partition=job.partition, mode=str(request.mode),
+        ideal_partition=ideal_name, gpus_wanted=gpus_wanted, gpus_now=job.gpus_per_node,
+        submit_time=float(job.submit_time), start_time=float(job.start_time),
+        end_time=float(job.end_time) if job.state == "RUNNING" else 0.0, held=job.held,
+        checkpointable=progress.checkpoints > 0, last_checkpoint_time=progress.last_checkpoint_time,
+        eta_s=progress.eta_s(), finished=bool(progress.finished and job.state != "RUNNING"),
+        last_attempt_action=attempts.last_end_action,
+        continuations=int(data.get("continuations") or 0),
+        backfilled_from=data.get("backfilled_from"), backfilled_limit_min=data.get("backfilled_limit_min"),
+        time_limit_min=request.time_limit_min, move=move, uid=row.uid,
+        restart_count=job.restart_count, requeues=attempts.requeues, ran_s=progress.ran_s,
+        gang=job.node_count > 1 or bool(request.nodes) or bool(job.extra.get("het_job_id")),
+    )
+    data["partition"] = job.partition
+    if job.state == "RUNNING" and data.get("attempt_seen") != job.restart_count:
+        data["attempt_seen"] = job.restart_count
+        writes.attempts.append({
+            "uid": row.uid, "slurm_job_id": job.job_id, "restart": job.restart_count, "dlsub_id": row.dlsub_id,
+            "partition": job.partition, "nodes": job.nodes, "first_seen": now,
+            "start_time": float(job.start_time), "state": job.state,
+        })
+    sample = [progress.step, progress.last_checkpoint_step, progress.checkpoints]
+    if progress.step is not None and data.get("sample") != sample:
+        data["sample"] = sample
+        writes.progress.append({
+            "uid": row.uid, "slurm_job_id": job.job_id, "dlsub_id": row.dlsub_id, "time": now,
+            "step": progress.step, "eta_s": info.eta_s, "steps_per_s": progress.steps_per_s,
+            "checkpoint_step": progress.last_checkpoint_step, "partition": job.partition,
+        })
+    _changed(row, before, writes)
+    return info, unread
+
+
+def _changed(row: JobRow, before: tuple[dict[str, Any], str | None], writes: Writes) -> None:
+    if (row.data, row.state) != before:
+        writes.jobs[row.key()] = row

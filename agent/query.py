@@ -13,7 +13,8 @@ object back, then the server closes the connection::
     {"op": "why", "dlsub_id": "0123abcd", "slurm_job_id": 42}   (either, or both)
 
 Every answer has ``ok`` (and ``error`` when false) and ``you`` (the uid and
-user the server saw). Anyone on the host can connect, so the server is
+user the server saw). The client, :func:`dlsub.job.agent_client.ask`, is the
+user side's: nothing a user runs imports the daemon. Anyone on the host can connect, so the server is
 built for hostile clients: a request is size-capped and must arrive within
 a deadline, connections are bounded (overall and per uid) and a failed
 request costs only its own connection. The server runs in threads of its
@@ -52,13 +53,7 @@ MAX_CLIENTS = 16
 MAX_CLIENTS_PER_UID = 4
 #: The newest decisions an answer carries.
 MAX_DECISIONS = 500
-#: The largest answer a client reads.
-MAX_ANSWER = 16 * 1024 * 1024
 _MAX_SLURM_ID = 2**32
-
-
-class AgentUnavailable(RuntimeError):
-    """The agent does not answer on its socket (not running, or stuck)."""
 
 
 class StoreView(Protocol):
@@ -386,46 +381,3 @@ def _close(conn: socket.socket) -> None:
         pass
     finally:
         conn.close()
-
-
-# ---------------------------------------------------------------- the client
-
-
-def ask(path: Path, request: Mapping[str, Any], timeout_s: float = 10.0) -> dict[str, Any]:
-    """Send one request to the agent and return its answer; AgentUnavailable when none comes."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(timeout_s)
-    try:
-        try:
-            sock.connect(str(path))
-        except FileNotFoundError:
-            raise AgentUnavailable(f"no agent socket at {path}: the agent is not running") from None
-        except OSError as exc:
-            raise AgentUnavailable(f"the agent does not answer on {path} ({exc.strerror or exc})") from None
-        try:
-            try:
-                sock.sendall(json.dumps(dict(request)).encode() + b"\n")
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the agent refused us before reading: its reason is waiting to be read
-            chunks, size = [], 0
-            while True:
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > MAX_ANSWER:
-                    raise AgentUnavailable(f"the agent's answer on {path} is larger than {MAX_ANSWER} bytes")
-        except TimeoutError:
-            raise AgentUnavailable(f"the agent did not answer on {path} within {timeout_s:g} s") from None
-        except OSError as exc:
-            raise AgentUnavailable(f"the agent's socket {path} failed: {exc.strerror or exc}") from None
-    finally:
-        sock.close()
-    try:
-        reply = json.loads(b"".join(chunks))
-    except ValueError:
-        raise AgentUnavailable(f"the agent's answer on {path} is not JSON") from None
-    if not isinstance(reply, dict):
-        raise AgentUnavailable(f"the agent's answer on {path} is not a JSON object")
-    return reply

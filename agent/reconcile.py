@@ -3,7 +3,9 @@
 ``Agent.tick(now)`` is the whole loop body; ``dlsub agent run`` calls it on
 an interval and at the edges of the off-hours windows, tests call it with a
 fake clock. One ``squeue --json`` and one ``sinfo --json`` per tick. Each
-step is a module of its own, mixed into :class:`Agent`:
+step is a module of functions over values (the tick's
+:class:`~dlsub.agent.observe.Observation`, the store's records); what the
+agent keeps between ticks besides its store is one :class:`AgentMemory`:
 
 * observe (:mod:`dlsub.agent.observe`, trusting only what
   :mod:`dlsub.agent.identify` allows): what Slurm and the job files show;
@@ -26,18 +28,17 @@ import collections
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from dlsub.agent import failpoints
-from dlsub.agent.act import STEPS, Acting, Item
+from dlsub.agent.act import STEPS, Item, act, prepare
 from dlsub.agent.agent_store import AgentStore, Writes
 from dlsub.agent.budget_watch import BudgetWatch
-from dlsub.agent.decide import TAKES_GPUS, Deciding, reserve_gpus, rules_from
-from dlsub.agent.identify import Seen, job_dir_of
+from dlsub.agent.decide import TAKES_GPUS, plan_resizes, reserve_gpus, rules_from
 from dlsub.agent.live_models import LiveModels, sizing_policy
-from dlsub.agent.observe import Observation, Observing
+from dlsub.agent.observe import Observation, ObserveWith, observe
 from dlsub.policies.actions import move_rules
-from dlsub.policies.actions.move_rules import Action
-from dlsub.policies.actions.resize_rules import ElasticJob
+from dlsub.policies.actions.move_views import Action
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
 from dlsub.slurm_plugins.queue_reader import QueueReader
@@ -45,7 +46,18 @@ from dlsub.slurm_plugins.queue_reader import QueueReader
 log = logging.getLogger("dlsub.agent")
 
 
-class Agent(Observing, Deciding, Acting):
+@dataclass
+class AgentMemory:
+    """What the agent keeps in memory from one tick to the next. A restart starts it afresh, harmlessly: what
+    must survive a crash (moves and resizes in flight, the workers told to leave) is in the store."""
+
+    # When each followed job's files were last read (deadline clock): the least recently read go first.
+    last_read: dict[tuple[int, int], float] = field(default_factory=dict)
+    # An elastic policy that learns from reports sizes elastic jobs on models fitted from them.
+    models: LiveModels = field(default_factory=LiveModels)
+
+
+class Agent:
     def __init__(self, client: SlurmClient, store: AgentStore, policy: AgentPolicy,
                  clock: Callable[[], float] = time.time,
                  deadline_clock: Callable[[], float] = time.monotonic) -> None:
@@ -56,22 +68,13 @@ class Agent(Observing, Deciding, Acting):
         self.clock = clock
         # Real elapsed time for the tick's deadline (the tick clock may be a test's fake one).
         self.deadline_clock = deadline_clock
-        self._seen: dict[int, Seen] = {}
-        self._unread = 0  # jobs whose files could not be read this tick
-        # When each job's files were last read (deadline clock): the least recently read go first.
-        self._last_read: dict[tuple[int, int], float] = {}
-        # Worker tasks sent MOVE_SIGNAL to leave, and when (the agent's clock): reloaded from the store's
-        # resizes each tick, so a restarted agent does not tell them again.
-        self._leaving: dict[str, float] = {}
-        self._last_elastic: list[ElasticJob] = []
-        self._elastic_dirs: dict[str, str] = {}
-        # An elastic policy that learns from reports sizes elastic jobs on models fitted from them.
-        self._models = LiveModels()
+        self.memory = AgentMemory()
         self._sizing_policy = sizing_policy(policy)
         # What each budget has left (sacct at most once a minute): the planner's budget gate.
         self._budgets = BudgetWatch(client, policy)
         # Which queued jobs are dlsub's, remembered between ticks: the rest are read brief.
         self._queue = QueueReader(client)
+        self.observing = ObserveWith(store, policy, self.rules, self._budgets, deadline_clock, self.memory.last_read)
 
     def tick(self, now: float | None = None) -> list[Action]:
         now = self.clock() if now is None else now
@@ -88,22 +91,21 @@ class Agent(Observing, Deciding, Acting):
             log.warning("observe failed: %s", exc)
             return []
         writes = Writes()
-        seen = self.observe(now, slurm_jobs, partitions, writes, started + self.policy.tick_deadline_s)
-        self._last_elastic = seen.elastic
-        self._elastic_dirs = seen.elastic_dirs
+        seen = observe(self.observing, now, slurm_jobs, partitions, writes, started + self.policy.tick_deadline_s)
         actions = [a for a in move_rules.plan(seen.jobs, seen.partitions, self.rules, now, seen.window, seen.usage)
-                   if a.slurm_job_id in self._seen]
+                   if a.slurm_job_id in seen.followed]
         todo: list[Action] = []  # written ahead, to be carried out in Slurm
         done: list[Action] = []  # bookkeeping only (a note, a move's end)
         for action in actions:
-            (todo if self._prepare(action, now, writes) else done).append(action)
+            (todo if prepare(action, seen, now, writes) else done).append(action)
         # GPUs this tick's moves and backfills are about to take are not idle for growth.
         seen.rooms = reserve_gpus(seen.rooms, [(a.partition, a.gpus) for a in actions if a.kind in TAKES_GPUS])
-        resumed, planned = self._plan_resizes(seen, now, writes)
+        resumed, planned = plan_resizes(seen, self.store, self.policy, self.rules, self.memory.models,
+                                        self._sizing_policy, now, writes)
         for resize in planned:
-            self._prepare(resize, now, writes)
+            prepare(resize, seen, now, writes)
         self.store.write(writes)  # what was observed and decided, before anything is done about it
-        outcome, finished = self.act([*resumed, *planned], todo, done, now)
+        outcome, finished = act(self.client, self.store, seen, [*resumed, *planned], todo, done, now)
         outcome.meta = self._status(seen, now, started)
         self.store.write(outcome)
         self._after(finished)
@@ -138,4 +140,4 @@ class Agent(Observing, Deciding, Acting):
             failpoints.reach(STEPS[item.kind].after)
 
 
-__all__ = ["Agent", "Observation", "job_dir_of", "rules_from"]
+__all__ = ["Agent", "AgentMemory"]

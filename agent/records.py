@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
+from dlsub.policies.actions.kinds import ActionKind, MoveKind
 from dlsub.policies.actions.move_views import MovePhase, MoveView
 
 
@@ -24,7 +25,7 @@ class MoveRow:
     uid: int
     slurm_job_id: int
     dlsub_id: str
-    kind: str  # "move", "return" (out of a backfill window), "continue" (time limit)
+    kind: MoveKind
     phase: MovePhase
     target_partition: str
     target_gpus: int
@@ -36,13 +37,13 @@ class MoveRow:
 
     @classmethod
     def from_dict(cls, m: dict[str, Any]) -> MoveRow:
-        return cls(int(m["uid"]), int(m["slurm_job_id"]), str(m.get("dlsub_id") or ""), str(m["kind"]),
+        return cls(int(m["uid"]), int(m["slurm_job_id"]), str(m.get("dlsub_id") or ""), MoveKind(m["kind"]),
                    MovePhase(m["phase"]), str(m.get("target_partition") or ""), int(m.get("target_gpus") or 0),
                    float(m["since"]), int(m.get("signals") or 0), m.get("created"), m.get("time_limit_min"),
                    None if m.get("restart_count") is None else int(m["restart_count"]))
 
     def as_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "phase": self.phase.value}
+        return {**dataclasses.asdict(self), "kind": self.kind.value, "phase": self.phase.value}
 
     def key(self) -> tuple[int, int]:
         return self.uid, self.slurm_job_id
@@ -53,8 +54,9 @@ class MoveRow:
                         self.time_limit_min, restart_count)
 
 
-class ResizePhase(str, Enum):
-    """planned → (grow: released, the row ends) | (shrink: leaving → the row ends after ``leave_wait_s``).
+class ResizePhase(StrEnum):
+    """planned → (grow: ended, the row is dropped) | (shrink: leaving → the row ends after ``leave_wait_s``,
+    the checkpoint grace).
 
     ``planned`` is committed before Slurm is asked. A restarted agent that
     finds one resumes it from what Slurm shows: a grow whose worker is still
@@ -65,6 +67,7 @@ class ResizePhase(str, Enum):
 
     PLANNED = "planned"
     LEAVING = "leaving"
+    ENDED = "ended"  # never stored: the record is dropped, Slurm shows the rest (a grow's released worker)
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class ResizeRow:
     uid: int
     dlsub_id: str
     slurm_job_id: int  # the main job
-    kind: str  # grow | shrink
+    kind: ActionKind  # GROW | SHRINK
     phase: ResizePhase
     since: float  # when the phase was entered (the agent's clock)
     reason: str = ""

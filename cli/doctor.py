@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dlsub.agent.query import AgentUnavailable, ask
 from dlsub.contract import SUBMIT_RECORD_PREFIX
+from dlsub.job.agent_client import AgentUnavailable, ask
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmConfig, SlurmError
 from dlsub.slurm_plugins.dialects import OLDEST_SUPPORTED, TESTED_VERSIONS, SlurmVersion

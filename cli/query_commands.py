@@ -1,6 +1,6 @@
 """What users ask the agent: ``dlsub why JOB`` and ``dlsub agent status``.
 
-Both ask the running agent over its socket (:mod:`dlsub.agent.query`),
+Both ask the running agent over its socket (:mod:`dlsub.job.agent_client`),
 which answers about the caller's own jobs only. When it does not answer,
 root and the agent's service account read its database directly; anyone
 else is told that the agent is down and its state is private.
@@ -25,9 +25,10 @@ from typing import Any, NamedTuple
 import click
 
 from dlsub.agent.agent_store import AgentStore, default_db_path
-from dlsub.agent.query import AgentUnavailable, agent_status, ask
+from dlsub.agent.query import agent_status
 from dlsub.cli.errors import fail
 from dlsub.contract import DLSUB_ID
+from dlsub.job.agent_client import AgentUnavailable, ask
 from dlsub.site_config.policy_file import AgentPolicy, PolicyFileError, load_policy
 
 #: The agent does not answer (not running, stuck, or its socket is gone).

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlsub.agent.query import AgentUnavailable, ask
 from dlsub.contract import (
     DLSUB_ID,
     EVENT_END,
@@ -32,11 +31,12 @@ from dlsub.contract import (
     JobState,
     output_file,
 )
+from dlsub.job.agent_client import AgentUnavailable, ask
 from dlsub.job.output_files import worker_output_files
-from dlsub.job.settings import Settings
+from dlsub.job.settings import Settings, store_of
 from dlsub.job.status import JobStatus, job_status
 from dlsub.job.status_window import ended_at, fraction_done, is_ended
-from dlsub.job.user_store import JobRecord, JobStore, UnknownJob
+from dlsub.job.user_store import JobRecord, JobStore, UnknownJob, read_only_records
 from dlsub.job_progress import read_attempts, read_events, summarize_progress
 from dlsub.jobdir import check_progress_event
 from dlsub.site_config.policy_file import AgentPolicy
@@ -100,25 +100,12 @@ class JobDetail:
 # ---------------------------------------------------------------- job stores
 
 
-def _read_only_records(path: Path) -> list[JobRecord]:
-    """Another user's job store, read without creating or changing anything (no WAL files of ours)."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2)
-    try:
-        conn.row_factory = sqlite3.Row
-        rows = conn.execute("select * from jobs order by submitted_at").fetchall()
-    finally:
-        conn.close()
-    fields_ = {f.name for f in dataclasses.fields(JobRecord)}
-    # sqlite3.Row iterates its values, not its keys.
-    return [JobRecord.from_row({k: r[k] for k in r.keys() if k in fields_}) for r in rows]  # noqa: SIM118
-
-
 def other_stores(me: int) -> Iterable[tuple[str, Path]]:
     """(user, store path) of every account with a readable ``~/.dlsub/dlsub.db`` (for admins)."""
     for entry in pwd.getpwall():
         if entry.pw_uid == me:
             continue
-        path = Path(entry.pw_dir) / ".dlsub" / "dlsub.db"
+        path = store_of(Path(entry.pw_dir))
         try:
             info = path.lstat()
         except OSError:
@@ -155,7 +142,7 @@ class Dashboard:
         if self.viewer.admin:
             for user, path in self.stores(self.viewer.uid):
                 try:
-                    found += [(r, user, None) for r in _read_only_records(path)]
+                    found += [(r, user, None) for r in read_only_records(path)]
                 except (sqlite3.Error, OSError, TypeError, ValueError):
                     continue  # a store we cannot read is one user's jobs missing, not the page
         return found

@@ -20,7 +20,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 # ---------------------------------------------------------------- exit codes
@@ -42,9 +42,7 @@ CHECKPOINT_SIGNAL = "USR1"
 MOVE_SIGNAL = "USR2"
 #: scancel and preemption: stop. Slurm, not dlsub, decides what follows.
 STOP_SIGNAL = "TERM"
-#: The same three as Python's signal module names them (``signal.Signals[...]``).
-CHECKPOINT_SIGNUM_NAME = f"SIG{CHECKPOINT_SIGNAL}"
-MOVE_SIGNUM_NAME = f"SIG{MOVE_SIGNAL}"
+#: STOP_SIGNAL as Python's signal module names it (``signal.Signals[...]``).
 STOP_SIGNUM_NAME = f"SIG{STOP_SIGNAL}"
 
 # ---------------------------------------------------------------- the container's environment
@@ -251,10 +249,9 @@ PROGRESS_FIELDS: tuple[tuple[str, str, tuple[object, ...]], ...] = (
     ("grad_sqr", "num", (0, float("inf"))),
     ("grad_var", "num", (0, float("inf"))),
 )
-#: An attempt event (written by the batch script): ``slurm_job_id`` (required), ``restart`` (0 if absent),
-#: and, at its end, ``rc``, ``action`` (one of ATTEMPT_ACTIONS), ``signal``; where it ran: ``node``,
-#: ``partition``, ``nodes``, ``gpus``, ``role``.
-ATTEMPT_FIELDS = ("slurm_job_id", "restart", "rc", "action", "signal", "node", "partition", "nodes", "gpus", "role")
+# An attempt event (written by the batch script): ``slurm_job_id`` (required), ``restart`` (0 if absent),
+# and, at its end, ``rc``, ``action`` (one of ATTEMPT_ACTIONS), ``signal``; where it ran: ``node``,
+# ``partition``, ``nodes``, ``gpus``, ``role``.
 
 # ---------------------------------------------------------------- ids and comment tags
 
@@ -425,7 +422,7 @@ def gpus_in_tres(tres: str | None) -> int:
 # ---------------------------------------------------------------- job states
 
 
-class JobState(str, Enum):
+class JobState(StrEnum):
     """A dlsub job's state, one model for the CLI, the stores and the agent.
 
     ::

@@ -24,8 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dlsub.estimate.loss_curve import fit_loss_curve
 from dlsub.estimate.partition_fit import PartitionFit, cost, node_hours, walltime
+from dlsub.job.loss_curve import fit_loss_curve
 
 #: A row whose estimated start is at most this far off "starts now".
 STARTS_NOW_S = 60.0

@@ -12,6 +12,16 @@ from pathlib import Path
 
 from dlsub.containers.podman import DEFAULT_IMAGE
 
+#: A user's dlsub home under their home directory, without ``$DLSUB_HOME``; the job store in it.
+HOME_DIR = ".dlsub"
+STORE_FILE = "dlsub.db"
+
+
+def store_of(user_home: Path) -> Path:
+    """The job store of an account whose home directory is ``user_home`` (where its own commands keep it,
+    unless its ``$DLSUB_HOME`` says otherwise: another account's environment is not known)."""
+    return user_home / HOME_DIR / STORE_FILE
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -24,7 +34,7 @@ class Settings:
 
     @property
     def db_path(self) -> Path:
-        return self.home / "dlsub.db"
+        return self.home / STORE_FILE
 
     @property
     def jobs_dir(self) -> Path:
@@ -42,7 +52,7 @@ _ENV = {
 
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
-    home = Path(env.get("DLSUB_HOME") or Path.home() / ".dlsub")
+    home = Path(env.get("DLSUB_HOME") or Path.home() / HOME_DIR)
     values: dict[str, object] = {}
     for name, (var, kind) in _ENV.items():
         if env.get(var):

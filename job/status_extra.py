@@ -4,7 +4,7 @@ Cost is from the job's attempt records (start and end of each Slurm
 attempt, a running one up to now) at the policy's ``cost_per_node_hour``.
 With a target loss (``dlsub submit --target-loss`` or
 ``checkpointing.init(target_loss=)``, recorded in the progress reports)
-the Optimus fit of the loss curve (:mod:`dlsub.estimate.loss_curve`) says at
+the Optimus fit of the loss curve (:mod:`dlsub.job.loss_curve`) says at
 which step the target is reached; the ETA is shown once the fit is stable.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.contract import EVENT_PROGRESS, PROGRESS_FILE
-from dlsub.estimate.loss_curve import fit_loss_curve, target_eta
+from dlsub.job.loss_curve import fit_loss_curve, target_eta
 from dlsub.job_progress import read_events
 from dlsub.site_config.cost import job_spend
 

@@ -12,6 +12,7 @@ A ``dlsub.db`` made before states were kept gains the columns on open.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -169,3 +170,15 @@ class JobStore:
         if len(rows) > 1:
             raise UnknownJob(f"{key!r} matches several jobs ({', '.join(r['id'] for r in rows)}); give more of the id")
         raise UnknownJob(f"no dlsub job {key!r} of yours; `dlsub status` lists them")
+
+
+def read_only_records(path: Path) -> list[JobRecord]:
+    """Another user's job store, read without creating or changing anything (no WAL files of ours)."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2)
+    try:
+        conn.row_factory = sqlite3.Row
+        rows = conn.execute("select * from jobs order by submitted_at").fetchall()
+    finally:
+        conn.close()
+    # sqlite3.Row iterates its values, not its keys; from_row leaves out the columns it does not know.
+    return [JobRecord.from_row({k: r[k] for k in r.keys()}) for r in rows]  # noqa: SIM118

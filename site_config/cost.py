@@ -12,7 +12,7 @@ from __future__ import annotations
 import calendar
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from dlsub.slurm_plugins.usage import UsageRecord
@@ -76,7 +76,7 @@ def period_start(period: str, now: float, tz: timezone | None = None) -> float:
     """The start of the budget period containing ``now``: midnight, Monday midnight, the 1st of the month."""
     if period not in PERIODS:
         raise ValueError(f"period {period!r}; valid periods: {', '.join(PERIODS)}")
-    moment = datetime.fromtimestamp(now, tz or timezone.utc)
+    moment = datetime.fromtimestamp(now, tz or UTC)
     midnight = moment.replace(hour=0, minute=0, second=0, microsecond=0)
     if period == "day":
         return midnight.timestamp()
@@ -86,7 +86,7 @@ def period_start(period: str, now: float, tz: timezone | None = None) -> float:
 
 
 def period_end(period: str, now: float, tz: timezone | None = None) -> float:
-    start = datetime.fromtimestamp(period_start(period, now, tz), tz or timezone.utc)
+    start = datetime.fromtimestamp(period_start(period, now, tz), tz or UTC)
     if period == "day":
         return (start + timedelta(days=1)).timestamp()
     if period == "week":

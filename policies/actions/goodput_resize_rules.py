@@ -50,7 +50,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dlsub.batch_split import BatchLimits, split_batch
-from dlsub.policies.actions.resize_rules import GROW, SHRINK, Capacity, ElasticJob, Resize, Room, take_workers
+from dlsub.policies.actions.kinds import ActionKind
+from dlsub.policies.actions.resize_rules import Capacity, ElasticJob, Resize, Room, take_workers
 from dlsub.policies.api import Allocation, ClusterView, Decision, JobView, Node, Policy
 from dlsub.policies.perf_models.speedup import RemainingTime
 from dlsub.policies.placement import packed_placement
@@ -253,7 +254,7 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
             if job.uid in left:
                 left[job.uid] -= job.gpus_per_worker
             batch, micro, words = _batch_at(scaled, decision, size)
-            actions.append(Resize(GROW, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
+            actions.append(Resize(ActionKind.GROW, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
                                   partition=room.name, node=placed.node, batch_size=batch,
                                   accumulation_steps=micro, reason=(
                                       f"growing to {_size_text(job, size)} ({policy.name} policy): "
@@ -275,7 +276,7 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
             wanting[job.uid] -= job.gpus_per_worker
             size -= 1
             batch, micro, words = _batch_at(scaled, decision, size)
-            actions.append(Resize(SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
+            actions.append(Resize(ActionKind.SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
                                   batch_size=batch, accumulation_steps=micro, reason=(
                 f"shrinking to {_size_text(job, size)} ({policy.name} policy): another elastic job of yours gains "
                 f"more from its GPUs; {_figures(scaled, job.nodes_now, size)}{words}; the worker on "

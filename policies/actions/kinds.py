@@ -12,6 +12,10 @@ A backfill: BACKFILL (a pending job pointed at an idle dev partition).
 An elastic job: GROW (release a held worker task), SHRINK (tell a running
 one to leave), END_WORKERS (cancel the workers of an ended job).
 NOTE changes nothing in Slurm: a decision worth telling the user, once.
+
+:class:`MoveKind` says what a move in flight is for: onto the partition the
+job wants (``move``), back out of a backfill window (``return``), or a
+continuation in a new attempt before a time limit (``continue``).
 """
 
 from __future__ import annotations
@@ -31,3 +35,12 @@ class ActionKind(StrEnum):
     GROW = "grow"  # release one held worker task (it joins the group's rendezvous)
     SHRINK = "shrink"  # MOVE_SIGNAL to one running worker: checkpoint, leave, requeue held
     END_WORKERS = "end-workers"  # cancel the worker array of an ended job
+
+
+class MoveKind(StrEnum):
+    MOVE = "move"  # onto the partition the job wants (immediate mode)
+    RETURN = "return"  # out of a backfill window, back to the partition it waited in
+    CONTINUE = "continue"  # checkpointed before its time limit, continued in a new attempt
+
+
+__all__ = ["ActionKind", "MoveKind"]

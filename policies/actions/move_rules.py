@@ -57,13 +57,12 @@ from typing import TypedDict
 
 from dlsub.contract import ACTION_MOVE
 from dlsub.policies.actions.budget_gate import move_fits_budget
-from dlsub.policies.actions.kinds import ActionKind
+from dlsub.policies.actions.kinds import ActionKind as K
+from dlsub.policies.actions.kinds import MoveKind
 from dlsub.policies.actions.move_views import (
     Action,
-    BudgetLeft,
     JobInfo,
     MovePhase,
-    MoveView,
     PartitionInfo,
     Rules,
     Usage,
@@ -71,16 +70,6 @@ from dlsub.policies.actions.move_views import (
 )
 from dlsub.policies.api import ClusterView, JobView, Node
 from dlsub.policies.registry import get_policy
-
-# The kinds of move actions, by their old names (see dlsub.policies.actions.kinds).
-SIGNAL_MOVE = ActionKind.SIGNAL_MOVE
-SIGNAL_CONTINUE = ActionKind.SIGNAL_CONTINUE
-RETARGET = ActionKind.RETARGET
-RELEASE = ActionKind.RELEASE
-FINISH_MOVE = ActionKind.FINISH_MOVE
-ABANDON_MOVE = ActionKind.ABANDON_MOVE
-BACKFILL = ActionKind.BACKFILL
-NOTE = ActionKind.NOTE
 
 
 class _Ids(TypedDict):
@@ -101,54 +90,55 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
     common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
     if job.ended or job.finished:
         # PREEMPTED is final too: Slurm will not run this job again, so nothing is left to move.
-        return [Action(ABANDON_MOVE, reason=f"the job ended ({job.state}) before the {move.kind} finished", **common)]
+        return [Action(K.ABANDON_MOVE, reason=f"the job ended ({job.state}) before the {move.kind} finished", **common)]
     requeued = job.restart_count > move.restart_count
     if job.state == "PENDING" and job.reason == "JobHeldAdmin":
-        return [Action(NOTE, reason="held by an administrator: the agent leaves it held and waits "
+        return [Action(K.NOTE, reason="held by an administrator: the agent leaves it held and waits "
                        f"(its {move.kind} to {move.target_partition} continues once an administrator releases it)",
                        **common)]
-    if move.kind == "continue":
+    if move.kind == MoveKind.CONTINUE:
         if job.state == "RUNNING" and requeued:
-            return [Action(FINISH_MOVE, reason="continued in a new attempt", **common)]
+            return [Action(K.FINISH_MOVE, reason="continued in a new attempt", **common)]
         if job.state == "PENDING" and requeued:
-            return [Action(FINISH_MOVE, reason="checkpointed before its time limit: continuing in a new attempt "
+            return [Action(K.FINISH_MOVE, reason="checkpointed before its time limit: continuing in a new attempt "
                            "once Slurm's requeue wait is over", **common)]
         if job.state == "RUNNING" and now - move.since > 2 * rules.checkpoint_grace_s:
-            return [Action(SIGNAL_CONTINUE, reason="no checkpoint yet after the first request; asking again", **common)]
+            return [Action(K.SIGNAL_CONTINUE, reason="no checkpoint yet after the first request; asking again",
+                           **common)]
         return []
     # move / return
     if job.state == "RUNNING":
         if requeued:
             if job.partition == move.target_partition:
-                return [Action(FINISH_MOVE, reason=f"running on {job.partition}", **common)]
-            return [Action(ABANDON_MOVE, reason=f"it started again on {job.partition}, not {move.target_partition}",
+                return [Action(K.FINISH_MOVE, reason=f"running on {job.partition}", **common)]
+            return [Action(K.ABANDON_MOVE, reason=f"it started again on {job.partition}, not {move.target_partition}",
                            **common)]
         if move.phase == MovePhase.PLANNED or (
             move.phase == MovePhase.SIGNALLED and now - move.since > 2 * rules.checkpoint_grace_s
         ):
             why = "sending the checkpoint request" if move.phase == MovePhase.PLANNED else \
                 "no checkpoint yet after the first request; asking again"
-            return [Action(SIGNAL_MOVE, reason=why, partition=move.target_partition, gpus=move.target_gpus,
-                           details={"kind": move.kind}, time_limit_min=move.time_limit_min, **common)]
+            return [Action(K.SIGNAL_MOVE, reason=why, partition=move.target_partition, gpus=move.target_gpus,
+                           move_kind=move.kind, time_limit_min=move.time_limit_min, **common)]
         return []
     if job.state != "PENDING" or not requeued:
         return []
     if job.last_attempt_action != ACTION_MOVE:
         # Requeued, but not by the move's checkpoint (node failure, the user, Slurm): not the agent's to steer.
-        return [Action(ABANDON_MOVE, reason="it was requeued without checkpointing for the move; left as it is",
+        return [Action(K.ABANDON_MOVE, reason="it was requeued without checkpointing for the move; left as it is",
                        **common)]
     actions = []
     if job.partition != move.target_partition or job.gpus_now != move.target_gpus or (
             move.time_limit_min is not None and job.time_limit_min != move.time_limit_min):
-        actions.append(Action(RETARGET, reason=f"checkpointed; now for {move.target_partition}",
+        actions.append(Action(K.RETARGET, reason=f"checkpointed; now for {move.target_partition}",
                               partition=move.target_partition, gpus=move.target_gpus,
                               time_limit_min=move.time_limit_min, **common))
     if job.reason == "JobHeldUser":
-        actions.append(Action(RELEASE, reason=f"released to start on {move.target_partition}", **common))
+        actions.append(Action(K.RELEASE, reason=f"released to start on {move.target_partition}", **common))
     elif job.reason == "BeginTime" and not actions:
         return []  # Slurm's requeue wait: the move is done when the job runs there
     elif not actions:
-        return [Action(FINISH_MOVE, reason=f"waiting to start on {move.target_partition}", **common)]
+        return [Action(K.FINISH_MOVE, reason=f"waiting to start on {move.target_partition}", **common)]
     return actions
 
 
@@ -170,23 +160,23 @@ def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInf
         if not ideal.idle_node_for(job.gpus_wanted, rules.job_cpus) or free < job.gpus_wanted:
             continue  # nothing to decide yet: no room there
         if not rules.may_move(job.user):
-            notes.append(Action(NOTE, reason=f"not moved to {ideal.name}: the site policy does not move "
+            notes.append(Action(K.NOTE, reason=f"not moved to {ideal.name}: the site policy does not move "
                                 f"{job.user}'s jobs", **common))
             continue
         if not job.checkpointable:
-            notes.append(Action(NOTE, reason=f"not moved to {ideal.name}: the job has not written a checkpoint "
+            notes.append(Action(K.NOTE, reason=f"not moved to {ideal.name}: the job has not written a checkpoint "
                                 "yet (only jobs that checkpoint are moved)", **common))
             continue
         eta, basis = remaining_s(job)
         if eta is None:
-            notes.append(Action(NOTE, reason=f"not moved to {ideal.name} yet: no progress reported, so no "
+            notes.append(Action(K.NOTE, reason=f"not moved to {ideal.name} yet: no progress reported, so no "
                                 "estimate of the time a move would save", **common))
             continue
         speed_here = here.speed if here else 1.0
         eta_there = eta * speed_here / ideal.speed
         saved = eta - eta_there - rules.restart_cost_s
         if saved < rules.min_saving_s:
-            notes.append(Action(NOTE, reason=(
+            notes.append(Action(K.NOTE, reason=(
                 f"not moved to {ideal.name}: it would save about {_hours(max(saved, 0))} after a restart "
                 f"costing {_hours(rules.restart_cost_s)}, less than the {_hours(rules.min_saving_s)} a move must "
                 f"save (ETA {_hours(eta)} here{'; ' + basis if basis else ''})"), **common))
@@ -302,7 +292,7 @@ def _choose_movers(candidates: list[tuple[JobInfo, float]], usage: dict[int, Usa
                 continue
             over = _over_limit(job, max(0, gpus - job.gpus_now), usage, rules)
             if over:
-                actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id, f"not moved to {name}: {over}"))
+                actions.append(Action(K.NOTE, job.dlsub_id, job.slurm_job_id, f"not moved to {name}: {over}"))
                 continue
             eta, basis = remaining_s(job)
             # Its remaining work at the target's speed, plus the restart, is what the move adds there.
@@ -311,14 +301,14 @@ def _choose_movers(candidates: list[tuple[JobInfo, float]], usage: dict[int, Usa
                 eta * (here.speed if here else 1.0) / ideal.speed + rules.restart_cost_s)
             broke = _over_budget(job, there_s, ideal, rules, granted)
             if broke:
-                actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id, f"not moved to {name}: {broke}",
+                actions.append(Action(K.NOTE, job.dlsub_id, job.slurm_job_id, f"not moved to {name}: {broke}",
                                       details={"budget": "exceeded", "seconds_there": round(there_s or 0.0)}))
                 continue
             _grant(job, there_s, ideal, granted)
             _charge(usage, job.uid, max(0, gpus - job.gpus_now))
             age = now - job.last_checkpoint_time if job.last_checkpoint_time else None
             actions.append(Action(
-                SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
+                K.SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
                 f"moving to {name}: {ideal.idle_gpus} GPU(s) idle"
                 + (f", checkpoint {_hours(age)} old" if age is not None else "")
                 + f", est. {_hours(saved)} saved" + (f" ({basis})" if basis else ""),
@@ -357,18 +347,18 @@ def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo]
         if job.finished or (job.eta_s is not None and job.eta_s <= max(left, 0)):
             continue  # it will finish in time
         if not rules.continue_jobs:
-            actions.append(Action(NOTE, reason=f"its time limit on {job.partition} ends in {_hours(max(left, 0))}; "
+            actions.append(Action(K.NOTE, reason=f"its time limit on {job.partition} ends in {_hours(max(left, 0))}; "
                                   "the site policy does not continue jobs past it", **common))
         elif not job.checkpointable:
-            actions.append(Action(NOTE, reason="its time limit is near but it has not checkpointed: not continued",
+            actions.append(Action(K.NOTE, reason="its time limit is near but it has not checkpointed: not continued",
                                   **common))
         elif max(job.continuations, job.requeues) >= rules.max_continuations:
             done = max(job.continuations, job.requeues)
-            actions.append(Action(NOTE, reason=f"time limit near; already continued {done} times, "
+            actions.append(Action(K.NOTE, reason=f"time limit near; already continued {done} times, "
                                   f"the most the site allows", **common))
         else:
             eta = f", about {_hours(job.eta_s)} of work left" if job.eta_s is not None else ""
-            actions.append(Action(SIGNAL_CONTINUE, reason=(
+            actions.append(Action(K.SIGNAL_CONTINUE, reason=(
                 f"its time limit on {job.partition} ends in {_hours(max(left, 0))}{eta}: checkpointing to "
                 f"continue in a new attempt ({job.continuations + 1} of at most {rules.max_continuations})"),
                 partition=job.partition, **common))
@@ -415,7 +405,7 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
                     _grant(job, there_s, part, granted)
                     taken[part.name] = taken.get(part.name, 0) + 1
                     _charge(usage, job.uid, max(0, gpus - job.gpus_now))
-                    actions.append(Action(BACKFILL, job.dlsub_id, job.slurm_job_id,
+                    actions.append(Action(K.BACKFILL, job.dlsub_id, job.slurm_job_id,
                                           f"off-hours window '{window.name}' is open and {part.name} is idle: "
                                           f"starting there instead of waiting for {job.partition}",
                                           partition=part.name, gpus=gpus, time_limit_min=limit,
@@ -423,7 +413,7 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
                     break
                 else:
                     if broke:
-                        actions.append(Action(NOTE, job.dlsub_id, job.slurm_job_id, "; ".join(broke),
+                        actions.append(Action(K.NOTE, job.dlsub_id, job.slurm_job_id, "; ".join(broke),
                                               details={"budget": "exceeded"}))
     for job in jobs:
         if not job.backfilled_from or job.move is not None or job.state != "RUNNING":
@@ -432,10 +422,10 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
         if closes_in <= 2 * rules.checkpoint_grace_s:
             why = (f"the off-hours window '{window.name}' closes in {_hours(max(closes_in, 0))}"
                    if window.open else "the off-hours window has closed")
-            actions.append(Action(SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
+            actions.append(Action(K.SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
                                   f"{why}: checkpointing and moving back to {job.backfilled_from}",
                                   partition=job.backfilled_from, gpus=job.gpus_wanted,
-                                  details={"kind": "return"}, time_limit_min=job.backfilled_limit_min))
+                                  move_kind=MoveKind.RETURN, time_limit_min=job.backfilled_limit_min))
     return actions
 
 
@@ -466,14 +456,11 @@ def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Ru
     actions += _continuations(jobs, by_name, rules, now)
     granted: Granted = {}  # budgets given this tick, shared by backfills and moves
     actions += _backfill(jobs, by_name, rules, window, now, usage, granted)
-    busy = {a.slurm_job_id for a in actions if a.kind != NOTE}
+    busy = {a.slurm_job_id for a in actions if a.kind != K.NOTE}
     candidates, notes = _move_candidates([j for j in jobs if j.slurm_job_id not in busy], by_name, rules, now)
     actions += notes
     actions += _choose_movers(candidates, usage, by_name, rules, now, granted)
     return actions
 
 
-# The value objects live in move_views; every caller may keep importing them from here.
-__all__ = ["ABANDON_MOVE", "BACKFILL", "FINISH_MOVE", "NOTE", "RELEASE", "RETARGET", "SIGNAL_CONTINUE", "SIGNAL_MOVE",
-           "Action", "BudgetLeft", "JobInfo", "MovePhase", "MoveView", "PartitionInfo", "Rules", "Usage", "Window",
-           "plan", "remaining_s", "usage_of"]
+__all__ = ["plan", "remaining_s", "usage_of"]

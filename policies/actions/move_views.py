@@ -5,12 +5,12 @@ policy's rules, the backfill window, a move in flight, and an action (see :mod:`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
-from dlsub.policies.actions.kinds import ActionKind
+from dlsub.policies.actions.kinds import ActionKind, MoveKind
 
 
-class MovePhase(str, Enum):
+class MovePhase(StrEnum):
     """planned → signalled → (job requeued held) → updated → released → done.
 
     ``planned`` is written before the signal is sent, so a crash between the
@@ -28,7 +28,7 @@ class MovePhase(str, Enum):
 
 @dataclass(frozen=True)
 class MoveView:
-    kind: str  # "move" (onto GPUs), "return" (out of a backfill window), "continue" (time limit)
+    kind: MoveKind
     phase: MovePhase
     target_partition: str
     target_gpus: int
@@ -155,3 +155,4 @@ class Action:
     gpus: int | None = None
     details: dict[str, float | str | int | None] = field(default_factory=dict)
     time_limit_min: int | None = None  # set the job's time limit too (backfill, and back)
+    move_kind: MoveKind = MoveKind.MOVE  # what a SIGNAL_MOVE starts or sends again: a move, or a return

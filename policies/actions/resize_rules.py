@@ -37,11 +37,6 @@ from dlsub.policies.registry import get_policy
 #: A worker task requeued this many times (each shrink is one) is left held.
 MAX_WORKER_RESTARTS = 25
 
-# The kinds of resize actions, by their old names (see dlsub.policies.actions.kinds).
-GROW = ActionKind.GROW
-SHRINK = ActionKind.SHRINK
-END_WORKERS = ActionKind.END_WORKERS
-
 
 @dataclass(frozen=True)
 class WorkerTask:
@@ -278,7 +273,7 @@ def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> 
                 for node in worker.nodes:
                     freed[node] = freed.get(node, 0) + each
                     held[node] -= each
-                out.append(Resize(SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle, reason=(
+                out.append(Resize(ActionKind.SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle, reason=(
                     f"shrinking to {job.size_text(job.nodes_now - len(out) - 1)}: jobs waiting on {room.name} "
                     f"need {room.waiting_gpus} GPU(s) and {room.idle_gpus} are idle; the worker on "
                     f"{','.join(worker.nodes)} ({each} GPU(s)) checkpoints with the group and goes back to the "
@@ -341,7 +336,7 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
             continue
         for array in job.worker_arrays:
             if any(w.state in ("PENDING", "RUNNING") and w.handle.startswith(f"{array}_") for w in job.workers):
-                actions.append(Resize(END_WORKERS, job.dlsub_id, job.slurm_job_id, worker=str(array),
+                actions.append(Resize(ActionKind.END_WORKERS, job.dlsub_id, job.slurm_job_id, worker=str(array),
                                       reason=f"the job ended ({job.state}): cancelling its worker tasks"))
     live = [j for j in jobs if j.state == "RUNNING" and not j.ended and not j.moving]
     shrinking: set[str] = set()
@@ -383,7 +378,7 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         for job in order:
             for size, placed in enumerate(take_workers(job, capacity, job.max_nodes - job.nodes_now),
                                           start=job.nodes_now + 1):
-                actions.append(Resize(GROW, job.dlsub_id, job.slurm_job_id, worker=placed.worker.handle,
+                actions.append(Resize(ActionKind.GROW, job.dlsub_id, job.slurm_job_id, worker=placed.worker.handle,
                                       partition=name, node=placed.node, reason=(
                                           f"growing to {job.size_text(size)}: {placed.why} (partition {name}; "
                                           f"no waiting job can use them); released worker "

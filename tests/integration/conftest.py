@@ -77,11 +77,16 @@ def gpus_busy(user: TestbedUser) -> Iterator[list[int]]:
     subprocess.run(["scancel", *map(str, ids)], check=False)
 
 
-@pytest.fixture
-def service_agent() -> Iterator[None]:
+def _agent_running() -> Iterator[None]:
     agent_service("start")
     yield
     agent_service("start")  # whatever a test did to it, leave it running
+
+
+#: The agent service running for the test (``service_agent``) or for a whole module
+#: (``pytestmark = pytest.mark.usefixtures("service_agent_for_module")``).
+service_agent = pytest.fixture(_agent_running, name="service_agent")
+service_agent_for_module = pytest.fixture(_agent_running, scope="module", name="service_agent_for_module")
 
 
 @pytest.fixture

@@ -5,21 +5,16 @@ agent ticks, and the GPUs it reports per partition are the ones sinfo counts."""
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from livebed import agent_service, sinfo_gpus, wait_for
+from livebed import sinfo_gpus, wait_for
 
 URL = "http://127.0.0.1:9464/metrics"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def service_agent() -> Iterator[None]:
-    agent_service("start")
-    yield
-    agent_service("start")
+pytestmark = pytest.mark.usefixtures("service_agent_for_module")
 
 
 def scrape() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from livebed import AGENT_USER, TestbedUser, agent_service, wait_for
+from livebed import AGENT_USER, TestbedUser, wait_for
 
 STATE_DIR = Path("/var/lib/dlsub")
 SERVICE_DB = STATE_DIR / "agent.db"
@@ -29,11 +29,7 @@ SOCKET = Path("/run/dlsub/agent.sock")
 KEPT_FIELDS = {"running", "last_tick", "last_tick_age_s", "doing", "moves_in_flight", "last_error"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def service_agent() -> Iterator[None]:
-    agent_service("start")
-    yield
-    agent_service("start")
+pytestmark = pytest.mark.usefixtures("service_agent_for_module")
 
 
 def status_as(who: TestbedUser) -> tuple[int, dict[str, Any]]:

@@ -6,26 +6,24 @@ from __future__ import annotations
 
 import subprocess
 
+from plain_jobs import sbatch
+
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.queue_reader import QueueReader
 from livebed import TestbedUser, wait_for
 
-
-def sbatch(user: TestbedUser, ids: list[int], *options: str, wrap: str = "true") -> int:
-    out = user.run("sbatch", "--parsable", "--mem=50", "-J", "it-queue|read", "--comment=a | b", *options,
-                   "--wrap", wrap, check=True)
-    ids.append(int(out.stdout.strip().split(";")[0]))
-    return ids[-1]
+#: What every job here asks for, before its own options.
+JOB = ("--mem=50", "-J", "it-queue|read", "--comment=a | b")
 
 
 def test_the_brief_queue_says_what_slurms_json_says(user: TestbedUser, submitted: list[int]) -> None:
     client = SlurmClient()
-    running = sbatch(user, submitted, "-p", "cpu", "--time=5", wrap="sleep 300")
-    requeued = sbatch(user, submitted, "-p", "cpu", "--time=5", wrap="sleep 300")
-    sbatch(user, submitted, "--hold", "-p", "cpu")
-    sbatch(user, submitted, "--hold", "-p", "gpu", "--gres=gpu:2")
-    sbatch(user, submitted, "--hold", "-p", "cpu", "--array=0-2")
-    sbatch(user, submitted, "--hold", "-p", "cpu", "-N", "2")
+    running = sbatch(user, *JOB, "-p", "cpu", "--time=5", "--wrap", "sleep 300", ids=submitted)
+    requeued = sbatch(user, *JOB, "-p", "cpu", "--time=5", "--wrap", "sleep 300", ids=submitted)
+    sbatch(user, *JOB, "--hold", "-p", "cpu", "--wrap", "true", ids=submitted)
+    sbatch(user, *JOB, "--hold", "-p", "gpu", "--gres=gpu:2", "--wrap", "true", ids=submitted)
+    sbatch(user, *JOB, "--hold", "-p", "cpu", "--array=0-2", "--wrap", "true", ids=submitted)
+    sbatch(user, *JOB, "--hold", "-p", "cpu", "-N", "2", "--wrap", "true", ids=submitted)
     wait_for("both sleepers to run", lambda: all(
         j.state == "RUNNING" for j in client.jobs(job_ids=[running, requeued])), timeout=60)
     subprocess.run(["scontrol", "requeuehold", str(requeued)], check=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plain_jobs import sbatch
 
 from livebed import (
     AGENT_USER,
@@ -57,9 +58,8 @@ def rows(db: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         conn.close()
 
 
-def sbatch(who: TestbedUser, *args: str) -> int:
-    out = who.run("sbatch", "--parsable", "--mem=100", "--cpus-per-task=1", "--time=10", *args, check=True)
-    return int(out.stdout.strip().split(";")[0])
+#: What every plain job here asks for, before its own options.
+PLAIN = ("--mem=100", "--cpus-per-task=1", "--time=10")
 
 
 def running_job(user: TestbedUser, workdir: Path, *args: str) -> dict[str, Any]:
@@ -97,7 +97,7 @@ def test_another_users_job_reusing_my_id_moves_nothing_of_mine(
     agent_tick(manual_agent)  # the victim's id is bound to the victim's uid from here on
     fake = user2_dir(user2, victim["id"])
     put(user2, fake / "progress.jsonl", forged_progress(fake))
-    forged = sbatch(user2, "-p", "cpu", f"--output={fake}/slurm-%j.out",
+    forged = sbatch(user2, *PLAIN, "-p", "cpu", f"--output={fake}/slurm-%j.out",
                     f"--comment=dlsub:{victim['id']};mode=immediate;ideal=gpu-dev;gpus=2", "--wrap", "sleep 120")
     try:
         wait_for("the forged job to run", lambda: (slurm_job(forged) or {}).get("job_state") == "RUNNING")
@@ -125,7 +125,7 @@ def test_my_directory_named_by_another_users_job_is_never_read(
     victim = running_job(user, workdir, "--mode", "ideal", "-p", "cpu")
     job_dir = Path(victim["job_dir"])
     before = running_snapshot(victim["slurm_job_id"])
-    forged = sbatch(user2, "-p", "cpu", f"--output={job_dir}/slurm-%j.out",
+    forged = sbatch(user2, *PLAIN, "-p", "cpu", f"--output={job_dir}/slurm-%j.out",
                     "--comment=dlsub:0badc0de;mode=immediate;ideal=gpu;gpus=1", "--wrap", "sleep 120")
     try:
         wait_for("the forged job to be seen", lambda: slurm_job(forged) is not None)
@@ -147,7 +147,7 @@ def hostile_jobs(user2: TestbedUser) -> Iterator[list[int]]:
     for n in range(4):
         dlsub_id = f"0bad{os.getpid() % 0x1000:03x}{n}"
         job_dir = user2_dir(user2, dlsub_id)
-        ids.append(sbatch(user2, "-p", "cpu", f"--output={job_dir}/slurm-%j.out",
+        ids.append(sbatch(user2, *PLAIN, "-p", "cpu", f"--output={job_dir}/slurm-%j.out",
                           f"--comment=dlsub:{dlsub_id};mode=immediate;ideal=gpu;gpus=1", "--wrap", "sleep 300"))
         dirs.append(job_dir)
     fifo, zero, huge, bad = dirs
@@ -229,7 +229,7 @@ def test_a_squatted_runtime_directory_is_refused_not_used(
     squat = Path(f"/tmp/dlsub-xdg-{user.uid}")
     script = put(user, workdir / "hello.py", "print('hello')\n")
     # The cpu partition is full, so the victim's job waits while the other user squats.
-    blockers = [sbatch(user2, "-p", "cpu", "--cpus-per-task=4", "--wrap", "sleep 600") for _ in range(2)]
+    blockers = [sbatch(user2, *PLAIN, "-p", "cpu", "--cpus-per-task=4", "--wrap", "sleep 600") for _ in range(2)]
     job: dict[str, Any] = {}
     try:
         wait_for("the cpu blockers", lambda: all((slurm_job(b) or {}).get("job_state") == "RUNNING" for b in blockers))
@@ -291,7 +291,7 @@ def test_the_gpu_limit_counts_every_job_of_the_user_and_moves_in_the_same_tick(
     policy.write_text(text)
     policy.chmod(0o644)
     # The user2's jobs keep the GPUs busy so that the user's two jobs start on cpu.
-    blockers = [sbatch(user2, "-p", "gpu", "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(2)]
+    blockers = [sbatch(user2, *PLAIN, "-p", "gpu", "--gres=gpu:4", "--wrap", "sleep 600") for _ in range(2)]
     ids: list[int] = []
     try:
         wait_for("the GPUs busy", lambda: all((slurm_job(b) or {}).get("job_state") == "RUNNING" for b in blockers))
@@ -304,7 +304,7 @@ def test_the_gpu_limit_counts_every_job_of_the_user_and_moves_in_the_same_tick(
         subprocess.run(["scancel", str(blockers[0])], check=True)
         wait_for("a GPU node idle", lambda: slurm_job(blockers[0]) is None
                  or (slurm_job(blockers[0]) or {}).get("job_state") != "RUNNING")
-        plain = sbatch(user, "-p", "gpu", "--gres=gpu:1", "--wrap", "sleep 600")
+        plain = sbatch(user, *PLAIN, "-p", "gpu", "--gres=gpu:1", "--wrap", "sleep 600")
         ids.append(plain)
         wait_for("the user's plain GPU job to run", lambda: (slurm_job(plain) or {}).get("job_state") == "RUNNING")
         actions = agent_tick(manual_agent, policy=policy)
@@ -321,7 +321,7 @@ def test_a_comment_edited_onto_an_older_job_never_takes_my_id(
 ) -> None:
     """The attack review's race: the other user edits the victim's new id into the comment of an older,
     held job of theirs. Older submit, but no submit record: the victim keeps its id and its agent."""
-    older = sbatch(user2, "--hold", "-p", "cpu", "--wrap", "sleep 600")
+    older = sbatch(user2, *PLAIN, "--hold", "-p", "cpu", "--wrap", "sleep 600")
     victim: dict[str, Any] = {}
     try:
         victim = user.submit("--mode", "ideal", "-p", "cpu", TRAIN, "--epochs", "30", "--throttle", "0.3",

@@ -8,29 +8,26 @@ from __future__ import annotations
 
 import secrets
 
+from plain_jobs import sbatch
+
 from dlsub.contract import SubmitRecord, Tags
 from livebed import TestbedUser, slurm_job
 
-
-def sbatch(user: TestbedUser, ids: list[int], *options: str) -> int:
-    # Held: the record is written at submit; the job never needs to run.
-    out = user.run("sbatch", "--parsable", "--hold", "--mem=50", "-J", "it-record", *options, "--wrap", "true",
-                   check=True)
-    ids.append(int(out.stdout.strip().split(";")[0]))
-    return ids[-1]
+#: Held: the record is written at submit; the job never needs to run.
+HELD = ("--hold", "--mem=50", "-J", "it-record", "--wrap", "true")
 
 
 def test_a_dlsub_job_carries_a_record_of_its_request(user: TestbedUser, submitted: list[int]) -> None:
     dlsub_id = secrets.token_hex(4)
     comment = f"dlsub:{dlsub_id};mode=immediate;ideal=gpu;gpus=1"
-    job_id = sbatch(user, submitted, "-p", "gpu", "--gres=gpu:1", "--time=5", f"--comment={comment}")
+    job_id = sbatch(user, *HELD, "-p", "gpu", "--gres=gpu:1", "--time=5", f"--comment={comment}", ids=submitted)
     record = SubmitRecord.parse((slurm_job(job_id) or {}).get("admin_comment"))
     assert record == SubmitRecord(user.uid, "gpu", 5, 1, Tags(dlsub_id, "immediate", "gpu", 1))
 
 
 def test_no_partition_time_or_gres_is_recorded_as_none(user: TestbedUser, submitted: list[int]) -> None:
     dlsub_id = secrets.token_hex(4)
-    job_id = sbatch(user, submitted, f"--comment=dlsub:{dlsub_id};mode=ideal;gpus=0")
+    job_id = sbatch(user, *HELD, f"--comment=dlsub:{dlsub_id};mode=ideal;gpus=0", ids=submitted)
     record = SubmitRecord.parse((slurm_job(job_id) or {}).get("admin_comment"))
     assert record is not None and record.uid == user.uid
     assert (record.partition, record.time_limit_min, record.gpus_per_node) == (None, None, 0)
@@ -38,7 +35,8 @@ def test_no_partition_time_or_gres_is_recorded_as_none(user: TestbedUser, submit
 
 def test_its_user_can_rewrite_the_comment_but_not_the_record(user: TestbedUser, submitted: list[int]) -> None:
     dlsub_id = secrets.token_hex(4)
-    job_id = sbatch(user, submitted, "-p", "cpu", "--time=5", f"--comment=dlsub:{dlsub_id};mode=immediate;gpus=0")
+    job_id = sbatch(user, *HELD, "-p", "cpu", "--time=5", f"--comment=dlsub:{dlsub_id};mode=immediate;gpus=0",
+                    ids=submitted)
     before = (slurm_job(job_id) or {}).get("admin_comment")
     forged = f"dlsub-submit:v1;uid={user.uid};partition=gpu;time=;tres=gres:gpu:4|dlsub:{dlsub_id};gpus=4"
     denied = user.run("scontrol", "update", f"jobid={job_id}", f"AdminComment={forged}")
@@ -53,6 +51,6 @@ def test_its_user_can_rewrite_the_comment_but_not_the_record(user: TestbedUser, 
 
 
 def test_other_jobs_get_no_record(user: TestbedUser, submitted: list[int]) -> None:
-    job_id = sbatch(user, submitted, "--comment=my own notes")
+    job_id = sbatch(user, *HELD, "--comment=my own notes", ids=submitted)
     assert SubmitRecord.parse((slurm_job(job_id) or {}).get("admin_comment")) is None
     assert not str((slurm_job(job_id) or {}).get("admin_comment") or "").startswith("dlsub-submit:")

@@ -84,6 +84,15 @@ class World:
         self.fake.submit_uid, self.fake.submit_user = uid, user
         return self.client.submit(script), job_dir
 
+    def elastic(self, dlsub_id: str, tags: str, *, uid: int = ME, user: str = "alice",
+                workers: int = 1) -> tuple[int, int, Path]:
+        """An elastic job as dlsub submits it: its worker array (held), then the main job, running on gpu1.
+        Returns (main job, worker array, job directory)."""
+        array, job_dir = self.worker_array(dlsub_id, tags, uid=uid, user=user, tasks=workers)
+        main, _ = self.submit(dlsub_id, uid=uid, user=user, comment=tags, partition="gpu", gres="gpu:4",
+                              start_on="gpu1", job_dir=job_dir)
+        return main, array, job_dir
+
     def progress(self, job_dir: Path, job_id: int, *, total: int | None = 1000, checkpoint_step: int | None = 18,
                  ran: float = 600.0) -> None:
         attempt = f"{job_id}-0"

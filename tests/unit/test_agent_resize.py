@@ -22,11 +22,7 @@ TAGS = f"dlsub:{ID};mode=ideal;ideal=gpu;gpus=4;nodes=1-2"
 
 def elastic(world: World, *, uid: int = ME, dlsub_id: str = ID, tags: str = TAGS) -> tuple[int, int, Path]:
     """The worker array (held) and the main job (running on gpu1), as dlsub submits them."""
-    user = "alice" if uid == ME else "mallory"
-    array, job_dir = world.worker_array(dlsub_id, tags, uid=uid, user=user)
-    main, _ = world.submit(dlsub_id, uid=uid, comment=tags, partition="gpu", gres="gpu:4", start_on="gpu1",
-                           job_dir=job_dir, user=user)
-    return main, array, job_dir
+    return world.elastic(dlsub_id, tags, uid=uid, user="alice" if uid == ME else "mallory")
 
 
 def released(tmp_path: Path) -> tuple[World, Agent, int, FakeJob]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from agent_world import ME, NOW, OTHER, World
 
 from dlsub.agent.agent_store import Writes
+from dlsub.agent.observe import observe
 from dlsub.slurm_plugins.fake import FakeNode, FakePartition, FakeSlurm
 
 ID = "e1a571c0"
@@ -23,12 +24,6 @@ def big_cluster() -> FakeSlurm:
     )
 
 
-def elastic(world: World, n_workers: int, tags: str) -> tuple[int, int, Path]:
-    array, job_dir = world.worker_array(ID, tags, uid=ME, user="alice", tasks=n_workers)
-    main, _ = world.submit(ID, comment=tags, partition="gpu", gres="gpu:4", start_on="gpu1", job_dir=job_dir)
-    return main, array, job_dir
-
-
 def shrinks(world: World) -> list[str]:
     assert world.store is not None
     return [d.reason for d in world.store.decisions() if d.kind == "shrink"]
@@ -37,7 +32,7 @@ def shrinks(world: World) -> list[str]:
 def test_one_waiting_job_shrinks_elastic_job_all_the_way(tmp_path: Path) -> None:
     """F1: a leaving worker is dropped from the plan, so the next tick (still 'short') signals another."""
     world = World(tmp_path, fake=big_cluster())
-    main, array, _ = elastic(world, 3, f"dlsub:{ID};mode=ideal;ideal=gpu;gpus=4;nodes=1-4")
+    main, array, _ = world.elastic(ID, workers=3, tags=f"dlsub:{ID};mode=ideal;ideal=gpu;gpus=4;nodes=1-4")
     agent = world.agent()
     agent.tick(NOW)
     for i, node in enumerate(("gpu2", "gpu3", "gpu4")):
@@ -53,7 +48,7 @@ def test_one_waiting_job_shrinks_elastic_job_all_the_way(tmp_path: Path) -> None
 def test_unrunnable_waiting_job_shrinks_and_freezes_victim(tmp_path: Path) -> None:
     """F2: a pending job that cannot use the nodes (own QOS limit) still counts as waiting."""
     world = World(tmp_path, fake=big_cluster())
-    main, array, _ = elastic(world, 1, f"dlsub:{ID};mode=ideal;ideal=gpu;gpus=4;nodes=1-2")
+    main, array, _ = world.elastic(ID, workers=1, tags=f"dlsub:{ID};mode=ideal;ideal=gpu;gpus=4;nodes=1-2")
     for n in ("gpu3", "gpu4"):
         world.fake.nodes[n].state = "down"
     agent = world.agent()
@@ -76,7 +71,7 @@ def test_worker_tag_hides_gang_gpus_from_usage(tmp_path: Path) -> None:
     world.fake.jobs[job].array_job_id, world.fake.jobs[job].array_task_id = job, 0
     agent = world.agent()
     slurm_jobs, parts = world.client.jobs(), world.client.partitions()
-    seen = agent.observe(NOW, slurm_jobs, parts, Writes(), 1e18)
+    seen = observe(agent.observing, NOW, slurm_jobs, parts, Writes(), 1e18)
     assert seen.usage[OTHER].gpus == 64, f"16-node x 4-GPU job charged as {seen.usage[OTHER].gpus} GPUs"
 
 

@@ -18,8 +18,8 @@ from agent_world import NOW, OTHER, World
 from test_agent_resize import decisions, elastic
 
 from dlsub.agent import failpoints
-from dlsub.agent.agent_store import ResizePhase
 from dlsub.agent.decide import leave_wait_s
+from dlsub.agent.records import ResizePhase
 
 
 class Crash(BaseException):
@@ -101,8 +101,8 @@ def test_a_shrink_killed_at_each_step_is_not_forgotten_nor_sent_twice(tmp_path: 
     assert worker.signals == ([] if point == "shrink-planned" else ["USR2"])
     agent = world.agent()  # restarted
     agent.tick(NOW + 13)
-    assert agent._leaving == {handle: NOW + 10}, "the leaving worker is reloaded from the store"
     assert world.store is not None and world.store.resizes()[handle].phase == ResizePhase.LEAVING
+    assert world.store.resizes()[handle].since == NOW + 10, "leaving since it was planned, as the store keeps it"
     assert worker.signals == ([] if point == "shrink-planned" else ["USR2"]), "not told again within the wait"
     assert len(decisions(world, "shrink")) == 1
     # It never leaves (its signal was lost, or its checkpoint hangs): after the wait it is told (again).

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from agent_world import ME, NOW, OTHER, World, policy
 
+from dlsub.agent import observe as observe_module
 from dlsub.agent.agent_store import AgentStore, Writes
-from dlsub.agent.reconcile import Agent
 
 
 def test_a_move_runs_through_by_restart_count_and_partition(tmp_path: Path) -> None:
@@ -212,7 +212,7 @@ def test_many_jobs_of_one_user_cannot_use_up_every_deadline(tmp_path: Path) -> N
     for i in range(1, 20):
         agent.tick(NOW + i)
     # (Their directories are not theirs here, so their reads fail: what counts is that each was tried.)
-    tried = {key for key in agent._last_read if key[0] == OTHER}
+    tried = {key for key in agent.memory.last_read if key[0] == OTHER}
     assert len(tried) == 30, f"only {len(tried)} of the other user's 30 jobs were read within 20 ticks"
 
 
@@ -241,14 +241,14 @@ def test_one_jobs_failure_costs_only_that_job(tmp_path: Path, monkeypatch: pytes
     good_id, good_dir = w.submit("0123abcd")
     for j, d in ((bad_id, bad_dir), (good_id, good_dir)):
         w.progress(d, j)
-    original = Agent._read_files
+    original = observe_module.read_files
 
-    def flaky(self: Agent, row: Any, job: Any, dlsub_id: str, now: float, writes: Writes) -> bool:
+    def flaky(row: Any, job: Any, dlsub_id: str, now: float, writes: Writes) -> bool:
         if job.job_id == bad_id:
             raise RuntimeError("disk on fire")
-        return original(self, row, job, dlsub_id, now, writes)
+        return original(row, job, dlsub_id, now, writes)
 
-    monkeypatch.setattr(Agent, "_read_files", flaky)
+    monkeypatch.setattr(observe_module, "read_files", flaky)
     actions = w.agent().tick(NOW)
     assert [(a.kind, a.slurm_job_id) for a in actions] == [("signal-move", good_id)]
     assert any("disk on fire" in d.reason for d in w.store.decisions("0badbad0"))

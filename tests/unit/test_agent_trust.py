@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from agent_world import ME, NOW, OTHER, World, policy
 
-from dlsub.agent.reconcile import job_dir_of
+from dlsub.agent.identify import job_dir_of
 from dlsub.contract import Tags
 from dlsub.jobdir import Unreadable, open_dir
 from dlsub.slurm_plugins.models import SlurmJob

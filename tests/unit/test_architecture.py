@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,3 +43,12 @@ def test_every_package_folder_is_on_the_map_and_every_module_it_names_exists() -
 def test_it_reads_in_ten_minutes() -> None:
     words = len(DOC.read_text().split())
     assert words < 2000, f"{words} words: keep it to a ten-minute read"
+
+
+def test_the_layers_it_lists_are_the_ones_import_linter_holds() -> None:
+    """Its "Who may import whom" lists pyproject's layers contract, in its order (wrapping aside)."""
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c for c in contracts if c["type"] == "layers"]
+    assert layers["exhaustive"] and layers["containers"] == ["dlsub"]
+    written = " › ".join(f"`{layer}`" for layer in layers["layers"])
+    assert written in " ".join(DOC.read_text().split()), written

@@ -14,11 +14,13 @@ from pathlib import Path
 
 from agent_world import NOW, World, policy
 from click.testing import CliRunner
+from move_jobs import job_info
 
 from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.cli.agent_commands import why
 from dlsub.policies.actions import move_rules as m
-from dlsub.policies.actions.move_rules import BudgetLeft, JobInfo, PartitionInfo, Rules, Window
+from dlsub.policies.actions.kinds import ActionKind as K
+from dlsub.policies.actions.move_views import BudgetLeft, JobInfo, PartitionInfo, Rules, Window
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
 
@@ -34,13 +36,8 @@ def parts(gpu_price: float = 8.0) -> list[PartitionInfo]:
 
 
 def job(**kw: object) -> JobInfo:
-    base: dict[str, object] = {
-        "dlsub_id": "aaaa0001", "slurm_job_id": 10, "user": "alice", "state": "RUNNING", "reason": "None",
-        "ended": False, "partition": "cpu", "mode": "immediate", "ideal_partition": "gpu", "gpus_wanted": 1,
-        "gpus_now": 0, "submit_time": NOW - 600, "start_time": NOW - 500, "end_time": NOW + 36000,
-        "checkpointable": True, "last_checkpoint_time": NOW - 40, "eta_s": 10 * 3600.0}
-    base.update(kw)
-    return JobInfo(**base)  # type: ignore[arg-type]
+    """10 h of work left on cpu (1 h on gpu), its limit 10 h away."""
+    return job_info(NOW, **{"end_time": NOW + 36000, "eta_s": 10 * 3600.0, **kw})
 
 
 # ---------------------------------------------------------------- the planner (pure)
@@ -50,31 +47,31 @@ def test_a_move_over_the_budget_is_a_note_saying_what_it_would_use_and_what_is_l
     # 10 h on cpu at speed 0.1 → 1 h on gpu, + 60 s restart: 1.02 node-hours, 8.13 at 8.00 an hour.
     poor = job(budgets=(BudgetLeft("user alice", cost=5.0),))
     actions = m.plan([poor], parts(), RULES, NOW)
-    assert [a.kind for a in actions] == [m.NOTE]
+    assert [a.kind for a in actions] == [K.NOTE]
     reason = actions[0].reason
     assert reason.startswith("not moved to gpu: it would use about 1.02 node-hours costing 8.13 there")
     assert "user alice has 5.00 (cost) left of this month's budget" in reason
     rich = job(budgets=(BudgetLeft("user alice", cost=9.0),))
-    assert [a.kind for a in m.plan([rich], parts(), RULES, NOW)] == [m.SIGNAL_MOVE]
+    assert [a.kind for a in m.plan([rich], parts(), RULES, NOW)] == [K.SIGNAL_MOVE]
     # No budget at all, or a budget on node-hours only with room: moves as before.
-    assert [a.kind for a in m.plan([job()], parts(), RULES, NOW)] == [m.SIGNAL_MOVE]
+    assert [a.kind for a in m.plan([job()], parts(), RULES, NOW)] == [K.SIGNAL_MOVE]
     hours = job(budgets=(BudgetLeft("user alice", node_hours=1.1),))
-    assert [a.kind for a in m.plan([hours], parts(), RULES, NOW)] == [m.SIGNAL_MOVE]
+    assert [a.kind for a in m.plan([hours], parts(), RULES, NOW)] == [K.SIGNAL_MOVE]
     # The cheaper the target, the more fits: the same job onto a free GPU partition.
-    assert [a.kind for a in m.plan([poor], parts(gpu_price=0.0), RULES, NOW)] == [m.SIGNAL_MOVE]
+    assert [a.kind for a in m.plan([poor], parts(gpu_price=0.0), RULES, NOW)] == [K.SIGNAL_MOVE]
 
 
 def test_every_budget_of_the_job_must_fit_and_one_tick_does_not_overspend_a_shared_budget() -> None:
     acct = BudgetLeft("account lab", cost=10.0)
     over = job(budgets=(BudgetLeft("user alice", cost=100.0), BudgetLeft("account lab", cost=5.0)))
     actions = m.plan([over], parts(), RULES, NOW)
-    assert [a.kind for a in actions] == [m.NOTE] and "account lab has 5.00 (cost) left" in actions[0].reason
+    assert [a.kind for a in actions] == [K.NOTE] and "account lab has 5.00 (cost) left" in actions[0].reason
     # Two jobs of one account, 8.13 each, 10.00 left: the older moves, the other is told why.
     a = job(budgets=(acct,))
     b = job(dlsub_id="aaaa0002", slurm_job_id=11, user="bob", uid=7, submit_time=NOW - 300, budgets=(acct,))
     actions = m.plan([a, b], parts(), RULES, NOW)
     by_job = {x.slurm_job_id: x for x in actions}
-    assert by_job[10].kind == m.SIGNAL_MOVE and by_job[11].kind == m.NOTE
+    assert by_job[10].kind == K.SIGNAL_MOVE and by_job[11].kind == K.NOTE
     assert "account lab has 1.87 (cost) left" in by_job[11].reason
 
 
@@ -82,17 +79,17 @@ def test_a_spent_budget_stops_a_move_of_unknown_length_and_a_backfill() -> None:
     empty = (BudgetLeft("user alice", node_hours=0.0),)
     unknown = job(eta_s=None, ran_s=600.0, budgets=empty)
     actions = m.plan([unknown], parts(), RULES, NOW)
-    assert [a.kind for a in actions] == [m.NOTE] and "user alice has 0.00 node-hours left" in actions[0].reason
+    assert [a.kind for a in actions] == [K.NOTE] and "user alice has 0.00 node-hours left" in actions[0].reason
     # A pending GPU job in an open window: gpu-dev is idle, but 1 h there costs 2.00 and 1.50 is left.
     waiting = job(state="PENDING", reason="Resources", partition="gpu", ideal_partition="gpu", gpus_now=1,
                   eta_s=None, time_limit_min=120, budgets=(BudgetLeft("user alice", cost=1.5),))
     gpu_busy = [replace(p, nodes=(("gpu1", 0, 4),)) if p.name == "gpu" else p for p in parts()]
     window = Window(True, "night", NOW + 8 * 3600)
     actions = m.plan([waiting], gpu_busy, RULES, NOW, window)
-    assert [a.kind for a in actions] == [m.NOTE]
+    assert [a.kind for a in actions] == [K.NOTE]
     assert "not backfilled onto gpu-dev: it would use about 1.00 node-hours costing 2.00" in actions[0].reason
     fits = replace(waiting, budgets=(BudgetLeft("user alice", cost=2.5),))
-    assert [a.kind for a in m.plan([fits], gpu_busy, RULES, NOW, window)] == [m.BACKFILL]
+    assert [a.kind for a in m.plan([fits], gpu_busy, RULES, NOW, window)] == [K.BACKFILL]
 
 
 # ---------------------------------------------------------------- the agent's tick (fake Slurm, fake clock)

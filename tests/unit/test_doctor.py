@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from dlsub.agent.query import AgentUnavailable
 from dlsub.cli import doctor as doctor_module
 from dlsub.cli.doctor import OK, PROBLEM, SKIPPED, WARN, Finding, Host, blocking, run_doctor
 from dlsub.cli.doctor_commands import doctor
 from dlsub.contract import SUBMIT_RECORD_PREFIX
+from dlsub.job.agent_client import AgentUnavailable
 from dlsub.site_config.policy_file import parse_policy
 from dlsub.slurm_plugins.client import SlurmClient, parse_config
 from dlsub.slurm_plugins.dialects import SlurmVersion

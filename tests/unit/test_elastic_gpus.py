@@ -24,7 +24,8 @@ from dlsub.contract import BATCH_SCRIPT, Tags
 from dlsub.job.settings import load_settings
 from dlsub.job.shape import Shape, ShapeError, resolve_shape
 from dlsub.job.user_store import JobStore
-from dlsub.policies.actions.resize_rules import GROW, SHRINK, ElasticJob, Room, WorkerTask, plan_resizes
+from dlsub.policies.actions.kinds import ActionKind as K
+from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask, plan_resizes
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
 
@@ -116,7 +117,7 @@ def gpu_job(workers: tuple[WorkerTask, ...]) -> ElasticJob:
 def test_a_worker_goes_to_a_free_gpu_of_the_jobs_own_node_before_an_idle_node() -> None:
     room = Room("gpu", (("gpu2", 4), ("gpu1", 1)))
     first, second, third = plan_resizes([gpu_job(held(3))], [room])
-    assert (first.kind, first.node, second.node, third.node) == (GROW, "gpu1", "gpu2", "gpu2")
+    assert (first.kind, first.node, second.node, third.node) == (K.GROW, "gpu1", "gpu2", "gpu2")
     assert first.reason.startswith("growing to 2 GPUs: gpu1, a node the job already runs on, has 1 idle GPU(s)")
     assert "none of the job's nodes (gpu1) has 1" in second.reason and third.reason.startswith("growing to 4 GPUs")
 
@@ -125,7 +126,7 @@ def test_a_waiting_two_gpu_job_sends_away_two_one_gpu_workers_newest_first() -> 
     job = gpu_job((on_node("900_0", "gpu1", 100), on_node("900_1", "gpu1", 200), on_node("900_2", "gpu1", 300)))
     room = Room("gpu", (("gpu1", 0), ("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
     first, second = plan_resizes([job], [room])
-    assert (first.kind, first.worker, second.worker) == (SHRINK, "900_2", "900_1")
+    assert (first.kind, first.worker, second.worker) == (K.SHRINK, "900_2", "900_1")
     assert first.reason.startswith("shrinking to 3 GPUs") and second.reason.startswith("shrinking to 2 GPUs")
 
 
@@ -196,7 +197,6 @@ def test_a_slurm_that_refuses_the_pin_still_gets_the_worker_released(
     """Fake Slurm: a grow whose ``scontrol update ReqNodeList=`` fails releases the worker anyway (it then
     starts wherever its GPUs are idle, as grows did before pinning)."""
     from dlsub.agent.act import STEPS
-    from dlsub.policies.actions.kinds import ActionKind
     from dlsub.policies.actions.resize_rules import Resize
     from dlsub.slurm_plugins.client import SlurmError
 
@@ -208,9 +208,9 @@ def test_a_slurm_that_refuses_the_pin_still_gets_the_worker_released(
         raise SlurmError(["scontrol", "update"], 1, "", "scontrol: error: Invalid node name specified")
 
     monkeypatch.setattr(client, "point_at_node", refuse)
-    grow = STEPS[ActionKind.GROW].call
+    grow = STEPS[K.GROW].call
     assert grow is not None
-    grow(client, Resize(ActionKind.GROW, "0123abcd", 901, "test", worker=f"{array}_1", node="gpu1"))
+    grow(client, Resize(K.GROW, "0123abcd", 901, "test", worker=f"{array}_1", node="gpu1"))
     assert fake_slurm.task(f"{array}_1").reason == "None", "released though the pin was refused"
     assert fake_slurm.task(f"{array}_0").reason == "JobHeldUser"
 
@@ -286,7 +286,7 @@ def test_goodput_grows_a_gpu_job_onto_the_idle_gpus_of_its_shared_node_where_the
     job = _scaled_gpu_job("0123abcd", 1, pool, {1: 2.0})
     room = Room("gpu", (("gpu1", 2), ("gpu2", 4)))
     grows = plan_by_policy([job], room, GoodputPolicy(), 300.0)  # type: ignore[list-item]
-    assert [(a.kind, a.node) for a in grows] == [(GROW, "gpu1"), (GROW, "gpu1"), (GROW, "gpu2")], grows
+    assert [(a.kind, a.node) for a in grows] == [(K.GROW, "gpu1"), (K.GROW, "gpu1"), (K.GROW, "gpu2")], grows
     assert "placed by the policy on gpu1: gpu1, a node the job already runs on" in grows[0].reason
     assert grows[0].reason.startswith("growing to 2 GPUs (goodput policy)")
 
@@ -303,4 +303,4 @@ def test_another_users_job_on_the_same_node_never_shrinks_my_workers_however_wel
                                                  for i in range(3)), {1: 2.0, 2: 200.0}, total=10_000)
     assert plan_by_policy([mine, theirs], Room("gpu", (("gpu1", 0),)), GoodputPolicy(), 300.0) == []  # type: ignore[list-item]
     grows = plan_by_policy([mine, theirs], Room("gpu", (("gpu1", 0), ("gpu2", 1))), GoodputPolicy(), 300.0)  # type: ignore[list-item]
-    assert [(a.kind, a.dlsub_id, a.node) for a in grows] == [(GROW, "bbbb0002", "gpu2")]
+    assert [(a.kind, a.dlsub_id, a.node) for a in grows] == [(K.GROW, "bbbb0002", "gpu2")]

@@ -18,10 +18,10 @@ from conftest import WEIRD_NAME
 
 from dlsub.cli.main import main
 from dlsub.estimate.apply_choice import from_estimate
-from dlsub.estimate.loss_curve import fit_loss_curve, target_eta
 from dlsub.estimate.partition_fit import Profile, cost, fit_partition, profile_from_events, steady_step_time, walltime
 from dlsub.estimate.profile_cache import EstimateCache, profile_key
 from dlsub.estimate.recommend import Horizon, Knobs, PartitionFacts, build_rows, recommend
+from dlsub.job.loss_curve import fit_loss_curve, target_eta
 from dlsub.job.status_extra import loss_eta
 from dlsub.site_config.budget import Budget, allows, parse_budgets, refusal
 from dlsub.site_config.cost import Spend, job_spend, period_end, period_start, spend, summarize, total

@@ -12,7 +12,8 @@ import dataclasses
 from dlsub.agent.live_models import LiveModels
 from dlsub.job_progress import MeasuredConfig, Progress
 from dlsub.policies.actions.goodput_resize_rules import ScaledJob, measured_text, model_text, plan_by_policy
-from dlsub.policies.actions.resize_rules import GROW, SHRINK, ElasticJob, Room, WorkerTask
+from dlsub.policies.actions.kinds import ActionKind as K
+from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.perf_models.fitted_model import NO_GAIN, GradientStats
 
@@ -52,7 +53,7 @@ def test_the_spare_node_goes_to_the_job_that_scales_well_not_the_older_one() -> 
     good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0})
     room = Room("gpu", (("gpu2", 2),))
     actions = plan_by_policy([poor, good], room, POLICY, NOW)
-    assert [(a.kind, a.dlsub_id) for a in actions] == [(GROW, "good")]
+    assert [(a.kind, a.dlsub_id) for a in actions] == [(K.GROW, "good")]
     reason = actions[0].reason
     assert "growing to 2 nodes" in reason and "measured 1 node (2 GPUs) 128 samples/s" in reason
     assert "predicted 2 nodes" in reason and "saved" in reason
@@ -69,7 +70,7 @@ def test_a_node_is_taken_from_a_poor_scaler_only_to_give_it_to_a_better_one() ->
     good = scaled(models, job("good", uid=1, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9},
                   total=4000)
     actions = plan_by_policy([poor, good], Room("gpu", ()), POLICY, NOW)
-    assert [(a.kind, a.dlsub_id) for a in actions] == [(SHRINK, "poor")]
+    assert [(a.kind, a.dlsub_id) for a in actions] == [(K.SHRINK, "poor")]
     assert "another elastic job of yours gains more" in actions[0].reason
     assert "measured 1 node" in actions[0].reason
 
@@ -88,7 +89,7 @@ def test_a_user_at_the_gpu_limit_does_not_grow() -> None:
     good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
     room = Room("gpu", (("gpu2", 2),))
     assert plan_by_policy([good], room, POLICY, NOW, headroom={2: 0}) == []
-    assert [a.kind for a in plan_by_policy([good], room, POLICY, NOW, headroom={2: 2})] == [GROW]
+    assert [a.kind for a in plan_by_policy([good], room, POLICY, NOW, headroom={2: 2})] == [K.GROW]
 
 
 def test_waiting_jobs_keep_their_claim_on_idle_nodes() -> None:
@@ -113,7 +114,7 @@ def test_idle_gpus_on_a_node_without_the_cpus_or_memory_for_a_worker_are_no_slot
     short_of_cpus = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 1, 8000),))
     assert plan_by_policy([good], short_of_cpus, POLICY, NOW) == []
     roomy = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 2, 4096),))
-    assert [a.kind for a in plan_by_policy([good], roomy, POLICY, NOW)] == [GROW]
+    assert [a.kind for a in plan_by_policy([good], roomy, POLICY, NOW)] == [K.GROW]
 
 
 def test_a_waiting_job_takes_its_node_from_the_newest_elastic_job_first() -> None:
@@ -125,7 +126,7 @@ def test_a_waiting_job_takes_its_node_from_the_newest_elastic_job_first() -> Non
     room = Room("gpu", (("gpu0", 0), ("gpu1", 0)), waiting_gpus=2, waiting_per_node=2)
     for jobs in ([older, newer], [newer, older]):
         actions = plan_resizes(jobs, [room])
-        assert [(a.kind, a.dlsub_id) for a in actions] == [(SHRINK, "newer")], actions
+        assert [(a.kind, a.dlsub_id) for a in actions] == [(K.SHRINK, "newer")], actions
 
 
 def test_each_job_is_checked_against_its_own_worker_shape() -> None:
@@ -136,7 +137,7 @@ def test_each_job_is_checked_against_its_own_worker_shape() -> None:
                                   gpus_per_node=4, cpus_per_node=4, memory_per_node_mb=8000)
     big = scaled(models, big_job, {1: 2.0})
     room = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 2, 4096),))
-    assert [(a.kind, a.dlsub_id) for a in plan_by_policy([small, big], room, POLICY, NOW)] == [(GROW, "small")]
+    assert [(a.kind, a.dlsub_id) for a in plan_by_policy([small, big], room, POLICY, NOW)] == [(K.GROW, "small")]
 
 
 def test_a_declared_batch_too_small_for_its_limits_does_not_stop_the_partition() -> None:
@@ -207,4 +208,4 @@ def test_jobs_of_whole_nodes_on_larger_nodes_are_judged_on_their_own_placement()
             scaled(models, good, {1: 153 / BATCH}, total=110_000)]
     room = Room("gpu", (("gpu1", 0), ("gpu2", 0)), spare=(("gpu1", 1, 6000), ("gpu2", 2, 6000)))
     actions = plan_by_policy(jobs, room, POLICY, NOW)
-    assert [(a.kind, a.dlsub_id, a.worker) for a in actions] == [(SHRINK, "poor", "10_0")], actions
+    assert [(a.kind, a.dlsub_id, a.worker) for a in actions] == [(K.SHRINK, "poor", "10_0")], actions

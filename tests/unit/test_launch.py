@@ -23,7 +23,9 @@ WORKER = textwrap.dedent(
     """
     import os, sys, time
     from dlsub import checkpointing
-    time.sleep(float(os.environ.get("DELAY_INIT", "0")))   # not yet handling signals
+    if os.environ.get("DELAY_INIT"):
+        print("started", flush=True)
+        time.sleep(float(os.environ["DELAY_INIT"]))   # not yet handling signals
     run = checkpointing.init()
     print("ready", flush=True)
     step = 0
@@ -50,7 +52,7 @@ def test_usr1_reaches_worker_late_and_launcher_exits_85(tmp_path: Path) -> None:
     # The signal arrives before the worker installs its handler; the launcher
     # must wait for it rather than kill it with an unhandled SIGUSR1.
     proc = _launch(tmp_path, {"DELAY_INIT": "1.5"}, sys.executable, str(worker))
-    time.sleep(0.5)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "started"  # the launcher runs it
     proc.send_signal(signal.SIGUSR1)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 85, err

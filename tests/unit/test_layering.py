@@ -9,6 +9,7 @@ dependencies raise on import.
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,22 @@ def test_the_blocker_does_block() -> None:
     done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "the container-side library imported dlsub.policies" in done.stderr
+
+
+def _imported_roots(path: Path) -> set[str]:
+    """The top-level names every import statement of a file reaches (at any depth, TYPE_CHECKING ones too)."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_the_contract_imports_the_standard_library_only() -> None:
+    """dlsub/contract.py is what every program shares, the container's included: nothing but the stdlib
+    (import-linter's layers keep it from the rest of dlsub; this keeps it from third-party packages)."""
+    roots = _imported_roots(REPO / "dlsub" / "contract.py")
+    assert roots, "the check reads the file's imports"
+    assert roots <= set(sys.stdlib_module_names) | {"__future__"}, roots - set(sys.stdlib_module_names)

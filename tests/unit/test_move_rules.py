@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from move_jobs import job_info
+
 from dlsub.policies.actions import move_rules as m
-from dlsub.policies.actions.move_rules import (
+from dlsub.policies.actions.kinds import ActionKind as K
+from dlsub.policies.actions.kinds import MoveKind
+from dlsub.policies.actions.move_views import (
+    Action,
     JobInfo,
     MovePhase,
     MoveView,
     PartitionInfo,
     Rules,
+    Usage,
     Window,
 )
 
@@ -27,22 +33,16 @@ def parts(gpu_idle: int = 4, cpu_idle_cpus: int = 4) -> list[PartitionInfo]:
 
 
 def job(**kw: object) -> JobInfo:
-    base: dict[str, object] = {
-        "dlsub_id": "aaaa0001", "slurm_job_id": 10, "user": "alice", "state": "RUNNING", "reason": "None",
-        "ended": False, "partition": "cpu", "mode": "immediate", "ideal_partition": "gpu", "gpus_wanted": 1,
-        "gpus_now": 0, "submit_time": NOW - 600, "start_time": NOW - 500, "end_time": NOW + 3600,
-        "checkpointable": True, "last_checkpoint_time": NOW - 40, "eta_s": 3 * 3600.0}
-    base.update(kw)
-    return JobInfo(**base)  # type: ignore[arg-type]
+    return job_info(NOW, **kw)
 
 
-def kinds(actions: list[m.Action]) -> list[str]:
+def kinds(actions: list[Action]) -> list[str]:
     return [a.kind for a in actions]
 
 
 def test_moves_a_checkpointing_cpu_job_when_gpus_go_idle_and_says_why() -> None:
     actions = m.plan([job()], parts(), RULES, NOW)
-    assert kinds(actions) == [m.SIGNAL_MOVE]
+    assert kinds(actions) == [K.SIGNAL_MOVE]
     a = actions[0]
     assert a.partition == "gpu" and a.gpus == 1
     assert "moving to gpu: 4 GPU(s) idle, checkpoint 40 s old, est. 2.7 h saved" == a.reason
@@ -56,32 +56,32 @@ def test_no_move_while_gpus_are_busy_or_taken_by_waiting_jobs() -> None:
 
 def test_only_checkpointing_jobs_move_and_the_agent_says_so() -> None:
     actions = m.plan([job(checkpointable=False)], parts(), RULES, NOW)
-    assert kinds(actions) == [m.NOTE] and "has not written a checkpoint" in actions[0].reason
+    assert kinds(actions) == [K.NOTE] and "has not written a checkpoint" in actions[0].reason
 
 
 def test_a_move_not_worth_its_restart_is_not_made() -> None:
     actions = m.plan([job(eta_s=100.0)], parts(), RULES, NOW)
-    assert kinds(actions) == [m.NOTE]
+    assert kinds(actions) == [K.NOTE]
     assert "not moved to gpu: it would save about" in actions[0].reason and "restart" in actions[0].reason
 
 
 def test_ideal_mode_and_users_the_policy_excludes_are_not_moved() -> None:
     assert m.plan([job(mode="ideal")], parts(), RULES, NOW) == []
     actions = m.plan([job()], parts(), replace(RULES, movable_users=("bob",)), NOW)
-    assert kinds(actions) == [m.NOTE] and "does not move alice's jobs" in actions[0].reason
+    assert kinds(actions) == [K.NOTE] and "does not move alice's jobs" in actions[0].reason
 
 
 def test_per_user_gpu_limit() -> None:
     other = job(dlsub_id="aaaa0002", slurm_job_id=11, partition="gpu", gpus_now=4, gpus_wanted=4)
     actions = m.plan([job(), other], parts(), replace(RULES, max_gpus_per_user=4), NOW)
-    assert kinds(actions) == [m.NOTE] and "limit of 4 GPUs" in actions[0].reason
+    assert kinds(actions) == [K.NOTE] and "limit of 4 GPUs" in actions[0].reason
 
 
 def test_the_policy_decides_which_job_takes_scarce_gpus() -> None:
     older = job(dlsub_id="aaaa0001", slurm_job_id=10, submit_time=NOW - 900)
     newer = job(dlsub_id="aaaa0002", slurm_job_id=11, submit_time=NOW - 100)
     actions = m.plan([newer, older], parts(gpu_idle=1), replace(RULES, policy="fifo"), NOW)
-    assert [(a.kind, a.dlsub_id) for a in actions] == [(m.SIGNAL_MOVE, "aaaa0001")]
+    assert [(a.kind, a.dlsub_id) for a in actions] == [(K.SIGNAL_MOVE, "aaaa0001")]
 
 
 def move(phase: MovePhase, since: float = NOW - 10, kind: str = "move", restart: int = 0) -> MoveView:
@@ -93,53 +93,53 @@ def test_a_move_in_flight_advances_from_what_slurm_shows() -> None:
     running = job(move=move(MovePhase.SIGNALLED))
     assert m.plan([running], parts(), RULES, NOW) == []
     slow = job(move=move(MovePhase.SIGNALLED, since=NOW - 1000))
-    assert kinds(m.plan([slow], parts(), RULES, NOW)) == [m.SIGNAL_MOVE]
+    assert kinds(m.plan([slow], parts(), RULES, NOW)) == [K.SIGNAL_MOVE]
     # Planned but the signal never went out (crash between): send it.
-    assert kinds(m.plan([job(move=move(MovePhase.PLANNED))], parts(), RULES, NOW)) == [m.SIGNAL_MOVE]
+    assert kinds(m.plan([job(move=move(MovePhase.PLANNED))], parts(), RULES, NOW)) == [K.SIGNAL_MOVE]
     # Requeued held on cpu after checkpointing for the move: retarget, then release.
     held = job(state="PENDING", reason="JobHeldUser", held=True, move=move(MovePhase.SIGNALLED), restart_count=1,
                last_attempt_action="move")
-    assert kinds(m.plan([held], parts(), RULES, NOW)) == [m.RETARGET, m.RELEASE]
+    assert kinds(m.plan([held], parts(), RULES, NOW)) == [K.RETARGET, K.RELEASE]
     # Retargeted (a crash before release): release only.
     retargeted = replace(held, partition="gpu", gpus_now=1, move=move(MovePhase.UPDATED))
-    assert kinds(m.plan([retargeted], parts(), RULES, NOW)) == [m.RELEASE]
+    assert kinds(m.plan([retargeted], parts(), RULES, NOW)) == [K.RELEASE]
     # Holds the agent did not place stay: an admin's, one from before the signal, one without a move record.
-    assert kinds(m.plan([replace(held, reason="JobHeldAdmin")], parts(), RULES, NOW)) == [m.NOTE]
+    assert kinds(m.plan([replace(held, reason="JobHeldAdmin")], parts(), RULES, NOW)) == [K.NOTE]
     assert m.plan([replace(held, restart_count=0)], parts(), RULES, NOW) == []
-    assert kinds(m.plan([replace(held, last_attempt_action="requeue")], parts(), RULES, NOW)) == [m.ABANDON_MOVE]
+    assert kinds(m.plan([replace(held, last_attempt_action="requeue")], parts(), RULES, NOW)) == [K.ABANDON_MOVE]
     # Running on the target after a restart: done, whatever Slurm's clock says.
     moved = job(partition="gpu", gpus_now=1, start_time=NOW - 99_999, restart_count=1,
                 move=move(MovePhase.RELEASED, since=NOW - 8))
-    assert kinds(m.plan([moved], parts(), RULES, NOW)) == [m.FINISH_MOVE]
-    assert kinds(m.plan([replace(moved, partition="cpu")], parts(), RULES, NOW)) == [m.ABANDON_MOVE]
+    assert kinds(m.plan([moved], parts(), RULES, NOW)) == [K.FINISH_MOVE]
+    assert kinds(m.plan([replace(moved, partition="cpu")], parts(), RULES, NOW)) == [K.ABANDON_MOVE]
     # Preempted is final: the move is abandoned.
     preempted = replace(held, state="PREEMPTED", ended=True)
-    assert kinds(m.plan([preempted], parts(), RULES, NOW)) == [m.ABANDON_MOVE]
+    assert kinds(m.plan([preempted], parts(), RULES, NOW)) == [K.ABANDON_MOVE]
     # The job ended on its own meanwhile.
     ended = job(state="COMPLETED", ended=True, move=move(MovePhase.SIGNALLED))
-    assert kinds(m.plan([ended], parts(), RULES, NOW)) == [m.ABANDON_MOVE]
+    assert kinds(m.plan([ended], parts(), RULES, NOW)) == [K.ABANDON_MOVE]
 
 
 def test_time_limit_continuation_before_the_allocation_ends() -> None:
     dev = job(partition="gpu-dev", ideal_partition="gpu-dev", gpus_now=1, end_time=NOW + 60, eta_s=900.0)
     actions = m.plan([dev], parts(), RULES, NOW)
-    assert kinds(actions) == [m.SIGNAL_CONTINUE] and "time limit on gpu-dev ends in 60 s" in actions[0].reason
+    assert kinds(actions) == [K.SIGNAL_CONTINUE] and "time limit on gpu-dev ends in 60 s" in actions[0].reason
     # Far from the limit, or done in time, or over the site's maximum: no.
     assert m.plan([replace(dev, end_time=NOW + 3600)], parts(), RULES, NOW) == []
     assert m.plan([replace(dev, eta_s=30.0)], parts(), RULES, NOW) == []
     capped = m.plan([replace(dev, continuations=3)], parts(), replace(RULES, max_continuations=3), NOW)
-    assert kinds(capped) == [m.NOTE]
+    assert kinds(capped) == [K.NOTE]
     off = m.plan([dev], parts(), replace(RULES, continue_jobs=False), NOW)
-    assert kinds(off) == [m.NOTE] and "does not continue" in off[0].reason
+    assert kinds(off) == [K.NOTE] and "does not continue" in off[0].reason
     # After the checkpoint the job requeued itself: done; Slurm's requeue wait stands (the agent never
     # starts a requeued job early: slurmd would kill it on the node it left).
     waiting = replace(dev, state="PENDING", reason="BeginTime", move=move(MovePhase.SIGNALLED, kind="continue"),
                       restart_count=1, requeues=1, last_attempt_action="requeue")
     done = m.plan([waiting], parts(), RULES, NOW)
-    assert kinds(done) == [m.FINISH_MOVE] and "requeue wait" in done[0].reason
+    assert kinds(done) == [K.FINISH_MOVE] and "requeue wait" in done[0].reason
     # The script's own requeues count against continuations too.
     capped = m.plan([replace(dev, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)
-    assert kinds(capped) == [m.NOTE]
+    assert kinds(capped) == [K.NOTE]
 
 
 def test_backfill_inside_a_window_and_back_out_before_it_closes() -> None:
@@ -149,7 +149,7 @@ def test_backfill_inside_a_window_and_back_out_before_it_closes() -> None:
     assert m.plan([waiting], cpu_busy, RULES, NOW, Window(False)) == []
     open_ = Window(True, "night", NOW + 3600)
     actions = m.plan([waiting], cpu_busy, RULES, NOW, open_)
-    assert kinds(actions) == [m.BACKFILL] and actions[0].partition == "gpu-dev"
+    assert kinds(actions) == [K.BACKFILL] and actions[0].partition == "gpu-dev"
     assert actions[0].gpus == 0 and actions[0].time_limit_min == 10, "cut to gpu-dev's MaxTime"
     assert "off-hours window 'night' is open" in actions[0].reason
     # Too close to the end of the window: nothing new starts.
@@ -158,10 +158,10 @@ def test_backfill_inside_a_window_and_back_out_before_it_closes() -> None:
                  backfilled_limit_min=60, gpus_wanted=0, end_time=NOW + 500)
     assert m.plan([placed], cpu_busy, RULES, NOW, open_) == [], "stays while the window is open"
     closing = m.plan([placed], cpu_busy, RULES, NOW, Window(True, "night", NOW + 120))
-    assert kinds(closing) == [m.SIGNAL_MOVE] and closing[0].partition == "cpu"
-    assert closing[0].details["kind"] == "return" and "closes in" in closing[0].reason
+    assert kinds(closing) == [K.SIGNAL_MOVE] and closing[0].partition == "cpu"
+    assert closing[0].move_kind == MoveKind.RETURN and "closes in" in closing[0].reason
     assert closing[0].time_limit_min == 60, "its own time limit back"
-    assert kinds(m.plan([placed], cpu_busy, RULES, NOW, Window(False))) == [m.SIGNAL_MOVE]
+    assert kinds(m.plan([placed], cpu_busy, RULES, NOW, Window(False))) == [K.SIGNAL_MOVE]
 
 
 def test_gpu_jobs_are_backfilled_only_where_gpus_are_idle() -> None:
@@ -171,7 +171,7 @@ def test_gpu_jobs_are_backfilled_only_where_gpus_are_idle() -> None:
     assert m.plan([waiting], parts(gpu_idle=0), RULES, NOW, open_) == [], "no GPUs idle: cpu nodes cannot take it"
     dev_idle = [replace(p, nodes=(("gpu2", 4, 4),)) if p.name == "gpu-dev" else p for p in parts(gpu_idle=0)]
     actions = m.plan([waiting], dev_idle, RULES, NOW, open_)
-    assert [(a.kind, a.partition, a.gpus) for a in actions] == [(m.BACKFILL, "gpu-dev", 1)]
+    assert [(a.kind, a.partition, a.gpus) for a in actions] == [(K.BACKFILL, "gpu-dev", 1)]
 
 
 def test_a_self_requeued_job_is_left_to_slurms_requeue_wait() -> None:
@@ -182,26 +182,26 @@ def test_a_self_requeued_job_is_left_to_slurms_requeue_wait() -> None:
 
 def test_limits_count_the_users_holdings_and_this_ticks_decisions() -> None:
     jobs = [job(dlsub_id=f"aaaa000{n}", slurm_job_id=10 + n, submit_time=NOW - 600 + n) for n in range(3)]
-    usage = {0: m.Usage(gpus=1, jobs=4)}  # one GPU already held, e.g. by a plain sbatch job
+    usage = {0: Usage(gpus=1, jobs=4)}  # one GPU already held, e.g. by a plain sbatch job
     actions = m.plan(jobs, parts(), replace(RULES, max_gpus_per_user=2), NOW, usage=usage)
-    assert [(a.kind, a.slurm_job_id) for a in actions if a.kind == m.SIGNAL_MOVE] == [(m.SIGNAL_MOVE, 10)]
-    assert sum(1 for a in actions if a.kind == m.NOTE and "limit of 2 GPUs" in a.reason) == 2
+    assert [(a.kind, a.slurm_job_id) for a in actions if a.kind == K.SIGNAL_MOVE] == [(K.SIGNAL_MOVE, 10)]
+    assert sum(1 for a in actions if a.kind == K.NOTE and "limit of 2 GPUs" in a.reason) == 2
     # Another user's holdings never count.
-    actions = m.plan(jobs, parts(), replace(RULES, max_gpus_per_user=2), NOW, usage={7: m.Usage(gpus=50, jobs=1)})
-    assert sum(1 for a in actions if a.kind == m.SIGNAL_MOVE) == 2
+    actions = m.plan(jobs, parts(), replace(RULES, max_gpus_per_user=2), NOW, usage={7: Usage(gpus=50, jobs=1)})
+    assert sum(1 for a in actions if a.kind == K.SIGNAL_MOVE) == 2
     # Over the job limit: no help from the agent.
-    actions = m.plan(jobs[:1], parts(), replace(RULES, max_jobs_per_user=3), NOW, usage={0: m.Usage(0, 4)})
-    assert kinds(actions) == [m.NOTE] and "more than the limit of 3" in actions[0].reason
+    actions = m.plan(jobs[:1], parts(), replace(RULES, max_jobs_per_user=3), NOW, usage={0: Usage(0, 4)})
+    assert kinds(actions) == [K.NOTE] and "more than the limit of 3" in actions[0].reason
     # The per-job cap.
     big = m.plan([job(gpus_wanted=4)], parts(), replace(RULES, max_gpus_per_job=2), NOW)
-    assert [(a.kind, a.gpus) for a in big] == [(m.SIGNAL_MOVE, 2)]
+    assert [(a.kind, a.gpus) for a in big] == [(K.SIGNAL_MOVE, 2)]
 
 
 def test_a_job_without_a_total_is_estimated_from_the_time_it_has_run() -> None:
     actions = m.plan([job(eta_s=None, ran_s=720.0)], parts(), RULES, NOW)
-    assert kinds(actions) == [m.SIGNAL_MOVE]
+    assert kinds(actions) == [K.SIGNAL_MOVE]
     assert "no total declared: assuming about as long again as the 12 min it has run" in actions[0].reason
-    assert kinds(m.plan([job(eta_s=None, ran_s=None)], parts(), RULES, NOW)) == [m.NOTE]
+    assert kinds(m.plan([job(eta_s=None, ran_s=None)], parts(), RULES, NOW)) == [K.NOTE]
 
 
 def test_a_released_move_stays_in_flight_through_slurms_requeue_wait() -> None:
@@ -212,6 +212,6 @@ def test_a_released_move_stays_in_flight_through_slurms_requeue_wait() -> None:
     assert m.plan([waiting], parts(), RULES, NOW) == []
     running = replace(waiting, state="RUNNING", reason="None")
     done = m.plan([running], parts(), RULES, NOW)
-    assert kinds(done) == [m.FINISH_MOVE] and done[0].reason == "running on gpu"
+    assert kinds(done) == [K.FINISH_MOVE] and done[0].reason == "running on gpu"
     queued = replace(waiting, reason="Resources")
-    assert kinds(m.plan([queued], parts(), RULES, NOW)) == [m.FINISH_MOVE]
+    assert kinds(m.plan([queued], parts(), RULES, NOW)) == [K.FINISH_MOVE]

@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from dlsub.agent.query import Caller, QueryServer, agent_status, answer, ask
+from dlsub.agent.query import Caller, QueryServer, agent_status, answer
+from dlsub.job.agent_client import ask
 from dlsub.site_config.policy_file import AgentPolicy
 
 NOBODY = 65534
@@ -214,7 +215,10 @@ def test_unfinished_request_does_not_stall_another_client(server: QueryServer) -
 def test_bounded_connections_refuse_quickly_and_recover(server: QueryServer, store: StandInStore) -> None:
     # This uid may hold 2 connections at once: a third is refused at once, not queued.
     stuck = [_raw(server.path, b"{") for _ in range(2)]
-    time.sleep(0.1)
+    deadline = time.monotonic() + 5
+    while server._active.get(os.geteuid(), 0) < 2:  # both taken up by the server, not just connected
+        assert time.monotonic() < deadline, "the server did not take the two connections up"
+        time.sleep(0.005)
     started = time.monotonic()
     refused = json.loads(_read_all(_raw(server.path, b"")))
     assert refused["ok"] is False and "busy" in refused["error"] and time.monotonic() - started < 0.5
@@ -256,7 +260,7 @@ def test_a_stale_socket_is_replaced_and_a_live_one_is_not_taken_over(sock_dir: P
 
 
 def test_client_reports_an_agent_that_is_not_there(sock_dir: Path) -> None:
-    from dlsub.agent.query import AgentUnavailable
+    from dlsub.job.agent_client import AgentUnavailable
 
     with pytest.raises(AgentUnavailable, match="not running"):
         ask(sock_dir / "missing.sock", {"op": "status"})

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dlsub.policies.actions.resize_rules import END_WORKERS, GROW, SHRINK, ElasticJob, Room, WorkerTask, plan_resizes
+from dlsub.policies.actions.kinds import ActionKind as K
+from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask, plan_resizes
 
 
 def pool(array: int = 900, count: int = 1) -> tuple[WorkerTask, ...]:
@@ -26,7 +27,7 @@ GPU = Room("gpu", (("gpu1", 2), ("gpu2", 4)))
 
 def test_an_idle_node_nobody_waits_for_grows_the_job() -> None:
     (action,) = plan_resizes([elastic(pool())], [GPU])
-    assert action.kind == GROW and action.worker == "900_0" and action.partition == "gpu"
+    assert action.kind == K.GROW and action.worker == "900_0" and action.partition == "gpu"
     assert "growing to 2 node(s)" in action.reason
 
 
@@ -46,7 +47,7 @@ def test_a_waiting_job_that_needs_the_node_shrinks_the_job_back() -> None:
     job = elastic((running("900_0", "gpu2"),))
     waiting = Room("gpu", (("gpu1", 0), ("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
     (action,) = plan_resizes([job], [waiting])
-    assert action.kind == SHRINK and action.worker == "900_0"
+    assert action.kind == K.SHRINK and action.worker == "900_0"
     assert "jobs waiting on gpu need 4 GPU(s) and 2 are idle" in action.reason
 
 
@@ -60,12 +61,12 @@ def test_only_as_many_workers_leave_as_the_waiting_jobs_need() -> None:
     job = elastic((running("900_0", "gpu2", start=100), running("900_1", "gpu1", start=200)), max_nodes=3)
     room = Room("gpu", (("gpu1", 0), ("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
     (action,) = plan_resizes([job], [room])
-    assert action.kind == SHRINK and action.worker == "900_1", "the newest worker leaves first"
+    assert action.kind == K.SHRINK and action.worker == "900_1", "the newest worker leaves first"
 
 
 def test_the_workers_of_an_ended_job_are_cancelled() -> None:
     (action,) = plan_resizes([elastic(pool(), state="COMPLETED", ended=True)], [GPU])
-    assert action.kind == END_WORKERS and action.worker == "900"
+    assert action.kind == K.END_WORKERS and action.worker == "900"
 
 
 def test_a_worker_that_keeps_failing_is_not_released_again() -> None:
@@ -102,7 +103,7 @@ def test_a_waiting_job_that_needs_a_whole_node_shrinks_a_job_spread_over_two() -
     job = elastic((running("900_0", "gpu2"),))
     split = Room("gpu", (("gpu1", 2), ("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
     (action,) = plan_resizes([job], [split])
-    assert action.kind == SHRINK and action.worker == "900_0"
+    assert action.kind == K.SHRINK and action.worker == "900_0"
     assert plan_resizes([elastic(pool())], [split]) == [], "and nothing grows onto them meanwhile"
 
 
