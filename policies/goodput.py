@@ -97,7 +97,9 @@ class GoodputPolicy:
         restart_penalty_s: float = 30.0,
         restart_weight: float = 10.0,
         restart_share: float = 0.1,
+        trust_declared: float = 4.0,
     ) -> None:
+        self.trust_declared = trust_declared
         self.efficiency_floor = efficiency_floor
         self.restart_penalty_s = restart_penalty_s
         self.restart_weight = restart_weight
@@ -196,7 +198,8 @@ class GoodputPolicy:
         search_batches([job.model for job in jobs if searches_batch(job, adapt_batch=True)],
                        [packed_placement(n, per_node) for n in range(1, 2 * per_node + 1)])
         curves = {job.name: RemainingTime(job, min(per_node, job.packing or per_node), adapt_batch=True,
-                                          guess_remaining=True) for job in jobs}
+                                          guess_remaining=True, trust_declared=self.trust_declared)
+                  for job in jobs}
         his = {job.name: self._hi(job) for job in jobs}
         order = sorted(jobs, key=lambda job: (self._rank(job, curves[job.name], previous), job.arrival_s, job.name))
         keep_margin = self.restart_penalty_s * self.restart_weight
