@@ -60,3 +60,15 @@ def test_a_declaration_longer_than_the_trust_allows_is_ranked_as_the_guess() -> 
     assert long.guessed and long.time(1) == 3600.0
     assert long.basis == "remaining work guessed: declared longer than the guess trusts"
     assert not curve(3000.0, trust=1.0).guessed  # shorter than the guess: it is served sooner
+
+
+def test_without_declarations_the_trust_changes_no_decision() -> None:
+    """The artifact's workloads declare nothing: goodput decides on them as it did before declarations had limits."""
+    from dlsub.policies.api import ClusterView
+    from dlsub.policies.goodput import GoodputPolicy
+
+    jobs = [JobView(f"j{i}", float(i), min_gpus=1, max_gpus=8, batch_size=32, progress=500.0 * i,
+                    attained_gpu_s=500.0 * i, model=Linear(2)) for i in range(6)]
+    cluster = ClusterView.uniform(2, 4)
+    decisions = [GoodputPolicy(trust_declared=trust).decide(jobs, cluster, 0.0, {}) for trust in (1.0, 4.0, math.inf)]
+    assert decisions[0] == decisions[1] == decisions[2] and sum(a.gpus for a in decisions[0].values()) == 8
