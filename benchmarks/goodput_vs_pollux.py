@@ -3,6 +3,7 @@
     python benchmarks/goodput_vs_pollux.py [--loads 0.5,1.0] [--orders 5] [--jitter 120]
         [--workloads 1,2,3,4,5,6,7,8] [--history none,one-user] [--procs 2] [--raw FILE]
         [--variant K=V,...] [--paired] [--tuned-on 1-4|5-8]
+        [--generated [--stated-missing 0.5] [--stated-error 2]]
 
 For each load, each arrival order (seed 1..N: every arrival delayed by up
 to --jitter seconds) and each workload, goodput and pollux run on the same
@@ -20,8 +21,11 @@ the paired change history makes, with its interval.
 pollux's own average JCT in these runs is printed beside Pollux's
 published figure (1.0x and 0.5x, no jitter in the paper).
 
-Only the 0.5x and 1.0x workloads: the artifact's other loads are the
-acceptance set and are never run here. --raw FILE keeps every run's result
+Only the artifact's 0.5x and 1.0x workloads: its other loads are the
+acceptance set and are never run here. --generated runs workloads of our
+own instead, at any load (``dlsub generate-workload``, written from the
+Pollux paper's description, with users' stated lengths as the options
+say): workload K is the generator's seed K, at each load. --raw FILE keeps every run's result
 as a line of JSON; a run already in it is not run again (resume).
 
 --variant K=V,... runs goodput with those constructor arguments (e.g.
@@ -39,6 +43,7 @@ import math
 import statistics
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from scipy import stats
@@ -46,22 +51,48 @@ from scipy import stats
 from dlsub.policies.api import ClusterView, Policy
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sim.engine import SimConfig, simulate
+from dlsub.policies.sim.generate import Statements, TraceJob, generate, read_philly
 from dlsub.policies.sim.published import LOAD_DIRS, PUBLISHED_AVG_JCT_S
-from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
+from dlsub.policies.sim.workload import POLLUX_DIR, WorkloadJob, read_workload
 
 HALVES = {"tuned (1-4)": (1, 2, 3, 4), "untouched (5-8)": (5, 6, 7, 8)}
 REVERSED = {"tuned (5-8)": (5, 6, 7, 8), "untouched (1-4)": (1, 2, 3, 4)}
 Task = tuple[str, int, int, str, str]  # load, workload, seed, policy, history
+PHILLY = Path(__file__).resolve().parents[1].parent / "shared/data/pollux/traces/philly.csv"
 
 
-def run(task: Task, jitter: float) -> dict[str, object]:
+@dataclass(frozen=True)
+class Source:
+    """Where workload K of a load comes from: the artifact's files, or the generator's seed K."""
+
+    trace: list[TraceJob] | None = None
+    statements: Statements | None = None
+
+    def workload(self, load: str, number: int) -> list[WorkloadJob]:
+        if self.trace is None:
+            return read_workload(POLLUX_DIR / LOAD_DIRS[load] / f"workload-{number}.csv")
+        return generate(self.trace, float(load), number, self.statements)
+
+    @property
+    def label(self) -> str:
+        if self.trace is None:
+            return "artifact"
+        told = self.statements or Statements(1.0, 1.0)
+        return f"generated, stated missing {told.missing:g}, error x{told.error:g}"
+
+    def label_for(self, policy: str) -> str:
+        """pollux reads no stated length: its runs serve every statement setting of the same workloads."""
+        return "generated" if policy == "pollux" and self.trace is not None else self.label
+
+
+def run(task: Task, jitter: float, source: Source) -> dict[str, object]:
     load, workload, seed, policy, history = task
-    jobs = read_workload(POLLUX_DIR / LOAD_DIRS[load] / f"workload-{workload}.csv")
+    jobs = source.workload(load, workload)
     config = SimConfig(seed=seed, arrival_jitter_s=jitter, information="online", history=history)
     summary = simulate(jobs, POLLUX_DIR / "traces", policy_of(policy), ClusterView.uniform(16, 4), config).summary()
     return {"load": load, "workload": workload, "seed": seed, "policy": policy, "history": history,
-            "jitter": jitter, "avg_jct_s": summary["avg_jct_s"], "stalled": summary["stalled"],
-            "wall_s": summary["wall_s"]}
+            "jitter": jitter, "source": source.label_for(policy), "avg_jct_s": summary["avg_jct_s"],
+            "stalled": summary["stalled"], "wall_s": summary["wall_s"]}
 
 
 def policy_of(label: str) -> Policy:
@@ -95,18 +126,26 @@ def verdict(lo: float, hi: float, null: float) -> str:
 
 def report(results: dict[Task, float], loads: list[str], seeds: list[int], workloads: list[int],
            histories: list[str], goodput: str = "goodput", halves: Mapping[str, tuple[int, ...]] = HALVES,
-           paired: bool = False) -> None:
+           paired: bool = False, generated: bool = False) -> None:
     for load in loads:
         print(f"\n== {load}x load, {len(seeds)} arrival orders (seeds {seeds[0]}..{seeds[-1]}) ==")
-        published = PUBLISHED_AVG_JCT_S[load]["pollux"]
+        published = PUBLISHED_AVG_JCT_S.get(load, {}).get("pollux") if not generated else None
         for half, members in halves.items():
             ws = [w for w in members if w in workloads]
             if not ws:
                 continue
             ours = [statistics.mean(results[(load, w, s, "pollux", "none")] for s in seeds) for w in ws]
             print(f"\n{half}: workloads {','.join(map(str, ws))}")
-            print("  pollux avg JCT, mean over orders (published):  "
-                  + "  ".join(f"w{w} {o:.0f} ({published[w - 1]})" for w, o in zip(ws, ours, strict=True)))
+            if published is not None:
+                print("  pollux avg JCT, mean over orders (published):  "
+                      + "  ".join(f"w{w} {o:.0f} ({published[w - 1]})" for w, o in zip(ws, ours, strict=True)))
+            else:
+                artifact = PUBLISHED_AVG_JCT_S.get(load, {}).get("pollux")
+                print("  pollux avg JCT, mean over orders:  " + "  ".join(f"w{w} {o:.0f}" for w, o in zip(ws, ours,
+                                                                                                           strict=True))
+                      + f"  mean {statistics.mean(ours):.0f}"
+                      + (f" (Pollux published, artifact's workloads: mean {statistics.mean(artifact):.0f})"
+                         if artifact else ""))
             per_order: dict[str, list[float]] = {}
             for history in histories:
                 per_order[history] = [
@@ -148,10 +187,20 @@ def main() -> None:
     parser.add_argument("--tuned-on", choices=("1-4", "5-8"), default="1-4",
                         help="the half a constant was chosen on (5-8: the reverse split)")
     parser.add_argument("--raw", type=Path, default=None, help="keep (and resume from) every run's result, JSON lines")
+    parser.add_argument("--generated", action="store_true",
+                        help="workload K: the generator's seed K (any load), not the artifact's workload-K.csv")
+    parser.add_argument("--philly", type=Path, default=PHILLY, help="with --generated: the Philly trace")
+    parser.add_argument("--stated-missing", type=float, default=0.5,
+                        help="with --generated: share of jobs that state no length (1: none does)")
+    parser.add_argument("--stated-error", type=float, default=2.0,
+                        help="with --generated: stated lengths off by a factor in [1/E, E], log-uniform")
     args = parser.parse_args()
     loads = args.loads.split(",")
+    source = Source()
+    if args.generated:
+        source = Source(read_philly(args.philly), Statements(args.stated_missing, args.stated_error))
     for load in loads:
-        if load not in LOAD_DIRS:
+        if load not in LOAD_DIRS and not args.generated:
             parser.error(f"load {load}: only {', '.join(LOAD_DIRS)} (other loads are the acceptance set)")
     seeds = list(range(1, args.orders + 1))
     workloads = [int(w) for w in args.workloads.split(",")]
@@ -163,7 +212,7 @@ def main() -> None:
     if args.raw is not None and args.raw.exists():
         for line in args.raw.read_text().splitlines():
             row = json.loads(line)
-            if row["jitter"] == args.jitter:
+            if row["jitter"] == args.jitter and row.get("source", "artifact") == source.label_for(row["policy"]):
                 results[_key(row)] = float(row["avg_jct_s"])
     tasks: list[Task] = []
     for load in loads:
@@ -173,16 +222,17 @@ def main() -> None:
                 tasks.extend((load, w, seed, g, h) for g in goodputs for h in histories)
     todo = [task for task in tasks if task not in results]
     with ProcessPoolExecutor(max_workers=args.procs) as pool:
-        for row in pool.map(run, todo, [args.jitter] * len(todo)):
+        for row in pool.map(run, todo, [args.jitter] * len(todo), [source] * len(todo)):
             if row["stalled"]:
                 print(f"warning: stalled: {row}")
             results[_key(row)] = float(row["avg_jct_s"])  # type: ignore[arg-type]
             if args.raw is not None:
                 with args.raw.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")
-    print(f"goodput vs pollux, dlsub's simulator, 16 nodes x 4 GPUs, arrivals jittered up to {args.jitter:g} s")
+    print(f"goodput vs pollux, dlsub's simulator, 16 nodes x 4 GPUs, arrivals jittered up to {args.jitter:g} s, "
+          f"workloads: {source.label}")
     report(results, loads, seeds, workloads, histories, goodput, HALVES if args.tuned_on == "1-4" else REVERSED,
-           paired=len(goodputs) > 1)
+           paired=len(goodputs) > 1, generated=args.generated)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from dlsub.cli.dashboard_command import dashboard
 from dlsub.cli.doctor_commands import doctor
 from dlsub.cli.errors import fail
 from dlsub.cli.estimate_commands import estimate
-from dlsub.cli.simulate_command import simulate
+from dlsub.cli.simulate_command import generate_workload, simulate
 from dlsub.cli.usage_commands import usage
 from dlsub.containers.podman import ImageError
 from dlsub.contract import CHECKPOINT_SIGNAL, ENV_TARGET_LOSS, JobState
@@ -481,6 +481,7 @@ def requeue(job: str) -> None:
 
 
 main.add_command(simulate)
+main.add_command(generate_workload)
 main.add_command(agent)
 main.add_command(why)
 main.add_command(backfill)

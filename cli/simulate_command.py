@@ -114,3 +114,34 @@ def simulate(
     if result.stalled:
         click.echo("dlsub: the simulation stalled: jobs waited with no progress (see 'completed')", err=True)
         sys.exit(3)
+
+
+@click.command("generate-workload")
+@click.argument("out", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--load", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Relative job load: 160 jobs in the 8-hour window at 1.0.")
+@click.option("--seed", type=int, default=1, show_default=True, help="One seed, one workload.")
+@click.option("--philly", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="The Philly trace (timestamp,duration,num_gpus,gpu_time,cluster) "
+                   "[default: ../shared/data/pollux/traces/philly.csv].")
+@click.option("--stated-missing", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Share of jobs whose user states no length (stated_epochs blank).")
+@click.option("--stated-error", type=click.FloatRange(min=1), default=2.0, show_default=True,
+              help="A stated length is off by a factor drawn log-uniformly in [1/E, E] (1: exact).")
+def generate_workload(out: Path, load: float, seed: int, philly: Path | None, stated_missing: float,
+                      stated_error: float) -> None:
+    """Write a workload to OUT as the Pollux paper sampled its own from the Philly trace, at any load.
+
+    dlsub simulate replays it (with the shipped Pollux traces)."""
+    from dlsub.policies.sim.generate import Statements, generate, read_philly
+    from dlsub.policies.sim.workload import WorkloadError, write_workload
+
+    trace = philly or Path.cwd().parent / "shared/data/pollux/traces/philly.csv"
+    try:
+        jobs = generate(read_philly(trace), load, seed, Statements(stated_missing, stated_error))
+        write_workload(jobs, out)
+    except WorkloadError as exc:
+        fail(str(exc))
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror}")
+    click.echo(f"dlsub: wrote {out}: {len(jobs)} jobs at {load:g}x load, seed {seed}", err=True)

@@ -153,7 +153,7 @@ def _figures(scaled: ScaledJob, before: int, after: int) -> str:
     if view.model is not None:
         curve = RemainingTime(view, job.packing(job.max_gpus), adapt_batch=True, guess_remaining=True)
         saved = curve.time(job.gpus_at(before)) - curve.time(job.gpus_at(after))
-        guess = "" if view.remaining is not None else " (remaining work guessed: none declared)"
+        guess = f" ({curve.basis})" if curve.guessed else ""
         text += (f", est. {_minutes(saved)} saved{guess}" if saved >= 0
                  else f", est. {_minutes(-saved)} longer{guess}")
     return text

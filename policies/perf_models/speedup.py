@@ -40,6 +40,15 @@ def level_guess(done: float, unit: float, base: int = LEVEL_BASE) -> float:
     return level
 
 
+def timed(job: JobView) -> bool:
+    """Whether the job's model has measured a step of it (its own report, or its command's history): only
+    then can it turn work into seconds. A fitted model that has seen none times a step by its prior, off by
+    up to 10^6 on the Pollux applications (ncf: 65 million seconds for a one-minute job); the oracle's
+    knows every step."""
+    seen = getattr(getattr(job.model, "fitted", None), "max_replicas", None)
+    return not isinstance(seen, int) or seen > 0
+
+
 def searches_batch(job: JobView, adapt_batch: bool) -> bool:
     """Whether the job's batch size is the best one for each placement (it
     lets the policy choose, or has none of its own) rather than its own."""
@@ -51,21 +60,43 @@ class RemainingTime:
 
     With ``adapt_batch`` the batch size is the one with the best goodput on
     that placement (when the job allows it); otherwise the job's own. With
-    ``guess_remaining``, a job whose remaining work is unknown is expected
-    to need as much again as it has done (at least :data:`UNKNOWN_WORK_S`
-    on one GPU).
+    ``guess_remaining``, a job whose remaining work is unknown (or not yet
+    timeable, or that has run past what it declared) is expected to need as much again as it has
+    done (at least :data:`UNKNOWN_WORK_S` on one GPU).
     """
 
     def __init__(self, job: JobView, gpus_per_node: int, *, adapt_batch: bool,
-                 guess_remaining: bool = False) -> None:
+                 guess_remaining: bool = False, trust_declared: float = math.inf) -> None:
         if job.model is None or (job.remaining is None and not guess_remaining):
             raise ValueError(f"job {job.name} has no performance model or remaining work")
         self.job = job
         self.gpus_per_node = gpus_per_node
         self.searches_batch = searches_batch(job, adapt_batch)
         self._cache: dict[int, tuple[float, int | None]] = {}
-        self.guessed = job.remaining is None
-        self.work = self._guess_work() if job.remaining is None else job.remaining
+        # What a user declares is work (steps); it ranks a job only once a measured step time turns it into
+        # seconds. Before that, and once the job has run past its declared total (told 0 left, still
+        # running: it was wrong by an unknown amount), the job is guessed like one that declared nothing:
+        # never ranked on a prior's seconds, nor as all but done.
+        self.untimed = job.remaining is not None and not timed(job)
+        self.overdue = job.remaining is not None and job.remaining <= 0.0 and job.progress > 0.0
+        self.guessed = job.remaining is None or self.untimed or self.overdue
+        self.work = job.remaining if job.remaining is not None and not self.guessed else self._guess_work()
+        # A declaration may make a job look shorter than the guess, and so served sooner, but only so much
+        # longer (``trust_declared`` times the guess): past that, the job is ranked and sized as guessed.
+        self.long = not self.guessed and self.work > trust_declared * self._guess_work()
+        if self.long:
+            self.guessed, self.work = True, self._guess_work()
+
+    @property
+    def basis(self) -> str:
+        """How the remaining work was known, in words for ``dlsub why``."""
+        if self.overdue:
+            return "remaining work guessed: past its declared total"
+        if self.long:
+            return "remaining work guessed: declared longer than the guess trusts"
+        if self.untimed:
+            return "remaining work guessed: declared, but no step timed yet"
+        return "remaining work guessed: none declared" if self.guessed else "remaining work declared"
 
     def _guess_work(self) -> float:
         return level_guess(self.job.progress, self._rate(1)[1] * UNKNOWN_WORK_S)

@@ -14,8 +14,9 @@ the agent fits progress reports. (``pollux`` alone has every report carry
 its compute time, as Pollux's simulator gave its jobs: see
 :func:`information_for`.) Remaining work is told only when the
 workload row declares the job's epochs; otherwise the policy sees the work
-done so far. The batch limits a job declares (AdaptDL jobs declare them)
-are known in both modes. The job's own batch-size re-tuning between
+done so far; a row's ``stated_epochs`` (a user's statement, maybe
+wrong) tells the remaining work it implies instead. The batch limits a
+job declares (AdaptDL jobs declare them) are known in both modes. The job's own batch-size re-tuning between
 epochs uses the same model the policy sees.
 
 History across jobs (what earlier runs of the same command reported, at
@@ -185,8 +186,17 @@ class OnlineInformation:
         return reports.model
 
     def view(self, job: SimJob) -> JobView:
-        declared = job.remaining if job.spec.epochs is not None else None
-        return _view(job, self.model(job), declared)
+        return _view(job, self.model(job), told_remaining(job))
+
+
+def told_remaining(job: SimJob) -> float | None:
+    """The remaining work a job's user has told, online: what its stated epochs imply (as a share of its
+    application's work, however far off), else its declared epochs' (exact), else None. A job that has
+    run past its statement is told 0 left, as the live agent reads ``total_steps - step``."""
+    stated = job.spec.stated_epochs
+    if stated is not None:
+        return max(job.app.total_progress * stated / job.app.epochs - job.progress, 0.0)
+    return job.remaining if job.spec.epochs is not None else None
 
 
 def information_for(mode: str, policy: object, history: str = "none") -> Information:

@@ -4,6 +4,12 @@ An optional ``epochs`` column declares how many epochs a job trains (blank:
 its application's usual number, undeclared): a declared job runs that long
 and a policy is told its remaining work even when it learns online.
 
+An optional ``stated_epochs`` column is what the job's user says it will
+train (``--epochs``, ``init(total_steps=...)`` live), which may be wrong:
+the job still trains its ``epochs``, but a policy learning online is told
+the remaining work the statement implies (blank: nothing stated). Written
+by :mod:`dlsub.policies.sim.generate`.
+
 Optional ``user`` and ``command`` columns say whose a job is and what it
 runs: the source that ``--history columns`` needs to start a job's
 throughput fit from earlier runs of the same user's same command (see
@@ -33,6 +39,7 @@ class WorkloadJob:
     epochs: int | None = None
     user: str | None = None
     command: str | None = None
+    stated_epochs: float | None = None
 
 
 # The Pollux artifact's data, shipped with dlsub (see pollux/README.md).
@@ -70,12 +77,14 @@ def read_workload(path: Path) -> list[WorkloadJob]:
                         epochs=int(row["epochs"]) if row.get("epochs") else None,
                         user=row.get("user") or None,
                         command=row.get("command") or None,
+                        stated_epochs=float(row["stated_epochs"]) if row.get("stated_epochs") else None,
                     )
                 except (TypeError, ValueError) as exc:
                     raise WorkloadError(f"{path}:{line}: {exc}") from None
-                if job.num_replicas < 1 or job.batch_size < 1 or job.arrival_s < 0 or (job.epochs or 1) < 1:
-                    raise WorkloadError(
-                        f"{path}:{line}: time must be >= 0, num_replicas, batch_size and epochs >= 1")
+                if (job.num_replicas < 1 or job.batch_size < 1 or job.arrival_s < 0 or (job.epochs or 1) < 1
+                        or not (job.stated_epochs or 1) > 0):
+                    raise WorkloadError(f"{path}:{line}: time must be >= 0, num_replicas, batch_size and epochs "
+                                        ">= 1, stated_epochs > 0")
                 jobs.append(job)
     except OSError as exc:
         raise WorkloadError(f"cannot read workload {path}: {exc.strerror}") from None
@@ -85,3 +94,20 @@ def read_workload(path: Path) -> list[WorkloadJob]:
     if len(set(names)) != len(names):
         raise WorkloadError(f"{path}: job names must be unique")
     return jobs
+
+
+COLUMNS = (*REQUIRED, "epochs", "user", "command", "stated_epochs")
+
+
+def write_workload(jobs: list[WorkloadJob], path: Path) -> None:
+    """A workload file :func:`read_workload` reads back as ``jobs`` (blank: not given)."""
+    def cell(value: object) -> str:
+        return "" if value is None else format(value, ".10g") if isinstance(value, float) else str(value)
+
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(COLUMNS)
+        for job in jobs:
+            writer.writerow([cell(v) for v in (job.name, job.arrival_s, job.application, job.num_replicas,
+                                               job.batch_size, job.epochs, job.user, job.command,
+                                               job.stated_epochs)])

@@ -204,8 +204,10 @@ def test_jobs_of_whole_nodes_on_larger_nodes_are_judged_on_their_own_placement()
                                workers=(poor_worker,), main_nodes=("gpu1",))
     good = dataclasses.replace(job("good", uid=1, nodes=1, max_nodes=2, submit=NOW - 60, pool=1),
                                main_nodes=("gpu2",))
-    jobs = [scaled(models, poor, {1: 153 / BATCH, 2: 149 / BATCH}, total=110_000),
-            scaled(models, good, {1: 153 / BATCH}, total=110_000)]
+    # Both declare ~11,000 steps, about the live test's 400 digits epochs: within what goodput trusts a
+    # declaration for (trust_declared times the guess, ~8,600 steps here), so they are sized on their lengths.
+    jobs = [scaled(models, poor, {1: 153 / BATCH, 2: 149 / BATCH}, total=11_000),
+            scaled(models, good, {1: 153 / BATCH}, total=11_000)]
     room = Room("gpu", (("gpu1", 0), ("gpu2", 0)), spare=(("gpu1", 1, 6000), ("gpu2", 2, 6000)))
     actions = plan_by_policy(jobs, room, POLICY, NOW)
     assert [(a.kind, a.dlsub_id, a.worker) for a in actions] == [(K.SHRINK, "poor", "10_0")], actions
