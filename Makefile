@@ -40,7 +40,7 @@ COMPAT_TESTS = tests/integration/test_end_to_end.py::test_submit_progress_usr1_r
 	tests/integration/test_queue_read_live.py \
 	tests/integration/test_doctor_live.py
 test-compat: testbed
-	$(VENV)/bin/pytest -p no:cacheprovider -v $(COMPAT_TESTS)
+	$(VENV)/bin/pytest -p no:cacheprovider -v --durations=15 $(COMPAT_TESTS)
 
 # ruff over the checkout; mypy and import-linter (the layering) over the installed
 # package (from outside the checkout, so they see what users import: the one
