@@ -13,14 +13,13 @@ The manifest of a folder is ``<folder>/dlsub-manifest.json``; of a file,
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from dlsub.checkpointing.run_support import from_rank0, initialized_dist
-from dlsub.checkpointing.storage import _fsync_dir, _write_atomic
+from dlsub.checkpointing.storage import _fsync_dir, _write_atomic, file_sha256
 
 MANIFEST = "dlsub-manifest.json"
 FILE_MANIFEST_SUFFIX = ".dlsub.json"
@@ -29,14 +28,6 @@ FILE_MANIFEST_SUFFIX = ".dlsub.json"
 def manifest_path(checkpoint: Path) -> Path:
     return checkpoint / MANIFEST if checkpoint.is_dir() else checkpoint.with_name(checkpoint.name +
                                                                                   FILE_MANIFEST_SUFFIX)
-
-
-def digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
 
 
 def _files(checkpoint: Path) -> list[Path]:
@@ -48,7 +39,7 @@ def _files(checkpoint: Path) -> list[Path]:
 def seal(checkpoint: Path, **meta: Any) -> None:
     """Record ``checkpoint`` (a file or a folder the framework has finished writing) as complete. Rank 0."""
     base = checkpoint if checkpoint.is_dir() else checkpoint.parent
-    files = {str(p.relative_to(base)): [p.stat().st_size, digest(p)] for p in _files(checkpoint)}
+    files = {str(p.relative_to(base)): [p.stat().st_size, file_sha256(p)] for p in _files(checkpoint)}
     target = manifest_path(checkpoint)
     _write_atomic(target, json.dumps({"files": files, **meta}).encode())
     _fsync_dir(target.parent)
@@ -73,7 +64,7 @@ def problem(checkpoint: Path) -> str | None:
         path = base / name
         try:
             size, sha = entry
-            if path.stat().st_size != size or digest(path) != sha:
+            if path.stat().st_size != size or file_sha256(path) != sha:
                 return f"{checkpoint.name}: {name} does not match its checksum (corrupt or truncated)"
         except OSError as exc:
             return f"{checkpoint.name}: {name}: {exc.strerror}"

@@ -117,17 +117,23 @@ def save_checkpoint(directory: Path, seq: int, state: dict[str, Any], keep: int,
     return path
 
 
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's contents, read a MiB at a time (checkpoints are large)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def verifies(path: Path) -> bool:
     """Whether a checkpoint's data matches its checksum (what a restore checks first)."""
     try:
         expected = _sidecar(path).read_text().split("\n", 1)[0].strip()
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
+        actual = file_sha256(path)
     except OSError:
         return False
-    return bool(expected) and digest.hexdigest() == expected
+    return bool(expected) and actual == expected
 
 
 def prune(directory: Path, keep: int) -> list[Path]:

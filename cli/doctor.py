@@ -89,7 +89,7 @@ class Host:
                                  timeout=10, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return None
-        return out.stdout.strip() or None if out.returncode == 0 else None
+        return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
 # ---------------------------------------------------------------- the checks, each from what it read
