@@ -7,6 +7,14 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 [ "$(id -u)" -eq 0 ] || die "run as root: sudo make testbed-down"
 "$here/agent.sh" stop
 stop_slurm
+# Slurm's cgroup sub-trees (slurm_<node> in each v1 hierarchy, made by its cgroup plugins), empty once its
+# daemons and jobs are gone: the host's hierarchies are left as they were. A cgroup still holding a process
+# is not removable and stays.
+for node in $TESTBED_NODES; do
+    for tree in /sys/fs/cgroup/*/slurm_"$node"; do
+        [ -d "$tree" ] && { find "$tree" -depth -type d -exec rmdir {} + 2>/dev/null || true; }
+    done
+done
 stop_pidfile /run/dlsub-testbed/slurmdbd.pid
 stop_pidfile "$MARIADB_PIDFILE"
 stop_pidfile /run/munge/munged.pid
