@@ -212,6 +212,25 @@ def job_pids(slurm_job_id: int) -> list[int]:
     return [int(line.split()[0]) for line in out.splitlines()[1:] if line.split() and line.split()[0].isdigit()]
 
 
+def processes_of_job(slurm_job_id: int) -> list[int]:
+    """Every process in one of the job's cgroups (``.../job_<id>/...`` in any hierarchy), its containers' included.
+
+    Read from /proc, not from ``scontrol listpids`` (which asks the node's slurmd, gone when a node is lost):
+    with proctrack/cgroup that is every process Slurm tracks and kills for the job."""
+    pattern = re.compile(rf"/job_{slurm_job_id}(/|$)")
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cgroups = (proc / "cgroup").read_text()
+        except OSError:  # ended while we looked
+            continue
+        if any(pattern.search(line.rsplit(":", 1)[-1]) for line in cgroups.splitlines()):
+            found.append(int(proc.name))
+    return found
+
+
 def parent_of(pid: int) -> int | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from livebed import EXAMPLES, TestbedUser, put, wait_for
+from livebed import EXAMPLES, TestbedUser, processes_of_job, put, wait_for
 
 PROBE = """
 import json, os, sys
@@ -32,6 +32,7 @@ def test_cancel_removes_slurm_job_and_container(user: TestbedUser, workdir: Path
     job = user.submit(str(EXAMPLES / "train_digits.py"), "--epochs", "50", "--throttle", "0.2", cwd=workdir)
     label = f"dlsub.slurm_job_id={job['slurm_job_id']}"
     wait_for("the job's container", lambda: user.containers(label), timeout=120)
+    assert processes_of_job(job["slurm_job_id"]), "the job's processes are in its cgroups"
     user.dlsub("cancel", job["id"])
     wait_for(
         "Slurm to end the job",
@@ -44,6 +45,7 @@ def test_cancel_removes_slurm_job_and_container(user: TestbedUser, workdir: Path
         ["squeue", "-h", "-j", str(job["slurm_job_id"]), "-t", "PD,R,CG"], capture_output=True, text=True,
     ).stdout.strip() == "", timeout=60)
     assert user.run("podman", "ps", "-a", "--filter", label, "-q").stdout.strip() == ""
+    assert processes_of_job(job["slurm_job_id"]) == [], "no process of the job is left on its node"
 
 
 def test_two_gpus_land_on_a_gpu_node_and_are_visible_in_the_container(user: TestbedUser, workdir: Path) -> None:
@@ -113,3 +115,4 @@ def test_taskepilog_removes_container_when_batch_shell_is_killed(user: TestbedUs
     assert batch_pids, pids
     subprocess.run(["kill", "-9", *batch_pids], check=False)
     wait_for("the TaskEpilog to remove the container", lambda: not user.containers(label), timeout=90)
+    wait_for("no process of the job left on its node", lambda: processes_of_job(int(slurm_id)) == [], timeout=60)

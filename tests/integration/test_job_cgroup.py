@@ -1,6 +1,7 @@
 """Integration (live Slurm testbed with its cgroup plugins + rootless Podman + CDI): the container stays in
 the job's cgroup, and Slurm's limits apply to it: its device cgroup allows the GPUs Slurm gave the job and
-no others, and a job past its ``--mem`` is stopped and told so.
+no others, a job past its ``--mem`` is stopped and told so, and a job stopped by Slurm (out of memory, at
+its time limit) leaves no process on its node (``processes_of_job``: every process in one of its cgroups).
 
 The testbed runs ``proctrack/cgroup`` and ``task/cgroup`` with ``ConstrainDevices`` and
 ``ConstrainRAMSpace`` (etc/testbed/cgroup.conf, cgroup v1 here); its fake GPUs are devices of NVIDIA's
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from livebed import TestbedUser, put, slurm_job, wait_for
+from livebed import TestbedUser, processes_of_job, put, slurm_job, wait_for
 
 #: The fake GPUs' major (testbed/up.sh): NVIDIA's, which has no driver on this machine.
 NVIDIA_MAJOR = 195
@@ -59,6 +60,19 @@ for _ in range(64):  # up to 4 GiB, 64 MiB at a time, each page touched
     chunks.append(bytearray(64 << 20))
     chunks[-1][::4096] = b"x" * len(chunks[-1][::4096])
 run.finish()
+"""
+
+#: Training that never checkpoints nor stops when told (its stop signals ignored): only Slurm's own kill at
+#: the time limit (SIGTERM, KillWait, SIGKILL over the job's cgroup) ends it.
+STUBBORN = """
+import signal, time
+from dlsub import checkpointing
+run = checkpointing.init()
+for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+    signal.signal(sig, signal.SIG_IGN)
+run.report(step=1, loss=1.0)
+while True:
+    time.sleep(1)
 """
 
 
@@ -112,3 +126,18 @@ def test_a_job_past_its_memory_is_stopped_by_slurm_and_status_says_so(user: Test
     assert "out of memory" in done["reason"] and "--mem" in done["reason"], done
     table = user.dlsub("status", job["id"]).stdout
     assert f"{job['id']}: out of memory" in table, table
+    wait_for("no process of the job left on its node", lambda: processes_of_job(job["slurm_job_id"]) == [],
+             timeout=60)
+
+
+def test_a_job_at_its_time_limit_leaves_no_process_on_its_node(user: TestbedUser, workdir: Path) -> None:
+    """Slurm's time limit (1 minute, its least) on training that ignores every stop signal: Slurm kills the
+    job's cgroup, the container's processes with it, and nothing of the job is left."""
+    script = put(user, workdir / "stubborn.py", STUBBORN)
+    job = user.submit("--time", "1", "-p", "cpu", str(script), cwd=workdir)
+    slurm_id = job["slurm_job_id"]
+    wait_for("the job's processes", lambda: len(processes_of_job(slurm_id)) > 2, timeout=120)
+    done = user.wait_until_ended(job["id"], "the time limit", timeout=180, interval=2)
+    assert (slurm_job(slurm_id) or {}).get("job_state") == "TIMEOUT", (done, slurm_job(slurm_id))
+    wait_for("no process of the job left on its node", lambda: processes_of_job(slurm_id) == [], timeout=60)
+    assert user.containers(f"dlsub.slurm_job_id={slurm_id}") == [], "and no container"
