@@ -6,7 +6,7 @@ its time limit) leaves no process on its node (``processes_of_job``: every proce
 The testbed runs ``proctrack/cgroup`` and ``task/cgroup`` with ``ConstrainDevices`` and
 ``ConstrainRAMSpace`` (etc/testbed/cgroup.conf, cgroup v1 here); its fake GPUs are devices of NVIDIA's
 major with a minor each. Its nodes have no CDI spec (their Podman is one per user across the testbed's
-nodes: README, "The testbed"), so the container gets no GPU device files; which CDI devices a node with a
+nodes: docs/admin-guide.md, "The testbed"), so the container gets no GPU device files; which CDI devices a node with a
 spec would be asked for is unit-tested (tests/unit/test_sbatch.py).
 """
 
