@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import stat
 import subprocess
 import time
@@ -81,6 +82,17 @@ class Host:
 
     def now(self) -> float:
         return time.time()
+
+    def which(self, command: str) -> str | None:
+        """The path of ``command`` on this host's PATH, or None."""
+        return shutil.which(command)
+
+    def run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        """``argv`` as the caller, briefly; a command that cannot start answers 127."""
+        try:
+            return subprocess.run(list(argv), capture_output=True, text=True, timeout=20, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return subprocess.CompletedProcess(list(argv), 127, "", str(exc))
 
     def fs_type(self, path: Path) -> str | None:
         """The file system type of ``path`` as the kernel names it (stat -f), or None if unknown."""
@@ -202,22 +214,68 @@ def check_partitions(named: Sequence[str], existing: Sequence[str]) -> Finding:
     return Finding(name, OK, ", ".join(sorted(named)) or "none named")
 
 
-def check_subids(user: pwd.struct_passwd, subuid: str | None, subgid: str | None) -> Finding:
+@dataclass(frozen=True)
+class SubIds:
+    """How many subordinate uids (or gids) a user has, and who said so."""
+
+    count: int
+    source: str  # "/etc/subuid", "/etc/subgid", or "getsubids" (shadow-utils: files, SSSD or LDAP per nsswitch)
+    error: str = ""
+
+
+def subids_from_file(user: pwd.struct_passwd, text: str | None, source: str) -> SubIds:
+    """The ids /etc/subuid or /etc/subgid gives ``user`` (lines NAME-or-UID:FIRST:COUNT)."""
+    count = 0
+    for line in (text or "").splitlines():
+        parts = line.strip().split(":")
+        if len(parts) == 3 and parts[0] in (user.pw_name, str(user.pw_uid)) and parts[2].isdigit():
+            count += int(parts[2])
+    return SubIds(count, source)
+
+
+def subids_from_getsubids(user: pwd.struct_passwd, result: subprocess.CompletedProcess[str]) -> SubIds:
+    """What ``getsubids [-g] USER`` printed (lines "INDEX: NAME FIRST COUNT"); it exits 1 when the user has none."""
+    count = 0
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0].endswith(":") and parts[1] in (user.pw_name, str(user.pw_uid)) \
+                and parts[3].isdigit():
+            count += int(parts[3])
+    error = "" if result.returncode == 0 or count else (result.stderr or result.stdout).strip()[:200]
+    return SubIds(count, "getsubids", error)
+
+
+def read_subids(host: Host, user: pwd.struct_passwd, group: bool) -> SubIds:
+    """Through ``getsubids`` where this host has it (it asks what nsswitch's ``subid:`` names, so ranges SSSD
+    or LDAP serve count), else from /etc/subuid or /etc/subgid, which is all older shadow-utils read."""
+    path = Path("/etc/subgid" if group else "/etc/subuid")
+    tool = host.which("getsubids")
+    if tool is None:
+        return subids_from_file(user, host.read_text(path), str(path))
+    result = host.run([tool, *(["-g"] if group else []), user.pw_name])
+    if result.returncode not in (0, 1):  # it could not run at all: the files are what is left
+        return subids_from_file(user, host.read_text(path), str(path))
+    return subids_from_getsubids(user, result)
+
+
+def check_subids(user: pwd.struct_passwd, uids: SubIds, gids: SubIds) -> Finding:
     name = f"subordinate ids of {user.pw_name}"
     short = []
-    for label, text in (("/etc/subuid", subuid), ("/etc/subgid", subgid)):
-        count = 0
-        for line in (text or "").splitlines():
-            parts = line.strip().split(":")
-            if len(parts) == 3 and parts[0] in (user.pw_name, str(user.pw_uid)) and parts[2].isdigit():
-                count += int(parts[2])
-        if count < MIN_SUBIDS:
-            short.append(f"{label} has {count}")
+    for kind, found in (("uids", uids), ("gids", gids)):
+        if found.count < MIN_SUBIDS:
+            where = f"getsubids{' -g' if kind == 'gids' else ''} gives {found.count} {kind}" \
+                if found.source == "getsubids" else f"{found.source} has {found.count}"
+            short.append(where + (f" ({found.error})" if found.error else ""))
     if short:
+        served = any(f.source == "getsubids" for f in (uids, gids))
         return Finding(name, PROBLEM, f"rootless Podman needs {MIN_SUBIDS} subordinate ids: {'; '.join(short)}",
                        f"usermod --add-subuids 200000-265535 --add-subgids 200000-265535 {user.pw_name} "
-                       "(a range no other user has)")
-    return Finding(name, OK, "in /etc/subuid and /etc/subgid")
+                       "(a range no other user has)"
+                       + ("; or, where SSSD or LDAP serve them (nsswitch.conf subid:), add the ranges there"
+                          if served else ""))
+    sources = sorted({uids.source, gids.source})
+    return Finding(name, OK, "from getsubids (nsswitch's subid: source)" if sources == ["getsubids"]
+                   else f"in {' and '.join(sources)}")
 
 
 def check_cgroups(controllers: str | None, hybrid: bool) -> Finding:
@@ -343,7 +401,7 @@ def _podman_checks(host: Host, user: str | None, image: str) -> list[Finding]:
     controllers = host.read_text(Path("/sys/fs/cgroup/cgroup.controllers"))
     hybrid = host.stat(Path("/sys/fs/cgroup/unified")) is not None
     return [
-        check_subids(entry, host.read_text(Path("/etc/subuid")), host.read_text(Path("/etc/subgid"))),
+        check_subids(entry, read_subids(host, entry, group=False), read_subids(host, entry, group=True)),
         check_cgroups(controllers, hybrid),
         check_runtime_dir(entry, host.stat(Path(f"/run/user/{entry.pw_uid}"))),
         check_image(entry, image, host.run_as(entry, ["podman", "image", "exists", image])),

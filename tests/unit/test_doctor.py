@@ -50,6 +50,7 @@ class FakeHost(Host):
         self.ran: list[list[str]] = []
         self.graph_root = "/home/alice/.local/share/containers/storage"
         self.fs = "ext2/ext3"
+        self.tools: dict[str, str] = {}  # commands on PATH (none: no getsubids, /etc/subuid is read)
 
     def read_text(self, path: Path) -> str | None:
         return self.files.get(str(path))
@@ -65,6 +66,9 @@ class FakeHost(Host):
         if list(argv[:2]) == ["podman", "info"]:
             return subprocess.CompletedProcess(list(argv), 0, self.graph_root + "\n", "")
         return subprocess.CompletedProcess(list(argv), self.image_rc, "", self.image_stderr)
+
+    def which(self, command: str) -> str | None:
+        return self.tools.get(command)
 
     def fs_type(self, path: Path) -> str | None:
         return self.fs if str(path) == self.graph_root else None
@@ -129,6 +133,46 @@ def test_a_missing_subuid_entry_is_a_problem_with_its_fix() -> None:
     assert got.status == PROBLEM and "/etc/subuid has 0" in got.detail and "usermod --add-subuids" in got.fix
     host.files["/etc/subuid"] = "1001:200000:1000\n"  # by uid, but too few
     assert findings(host=host)["subordinate ids"].status == PROBLEM
+
+
+def _fake_getsubids(tmp_path: Path, uids: str, gids: str, rc: int = 0) -> str:
+    """A stand-in for shadow-utils' getsubids: prints what SSSD or LDAP would serve, as the real one does."""
+    tool = tmp_path / "getsubids"
+    to = " >&2" if rc else ""  # the real one says "Error fetching ranges" on stderr
+    tool.write_text(f"#!/bin/bash\nif [ \"$1\" = -g ]; then shift; printf '{gids}'{to}; else printf '{uids}'{to}; fi\n"
+                    f"[ -n \"$1\" ] || exit 2\nexit {rc}\n")
+    tool.chmod(0o755)
+    return str(tool)
+
+
+def test_subordinate_ids_served_by_sssd_or_ldap_count_through_getsubids(tmp_path: Path) -> None:
+    """Unit, with a fake getsubids command (really run): /etc/subuid has nothing for alice, getsubids does."""
+    host = FakeHost()
+    host.files["/etc/subuid"] = host.files["/etc/subgid"] = ""
+    assert findings(host=host)["subordinate ids"].status == PROBLEM  # no getsubids: the files say none
+    host.tools["getsubids"] = _fake_getsubids(tmp_path, "0: alice 300000 32768\n1: alice 400000 32768\n",
+                                              "0: alice 300000 65536\n")
+    got = findings(host=host)["subordinate ids"]
+    assert got.status == OK and "getsubids" in got.detail
+
+
+def test_too_few_ids_from_getsubids_are_a_problem_naming_it(tmp_path: Path) -> None:
+    host = FakeHost()
+    host.tools["getsubids"] = _fake_getsubids(tmp_path, "0: alice 300000 1000\n", "0: alice 300000 65536\n")
+    got = findings(host=host)["subordinate ids"]
+    assert got.status == PROBLEM and "getsubids gives 1000 uids" in got.detail and "gids" not in got.detail
+    assert "SSSD or LDAP" in got.fix and "usermod --add-subuids" in got.fix
+    # None at all: getsubids exits 1 saying so.
+    host.tools["getsubids"] = _fake_getsubids(tmp_path, "Error fetching ranges\n", "Error fetching ranges\n", rc=1)
+    got = findings(host=host)["subordinate ids"]
+    assert got.status == PROBLEM and "getsubids gives 0 uids (Error fetching ranges)" in got.detail
+
+
+def test_a_getsubids_that_cannot_run_falls_back_to_the_files(tmp_path: Path) -> None:
+    host = FakeHost()
+    host.tools["getsubids"] = str(tmp_path / "no-such-getsubids")
+    got = findings(host=host)["subordinate ids"]
+    assert got.status == OK and "/etc/subuid" in got.detail
 
 
 def test_operator_rights() -> None:
