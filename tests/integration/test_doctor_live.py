@@ -41,7 +41,7 @@ def test_the_testbed_is_ok(user: TestbedUser) -> None:
     assert version in checks["slurm version"]["detail"]
     for name in ("agent is a Slurm Operator", "job_submit.lua", "cred_expire", "GPU gres", "policy partitions exist",
                  "agent", "clocks", f"image of {USER}", f"subordinate ids of {USER}", "job cgroups",
-                 f"container storage of {USER}"):
+                 f"container storage of {USER}", "dlsub package for containers", "shared mounts"):
         assert checks[name]["status"] == "ok", checks[name]
 
 

@@ -30,10 +30,16 @@ from dlsub.slurm_plugins.fake import testbed_cluster as cluster
 POLICY = parse_policy({"policy": "fifo", "partitions": {"gpu": {"role": "gpu"}, "gpu-dev": {"role": "dev"},
                                                         "cpu": {"role": "cpu"}}})
 USER = pwd.struct_passwd(("alice", "x", 1001, 1001, "", "/home/alice", "/bin/bash"))
+#: The dlsub package jobs mount, as a site installs it (a venv under /opt).
+LIBRARY = Path("/opt/dlsub/venv/lib/python3.11/site-packages/dlsub")
 
 
 def dir_stat(uid: int, mode: int) -> os.stat_result:
     return os.stat_result((stat.S_IFDIR | mode, 0, 0, 2, uid, uid, 0, 0, 0, 0))
+
+
+def file_stat(mode: int) -> os.stat_result:
+    return os.stat_result((stat.S_IFREG | mode, 0, 0, 1, 0, 0, 0, 0, 0, 0))
 
 
 class FakeHost(Host):
@@ -42,7 +48,9 @@ class FakeHost(Host):
     def __init__(self) -> None:
         self.files = {"/etc/slurm/job_submit.lua": f"-- dlsub\nlocal p = '{SUBMIT_RECORD_PREFIX}'\n",
                       "/etc/subuid": "alice:200000:65536\n", "/etc/subgid": "alice:200000:65536\n"}
-        self.stats = {"/run/user/1001": dir_stat(1001, 0o700), "/sys/fs/cgroup/unified": dir_stat(0, 0o555)}
+        self.stats = {"/run/user/1001": dir_stat(1001, 0o700), "/sys/fs/cgroup/unified": dir_stat(0, 0o555),
+                      str(LIBRARY): dir_stat(0, 0o755), str(LIBRARY / "checkpointing" / "launch.py"): file_stat(0o644),
+                      "/opt": dir_stat(0, 0o755)}
         self.image_rc = 0
         self.image_stderr = ""
         self.agent: dict[str, Any] | None = {"running": True, "late": False}
@@ -85,7 +93,7 @@ class FakeHost(Host):
 def findings(fake: FakeSlurm | None = None, host: FakeHost | None = None,
              user: str | None = "alice") -> dict[str, Finding]:
     found = run_doctor(SlurmClient(runner=fake or cluster()), host or FakeHost(), POLICY, user=user,
-                       image="localhost/img", socket_path=Path("/run/dlsub/agent.sock"))
+                       image="localhost/img", socket_path=Path("/run/dlsub/agent.sock"), library=LIBRARY)
     return {f.check.split(" of ")[0]: f for f in found}
 
 
@@ -95,7 +103,8 @@ def test_a_testbed_like_site_is_ok_on_every_tested_version(version: str) -> None
     assert {name: f.status for name, f in got.items()} == {
         "slurm version": OK, "job_submit.lua": OK, "cred_expire": OK, "clocks": OK, "GPU gres": OK,
         "agent is a Slurm Operator": OK, "policy partitions exist": OK, "agent": OK, "subordinate ids": OK,
-        "cgroups": WARN, "runtime directory": OK, "image": OK, "job cgroups": OK, "container storage": OK}
+        "cgroups": WARN, "runtime directory": OK, "image": OK, "job cgroups": OK, "container storage": OK,
+        "dlsub package for containers": OK, "shared mounts": OK}
     assert not blocking(list(got.values()))
     assert version in got["slurm version"].detail
 
@@ -173,6 +182,34 @@ def test_a_getsubids_that_cannot_run_falls_back_to_the_files(tmp_path: Path) -> 
     host.tools["getsubids"] = str(tmp_path / "no-such-getsubids")
     got = findings(host=host)["subordinate ids"]
     assert got.status == OK and "/etc/subuid" in got.detail
+
+
+def test_the_dlsub_package_jobs_mount_missing_or_closed_is_a_problem_saying_how_a_site_provides_it() -> None:
+    ok = findings()["dlsub package for containers"]
+    assert ok.status == OK and str(LIBRARY) in ok.detail and "shared software path" in ok.detail \
+        and "per node" in ok.detail and "this node's own disk" in ok.detail
+    host = FakeHost()
+    del host.stats[str(LIBRARY / "checkpointing" / "launch.py")]  # a compute node without the install
+    got = findings(host=host)["dlsub package for containers"]
+    assert got.status == PROBLEM and "missing on this host" in got.detail
+    assert "shared software path" in got.fix and "per node at this same path" in got.fix
+    host = FakeHost()
+    host.stats["/opt"] = dir_stat(0, 0o700)  # root's own: other users' containers cannot reach the package
+    got = findings(host=host)["dlsub package for containers"]
+    assert got.status == PROBLEM and "/opt" in got.detail and "chmod" in got.fix
+
+
+def test_the_sites_shared_mounts_missing_here_are_a_warning() -> None:
+    policy = parse_policy({"containers": {"shared_mounts": ["/projects"], "shared_mounts_rw": ["/scratch"]}})
+    host = FakeHost()
+    host.stats["/scratch"] = dir_stat(0, 0o1777)
+    got = {f.check: f for f in run_doctor(SlurmClient(runner=cluster()), host, policy, user=None, image="i",
+                                          socket_path=Path("/s"), library=LIBRARY)}["shared mounts"]
+    assert got.status == WARN and got.detail.startswith("/projects missing") and "policy.toml" in got.fix
+    host.stats["/projects"] = dir_stat(0, 0o755)
+    got = {f.check: f for f in run_doctor(SlurmClient(runner=cluster()), host, policy, user=None, image="i",
+                                          socket_path=Path("/s"), library=LIBRARY)}["shared mounts"]
+    assert got.status == OK and got.detail == "/projects, /scratch"
 
 
 def test_operator_rights() -> None:
@@ -268,6 +305,7 @@ def test_the_command_prints_json_and_exits_1_on_a_problem(monkeypatch: pytest.Mo
     policy.write_text('policy = "fifo"\n[partitions.gpu]\nrole = "gpu"\n')
     monkeypatch.setattr("dlsub.cli.doctor_commands.Host", lambda: host)
     monkeypatch.setattr("dlsub.cli.doctor_commands.SlurmClient", lambda: SlurmClient(runner=cluster()))
+    monkeypatch.setattr("dlsub.cli.doctor.library_dir", lambda: LIBRARY)  # the fake host's install
     result = CliRunner().invoke(doctor, ["--json", "--user", "alice", "--policy", str(policy)])
     assert result.exit_code == 1
     report = json.loads(result.output)
