@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -25,6 +26,7 @@ from dlsub.slurm_plugins import sbatch
 from dlsub.slurm_plugins.sbatch import BatchSpec, fill_template, render_sbatch
 
 GOLDEN = Path(__file__).parent / "golden" / "train.sbatch"
+LIBRARY = Path("/opt/dlsub/venv/lib/python3.11/site-packages/dlsub")
 NASTY_ARGS = ("--lr", "0.1", "a b", "it's", 'say "hi"', "x; touch /tmp/dlsub-pwned", "$(id)", "`id`", "*")
 
 
@@ -36,7 +38,7 @@ def spec(tmp: Path, script: Path, args: tuple[str, ...] = ("--epochs", "3"), gpu
         script_args=args,
         job_dir=tmp / "home" / ".dlsub" / "jobs" / "0123abcd",
         workdir=script.parent,
-        library_dir=Path("/opt/dlsub/venv/lib/python3.11/site-packages/dlsub"),
+        library_dir=LIBRARY,
         nproc_per_node=max(1, gpus),
     )
     return BatchSpec(
@@ -82,6 +84,11 @@ def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_r
         text = render_sbatch(spec(tmp_path, script, args, max_continuations=max_continuations))
     # The fallback runtime directory, under tmp_path rather than the shared /tmp.
     text = text.replace('"/tmp/dlsub-xdg-$(id -u)"', f'"{tmp_path}/xdg-fallback-$(id -u)"')
+    # dlsub's package, which the container mounts, as a node has it (unless the test took it away).
+    library = tmp_path / "site-packages" / "dlsub"
+    (library / "checkpointing").mkdir(parents=True, exist_ok=True)
+    (library / "checkpointing" / "launch.py").touch()
+    text = text.replace(f"library_dir={LIBRARY}\n", f"library_dir={shlex.quote(str(library))}\n")
     batch = tmp_path / "job.sbatch"
     batch.write_text(text)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="77", SLURM_RESTART_COUNT="0",
@@ -115,6 +122,22 @@ def test_nasty_paths_and_arguments_reach_the_container_intact(tmp_path: Path) ->
     assert f"{weird_dir}:{weird_dir}" in run
     assert "dlsub.slurm_job_id=77" in run and "dlsub.attempt=77-0" in run
     assert not any(c[:2] == ["scontrol", "requeue"] for c in _calls(log))
+
+
+def test_a_node_without_dlsubs_package_fails_the_attempt_saying_how_a_site_provides_it(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    missing = tmp_path / "not here"
+    text = render_sbatch(spec(tmp_path, script, ())).replace(f"library_dir={LIBRARY}\n",
+                                                             f"library_dir={shlex.quote(str(missing))}\n")
+    rc, log = _run_script(tmp_path, script, (), 0, text=text)
+    assert rc == 1
+    assert not log.exists(), "neither podman nor scontrol ran"
+    err = (tmp_path / "stderr.txt").read_text()
+    assert f"{missing}, which the container mounts, is not on node" in err
+    assert "shared software path" in err and "dlsub doctor" in err
+    attempts = (tmp_path / "home/.dlsub/jobs/0123abcd" / contract.ATTEMPTS_FILE).read_text().splitlines()
+    assert [e["rc"] for e in map(json.loads, attempts) if e["event"] == contract.EVENT_END] == [1]
 
 
 def test_resume_exit_code_requeues_the_job(tmp_path: Path) -> None:
