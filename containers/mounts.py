@@ -63,7 +63,7 @@ def check_path_text(text: str, what: str) -> None:
 def resolve_mount(request: MountRequest, cwd: Path) -> Mount:
     """``request`` checked on this host: an absolute target and the real, existing directory or file behind it."""
     option = "--mount" if request.read_only else "--mount-rw"
-    what = f"{option} {request.path}" if request.origin == ORIGIN_USER else "the site's shared mount"
+    what = f"{option} {request.path}" if request.origin == ORIGIN_USER else "the site's shared file system"
     if not request.path.strip():
         raise MountError(f"{option} needs a path (a directory or file to see in the container)")
     check_path_text(request.path, what)
@@ -74,8 +74,9 @@ def resolve_mount(request: MountRequest, cwd: Path) -> Mount:
         source = target.resolve(strict=True)
         info = source.stat()
     except (FileNotFoundError, NotADirectoryError):
-        raise MountError(f"{what}: {target} does not exist on this host; give a directory or file that does "
-                         "(a relative path is taken from the directory you submit from)") from None
+        hint = ("; give a directory or file that does (a relative path is taken from the directory you submit "
+                "from)") if request.origin == ORIGIN_USER else ""
+        raise MountError(f"{what}: {target} does not exist on this host{hint}") from None
     except (OSError, RuntimeError) as exc:
         raise MountError(f"{what}: {target} cannot be read ({exc}); check the path and its permissions") from None
     if not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):

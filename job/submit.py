@@ -156,7 +156,8 @@ def check_mounts(requests: tuple[MountRequest, ...], workdir: Path) -> tuple[tup
         except MountError as exc:
             if request.origin == ORIGIN_USER:
                 raise SubmitError(str(exc)) from None
-            warnings.append(f"{exc}; not mounted (tell the site's admins: policy.toml [containers] names it)")
+            warnings.append(f"{exc}: this job does not get it (policy.toml [containers] names it; tell the "
+                            "site's admins)")
     return tuple(mounts), tuple(warnings)
 
 
