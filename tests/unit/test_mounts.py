@@ -100,6 +100,19 @@ def test_mounts_reach_the_batch_script_and_the_jobs_record(cli_env: FakeSlurm, p
     assert f"mounts {shared / 'data set'} (read-only, yours), {shared / 'out'} (read-write, yours)" in shown
 
 
+def test_an_elastic_jobs_workers_and_a_cpu_component_mount_the_same(cli_env: FakeSlurm, project: Path) -> None:
+    data = project.parent / "shared" / "data set"
+    for shape in (("--nodes", "1:2", "-p", "gpu"), ("--cpu-nodes", "1", "-p", "gpu", "--gpus", "1")):
+        cli_env.jobs.clear()
+        result = invoke(*shape, "--mount", str(data), "train.py")
+        assert result.exit_code == 0, result.output
+        texts = [Path(j.script).read_text() for j in cli_env.submitted()]
+        volume = f"--volume {shlex.quote(f'{data}:{data}:ro')}"
+        # Every podman line of every script: the main job's, its workers', the CPU component's.
+        assert texts and all(t.count(volume) == t.count("cgroupfs run --rm") > 0 for t in texts), shape
+        assert sum(t.count("cgroupfs run --rm") for t in texts) == 2, shape
+
+
 @pytest.mark.parametrize("path", ["../nowhere", "../shared/a:b"])
 def test_a_bad_mount_submits_nothing(cli_env: FakeSlurm, project: Path, path: str) -> None:
     (project.parent / "shared" / "a:b").mkdir()
