@@ -47,6 +47,8 @@ class JobRecord:
     max_nodes: int | None = None
     worker_array_id: int | None = None  # its held worker array in Slurm
     worker_gpus: int | None = None  # GPUs of each worker (None: a node's, ``gpus_per_node``; elastic in nodes)
+    # The site's and the user's extra mounts, as containers.mounts.Mount.to_json gives them.
+    mounts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def worker_tasks(self) -> int:
@@ -81,6 +83,7 @@ class JobRecord:
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
         row["args"] = json.dumps(self.args)
+        row["mounts"] = json.dumps(self.mounts)
         return row
 
     @classmethod
@@ -88,6 +91,7 @@ class JobRecord:
         # Columns a newer dlsub added are left out: its store still reads after a downgrade.
         row = {k: v for k, v in row.items() if k in cls.__dataclass_fields__}
         row["args"] = json.loads(row["args"])
+        row["mounts"] = json.loads(row.get("mounts") or "[]")  # none in a store made before mounts were kept
         return cls(**row)
 
 
@@ -96,7 +100,8 @@ class UnknownJob(LookupError):
 
 
 # Columns added since the first schema, with their types; added on open.
-_ADDED_COLUMNS = {"state": str, "state_at": float, "max_nodes": int, "worker_array_id": int, "worker_gpus": int}
+_ADDED_COLUMNS = {"state": str, "state_at": float, "max_nodes": int, "worker_array_id": int, "worker_gpus": int,
+                  "mounts": str}
 
 
 class JobStore:
