@@ -6,7 +6,7 @@ decisions logged since the last tick, the moves in flight, the jobs'
 states) and the partitions the tick's one ``sinfo`` returned
 (:class:`RecordingSlurmClient`). Counters count from the agent's start, as
 Prometheus expects. No metric names a user unless the policy's
-``[metrics] per_user_labels`` allows it. Metric names: README, "Metrics".
+``[metrics] per_user_labels`` allows it. Metric names: docs/admin-guide.md, "Metrics".
 """
 
 from __future__ import annotations

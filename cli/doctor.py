@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import shutil
 import stat
 import subprocess
 import time
@@ -19,6 +20,7 @@ from typing import Any
 
 from dlsub.contract import SUBMIT_RECORD_PREFIX
 from dlsub.job.agent_client import AgentUnavailable, ask
+from dlsub.job.submit import library_dir
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmConfig, SlurmError
 from dlsub.slurm_plugins.dialects import OLDEST_SUPPORTED, TESTED_VERSIONS, SlurmVersion
@@ -81,6 +83,17 @@ class Host:
 
     def now(self) -> float:
         return time.time()
+
+    def which(self, command: str) -> str | None:
+        """The path of ``command`` on this host's PATH, or None."""
+        return shutil.which(command)
+
+    def run(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        """``argv`` as the caller, briefly; a command that cannot start answers 127."""
+        try:
+            return subprocess.run(list(argv), capture_output=True, text=True, timeout=20, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return subprocess.CompletedProcess(list(argv), 127, "", str(exc))
 
     def fs_type(self, path: Path) -> str | None:
         """The file system type of ``path`` as the kernel names it (stat -f), or None if unknown."""
@@ -202,22 +215,68 @@ def check_partitions(named: Sequence[str], existing: Sequence[str]) -> Finding:
     return Finding(name, OK, ", ".join(sorted(named)) or "none named")
 
 
-def check_subids(user: pwd.struct_passwd, subuid: str | None, subgid: str | None) -> Finding:
+@dataclass(frozen=True)
+class SubIds:
+    """How many subordinate uids (or gids) a user has, and who said so."""
+
+    count: int
+    source: str  # "/etc/subuid", "/etc/subgid", or "getsubids" (shadow-utils: files, SSSD or LDAP per nsswitch)
+    error: str = ""
+
+
+def subids_from_file(user: pwd.struct_passwd, text: str | None, source: str) -> SubIds:
+    """The ids /etc/subuid or /etc/subgid gives ``user`` (lines NAME-or-UID:FIRST:COUNT)."""
+    count = 0
+    for line in (text or "").splitlines():
+        parts = line.strip().split(":")
+        if len(parts) == 3 and parts[0] in (user.pw_name, str(user.pw_uid)) and parts[2].isdigit():
+            count += int(parts[2])
+    return SubIds(count, source)
+
+
+def subids_from_getsubids(user: pwd.struct_passwd, result: subprocess.CompletedProcess[str]) -> SubIds:
+    """What ``getsubids [-g] USER`` printed (lines "INDEX: NAME FIRST COUNT"); it exits 1 when the user has none."""
+    count = 0
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0].endswith(":") and parts[1] in (user.pw_name, str(user.pw_uid)) \
+                and parts[3].isdigit():
+            count += int(parts[3])
+    error = "" if result.returncode == 0 or count else (result.stderr or result.stdout).strip()[:200]
+    return SubIds(count, "getsubids", error)
+
+
+def read_subids(host: Host, user: pwd.struct_passwd, group: bool) -> SubIds:
+    """Through ``getsubids`` where this host has it (it asks what nsswitch's ``subid:`` names, so ranges SSSD
+    or LDAP serve count), else from /etc/subuid or /etc/subgid, which is all older shadow-utils read."""
+    path = Path("/etc/subgid" if group else "/etc/subuid")
+    tool = host.which("getsubids")
+    if tool is None:
+        return subids_from_file(user, host.read_text(path), str(path))
+    result = host.run([tool, *(["-g"] if group else []), user.pw_name])
+    if result.returncode not in (0, 1):  # it could not run at all: the files are what is left
+        return subids_from_file(user, host.read_text(path), str(path))
+    return subids_from_getsubids(user, result)
+
+
+def check_subids(user: pwd.struct_passwd, uids: SubIds, gids: SubIds) -> Finding:
     name = f"subordinate ids of {user.pw_name}"
     short = []
-    for label, text in (("/etc/subuid", subuid), ("/etc/subgid", subgid)):
-        count = 0
-        for line in (text or "").splitlines():
-            parts = line.strip().split(":")
-            if len(parts) == 3 and parts[0] in (user.pw_name, str(user.pw_uid)) and parts[2].isdigit():
-                count += int(parts[2])
-        if count < MIN_SUBIDS:
-            short.append(f"{label} has {count}")
+    for kind, found in (("uids", uids), ("gids", gids)):
+        if found.count < MIN_SUBIDS:
+            where = f"getsubids{' -g' if kind == 'gids' else ''} gives {found.count} {kind}" \
+                if found.source == "getsubids" else f"{found.source} has {found.count}"
+            short.append(where + (f" ({found.error})" if found.error else ""))
     if short:
+        served = any(f.source == "getsubids" for f in (uids, gids))
         return Finding(name, PROBLEM, f"rootless Podman needs {MIN_SUBIDS} subordinate ids: {'; '.join(short)}",
                        f"usermod --add-subuids 200000-265535 --add-subgids 200000-265535 {user.pw_name} "
-                       "(a range no other user has)")
-    return Finding(name, OK, "in /etc/subuid and /etc/subgid")
+                       "(a range no other user has)"
+                       + ("; or, where SSSD or LDAP serve them (nsswitch.conf subid:), add the ranges there"
+                          if served else ""))
+    sources = sorted({uids.source, gids.source})
+    return Finding(name, OK, "from getsubids (nsswitch's subid: source)" if sources == ["getsubids"]
+                   else f"in {' and '.join(sources)}")
 
 
 def check_cgroups(controllers: str | None, hybrid: bool) -> Finding:
@@ -225,9 +284,10 @@ def check_cgroups(controllers: str | None, hybrid: bool) -> Finding:
     if controllers is not None:
         return Finding(name, OK, f"cgroup v2 ({controllers.strip() or 'no controllers delegated'})")
     if hybrid:
-        return Finding(name, WARN, "hybrid cgroups (v1 and v2): rootless Podman runs with runc and sets no "
-                       "limits of its own (crun refuses this layout); a container has its job's, where Slurm "
-                       "constrains jobs (job cgroups)", "a unified (v2) hierarchy with delegation")
+        return Finding(name, WARN, "hybrid cgroups (v1 and v2): rootless Podman sets no limits of its own and "
+                       "crun refuses this layout (runc runs); a container has its job's, where Slurm constrains "
+                       "jobs (job cgroups)", "a unified (v2) hierarchy with delegation; until then "
+                       "runtime = \"runc\" in policy.toml [containers]")
     return Finding(name, WARN, "no cgroup v2 hierarchy: rootless Podman runs without resource limits (with runc)",
                    "boot with systemd.unified_cgroup_hierarchy=1 for limits")
 
@@ -260,6 +320,46 @@ def check_image(user: pwd.struct_passwd, image: str, result: subprocess.Complete
                    "see `podman info` as that user (subuid/subgid, runtime directory, runc)")
 
 
+#: What each container runs from the mounted package (python3 -m dlsub.checkpointing.launch).
+LIBRARY_ENTRY = Path("checkpointing") / "launch.py"
+
+
+def check_library(library: Path, entry: os.stat_result | None, package: os.stat_result | None,
+                  closed: Sequence[Path], fs_type: str | None) -> Finding:
+    """The installed dlsub package that every job's container mounts read-only (containers.podman.LIBRARY_MOUNT)
+    from the path of the submitting dlsub: it must be there, readable by every user, on each compute node."""
+    name = "dlsub package for containers"
+    how = ("every compute node needs this same path: install dlsub on a shared software path that login and "
+           "compute nodes all mount (e.g. a venv under /opt/dlsub on NFS), or install it per node at this same "
+           "path and version (as on login nodes)")
+    if entry is None or package is None:
+        return Finding(name, PROBLEM, f"{library / LIBRARY_ENTRY} is missing on this host: jobs mount {library} "
+                       "into their containers and fail to start dlsub's launcher", how)
+    unreadable = [str(p) for p in closed]
+    if not package.st_mode & stat.S_IROTH or not package.st_mode & stat.S_IXOTH \
+            or not entry.st_mode & stat.S_IROTH:
+        unreadable.append(str(library))
+    if unreadable:
+        return Finding(name, PROBLEM, f"{', '.join(unreadable)} cannot be read by other users, whose containers "
+                       "mount the package from there", f"chmod -R a+rX {library} (and a+x on the folders above it)")
+    where = f"a shared file system ({fs_type})" if fs_type in SHARED_FILESYSTEMS else \
+        f"this node's own disk ({fs_type or 'file system unknown'})"
+    return Finding(name, OK, f"{library}, on {where}; {how}")
+
+
+def check_shared_mounts(present: dict[str, bool]) -> Finding:
+    """The site's shared file systems (policy.toml [containers]) that jobs' containers mount, here."""
+    name = "shared mounts"
+    if not present:
+        return Finding(name, OK, "none declared (policy.toml [containers] shared_mounts)")
+    missing = sorted(path for path, there in present.items() if not there)
+    if missing:
+        return Finding(name, WARN, f"{', '.join(missing)} missing on this host: a job submitted from here does not "
+                       "get it (a compute node without it cannot start the job's container)",
+                       "mount it on every login and compute node, or take it out of policy.toml [containers]")
+    return Finding(name, OK, ", ".join(sorted(present)))
+
+
 def check_agent(socket_path: Path, status: dict[str, Any] | None, error: str) -> Finding:
     name = "agent"
     if status is None:
@@ -287,7 +387,7 @@ def check_clock(slurm_time: float | None, local_time: float) -> Finding:
 
 
 def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: str | None, image: str,
-               socket_path: Path) -> list[Finding]:
+               socket_path: Path, library: Path | None = None) -> list[Finding]:
     """Every check, in order; each probe's failure is that check's problem, never the report's."""
     findings: list[Finding] = []
 
@@ -325,8 +425,22 @@ def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: st
     except AgentUnavailable as exc:
         status, error = None, str(exc)
     findings.append(check_agent(socket_path, status, error))
+    findings.append(_library_check(host, library_dir() if library is None else library))
+    site = policy.containers
+    findings.append(check_shared_mounts({path: host.stat(Path(path)) is not None
+                                         for path in (*site.shared_mounts, *site.shared_mounts_rw)}))
     findings.extend(_podman_checks(host, user, image))
     return findings
+
+
+def _library_check(host: Host, library: Path) -> Finding:
+    """Reads what check_library judges: the entry point, the package folder, and folders above it that others
+    cannot enter (those this host cannot stat are not judged)."""
+    above = [p for p in library.parents if p != Path("/")]
+    closed = [p for p in above if (st := host.stat(p)) is not None and stat.S_ISDIR(st.st_mode)
+              and not st.st_mode & stat.S_IXOTH]
+    return check_library(library, host.stat(library / LIBRARY_ENTRY), host.stat(library), closed,
+                         host.fs_type(library))
 
 
 def _gpu_partitions(client: SlurmClient, policy: AgentPolicy) -> dict[str, int]:
@@ -343,7 +457,7 @@ def _podman_checks(host: Host, user: str | None, image: str) -> list[Finding]:
     controllers = host.read_text(Path("/sys/fs/cgroup/cgroup.controllers"))
     hybrid = host.stat(Path("/sys/fs/cgroup/unified")) is not None
     return [
-        check_subids(entry, host.read_text(Path("/etc/subuid")), host.read_text(Path("/etc/subgid"))),
+        check_subids(entry, read_subids(host, entry, group=False), read_subids(host, entry, group=True)),
         check_cgroups(controllers, hybrid),
         check_runtime_dir(entry, host.stat(Path(f"/run/user/{entry.pw_uid}"))),
         check_image(entry, image, host.run_as(entry, ["podman", "image", "exists", image])),

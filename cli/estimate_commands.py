@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from dlsub.cli.errors import fail
+from dlsub.containers.mounts import MountRequest
 from dlsub.containers.podman import ImageError
 from dlsub.estimate.estimator import EstimateRequest, Estimator, fmt_s, normalize_batch_arg
 from dlsub.estimate.recommend import Horizon
@@ -79,6 +80,10 @@ def render_estimate(payload: dict[str, Any]) -> str:
 @click.option("--mem", default=None, help="Memory per node for the profiling runs, as for submit.")
 @click.option("-p", "--partition", default=None, help="Profile and predict this partition only.")
 @click.option("--image", default=None, help="Container image, as for submit.")
+@click.option("--mount", "mount", multiple=True, metavar="PATH",
+              help="A directory or file the profiling runs see, read-only, as for submit; repeatable.")
+@click.option("--mount-rw", "mount_rw", multiple=True, metavar="PATH",
+              help="As --mount, read-write; repeatable.")
 @click.option("--batch-arg", default="--batch-size", show_default=True,
               help="The script's batch-size flag ('none': pass no argument, the script reads run.batch_size).")
 @click.option("--no-cache", is_flag=True, help="Profile again even where a cached profile exists.")
@@ -89,7 +94,8 @@ def render_estimate(payload: dict[str, Any]) -> str:
 @click.argument("script", type=click.Path(path_type=Path, dir_okay=True, exists=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, gpus: int, nodes: int,
-             cpus: int | None, mem: str | None, partition: str | None, image: str | None, batch_arg: str,
+             cpus: int | None, mem: str | None, partition: str | None, image: str | None,
+             mount: tuple[str, ...], mount_rw: tuple[str, ...], batch_arg: str,
              no_cache: bool, parallel: bool, as_json: bool, script: Path, args: tuple[str, ...]) -> None:
     """Profile SCRIPT briefly through Slurm; predict memory, walltime, cost, start and finish per partition
     and batch size, and recommend where to run.
@@ -121,7 +127,8 @@ def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, 
             script=script, args=tuple(args), batch_sizes=parse_batch_sizes(batch_sizes),
             horizon=Horizon(epochs=epochs, target_loss=target_loss), workdir=Path.cwd(), gpus=gpus, nodes=nodes,
             cpus=cpus, mem_mb=mem_mb, image=image, partition=partition, batch_arg=normalize_batch_arg(batch_arg),
-            use_cache=not no_cache, one_at_a_time=not parallel)
+            use_cache=not no_cache, one_at_a_time=not parallel,
+            mounts=(*(MountRequest(p, True) for p in mount), *(MountRequest(p, False) for p in mount_rw)))
         estimator = Estimator(settings, client, JobStore(settings.db_path), policy,
                               say=lambda msg: click.echo(f"dlsub: {msg}", err=True))
         try:

@@ -29,6 +29,7 @@ from dlsub.cli.errors import fail
 from dlsub.cli.estimate_commands import estimate
 from dlsub.cli.simulate_command import generate_workload, simulate
 from dlsub.cli.usage_commands import usage
+from dlsub.containers.mounts import MountError, MountRequest, resolve_mount
 from dlsub.containers.podman import ImageError
 from dlsub.contract import CHECKPOINT_SIGNAL, ENV_TARGET_LOSS, JobState
 from dlsub.estimate.apply_choice import apply_to_values, chosen_row, with_env
@@ -39,7 +40,7 @@ from dlsub.job.output_lines import LogPrinter, Selection
 from dlsub.job.partition_choice import PlanningError
 from dlsub.job.settings import Settings, load_settings
 from dlsub.job.shape import Shape, ShapeError, resolve_shape
-from dlsub.job.status import JobStatus, job_status, render_table
+from dlsub.job.status import JobStatus, describe_mounts, job_status, render_table
 from dlsub.job.submit import SubmitError, SubmitRequest, plan_job, submit_plan
 from dlsub.job.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.site_config.policy_file import AgentPolicy, PolicyFileError, load_policy
@@ -145,6 +146,12 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
 @click.option("--mode", type=click.Choice(["immediate", "ideal"]), default=None,
               help="immediate: start now on what is free (CPU or dev nodes) and move onto GPUs when they free up; "
                    "ideal: wait for the ideal partition [default: the site policy's, else immediate].")
+@click.option("--mount", "mount", multiple=True, metavar="PATH",
+              help="A directory or file the container sees at PATH, read-only (your data on /scratch, "
+                   "/projects, ...); repeat for more. Besides the site's shared file systems and the script's, "
+                   "submit and job directories.")
+@click.option("--mount-rw", "mount_rw", multiple=True, metavar="PATH",
+              help="As --mount, but the job may write there (its outputs); repeatable.")
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "slurm_job_id": ...}.')
 @click.option("--from-estimate", "from_estimate", default=None, metavar="ID",
@@ -161,8 +168,9 @@ def submit(
     gpus: str | None, gpus_per_node: int | None, gpus_step: int | None, nodes: str | None, cpu_nodes: int | None,
     cpu_partition: str | None, cpus: int | None,
     mem: str | None, time_limit: str | None, partition: str | None,
-    image: str | None, name: str | None, mode: str | None, dry_run: bool, as_json: bool,
-    from_estimate: str | None, choice: int | None, target_loss: float | None, script: Path | None,
+    image: str | None, name: str | None, mode: str | None, mount: tuple[str, ...], mount_rw: tuple[str, ...],
+    dry_run: bool, as_json: bool, from_estimate: str | None, choice: int | None, target_loss: float | None,
+    script: Path | None,
     args: tuple[str, ...],
 ) -> None:
     """Submit SCRIPT (a PyTorch training script) with ARGS to Slurm, in a container, under torchrun.
@@ -177,7 +185,7 @@ def submit(
                               "cpu_nodes": cpu_nodes, "cpu_partition": cpu_partition,
                               "mem": mem, "time_limit": time_limit,
                               "partition": partition, "image": image, "name": name, "mode": mode,
-                              "dry_run": dry_run, "as_json": as_json}
+                              "mount": mount, "mount_rw": mount_rw, "dry_run": dry_run, "as_json": as_json}
     picked = chosen_row(load_settings().home, from_estimate, choice) if from_estimate is not None else None
     if picked is None and choice is not None:
         raise SubmitError("--choice N goes with --from-estimate ID")
@@ -201,8 +209,13 @@ def submit(
         image=values["image"], name=values["name"], workdir=Path.cwd(),
         mode=values["mode"] or policy.default_mode,
         max_continuations=policy.time_limits.max_continuations if policy.time_limits.continue_jobs else 0,
+        mounts=(*policy.containers.mount_requests(), *(MountRequest(p, True) for p in values["mount"]),
+                *(MountRequest(p, False) for p in values["mount_rw"])),
+        runtime=policy.containers.runtime or None,
     )
     plan = plan_job(request, settings, client)
+    for warning in plan.warnings:
+        click.echo(f"dlsub: warning: {warning}", err=True)
     extra_env = dict(picked.env) if picked is not None else {}
     if target_loss is not None:
         extra_env[ENV_TARGET_LOSS] = repr(float(target_loss))
@@ -222,7 +235,7 @@ def submit(
                                "partition": record.partition, "job_dir": record.job_dir,
                                "mode": request.mode, "nodes": record.nodes, "max_nodes": record.max_nodes,
                                "gpus_per_node": record.gpus_per_node, "worker_array_id": record.worker_array_id,
-                               "worker_gpus": record.gpus_per_worker,
+                               "worker_gpus": record.gpus_per_worker, "mounts": record.mounts,
                                "ideal_partition": plan.choice.ideal_partition or record.partition}))
     else:
         click.echo(
@@ -258,6 +271,8 @@ def check_values(values: dict[str, Any]) -> tuple[int | None, int | None, int | 
 
 
 _SENTINEL = "dlsub-directive-placeholder-script"
+#: Options whose values add up over #DLSUB lines and the command line, rather than the command line's winning.
+ADDED_UP = frozenset({"mount", "mount_rw"})
 
 
 def _parse_directive(ctx: click.Context, script: Path, directive: Directive) -> dict[str, Any]:
@@ -283,7 +298,10 @@ def _parse_directive(ctx: click.Context, script: Path, directive: Directive) -> 
         check_values({"cpus": None, "mem": None, "time_limit": None, **given})
         # --gpus-step may sit on another line than the --gpus MIN:MAX it steps.
         check_shape({k: v for k, v in given.items() if k != "gpus_step" or "gpus" in given})
-    except (SubmitError, TimeSpecError) as exc:
+        for read_only, name in ((True, "mount"), (False, "mount_rw")):
+            for path in given.get(name, ()):
+                resolve_mount(MountRequest(path, read_only), Path.cwd())
+    except (SubmitError, TimeSpecError, MountError) as exc:
         raise DirectiveError(f"{where}: {exc}; fix or remove the line") from exc
     return given
 
@@ -292,9 +310,15 @@ def options_from_directives(ctx: click.Context, script: Path) -> dict[str, Any]:
     """Options from the script's ``#DLSUB`` lines that the command line left at their defaults."""
     from_script: dict[str, Any] = {}
     for directive in read_directives(script):
-        from_script.update(_parse_directive(ctx, script, directive))  # a later line wins, as a later option does
-    return {name: value for name, value in from_script.items()
-            if ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE}
+        given = _parse_directive(ctx, script, directive)
+        for name in ADDED_UP & set(given):  # every line's mounts count
+            given[name] = (*from_script.get(name, ()), *given[name])
+        from_script.update(given)  # a later line wins, as a later option does
+    taken = {name: value for name, value in from_script.items()
+             if name in ADDED_UP or ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE}
+    for name in ADDED_UP & set(taken):  # the script's mounts, and the command line's besides
+        taken[name] = (*taken[name], *ctx.params.get(name, ()))
+    return taken
 
 
 def _statuses(client: SlurmClient, store: JobStore, records: list[JobRecord]) -> list[JobStatus]:
@@ -355,6 +379,8 @@ def status(job: str | None, as_json: bool, show_all: bool, since: str | None) ->
         click.echo(json.dumps(payload, indent=2))
     elif rows:
         click.echo(render_table(rows, bars=progress_bars(rows) if sys.stdout.isatty() else None))
+        if job and describe_mounts(rows[0]):
+            click.echo(describe_mounts(rows[0]))
     elif edge is not None and store.all():
         click.echo("no dlsub jobs alive or ended in that time; `dlsub status --all` lists every job")
     else:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlsub import contract
+from dlsub.containers.mounts import ORIGIN_JOB, Mount, merge_mounts
 
 DEFAULT_IMAGE = "localhost/dlsub-torch:2.13.0-cpu"
 #: Where the host's dlsub package is mounted inside the container (read-only).
@@ -90,10 +91,12 @@ class ContainerSpec:
     workdir: Path  # absolute: the submit directory
     library_dir: Path  # the host's installed ``dlsub`` package directory
     nproc_per_node: int | None = None  # None: one per GPU the attempt got, else 1
-    runtime: str = "runc"
+    # The OCI runtime (podman --runtime): the site's or the user's choice; None: the node's Podman default.
+    runtime: str | None = None
     grace_s: int = 30
     env: tuple[tuple[str, str], ...] = ()
-    extra_mounts: tuple[Path, ...] = field(default_factory=tuple)
+    # The site's shared file systems and the user's --mount/--mount-rw paths, checked (containers.mounts).
+    extra_mounts: tuple[Mount, ...] = field(default_factory=tuple)
     # A gang: torchrun's --nnodes ("N", or "MIN:MAX" for an elastic job) and
     # the c10d rendezvous the batch script sets up; None: --standalone.
     nnodes: str | None = None
@@ -112,14 +115,12 @@ class ContainerSpec:
     def elastic(self) -> bool:
         return self.nnodes is not None and ":" in self.nnodes
 
-    def mounts(self) -> list[Path]:
-        """Host directories bind-mounted at the same path: script dir, submit dir, job dir."""
-        kept: list[Path] = []
-        candidates = {self.script.parent, self.workdir, self.job_dir, *self.extra_mounts}
-        for p in sorted(candidates, key=lambda p: (len(p.parts), str(p))):
-            if not any(q == p or q in p.parents for q in kept):
-                kept.append(p)
-        return kept
+    def mounts(self) -> list[Mount]:
+        """What the container sees of the host: the script's, submit and job directories read-write at
+        their own paths, and the extra mounts, parents first (containers.mounts.merge_mounts)."""
+        own = [Mount(p, p, read_only=False, origin=ORIGIN_JOB)
+               for p in (self.script.parent, self.workdir, self.job_dir)]
+        return merge_mounts([*own, *self.extra_mounts])
 
 
 def check_mount_path(path: Path) -> None:
@@ -139,7 +140,9 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     # memory, CPU and device limits and its process tracking keep applying to it: cgroupfs (no systemd scope
     # of its own) and the host's cgroup namespace (on cgroup v2 a private one is the default), as Slurm's
     # containers guide sets them for Podman. Rootless Podman cannot restrict devices itself.
-    lines: list[list[str]] = [["podman", "--runtime", spec.runtime, "--cgroup-manager", "cgroupfs", "run", "--rm"],
+    # The OCI runtime is the node's Podman default (containers.conf) unless the site or user names one.
+    runtime = ["--runtime", spec.runtime] if spec.runtime else []
+    lines: list[list[str]] = [["podman", *runtime, "--cgroup-manager", "cgroupfs", "run", "--rm"],
                               ["--name", container_name], ["--cgroupns", "host"]]
     lines += [["--label", label] for label in labels]
     if spec.nnodes is not None:
@@ -156,8 +159,9 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
         ["--stop-timeout", str(spec.grace_s)],
     ]
     for mount in spec.mounts():
-        check_mount_path(mount)
-        lines.append(["--volume", f"{mount}:{mount}"])
+        check_mount_path(mount.source)
+        check_mount_path(mount.target)
+        lines.append(["--volume", mount.volume()])
     check_mount_path(spec.library_dir)
     lines.append(["--volume", f"{spec.library_dir}:{LIBRARY_MOUNT}/dlsub:ro"])
     lines.append(["--workdir", str(spec.workdir)])

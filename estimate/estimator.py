@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlsub.containers.mounts import MountRequest
 from dlsub.contract import (
     ATTEMPTS_FILE,
     ENV_BATCH_SIZE,
@@ -64,6 +65,8 @@ class EstimateRequest:
     one_at_a_time: bool = True
     profile_steps: int = PROFILE_STEPS
     profile_seconds: float = PROFILE_SECONDS
+    # The user's --mount/--mount-rw paths (the site's shared mounts come from the policy), as for submit.
+    mounts: tuple[MountRequest, ...] = ()
 
 
 def batch_args(args: tuple[str, ...], batch_arg: str, batch_size: int) -> tuple[str, ...]:
@@ -208,7 +211,9 @@ class Estimator:
                     script=script, args=batch_args(req.args, req.batch_arg, bs),
                     gpus=req.gpus if p.max_gpus_per_node else 0, nodes=req.nodes, cpus=req.cpus, mem_mb=req.mem_mb,
                     time_limit_min=limit, partition=part, image=image, name=name, workdir=req.workdir,
-                    mode="ideal", max_continuations=0)
+                    mode="ideal", max_continuations=0,
+                    mounts=(*self.policy.containers.mount_requests(), *req.mounts),
+                    runtime=self.policy.containers.runtime or None)
                 plan = with_env(plan_job(request, self.settings, self.client, check_images=not runs),
                                 {**env, ENV_BATCH_SIZE: str(bs)})
                 submitted = submit_plan(plan, self.settings, self.client, self.store,

@@ -27,7 +27,9 @@ def store_of(user_home: Path) -> Path:
 class Settings:
     home: Path  # per-user state: the job store and job directories
     image: str = DEFAULT_IMAGE
-    runtime: str = "runc"  # crun refuses hybrid cgroups on the testbed VMs
+    # The OCI runtime for your containers ($DLSUB_RUNTIME); None: the site's (policy.toml [containers]
+    # runtime), else the node's Podman default.
+    runtime: str | None = None
     cpus: int = 2
     mem_mb: int = 4096
     signal_grace_s: int = 60  # SIGUSR1 this long before the time limit

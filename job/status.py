@@ -52,6 +52,9 @@ class JobStatus:
     # A job elastic in GPUs (--gpus MIN:MAX): its range in GPUs (None otherwise).
     min_gpus: int | None = None
     max_gpus: int | None = None
+    # What the container sees besides its own directories: the site's shared file systems and the user's
+    # --mount/--mount-rw paths ({"path", "source", "read_only", "origin"}).
+    mounts: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -159,7 +162,19 @@ def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob
         resizes=resizes,
         min_gpus=record.gpu_range[0] if record.gpu_range else None,
         max_gpus=record.gpu_range[1] if record.gpu_range else None,
+        mounts=tuple(record.mounts),
     )
+
+
+def describe_mounts(row: JobStatus) -> str:
+    """One line: each extra mount, how, and whose ("" when there are none)."""
+    words = []
+    for m in row.mounts:
+        how = "read-only" if m.get("read_only", True) else "read-write"
+        whose = "the site's" if m.get("origin") == "site" else "yours"
+        behind = f" from {m['source']}" if m.get("source") and m.get("source") != m.get("path") else ""
+        words.append(f"{m.get('path')}{behind} ({how}, {whose})")
+    return f"{row.id}: mounts {', '.join(words)}" if words else ""
 
 
 def _fmt_duration(seconds: float | None) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import dlsub
+from dlsub.containers.mounts import ORIGIN_USER, Mount, MountError, MountRequest, resolve_mount
 from dlsub.containers.podman import ContainerSpec, check_image, check_mount_path
 from dlsub.contract import BATCH_SCRIPT, WORKER_SCRIPT
 from dlsub.job.partition_choice import Choice, Request, choose_partition
@@ -54,6 +55,12 @@ class SubmitRequest:
     # A CPU component of this many nodes beside the trainers (one heterogeneous job).
     cpu_nodes: int = 0
     cpu_partition: str | None = None  # default: the site's cpu-role partition, else one without GPUs
+    # Host paths the container sees besides the script's, submit and job directories: the site's shared file
+    # systems (policy.toml [containers]) and the user's --mount/--mount-rw, in that order.
+    mounts: tuple[MountRequest, ...] = ()
+    # The site's OCI runtime (policy.toml [containers] runtime; None: the node's Podman default);
+    # $DLSUB_RUNTIME (Settings.runtime) overrides it.
+    runtime: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,7 @@ class Plan:
     # An elastic job's held worker array (one node per task), submitted first.
     workers: BatchSpec | None = None
     worker_gpus: int = 0  # a job elastic in GPUs: each worker's (SubmitRequest.worker_gpus)
+    warnings: tuple[str, ...] = ()  # what the user should know, nothing that stops the submit
 
 
 def library_dir() -> Path:
@@ -104,12 +112,14 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     cpus = req.cpus or settings.cpus
     mem_mb = req.mem_mb or settings.mem_mb
     _check_paths(script, req.workdir, settings.jobs_dir)
+    mounts, warnings = check_mounts(req.mounts, req.workdir)
     choice = _choose_partition(client, req, cpus, mem_mb)
     if check_images:
         check_image(image)
 
     dlsub_id = new_dlsub_id()
-    container = _container_spec(req, settings, script, image, settings.jobs_dir / dlsub_id)
+    container = dataclasses.replace(_container_spec(req, settings, script, image, settings.jobs_dir / dlsub_id),
+                                    extra_mounts=mounts)
     batch = BatchSpec(
         dlsub_id=dlsub_id,
         job_name=req.name or safe_job_name(script.stem),
@@ -131,7 +141,24 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         batch = dataclasses.replace(batch, cpu_nodes=req.cpu_nodes, cpu_cpus=cpus, cpu_mem_mb=mem_mb,
                                     cpu_partition=_cpu_partition(client, req, cpus, mem_mb))
     workers = _worker_array(batch, req.worker_gpus or req.gpus)
-    return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers, req.worker_gpus)
+    return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers, req.worker_gpus, warnings)
+
+
+def check_mounts(requests: tuple[MountRequest, ...], workdir: Path) -> tuple[tuple[Mount, ...], tuple[str, ...]]:
+    """The mounts checked on this host, and warnings. A user's path that cannot be mounted stops the submit;
+    a site's shared file system missing here is left out with a warning (a job that needs it fails to find
+    its files, a job that does not still runs), since Podman refuses to start a container on a missing path."""
+    mounts: list[Mount] = []
+    warnings: list[str] = []
+    for request in requests:
+        try:
+            mounts.append(resolve_mount(request, workdir))
+        except MountError as exc:
+            if request.origin == ORIGIN_USER:
+                raise SubmitError(str(exc)) from None
+            warnings.append(f"{exc}: this job does not get it (policy.toml [containers] names it; tell the "
+                            "site's admins)")
+    return tuple(mounts), tuple(warnings)
 
 
 def _check_shape(req: SubmitRequest) -> None:
@@ -206,7 +233,7 @@ def _container_spec(req: SubmitRequest, settings: Settings, script: Path, image:
         workdir=req.workdir,
         library_dir=library_dir(),
         nproc_per_node=None,  # one per GPU of each attempt (they may differ after a move)
-        runtime=settings.runtime,
+        runtime=settings.runtime or req.runtime or None,
         # Half of Slurm's warning before the time limit: the rest is the batch script's, after the container.
         grace_s=max(5, settings.signal_grace_s // 2),
     )
@@ -313,6 +340,7 @@ def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobS
             image=spec.container.image,
             max_nodes=spec.elastic[1] if spec.elastic else None,
             worker_gpus=plan.worker_gpus or None,
+            mounts=[m.to_json() for m in spec.container.extra_mounts],
         )
         store.add(record)
         # Slurm creates the output file with the umask sbatch had: owner-only.

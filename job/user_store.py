@@ -47,6 +47,8 @@ class JobRecord:
     max_nodes: int | None = None
     worker_array_id: int | None = None  # its held worker array in Slurm
     worker_gpus: int | None = None  # GPUs of each worker (None: a node's, ``gpus_per_node``; elastic in nodes)
+    # The site's and the user's extra mounts, as containers.mounts.Mount.to_json gives them.
+    mounts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def worker_tasks(self) -> int:
@@ -81,6 +83,7 @@ class JobRecord:
     def to_row(self) -> dict[str, Any]:
         row = asdict(self)
         row["args"] = json.dumps(self.args)
+        row["mounts"] = json.dumps(self.mounts)
         return row
 
     @classmethod
@@ -88,6 +91,7 @@ class JobRecord:
         # Columns a newer dlsub added are left out: its store still reads after a downgrade.
         row = {k: v for k, v in row.items() if k in cls.__dataclass_fields__}
         row["args"] = json.loads(row["args"])
+        row["mounts"] = json.loads(row.get("mounts") or "[]")  # none in a store made before mounts were kept
         return cls(**row)
 
 
@@ -96,7 +100,8 @@ class UnknownJob(LookupError):
 
 
 # Columns added since the first schema, with their types; added on open.
-_ADDED_COLUMNS = {"state": str, "state_at": float, "max_nodes": int, "worker_array_id": int, "worker_gpus": int}
+_ADDED_COLUMNS = {"state": str, "state_at": float, "max_nodes": int, "worker_array_id": int, "worker_gpus": int,
+                  "mounts": str}
 
 
 class JobStore:
@@ -172,13 +177,28 @@ class JobStore:
         raise UnknownJob(f"no dlsub job {key!r} of yours; `dlsub status` lists them")
 
 
-def read_only_records(path: Path) -> list[JobRecord]:
-    """Another user's job store, read without creating or changing anything (no WAL files of ours)."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=2)
+def _select_jobs(uri: str) -> list[sqlite3.Row]:
+    conn = sqlite3.connect(uri, uri=True, timeout=2)
     try:
         conn.row_factory = sqlite3.Row
-        rows = conn.execute("select * from jobs order by submitted_at").fetchall()
+        return conn.execute("select * from jobs order by submitted_at").fetchall()
     finally:
         conn.close()
+
+
+def read_only_records(path: Path) -> list[JobRecord]:
+    """Another user's job store, read without creating or changing anything (no WAL files of ours).
+
+    A store in WAL mode whose last writer has closed it has no ``-shm`` file, and SQLite cannot read it
+    read-only where it may not create one (a read-only mount, as the dashboard's unit makes the homes, or a
+    directory the reader cannot write): "attempt to write a readonly database". Such a store holds all its
+    commits in the main file, so it is read again as immutable (no WAL, no locks).
+    """
+    try:
+        rows = _select_jobs(f"file:{path}?mode=ro")
+    except sqlite3.OperationalError as exc:
+        if "readonly" not in str(exc) and "unable to open" not in str(exc):
+            raise
+        rows = _select_jobs(f"file:{path}?mode=ro&immutable=1")
     # sqlite3.Row iterates its values, not its keys; from_row leaves out the columns it does not know.
     return [JobRecord.from_row({k: r[k] for k in r.keys()}) for r in rows]  # noqa: SIM118

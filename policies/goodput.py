@@ -70,8 +70,8 @@ went from 1.071 and 1.070 without declarations to 1.039 and 1.015 with half
 the jobs declaring, each off by up to 2x. On untouched seeds (five
 arrival orders) it was mixed: at 2.0x 1.077 against 1.075 on seed 5 and
 1.014 against 1.059 on seed 6, at 1.5x 1.161 against 1.110 on seed 5
-(README, issue 32). The first two limits fix plain errors; the third is a
-guard, not a win.
+(docs/user-guide.md, "Comparing scheduling policies"; issue 32). The first two
+limits fix plain errors; the third is a guard, not a win.
 
 Tried and not kept (issue 22, point 5). Where the fit mispredicts the best
 batch: after one report, at one per-replica batch, Pollux's prior takes half

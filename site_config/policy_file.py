@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from dlsub.containers.mounts import ORIGIN_SITE, MountError, MountRequest, check_path_text
 from dlsub.site_config.budget import BudgetError, Budgets, parse_budgets
 from dlsub.strict import read_toml, unknown_keys
 
@@ -118,6 +119,21 @@ class MetricsPolicy:
 
 
 @dataclass(frozen=True)
+class ContainerSite:
+    """How this site's nodes run a job's container (the ``[containers]`` table)."""
+
+    # The OCI runtime (podman --runtime, e.g. "crun", "runc"); "": the node's Podman default.
+    runtime: str = ""
+    # Shared file systems every job's container sees at the same path, read-only / read-write.
+    shared_mounts: tuple[str, ...] = ()
+    shared_mounts_rw: tuple[str, ...] = ()
+
+    def mount_requests(self) -> tuple[MountRequest, ...]:
+        return (*(MountRequest(p, True, ORIGIN_SITE) for p in self.shared_mounts),
+                *(MountRequest(p, False, ORIGIN_SITE) for p in self.shared_mounts_rw))
+
+
+@dataclass(frozen=True)
 class AgentPolicy:
     policy: str = "fifo"
     default_mode: str = "immediate"
@@ -143,6 +159,7 @@ class AgentPolicy:
     # Node-hours or cost per user/account and period (dlsub.site_config.budget); none by default.
     budgets: Budgets = Budgets()
     metrics: MetricsPolicy = MetricsPolicy()
+    containers: ContainerSite = ContainerSite()
 
     def is_admin(self, user: str) -> bool:
         return user == "root" or user in self.admins
@@ -273,6 +290,27 @@ def _window(where: str, table: Any) -> Window:
     return window
 
 
+def _containers(where: str, table: Any) -> ContainerSite:
+    site: ContainerSite = _simple(where, ContainerSite, table)
+    if any(ch.isspace() for ch in site.runtime):
+        raise PolicyFileError(f"{where}.runtime: {site.runtime!r}; name one runtime (crun, runc or a path), "
+                              "or leave it out for the node's Podman default")
+    for key in ("shared_mounts", "shared_mounts_rw"):
+        for path in getattr(site, key):
+            try:
+                check_path_text(path, "path")
+            except MountError as exc:
+                raise PolicyFileError(f"{where}.{key}: {exc}") from None
+            if not path.startswith("/") or path.rstrip("/") == "":
+                raise PolicyFileError(f"{where}.{key}: {path!r}: expected an absolute path below /, "
+                                      "e.g. \"/scratch\"")
+    both = sorted(set(site.shared_mounts) & set(site.shared_mounts_rw))
+    if both:
+        raise PolicyFileError(f"{where}: {', '.join(both)} in both shared_mounts and shared_mounts_rw; "
+                              "keep each path in one of them")
+    return site
+
+
 def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolicy:
     top = [f.name for f in fields(AgentPolicy)]
     _check_keys(where, data, top)
@@ -330,6 +368,8 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
         values["metrics"] = _simple(f"{where}.metrics", MetricsPolicy, data["metrics"])
         if values["metrics"].port > 65535:
             raise PolicyFileError(f"{where}.metrics.port: {values['metrics'].port} is not a port (1-65535, 0: off)")
+    if "containers" in data:
+        values["containers"] = _containers(f"{where}.containers", data["containers"])
     if "backfill" in data:
         table = data["backfill"]
         if not isinstance(table, dict):

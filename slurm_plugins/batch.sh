@@ -43,6 +43,8 @@ attempts_file="$DLSUB_JOB_DIR"/@ATTEMPTS_FILE@
 markers_dir="$DLSUB_JOB_DIR"/@MARKERS_DIR@
 requeue_count_file="$markers_dir"/@REQUEUE_COUNT_FILE@
 rendezvous_file="$markers_dir"/@RENDEZVOUS_FILE@
+# The installed dlsub package the container mounts (the submitting dlsub's): every node needs it at this path.
+library_dir=@LIBRARY_DIR@
 node_index="${SLURM_NODEID:-0}"
 container="dlsub-${DLSUB_JOB_ID}-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}-${DLSUB_ROLE:-trainer}${node_index}"
 mkdir -p "$markers_dir"
@@ -214,9 +216,22 @@ wait_child() {
     child=""
 }
 
+# Without the package the launcher cannot start in the container: say why here, not as Python's import error.
+library_present() {
+    [ -r "$library_dir/checkpointing/launch.py" ] && return 0
+    echo "dlsub: error: dlsub's package $library_dir, which the container mounts, is not on node" \
+        "${SLURMD_NODENAME:-$(hostname -s)}; the site installs dlsub on a shared software path, or at this same" \
+        "path on every node (\`dlsub doctor\` on a node checks it)" >&2
+    return 1
+}
+
 run_container() {  # this node's container of the attempt; sets rc
     setup_runtime_dir
     setup_gpus
+    if ! library_present; then
+        rc=1
+        return
+    fi
     trap cleanup EXIT
     if [ "${DLSUB_ROLE:-trainer}" = cpu ]; then
         @PODMAN_RUN_CPU@ &

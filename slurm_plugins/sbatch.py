@@ -277,6 +277,7 @@ def _template_words(spec: BatchSpec, container: ContainerSpec, podman: str, podm
         "PROGRESS_FILE": _word(contract.PROGRESS_FILE),
         "EVENT_FINISHED": _word(contract.EVENT_FINISHED),
         "JOB_DIR": shlex.quote(str(container.job_dir)),
+        "LIBRARY_DIR": shlex.quote(str(container.library_dir)),
         "RESUME_EXIT_CODE": _word(contract.RESUME_EXIT_CODE),
         "CHECKPOINT_SIGNAL": _word(contract.CHECKPOINT_SIGNAL),
         "MOVE_SIGNAL": _word(contract.MOVE_SIGNAL),

@@ -6,7 +6,7 @@ the job-side contracts of issue 8, written as a user types them.
 - A script using only init(), save(state), restore(), should_stop() and
   exit_for_resume() resumes at its checkpoint after `dlsub requeue`; its
   checkpoint events carry integer steps.
-- The README's training snippet, run as written.
+- The user guide's training snippet (docs/user-guide.md), run as written.
 - `dlsub SCRIPT --dry-run --json` hands both flags to the script; #DLSUB lines.
 - The job directory is private: 0700 with an ACL for the agent, progress and
   attempt files readable by the agent's account, the output file owner-only.
@@ -52,11 +52,11 @@ with open(os.path.join(os.environ["DLSUB_JOB_DIR"], "argv.json"), "w") as f:
 
 
 def _readme_snippet() -> str:
-    """The README's training snippet, with the two names it leaves to the reader defined."""
-    text = (REPO / "README.md").read_text()
+    """The user guide's training snippet, with the two names it leaves to the reader defined."""
+    text = (REPO / "docs" / "user-guide.md").read_text()
     section = text[text.index("## Writing the training script"):]
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert code, "the README has a python snippet under 'Writing the training script'"
+    assert code, "docs/user-guide.md has a python snippet under 'Writing the training script'"
     prelude = ("import time\nseen = 0\ndef train_step():\n    global seen\n    seen += 32\n"
                "    time.sleep(0.05)\n    return 1.0 / (1 + seen)\n")
     return prelude + code.group(1).replace("...", '"note": "snippet"')

@@ -27,7 +27,7 @@ def _copy_examples(user: TestbedUser, workdir: Path) -> None:
 #: Epochs of the estimated and the real runs (7-8 s each). At 10 epochs (0.07 s each) a run was 5-7 s, nearly
 #: all the container's start, which varies by a second between consecutive identical runs on this 2-core
 #: testbed: one CI run's median was 26% off. Longer runs show the estimator's own error on this example: at 100
-#: epochs it predicted 10.0 s for 12.4 s (-20%), its step time about 40% low (README, dlsub estimate).
+#: epochs it predicted 10.0 s for 12.4 s (-20%), its step time about 40% low (docs/user-guide.md, dlsub estimate).
 EPOCHS = "40"
 
 

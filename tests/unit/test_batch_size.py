@@ -206,11 +206,11 @@ def test_under_torch_distributed_every_rank_takes_rank_0s_batch(tmp_path: Path,
     assert sorted(outs) == [[0, 512, 1, "environment"], [1, 512, 1, "environment"]]
 
 
-# ---------------------------------------------------------------- the README's example runs
+# ---------------------------------------------------------------- the user guide's example runs
 
 
-def test_the_readme_snippet_runs_and_follows_the_mailbox(tmp_path: Path) -> None:
-    text = (REPO / "README.md").read_text()
+def test_the_user_guide_snippet_runs_and_follows_the_mailbox(tmp_path: Path) -> None:
+    text = (REPO / "docs" / "user-guide.md").read_text()
     section = text[text.index("### Letting dlsub choose the batch size"):]
     begin = section.index("```python\n") + len("```python\n")
     code = section[begin:section.index("\n```", begin)]

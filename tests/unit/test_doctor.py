@@ -30,10 +30,16 @@ from dlsub.slurm_plugins.fake import testbed_cluster as cluster
 POLICY = parse_policy({"policy": "fifo", "partitions": {"gpu": {"role": "gpu"}, "gpu-dev": {"role": "dev"},
                                                         "cpu": {"role": "cpu"}}})
 USER = pwd.struct_passwd(("alice", "x", 1001, 1001, "", "/home/alice", "/bin/bash"))
+#: The dlsub package jobs mount, as a site installs it (a venv under /opt).
+LIBRARY = Path("/opt/dlsub/venv/lib/python3.11/site-packages/dlsub")
 
 
 def dir_stat(uid: int, mode: int) -> os.stat_result:
     return os.stat_result((stat.S_IFDIR | mode, 0, 0, 2, uid, uid, 0, 0, 0, 0))
+
+
+def file_stat(mode: int) -> os.stat_result:
+    return os.stat_result((stat.S_IFREG | mode, 0, 0, 1, 0, 0, 0, 0, 0, 0))
 
 
 class FakeHost(Host):
@@ -42,7 +48,9 @@ class FakeHost(Host):
     def __init__(self) -> None:
         self.files = {"/etc/slurm/job_submit.lua": f"-- dlsub\nlocal p = '{SUBMIT_RECORD_PREFIX}'\n",
                       "/etc/subuid": "alice:200000:65536\n", "/etc/subgid": "alice:200000:65536\n"}
-        self.stats = {"/run/user/1001": dir_stat(1001, 0o700), "/sys/fs/cgroup/unified": dir_stat(0, 0o555)}
+        self.stats = {"/run/user/1001": dir_stat(1001, 0o700), "/sys/fs/cgroup/unified": dir_stat(0, 0o555),
+                      str(LIBRARY): dir_stat(0, 0o755), str(LIBRARY / "checkpointing" / "launch.py"): file_stat(0o644),
+                      "/opt": dir_stat(0, 0o755)}
         self.image_rc = 0
         self.image_stderr = ""
         self.agent: dict[str, Any] | None = {"running": True, "late": False}
@@ -50,6 +58,7 @@ class FakeHost(Host):
         self.ran: list[list[str]] = []
         self.graph_root = "/home/alice/.local/share/containers/storage"
         self.fs = "ext2/ext3"
+        self.tools: dict[str, str] = {}  # commands on PATH (none: no getsubids, /etc/subuid is read)
 
     def read_text(self, path: Path) -> str | None:
         return self.files.get(str(path))
@@ -66,6 +75,9 @@ class FakeHost(Host):
             return subprocess.CompletedProcess(list(argv), 0, self.graph_root + "\n", "")
         return subprocess.CompletedProcess(list(argv), self.image_rc, "", self.image_stderr)
 
+    def which(self, command: str) -> str | None:
+        return self.tools.get(command)
+
     def fs_type(self, path: Path) -> str | None:
         return self.fs if str(path) == self.graph_root else None
 
@@ -81,7 +93,7 @@ class FakeHost(Host):
 def findings(fake: FakeSlurm | None = None, host: FakeHost | None = None,
              user: str | None = "alice") -> dict[str, Finding]:
     found = run_doctor(SlurmClient(runner=fake or cluster()), host or FakeHost(), POLICY, user=user,
-                       image="localhost/img", socket_path=Path("/run/dlsub/agent.sock"))
+                       image="localhost/img", socket_path=Path("/run/dlsub/agent.sock"), library=LIBRARY)
     return {f.check.split(" of ")[0]: f for f in found}
 
 
@@ -91,7 +103,8 @@ def test_a_testbed_like_site_is_ok_on_every_tested_version(version: str) -> None
     assert {name: f.status for name, f in got.items()} == {
         "slurm version": OK, "job_submit.lua": OK, "cred_expire": OK, "clocks": OK, "GPU gres": OK,
         "agent is a Slurm Operator": OK, "policy partitions exist": OK, "agent": OK, "subordinate ids": OK,
-        "cgroups": WARN, "runtime directory": OK, "image": OK, "job cgroups": OK, "container storage": OK}
+        "cgroups": WARN, "runtime directory": OK, "image": OK, "job cgroups": OK, "container storage": OK,
+        "dlsub package for containers": OK, "shared mounts": OK}
     assert not blocking(list(got.values()))
     assert version in got["slurm version"].detail
 
@@ -129,6 +142,74 @@ def test_a_missing_subuid_entry_is_a_problem_with_its_fix() -> None:
     assert got.status == PROBLEM and "/etc/subuid has 0" in got.detail and "usermod --add-subuids" in got.fix
     host.files["/etc/subuid"] = "1001:200000:1000\n"  # by uid, but too few
     assert findings(host=host)["subordinate ids"].status == PROBLEM
+
+
+def _fake_getsubids(tmp_path: Path, uids: str, gids: str, rc: int = 0) -> str:
+    """A stand-in for shadow-utils' getsubids: prints what SSSD or LDAP would serve, as the real one does."""
+    tool = tmp_path / "getsubids"
+    to = " >&2" if rc else ""  # the real one says "Error fetching ranges" on stderr
+    tool.write_text(f"#!/bin/bash\nif [ \"$1\" = -g ]; then shift; printf '{gids}'{to}; else printf '{uids}'{to}; fi\n"
+                    f"[ -n \"$1\" ] || exit 2\nexit {rc}\n")
+    tool.chmod(0o755)
+    return str(tool)
+
+
+def test_subordinate_ids_served_by_sssd_or_ldap_count_through_getsubids(tmp_path: Path) -> None:
+    """Unit, with a fake getsubids command (really run): /etc/subuid has nothing for alice, getsubids does."""
+    host = FakeHost()
+    host.files["/etc/subuid"] = host.files["/etc/subgid"] = ""
+    assert findings(host=host)["subordinate ids"].status == PROBLEM  # no getsubids: the files say none
+    host.tools["getsubids"] = _fake_getsubids(tmp_path, "0: alice 300000 32768\n1: alice 400000 32768\n",
+                                              "0: alice 300000 65536\n")
+    got = findings(host=host)["subordinate ids"]
+    assert got.status == OK and "getsubids" in got.detail
+
+
+def test_too_few_ids_from_getsubids_are_a_problem_naming_it(tmp_path: Path) -> None:
+    host = FakeHost()
+    host.tools["getsubids"] = _fake_getsubids(tmp_path, "0: alice 300000 1000\n", "0: alice 300000 65536\n")
+    got = findings(host=host)["subordinate ids"]
+    assert got.status == PROBLEM and "getsubids gives 1000 uids" in got.detail and "gids" not in got.detail
+    assert "SSSD or LDAP" in got.fix and "usermod --add-subuids" in got.fix
+    # None at all: getsubids exits 1 saying so.
+    host.tools["getsubids"] = _fake_getsubids(tmp_path, "Error fetching ranges\n", "Error fetching ranges\n", rc=1)
+    got = findings(host=host)["subordinate ids"]
+    assert got.status == PROBLEM and "getsubids gives 0 uids (Error fetching ranges)" in got.detail
+
+
+def test_a_getsubids_that_cannot_run_falls_back_to_the_files(tmp_path: Path) -> None:
+    host = FakeHost()
+    host.tools["getsubids"] = str(tmp_path / "no-such-getsubids")
+    got = findings(host=host)["subordinate ids"]
+    assert got.status == OK and "/etc/subuid" in got.detail
+
+
+def test_the_dlsub_package_jobs_mount_missing_or_closed_is_a_problem_saying_how_a_site_provides_it() -> None:
+    ok = findings()["dlsub package for containers"]
+    assert ok.status == OK and str(LIBRARY) in ok.detail and "shared software path" in ok.detail \
+        and "per node" in ok.detail and "this node's own disk" in ok.detail
+    host = FakeHost()
+    del host.stats[str(LIBRARY / "checkpointing" / "launch.py")]  # a compute node without the install
+    got = findings(host=host)["dlsub package for containers"]
+    assert got.status == PROBLEM and "missing on this host" in got.detail
+    assert "shared software path" in got.fix and "per node at this same path" in got.fix
+    host = FakeHost()
+    host.stats["/opt"] = dir_stat(0, 0o700)  # root's own: other users' containers cannot reach the package
+    got = findings(host=host)["dlsub package for containers"]
+    assert got.status == PROBLEM and "/opt" in got.detail and "chmod" in got.fix
+
+
+def test_the_sites_shared_mounts_missing_here_are_a_warning() -> None:
+    policy = parse_policy({"containers": {"shared_mounts": ["/projects"], "shared_mounts_rw": ["/scratch"]}})
+    host = FakeHost()
+    host.stats["/scratch"] = dir_stat(0, 0o1777)
+    got = {f.check: f for f in run_doctor(SlurmClient(runner=cluster()), host, policy, user=None, image="i",
+                                          socket_path=Path("/s"), library=LIBRARY)}["shared mounts"]
+    assert got.status == WARN and got.detail.startswith("/projects missing") and "policy.toml" in got.fix
+    host.stats["/projects"] = dir_stat(0, 0o755)
+    got = {f.check: f for f in run_doctor(SlurmClient(runner=cluster()), host, policy, user=None, image="i",
+                                          socket_path=Path("/s"), library=LIBRARY)}["shared mounts"]
+    assert got.status == OK and got.detail == "/projects, /scratch"
 
 
 def test_operator_rights() -> None:
@@ -224,6 +305,7 @@ def test_the_command_prints_json_and_exits_1_on_a_problem(monkeypatch: pytest.Mo
     policy.write_text('policy = "fifo"\n[partitions.gpu]\nrole = "gpu"\n')
     monkeypatch.setattr("dlsub.cli.doctor_commands.Host", lambda: host)
     monkeypatch.setattr("dlsub.cli.doctor_commands.SlurmClient", lambda: SlurmClient(runner=cluster()))
+    monkeypatch.setattr("dlsub.cli.doctor.library_dir", lambda: LIBRARY)  # the fake host's install
     result = CliRunner().invoke(doctor, ["--json", "--user", "alice", "--policy", str(policy)])
     assert result.exit_code == 1
     report = json.loads(result.output)

@@ -400,6 +400,40 @@ def test_estimator_profiles_through_slurm_then_uses_the_cache(
     assert len(runner.sbatch_argvs) == 8, "other arguments: profiled again"
 
 
+def test_profiling_runs_see_the_sites_shared_mounts_and_the_users(
+        tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit, through the fake Slurm: each profiling job's podman line mounts both; a bad --mount profiles nothing."""
+    import dlsub.job.submit as submit
+    from dlsub.containers.mounts import MountRequest
+    from dlsub.estimate.estimator import EstimateRequest, Estimator
+    from dlsub.job.settings import Settings
+    from dlsub.job.submit import SubmitError
+    from dlsub.job.user_store import JobStore
+    from dlsub.site_config.policy_file import parse_policy
+
+    monkeypatch.setattr(submit, "check_image", lambda image: None)
+    site, data = tmp_path / "projects", tmp_path / "scratch" / "data"
+    site.mkdir()
+    data.mkdir(parents=True)
+    (tmp_path / "proj").mkdir()
+    script = tmp_path / "proj" / "train.py"
+    script.write_text("print('train')\n")
+    settings = Settings(home=tmp_path / "home")
+    runner = CompletingRunner(fake_slurm)
+    policy = parse_policy({"containers": {"shared_mounts": [str(site)]}})
+    estimator = Estimator(settings, SlurmClient(runner=runner), JobStore(settings.db_path), policy, poll_s=0)
+    request = EstimateRequest(script=script, args=(), batch_sizes=(32,), horizon=Horizon(epochs=1),
+                              workdir=tmp_path / "proj", partition="cpu", mounts=(MountRequest(str(data)),))
+    estimator.run(request)
+    texts = [Path(j.script).read_text() for j in fake_slurm.submitted()]
+    assert texts and all(f"--volume {site}:{site}:ro" in t and f"--volume {data}:{data}:ro" in t for t in texts)
+    with pytest.raises(SubmitError, match="does not exist"):
+        estimator.run(EstimateRequest(script=script, args=(), batch_sizes=(64,), horizon=Horizon(epochs=1),
+                                      workdir=tmp_path / "proj", partition="cpu",
+                                      mounts=(MountRequest(str(tmp_path / "gone")),)))
+    assert len(fake_slurm.submitted()) == len(texts)
+
+
 def test_steady_step_time_shrugs_off_a_burst_of_contention() -> None:
     points, t = [], 0.0
     for step in range(5, 105, 5):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -19,11 +20,13 @@ from pathlib import Path
 import pytest
 
 from dlsub import contract
+from dlsub.containers.mounts import ORIGIN_SITE, Mount
 from dlsub.containers.podman import ContainerSpec
 from dlsub.slurm_plugins import sbatch
 from dlsub.slurm_plugins.sbatch import BatchSpec, fill_template, render_sbatch
 
 GOLDEN = Path(__file__).parent / "golden" / "train.sbatch"
+LIBRARY = Path("/opt/dlsub/venv/lib/python3.11/site-packages/dlsub")
 NASTY_ARGS = ("--lr", "0.1", "a b", "it's", 'say "hi"', "x; touch /tmp/dlsub-pwned", "$(id)", "`id`", "*")
 
 
@@ -35,7 +38,7 @@ def spec(tmp: Path, script: Path, args: tuple[str, ...] = ("--epochs", "3"), gpu
         script_args=args,
         job_dir=tmp / "home" / ".dlsub" / "jobs" / "0123abcd",
         workdir=script.parent,
-        library_dir=Path("/opt/dlsub/venv/lib/python3.11/site-packages/dlsub"),
+        library_dir=LIBRARY,
         nproc_per_node=max(1, gpus),
     )
     return BatchSpec(
@@ -46,7 +49,12 @@ def spec(tmp: Path, script: Path, args: tuple[str, ...] = ("--epochs", "3"), gpu
 
 
 def test_golden_batch_script() -> None:
-    text = render_sbatch(spec(Path("/golden"), Path("/home/alice/proj/train.py"), gpus=2))
+    base = spec(Path("/golden"), Path("/home/alice/proj/train.py"), gpus=2)
+    # A site's read-write scratch behind a symbolic link, and a user's read-only data folder.
+    mounts = (Mount(Path("/lustre/scratch"), Path("/scratch"), read_only=False, origin=ORIGIN_SITE),
+              Mount(Path("/projects/alice/data"), Path("/projects/alice/data")))
+    text = render_sbatch(dataclasses.replace(base, container=dataclasses.replace(base.container,
+                                                                                 extra_mounts=mounts)))
     if os.environ.get("DLSUB_UPDATE_GOLDEN"):
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text(), "rendered script changed; review it, then DLSUB_UPDATE_GOLDEN=1 pytest"
@@ -76,6 +84,11 @@ def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_r
         text = render_sbatch(spec(tmp_path, script, args, max_continuations=max_continuations))
     # The fallback runtime directory, under tmp_path rather than the shared /tmp.
     text = text.replace('"/tmp/dlsub-xdg-$(id -u)"', f'"{tmp_path}/xdg-fallback-$(id -u)"')
+    # dlsub's package, which the container mounts, as a node has it (unless the test took it away).
+    library = tmp_path / "site-packages" / "dlsub"
+    (library / "checkpointing").mkdir(parents=True, exist_ok=True)
+    (library / "checkpointing" / "launch.py").touch()
+    text = text.replace(f"library_dir={LIBRARY}\n", f"library_dir={shlex.quote(str(library))}\n")
     batch = tmp_path / "job.sbatch"
     batch.write_text(text)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="77", SLURM_RESTART_COUNT="0",
@@ -109,6 +122,22 @@ def test_nasty_paths_and_arguments_reach_the_container_intact(tmp_path: Path) ->
     assert f"{weird_dir}:{weird_dir}" in run
     assert "dlsub.slurm_job_id=77" in run and "dlsub.attempt=77-0" in run
     assert not any(c[:2] == ["scontrol", "requeue"] for c in _calls(log))
+
+
+def test_a_node_without_dlsubs_package_fails_the_attempt_saying_how_a_site_provides_it(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    missing = tmp_path / "not here"
+    text = render_sbatch(spec(tmp_path, script, ())).replace(f"library_dir={LIBRARY}\n",
+                                                             f"library_dir={shlex.quote(str(missing))}\n")
+    rc, log = _run_script(tmp_path, script, (), 0, text=text)
+    assert rc == 1
+    assert not log.exists(), "neither podman nor scontrol ran"
+    err = (tmp_path / "stderr.txt").read_text()
+    assert f"{missing}, which the container mounts, is not on node" in err
+    assert "shared software path" in err and "dlsub doctor" in err
+    attempts = (tmp_path / "home/.dlsub/jobs/0123abcd" / contract.ATTEMPTS_FILE).read_text().splitlines()
+    assert [e["rc"] for e in map(json.loads, attempts) if e["event"] == contract.EVENT_END] == [1]
 
 
 def test_resume_exit_code_requeues_the_job(tmp_path: Path) -> None:
@@ -322,8 +351,44 @@ def test_without_a_cdi_spec_the_gpus_pass_through_as_slurm_numbered_them(tmp_pat
 
 def test_the_container_stays_in_the_jobs_cgroup_whatever_the_users_podman_config(tmp_path: Path) -> None:
     run = _podman_run_with_gpus(tmp_path, {}, cdi=False)
-    assert run[:run.index("run")] == ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
+    # No --runtime: the node's Podman default, unless the site or the user names one (below).
+    assert run[:run.index("run")] == ["podman", "--cgroup-manager", "cgroupfs"]
     assert _values(run, "--cgroupns") == ["host"]
+
+
+def test_a_runtime_the_site_names_goes_before_run(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    base = spec(tmp_path, script, ())
+    text = render_sbatch(dataclasses.replace(base, container=dataclasses.replace(base.container, runtime="crun")))
+    rc, log = _run_script(tmp_path, script, (), 0, text=text)
+    assert rc == 0, (tmp_path / "stderr.txt").read_text()
+    run = next(c for c in _calls(log) if c[:1] == ["podman"] and "run" in c)
+    assert run[:run.index("run")] == ["podman", "--runtime", "crun", "--cgroup-manager", "cgroupfs"]
+
+
+def test_mounts_with_spaces_quotes_and_semicolons_reach_podman_as_one_word_each(tmp_path: Path) -> None:
+    """Unit, with a stand-in podman: the batch script hands each --volume over whole, read-only ones with :ro,
+    a mount behind a symbolic link from its real path, and runs nothing the paths say."""
+    (tmp_path / "proj").mkdir()
+    script = tmp_path / "proj" / "train.py"
+    script.write_text("")
+    shared = tmp_path / "shared"  # outside the script's, submit and job directories
+    data = shared / "data; touch pwned 'x' \"y\" $(id)"
+    out = shared / "out dir"
+    real = shared / "real scratch"
+    mounts = (Mount(data, data), Mount(out, out, read_only=False), Mount(real, shared / "scratch link"))
+    base = spec(tmp_path, script, ())
+    text = render_sbatch(dataclasses.replace(base, container=dataclasses.replace(base.container,
+                                                                                 extra_mounts=mounts)))
+    rc, log = _run_script(tmp_path, script, (), 0, text=text)
+    assert rc == 0, (tmp_path / "stderr.txt").read_text()
+    run = next(c for c in _calls(log) if c[:1] == ["podman"] and "run" in c)
+    volumes = _values(run, "--volume")
+    assert f"{data}:{data}:ro" in volumes
+    assert f"{out}:{out}" in volumes
+    assert f"{real}:{shared / 'scratch link'}:ro" in volumes
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
 
 
 def _podman_run_with_gpus(tmp_path: Path, env: dict[str, str], cdi: bool) -> list[str]:

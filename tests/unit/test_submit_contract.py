@@ -255,7 +255,7 @@ def test_a_store_made_by_the_previous_schema_keeps_working(tmp_path: Path) -> No
     db.close()
     store = JobStore(path)
     old = store.get("42")
-    assert old.id == "0123abcd" and old.args == ["--lr"] and old.state is None
+    assert old.id == "0123abcd" and old.args == ["--lr"] and old.state is None and old.mounts == []
     assert store.observe("0123abcd", "RUNNING") is JobState.RUNNING
     store.add(_record("89abcdef"))
     assert [r.id for r in JobStore(path).all()] == ["0123abcd", "89abcdef"]

@@ -1,6 +1,6 @@
 """Unit (real processes on CPU, no Slurm): the plain-PyTorch sharded example stops at dlsub's SIGUSR1 and resumes
-at its step; the README's snippets for sharded models, Lightning and the Hugging Face Trainer run exactly as
-written (each to its end; a few seconds apiece)."""
+at its step; the user guide's snippets (docs/user-guide.md) for sharded models, Lightning and the Hugging Face
+Trainer run exactly as written (each to its end; a few seconds apiece)."""
 
 from __future__ import annotations
 
@@ -51,8 +51,8 @@ def test_the_sharded_example_stops_at_dlsubs_signal_and_resumes_at_its_step(tmp_
     assert [e["step"] for e in events if e["event"] == "progress"] == list(range(1, 13))
 
 
-def _readme_snippet(heading: str) -> str:
-    text = (REPO / "README.md").read_text()
+def _guide_snippet(heading: str) -> str:
+    text = (REPO / "docs" / "user-guide.md").read_text()
     section = text.split(f"### {heading}", 1)[1]
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match, heading
@@ -61,10 +61,10 @@ def _readme_snippet(heading: str) -> str:
 
 @pytest.mark.parametrize("heading, needs", [("Sharded models", "torch"), ("Lightning", "lightning"),
                                             ("Hugging Face Trainer", "transformers")])
-def test_the_readme_snippet_runs_as_written(tmp_path: Path, heading: str, needs: str) -> None:
+def test_the_user_guide_snippet_runs_as_written(tmp_path: Path, heading: str, needs: str) -> None:
     pytest.importorskip(needs)
     job = tmp_path / "job"
-    done = subprocess.run([sys.executable, "-c", _readme_snippet(heading)], env=_env(job), cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-c", _guide_snippet(heading)], env=_env(job), cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     events = [json.loads(line) for line in (job / "progress.jsonl").read_text().splitlines()]
