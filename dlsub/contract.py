@@ -58,6 +58,8 @@ ENV_ATTEMPT = "DLSUB_ATTEMPT"
 ENV_ROLE = "DLSUB_ROLE"
 #: A gang's torchrun rendezvous, ``host:port``, and how many nodes it starts with.
 ENV_RDZV_ENDPOINT = "DLSUB_RDZV_ENDPOINT"
+# The interface gloo and NCCL open their sockets on (the batch script sets both, slurm_plugins/batch.sh).
+SOCKET_IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 ENV_NNODES = "DLSUB_NNODES"
 #: A heterogeneous job's parts, as Slurm host lists.
 ENV_TRAINER_NODES = "DLSUB_TRAINER_NODES"

@@ -9,6 +9,7 @@ check FILE`` runs exactly this. etc/policy.toml.example documents each key.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -127,6 +128,9 @@ class ContainerSite:
     # Shared file systems every job's container sees at the same path, read-only / read-write.
     shared_mounts: tuple[str, ...] = ()
     shared_mounts_rw: tuple[str, ...] = ()
+    # The network interface gloo and NCCL bind to (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, in NCCL's syntax:
+    # "ib0", "eth0,eth1", "^docker"); "": the interface of each node's own address (what its name resolves to).
+    socket_ifname: str = ""
 
     def mount_requests(self) -> tuple[MountRequest, ...]:
         return (*(MountRequest(p, True, ORIGIN_SITE) for p in self.shared_mounts),
@@ -295,6 +299,10 @@ def _containers(where: str, table: Any) -> ContainerSite:
     if any(ch.isspace() for ch in site.runtime):
         raise PolicyFileError(f"{where}.runtime: {site.runtime!r}; name one runtime (crun, runc or a path), "
                               "or leave it out for the node's Podman default")
+    if not re.fullmatch(r"[\^=]?[A-Za-z0-9_.:-]*(,[A-Za-z0-9_.:-]+)*", site.socket_ifname):
+        raise PolicyFileError(f"{where}.socket_ifname: {site.socket_ifname!r}; name interfaces as NCCL_SOCKET_IFNAME "
+                              "takes them (\"ib0\", \"eth0,eth1\", \"^docker\"), or leave it out for the interface "
+                              "of each node's own address")
     for key in ("shared_mounts", "shared_mounts_rw"):
         for path in getattr(site, key):
             try:

@@ -83,6 +83,19 @@ elif [ "$role" = worker ]; then
     fi
     export DLSUB_RDZV_ENDPOINT DLSUB_ATTEMPT
 fi
+# The interface gloo and NCCL open their sockets on: the site's (policy.toml [containers] socket_ifname), else
+# the one holding this node's own address (what its name resolves to, as the rendezvous endpoint does), so the
+# members of a gang reach each other on the network Slurm knows the nodes by. A user's own, set at submit,
+# wins (Slurm passes the submit environment to the job).
+socket_ifname=@SOCKET_IFNAME@
+if [ -z "$socket_ifname" ]; then
+    node_addr="$(getent ahostsv4 "$(hostname)" 2>/dev/null | awk 'NR == 1 {print $1}')"
+    socket_ifname="$(ip -o -4 addr show 2>/dev/null \
+        | awk -v a="$node_addr" '{split($4, p, "/")} p[1] == a {print $2; exit}')"
+fi
+if [ -n "$socket_ifname" ]; then
+    export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$socket_ifname}" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-$socket_ifname}"
+fi
 # The c10d store lives with the main job's first node, which stays for the
 # whole attempt: nodes that leave (workers) never take the group down.
 rdzv_is_host=0

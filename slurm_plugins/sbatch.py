@@ -283,6 +283,7 @@ def _template_words(spec: BatchSpec, container: ContainerSpec, podman: str, podm
         "MOVE_SIGNAL": _word(contract.MOVE_SIGNAL),
         "STOP_SIGNAL": _word(contract.STOP_SIGNAL),
         "MAX_CONTINUATIONS": _word(int(spec.max_continuations)),
+        "SOCKET_IFNAME": shlex.quote(container.socket_ifname),
         "ATTEMPTS_FILE": _word(contract.ATTEMPTS_FILE),
         "MARKERS_DIR": _word(contract.MARKERS_DIR),
         "REQUEUE_COUNT_FILE": _word(contract.REQUEUE_COUNT_FILE),

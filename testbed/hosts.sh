@@ -16,7 +16,7 @@
 
 TESTBED_NET=10.213.0
 LOGIN_HOST=login1
-HEAD_HOST=head
+HEAD_HOST="head"
 TESTBED_HOSTS="$HEAD_HOST $LOGIN_HOST $TESTBED_NODES"
 HOSTS_DIR=/var/lib/dlsub-testbed/hosts
 NS_DIR=/run/dlsub-testbed/ns
@@ -49,17 +49,32 @@ gpu_first_minor() {  # node
 }
 
 # Run a command on a testbed host (as root; runuser for a user), in the caller's directory where the host sees
-# it (the shared filesystem), else in /.
+# it (the shared filesystem), else in /. From any host: through the host's keeper process once it runs (a
+# host's mount namespace does not see the namespace files of hosts made after it), else through those files.
 on_host() {  # host command...
-    local host="$1"
+    local host="$1" keeper
     shift
-    nsenter --net="/run/netns/dlsub-$host" --uts="$NS_DIR/$host.uts" --mount="$NS_DIR/$host.mnt" -- \
-        sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$PWD" "$@"
+    keeper="$(host_keeper_pid "$host")"
+    # shellcheck disable=SC2016  # expanded by that sh
+    if [ -n "$keeper" ]; then
+        nsenter -t "$keeper" --net --uts --mount -- sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$PWD" "$@"
+    else
+        nsenter --net="/run/netns/dlsub-$host" --uts="$NS_DIR/$host.uts" --mount="$NS_DIR/$host.mnt" -- \
+            sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$PWD" "$@"
+    fi
+}
+
+# The pid of a host's keeper (host_keeper below), if it runs.
+host_keeper_pid() {  # host
+    local pidfile="/run/dlsub-testbed/host-$1.pid" pid
+    [ -s "$pidfile" ] || return 0
+    pid="$(cat "$pidfile")"
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sleep ] && echo "$pid"
+    return 0
 }
 
 host_is_up() {  # host
-    [ -e "/run/netns/dlsub-$1" ] && [ "$(nsenter --net="/run/netns/dlsub-$1" --uts="$NS_DIR/$1.uts" \
-        --mount="$NS_DIR/$1.mnt" -- hostname 2>/dev/null)" = "$1" ]
+    [ -e "/run/netns/dlsub-$1" ] && [ "$(on_host "$1" hostname 2>/dev/null)" = "$1" ]
 }
 
 hosts_file() {
@@ -146,7 +161,7 @@ cdi_spec() {
 # and a mount namespace never sees a newer one's file. testbed/livebed.py's on_host uses it.
 host_keeper() {  # host
     local pidfile="/run/dlsub-testbed/host-$1.pid"
-    pid_alive "$pidfile" && return 0
+    [ -n "$(host_keeper_pid "$1")" ] && return 0
     # exec all the way down, so that $! is the sleep itself, on the host.
     (exec nsenter --net="/run/netns/dlsub-$1" --uts="$NS_DIR/$1.uts" --mount="$NS_DIR/$1.mnt" -- \
         setsid sleep infinity </dev/null >/dev/null 2>&1) &
