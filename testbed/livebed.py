@@ -8,7 +8,6 @@ import pwd
 import re
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager

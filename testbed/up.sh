@@ -107,14 +107,23 @@ job_user() {  # name first-subid
     # What logind would make on a login node: the user's runtime directory. A compute node has none for a
     # Slurm job: the batch script falls back to a private directory in the node's /tmp.
     on_host "$LOGIN_HOST" install -d -m 700 -o "$name" -g "$name" "/run/user/$uid"
-    # A pause process that died with the machine leaves its pid file in the
-    # runtime directory (no logind here clears it), and Podman then refuses
-    # every command until the user resets it.
-    if ! podman_says="$(on_host "$LOGIN_HOST" runuser -u "$name" -- env -C "$home" HOME="$home" \
-            XDG_RUNTIME_DIR="/run/user/$uid" podman info 2>&1 >/dev/null)" \
-            && [[ "$podman_says" == *"podman system migrate"* ]]; then
-        say "resetting $name's stale Podman pause process (podman system migrate)"
-        on_host "$LOGIN_HOST" runuser -u "$name" -- env -C "$home" HOME="$home" XDG_RUNTIME_DIR="/run/user/$uid" \
+    reset_stale_podman "$name" "$LOGIN_HOST" "/run/user/$uid"
+    # On the nodes, where its jobs' runtime directory is the batch script's fallback in the node's /tmp.
+    for host in $TESTBED_NODES; do
+        [ -d "$HOSTS_DIR/$host/tmp/dlsub-xdg-$uid" ] && reset_stale_podman "$name" "$host" "/tmp/dlsub-xdg-$uid"
+    done
+    return 0
+}
+# A pause process that died with the machine (or was ended with the processes of a finished run) leaves its
+# pid file in the runtime directory (no logind here clears it), and Podman then refuses every command until
+# the user resets it.
+reset_stale_podman() {  # name host runtime-dir
+    local name="$1" host="$2" runtime="$3" home podman_says
+    home="$(getent passwd "$name" | cut -d: -f6)"
+    if ! podman_says="$(on_host "$host" runuser -u "$name" -- env -C "$home" HOME="$home" XDG_RUNTIME_DIR="$runtime" \
+            podman info 2>&1 >/dev/null)" && [[ "$podman_says" == *"podman system migrate"* ]]; then
+        say "resetting $name's stale Podman pause process on $host (podman system migrate)"
+        on_host "$host" runuser -u "$name" -- env -C "$home" HOME="$home" XDG_RUNTIME_DIR="$runtime" \
             podman system migrate
     fi
 }

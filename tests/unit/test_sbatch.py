@@ -434,7 +434,8 @@ def _socket_ifnames(tmp_path: Path, site: str = "", env: dict[str, str] | None =
     return _values(run, "--env"), seen.read_text().strip()
 
 
-def test_gloo_and_nccl_use_the_interface_of_the_nodes_own_address(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gloo_and_nccl_use_the_interface_of_the_nodes_own_address(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
     names, seen = _socket_ifnames(tmp_path)
