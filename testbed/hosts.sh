@@ -5,7 +5,8 @@
 #     on this machine uses; the bridge sits in a namespace of its own, dlsub-fabric, so the machine's own
 #     interfaces and routes are untouched and no packet of the testbed can leave it);
 #   - a UTS namespace: its own hostname (cpu1, gpu2, head, login1);
-#   - a mount namespace for what is node-local on a real cluster: /tmp, /run/user, the container graph roots
+#   - a mount namespace for what is node-local on a real cluster: /tmp, /run/user (the login host keeps the
+#     machine's: it is where developers, CI and the users' sessions work), the container graph roots
 #     (/var/lib/dlsub-local), /etc/hosts (every host resolves every other, as a site's DNS would), and on a
 #     GPU node its own /dev (its GPUs as /dev/nvidia0-3, numbers of its own) and a CDI spec for them in
 #     /var/run/cdi. Everything else (/home, the job directories, /etc/slurm, /opt/dlsub, munge's socket)
@@ -117,8 +118,12 @@ host_setup() {  # host dir
     local host="$1" dir="$2" minor i
     hostname "$host"
     mount --bind "$HOSTS_DIR/hosts" /etc/hosts
-    mount --bind "$dir/tmp" /tmp
-    mount --bind "$dir/run-user" /run/user
+    # The login host keeps the machine's own /tmp and /run/user: it is where a developer or CI works (a
+    # checkout in /tmp stays reachable there), and where the users' login sessions are.
+    if [ "$host" != "$LOGIN_HOST" ]; then
+        mount --bind "$dir/tmp" /tmp
+        mount --bind "$dir/run-user" /run/user
+    fi
     mount --bind "$dir/local" "$NODE_LOCAL"
     minor="$(gpu_first_minor "$host")"
     if [ -n "$minor" ]; then
