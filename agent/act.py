@@ -180,8 +180,8 @@ def _prepare_nothing(seen: Observation, action: Action, now: float, writes: Writ
 def _prepare_note(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
     followed = seen.followed[action.slurm_job_id]
     row = followed.row
-    if row.data.get("last_note") != action.reason:
-        row.data["last_note"] = action.reason
+    if row.data.last_note != action.reason:
+        row.data.last_note = action.reason
         writes.jobs[row.key()] = row
         writes.decide(now, row.uid, row.dlsub_id, followed.job.job_id, row.user, "wait", action.reason,
                       action.details)
@@ -197,7 +197,7 @@ def _prepare_move(seen: Observation, action: Action, now: float, writes: Writes)
             row.uid, job.job_id, row.dlsub_id, kind, MovePhase.PLANNED, action.partition or "", action.gpus or 0,
             now, 0, now, action.time_limit_min, job.restart_count)
         if kind == MoveKind.CONTINUE:
-            row.data["continuations"] = int(row.data.get("continuations") or 0) + 1
+            row.data.continuations += 1
             writes.jobs[row.key()] = row
         writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, kind, action.reason, action.details)
     return True
@@ -210,7 +210,7 @@ def _prepare_end_move(seen: Observation, action: Action, now: float, writes: Wri
     writes.ended_moves.add(key)
     writes.moves.pop(key, None)
     if move is not None and move.kind == MoveKind.RETURN:
-        row.data["backfilled_from"] = None
+        row.data.backfilled_from = None
         writes.jobs[key] = row
     what = "done" if action.kind == K.FINISH_MOVE else "abandoned"
     writes.decide(now, row.uid, row.dlsub_id, followed.job.job_id, row.user,
@@ -222,8 +222,8 @@ def _prepare_backfill(seen: Observation, action: Action, now: float, writes: Wri
     followed = seen.followed[action.slurm_job_id]
     row = followed.row
     # Where it came from and its own limit are known before it leaves.
-    row.data["backfilled_from"] = followed.job.partition
-    row.data["backfilled_limit_min"] = followed.request.time_limit_min
+    row.data.backfilled_from = followed.job.partition
+    row.data.backfilled_limit_min = followed.request.time_limit_min
     writes.jobs[row.key()] = row
     writes.decide(now, row.uid, row.dlsub_id, followed.job.job_id, row.user, "backfill", action.reason,
                   action.details)
