@@ -56,14 +56,15 @@ TAKES_GPUS = (ActionKind.SIGNAL_MOVE, ActionKind.BACKFILL, ActionKind.RETARGET, 
 def reserve_gpus(rooms: list[Room], takes: Sequence[tuple[str | None, int | None]]) -> list[Room]:
     """The rooms with the GPUs these (partition, GPUs) takes will take out of their partitions' idle ones
     (on the first node with enough, in every partition that has that node)."""
-    idle = {n: g for room in rooms for n, g in room.nodes}
+    idle = {n.name: n.gpus for room in rooms for n in room.nodes}
     for partition, gpus in takes:
         room = next((r for r in rooms if r.name == partition), None)
         want = gpus or 0
-        node = next((n for n, _ in room.nodes if idle[n] >= want), None) if room is not None and want else None
+        node = next((n.name for n in room.nodes if idle[n.name] >= want), None) if room is not None and want else None
         if node is not None:
             idle[node] -= want
-    return [dataclasses.replace(r, nodes=tuple((n, idle[n]) for n, _ in r.nodes)) for r in rooms]
+    return [dataclasses.replace(r, nodes=tuple(dataclasses.replace(n, gpus=idle[n.name]) for n in r.nodes))
+            for r in rooms]
 
 
 def plan_resizes(seen: Observation, store: AgentStore, policy: AgentPolicy, rules: Rules, models: LiveModels,

@@ -33,6 +33,7 @@ from dlsub.contract import IllegalTransition, JobState
 from dlsub.job_progress import Progress, ProgressSummary
 from dlsub.policies.actions.move_views import JobInfo, PartitionInfo, Rules, Usage, Window
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
+from dlsub.policies.api import IdleNode
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.models import Partition, SlurmJob
 
@@ -132,7 +133,7 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
     pending_gpus, pending_per_node = _waiting(ctx.rules, slurm_jobs, moves, queue.worker_ids, known)
     parts = [PartitionInfo(
         name=p.name, role=ctx.policy.role_of(p.name), speed=ctx.policy.speed_of(p.name),
-        nodes=tuple((n.name, n.idle_gpus, n.idle_cpus) for n in p.nodes if n.usable),
+        nodes=_idle_nodes(p),
         pending_gpus=pending_gpus.get(p.name, 0), max_time_s=p.max_time_min * 60.0 if p.max_time_min else None,
         cost_per_node_hour=_price(ctx.policy, p.name)) for p in partitions]
     infos = [s.info for s in observed if s.info is not None]
@@ -142,11 +143,15 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
     mains = [s for s in followed if s.request.elastic_main]
     elastic_progress = {s.request.dlsub_id: (s.row.data.progress or ProgressSummary()).progress() for s in mains}
     elastic_dirs = {s.request.dlsub_id: s.row.data.job_dir for s in mains if s.row.data.job_dir}
-    rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0),
-                  pending_per_node.get(p.name, 0),
-                  tuple((n.name, n.idle_cpus, n.free_memory_mb) for n in p.nodes if n.usable)) for p in partitions]
+    rooms = [Room(p.name, _idle_nodes(p), pending_gpus.get(p.name, 0), pending_per_node.get(p.name, 0))
+             for p in partitions]
     return Observation(infos, parts, window_at(ctx.policy, now), queue.usage, skipped, late, elastic,
                        rooms, elastic_progress, elastic_dirs, {s.job.job_id: s for s in observed})
+
+
+def _idle_nodes(partition: Partition) -> tuple[IdleNode, ...]:
+    """What each usable node of the partition has idle (the one shape partitions and rooms share)."""
+    return tuple(IdleNode(n.name, n.idle_gpus, n.idle_cpus, n.free_memory_mb) for n in partition.nodes if n.usable)
 
 
 def _sort_queue(slurm_jobs: list[SlurmJob], rows: dict[tuple[int, int], JobRow], bindings: dict[str, Binding],

@@ -190,7 +190,7 @@ def resizing(job: ElasticJob) -> bool:
 def partition_view(room: Room, capacity: Capacity, holding: Mapping[str, Allocation]) -> ClusterView:
     """The GPUs the policy may hand out: on each node, those idle after waiting jobs' claims
     (``capacity``) and those the jobs being sized hold there."""
-    offered: Counter[str] = Counter({name: node[0] or 0 for name, node in capacity.nodes.items()})
+    offered: Counter[str] = Counter({name: node.gpus for name, node in capacity.nodes.items()})
     for alloc in holding.values():
         offered.update(alloc.nodes)
     return ClusterView(tuple(Node(name, gpus, partition=room.name) for name, gpus in offered.items() if gpus > 0),

@@ -274,11 +274,11 @@ def _choose_movers(candidates: list[tuple[JobInfo, float]], usage: dict[int, Usa
         # The ideal partition's idle GPUs, minus what jobs already waiting there want.
         spare = ideal.pending_gpus
         nodes = []
-        for node, gpus, _ in ideal.nodes:
-            take = min(spare, gpus)
+        for node in ideal.nodes:
+            take = min(spare, node.gpus)
             spare -= take
-            if gpus - take > 0:
-                nodes.append(Node(node, gpus - take, partition=name))
+            if node.gpus - take > 0:
+                nodes.append(Node(node.name, node.gpus - take, partition=name))
         if not nodes:
             continue
         views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=min(j.gpus_wanted, rules.max_gpus_per_job),
@@ -390,7 +390,7 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
                 for part in partitions.values():
                     if part.role not in rules.backfill_roles or part.name == job.partition:
                         continue
-                    free_nodes = [n for n, g, c in part.nodes if g >= gpus and c >= rules.job_cpus]
+                    free_nodes = [n.name for n in part.nodes if n.fits(gpus, rules.job_cpus)]
                     if len(free_nodes) <= taken.get(part.name, 0):
                         continue
                     # Never above the limit it was submitted with; cut to the partition's MaxTime.

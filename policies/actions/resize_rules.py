@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dlsub.policies.actions.kinds import ActionKind
-from dlsub.policies.api import ClusterView, JobView, Node
+from dlsub.policies.api import ClusterView, IdleNode, JobView, Node
 from dlsub.policies.registry import get_policy
 
 #: A worker task requeued this many times (each shrink is one) is left held.
@@ -138,15 +138,15 @@ class Room:
     """One partition's GPU nodes as the agent sees them this tick."""
 
     name: str
-    nodes: tuple[tuple[str, int], ...]  # (node, idle GPUs) of every usable node
+    # Every usable node: its idle GPUs, and its idle CPUs and free memory where known (a worker needs
+    # those too).
+    nodes: tuple[IdleNode, ...]
     waiting_gpus: int = 0  # GPUs wanted by jobs waiting there (not held, not ours to overtake)
     waiting_per_node: int = 0  # the most GPUs on one node that one of them wants
-    # (node, idle CPUs, free memory in MB) of the same nodes, where known: a worker needs those too.
-    spare: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def idle_gpus(self) -> int:
-        return sum(g for _, g in self.nodes)
+        return sum(n.gpus for n in self.nodes)
 
     def short_of_gpus(self, freed: dict[str, int] | None = None) -> bool:
         """Whether jobs wait here that the idle GPUs cannot start: too few in all, or none on one node.
@@ -156,7 +156,7 @@ class Room:
         if self.waiting_gpus <= 0:
             return False
         back = freed or {}
-        idle = [(n, g + back.get(n, 0)) for n, g in self.nodes]
+        idle = [(n.name, n.gpus + back.get(n.name, 0)) for n in self.nodes]
         return (self.waiting_gpus > sum(g for _, g in idle)
                 or not any(g >= self.waiting_per_node for _, g in idle))
 
@@ -167,33 +167,27 @@ class Capacity:
     own per-node request, so one job's large shape never hides a node another job fits."""
 
     def __init__(self, room: Room, reserve_gpus: int = 0) -> None:
-        spare = {name: (cpus, mem) for name, cpus, mem in room.spare}
-        self.nodes: dict[str, list[int | None]] = {
-            name: [gpus, *spare.get(name, (None, None))] for name, gpus in room.nodes}
+        self.nodes: dict[str, IdleNode] = {}
         # Jobs waiting there keep first claim on idle GPUs: those of the first nodes are theirs.
-        for node in self.nodes.values():
-            gpus = node[0] or 0
-            claim = min(reserve_gpus, gpus)
-            node[0] = gpus - claim
+        for node in room.nodes:
+            claim = min(reserve_gpus, node.gpus)
+            self.nodes[node.name] = node.less(claim)
             reserve_gpus -= claim
 
     @staticmethod
-    def _fits(node: list[int | None], job: ElasticJob) -> bool:
-        gpus, cpus, memory = node
-        return ((gpus or 0) >= job.gpus_per_worker
-                and (cpus is None or job.cpus_per_node <= 0 or cpus >= job.cpus_per_node)
-                and (memory is None or job.memory_per_node_mb <= 0 or memory >= job.memory_per_node_mb))
+    def _fits(node: IdleNode, job: ElasticJob) -> bool:
+        return node.fits(job.gpus_per_worker, job.cpus_per_node, job.memory_per_node_mb)
 
     def _candidates(self, job: ElasticJob) -> list[str]:
         """Where a worker of ``job`` may go, best first: the nodes the job already runs on (fewer nodes per
         job, as Pollux places), then the node with the most idle GPUs (where its next workers fit too)."""
         own = [n for n in dict.fromkeys(job.own_nodes()) if n in self.nodes]
-        rest = sorted((n for n in self.nodes if n not in own), key=lambda n: -(self.nodes[n][0] or 0))
+        rest = sorted((n for n in self.nodes if n not in own), key=lambda n: -self.nodes[n].gpus)
         return [n for n in (*own, *rest) if self._fits(self.nodes[n], job)]
 
     def count(self, job: ElasticJob) -> int:
         """How many of ``job``'s workers the idle GPUs could start (several on one node when they fit)."""
-        saved = {name: list(node) for name, node in self.nodes.items()}
+        saved = dict(self.nodes)
         try:
             taken = 0
             while taken < job.max_nodes and self.take(job) is not None:
@@ -212,10 +206,7 @@ class Capacity:
             if not candidates:
                 return None
             name = candidates[0]
-        node = self.nodes[name]
-        node[0] = (node[0] or 0) - job.gpus_per_worker
-        node[1] = None if node[1] is None else node[1] - job.cpus_per_node
-        node[2] = None if node[2] is None else node[2] - job.memory_per_node_mb
+        self.nodes[name] = self.nodes[name].less(job.gpus_per_worker, job.cpus_per_node, job.memory_per_node_mb)
         return name
 
     def why_there(self, job: ElasticJob, node: str) -> str:
@@ -223,7 +214,7 @@ class Capacity:
         if node in job.own_nodes():
             return f"{node}, a node the job already runs on, has {job.gpus_per_worker} idle GPU(s) for it"
         if job.own_nodes():
-            return (f"{node} has the most idle GPUs ({(self.nodes[node][0] or 0) + job.gpus_per_worker}) and none "
+            return (f"{node} has the most idle GPUs ({self.nodes[node].gpus + job.gpus_per_worker}) and none "
                     f"of the job's nodes ({','.join(dict.fromkeys(job.own_nodes()))}) has {job.gpus_per_worker}")
         return f"{node} has {job.gpus_per_worker} idle GPU(s) for it"
 
@@ -265,7 +256,7 @@ def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> 
             held[node] = held.get(node, 0) + each
     for worker in running:
         for room in rooms.values():
-            idle = dict(room.nodes)
+            idle = {n.name: n.gpus for n in room.nodes}
             # Only a node that the waiting jobs could then use is worth freeing.
             helps = any(n in idle and idle[n] + freed.get(n, 0) + held.get(n, 0) >= room.waiting_per_node
                         for n in worker.nodes)
@@ -367,8 +358,8 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         if room is None or room.waiting_gpus >= room.idle_gpus or room.short_of_gpus():
             continue
         capacity = Capacity(room, reserve_gpus=room.waiting_gpus)
-        free = [Node(n, g[0] or 0, partition=name) for n, g in capacity.nodes.items()
-                if any(Capacity._fits(g, j) for j in group)]
+        free = [Node(n, idle.gpus, partition=name) for n, idle in capacity.nodes.items()
+                if any(Capacity._fits(idle, j) for j in group)]
         if not free:
             continue
         views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=j.max_gpus - j.gpus_now) for j in group]

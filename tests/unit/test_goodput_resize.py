@@ -14,6 +14,7 @@ from dlsub.job_progress import MeasuredConfig, Progress
 from dlsub.policies.actions.goodput_resize_rules import ScaledJob, measured_text, model_text, plan_by_policy
 from dlsub.policies.actions.kinds import ActionKind as K
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
+from dlsub.policies.api import IdleNode
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.perf_models.fitted_model import NO_GAIN, GradientStats
 
@@ -51,7 +52,7 @@ def test_the_spare_node_goes_to_the_job_that_scales_well_not_the_older_one() -> 
                   {1: 2.0, 2: 2.02})
     # The good scaler has run on 1 node only; its model is the fit plus Pollux's optimistic prior.
     good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0})
-    room = Room("gpu", (("gpu2", 2),))
+    room = Room("gpu", (IdleNode("gpu2", 2),))
     actions = plan_by_policy([poor, good], room, POLICY, NOW)
     assert [(a.kind, a.dlsub_id) for a in actions] == [(K.GROW, "good")]
     reason = actions[0].reason
@@ -87,7 +88,7 @@ def test_another_users_reported_throughput_never_shrinks_my_job() -> None:
 def test_a_user_at_the_gpu_limit_does_not_grow() -> None:
     models = LiveModels()
     good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
-    room = Room("gpu", (("gpu2", 2),))
+    room = Room("gpu", (IdleNode("gpu2", 2),))
     assert plan_by_policy([good], room, POLICY, NOW, headroom={2: 0}) == []
     assert [a.kind for a in plan_by_policy([good], room, POLICY, NOW, headroom={2: 2})] == [K.GROW]
 
@@ -95,7 +96,7 @@ def test_a_user_at_the_gpu_limit_does_not_grow() -> None:
 def test_waiting_jobs_keep_their_claim_on_idle_nodes() -> None:
     models = LiveModels()
     good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
-    room = Room("gpu", (("gpu2", 2),), waiting_gpus=2, waiting_per_node=2)
+    room = Room("gpu", (IdleNode("gpu2", 2),), waiting_gpus=2, waiting_per_node=2)
     assert plan_by_policy([good], room, POLICY, NOW) == []
 
 
@@ -109,11 +110,11 @@ def test_a_job_that_measured_nothing_says_its_model_is_the_prior() -> None:
 def test_idle_gpus_on_a_node_without_the_cpus_or_memory_for_a_worker_are_no_slot() -> None:
     models = LiveModels()
     good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
-    short_of_memory = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 4, 3904),))
+    short_of_memory = Room("gpu", (IdleNode("gpu2", 2, 4, 3904),))
     assert plan_by_policy([good], short_of_memory, POLICY, NOW) == [], "a 4 GB worker would wait there"
-    short_of_cpus = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 1, 8000),))
+    short_of_cpus = Room("gpu", (IdleNode("gpu2", 2, 1, 8000),))
     assert plan_by_policy([good], short_of_cpus, POLICY, NOW) == []
-    roomy = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 2, 4096),))
+    roomy = Room("gpu", (IdleNode("gpu2", 2, 2, 4096),))
     assert [a.kind for a in plan_by_policy([good], roomy, POLICY, NOW)] == [K.GROW]
 
 
@@ -123,7 +124,7 @@ def test_a_waiting_job_takes_its_node_from_the_newest_elastic_job_first() -> Non
 
     older = job("older", uid=1, nodes=2, max_nodes=2, submit=NOW - 900, workers_running=1)
     newer = job("newer", uid=2, nodes=2, max_nodes=2, submit=NOW - 300, workers_running=1)
-    room = Room("gpu", (("gpu0", 0), ("gpu1", 0)), waiting_gpus=2, waiting_per_node=2)
+    room = Room("gpu", (IdleNode("gpu0", 0), IdleNode("gpu1", 0)), waiting_gpus=2, waiting_per_node=2)
     for jobs in ([older, newer], [newer, older]):
         actions = plan_resizes(jobs, [room])
         assert [(a.kind, a.dlsub_id) for a in actions] == [(K.SHRINK, "newer")], actions
@@ -136,7 +137,7 @@ def test_each_job_is_checked_against_its_own_worker_shape() -> None:
     big_job = dataclasses.replace(job("big", uid=2, nodes=1, max_nodes=2, submit=NOW - 900, pool=0),
                                   gpus_per_node=4, cpus_per_node=4, memory_per_node_mb=8000)
     big = scaled(models, big_job, {1: 2.0})
-    room = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 2, 4096),))
+    room = Room("gpu", (IdleNode("gpu2", 2, 2, 4096),))
     assert [(a.kind, a.dlsub_id) for a in plan_by_policy([small, big], room, POLICY, NOW)] == [(K.GROW, "small")]
 
 
@@ -189,7 +190,7 @@ def test_every_resize_reason_says_which_model_sized_the_job() -> None:
     assert model_text(dataclasses.replace(ran, view=dataclasses.replace(ran.view, model=None))) == \
         "no model (its own size)"
     good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0})
-    (grow,) = plan_by_policy([good], Room("gpu", (("gpu2", 2),)), POLICY, NOW)
+    (grow,) = plan_by_policy([good], Room("gpu", (IdleNode("gpu2", 2),)), POLICY, NOW)
     assert "sized on its throughput fit on 1 size it ran; measured 1 node" in grow.reason
 
 
@@ -208,6 +209,6 @@ def test_jobs_of_whole_nodes_on_larger_nodes_are_judged_on_their_own_placement()
     # declaration for (trust_declared times the guess, ~8,600 steps here), so they are sized on their lengths.
     jobs = [scaled(models, poor, {1: 153 / BATCH, 2: 149 / BATCH}, total=11_000),
             scaled(models, good, {1: 153 / BATCH}, total=11_000)]
-    room = Room("gpu", (("gpu1", 0), ("gpu2", 0)), spare=(("gpu1", 1, 6000), ("gpu2", 2, 6000)))
+    room = Room("gpu", (IdleNode("gpu1", 0, 1, 6000), IdleNode("gpu2", 0, 2, 6000)))
     actions = plan_by_policy(jobs, room, POLICY, NOW)
     assert [(a.kind, a.dlsub_id, a.worker) for a in actions] == [(K.SHRINK, "poor", "10_0")], actions
