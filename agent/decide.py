@@ -111,13 +111,14 @@ def _recover_resizes(seen: Observation, store: AgentStore, policy: AgentPolicy, 
             # Released before the crash (no longer held), or moot now: nothing left to do.
             writes.ended_resizes.add(worker)
             continue
-        resumed.append(Resize(ActionKind(row.kind), row.dlsub_id, row.slurm_job_id, row.reason, worker,
-                              row.partition, row.batch_size, row.accumulation_steps, row.node))
+        resumed.append(Resize(ActionKind(row.kind), row.dlsub_id, row.slurm_job_id, row.reason, worker=worker,
+                              partition=row.partition, batch_size=row.batch_size,
+                              accumulation_steps=row.accumulation_steps, node=row.node))
         taken.append((job.partition, job.gpus_per_worker))
     if resumed:
         seen.rooms = reserve_gpus(seen.rooms, taken)
     on_way = {r.worker for r in resumed}
-    jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, reason="None") if w.handle in on_way
+    jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, released=True) if w.handle in on_way
                                                  else w for w in j.workers)) for j in seen.elastic]
     return resumed, jobs, leaving
 

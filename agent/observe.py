@@ -31,7 +31,7 @@ from dlsub.agent.job_data import JobData
 from dlsub.agent.records import MoveRow
 from dlsub.contract import IllegalTransition, JobState
 from dlsub.job_progress import Progress, ProgressSummary
-from dlsub.policies.actions.move_views import JobInfo, PartitionInfo, Rules, Usage, Window
+from dlsub.policies.actions.move_views import JobInfo, PartitionInfo, Rules, Usage, WindowState
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
 from dlsub.policies.api import IdleNode
 from dlsub.site_config.policy_file import AgentPolicy
@@ -50,7 +50,7 @@ _WAITING_FOR_NODES = ("Resources", "Priority", "None", "")
 class Observation:
     jobs: list[JobInfo]
     partitions: list[PartitionInfo]
-    window: Window
+    window: WindowState
     usage: dict[int, Usage] = field(default_factory=dict)
     skipped: int = 0
     late: bool = False
@@ -104,12 +104,12 @@ class ObserveWith:
     last_read: dict[tuple[int, int], float]
 
 
-def window_at(policy: AgentPolicy, now: float) -> Window:
-    best = Window(False)
+def window_at(policy: AgentPolicy, now: float) -> WindowState:
+    best = WindowState(False)
     for window in policy.backfill.windows:
         is_open, change = window.state(now)
         if is_open and (not best.open or (change or 1e18) < (best.closes_at or 1e18)):
-            best = Window(True, window.name, change)
+            best = WindowState(True, window.name, change)
     return best
 
 
@@ -301,7 +301,7 @@ def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[Work
         out.append(ElasticJob(
             dlsub_id=key[1], slurm_job_id=job.job_id, uid=key[0], user=job.user, state=job.state,
             ended=job.dlsub_state.terminal, partition=job.partition,
-            gpus_per_node=job.gpus_per_node, min_nodes=int(rng[0]), max_nodes=int(rng[1]),
+            gpus_per_node=job.gpus_per_node, min_members=int(rng[0]), max_members=int(rng[1]),
             submit_time=float(job.submit_time), worker_arrays=tuple(sorted(arrays)),
             workers=tasks, moving=seen.row.key() in moves, cpus_per_node=job.cpus_per_node,
             memory_per_node_mb=job.memory_per_node_mb, worker_gpus=step, main_nodes=nodes_of(job)))
@@ -315,7 +315,7 @@ def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[Work
         arrays = {int(t.handle.split("_")[0]) for t in orphans}
         out.append(ElasticJob(
             dlsub_id=key[1], slurm_job_id=row.slurm_job_id, uid=key[0], user=row.user, state=str(row.state),
-            ended=True, partition="", gpus_per_node=0, min_nodes=1, max_nodes=2, submit_time=0.0,
+            ended=True, partition="", gpus_per_node=0, min_members=1, max_members=2, submit_time=0.0,
             worker_arrays=tuple(sorted(arrays)), workers=tuple(orphans)))
     return out
 

@@ -204,7 +204,7 @@ class Dialect:
         }
 
     def node(self, raw: dict[str, Any]) -> dict[str, Any]:
-        """One node of :attr:`nodes_argv`'s JSON as the flat record ``Node.from_sinfo`` reads."""
+        """One node of :attr:`nodes_argv`'s JSON as the flat record ``SlurmNode.from_sinfo`` reads."""
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise self._fail("node", "name", raw.get("name") if isinstance(raw, dict) else raw, "a node name")
         record = f"node {raw['name']}"

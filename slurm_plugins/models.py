@@ -13,7 +13,7 @@ from dlsub.hostlist import expand_nodes as expand_nodes
 
 
 @dataclass(frozen=True)
-class Node:
+class SlurmNode:
     name: str
     state: str  # sinfo's lower-case state, e.g. "idle", "mixed", "allocated", "down"
     partitions: tuple[str, ...]
@@ -46,7 +46,7 @@ class Node:
         return max(0, self.real_memory_mb - self.alloc_memory_mb) if self.usable else 0
 
     @classmethod
-    def from_sinfo(cls, raw: dict[str, Any]) -> Node:
+    def from_sinfo(cls, raw: dict[str, Any]) -> SlurmNode:
         return cls(
             name=raw["name"],
             state=str(raw.get("state", "unknown")).lower(),
@@ -64,7 +64,7 @@ class Node:
 @dataclass(frozen=True)
 class Partition:
     name: str
-    nodes: tuple[Node, ...]
+    nodes: tuple[SlurmNode, ...]
     max_time_min: int | None  # None: unlimited
     default_time_min: int | None
     default: bool = False

@@ -66,7 +66,7 @@ from dlsub.policies.actions.move_views import (
     PartitionInfo,
     Rules,
     Usage,
-    Window,
+    WindowState,
 )
 from dlsub.policies.api import ClusterView, JobView, Node
 from dlsub.policies.registry import get_policy
@@ -365,7 +365,7 @@ def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo]
     return actions
 
 
-def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules, window: Window,
+def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules, window: WindowState,
               now: float, usage: dict[int, Usage], granted: Granted | None = None) -> list[Action]:
     actions: list[Action] = []
     granted = {} if granted is None else granted
@@ -436,11 +436,11 @@ def _backfill_seconds(job: JobInfo, limit_min: int | None, closes_in: float | No
     return min(bounds) if bounds else None
 
 
-_CLOSED = Window(False)  # no backfill window open (frozen: one default shared by every call)
+_CLOSED = WindowState(False)  # no backfill window open (frozen: one default shared by every call)
 
 
 def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Rules, now: float,
-         window: Window = _CLOSED, usage: dict[int, Usage] | None = None) -> list[Action]:
+         window: WindowState = _CLOSED, usage: dict[int, Usage] | None = None) -> list[Action]:
     """Everything the agent should do this tick, moves in flight first.
 
     ``usage`` is what each uid holds in Slurm (all its jobs, moves in

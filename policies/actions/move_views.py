@@ -136,7 +136,7 @@ class Rules:
 
 
 @dataclass(frozen=True)
-class Window:
+class WindowState:
     """The state of the backfill windows at ``now``: open or not, and when that changes."""
 
     open: bool

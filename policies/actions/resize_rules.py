@@ -52,16 +52,19 @@ class WorkerTask:
     start_time: float = 0.0
     leaving: bool = False  # told to leave (MOVE_SIGNAL) and still checkpointing with its group
     gpus: int = 0  # the GPUs Slurm gives the task (its gres); 0: unknown
+    # Released by a grow the agent resumes this tick after a crash: on its way, whatever reason Slurm's
+    # answer (read before the release) shows.
+    released: bool = False
 
     @property
     def in_pool(self) -> bool:
-        return self.state == "PENDING" and self.reason == "JobHeldUser"
+        return self.state == "PENDING" and self.reason == "JobHeldUser" and not self.released
 
     @property
     def joining(self) -> bool:
         """Released and on its way (pending, not held), or running."""
-        return self.state == "RUNNING" or (self.state == "PENDING" and self.reason not in
-                                           ("JobHeldUser", "JobHeldAdmin"))
+        return self.state == "RUNNING" or (self.state == "PENDING" and (
+            self.released or self.reason not in ("JobHeldUser", "JobHeldAdmin")))
 
     @property
     def starting(self) -> bool:
@@ -81,8 +84,8 @@ class ElasticJob:
     ended: bool  # the main job ended for good
     partition: str
     gpus_per_node: int
-    min_nodes: int
-    max_nodes: int
+    min_members: int
+    max_members: int
     submit_time: float
     worker_arrays: tuple[int, ...]  # the job's worker array(s) in Slurm
     workers: tuple[WorkerTask, ...] = ()
@@ -93,9 +96,9 @@ class ElasticJob:
     main_nodes: tuple[str, ...] = ()  # where the main job runs
 
     @property
-    def nodes_now(self) -> int:
+    def members_now(self) -> int:
         """Its members now: the main job's nodes and the workers running or on their way."""
-        return self.min_nodes + sum(1 for w in self.workers if w.joining)
+        return self.min_members + sum(1 for w in self.workers if w.joining)
 
     @property
     def gpus_per_worker(self) -> int:
@@ -103,18 +106,18 @@ class ElasticJob:
 
     @property
     def main_gpus(self) -> int:
-        return self.min_nodes * self.gpus_per_node
+        return self.min_members * self.gpus_per_node
 
     def gpus_at(self, members: int) -> int:
-        return self.main_gpus + self.gpus_per_worker * (members - self.min_nodes)
+        return self.main_gpus + self.gpus_per_worker * (members - self.min_members)
 
     @property
     def gpus_now(self) -> int:
-        return self.gpus_at(self.nodes_now)
+        return self.gpus_at(self.members_now)
 
     @property
     def max_gpus(self) -> int:
-        return self.gpus_at(self.max_nodes)
+        return self.gpus_at(self.max_members)
 
     def packing(self, gpus: int) -> int:
         """GPUs a node holds for it, to place ``gpus`` of them: a node's (whole nodes), else all on one (its
@@ -190,7 +193,7 @@ class Capacity:
         saved = dict(self.nodes)
         try:
             taken = 0
-            while taken < job.max_nodes and self.take(job) is not None:
+            while taken < job.max_members and self.take(job) is not None:
                 taken += 1
             return taken
         finally:
@@ -225,7 +228,7 @@ class Resize:
     dlsub_id: str
     slurm_job_id: int  # the main job
     reason: str
-    worker: str | None = None  # the worker task's handle (END_WORKERS: the array id)
+    worker: str | None = None  # GROW, SHRINK: the worker task's handle ("<array id>_<task id>")
     partition: str | None = None
     # For a job that lets dlsub choose its batch: the global batch at the new size, and its micro-steps
     # per optimiser step there (told to the job before the resize; it reads them when it restarts).
@@ -233,6 +236,7 @@ class Resize:
     accumulation_steps: int | None = None
     # GROW: the node the worker is pointed at (Slurm's ReqNodeList) before its release; None: where Slurm likes.
     node: str | None = None
+    array: int | None = None  # END_WORKERS: the worker array to cancel
 
 
 def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> list[Resize]:
@@ -265,7 +269,7 @@ def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> 
                     freed[node] = freed.get(node, 0) + each
                     held[node] -= each
                 out.append(Resize(ActionKind.SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle, reason=(
-                    f"shrinking to {job.size_text(job.nodes_now - len(out) - 1)}: jobs waiting on {room.name} "
+                    f"shrinking to {job.size_text(job.members_now - len(out) - 1)}: jobs waiting on {room.name} "
                     f"need {room.waiting_gpus} GPU(s) and {room.idle_gpus} are idle; the worker on "
                     f"{','.join(worker.nodes)} ({each} GPU(s)) checkpoints with the group and goes back to the "
                     f"held pool")))
@@ -327,7 +331,7 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
             continue
         for array in job.worker_arrays:
             if any(w.state in ("PENDING", "RUNNING") and w.handle.startswith(f"{array}_") for w in job.workers):
-                actions.append(Resize(ActionKind.END_WORKERS, job.dlsub_id, job.slurm_job_id, worker=str(array),
+                actions.append(Resize(ActionKind.END_WORKERS, job.dlsub_id, job.slurm_job_id, array=array,
                                       reason=f"the job ended ({job.state}): cancelling its worker tasks"))
     live = [j for j in jobs if j.state == "RUNNING" and not j.ended and not j.moving]
     shrinking: set[str] = set()
@@ -338,7 +342,7 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
             actions.append(action)
             shrinking.add(job.dlsub_id)
     # Growth: idle nodes nobody waits for, per partition, to the jobs the policy picks.
-    growers = [j for j in live if j.dlsub_id not in shrinking and j.nodes_now < j.max_nodes
+    growers = [j for j in live if j.dlsub_id not in shrinking and j.members_now < j.max_members
                and any(usable_worker(w, j) for w in j.workers)]
     by_partition: dict[str, list[ElasticJob]] = {}
     for job in growers:
@@ -367,8 +371,8 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         order = sorted(group, key=lambda j: (-(decision[j.dlsub_id].gpus if j.dlsub_id in decision else 0),
                                              j.submit_time, j.slurm_job_id))
         for job in order:
-            for size, placed in enumerate(take_workers(job, capacity, job.max_nodes - job.nodes_now),
-                                          start=job.nodes_now + 1):
+            for size, placed in enumerate(take_workers(job, capacity, job.max_members - job.members_now),
+                                          start=job.members_now + 1):
                 actions.append(Resize(ActionKind.GROW, job.dlsub_id, job.slurm_job_id, worker=placed.worker.handle,
                                       partition=name, node=placed.node, reason=(
                                           f"growing to {job.size_text(size)}: {placed.why} (partition {name}; "

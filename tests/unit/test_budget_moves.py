@@ -20,7 +20,7 @@ from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.cli.agent_commands import why
 from dlsub.policies.actions import move_rules as m
 from dlsub.policies.actions.kinds import ActionKind as K
-from dlsub.policies.actions.move_views import BudgetLeft, JobInfo, PartitionInfo, Rules, Window
+from dlsub.policies.actions.move_views import BudgetLeft, JobInfo, PartitionInfo, Rules, WindowState
 from dlsub.policies.api import IdleNode
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
@@ -85,7 +85,7 @@ def test_a_spent_budget_stops_a_move_of_unknown_length_and_a_backfill() -> None:
     waiting = job(state="PENDING", reason="Resources", partition="gpu", ideal_partition="gpu", gpus_now=1,
                   eta_s=None, time_limit_min=120, budgets=(BudgetLeft("user alice", cost=1.5),))
     gpu_busy = [replace(p, nodes=(IdleNode("gpu1", 0, 4),)) if p.name == "gpu" else p for p in parts()]
-    window = Window(True, "night", NOW + 8 * 3600)
+    window = WindowState(True, "night", NOW + 8 * 3600)
     actions = m.plan([waiting], gpu_busy, RULES, NOW, window)
     assert [a.kind for a in actions] == [K.NOTE]
     assert "not backfilled onto gpu-dev: it would use about 1.00 node-hours costing 2.00" in actions[0].reason

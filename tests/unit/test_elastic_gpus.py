@@ -110,8 +110,8 @@ def on_node(handle: str, node: str, start: float) -> WorkerTask:
 
 
 def gpu_job(workers: tuple[WorkerTask, ...]) -> ElasticJob:
-    return ElasticJob("0123abcd", 901, 1001, "ann", "RUNNING", False, "gpu", gpus_per_node=1, min_nodes=1,
-                      max_nodes=4, submit_time=10.0, worker_arrays=(900,), workers=workers, worker_gpus=1,
+    return ElasticJob("0123abcd", 901, 1001, "ann", "RUNNING", False, "gpu", gpus_per_node=1, min_members=1,
+                      max_members=4, submit_time=10.0, worker_arrays=(900,), workers=workers, worker_gpus=1,
                       main_nodes=("gpu1",))
 
 
@@ -269,8 +269,8 @@ def _scaled_gpu_job(dlsub_id: str, uid: int, workers: tuple[WorkerTask, ...], ra
     from dlsub.agent.live_models import LiveModels
     from dlsub.job_progress import MeasuredConfig, Progress
 
-    job = ElasticJob(dlsub_id, uid * 10, uid, f"u{uid}", "RUNNING", False, "gpu", gpus_per_node=1, min_nodes=1,
-                     max_nodes=4, submit_time=float(uid), worker_arrays=(uid * 100,), workers=workers, worker_gpus=1,
+    job = ElasticJob(dlsub_id, uid * 10, uid, f"u{uid}", "RUNNING", False, "gpu", gpus_per_node=1, min_members=1,
+                     max_members=4, submit_time=float(uid), worker_arrays=(uid * 100,), workers=workers, worker_gpus=1,
                      main_nodes=(node,))
     configs = tuple(MeasuredConfig(1, n, None, None, r, r * 64) for n, r in rates.items())
     return LiveModels().scaled(job, Progress(step=100, total_steps=total, configs=configs, first_time=0.0,

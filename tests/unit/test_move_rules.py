@@ -17,7 +17,7 @@ from dlsub.policies.actions.move_views import (
     PartitionInfo,
     Rules,
     Usage,
-    Window,
+    WindowState,
 )
 from dlsub.policies.api import IdleNode
 
@@ -147,28 +147,28 @@ def test_backfill_inside_a_window_and_back_out_before_it_closes() -> None:
     cpu_busy = [replace(p, nodes=(IdleNode("cpu1", 0, 0),)) if p.name == "cpu" else p for p in parts()]
     waiting = job(state="PENDING", reason="Resources", partition="cpu", mode="ideal", ideal_partition="cpu",
                   gpus_wanted=0, start_time=0, end_time=0, time_limit_min=60)
-    assert m.plan([waiting], cpu_busy, RULES, NOW, Window(False)) == []
-    open_ = Window(True, "night", NOW + 3600)
+    assert m.plan([waiting], cpu_busy, RULES, NOW, WindowState(False)) == []
+    open_ = WindowState(True, "night", NOW + 3600)
     actions = m.plan([waiting], cpu_busy, RULES, NOW, open_)
     assert kinds(actions) == [K.BACKFILL] and actions[0].partition == "gpu-dev"
     assert actions[0].gpus == 0 and actions[0].time_limit_min == 10, "cut to gpu-dev's MaxTime"
     assert "off-hours window 'night' is open" in actions[0].reason
     # Too close to the end of the window: nothing new starts.
-    assert m.plan([waiting], cpu_busy, RULES, NOW, Window(True, "night", NOW + 100)) == []
+    assert m.plan([waiting], cpu_busy, RULES, NOW, WindowState(True, "night", NOW + 100)) == []
     placed = job(partition="gpu-dev", mode="ideal", ideal_partition="cpu", backfilled_from="cpu",
                  backfilled_limit_min=60, gpus_wanted=0, end_time=NOW + 500)
     assert m.plan([placed], cpu_busy, RULES, NOW, open_) == [], "stays while the window is open"
-    closing = m.plan([placed], cpu_busy, RULES, NOW, Window(True, "night", NOW + 120))
+    closing = m.plan([placed], cpu_busy, RULES, NOW, WindowState(True, "night", NOW + 120))
     assert kinds(closing) == [K.SIGNAL_MOVE] and closing[0].partition == "cpu"
     assert closing[0].move_kind == MoveKind.RETURN and "closes in" in closing[0].reason
     assert closing[0].time_limit_min == 60, "its own time limit back"
-    assert kinds(m.plan([placed], cpu_busy, RULES, NOW, Window(False))) == [K.SIGNAL_MOVE]
+    assert kinds(m.plan([placed], cpu_busy, RULES, NOW, WindowState(False))) == [K.SIGNAL_MOVE]
 
 
 def test_gpu_jobs_are_backfilled_only_where_gpus_are_idle() -> None:
     waiting = job(state="PENDING", reason="Resources", partition="gpu", mode="ideal", gpus_now=1, start_time=0,
                   end_time=0)
-    open_ = Window(True, "night", NOW + 3600)
+    open_ = WindowState(True, "night", NOW + 3600)
     assert m.plan([waiting], parts(gpu_idle=0), RULES, NOW, open_) == [], "no GPUs idle: cpu nodes cannot take it"
     dev_idle = [replace(p, nodes=(IdleNode("gpu2", 4, 4),)) if p.name == "gpu-dev" else p for p in parts(gpu_idle=0)]
     actions = m.plan([waiting], dev_idle, RULES, NOW, open_)

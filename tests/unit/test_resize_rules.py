@@ -17,7 +17,7 @@ def running(handle: str, node: str, start: float = 100.0) -> WorkerTask:
 
 def elastic(workers: tuple[WorkerTask, ...], dlsub_id: str = "0123abcd", **kw: object) -> ElasticJob:
     fields: dict[str, object] = dict(dlsub_id=dlsub_id, slurm_job_id=901, uid=1001, user="ann", state="RUNNING",
-                                     ended=False, partition="gpu", gpus_per_node=2, min_nodes=1, max_nodes=2,
+                                     ended=False, partition="gpu", gpus_per_node=2, min_members=1, max_members=2,
                                      submit_time=10.0, worker_arrays=(900,), workers=workers)
     fields.update(kw)
     return ElasticJob(**fields)  # type: ignore[arg-type]
@@ -59,7 +59,7 @@ def test_a_worker_on_a_node_the_waiting_job_cannot_use_stays() -> None:
 
 
 def test_only_as_many_workers_leave_as_the_waiting_jobs_need() -> None:
-    job = elastic((running("900_0", "gpu2", start=100), running("900_1", "gpu1", start=200)), max_nodes=3)
+    job = elastic((running("900_0", "gpu2", start=100), running("900_1", "gpu1", start=200)), max_members=3)
     room = Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
     (action,) = plan_resizes([job], [room])
     assert action.kind == K.SHRINK and action.worker == "900_1", "the newest worker leaves first"
@@ -67,7 +67,7 @@ def test_only_as_many_workers_leave_as_the_waiting_jobs_need() -> None:
 
 def test_the_workers_of_an_ended_job_are_cancelled() -> None:
     (action,) = plan_resizes([elastic(pool(), state="COMPLETED", ended=True)], [GPU])
-    assert action.kind == K.END_WORKERS and action.worker == "900"
+    assert action.kind == K.END_WORKERS and action.array == 900 and action.worker is None
 
 
 def test_a_worker_that_keeps_failing_is_not_released_again() -> None:
