@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent.job_data import JobData, TrustedRequest
-from dlsub.agent.records import RESIZE_COLUMNS, MoveRow, ResizePhase, ResizeRow
+from dlsub.agent.records import MOVE_COLUMNS, RESIZE_COLUMNS, MoveRow, ResizePhase, ResizeRow
 from dlsub.contract import JobState, check_transition
 from dlsub.policies.actions.kinds import ActionKind
 
@@ -116,8 +116,6 @@ CREATE TABLE IF NOT EXISTS resizes (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
 
-MOVE_COLUMNS = ("uid", "slurm_job_id", "dlsub_id", "kind", "phase", "target_partition", "target_gpus", "since",
-                "signals", "created", "time_limit_min", "restart_count")
 _ATTEMPT_COLUMNS = ("uid", "slurm_job_id", "restart", "dlsub_id", "partition", "nodes", "first_seen", "start_time",
                     "state")
 _PROGRESS_COLUMNS = ("uid", "slurm_job_id", "dlsub_id", "time", "step", "eta_s", "steps_per_s", "checkpoint_step",

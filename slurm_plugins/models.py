@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlsub.contract import JobState, SubmitRecord, Tags
+from dlsub.contract import JobState, SubmitRecord, Tags, is_held
 from dlsub.contract import gpus_in_tres as _gpus_in
 from dlsub.hostlist import MAX_HOSTLIST as MAX_HOSTLIST  # re-exported: Slurm's records use them
 from dlsub.hostlist import expand_nodes as expand_nodes
@@ -121,7 +121,7 @@ class SlurmJob:
     @property
     def held(self) -> bool:
         """Held by a user or an admin (priority 0): it will not start until released."""
-        return self.state == "PENDING" and self.reason in ("JobHeldUser", "JobHeldAdmin")
+        return is_held(self.state, self.reason)
 
     @property
     def end_time(self) -> int:

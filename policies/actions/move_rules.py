@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypedDict
 
-from dlsub.contract import ACTION_MOVE
+from dlsub.contract import ACTION_MOVE, HELD_BY_ADMIN, HELD_BY_USER, is_held
 from dlsub.policies.actions.budget_gate import move_fits_budget
 from dlsub.policies.actions.kinds import ActionKind as K
 from dlsub.policies.actions.kinds import MoveKind
@@ -92,7 +92,7 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
         # PREEMPTED is final too: Slurm will not run this job again, so nothing is left to move.
         return [Action(K.ABANDON_MOVE, reason=f"the job ended ({job.state}) before the {move.kind} finished", **common)]
     requeued = job.restart_count > move.restart_count
-    if job.state == "PENDING" and job.reason == "JobHeldAdmin":
+    if is_held(job.state, job.reason) and job.reason == HELD_BY_ADMIN:
         return [Action(K.NOTE, reason="held by an administrator: the agent leaves it held and waits "
                        f"(its {move.kind} to {move.target_partition} continues once an administrator releases it)",
                        **common)]
@@ -133,7 +133,7 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
         actions.append(Action(K.RETARGET, reason=f"checkpointed; now for {move.target_partition}",
                               partition=move.target_partition, gpus=move.target_gpus,
                               time_limit_min=move.time_limit_min, **common))
-    if job.reason == "JobHeldUser":
+    if job.reason == HELD_BY_USER:
         actions.append(Action(K.RELEASE, reason=f"released to start on {move.target_partition}", **common))
     elif job.reason == "BeginTime" and not actions:
         return []  # Slurm's requeue wait: the move is done when the job runs there

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dlsub.contract import HELD_BY_USER, is_held
 from dlsub.policies.actions.kinds import ActionKind
 from dlsub.policies.api import ClusterView, IdleNode, JobView, Node
 from dlsub.policies.registry import get_policy
@@ -58,13 +59,13 @@ class WorkerTask:
 
     @property
     def in_pool(self) -> bool:
-        return self.state == "PENDING" and self.reason == "JobHeldUser" and not self.released
+        return is_held(self.state, self.reason) and self.reason == HELD_BY_USER and not self.released
 
     @property
     def joining(self) -> bool:
         """Released and on its way (pending, not held), or running."""
         return self.state == "RUNNING" or (self.state == "PENDING" and (
-            self.released or self.reason not in ("JobHeldUser", "JobHeldAdmin")))
+            self.released or not is_held(self.state, self.reason)))
 
     @property
     def starting(self) -> bool:

@@ -164,3 +164,19 @@ def test_a_damaged_data_column_reads_as_empty_values_not_an_error() -> None:
     migrated = JobData.from_json('{"request":{"source":"migrated","partition":"cpu","time_limit_min":60}}')
     assert migrated.request is not None and not migrated.request.dlsub_id
     assert (migrated.request.partition, migrated.request.time_limit_min) == ("cpu", 60)
+
+
+def test_the_records_in_flight_are_the_columns_of_their_tables(tmp_path: Path) -> None:
+    """Unit test, SQLite only: the moves and resizes tables have a column for each field of their records,
+    in order (the columns are derived from the records), and what the move rules see of a move is a part
+    of its row (every MoveView field is a MoveRow field of the same name)."""
+    from dataclasses import fields
+
+    from dlsub.agent.records import MOVE_COLUMNS, RESIZE_COLUMNS, MoveRow
+    from dlsub.policies.actions.move_views import MoveView
+
+    store = AgentStore(tmp_path / "agent.db")
+    columns = [r[1] for r in store.conn.execute('pragma table_info("moves")')]
+    assert tuple(columns) == MOVE_COLUMNS
+    assert set(store._columns("resizes")) == set(RESIZE_COLUMNS)
+    assert {f.name for f in fields(MoveView)} <= {f.name for f in fields(MoveRow)}
