@@ -55,6 +55,16 @@ def _retarget(client: SlurmClient, a: Action) -> None:
     client.retarget(a.slurm_job_id, a.partition or "", a.gpus or 0, a.time_limit_min)
 
 
+def _handle(r: Resize) -> str:
+    assert r.worker is not None, f"a {r.kind} names its worker task"
+    return r.worker
+
+
+def _array(r: Resize) -> int:
+    assert r.array is not None, f"a {r.kind} names its worker array"
+    return r.array
+
+
 def _grow(client: SlurmClient, r: Resize) -> None:
     """Point the held worker at the node the rules chose (where its GPUs were counted), then release it.
 
@@ -131,18 +141,18 @@ def _resize(client: SlurmClient, seen: Observation, resize: Resize, now: float, 
     job = _elastic_job(seen, resize)
     step = STEPS[resize.kind]
     try:
-        assert resize.worker is not None and step.call is not None
+        assert step.call is not None
         if resize.batch_size is not None and resize.accumulation_steps is not None:
             _tell_batch(seen, job, resize, now, outcome)
         step.call(client, resize)
         failpoints.reach(step.sent)
-        if step.phase == ResizePhase.ENDED:
+        if step.phase == ResizePhase.ENDED and resize.worker is not None:
             outcome.ended_resizes.add(resize.worker)
-        elif step.phase == ResizePhase.LEAVING:
+        elif step.phase == ResizePhase.LEAVING and resize.worker is not None:
             outcome.resizes[resize.worker] = ResizeRow(
                 resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.LEAVING, now,
                 resize.reason, resize.partition)
-        log.info("%s %s (worker %s): %s", resize.kind, resize.dlsub_id, resize.worker, resize.reason)
+        log.info("%s %s (worker %s): %s", resize.kind, resize.dlsub_id, _worker_text(resize), resize.reason)
         return True
     except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
         if written_ahead(resize.kind) and resize.worker is not None:
@@ -151,6 +161,11 @@ def _resize(client: SlurmClient, seen: Observation, resize: Resize, now: float, 
                        f"{resize.kind} failed: {exc}")
         log.warning("%s %s failed: %s", resize.kind, resize.dlsub_id, exc)
         return False
+
+
+def _worker_text(resize: Resize) -> str | None:
+    """The worker a resize is about, as its decision says it: a task's handle, or the array it ends."""
+    return resize.worker if resize.array is None else str(resize.array)
 
 
 def _elastic_job(seen: Observation, resize: Resize) -> ElasticJob:
@@ -180,8 +195,8 @@ def _prepare_nothing(seen: Observation, action: Action, now: float, writes: Writ
 def _prepare_note(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
     followed = seen.followed[action.slurm_job_id]
     row = followed.row
-    if row.data.get("last_note") != action.reason:
-        row.data["last_note"] = action.reason
+    if row.data.last_note != action.reason:
+        row.data.last_note = action.reason
         writes.jobs[row.key()] = row
         writes.decide(now, row.uid, row.dlsub_id, followed.job.job_id, row.user, "wait", action.reason,
                       action.details)
@@ -197,7 +212,7 @@ def _prepare_move(seen: Observation, action: Action, now: float, writes: Writes)
             row.uid, job.job_id, row.dlsub_id, kind, MovePhase.PLANNED, action.partition or "", action.gpus or 0,
             now, 0, now, action.time_limit_min, job.restart_count)
         if kind == MoveKind.CONTINUE:
-            row.data["continuations"] = int(row.data.get("continuations") or 0) + 1
+            row.data.continuations += 1
             writes.jobs[row.key()] = row
         writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, kind, action.reason, action.details)
     return True
@@ -210,7 +225,7 @@ def _prepare_end_move(seen: Observation, action: Action, now: float, writes: Wri
     writes.ended_moves.add(key)
     writes.moves.pop(key, None)
     if move is not None and move.kind == MoveKind.RETURN:
-        row.data["backfilled_from"] = None
+        row.data.backfilled_from = None
         writes.jobs[key] = row
     what = "done" if action.kind == K.FINISH_MOVE else "abandoned"
     writes.decide(now, row.uid, row.dlsub_id, followed.job.job_id, row.user,
@@ -222,8 +237,8 @@ def _prepare_backfill(seen: Observation, action: Action, now: float, writes: Wri
     followed = seen.followed[action.slurm_job_id]
     row = followed.row
     # Where it came from and its own limit are known before it leaves.
-    row.data["backfilled_from"] = followed.job.partition
-    row.data["backfilled_limit_min"] = followed.request.time_limit_min
+    row.data.backfilled_from = followed.job.partition
+    row.data.backfilled_limit_min = followed.request.time_limit_min
     writes.jobs[row.key()] = row
     writes.decide(now, row.uid, row.dlsub_id, followed.job.job_id, row.user, "backfill", action.reason,
                   action.details)
@@ -233,8 +248,8 @@ def _prepare_backfill(seen: Observation, action: Action, now: float, writes: Wri
 def _prepare_resize(seen: Observation, resize: Resize, now: float, writes: Writes) -> bool:
     job = _elastic_job(seen, resize)
     writes.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, resize.kind, resize.reason,
-                  {"worker": resize.worker, "partition": resize.partition, "node": resize.node,
-                   "nodes_before": job.nodes_now, "gpus_before": job.gpus_now})
+                  {"worker": _worker_text(resize), "partition": resize.partition, "node": resize.node,
+                   "nodes_before": job.members_now, "gpus_before": job.gpus_now})
     if written_ahead(resize.kind) and resize.worker is not None:
         writes.resizes[resize.worker] = ResizeRow(
             resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.PLANNED, now,
@@ -257,11 +272,11 @@ STEPS: dict[K, Step] = {
     K.NOTE: Step(_prepare_note),
     K.GROW: Step(_prepare_resize, _grow, ResizePhase.ENDED, before="grow-planned",
                  sent="grow-released", after="grow-recorded"),
-    K.SHRINK: Step(_prepare_resize, lambda c, r: c.signal_task(r.worker, MOVE_SIGNAL), ResizePhase.LEAVING,
+    K.SHRINK: Step(_prepare_resize, lambda c, r: c.signal_task(_handle(r), MOVE_SIGNAL), ResizePhase.LEAVING,
                    before="shrink-planned", sent="shrink-signal-sent", after="shrink-signalled"),
     # Not written ahead: decided again from Slurm each tick while workers are left, and cancelling twice is
     # harmless.
-    K.END_WORKERS: Step(_prepare_resize, lambda c, r: c.cancel(int(r.worker))),
+    K.END_WORKERS: Step(_prepare_resize, lambda c, r: c.cancel(_array(r))),
 }
 
 

@@ -6,7 +6,7 @@ Slurm's ``user_id`` of the job, never anything its user wrote. Tables:
 * ``bindings``: each dlsub id and the uid it was first seen with (its owner);
 * ``jobs``: the Slurm jobs the agent follows, their one :class:`JobState`,
   the request it trusts (submit record or the tags first seen), and where
-  reading the job's files stopped (``data``, JSON);
+  reading the job's files stopped (``data``: a :class:`~dlsub.agent.job_data.JobData`, as JSON);
 * ``attempts``: their Slurm attempts; ``progress``: samples;
 * ``decisions``: every decision with its reason in plain words, and the uid
   it is about (who may read it);
@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlsub.agent.records import RESIZE_COLUMNS, MoveRow, ResizePhase, ResizeRow
+from dlsub.agent.job_data import JobData, TrustedRequest
+from dlsub.agent.records import MOVE_COLUMNS, RESIZE_COLUMNS, MoveRow, ResizePhase, ResizeRow
 from dlsub.contract import JobState, check_transition
 from dlsub.policies.actions.kinds import ActionKind
 
@@ -115,8 +116,6 @@ CREATE TABLE IF NOT EXISTS resizes (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
 
-MOVE_COLUMNS = ("uid", "slurm_job_id", "dlsub_id", "kind", "phase", "target_partition", "target_gpus", "since",
-                "signals", "created", "time_limit_min", "restart_count")
 _ATTEMPT_COLUMNS = ("uid", "slurm_job_id", "restart", "dlsub_id", "partition", "nodes", "first_seen", "start_time",
                     "state")
 _PROGRESS_COLUMNS = ("uid", "slurm_job_id", "dlsub_id", "time", "step", "eta_s", "steps_per_s", "checkpoint_step",
@@ -142,13 +141,13 @@ class JobRow:
     dlsub_id: str
     user: str
     state: JobState | None  # None: not seen in Slurm yet
-    data: dict[str, Any] = field(default_factory=dict)
+    data: JobData = field(default_factory=JobData)
 
     def key(self) -> tuple[int, int]:
         return self.uid, self.slurm_job_id
 
     def encoded(self) -> str:
-        return json.dumps(self.data, sort_keys=True, separators=(",", ":"))
+        return self.data.to_json()
 
     def set_state(self, new: JobState | str) -> None:
         """Move to ``new``; raises :class:`IllegalTransition` for a move the job-state model forbids."""
@@ -284,18 +283,15 @@ class AgentStore:
                 continue
             owners[r["dlsub_id"]] = (uid, int(r["slurm_job_id"]))
             state = JobState.from_slurm(r["last_state"] or "")
-            data = {
-                "request": {"source": "migrated", "mode": r["mode"], "ideal": r["ideal_partition"],
-                            "gpus": int(r["gpus_wanted"] or 0), "time_limit_min": r["backfilled_limit_min"],
-                            "partition": r["backfilled_from"] or r["last_partition"]},
-                "job_dir": r["job_dir"], "continuations": int(r["continuations"] or 0),
-                "backfilled_from": r["backfilled_from"], "backfilled_limit_min": r["backfilled_limit_min"],
-                "last_note": r["last_note"], "partition": r["last_partition"],
-            }
+            data = JobData(
+                request=TrustedRequest("migrated", "", r["mode"], r["ideal_partition"], int(r["gpus_wanted"] or 0),
+                                       r["backfilled_from"] or r["last_partition"], r["backfilled_limit_min"]),
+                job_dir=r["job_dir"], job_dir_fixed=True, continuations=int(r["continuations"] or 0),
+                backfilled_from=r["backfilled_from"], backfilled_limit_min=r["backfilled_limit_min"],
+                last_note=r["last_note"], partition=r["last_partition"])
             conn.execute("insert or ignore into jobs (uid, slurm_job_id, dlsub_id, user, state, data) "
                          "values (?, ?, ?, ?, ?, ?)",
-                         (uid, int(r["slurm_job_id"]), r["dlsub_id"], r["user"], state.value,
-                          json.dumps(data, sort_keys=True, separators=(",", ":"))))
+                         (uid, int(r["slurm_job_id"]), r["dlsub_id"], r["user"], state.value, data.to_json()))
             conn.execute("insert or ignore into bindings (dlsub_id, uid, slurm_job_id, bound) values (?, ?, ?, ?)",
                          (r["dlsub_id"], uid, int(r["slurm_job_id"]), r["first_seen"]))
         if "v1_moves" in tables:
@@ -333,12 +329,8 @@ class AgentStore:
     def jobs(self) -> dict[tuple[int, int], JobRow]:
         rows = {}
         for r in self.conn.execute("select uid, slurm_job_id, dlsub_id, user, state, data from jobs"):
-            try:
-                data = json.loads(r["data"] or "{}")
-            except ValueError:
-                data = {}
             row = JobRow(int(r["uid"]), int(r["slurm_job_id"]), r["dlsub_id"] or "", r["user"] or "",
-                         _state(r["state"]), data if isinstance(data, dict) else {})
+                         _state(r["state"]), JobData.from_json(r["data"]))
             rows[row.key()] = row
         return rows
 

@@ -56,14 +56,15 @@ TAKES_GPUS = (ActionKind.SIGNAL_MOVE, ActionKind.BACKFILL, ActionKind.RETARGET, 
 def reserve_gpus(rooms: list[Room], takes: Sequence[tuple[str | None, int | None]]) -> list[Room]:
     """The rooms with the GPUs these (partition, GPUs) takes will take out of their partitions' idle ones
     (on the first node with enough, in every partition that has that node)."""
-    idle = {n: g for room in rooms for n, g in room.nodes}
+    idle = {n.name: n.gpus for room in rooms for n in room.nodes}
     for partition, gpus in takes:
         room = next((r for r in rooms if r.name == partition), None)
         want = gpus or 0
-        node = next((n for n, _ in room.nodes if idle[n] >= want), None) if room is not None and want else None
+        node = next((n.name for n in room.nodes if idle[n.name] >= want), None) if room is not None and want else None
         if node is not None:
             idle[node] -= want
-    return [dataclasses.replace(r, nodes=tuple((n, idle[n]) for n, _ in r.nodes)) for r in rooms]
+    return [dataclasses.replace(r, nodes=tuple(dataclasses.replace(n, gpus=idle[n.name]) for n in r.nodes))
+            for r in rooms]
 
 
 def plan_resizes(seen: Observation, store: AgentStore, policy: AgentPolicy, rules: Rules, models: LiveModels,
@@ -110,13 +111,14 @@ def _recover_resizes(seen: Observation, store: AgentStore, policy: AgentPolicy, 
             # Released before the crash (no longer held), or moot now: nothing left to do.
             writes.ended_resizes.add(worker)
             continue
-        resumed.append(Resize(ActionKind(row.kind), row.dlsub_id, row.slurm_job_id, row.reason, worker,
-                              row.partition, row.batch_size, row.accumulation_steps, row.node))
+        resumed.append(Resize(ActionKind(row.kind), row.dlsub_id, row.slurm_job_id, row.reason, worker=worker,
+                              partition=row.partition, batch_size=row.batch_size,
+                              accumulation_steps=row.accumulation_steps, node=row.node))
         taken.append((job.partition, job.gpus_per_worker))
     if resumed:
         seen.rooms = reserve_gpus(seen.rooms, taken)
     on_way = {r.worker for r in resumed}
-    jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, reason="None") if w.handle in on_way
+    jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, released=True) if w.handle in on_way
                                                  else w for w in j.workers)) for j in seen.elastic]
     return resumed, jobs, leaving
 

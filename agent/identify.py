@@ -26,13 +26,11 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dlsub.agent.agent_store import Binding, JobRow, Writes
+from dlsub.agent.job_data import JobData, TrustedRequest
 from dlsub.contract import ATTEMPTS_FILE, PROGRESS_FILE, Tags
-from dlsub.job_progress import AttemptsSummary, ProgressSummary
 from dlsub.jobdir import (
-    Cursor,
     Unreadable,
     check_attempt_event,
     check_progress_event,
@@ -56,57 +54,22 @@ def job_dir_of(job: SlurmJob, dlsub_id: str) -> Path | None:
     return directory if directory.name == dlsub_id else None
 
 
-@dataclass(frozen=True)
-class Request:
-    """What a dlsub job asked for, as the agent trusts it: from its submit record (``source`` "record"),
-    else the tags first seen (``source`` "comment"), frozen in its row (``JobRow.data["request"]``)."""
-
-    source: str
-    dlsub_id: str
-    mode: str | None
-    ideal: str | None
-    gpus: int | None
-    partition: str | None
-    time_limit_min: int | None
-    role: str = "main"  # "main", or "worker" for an elastic job's worker task
-    nodes: tuple[int, int] | None = None  # an elastic job's (min, max) members: the main job's nodes, then workers
-    step: int = 0  # GPUs of each worker of a job elastic in GPUs (0: whole nodes)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Request:
-        nodes = d.get("nodes")
-        return cls(str(d["source"]), str(d["dlsub_id"]), d.get("mode"), d.get("ideal"), d.get("gpus"),
-                   d.get("partition"), d.get("time_limit_min"), d.get("role", "main"),
-                   (int(nodes[0]), int(nodes[1])) if nodes else None, int(d.get("step") or 0))
-
-    def to_dict(self) -> dict[str, Any]:
-        """As the row keeps it (JSON)."""
-        return {"source": self.source, "dlsub_id": self.dlsub_id, "mode": self.mode, "ideal": self.ideal,
-                "gpus": self.gpus, "partition": self.partition, "time_limit_min": self.time_limit_min,
-                "role": self.role, "nodes": list(self.nodes) if self.nodes else None, "step": self.step}
-
-    @property
-    def elastic_main(self) -> bool:
-        """The main job of an elastic job (its workers are planned with it)."""
-        return bool(self.nodes) and self.role == "main"
-
-
-def _request_from_record(job: SlurmJob, uid: int) -> Request | None:
+def _request_from_record(job: SlurmJob, uid: int) -> TrustedRequest | None:
     record = job.submit_record
     if record is None or record.uid != uid:
         return None
     tags = record.tags
-    return Request("record", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus or record.gpus_per_node,
+    return TrustedRequest("record", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus or record.gpus_per_node,
                    record.partition, record.time_limit_min, tags.role,
                    (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step)
 
 
-def _request_from_tags(job: SlurmJob, tags: Tags) -> Request:
-    return Request("comment", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus, job.partition, job.time_limit_min,
+def _request_from_tags(job: SlurmJob, tags: Tags) -> TrustedRequest:
+    return TrustedRequest("comment", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus, job.partition, job.time_limit_min,
                    tags.role, (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step)
 
 
-def worker_request(job: SlurmJob, uid: int) -> Request | None:
+def worker_request(job: SlurmJob, uid: int) -> TrustedRequest | None:
     """The request of an elastic job's worker task (its submit record, else its comment); None: not one."""
     if job.array_job_id is None or job.node_count > 1:
         return None  # dlsub's workers are one-node array tasks; anything else tagged so is planned as itself
@@ -139,12 +102,12 @@ class Seen:
 
     job: SlurmJob
     row: JobRow
-    request: Request
+    request: TrustedRequest
     info: JobInfo | None = None
 
 
 # ---------------------------------------------------------------- whose job it is, and its files
-def may_claim(bound: Binding | None, request: Request) -> bool:
+def may_claim(bound: Binding | None, request: TrustedRequest) -> bool:
     """Whether a job's request may (re)bind its id: an unbound id, or a record-backed claim on an id
     bound by a comment alone."""
     return bound is None or (bound.source != "record" and request.source == "record")
@@ -161,13 +124,13 @@ def identify(job: SlurmJob, uid: int, rows: dict[tuple[int, int], JobRow], now: 
         log.info("Slurm job %s (uid %s) is now dlsub job %s, no longer %s: a reused id", job.job_id, uid,
                  request.dlsub_id, row.dlsub_id)
         row = None
-    if row is not None and row.data.get("ignored"):
+    if row is not None and row.data.ignored:
         return None  # decided once: never acted on, never read
     first_note = None
+    frozen = row.data.request if row is not None else None
     if request is None:
-        frozen = row.data.get("request") if row is not None else None
-        if isinstance(frozen, dict) and frozen.get("dlsub_id"):
-            request = Request.from_dict(frozen)  # the tags first seen; the comment is not read again
+        if frozen is not None and frozen.dlsub_id:
+            request = frozen  # the tags first seen; the comment is not read again
         else:
             tags = job.tags
             if tags is None:
@@ -176,26 +139,26 @@ def identify(job: SlurmJob, uid: int, rows: dict[tuple[int, int], JobRow], now: 
             first_note = ("no submit record from job_submit.lua: the agent trusts the tags it saw first "
                           f"({tags.comment()}) and will not read this job's comment again")
     # What the record leaves open (the default partition, its default time) is fixed at first sight.
-    frozen = (row.data.get("request") if row is not None else None) or {}
     if request.partition is None:
         request = dataclasses.replace(
-            request, partition=frozen.get("partition") if row is not None else job.partition)
+            request, partition=(frozen.partition if frozen else None) if row is not None else job.partition)
     if request.time_limit_min is None:
         request = dataclasses.replace(
-            request, time_limit_min=frozen.get("time_limit_min") if row is not None else job.time_limit_min)
+            request, time_limit_min=(frozen.time_limit_min if frozen else None) if row is not None
+            else job.time_limit_min)
     if row is None:
-        row = JobRow(uid, job.job_id, request.dlsub_id, job.user, None, {})
-    elif row.data.get("request") != request.to_dict():
-        row = JobRow(row.uid, row.slurm_job_id, row.dlsub_id, row.user, row.state, dict(row.data))
+        row = JobRow(uid, job.job_id, request.dlsub_id, job.user, None, JobData())
+    elif frozen != request:
+        row = JobRow(row.uid, row.slurm_job_id, row.dlsub_id, row.user, row.state, row.data.copy())
     seen = Seen(job, row, request)
     if first_note is not None:
-        seen.row.data["first_note"] = first_note
+        seen.row.data.first_note = first_note
     return seen
 
 
 def ignore(seen: Seen, owner: int, now: float, writes: Writes) -> None:
     row = JobRow(seen.row.uid, seen.job.job_id, seen.request.dlsub_id, seen.job.user, seen.row.state,
-                 {"ignored": True})
+                 JobData(ignored=True))
     writes.jobs[row.key()] = row
     writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "ignored",
                   f"this Slurm job's comment names dlsub job {row.dlsub_id}, which belongs to another user: "
@@ -206,11 +169,9 @@ def ignore(seen: Seen, owner: int, now: float, writes: Writes) -> None:
 
 def once(row: JobRow, slot: str, reason: str, now: float, writes: Writes, kind: str = "wait") -> None:
     """Record ``reason`` as a decision unless it is the last one recorded in ``slot``."""
-    notes = dict(row.data.get("said") or {})
-    if notes.get(slot) == reason:
+    if row.data.said.get(slot) == reason:
         return
-    notes[slot] = reason
-    row.data["said"] = notes
+    row.data.said = {**row.data.said, slot: reason}
     writes.jobs[row.key()] = row
     writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, kind, reason)
 
@@ -221,17 +182,17 @@ def read_files(row: JobRow, job: SlurmJob, dlsub_id: str, now: float, writes: Wr
     False: they could not be read (the reason is recorded once); the row keeps its last summary.
     """
     data = row.data
-    if "job_dir" not in data:
+    if not data.job_dir_fixed:
         found = job_dir_of(job, dlsub_id)
-        data["job_dir"] = str(found) if found else None  # fixed at first sight
-    job_dir = data.get("job_dir")
+        data.job_dir, data.job_dir_fixed = (str(found) if found else None), True  # fixed at first sight
+    job_dir = data.job_dir
     if not job_dir:
         once(row, "files", "Slurm's record of this job names no job directory called "
                    f"{dlsub_id} for its output: progress is not read", now, writes, "skipped")
         return False
-    cursors = dict(data.get("files") or {})
-    progress = ProgressSummary.from_dict(data.get("progress"))
-    attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
+    cursors = dict(data.files)
+    progress = data.progress_summary()
+    attempts = data.attempts_summary(job.job_id)
     fed = {PROGRESS_FILE: False, ATTEMPTS_FILE: False}
     dropped: list[str] = []
     try:
@@ -239,7 +200,7 @@ def read_files(row: JobRow, job: SlurmJob, dlsub_id: str, now: float, writes: Wr
         try:
             for name, check, summary in ((PROGRESS_FILE, check_progress_event, progress),
                                          (ATTEMPTS_FILE, check_attempt_event, attempts)):
-                chunk = read_new_lines(dir_fd, name, row.uid, Cursor.from_dict(cursors.get(name)))
+                chunk = read_new_lines(dir_fd, name, row.uid, cursors.get(name))
                 if chunk.dropped:
                     dropped.append(f"{name}: {chunk.dropped} bytes passed over (lines over 64 KiB, or more "
                                    "than 1 MiB behind)")
@@ -252,22 +213,21 @@ def read_files(row: JobRow, job: SlurmJob, dlsub_id: str, now: float, writes: Wr
                         summary.bad_events += 1
                     else:
                         summary.feed(event)
-                cursors[name] = cursor.to_dict() if cursor else None
+                cursors[name] = cursor
         finally:
             os.close(dir_fd)
     except Unreadable as exc:
         once(row, "files", f"not read this tick: {exc.reason}", now, writes, "skipped")
         return False
-    if cursors != data.get("files"):
-        data["files"] = cursors
-    if fed[PROGRESS_FILE] or "progress" not in data:
-        data["progress"] = progress.to_dict()
-    if fed[ATTEMPTS_FILE] or "attempts" not in data:
-        data["attempts"] = attempts.to_dict()
+    if cursors != data.files:
+        data.files = cursors
+    if fed[PROGRESS_FILE] or data.progress is None:
+        data.progress = progress
+    if fed[ATTEMPTS_FILE] or data.attempts is None:
+        data.attempts = attempts
     if dropped:
         once(row, "dropped", "read in part: " + "; ".join(dropped), now, writes, "skipped")
-    said = data.get("said") or {}
-    if said.get("files"):
+    if data.said.get("files"):
         # Readable again: the same trouble later is worth saying again.
-        data["said"] = {k: v for k, v in said.items() if k != "files"}
+        data.said = {k: v for k, v in data.said.items() if k != "files"}
     return True

@@ -80,16 +80,20 @@ def publish_batch(job_dir: Path, owner_uid: int, batch_size: int, accumulation_s
         os.close(box_fd)
 
 
+#: What the agent leaves in a mailbox: the job's user (and the job) must read it.
+_FILE_MODE = 0o644
+
+
 def _replace(dir_fd: int, name: str, data: bytes) -> None:
     """Make ``name`` in ``dir_fd`` a new file holding ``data``, all at once, without writing through any link."""
     temp = f".{name}.{secrets.token_hex(8)}.tmp"
     try:
-        fd = os.open(temp, _NEW_FILE, 0o644, dir_fd=dir_fd)
+        fd = os.open(temp, _NEW_FILE, _FILE_MODE, dir_fd=dir_fd)
     except OSError as exc:
         raise MailboxError(f"cannot create a file in the mailbox: {exc.strerror}") from None
     try:
         try:
-            os.fchmod(fd, 0o644)  # whatever the agent's umask: the job's user must read it
+            os.fchmod(fd, _FILE_MODE)  # whatever the agent's umask: the job's user must read it
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]

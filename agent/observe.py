@@ -13,7 +13,6 @@ import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from dlsub.agent.agent_store import AgentStore, Binding, JobRow, NewBinding, Writes
 from dlsub.agent.budget_watch import BudgetWatch
@@ -28,11 +27,13 @@ from dlsub.agent.identify import (
     worker_request,
     worker_task,
 )
+from dlsub.agent.job_data import JobData
 from dlsub.agent.records import MoveRow
 from dlsub.contract import IllegalTransition, JobState
-from dlsub.job_progress import AttemptsSummary, Progress, ProgressSummary
-from dlsub.policies.actions.move_views import JobInfo, PartitionInfo, Rules, Usage, Window
+from dlsub.job_progress import Progress, ProgressSummary
+from dlsub.policies.actions.move_views import JobInfo, PartitionInfo, Rules, Usage, WindowState
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
+from dlsub.policies.api import IdleNode
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.models import Partition, SlurmJob
 
@@ -49,7 +50,7 @@ _WAITING_FOR_NODES = ("Resources", "Priority", "None", "")
 class Observation:
     jobs: list[JobInfo]
     partitions: list[PartitionInfo]
-    window: Window
+    window: WindowState
     usage: dict[int, Usage] = field(default_factory=dict)
     skipped: int = 0
     late: bool = False
@@ -103,12 +104,12 @@ class ObserveWith:
     last_read: dict[tuple[int, int], float]
 
 
-def window_at(policy: AgentPolicy, now: float) -> Window:
-    best = Window(False)
+def window_at(policy: AgentPolicy, now: float) -> WindowState:
+    best = WindowState(False)
     for window in policy.backfill.windows:
         is_open, change = window.state(now)
         if is_open and (not best.open or (change or 1e18) < (best.closes_at or 1e18)):
-            best = Window(True, window.name, change)
+            best = WindowState(True, window.name, change)
     return best
 
 
@@ -132,7 +133,7 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
     pending_gpus, pending_per_node = _waiting(ctx.rules, slurm_jobs, moves, queue.worker_ids, known)
     parts = [PartitionInfo(
         name=p.name, role=ctx.policy.role_of(p.name), speed=ctx.policy.speed_of(p.name),
-        nodes=tuple((n.name, n.idle_gpus, n.idle_cpus) for n in p.nodes if n.usable),
+        nodes=_idle_nodes(p),
         pending_gpus=pending_gpus.get(p.name, 0), max_time_s=p.max_time_min * 60.0 if p.max_time_min else None,
         cost_per_node_hour=_price(ctx.policy, p.name)) for p in partitions]
     infos = [s.info for s in observed if s.info is not None]
@@ -140,15 +141,17 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
                                now)
     elastic = _elastic_jobs(followed, queue.workers, rows, bindings, moves)
     mains = [s for s in followed if s.request.elastic_main]
-    elastic_progress = {s.request.dlsub_id: ProgressSummary.from_dict(s.row.data.get("progress")).progress()
-                        for s in mains}
-    elastic_dirs = {s.request.dlsub_id: str(s.row.data["job_dir"])
-                    for s in mains if s.row.data.get("job_dir")}
-    rooms = [Room(p.name, tuple((n.name, n.idle_gpus) for n in p.nodes if n.usable), pending_gpus.get(p.name, 0),
-                  pending_per_node.get(p.name, 0),
-                  tuple((n.name, n.idle_cpus, n.free_memory_mb) for n in p.nodes if n.usable)) for p in partitions]
+    elastic_progress = {s.request.dlsub_id: (s.row.data.progress or ProgressSummary()).progress() for s in mains}
+    elastic_dirs = {s.request.dlsub_id: s.row.data.job_dir for s in mains if s.row.data.job_dir}
+    rooms = [Room(p.name, _idle_nodes(p), pending_gpus.get(p.name, 0), pending_per_node.get(p.name, 0))
+             for p in partitions]
     return Observation(infos, parts, window_at(ctx.policy, now), queue.usage, skipped, late, elastic,
                        rooms, elastic_progress, elastic_dirs, {s.job.job_id: s for s in observed})
+
+
+def _idle_nodes(partition: Partition) -> tuple[IdleNode, ...]:
+    """What each usable node of the partition has idle (the one shape partitions and rooms share)."""
+    return tuple(IdleNode(n.name, n.idle_gpus, n.idle_cpus, n.free_memory_mb) for n in partition.nodes if n.usable)
 
 
 def _sort_queue(slurm_jobs: list[SlurmJob], rows: dict[tuple[int, int], JobRow], bindings: dict[str, Binding],
@@ -284,7 +287,7 @@ def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[Work
     out: list[ElasticJob] = []
     mains: set[tuple[int, str]] = set()
     for seen in followed:
-        rng = seen.request.nodes
+        rng = seen.request.members
         if rng is None or not seen.request.elastic_main:
             continue
         key = (seen.row.uid, seen.request.dlsub_id)
@@ -298,12 +301,12 @@ def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[Work
         out.append(ElasticJob(
             dlsub_id=key[1], slurm_job_id=job.job_id, uid=key[0], user=job.user, state=job.state,
             ended=job.dlsub_state.terminal, partition=job.partition,
-            gpus_per_node=job.gpus_per_node, min_nodes=int(rng[0]), max_nodes=int(rng[1]),
+            gpus_per_node=job.gpus_per_node, min_members=int(rng[0]), max_members=int(rng[1]),
             submit_time=float(job.submit_time), worker_arrays=tuple(sorted(arrays)),
             workers=tasks, moving=seen.row.key() in moves, cpus_per_node=job.cpus_per_node,
             memory_per_node_mb=job.memory_per_node_mb, worker_gpus=step, main_nodes=nodes_of(job)))
     ended = {(r.uid, r.dlsub_id): r for r in rows.values()
-             if r.state is not None and r.state.terminal and not r.data.get("ignored")}
+             if r.state is not None and r.state.terminal and not r.data.ignored}
     for key, orphans in workers.items():
         row = ended.get(key)
         bound = bindings.get(key[1])
@@ -312,7 +315,7 @@ def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[Work
         arrays = {int(t.handle.split("_")[0]) for t in orphans}
         out.append(ElasticJob(
             dlsub_id=key[1], slurm_job_id=row.slurm_job_id, uid=key[0], user=row.user, state=str(row.state),
-            ended=True, partition="", gpus_per_node=0, min_nodes=1, max_nodes=2, submit_time=0.0,
+            ended=True, partition="", gpus_per_node=0, min_members=1, max_members=2, submit_time=0.0,
             worker_arrays=tuple(sorted(arrays)), workers=tuple(orphans)))
     return out
 
@@ -343,11 +346,11 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
     be read."""
     job, request = seen.job, seen.request
     row = seen.row
-    # Nested values are replaced, never changed in place, so a shallow copy tells what changed.
-    before = dict(row.data), row.state
+    # Fields are replaced, never changed in place, so a shallow copy tells what changed.
+    before = row.data.copy(), row.state
     data = row.data
-    data["request"] = request.to_dict()
-    note = data.pop("first_note", None)
+    data.request = request
+    note, data.first_note = data.first_note, None
     if note:
         writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "trust", note)
     new_state = job.dlsub_state
@@ -362,8 +365,8 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
         _changed(row, before, writes)
         return None, False
     unread = read and not read_files(row, job, request.dlsub_id, now, writes)
-    progress = ProgressSummary.from_dict(data.get("progress")).progress()
-    attempts = AttemptsSummary.from_dict(data.get("attempts"), job.job_id)
+    progress = (data.progress or ProgressSummary()).progress()
+    attempts = data.attempts_summary(job.job_id)
     ideal_name = request.ideal or request.partition or job.partition
     if ideal_name not in known:
         ideal_name = job.partition
@@ -387,23 +390,23 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
         checkpointable=progress.checkpoints > 0, last_checkpoint_time=progress.last_checkpoint_time,
         eta_s=progress.eta_s(), finished=bool(progress.finished and job.state != "RUNNING"),
         last_attempt_action=attempts.last_end_action,
-        continuations=int(data.get("continuations") or 0),
-        backfilled_from=data.get("backfilled_from"), backfilled_limit_min=data.get("backfilled_limit_min"),
+        continuations=data.continuations,
+        backfilled_from=data.backfilled_from, backfilled_limit_min=data.backfilled_limit_min,
         time_limit_min=request.time_limit_min, move=move, uid=row.uid,
         restart_count=job.restart_count, requeues=attempts.requeues, ran_s=progress.ran_s,
-        gang=job.node_count > 1 or bool(request.nodes) or bool(job.extra.get("het_job_id")),
+        gang=job.node_count > 1 or bool(request.members) or bool(job.extra.get("het_job_id")),
     )
-    data["partition"] = job.partition
-    if job.state == "RUNNING" and data.get("attempt_seen") != job.restart_count:
-        data["attempt_seen"] = job.restart_count
+    data.partition = job.partition
+    if job.state == "RUNNING" and data.attempt_seen != job.restart_count:
+        data.attempt_seen = job.restart_count
         writes.attempts.append({
             "uid": row.uid, "slurm_job_id": job.job_id, "restart": job.restart_count, "dlsub_id": row.dlsub_id,
             "partition": job.partition, "nodes": job.nodes, "first_seen": now,
             "start_time": float(job.start_time), "state": job.state,
         })
-    sample = [progress.step, progress.last_checkpoint_step, progress.checkpoints]
-    if progress.step is not None and data.get("sample") != sample:
-        data["sample"] = sample
+    sample = (progress.step, progress.last_checkpoint_step, progress.checkpoints)
+    if progress.step is not None and data.sample != sample:
+        data.sample = sample
         writes.progress.append({
             "uid": row.uid, "slurm_job_id": job.job_id, "dlsub_id": row.dlsub_id, "time": now,
             "step": progress.step, "eta_s": info.eta_s, "steps_per_s": progress.steps_per_s,
@@ -413,6 +416,6 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
     return info, unread
 
 
-def _changed(row: JobRow, before: tuple[dict[str, Any], str | None], writes: Writes) -> None:
+def _changed(row: JobRow, before: tuple[JobData, JobState | None], writes: Writes) -> None:
     if (row.data, row.state) != before:
         writes.jobs[row.key()] = row

@@ -49,9 +49,15 @@ class MoveRow:
         return self.uid, self.slurm_job_id
 
     def view(self, restart_count: int) -> MoveView:
-        """What the move rules see of it."""
-        return MoveView(self.kind, self.phase, self.target_partition, self.target_gpus, self.since, self.signals,
-                        self.time_limit_min, restart_count)
+        """What the move rules see of it: its fields of the same names (every field of a MoveView is one of
+        a MoveRow), with Slurm's restart count at its signal known (``restart_count``)."""
+        return MoveView(**{name: getattr(self, name) for name in _VIEWED}, restart_count=restart_count)
+
+
+#: The fields a move's row hands to the move rules as they are (its restart count may be unknown in a row).
+_VIEWED = tuple(f.name for f in fields(MoveView) if f.name != "restart_count")
+#: The columns of the store's ``moves`` table: a MoveRow's fields, in order.
+MOVE_COLUMNS = tuple(f.name for f in fields(MoveRow))
 
 
 class ResizePhase(StrEnum):
@@ -91,4 +97,4 @@ class ResizeRow:
 RESIZE_COLUMNS = tuple(f.name for f in fields(ResizeRow))
 
 
-__all__ = ["RESIZE_COLUMNS", "MoveRow", "ResizePhase", "ResizeRow"]
+__all__ = ["MOVE_COLUMNS", "RESIZE_COLUMNS", "MoveRow", "ResizePhase", "ResizeRow"]

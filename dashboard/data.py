@@ -66,7 +66,7 @@ class Viewer:
 
 
 @dataclass(frozen=True)
-class JobView:
+class JobOnPage:
     """One job as a page shows it."""
 
     status: JobStatus
@@ -85,7 +85,7 @@ class JobView:
 
 @dataclass
 class JobDetail:
-    view: JobView
+    view: JobOnPage
     record: JobRecord
     loss: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # per attempt: (step, loss)
     throughput: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # (step, samples or steps/s)
@@ -167,11 +167,11 @@ class Dashboard:
                 row = dataclasses.replace(row, state=shown.value)
         return row
 
-    def _view(self, row: JobStatus, owner: str, why: str = "") -> JobView:
+    def _view(self, row: JobStatus, owner: str, why: str = "") -> JobOnPage:
         fraction = fraction_done(summarize_progress(Path(row.job_dir))) if row.state != "PENDING" else None
-        return JobView(row, owner, fraction, why)
+        return JobOnPage(row, owner, fraction, why)
 
-    def jobs(self, since: float | None, with_why: bool = True) -> list[JobView]:
+    def jobs(self, since: float | None, with_why: bool = True) -> list[JobOnPage]:
         """The viewer's jobs alive or ended since ``since`` (all when None), newest first."""
         found = self.records()
         if since is not None:

@@ -45,6 +45,18 @@ STOP_SIGNAL = "TERM"
 #: STOP_SIGNAL as Python's signal module names it (``signal.Signals[...]``).
 STOP_SIGNUM_NAME = f"SIG{STOP_SIGNAL}"
 
+#: Slurm's reason for a pending job held by its user's side: after MOVE_SIGNAL the batch script
+#: requeues the job held (``scontrol requeuehold``), and an elastic job's idle workers wait so.
+HELD_BY_USER = "JobHeldUser"
+#: Slurm's reason for a pending job an administrator holds: dlsub never releases it.
+HELD_BY_ADMIN = "JobHeldAdmin"
+
+
+def is_held(state: str, reason: str) -> bool:
+    """Whether Slurm holds a job (by its user's side or an admin, priority 0): it will not start until
+    released. The one test of "held"; who holds it is in ``reason``."""
+    return state == "PENDING" and reason in (HELD_BY_USER, HELD_BY_ADMIN)
+
 # ---------------------------------------------------------------- the container's environment
 # Set by the batch script (slurm_plugins/batch.sh) and passed into the
 # container (containers/podman.py); read by the launcher and the library.

@@ -30,7 +30,7 @@ from dlsub.contract import (
     JobState,
 )
 from dlsub.estimate.apply_choice import with_env
-from dlsub.estimate.partition_fit import FitError, Profile, fit_partition, profile_from_events
+from dlsub.estimate.partition_fit import FitError, ProfileRun, fit_partition, profile_from_events
 from dlsub.estimate.profile_cache import EstimateCache, profile_key
 from dlsub.estimate.recommend import Horizon, Knobs, PartitionFacts, build_rows, recommend
 from dlsub.job.settings import Settings
@@ -145,7 +145,7 @@ class Estimator:
         rule = f"steps={req.profile_steps};seconds={req.profile_seconds}"
         estimate_id = uuid.uuid4().hex[:8]
 
-        profiles: dict[str, list[Profile]] = {}
+        profiles: dict[str, list[ProfileRun]] = {}
         todo: list[tuple[str, str, int]] = []
         for part in sorted(set(stand_in.values())):
             gpus = req.gpus if partitions[part].max_gpus_per_node else 0
@@ -197,7 +197,7 @@ class Estimator:
     # ------------------------------------------------------------------ profiling runs
     def _profile(self, req: EstimateRequest, estimate_id: str, script: Path, image: str,
                  partitions: dict[str, Partition], todo: list[tuple[str, str, int]],
-                 profiles: dict[str, list[Profile]], failed: dict[str, str]) -> None:
+                 profiles: dict[str, list[ProfileRun]], failed: dict[str, str]) -> None:
         runs: dict[int, _Run] = {}
         env = {ENV_PROFILE_STEPS: str(req.profile_steps), ENV_PROFILE_SECONDS: f"{req.profile_seconds:g}"}
         how = "one at a time" if req.one_at_a_time else "per partition in parallel"
@@ -230,7 +230,7 @@ class Estimator:
             self.say(f"interrupted: cancelled {len(left)} profiling job(s)")
             raise
 
-    def _wait(self, runs: dict[int, _Run], profiles: dict[str, list[Profile]], failed: dict[str, str]) -> None:
+    def _wait(self, runs: dict[int, _Run], profiles: dict[str, list[ProfileRun]], failed: dict[str, str]) -> None:
         deadline = time.monotonic() + 60 * (PROFILE_LIMIT_MIN + 2) * max(1, len(runs))
         while runs:
             if time.monotonic() > deadline:
@@ -249,7 +249,7 @@ class Estimator:
             if runs:
                 time.sleep(self.poll_s)
 
-    def _collect(self, r: _Run, state: JobState, profiles: dict[str, list[Profile]],
+    def _collect(self, r: _Run, state: JobState, profiles: dict[str, list[ProfileRun]],
                  failed: dict[str, str]) -> None:
         progress = read_events(r.job_dir / PROGRESS_FILE)
         attempts = read_events(r.job_dir / ATTEMPTS_FILE)

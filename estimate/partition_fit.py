@@ -2,7 +2,7 @@
 
 A profiling run trains a few dozen steps at one batch size on one
 partition and stops by itself (``DLSUB_PROFILE_STEPS``). From its progress
-and attempt records come a :class:`Profile`: the steady-state step time
+and attempt records come a :class:`ProfileRun`: the steady-state step time
 (warm-up steps left out, the median over windows of an epoch's steps,
 so a burst of contention or one late report does not skew it but a
 checkpoint at each epoch's end counts), the peak memory, the
@@ -36,7 +36,7 @@ class FitError(ValueError):
 
 
 @dataclass(frozen=True)
-class Profile:
+class ProfileRun:
     """One profiling run: one partition, one global batch size."""
 
     partition: str
@@ -59,7 +59,7 @@ class Profile:
                 "declared_epochs": self.declared_epochs}
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Profile:
+    def from_json(cls, raw: dict[str, Any]) -> ProfileRun:
         return cls(str(raw["partition"]), int(raw["batch_size"]), float(raw["step_s"]), float(raw["memory_mb"]),
                    None if raw.get("steps_per_epoch") is None else int(raw["steps_per_epoch"]),
                    float(raw["startup_s"]), float(raw["teardown_s"]), int(raw["steps"]),
@@ -114,8 +114,8 @@ def _window_step_times(points: Sequence[tuple[int, float]], span: int) -> list[f
 
 
 def profile_from_events(partition: str, batch_size: int, progress: Sequence[dict[str, Any]],
-                        attempts: Sequence[dict[str, Any]]) -> Profile:
-    """A :class:`Profile` from a profiling job's ``progress.jsonl`` and ``attempts.jsonl`` records."""
+                        attempts: Sequence[dict[str, Any]]) -> ProfileRun:
+    """A :class:`ProfileRun` from a profiling job's ``progress.jsonl`` and ``attempts.jsonl`` records."""
     reports = [e for e in progress if e.get("event") == "progress"
                and _num(e.get("step")) is not None and _num(e.get("time")) is not None]
     if not reports:
@@ -138,7 +138,7 @@ def profile_from_events(partition: str, batch_size: int, progress: Sequence[dict
     teardown = (ends[-1] - last_time) if ends else 0.0
     losses = tuple((int(e["step"]), float(e["loss"])) for e in reports if _num(e.get("loss")) is not None)
     declared = [int(v) for e in reports if (v := _num(e.get("total_epochs"))) is not None and v >= 1]
-    return Profile(partition, batch_size, step_s, memory, spe[-1] if spe else None, max(0.0, startup),
+    return ProfileRun(partition, batch_size, step_s, memory, spe[-1] if spe else None, max(0.0, startup),
                    max(0.0, teardown), max(s for s, _ in points), max(cuda) if cuda else None, losses,
                    declared[-1] if declared else None)
 
@@ -185,7 +185,7 @@ class PartitionFit:
     samples_per_epoch: float | None
     startup_s: float
     teardown_s: float
-    measured: dict[int, Profile]
+    measured: dict[int, ProfileRun]
 
     def step_time(self, batch_size: int) -> float:
         if batch_size in self.measured:
@@ -210,7 +210,7 @@ class PartitionFit:
         return self.startup_s + self.teardown_s
 
 
-def fit_partition(profiles: Sequence[Profile]) -> PartitionFit:
+def fit_partition(profiles: Sequence[ProfileRun]) -> PartitionFit:
     """Fit one partition's profiles (at least one)."""
     if not profiles:
         raise FitError("no profiles to fit")

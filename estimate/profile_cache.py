@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dlsub.estimate.partition_fit import Profile
+from dlsub.estimate.partition_fit import ProfileRun
 
 #: Bumped when what a profile measures changes: older entries are then not reused.
 CACHE_VERSION = 2
@@ -51,14 +51,14 @@ class EstimateCache:
         for d in (self.root.parent, self.root, self.profiles):
             d.mkdir(mode=0o700, exist_ok=True)
 
-    def get(self, key: str) -> Profile | None:
+    def get(self, key: str) -> ProfileRun | None:
         path = self.profiles / f"{key}.json"
         try:
-            return Profile.from_json(json.loads(path.read_text(encoding="utf-8")))
+            return ProfileRun.from_json(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, KeyError, TypeError):
             return None  # absent or unreadable: measure again
 
-    def put(self, key: str, profile: Profile) -> None:
+    def put(self, key: str, profile: ProfileRun) -> None:
         self._dirs()
         _write_private(self.profiles / f"{key}.json", profile.to_json())
 

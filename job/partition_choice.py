@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dlsub.slurm_plugins.models import Node, Partition
+from dlsub.slurm_plugins.models import Partition, SlurmNode
 from dlsub.slurm_plugins.timespec import format_minutes
 
 
@@ -47,11 +47,11 @@ class PlanningError(ValueError):
     """The request cannot run anywhere; the message says why and what to change."""
 
 
-def _node_fits(node: Node, req: Request) -> bool:
+def _node_fits(node: SlurmNode, req: Request) -> bool:
     return node.gpus >= req.gpus_per_node and node.cpus >= req.cpus and node.real_memory_mb >= req.mem_mb
 
 
-def _node_free(node: Node, req: Request) -> bool:
+def _node_free(node: SlurmNode, req: Request) -> bool:
     return node.idle_gpus >= req.gpus_per_node and node.idle_cpus >= req.cpus and node.free_memory_mb >= req.mem_mb
 
 

@@ -31,8 +31,14 @@ from pathlib import Path
 
 from dlsub.contract import AGENT_MAILBOX_DIR, AGENT_READABLE
 
-FALLBACK_DIR_MODE = 0o711
-FALLBACK_FILE_MODE = 0o644
+PRIVATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+# Without ACLs: what mode bits add so the agent may pass through a directory (group and others: x) and read
+# the files it reads (group and others: r), and the modes that gives (0711 and 0644), said in the warning.
+TRAVERSE_BITS = 0o011
+READ_BITS = 0o044
+FALLBACK_DIR_MODE = PRIVATE_DIR_MODE | TRAVERSE_BITS
+FALLBACK_FILE_MODE = PRIVATE_FILE_MODE | READ_BITS
 
 
 @dataclass
@@ -65,7 +71,8 @@ class AgentAccess:
             return True
         self.use_acl = False
         self.warnings.append(
-            f"no POSIX ACLs here ({error}); falling back to mode 0711 directories and 0644 progress "
+            f"no POSIX ACLs here ({error}); falling back to mode {FALLBACK_DIR_MODE:04o} directories and "
+            f"{FALLBACK_FILE_MODE:04o} progress "
             f"and attempt files, so other users can open those two files of your jobs by name; and the agent "
             f"gets no mailbox in the job directory, so dlsub will not choose your jobs' batch sizes")
         return False
@@ -79,10 +86,10 @@ class AgentAccess:
 
     def traverse(self, directory: Path) -> None:
         """Let the agent pass through a directory of ours without listing it."""
-        self._grant(directory, "x", 0o011)
+        self._grant(directory, "x", TRAVERSE_BITS)
 
     def read(self, file: Path) -> None:
-        self._grant(file, "r", 0o044)
+        self._grant(file, "r", READ_BITS)
 
     def write_in(self, directory: Path) -> bool:
         """Let the agent (and no one else) write in a directory of ours; False where only ACLs could."""
@@ -93,17 +100,17 @@ def make_job_dir(job_dir: Path, access: AgentAccess) -> None:
     """Make ``job_dir`` (and its parents), the files the agent reads and its mailbox, with the modes above."""
     parents = [p for p in (job_dir.parent.parent, job_dir.parent)]
     for directory in parents:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        directory.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         if directory.stat().st_uid == os.getuid():
             access.traverse(directory)
-    job_dir.mkdir(mode=0o700)
+    job_dir.mkdir(mode=PRIVATE_DIR_MODE)
     access.traverse(job_dir)
     for name in AGENT_READABLE:
-        fd = os.open(job_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = os.open(job_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
         os.close(fd)
         access.read(job_dir / name)
     mailbox = job_dir / AGENT_MAILBOX_DIR
-    mailbox.mkdir(mode=0o700)
+    mailbox.mkdir(mode=PRIVATE_DIR_MODE)
     if not access.write_in(mailbox):
         mailbox.rmdir()  # a mailbox only its owner can write would mislead the agent and the user
 

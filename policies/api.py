@@ -91,10 +91,35 @@ class JobView:
 
 @dataclass(frozen=True)
 class Node:
+    """A node's GPUs as a policy may hand them out (a simulated node whole; live, those it may use).
+    What a node has idle in Slurm this tick is an :class:`IdleNode`."""
+
     name: str
     gpus: int
     cpus: int = 0
     partition: str = "gpu"
+
+
+@dataclass(frozen=True)
+class IdleNode:
+    """What one usable node has idle this tick, as the agent read it from Slurm: the one shape the action
+    rules (partitions, rooms, capacity) give a node's free resources in. CPUs and memory where known
+    (None: not known, and then not checked)."""
+
+    name: str
+    gpus: int
+    cpus: int | None = None
+    memory_mb: int | None = None
+
+    def fits(self, gpus: int, cpus: int = 0, memory_mb: int = 0) -> bool:
+        """Whether this much (per node) could start here now; a size of 0 or less is not checked."""
+        return (self.gpus >= gpus and (self.cpus is None or cpus <= 0 or self.cpus >= cpus)
+                and (self.memory_mb is None or memory_mb <= 0 or self.memory_mb >= memory_mb))
+
+    def less(self, gpus: int, cpus: int = 0, memory_mb: int = 0) -> IdleNode:
+        """The node once this much more is taken (what is not known stays not known)."""
+        return IdleNode(self.name, self.gpus - gpus, None if self.cpus is None else self.cpus - cpus,
+                        None if self.memory_mb is None else self.memory_mb - memory_mb)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,6 @@ stand-in behind that seam for unit tests.
 """
 
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable
-from dlsub.slurm_plugins.models import Node, Partition, SlurmJob
+from dlsub.slurm_plugins.models import Partition, SlurmJob, SlurmNode
 
-__all__ = ["SlurmClient", "SlurmError", "SlurmUnreachable", "Node", "Partition", "SlurmJob"]
+__all__ = ["SlurmClient", "SlurmError", "SlurmUnreachable", "SlurmNode", "Partition", "SlurmJob"]

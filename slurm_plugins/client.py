@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.slurm_plugins.dialects import QUEUE_FORMAT, Dialect, SlurmParseError, SlurmVersion, dialect_for
-from dlsub.slurm_plugins.models import Node, Partition, SlurmJob, parse_key_values
+from dlsub.slurm_plugins.models import Partition, SlurmJob, SlurmNode, parse_key_values
 from dlsub.slurm_plugins.timespec import parse_slurm_duration
 from dlsub.slurm_plugins.usage import SACCT_FORMAT, UsageRecord
 
@@ -183,11 +183,11 @@ class SlurmClient:
                 "on the local testbed run `sudo make testbed`.",
             )
 
-    def nodes(self) -> list[Node]:
+    def nodes(self) -> list[SlurmNode]:
         """Every node, one record each (``sinfo --json`` on 22.05, ``scontrol show nodes --json`` after)."""
         dialect = self.dialect()
         argv = list(dialect.nodes_argv)
-        return [Node.from_sinfo(self._parsed(argv, dialect.node, raw)) for raw in self._records(argv, "nodes")]
+        return [SlurmNode.from_sinfo(self._parsed(argv, dialect.node, raw)) for raw in self._records(argv, "nodes")]
 
     def partitions(self) -> list[Partition]:
         """Partitions with their limits (``scontrol show partition``) and nodes (:meth:`nodes`)."""

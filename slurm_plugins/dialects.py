@@ -32,6 +32,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from dlsub.contract import HELD_BY_USER
+
 #: The versions the testbed runs and CI tests: a site on another gets a warning from `dlsub doctor`.
 TESTED_VERSIONS = ("22.05", "24.11", "26.05")
 #: Older than this, dlsub does not run (its JSON has none of the fields read here).
@@ -91,7 +93,7 @@ _REQUEUED_HELD = ("job_requeued_in_held_state", "job requeued in held state")
 
 
 def _held_reason(reason: str) -> str:
-    return "JobHeldUser" if reason in _REQUEUED_HELD else reason
+    return HELD_BY_USER if reason in _REQUEUED_HELD else reason
 
 
 class Dialect:
@@ -204,7 +206,7 @@ class Dialect:
         }
 
     def node(self, raw: dict[str, Any]) -> dict[str, Any]:
-        """One node of :attr:`nodes_argv`'s JSON as the flat record ``Node.from_sinfo`` reads."""
+        """One node of :attr:`nodes_argv`'s JSON as the flat record ``SlurmNode.from_sinfo`` reads."""
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise self._fail("node", "name", raw.get("name") if isinstance(raw, dict) else raw, "a node name")
         record = f"node {raw['name']}"

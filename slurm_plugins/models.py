@@ -6,14 +6,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlsub.contract import JobState, SubmitRecord, Tags
+from dlsub.contract import JobState, SubmitRecord, Tags, is_held
 from dlsub.contract import gpus_in_tres as _gpus_in
 from dlsub.hostlist import MAX_HOSTLIST as MAX_HOSTLIST  # re-exported: Slurm's records use them
 from dlsub.hostlist import expand_nodes as expand_nodes
 
 
 @dataclass(frozen=True)
-class Node:
+class SlurmNode:
     name: str
     state: str  # sinfo's lower-case state, e.g. "idle", "mixed", "allocated", "down"
     partitions: tuple[str, ...]
@@ -46,7 +46,7 @@ class Node:
         return max(0, self.real_memory_mb - self.alloc_memory_mb) if self.usable else 0
 
     @classmethod
-    def from_sinfo(cls, raw: dict[str, Any]) -> Node:
+    def from_sinfo(cls, raw: dict[str, Any]) -> SlurmNode:
         return cls(
             name=raw["name"],
             state=str(raw.get("state", "unknown")).lower(),
@@ -64,7 +64,7 @@ class Node:
 @dataclass(frozen=True)
 class Partition:
     name: str
-    nodes: tuple[Node, ...]
+    nodes: tuple[SlurmNode, ...]
     max_time_min: int | None  # None: unlimited
     default_time_min: int | None
     default: bool = False
@@ -121,7 +121,7 @@ class SlurmJob:
     @property
     def held(self) -> bool:
         """Held by a user or an admin (priority 0): it will not start until released."""
-        return self.state == "PENDING" and self.reason in ("JobHeldUser", "JobHeldAdmin")
+        return is_held(self.state, self.reason)
 
     @property
     def end_time(self) -> int:

@@ -105,7 +105,7 @@ def measured_text(scaled: ScaledJob) -> str:
         return f"nothing yet{earlier}" if earlier else "nothing yet (the model is the prior)"
     parts = []
     # The sizes nearest the job's present one, at most MAX_SIZES_SHOWN of them.
-    shown = sorted(sorted(scaled.measured.items(), key=lambda kv: abs(kv[0][0] - scaled.job.nodes_now))
+    shown = sorted(sorted(scaled.measured.items(), key=lambda kv: abs(kv[0][0] - scaled.job.members_now))
                    [:MAX_SIZES_SHOWN])
     for (nodes, replicas), (steps, samples) in shown:
         rate = samples if samples is not None else steps
@@ -174,8 +174,8 @@ def held_gpus(job: ElasticJob) -> tuple[str, ...]:
     """The node of each GPU the job holds: its main job's first, then its running workers' oldest first (so a
     policy that shrinks it in place keeps a prefix, and the workers cut are the newest, the ones that leave).
     A node squeue did not name stands as a name of the job's own, so its GPUs still count."""
-    main = (*job.main_nodes, *(f"{job.dlsub_id}#main{i}" for i in range(len(job.main_nodes), job.min_nodes)))
-    nodes = [node for node in main[:job.min_nodes] for _ in range(job.gpus_per_node)]
+    main = (*job.main_nodes, *(f"{job.dlsub_id}#main{i}" for i in range(len(job.main_nodes), job.min_members)))
+    nodes = [node for node in main[:job.min_members] for _ in range(job.gpus_per_node)]
     running = sorted((w for w in job.workers if w.state == "RUNNING"), key=lambda w: (w.start_time, w.handle))
     for worker in running:
         nodes.extend([worker.nodes[0] if worker.nodes else f"{worker.handle}#node"] * job.gpus_per_worker)
@@ -190,7 +190,7 @@ def resizing(job: ElasticJob) -> bool:
 def partition_view(room: Room, capacity: Capacity, holding: Mapping[str, Allocation]) -> ClusterView:
     """The GPUs the policy may hand out: on each node, those idle after waiting jobs' claims
     (``capacity``) and those the jobs being sized hold there."""
-    offered: Counter[str] = Counter({name: node[0] or 0 for name, node in capacity.nodes.items()})
+    offered: Counter[str] = Counter({name: node.gpus for name, node in capacity.nodes.items()})
     for alloc in holding.values():
         offered.update(alloc.nodes)
     return ClusterView(tuple(Node(name, gpus, partition=room.name) for name, gpus in offered.items() if gpus > 0),
@@ -210,7 +210,7 @@ def members_given(job: ElasticJob, decided: Allocation | None) -> int:
     """The job's members (main job, then workers) at the GPUs the policy gave it; a job it left out or gave
     less than its minimum keeps its main job (the agent never stops a job to size it)."""
     gpus = 0 if decided is None else decided.gpus
-    return min(job.max_nodes, job.min_nodes + max(0, gpus - job.main_gpus) // job.gpus_per_worker)
+    return min(job.max_members, job.min_members + max(0, gpus - job.main_gpus) // job.gpus_per_worker)
 
 
 def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: float,
@@ -236,11 +236,11 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
     left = dict(headroom or {})
     actions: list[Resize] = []
     wanting: dict[int, int] = {}  # per uid: GPUs the policy grows its jobs by that no idle node can give now
-    order = sorted(settled, key=lambda s: (-(target[s.job.dlsub_id] - s.job.nodes_now), s.job.submit_time,
+    order = sorted(settled, key=lambda s: (-(target[s.job.dlsub_id] - s.job.members_now), s.job.submit_time,
                                            s.job.slurm_job_id))
     for scaled in order:
         job = scaled.job
-        want = target[job.dlsub_id] - job.nodes_now
+        want = target[job.dlsub_id] - job.members_now
         if want <= 0:
             continue
         if job.uid in left:
@@ -249,7 +249,7 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
         taken = take_workers(job, capacity, want, spots)
         if want > len(taken):
             wanting[job.uid] = wanting.get(job.uid, 0) + (want - len(taken)) * job.gpus_per_worker
-        for size, placed in enumerate(taken, start=job.nodes_now + 1):
+        for size, placed in enumerate(taken, start=job.members_now + 1):
             worker = placed.worker
             if job.uid in left:
                 left[job.uid] -= job.gpus_per_worker
@@ -258,7 +258,7 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
                                   partition=room.name, node=placed.node, batch_size=batch,
                                   accumulation_steps=micro, reason=(
                                       f"growing to {_size_text(job, size)} ({policy.name} policy): "
-                                      f"{_figures(scaled, job.nodes_now, size)}{words}; {placed.why}; released "
+                                      f"{_figures(scaled, job.members_now, size)}{words}; {placed.why}; released "
                                       f"worker {worker.handle} there to join the group")))
     # Workers already leaving give their GPUs back soon: not one more shrink for the same want.
     for scaled in jobs:
@@ -270,7 +270,7 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
         job = scaled.job
         running = sorted((w for w in job.workers if w.state == "RUNNING" and not w.leaving),
                          key=lambda w: -w.start_time)
-        size = job.nodes_now
+        size = job.members_now
         while wanting.get(job.uid, 0) > 0 and size > target[job.dlsub_id] and running:
             worker = running.pop(0)
             wanting[job.uid] -= job.gpus_per_worker
@@ -279,6 +279,6 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
             actions.append(Resize(ActionKind.SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
                                   batch_size=batch, accumulation_steps=micro, reason=(
                 f"shrinking to {_size_text(job, size)} ({policy.name} policy): another elastic job of yours gains "
-                f"more from its GPUs; {_figures(scaled, job.nodes_now, size)}{words}; the worker on "
+                f"more from its GPUs; {_figures(scaled, job.members_now, size)}{words}; the worker on "
                 f"{','.join(worker.nodes) or '?'} checkpoints with the group and goes back to the held pool")))
     return actions

@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypedDict
 
-from dlsub.contract import ACTION_MOVE
+from dlsub.contract import ACTION_MOVE, HELD_BY_ADMIN, HELD_BY_USER, is_held
 from dlsub.policies.actions.budget_gate import move_fits_budget
 from dlsub.policies.actions.kinds import ActionKind as K
 from dlsub.policies.actions.kinds import MoveKind
@@ -66,7 +66,7 @@ from dlsub.policies.actions.move_views import (
     PartitionInfo,
     Rules,
     Usage,
-    Window,
+    WindowState,
 )
 from dlsub.policies.api import ClusterView, JobView, Node
 from dlsub.policies.registry import get_policy
@@ -92,7 +92,7 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
         # PREEMPTED is final too: Slurm will not run this job again, so nothing is left to move.
         return [Action(K.ABANDON_MOVE, reason=f"the job ended ({job.state}) before the {move.kind} finished", **common)]
     requeued = job.restart_count > move.restart_count
-    if job.state == "PENDING" and job.reason == "JobHeldAdmin":
+    if is_held(job.state, job.reason) and job.reason == HELD_BY_ADMIN:
         return [Action(K.NOTE, reason="held by an administrator: the agent leaves it held and waits "
                        f"(its {move.kind} to {move.target_partition} continues once an administrator releases it)",
                        **common)]
@@ -133,7 +133,7 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
         actions.append(Action(K.RETARGET, reason=f"checkpointed; now for {move.target_partition}",
                               partition=move.target_partition, gpus=move.target_gpus,
                               time_limit_min=move.time_limit_min, **common))
-    if job.reason == "JobHeldUser":
+    if job.reason == HELD_BY_USER:
         actions.append(Action(K.RELEASE, reason=f"released to start on {move.target_partition}", **common))
     elif job.reason == "BeginTime" and not actions:
         return []  # Slurm's requeue wait: the move is done when the job runs there
@@ -274,11 +274,11 @@ def _choose_movers(candidates: list[tuple[JobInfo, float]], usage: dict[int, Usa
         # The ideal partition's idle GPUs, minus what jobs already waiting there want.
         spare = ideal.pending_gpus
         nodes = []
-        for node, gpus, _ in ideal.nodes:
-            take = min(spare, gpus)
+        for node in ideal.nodes:
+            take = min(spare, node.gpus)
             spare -= take
-            if gpus - take > 0:
-                nodes.append(Node(node, gpus - take, partition=name))
+            if node.gpus - take > 0:
+                nodes.append(Node(node.name, node.gpus - take, partition=name))
         if not nodes:
             continue
         views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=min(j.gpus_wanted, rules.max_gpus_per_job),
@@ -365,7 +365,7 @@ def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo]
     return actions
 
 
-def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules, window: Window,
+def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules, window: WindowState,
               now: float, usage: dict[int, Usage], granted: Granted | None = None) -> list[Action]:
     actions: list[Action] = []
     granted = {} if granted is None else granted
@@ -390,7 +390,7 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
                 for part in partitions.values():
                     if part.role not in rules.backfill_roles or part.name == job.partition:
                         continue
-                    free_nodes = [n for n, g, c in part.nodes if g >= gpus and c >= rules.job_cpus]
+                    free_nodes = [n.name for n in part.nodes if n.fits(gpus, rules.job_cpus)]
                     if len(free_nodes) <= taken.get(part.name, 0):
                         continue
                     # Never above the limit it was submitted with; cut to the partition's MaxTime.
@@ -436,11 +436,11 @@ def _backfill_seconds(job: JobInfo, limit_min: int | None, closes_in: float | No
     return min(bounds) if bounds else None
 
 
-_CLOSED = Window(False)  # no backfill window open (frozen: one default shared by every call)
+_CLOSED = WindowState(False)  # no backfill window open (frozen: one default shared by every call)
 
 
 def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Rules, now: float,
-         window: Window = _CLOSED, usage: dict[int, Usage] | None = None) -> list[Action]:
+         window: WindowState = _CLOSED, usage: dict[int, Usage] | None = None) -> list[Action]:
     """Everything the agent should do this tick, moves in flight first.
 
     ``usage`` is what each uid holds in Slurm (all its jobs, moves in

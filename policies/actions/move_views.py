@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from dlsub.policies.actions.kinds import ActionKind, MoveKind
+from dlsub.policies.api import IdleNode
 
 
 class MovePhase(StrEnum):
@@ -97,17 +98,17 @@ class PartitionInfo:
     name: str
     role: str | None  # gpu | cpu | dev | None (not in the policy)
     speed: float
-    nodes: tuple[tuple[str, int, int], ...]  # (node, idle GPUs, idle CPUs) for nodes that are up
+    nodes: tuple[IdleNode, ...]  # the nodes that are up
     pending_gpus: int = 0  # GPUs wanted by jobs already waiting there (not ours to overtake)
     max_time_s: float | None = None
     cost_per_node_hour: float = 0.0  # the policy's price of a node-hour here (budgets)
 
     @property
     def idle_gpus(self) -> int:
-        return sum(g for _, g, _ in self.nodes)
+        return sum(n.gpus for n in self.nodes)
 
     def idle_node_for(self, gpus: int, cpus: int) -> bool:
-        return any(g >= gpus and c >= cpus for _, g, c in self.nodes)
+        return any(n.fits(gpus, cpus) for n in self.nodes)
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ class Rules:
 
 
 @dataclass(frozen=True)
-class Window:
+class WindowState:
     """The state of the backfill windows at ``now``: open or not, and when that changes."""
 
     open: bool

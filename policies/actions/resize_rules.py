@@ -30,8 +30,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from dlsub.contract import HELD_BY_USER, is_held
 from dlsub.policies.actions.kinds import ActionKind
-from dlsub.policies.api import ClusterView, JobView, Node
+from dlsub.policies.api import ClusterView, IdleNode, JobView, Node
 from dlsub.policies.registry import get_policy
 
 #: A worker task requeued this many times (each shrink is one) is left held.
@@ -52,16 +53,19 @@ class WorkerTask:
     start_time: float = 0.0
     leaving: bool = False  # told to leave (MOVE_SIGNAL) and still checkpointing with its group
     gpus: int = 0  # the GPUs Slurm gives the task (its gres); 0: unknown
+    # Released by a grow the agent resumes this tick after a crash: on its way, whatever reason Slurm's
+    # answer (read before the release) shows.
+    released: bool = False
 
     @property
     def in_pool(self) -> bool:
-        return self.state == "PENDING" and self.reason == "JobHeldUser"
+        return is_held(self.state, self.reason) and self.reason == HELD_BY_USER and not self.released
 
     @property
     def joining(self) -> bool:
         """Released and on its way (pending, not held), or running."""
-        return self.state == "RUNNING" or (self.state == "PENDING" and self.reason not in
-                                           ("JobHeldUser", "JobHeldAdmin"))
+        return self.state == "RUNNING" or (self.state == "PENDING" and (
+            self.released or not is_held(self.state, self.reason)))
 
     @property
     def starting(self) -> bool:
@@ -81,8 +85,8 @@ class ElasticJob:
     ended: bool  # the main job ended for good
     partition: str
     gpus_per_node: int
-    min_nodes: int
-    max_nodes: int
+    min_members: int
+    max_members: int
     submit_time: float
     worker_arrays: tuple[int, ...]  # the job's worker array(s) in Slurm
     workers: tuple[WorkerTask, ...] = ()
@@ -93,9 +97,9 @@ class ElasticJob:
     main_nodes: tuple[str, ...] = ()  # where the main job runs
 
     @property
-    def nodes_now(self) -> int:
+    def members_now(self) -> int:
         """Its members now: the main job's nodes and the workers running or on their way."""
-        return self.min_nodes + sum(1 for w in self.workers if w.joining)
+        return self.min_members + sum(1 for w in self.workers if w.joining)
 
     @property
     def gpus_per_worker(self) -> int:
@@ -103,18 +107,18 @@ class ElasticJob:
 
     @property
     def main_gpus(self) -> int:
-        return self.min_nodes * self.gpus_per_node
+        return self.min_members * self.gpus_per_node
 
     def gpus_at(self, members: int) -> int:
-        return self.main_gpus + self.gpus_per_worker * (members - self.min_nodes)
+        return self.main_gpus + self.gpus_per_worker * (members - self.min_members)
 
     @property
     def gpus_now(self) -> int:
-        return self.gpus_at(self.nodes_now)
+        return self.gpus_at(self.members_now)
 
     @property
     def max_gpus(self) -> int:
-        return self.gpus_at(self.max_nodes)
+        return self.gpus_at(self.max_members)
 
     def packing(self, gpus: int) -> int:
         """GPUs a node holds for it, to place ``gpus`` of them: a node's (whole nodes), else all on one (its
@@ -138,15 +142,15 @@ class Room:
     """One partition's GPU nodes as the agent sees them this tick."""
 
     name: str
-    nodes: tuple[tuple[str, int], ...]  # (node, idle GPUs) of every usable node
+    # Every usable node: its idle GPUs, and its idle CPUs and free memory where known (a worker needs
+    # those too).
+    nodes: tuple[IdleNode, ...]
     waiting_gpus: int = 0  # GPUs wanted by jobs waiting there (not held, not ours to overtake)
     waiting_per_node: int = 0  # the most GPUs on one node that one of them wants
-    # (node, idle CPUs, free memory in MB) of the same nodes, where known: a worker needs those too.
-    spare: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def idle_gpus(self) -> int:
-        return sum(g for _, g in self.nodes)
+        return sum(n.gpus for n in self.nodes)
 
     def short_of_gpus(self, freed: dict[str, int] | None = None) -> bool:
         """Whether jobs wait here that the idle GPUs cannot start: too few in all, or none on one node.
@@ -156,7 +160,7 @@ class Room:
         if self.waiting_gpus <= 0:
             return False
         back = freed or {}
-        idle = [(n, g + back.get(n, 0)) for n, g in self.nodes]
+        idle = [(n.name, n.gpus + back.get(n.name, 0)) for n in self.nodes]
         return (self.waiting_gpus > sum(g for _, g in idle)
                 or not any(g >= self.waiting_per_node for _, g in idle))
 
@@ -167,36 +171,30 @@ class Capacity:
     own per-node request, so one job's large shape never hides a node another job fits."""
 
     def __init__(self, room: Room, reserve_gpus: int = 0) -> None:
-        spare = {name: (cpus, mem) for name, cpus, mem in room.spare}
-        self.nodes: dict[str, list[int | None]] = {
-            name: [gpus, *spare.get(name, (None, None))] for name, gpus in room.nodes}
+        self.nodes: dict[str, IdleNode] = {}
         # Jobs waiting there keep first claim on idle GPUs: those of the first nodes are theirs.
-        for node in self.nodes.values():
-            gpus = node[0] or 0
-            claim = min(reserve_gpus, gpus)
-            node[0] = gpus - claim
+        for node in room.nodes:
+            claim = min(reserve_gpus, node.gpus)
+            self.nodes[node.name] = node.less(claim)
             reserve_gpus -= claim
 
     @staticmethod
-    def _fits(node: list[int | None], job: ElasticJob) -> bool:
-        gpus, cpus, memory = node
-        return ((gpus or 0) >= job.gpus_per_worker
-                and (cpus is None or job.cpus_per_node <= 0 or cpus >= job.cpus_per_node)
-                and (memory is None or job.memory_per_node_mb <= 0 or memory >= job.memory_per_node_mb))
+    def _fits(node: IdleNode, job: ElasticJob) -> bool:
+        return node.fits(job.gpus_per_worker, job.cpus_per_node, job.memory_per_node_mb)
 
     def _candidates(self, job: ElasticJob) -> list[str]:
         """Where a worker of ``job`` may go, best first: the nodes the job already runs on (fewer nodes per
         job, as Pollux places), then the node with the most idle GPUs (where its next workers fit too)."""
         own = [n for n in dict.fromkeys(job.own_nodes()) if n in self.nodes]
-        rest = sorted((n for n in self.nodes if n not in own), key=lambda n: -(self.nodes[n][0] or 0))
+        rest = sorted((n for n in self.nodes if n not in own), key=lambda n: -self.nodes[n].gpus)
         return [n for n in (*own, *rest) if self._fits(self.nodes[n], job)]
 
     def count(self, job: ElasticJob) -> int:
         """How many of ``job``'s workers the idle GPUs could start (several on one node when they fit)."""
-        saved = {name: list(node) for name, node in self.nodes.items()}
+        saved = dict(self.nodes)
         try:
             taken = 0
-            while taken < job.max_nodes and self.take(job) is not None:
+            while taken < job.max_members and self.take(job) is not None:
                 taken += 1
             return taken
         finally:
@@ -212,10 +210,7 @@ class Capacity:
             if not candidates:
                 return None
             name = candidates[0]
-        node = self.nodes[name]
-        node[0] = (node[0] or 0) - job.gpus_per_worker
-        node[1] = None if node[1] is None else node[1] - job.cpus_per_node
-        node[2] = None if node[2] is None else node[2] - job.memory_per_node_mb
+        self.nodes[name] = self.nodes[name].less(job.gpus_per_worker, job.cpus_per_node, job.memory_per_node_mb)
         return name
 
     def why_there(self, job: ElasticJob, node: str) -> str:
@@ -223,7 +218,7 @@ class Capacity:
         if node in job.own_nodes():
             return f"{node}, a node the job already runs on, has {job.gpus_per_worker} idle GPU(s) for it"
         if job.own_nodes():
-            return (f"{node} has the most idle GPUs ({(self.nodes[node][0] or 0) + job.gpus_per_worker}) and none "
+            return (f"{node} has the most idle GPUs ({self.nodes[node].gpus + job.gpus_per_worker}) and none "
                     f"of the job's nodes ({','.join(dict.fromkeys(job.own_nodes()))}) has {job.gpus_per_worker}")
         return f"{node} has {job.gpus_per_worker} idle GPU(s) for it"
 
@@ -234,7 +229,7 @@ class Resize:
     dlsub_id: str
     slurm_job_id: int  # the main job
     reason: str
-    worker: str | None = None  # the worker task's handle (END_WORKERS: the array id)
+    worker: str | None = None  # GROW, SHRINK: the worker task's handle ("<array id>_<task id>")
     partition: str | None = None
     # For a job that lets dlsub choose its batch: the global batch at the new size, and its micro-steps
     # per optimiser step there (told to the job before the resize; it reads them when it restarts).
@@ -242,6 +237,7 @@ class Resize:
     accumulation_steps: int | None = None
     # GROW: the node the worker is pointed at (Slurm's ReqNodeList) before its release; None: where Slurm likes.
     node: str | None = None
+    array: int | None = None  # END_WORKERS: the worker array to cancel
 
 
 def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> list[Resize]:
@@ -265,7 +261,7 @@ def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> 
             held[node] = held.get(node, 0) + each
     for worker in running:
         for room in rooms.values():
-            idle = dict(room.nodes)
+            idle = {n.name: n.gpus for n in room.nodes}
             # Only a node that the waiting jobs could then use is worth freeing.
             helps = any(n in idle and idle[n] + freed.get(n, 0) + held.get(n, 0) >= room.waiting_per_node
                         for n in worker.nodes)
@@ -274,7 +270,7 @@ def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> 
                     freed[node] = freed.get(node, 0) + each
                     held[node] -= each
                 out.append(Resize(ActionKind.SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle, reason=(
-                    f"shrinking to {job.size_text(job.nodes_now - len(out) - 1)}: jobs waiting on {room.name} "
+                    f"shrinking to {job.size_text(job.members_now - len(out) - 1)}: jobs waiting on {room.name} "
                     f"need {room.waiting_gpus} GPU(s) and {room.idle_gpus} are idle; the worker on "
                     f"{','.join(worker.nodes)} ({each} GPU(s)) checkpoints with the group and goes back to the "
                     f"held pool")))
@@ -336,7 +332,7 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
             continue
         for array in job.worker_arrays:
             if any(w.state in ("PENDING", "RUNNING") and w.handle.startswith(f"{array}_") for w in job.workers):
-                actions.append(Resize(ActionKind.END_WORKERS, job.dlsub_id, job.slurm_job_id, worker=str(array),
+                actions.append(Resize(ActionKind.END_WORKERS, job.dlsub_id, job.slurm_job_id, array=array,
                                       reason=f"the job ended ({job.state}): cancelling its worker tasks"))
     live = [j for j in jobs if j.state == "RUNNING" and not j.ended and not j.moving]
     shrinking: set[str] = set()
@@ -347,7 +343,7 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
             actions.append(action)
             shrinking.add(job.dlsub_id)
     # Growth: idle nodes nobody waits for, per partition, to the jobs the policy picks.
-    growers = [j for j in live if j.dlsub_id not in shrinking and j.nodes_now < j.max_nodes
+    growers = [j for j in live if j.dlsub_id not in shrinking and j.members_now < j.max_members
                and any(usable_worker(w, j) for w in j.workers)]
     by_partition: dict[str, list[ElasticJob]] = {}
     for job in growers:
@@ -367,8 +363,8 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         if room is None or room.waiting_gpus >= room.idle_gpus or room.short_of_gpus():
             continue
         capacity = Capacity(room, reserve_gpus=room.waiting_gpus)
-        free = [Node(n, g[0] or 0, partition=name) for n, g in capacity.nodes.items()
-                if any(Capacity._fits(g, j) for j in group)]
+        free = [Node(n, idle.gpus, partition=name) for n, idle in capacity.nodes.items()
+                if any(Capacity._fits(idle, j) for j in group)]
         if not free:
             continue
         views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=j.max_gpus - j.gpus_now) for j in group]
@@ -376,8 +372,8 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         order = sorted(group, key=lambda j: (-(decision[j.dlsub_id].gpus if j.dlsub_id in decision else 0),
                                              j.submit_time, j.slurm_job_id))
         for job in order:
-            for size, placed in enumerate(take_workers(job, capacity, job.max_nodes - job.nodes_now),
-                                          start=job.nodes_now + 1):
+            for size, placed in enumerate(take_workers(job, capacity, job.max_members - job.members_now),
+                                          start=job.members_now + 1):
                 actions.append(Resize(ActionKind.GROW, job.dlsub_id, job.slurm_job_id, worker=placed.worker.handle,
                                       partition=name, node=placed.node, reason=(
                                           f"growing to {job.size_text(size)}: {placed.why} (partition {name}; "

@@ -86,10 +86,10 @@ def test_estimate_predicts_a_real_run(user: TestbedUser, workdir: Path) -> None:
     _within(row["memory_mb"], max(p for _, p in runs), "memory MB, batch 128")
 
     # A batch size it did not profile: the memory fitted over 32, 128 and 512.
-    from dlsub.estimate.partition_fit import Profile, fit_partition
+    from dlsub.estimate.partition_fit import ProfileRun, fit_partition
 
     saved = json.loads((user.home / ".dlsub" / "estimates" / f"{est['id']}.json").read_text())
-    fit = fit_partition([Profile.from_json(p) for p in saved["profiles"]["cpu"]])
+    fit = fit_partition([ProfileRun.from_json(p) for p in saved["profiles"]["cpu"]])
     _, peak_256 = _run_for_real(user, workdir, 256)
     _within(fit.memory(256), peak_256, "memory MB, batch 256 (not profiled)")
 

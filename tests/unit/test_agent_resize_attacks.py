@@ -131,5 +131,5 @@ def test_one_bad_worker_record_does_not_stop_the_tick(tmp_path: Path) -> None:
         agent.tick(NOW + tick)
         assert world.store is not None
         row = world.store.job(ME, mine)
-        assert row is not None and row.data.get("progress"), f"tick {tick}: my job was not read past the bad record"
+        assert row is not None and row.data.progress, f"tick {tick}: my job was not read past the bad record"
     assert world.store.job(OTHER, 99999) is None, "the bad record is not adopted"

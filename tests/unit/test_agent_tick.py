@@ -208,7 +208,7 @@ def test_many_jobs_of_one_user_cannot_use_up_every_deadline(tmp_path: Path) -> N
     agent = w.agent(deadline_clock=lambda: next(ticks))
     agent.tick(NOW)
     assert w.store.meta()["late"] is True
-    assert w.store.job(ME, victim).data.get("progress"), "the victim's files were read in the first tick"
+    assert w.store.job(ME, victim).data.progress, "the victim's files were read in the first tick"
     for i in range(1, 20):
         agent.tick(NOW + i)
     # (Their directories are not theirs here, so their reads fail: what counts is that each was tried.)

@@ -80,7 +80,7 @@ def test_id_reuse_through_a_plain_sbatch_comment_by_another_uid(tmp_path: Path, 
     assert w.snapshot(attacker) == attacker_before and w.mutating_calls(attacker) == []
     ignored = w.store.decisions(uid=OTHER)
     assert [d.kind for d in ignored] == ["ignored"] and ignored[0].slurm_job_id == attacker
-    assert w.store.job(OTHER, attacker).data == {"ignored": True}, "its files were never read"
+    assert w.store.job(OTHER, attacker).data.to_dict() == {"ignored": True}, "its files were never read"
     assert w.store.decisions(uid=ME)[0].kind == "move"
     agent.tick(NOW + 60)
     assert [d.kind for d in w.store.decisions(uid=OTHER)] == ["ignored"], "said once"
@@ -149,8 +149,8 @@ def test_hostile_files_cost_only_their_job_an_observation(tmp_path: Path, kind: 
         # Bad events are dropped one by one (the over-long lines said once); the file's good events count.
         assert len(skipped) == 1 and "read in part" in skipped[0]
         data = w.store.job(ME, bad).data
-        key = "progress" if name == "progress.jsonl" else "attempts"
-        assert data[key]["bad_events"] >= 8
+        summary = data.progress if name == "progress.jsonl" else data.attempts
+        assert summary is not None and summary.bad_events >= 8
     else:
         assert len(skipped) == 1, "one decision per reason, not one per tick"
         if kind != "huge":
@@ -166,8 +166,8 @@ def test_comment_rewritten_after_submit_the_submit_record_wins(tmp_path: Path) -
     agent = w.agent()
     actions = agent.tick(NOW)
     assert [(a.kind, a.partition, a.gpus) for a in actions] == [("signal-move", "gpu", 1)]
-    request = w.store.job(ME, job_id).data["request"]
-    assert request["source"] == "record" and request["time_limit_min"] == 30
+    request = w.store.job(ME, job_id).data.request
+    assert request is not None and request.source == "record" and request.time_limit_min == 30
 
 
 def test_without_a_record_the_first_tags_seen_are_frozen(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""Unit (no Slurm): ARCHITECTURE.md names only folders, files and modules that exist, and stays short."""
+"""Unit (no Slurm): ARCHITECTURE.md names only folders, files, modules and code that exist, its resize
+walkthrough can be followed with the files it names, and it stays short."""
 
 from __future__ import annotations
 
@@ -52,3 +53,80 @@ def test_the_layers_it_lists_are_the_ones_import_linter_holds() -> None:
     assert layers["exhaustive"] and layers["containers"] == ["dlsub"]
     written = " › ".join(f"`{layer}`" for layer in layers["layers"])
     assert written in " ".join(DOC.read_text().split()), written
+
+
+# ---------------------------------------------------------------- the code names it quotes
+def _definitions() -> tuple[dict[str, set[Path]], dict[tuple[str, str], set[Path]]]:
+    """Every name the package defines (classes, functions, module constants, and the methods and fields of
+    its classes), with the files that define it; and each (class, member) pair."""
+    import ast
+
+    names: dict[str, set[Path]] = {}
+    members: dict[tuple[str, str], set[Path]] = {}
+    files = [f for d in (*PACKAGE_DIRS, "dlsub") for f in (REPO / d).rglob("*.py")]
+    for path in files:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            for name in _defined(node):
+                names.setdefault(name, set()).add(path)
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    for name in _defined(item):
+                        members.setdefault((node.name, name), set()).add(path)
+    return names, members
+
+
+def _defined(node: object) -> list[str]:
+    import ast
+
+    if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [node.name]
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return [node.target.id]
+    if isinstance(node, ast.Assign):
+        return [t.id for t in node.targets if isinstance(t, ast.Name)]
+    return []
+
+
+def _code_names(text: str) -> list[str]:
+    """The quoted names that are code, not commands or layers: CamelCase, CONSTANTS, Class.member, _private."""
+    words = re.findall(r"`([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)`", text)
+    return [w for w in dict.fromkeys(words) if not w.startswith(("dlsub", "__")) and (
+        any(c.isupper() for c in w) or w.startswith("_"))]
+
+
+def _resolves(word: str, names: dict[str, set[Path]], members: dict[tuple[str, str], set[Path]]) -> set[Path]:
+    """The files that define what ``word`` names (none: it names nothing in the package)."""
+    if word.startswith("DLSUB_"):  # an environment variable: the contract names it
+        contract = REPO / "dlsub" / "contract.py"
+        return {contract} if f'"{word}"' in contract.read_text() else set()
+    if "." in word:
+        owner, member = word.split(".")
+        return members.get((owner, member), set())
+    return names.get(word, set()) | {p for (_, m), ps in members.items() if m == word for p in ps}
+
+
+def test_every_code_name_it_quotes_is_defined_in_the_package() -> None:
+    """A class, a Class.member, a constant or a function it names exists (so a rename updates the map)."""
+    names, members = _definitions()
+    quoted = _code_names(DOC.read_text())
+    assert len(quoted) >= 8, quoted
+    missing = [w for w in quoted if not _resolves(w, names, members)]
+    assert not missing, f"ARCHITECTURE.md names code the package does not define: {missing}"
+
+
+def test_a_gpu_grow_can_be_followed_with_the_files_its_walkthrough_names() -> None:
+    """The resize walkthrough, read alone, leads from the decision to Slurm: each code name it quotes is
+    defined in a file that same section names, and it names the grow's Slurm calls."""
+    text = DOC.read_text()
+    section = text[text.index("## A resize"):text.index("## The contract")]
+    files = {REPO / p.rstrip(",.") for p in re.findall(r"`([^`\s]+\.py)`", section)}
+    names, members = _definitions()
+    quoted = _code_names(section)
+    assert {"SlurmClient.point_at_node", "SlurmClient.release", "Capacity", "STEPS"} <= set(quoted), quoted
+    astray = [w for w in quoted if not _resolves(w, names, members) & files]
+    assert not astray, f"the resize walkthrough names code defined in no file it names: {astray}"
+    for path in ("agent/decide.py", "policies/actions/resize_rules.py", "agent/agent_store.py", "agent/act.py",
+                 "slurm_plugins/client.py"):
+        assert REPO / path in files, f"the walkthrough of a grow does not name {path}"
+    assert "`scontrol update ReqNodeList=`" in section

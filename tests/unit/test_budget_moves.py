@@ -20,7 +20,8 @@ from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.cli.agent_commands import why
 from dlsub.policies.actions import move_rules as m
 from dlsub.policies.actions.kinds import ActionKind as K
-from dlsub.policies.actions.move_views import BudgetLeft, JobInfo, PartitionInfo, Rules, Window
+from dlsub.policies.actions.move_views import BudgetLeft, JobInfo, PartitionInfo, Rules, WindowState
+from dlsub.policies.api import IdleNode
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
 
@@ -29,9 +30,9 @@ RULES = Rules(restart_cost_s=60, min_saving_s=60, checkpoint_grace_s=90)
 
 def parts(gpu_price: float = 8.0) -> list[PartitionInfo]:
     return [
-        PartitionInfo("gpu", "gpu", 1.0, (("gpu1", 4, 4),), cost_per_node_hour=gpu_price),
-        PartitionInfo("gpu-dev", "dev", 1.0, (("gpu2", 4, 4),), max_time_s=3600, cost_per_node_hour=2.0),
-        PartitionInfo("cpu", "cpu", 0.1, (("cpu1", 0, 4),), cost_per_node_hour=1.0),
+        PartitionInfo("gpu", "gpu", 1.0, (IdleNode("gpu1", 4, 4),), cost_per_node_hour=gpu_price),
+        PartitionInfo("gpu-dev", "dev", 1.0, (IdleNode("gpu2", 4, 4),), max_time_s=3600, cost_per_node_hour=2.0),
+        PartitionInfo("cpu", "cpu", 0.1, (IdleNode("cpu1", 0, 4),), cost_per_node_hour=1.0),
     ]
 
 
@@ -83,8 +84,8 @@ def test_a_spent_budget_stops_a_move_of_unknown_length_and_a_backfill() -> None:
     # A pending GPU job in an open window: gpu-dev is idle, but 1 h there costs 2.00 and 1.50 is left.
     waiting = job(state="PENDING", reason="Resources", partition="gpu", ideal_partition="gpu", gpus_now=1,
                   eta_s=None, time_limit_min=120, budgets=(BudgetLeft("user alice", cost=1.5),))
-    gpu_busy = [replace(p, nodes=(("gpu1", 0, 4),)) if p.name == "gpu" else p for p in parts()]
-    window = Window(True, "night", NOW + 8 * 3600)
+    gpu_busy = [replace(p, nodes=(IdleNode("gpu1", 0, 4),)) if p.name == "gpu" else p for p in parts()]
+    window = WindowState(True, "night", NOW + 8 * 3600)
     actions = m.plan([waiting], gpu_busy, RULES, NOW, window)
     assert [a.kind for a in actions] == [K.NOTE]
     assert "not backfilled onto gpu-dev: it would use about 1.00 node-hours costing 2.00" in actions[0].reason

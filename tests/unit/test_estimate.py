@@ -18,7 +18,14 @@ from conftest import WEIRD_NAME
 
 from dlsub.cli.main import main
 from dlsub.estimate.apply_choice import from_estimate
-from dlsub.estimate.partition_fit import Profile, cost, fit_partition, profile_from_events, steady_step_time, walltime
+from dlsub.estimate.partition_fit import (
+    ProfileRun,
+    cost,
+    fit_partition,
+    profile_from_events,
+    steady_step_time,
+    walltime,
+)
 from dlsub.estimate.profile_cache import EstimateCache, profile_key
 from dlsub.estimate.recommend import Horizon, Knobs, PartitionFacts, build_rows, recommend
 from dlsub.job.loss_curve import fit_loss_curve, target_eta
@@ -279,7 +286,7 @@ def test_cache_keys_change_with_script_args_and_the_rest() -> None:
 
 def test_cache_round_trip_is_private(tmp_path: Path) -> None:
     cache = EstimateCache(tmp_path / "home")
-    profile = Profile("cpu", 32, 0.01, 300.0, 44, 3.5, 1.2, 40, None, ((5, 2.0),), 30)
+    profile = ProfileRun("cpu", 32, 0.01, 300.0, 44, 3.5, 1.2, 40, None, ((5, 2.0),), 30)
     cache.put("k" * 64, profile)
     assert cache.get("k" * 64) == profile and cache.get("x" * 64) is None
     assert (cache.profiles.stat().st_mode & 0o777) == 0o700

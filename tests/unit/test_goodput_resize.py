@@ -14,6 +14,7 @@ from dlsub.job_progress import MeasuredConfig, Progress
 from dlsub.policies.actions.goodput_resize_rules import ScaledJob, measured_text, model_text, plan_by_policy
 from dlsub.policies.actions.kinds import ActionKind as K
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
+from dlsub.policies.api import IdleNode
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.perf_models.fitted_model import NO_GAIN, GradientStats
 
@@ -22,13 +23,13 @@ BATCH = 64
 POLICY = GoodputPolicy(restart_penalty_s=20.0, restart_weight=1.0)
 
 
-def job(dlsub_id: str, *, uid: int, nodes: int, max_nodes: int, submit: float, workers_running: int = 0,
+def job(dlsub_id: str, *, uid: int, nodes: int, max_members: int, submit: float, workers_running: int = 0,
         pool: int = 2) -> ElasticJob:
     running = tuple(WorkerTask(f"{uid}{i}_0", 100 + i, "RUNNING", "None", "gpu", (f"gpu{i}",),
                                start_time=NOW - 100 + i) for i in range(workers_running))
     held = tuple(WorkerTask(f"{uid}{i}_1", 200 + i, "PENDING", "JobHeldUser", "gpu") for i in range(pool))
     return ElasticJob(dlsub_id, slurm_job_id=uid, uid=uid, user=f"u{uid}", state="RUNNING", ended=False,
-                      partition="gpu", gpus_per_node=2, min_nodes=1, max_nodes=max_nodes, submit_time=submit,
+                      partition="gpu", gpus_per_node=2, min_members=1, max_members=max_members, submit_time=submit,
                       worker_arrays=(uid * 10,), workers=running + held, cpus_per_node=2, memory_per_node_mb=4096)
 
 
@@ -47,11 +48,11 @@ def scaled(models: LiveModels, j: ElasticJob, rates: dict[int, float], step: int
 def test_the_spare_node_goes_to_the_job_that_scales_well_not_the_older_one() -> None:
     models = LiveModels()
     # The poor scaler came first and has run on 1 and 2 nodes: no faster on 2.
-    poor = scaled(models, job("poor", uid=1, nodes=2, max_nodes=3, submit=NOW - 900, workers_running=1),
+    poor = scaled(models, job("poor", uid=1, nodes=2, max_members=3, submit=NOW - 900, workers_running=1),
                   {1: 2.0, 2: 2.02})
     # The good scaler has run on 1 node only; its model is the fit plus Pollux's optimistic prior.
-    good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0})
-    room = Room("gpu", (("gpu2", 2),))
+    good = scaled(models, job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0})
+    room = Room("gpu", (IdleNode("gpu2", 2),))
     actions = plan_by_policy([poor, good], room, POLICY, NOW)
     assert [(a.kind, a.dlsub_id) for a in actions] == [(K.GROW, "good")]
     reason = actions[0].reason
@@ -61,13 +62,13 @@ def test_the_spare_node_goes_to_the_job_that_scales_well_not_the_older_one() -> 
 
 def test_a_node_is_taken_from_a_poor_scaler_only_to_give_it_to_a_better_one() -> None:
     models = LiveModels()
-    poor = scaled(models, job("poor", uid=1, nodes=2, max_nodes=3, submit=NOW - 900, workers_running=1),
+    poor = scaled(models, job("poor", uid=1, nodes=2, max_members=3, submit=NOW - 900, workers_running=1),
                   {1: 2.0, 2: 2.02})
     alone = plan_by_policy([poor], Room("gpu", ()), POLICY, NOW)
     assert alone == [], "nobody else wants the node: the job keeps it (a shrink would only cost a restart)"
     # Less work left than the poor scaler (goodput serves the shorter first: with equal work the tie between
     # the two went by the float noise of their fits).
-    good = scaled(models, job("good", uid=1, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9},
+    good = scaled(models, job("good", uid=1, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0, 2: 3.9},
                   total=4000)
     actions = plan_by_policy([poor, good], Room("gpu", ()), POLICY, NOW)
     assert [(a.kind, a.dlsub_id) for a in actions] == [(K.SHRINK, "poor")]
@@ -78,42 +79,42 @@ def test_a_node_is_taken_from_a_poor_scaler_only_to_give_it_to_a_better_one() ->
 def test_another_users_reported_throughput_never_shrinks_my_job() -> None:
     """Its reports are its own word (it could inflate them): my node is not taken for it."""
     models = LiveModels()
-    mine = scaled(models, job("mine", uid=1, nodes=2, max_nodes=3, submit=NOW - 900, workers_running=1),
+    mine = scaled(models, job("mine", uid=1, nodes=2, max_members=3, submit=NOW - 900, workers_running=1),
                   {1: 2.0, 2: 2.02})
-    boasts = scaled(models, job("boasts", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 400.0})
+    boasts = scaled(models, job("boasts", uid=2, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0, 2: 400.0})
     assert plan_by_policy([mine, boasts], Room("gpu", ()), POLICY, NOW) == []
 
 
 def test_a_user_at_the_gpu_limit_does_not_grow() -> None:
     models = LiveModels()
-    good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
-    room = Room("gpu", (("gpu2", 2),))
+    good = scaled(models, job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
+    room = Room("gpu", (IdleNode("gpu2", 2),))
     assert plan_by_policy([good], room, POLICY, NOW, headroom={2: 0}) == []
     assert [a.kind for a in plan_by_policy([good], room, POLICY, NOW, headroom={2: 2})] == [K.GROW]
 
 
 def test_waiting_jobs_keep_their_claim_on_idle_nodes() -> None:
     models = LiveModels()
-    good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
-    room = Room("gpu", (("gpu2", 2),), waiting_gpus=2, waiting_per_node=2)
+    good = scaled(models, job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
+    room = Room("gpu", (IdleNode("gpu2", 2),), waiting_gpus=2, waiting_per_node=2)
     assert plan_by_policy([good], room, POLICY, NOW) == []
 
 
 def test_a_job_that_measured_nothing_says_its_model_is_the_prior() -> None:
     models = LiveModels()
-    fresh = scaled(models, job("fresh", uid=3, nodes=1, max_nodes=2, submit=NOW), {})
+    fresh = scaled(models, job("fresh", uid=3, nodes=1, max_members=2, submit=NOW), {})
     assert measured_text(fresh) == "nothing yet (the model is the prior)"
     assert fresh.view.remaining == 4900.0 and fresh.view.gpus == 2 and fresh.view.max_gpus == 4
 
 
 def test_idle_gpus_on_a_node_without_the_cpus_or_memory_for_a_worker_are_no_slot() -> None:
     models = LiveModels()
-    good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
-    short_of_memory = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 4, 3904),))
+    good = scaled(models, job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
+    short_of_memory = Room("gpu", (IdleNode("gpu2", 2, 4, 3904),))
     assert plan_by_policy([good], short_of_memory, POLICY, NOW) == [], "a 4 GB worker would wait there"
-    short_of_cpus = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 1, 8000),))
+    short_of_cpus = Room("gpu", (IdleNode("gpu2", 2, 1, 8000),))
     assert plan_by_policy([good], short_of_cpus, POLICY, NOW) == []
-    roomy = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 2, 4096),))
+    roomy = Room("gpu", (IdleNode("gpu2", 2, 2, 4096),))
     assert [a.kind for a in plan_by_policy([good], roomy, POLICY, NOW)] == [K.GROW]
 
 
@@ -121,9 +122,9 @@ def test_a_waiting_job_takes_its_node_from_the_newest_elastic_job_first() -> Non
     """resize.plan_resizes (any policy): the older job keeps its worker, as efifo does in the simulator."""
     from dlsub.policies.actions.resize_rules import plan_resizes
 
-    older = job("older", uid=1, nodes=2, max_nodes=2, submit=NOW - 900, workers_running=1)
-    newer = job("newer", uid=2, nodes=2, max_nodes=2, submit=NOW - 300, workers_running=1)
-    room = Room("gpu", (("gpu0", 0), ("gpu1", 0)), waiting_gpus=2, waiting_per_node=2)
+    older = job("older", uid=1, nodes=2, max_members=2, submit=NOW - 900, workers_running=1)
+    newer = job("newer", uid=2, nodes=2, max_members=2, submit=NOW - 300, workers_running=1)
+    room = Room("gpu", (IdleNode("gpu0", 0), IdleNode("gpu1", 0)), waiting_gpus=2, waiting_per_node=2)
     for jobs in ([older, newer], [newer, older]):
         actions = plan_resizes(jobs, [room])
         assert [(a.kind, a.dlsub_id) for a in actions] == [(K.SHRINK, "newer")], actions
@@ -132,11 +133,11 @@ def test_a_waiting_job_takes_its_node_from_the_newest_elastic_job_first() -> Non
 def test_each_job_is_checked_against_its_own_worker_shape() -> None:
     """Another job asking for a whole node's worth per worker does not hide a node a smaller job fits."""
     models = LiveModels()
-    small = scaled(models, job("small", uid=1, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
-    big_job = dataclasses.replace(job("big", uid=2, nodes=1, max_nodes=2, submit=NOW - 900, pool=0),
+    small = scaled(models, job("small", uid=1, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
+    big_job = dataclasses.replace(job("big", uid=2, nodes=1, max_members=2, submit=NOW - 900, pool=0),
                                   gpus_per_node=4, cpus_per_node=4, memory_per_node_mb=8000)
     big = scaled(models, big_job, {1: 2.0})
-    room = Room("gpu", (("gpu2", 2),), spare=(("gpu2", 2, 4096),))
+    room = Room("gpu", (IdleNode("gpu2", 2, 2, 4096),))
     assert [(a.kind, a.dlsub_id) for a in plan_by_policy([small, big], room, POLICY, NOW)] == [(K.GROW, "small")]
 
 
@@ -156,7 +157,7 @@ def test_a_new_job_starts_from_what_its_users_earlier_run_of_the_same_command_me
                grads: tuple[float, float] | None = None) -> ScaledJob:
         progress = Progress(step=100, configs=measured(rates), first_time=NOW - 300, latest_time=NOW,
                             application=command, grads=grads)
-        return models.scaled(job(dlsub_id, uid=uid, nodes=1, max_nodes=3, submit=NOW), progress, NOW, None)
+        return models.scaled(job(dlsub_id, uid=uid, nodes=1, max_members=3, submit=NOW), progress, NOW, None)
 
     def replicas_known(scaled: ScaledJob) -> int:
         return scaled.view.model.fitted.max_replicas  # type: ignore[attr-defined, no-any-return]
@@ -180,16 +181,16 @@ def test_a_new_job_starts_from_what_its_users_earlier_run_of_the_same_command_me
 def test_every_resize_reason_says_which_model_sized_the_job() -> None:
     """``dlsub why`` shows the reason: the prior, the job's own fit, or a fit with earlier runs' configurations."""
     models = LiveModels()
-    fresh = scaled(models, job("fresh", uid=3, nodes=1, max_nodes=2, submit=NOW), {})
+    fresh = scaled(models, job("fresh", uid=3, nodes=1, max_members=2, submit=NOW), {})
     assert model_text(fresh) == "the throughput model's prior (it has measured nothing yet)"
-    ran = scaled(models, job("ran", uid=3, nodes=2, max_nodes=3, submit=NOW), {1: 2.0, 2: 3.9})
+    ran = scaled(models, job("ran", uid=3, nodes=2, max_members=3, submit=NOW), {1: 2.0, 2: 3.9})
     assert model_text(ran) == "its throughput fit on 2 sizes it ran"
     assert model_text(dataclasses.replace(ran, borrowed=1)) == \
         "its throughput fit on 2 sizes it ran and 1 configuration of earlier runs of its command"
     assert model_text(dataclasses.replace(ran, view=dataclasses.replace(ran.view, model=None))) == \
         "no model (its own size)"
-    good = scaled(models, job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), {1: 2.0})
-    (grow,) = plan_by_policy([good], Room("gpu", (("gpu2", 2),)), POLICY, NOW)
+    good = scaled(models, job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0})
+    (grow,) = plan_by_policy([good], Room("gpu", (IdleNode("gpu2", 2),)), POLICY, NOW)
     assert "sized on its throughput fit on 1 size it ran; measured 1 node" in grow.reason
 
 
@@ -200,14 +201,14 @@ def test_jobs_of_whole_nodes_on_larger_nodes_are_judged_on_their_own_placement()
     gains from. Asked about (2, 2), as it runs, it gives the node back."""
     models = LiveModels()
     poor_worker = WorkerTask("10_0", 11, "RUNNING", "None", "gpu", ("gpu2",), start_time=NOW - 200)
-    poor = dataclasses.replace(job("poor", uid=1, nodes=2, max_nodes=2, submit=NOW - 600, pool=0),
+    poor = dataclasses.replace(job("poor", uid=1, nodes=2, max_members=2, submit=NOW - 600, pool=0),
                                workers=(poor_worker,), main_nodes=("gpu1",))
-    good = dataclasses.replace(job("good", uid=1, nodes=1, max_nodes=2, submit=NOW - 60, pool=1),
+    good = dataclasses.replace(job("good", uid=1, nodes=1, max_members=2, submit=NOW - 60, pool=1),
                                main_nodes=("gpu2",))
     # Both declare ~11,000 steps, about the live test's 400 digits epochs: within what goodput trusts a
     # declaration for (trust_declared times the guess, ~8,600 steps here), so they are sized on their lengths.
     jobs = [scaled(models, poor, {1: 153 / BATCH, 2: 149 / BATCH}, total=11_000),
             scaled(models, good, {1: 153 / BATCH}, total=11_000)]
-    room = Room("gpu", (("gpu1", 0), ("gpu2", 0)), spare=(("gpu1", 1, 6000), ("gpu2", 2, 6000)))
+    room = Room("gpu", (IdleNode("gpu1", 0, 1, 6000), IdleNode("gpu2", 0, 2, 6000)))
     actions = plan_by_policy(jobs, room, POLICY, NOW)
     assert [(a.kind, a.dlsub_id, a.worker) for a in actions] == [(K.SHRINK, "poor", "10_0")], actions

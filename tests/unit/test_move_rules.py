@@ -17,8 +17,9 @@ from dlsub.policies.actions.move_views import (
     PartitionInfo,
     Rules,
     Usage,
-    Window,
+    WindowState,
 )
+from dlsub.policies.api import IdleNode
 
 NOW = 1_000_000.0
 RULES = Rules(restart_cost_s=60, min_saving_s=60, checkpoint_grace_s=90)
@@ -26,9 +27,9 @@ RULES = Rules(restart_cost_s=60, min_saving_s=60, checkpoint_grace_s=90)
 
 def parts(gpu_idle: int = 4, cpu_idle_cpus: int = 4) -> list[PartitionInfo]:
     return [
-        PartitionInfo("gpu", "gpu", 1.0, (("gpu1", gpu_idle, 4),)),
-        PartitionInfo("gpu-dev", "dev", 1.0, (("gpu1", gpu_idle, 4),), max_time_s=600),
-        PartitionInfo("cpu", "cpu", 0.1, (("cpu1", 0, cpu_idle_cpus),)),
+        PartitionInfo("gpu", "gpu", 1.0, (IdleNode("gpu1", gpu_idle, 4),)),
+        PartitionInfo("gpu-dev", "dev", 1.0, (IdleNode("gpu1", gpu_idle, 4),), max_time_s=600),
+        PartitionInfo("cpu", "cpu", 0.1, (IdleNode("cpu1", 0, cpu_idle_cpus),)),
     ]
 
 
@@ -143,33 +144,33 @@ def test_time_limit_continuation_before_the_allocation_ends() -> None:
 
 
 def test_backfill_inside_a_window_and_back_out_before_it_closes() -> None:
-    cpu_busy = [replace(p, nodes=(("cpu1", 0, 0),)) if p.name == "cpu" else p for p in parts()]
+    cpu_busy = [replace(p, nodes=(IdleNode("cpu1", 0, 0),)) if p.name == "cpu" else p for p in parts()]
     waiting = job(state="PENDING", reason="Resources", partition="cpu", mode="ideal", ideal_partition="cpu",
                   gpus_wanted=0, start_time=0, end_time=0, time_limit_min=60)
-    assert m.plan([waiting], cpu_busy, RULES, NOW, Window(False)) == []
-    open_ = Window(True, "night", NOW + 3600)
+    assert m.plan([waiting], cpu_busy, RULES, NOW, WindowState(False)) == []
+    open_ = WindowState(True, "night", NOW + 3600)
     actions = m.plan([waiting], cpu_busy, RULES, NOW, open_)
     assert kinds(actions) == [K.BACKFILL] and actions[0].partition == "gpu-dev"
     assert actions[0].gpus == 0 and actions[0].time_limit_min == 10, "cut to gpu-dev's MaxTime"
     assert "off-hours window 'night' is open" in actions[0].reason
     # Too close to the end of the window: nothing new starts.
-    assert m.plan([waiting], cpu_busy, RULES, NOW, Window(True, "night", NOW + 100)) == []
+    assert m.plan([waiting], cpu_busy, RULES, NOW, WindowState(True, "night", NOW + 100)) == []
     placed = job(partition="gpu-dev", mode="ideal", ideal_partition="cpu", backfilled_from="cpu",
                  backfilled_limit_min=60, gpus_wanted=0, end_time=NOW + 500)
     assert m.plan([placed], cpu_busy, RULES, NOW, open_) == [], "stays while the window is open"
-    closing = m.plan([placed], cpu_busy, RULES, NOW, Window(True, "night", NOW + 120))
+    closing = m.plan([placed], cpu_busy, RULES, NOW, WindowState(True, "night", NOW + 120))
     assert kinds(closing) == [K.SIGNAL_MOVE] and closing[0].partition == "cpu"
     assert closing[0].move_kind == MoveKind.RETURN and "closes in" in closing[0].reason
     assert closing[0].time_limit_min == 60, "its own time limit back"
-    assert kinds(m.plan([placed], cpu_busy, RULES, NOW, Window(False))) == [K.SIGNAL_MOVE]
+    assert kinds(m.plan([placed], cpu_busy, RULES, NOW, WindowState(False))) == [K.SIGNAL_MOVE]
 
 
 def test_gpu_jobs_are_backfilled_only_where_gpus_are_idle() -> None:
     waiting = job(state="PENDING", reason="Resources", partition="gpu", mode="ideal", gpus_now=1, start_time=0,
                   end_time=0)
-    open_ = Window(True, "night", NOW + 3600)
+    open_ = WindowState(True, "night", NOW + 3600)
     assert m.plan([waiting], parts(gpu_idle=0), RULES, NOW, open_) == [], "no GPUs idle: cpu nodes cannot take it"
-    dev_idle = [replace(p, nodes=(("gpu2", 4, 4),)) if p.name == "gpu-dev" else p for p in parts(gpu_idle=0)]
+    dev_idle = [replace(p, nodes=(IdleNode("gpu2", 4, 4),)) if p.name == "gpu-dev" else p for p in parts(gpu_idle=0)]
     actions = m.plan([waiting], dev_idle, RULES, NOW, open_)
     assert [(a.kind, a.partition, a.gpus) for a in actions] == [(K.BACKFILL, "gpu-dev", 1)]
 

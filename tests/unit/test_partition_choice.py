@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from dlsub.job.partition_choice import PlanningError, Request, choose_partition
-from dlsub.slurm_plugins.models import Node, Partition
+from dlsub.slurm_plugins.models import Partition, SlurmNode
 
 
 def node(name: str, parts: tuple[str, ...], gpus: int = 0, gpus_used: int = 0, alloc_cpus: int = 0,
-         state: str = "idle") -> Node:
-    return Node(name, state, parts, 4, alloc_cpus, 8000, 0, gpus, gpus_used)
+         state: str = "idle") -> SlurmNode:
+    return SlurmNode(name, state, parts, 4, alloc_cpus, 8000, 0, gpus, gpus_used)
 
 
 def cluster(gpu_used: int = 0) -> list[Partition]:
@@ -65,7 +65,7 @@ def test_gpus_on_cpu_partition_rejected() -> None:
 
 def test_down_nodes_do_not_count_as_free() -> None:
     parts = cluster()
-    down = tuple(Node(n.name, "down", n.partitions, 4, 0, 8000, 0, 0, 0) for n in parts[0].nodes)
+    down = tuple(SlurmNode(n.name, "down", n.partitions, 4, 0, 8000, 0, 0, 0) for n in parts[0].nodes)
     parts[0] = Partition("cpu", down, None, 60, default=True)
     choice = choose_partition(parts, req())
     assert choice.partition == "gpu" and choice.starts_now  # only GPU nodes are up

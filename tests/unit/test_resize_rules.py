@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dlsub.policies.actions.kinds import ActionKind as K
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask, plan_resizes
+from dlsub.policies.api import IdleNode
 
 
 def pool(array: int = 900, count: int = 1) -> tuple[WorkerTask, ...]:
@@ -16,13 +17,13 @@ def running(handle: str, node: str, start: float = 100.0) -> WorkerTask:
 
 def elastic(workers: tuple[WorkerTask, ...], dlsub_id: str = "0123abcd", **kw: object) -> ElasticJob:
     fields: dict[str, object] = dict(dlsub_id=dlsub_id, slurm_job_id=901, uid=1001, user="ann", state="RUNNING",
-                                     ended=False, partition="gpu", gpus_per_node=2, min_nodes=1, max_nodes=2,
+                                     ended=False, partition="gpu", gpus_per_node=2, min_members=1, max_members=2,
                                      submit_time=10.0, worker_arrays=(900,), workers=workers)
     fields.update(kw)
     return ElasticJob(**fields)  # type: ignore[arg-type]
 
 
-GPU = Room("gpu", (("gpu1", 2), ("gpu2", 4)))
+GPU = Room("gpu", (IdleNode("gpu1", 2), IdleNode("gpu2", 4)))
 
 
 def test_an_idle_node_nobody_waits_for_grows_the_job() -> None:
@@ -32,7 +33,7 @@ def test_an_idle_node_nobody_waits_for_grows_the_job() -> None:
 
 
 def test_no_growth_onto_gpus_a_waiting_job_wants() -> None:
-    busy = Room("gpu", (("gpu1", 0), ("gpu2", 4)), waiting_gpus=4)
+    busy = Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 4)), waiting_gpus=4)
     assert plan_resizes([elastic(pool())], [busy]) == []
 
 
@@ -45,7 +46,7 @@ def test_no_growth_past_max_or_while_a_released_worker_is_still_starting() -> No
 
 def test_a_waiting_job_that_needs_the_node_shrinks_the_job_back() -> None:
     job = elastic((running("900_0", "gpu2"),))
-    waiting = Room("gpu", (("gpu1", 0), ("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
+    waiting = Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
     (action,) = plan_resizes([job], [waiting])
     assert action.kind == K.SHRINK and action.worker == "900_0"
     assert "jobs waiting on gpu need 4 GPU(s) and 2 are idle" in action.reason
@@ -53,20 +54,20 @@ def test_a_waiting_job_that_needs_the_node_shrinks_the_job_back() -> None:
 
 def test_a_worker_on_a_node_the_waiting_job_cannot_use_stays() -> None:
     job = elastic((running("900_0", "gpu2"),))
-    elsewhere = Room("cpu", (("cpu1", 0),), waiting_gpus=4, waiting_per_node=4)
+    elsewhere = Room("cpu", (IdleNode("cpu1", 0),), waiting_gpus=4, waiting_per_node=4)
     assert plan_resizes([job], [GPU, elsewhere]) == []
 
 
 def test_only_as_many_workers_leave_as_the_waiting_jobs_need() -> None:
-    job = elastic((running("900_0", "gpu2", start=100), running("900_1", "gpu1", start=200)), max_nodes=3)
-    room = Room("gpu", (("gpu1", 0), ("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
+    job = elastic((running("900_0", "gpu2", start=100), running("900_1", "gpu1", start=200)), max_members=3)
+    room = Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
     (action,) = plan_resizes([job], [room])
     assert action.kind == K.SHRINK and action.worker == "900_1", "the newest worker leaves first"
 
 
 def test_the_workers_of_an_ended_job_are_cancelled() -> None:
     (action,) = plan_resizes([elastic(pool(), state="COMPLETED", ended=True)], [GPU])
-    assert action.kind == K.END_WORKERS and action.worker == "900"
+    assert action.kind == K.END_WORKERS and action.array == 900 and action.worker is None
 
 
 def test_a_worker_that_keeps_failing_is_not_released_again() -> None:
@@ -75,7 +76,7 @@ def test_a_worker_that_keeps_failing_is_not_released_again() -> None:
 
 
 def test_the_oldest_job_grows_first_under_fifo() -> None:
-    one_node = Room("gpu", (("gpu2", 2),))  # room for one 2-GPU worker
+    one_node = Room("gpu", (IdleNode("gpu2", 2),))  # room for one 2-GPU worker
     young = elastic(pool(800), dlsub_id="bbbbbbbb", submit_time=50.0, slurm_job_id=801)
     old = elastic(pool(900), dlsub_id="aaaaaaaa", submit_time=10.0)
     (action,) = plan_resizes([young, old], [one_node])
@@ -84,12 +85,12 @@ def test_the_oldest_job_grows_first_under_fifo() -> None:
 
 def test_a_node_with_room_for_two_workers_grows_two_jobs() -> None:
     """4 idle GPUs on one node hold two 2-GPU workers (CPUs and memory permitting): both jobs grow."""
-    roomy = Room("gpu", (("gpu2", 4),), spare=(("gpu2", 4, 8000),))
+    roomy = Room("gpu", (IdleNode("gpu2", 4, 4, 8000),))
     young = elastic(pool(800), dlsub_id="bbbbbbbb", submit_time=50.0, slurm_job_id=801, cpus_per_node=2,
                     memory_per_node_mb=4000)
     old = elastic(pool(900), dlsub_id="aaaaaaaa", submit_time=10.0, cpus_per_node=2, memory_per_node_mb=4000)
     assert sorted(a.dlsub_id for a in plan_resizes([young, old], [roomy])) == ["aaaaaaaa", "bbbbbbbb"]
-    short_of_memory = Room("gpu", (("gpu2", 4),), spare=(("gpu2", 4, 6000),))
+    short_of_memory = Room("gpu", (IdleNode("gpu2", 4, 4, 6000),))
     assert [a.dlsub_id for a in plan_resizes([young, old], [short_of_memory])] == ["aaaaaaaa"]
 
 
@@ -101,7 +102,7 @@ def test_a_job_that_is_moving_or_pending_is_not_resized() -> None:
 def test_a_waiting_job_that_needs_a_whole_node_shrinks_a_job_spread_over_two() -> None:
     """4 GPUs idle in all, 2 on each node: a job wanting 4 on one node cannot start until a worker leaves."""
     job = elastic((running("900_0", "gpu2"),))
-    split = Room("gpu", (("gpu1", 2), ("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
+    split = Room("gpu", (IdleNode("gpu1", 2), IdleNode("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
     (action,) = plan_resizes([job], [split])
     assert action.kind == K.SHRINK and action.worker == "900_0"
     assert plan_resizes([elastic(pool())], [split]) == [], "and nothing grows onto them meanwhile"
