@@ -16,9 +16,12 @@
 # Everything runs in one pid namespace: a test can still see every process of a job from any host.
 
 TESTBED_NET=10.213.0
+# The login host the agent runs on, and a second one (sites have several: users there reach the agent over
+# the network, authenticated by munge).
 LOGIN_HOST=login1
+LOGIN_HOST2=login2
 HEAD_HOST="head"
-TESTBED_HOSTS="$HEAD_HOST $LOGIN_HOST $TESTBED_NODES"
+TESTBED_HOSTS="$HEAD_HOST $LOGIN_HOST $LOGIN_HOST2 $TESTBED_NODES"
 HOSTS_DIR=/var/lib/dlsub-testbed/hosts
 NS_DIR=/run/dlsub-testbed/ns
 FABRIC_NS=dlsub-fabric
@@ -107,7 +110,7 @@ host_up() {  # host
     ip -n "dlsub-$host" link set eth0 up
     ip -n "dlsub-$host" link set lo up
     install -d -m 1777 "$dir/tmp"
-    install -d -m 755 "$dir/run-user" "$dir/local" "$dir/cdi" "$dir/dev"
+    install -d -m 755 "$dir/run-user" "$dir/run-dlsub" "$dir/local" "$dir/cdi" "$dir/dev"
     touch "$NS_DIR/$host.uts" "$NS_DIR/$host.mnt"
     nsenter --net="/run/netns/dlsub-$host" -- unshare --uts="$NS_DIR/$host.uts" --mount="$NS_DIR/$host.mnt" \
         --propagation private bash "$here/hosts.sh" setup "$host" "$dir"
@@ -123,6 +126,11 @@ host_setup() {  # host dir
     if [ "$host" != "$LOGIN_HOST" ]; then
         mount --bind "$dir/tmp" /tmp
         mount --bind "$dir/run-user" /run/user
+    fi
+    # The agent's run directory (its Unix socket, /run/dlsub) is the agent host's own: elsewhere it is empty.
+    if [ "$host" != "$LOGIN_HOST" ]; then
+        install -d -m 755 "$dir/run-dlsub"
+        mount --bind "$dir/run-dlsub" /run/dlsub
     fi
     mount --bind "$dir/local" "$NODE_LOCAL"
     minor="$(gpu_first_minor "$host")"
@@ -175,7 +183,7 @@ host_keeper() {  # host
 
 hosts_up() {
     local host
-    mkdir -p "$NS_DIR" "$HOSTS_DIR" "$NODE_LOCAL" /var/run/cdi
+    mkdir -p "$NS_DIR" "$HOSTS_DIR" "$NODE_LOCAL" /var/run/cdi /run/dlsub
     # Namespace files are bind mounts, which need a private mount under them (as ip netns does for /run/netns).
     if ! mountpoint -q "$NS_DIR"; then
         mount --bind "$NS_DIR" "$NS_DIR"

@@ -106,7 +106,9 @@ job_user() {  # name first-subid
     done
     # What logind would make on a login node: the user's runtime directory. A compute node has none for a
     # Slurm job: the batch script falls back to a private directory in the node's /tmp.
-    on_host "$LOGIN_HOST" install -d -m 700 -o "$name" -g "$name" "/run/user/$uid"
+    for host in "$LOGIN_HOST" "$LOGIN_HOST2"; do
+        on_host "$host" install -d -m 700 -o "$name" -g "$name" "/run/user/$uid"
+    done
     reset_stale_podman "$name" "$LOGIN_HOST" "/run/user/$uid"
     # On the nodes, where its jobs' runtime directory is the batch script's fallback in the node's /tmp.
     for host in $TESTBED_NODES; do
