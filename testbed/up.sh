@@ -120,8 +120,17 @@ job_user() {  # name first-subid
 # pid file in the runtime directory (no logind here clears it), and Podman then refuses every command until
 # the user resets it.
 reset_stale_podman() {  # name host runtime-dir
-    local name="$1" host="$2" runtime="$3" home podman_says
+    local name="$1" host="$2" runtime="$3" home podman_says pause
     home="$(getent passwd "$name" | cut -d: -f6)"
+    # Rootless Podman joins the user's pause process, wherever it was made: one made on another host (or on
+    # this machine before its hosts existed) would show this host that one's mounts (its graph root).
+    pause="$(on_host "$host" cat "$runtime/libpod/tmp/pause.pid" 2>/dev/null || true)"
+    if [ -n "$pause" ] && kill -0 "$pause" 2>/dev/null \
+            && [ "$(nsenter -t "$pause" --uts hostname 2>/dev/null)" != "$host" ]; then
+        say "ending $name's Podman pause process $pause, made outside $host"
+        kill "$pause"
+        on_host "$host" rm -f "$runtime/libpod/tmp/pause.pid"
+    fi
     if ! podman_says="$(on_host "$host" runuser -u "$name" -- env -C "$home" HOME="$home" XDG_RUNTIME_DIR="$runtime" \
             podman info 2>&1 >/dev/null)" && [[ "$podman_says" == *"podman system migrate"* ]]; then
         say "resetting $name's stale Podman pause process on $host (podman system migrate)"
