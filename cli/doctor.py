@@ -481,8 +481,8 @@ def containers_conf_files(host: Host, user: pwd.struct_passwd, environ: Mapping[
     """The containers.conf files Podman reads for ``user``, lowest priority first (later ones win, key by key):
     containers.conf(5) as Podman 4 reads them: $CONTAINERS_CONF alone if set, else the system's files, their
     drop-in directories (each's *.conf in name order), the user's file and drop-ins; $CONTAINERS_CONF_OVERRIDE
-    last. (Podman 5 reads only the first main file that exists; reading all three, later first, flags the same
-    settings the files a user or a site writes make.)"""
+    last. (Podman 5 reads only the first of the user's, /etc's and /usr/share's main files that exists; reading
+    all three in this order can only flag more: a site's setting that users without a file of their own get.)"""
     def drop_ins(folder: Path) -> list[Path]:
         return [folder / n for n in host.list_dir(folder) if n.endswith(".conf")]
 
@@ -501,6 +501,8 @@ def containers_conf_files(host: Host, user: pwd.struct_passwd, environ: Mapping[
 
 @dataclass(frozen=True)
 class PodmanSetting:
+    """A key's value and the file that set it last."""
+
     value: object
     source: Path
 
