@@ -107,6 +107,14 @@ def runtime_dir_fallback(uid: int) -> Path:
     return Path(RUNTIME_DIR_FALLBACK.format(uid=uid))
 
 
+# ---------------------------------------------------------------- GPUs through CDI
+#: Where a node's Container Device Interface specs are (the directories Podman reads), and the device kind
+#: NVIDIA's `nvidia-ctk cdi generate` names its GPUs by (``nvidia.com/gpu=<index>``). The batch script asks
+#: Podman for CDI devices where a spec here names that kind; `dlsub doctor` checks a GPU node has one.
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+CDI_GPU_KIND = "nvidia.com/gpu"
+
+
 # ---------------------------------------------------------------- the job directory
 # ``$DLSUB_HOME/jobs/<dlsub id>/`` (``~/.dlsub/jobs/<id>/`` by default).
 

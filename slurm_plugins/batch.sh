@@ -132,7 +132,8 @@ setup_runtime_dir() {
 # ids, never from CUDA_VISIBLE_DEVICES (under the constraint "0" is another
 # job's GPU); in the container they are its only GPUs, numbered from 0. Without
 # a CDI spec CUDA_VISIBLE_DEVICES goes in as Slurm set it.
-cdi_spec_dirs=(/etc/cdi /var/run/cdi)
+# Both from dlsub.contract (CDI_SPEC_DIRS, CDI_GPU_KIND), which `dlsub doctor` checks a GPU node against.
+cdi_spec_dirs=(@CDI_SPEC_DIRS@)
 gpu_args=()
 container_cuda_devices="${CUDA_VISIBLE_DEVICES:-}"
 # One training process per GPU Slurm gave this node, one on a CPU node.
@@ -140,7 +141,7 @@ nproc=1
 node_has_cdi_gpus() {
     local dir
     for dir in "${cdi_spec_dirs[@]}"; do
-        grep -qs 'nvidia.com/gpu' "$dir"/*.yaml "$dir"/*.json && return 0
+        grep -qsF @CDI_GPU_KIND@ "$dir"/*.yaml "$dir"/*.json && return 0
     done
     return 1
 }
@@ -158,7 +159,7 @@ setup_gpus() {
         IFS=, read -ra slurm_gpus <<< "$(slurm_gpu_ids)"
         renumbered=()
         for i in "${!slurm_gpus[@]}"; do
-            gpu_args+=(--device "nvidia.com/gpu=${slurm_gpus[$i]}")
+            gpu_args+=(--device "@CDI_GPU_KIND@=${slurm_gpus[$i]}")
             renumbered+=("$i")
         done
         # shellcheck disable=SC2034  # used by the podman line

@@ -237,6 +237,13 @@ if ! doctor_report="$(on_host "$LOGIN_HOST" "$DLSUB_PREFIX/venv/bin/dlsub" docto
     printf '%s\n' "$doctor_report" >&2
     die "dlsub doctor found a problem on the testbed (above)"
 fi
+# And on every compute node, as an admin runs it there: the node's CDI spec, its Podman, storage and image.
+for node in $TESTBED_NODES; do
+    if ! doctor_report="$(on_host "$node" "$DLSUB_PREFIX/venv/bin/dlsub" doctor --user "$TESTBED_USER" 2>&1)"; then
+        printf '%s\n' "$doctor_report" >&2
+        die "dlsub doctor found a problem on $node (above)"
+    fi
+done
 
 say "testbed is up on Slurm $(slurm_cli scontrol --version | awk '{print $2}'): $(slurm_cli sinfo -h -o '%P %a %D %t' | tr '\n' ';')"
 say "log in to its login host with: sudo bash testbed/on.sh (or: bash testbed/on.sh NODE)"
