@@ -26,7 +26,7 @@ from dlsub.job.submit import library_dir
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmConfig, SlurmError
 from dlsub.slurm_plugins.dialects import OLDEST_SUPPORTED, TESTED_VERSIONS, SlurmVersion
-from dlsub.slurm_plugins.models import Node
+from dlsub.slurm_plugins.models import SlurmNode
 
 OK, WARN, PROBLEM, SKIPPED = "ok", "warn", "problem", "skipped"
 #: Clocks further apart than this make ETAs, move timing and the agent's deadlines wrong.
@@ -448,7 +448,7 @@ def find_cdi_spec(host: Host, dirs: Sequence[Path]) -> Path | None:
     return None
 
 
-def check_cdi(host_name: str, node: Node | None, spec: Path | None, dirs: Sequence[Path]) -> Finding:
+def check_cdi(host_name: str, node: SlurmNode | None, spec: Path | None, dirs: Sequence[Path]) -> Finding:
     """A GPU node needs a CDI spec naming its GPUs, or its jobs' containers get no GPU device."""
     name = "CDI spec"
     if node is None:
@@ -609,7 +609,7 @@ def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: st
     # Which Slurm node this host is (none: a login or admin host): decides the CDI check, whether an agent
     # must answer here, and how a graph root in the shared home weighs.
     here = host.hostname()
-    this_node: Node | None = None
+    this_node: SlurmNode | None = None
     try:
         this_node = next((n for n in client.nodes() if n.name == here), None)
         cdi = check_cdi(here, this_node, find_cdi_spec(host, cdi_dirs), cdi_dirs)
