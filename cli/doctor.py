@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.contract import SUBMIT_RECORD_PREFIX
-from dlsub.job.agent_client import AgentUnavailable, ask
+from dlsub.job.agent_client import AgentEndpoint, AgentUnavailable, ask
 from dlsub.job.submit import library_dir
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmConfig, SlurmError
@@ -74,7 +74,7 @@ class Host:
         except (OSError, subprocess.TimeoutExpired) as exc:
             return subprocess.CompletedProcess(full, 127, "", str(exc))
 
-    def agent_status(self, socket_path: Path) -> dict[str, Any]:
+    def agent_status(self, socket_path: AgentEndpoint | Path) -> dict[str, Any]:
         reply = ask(socket_path, {"op": "status"}, timeout_s=5.0)
         if not reply.get("ok") or not isinstance(reply.get("status"), dict):
             raise AgentUnavailable(f"the agent answered with an error: {reply.get('error')}")
@@ -360,7 +360,7 @@ def check_shared_mounts(present: dict[str, bool]) -> Finding:
     return Finding(name, OK, ", ".join(sorted(present)))
 
 
-def check_agent(socket_path: Path, status: dict[str, Any] | None, error: str) -> Finding:
+def check_agent(socket_path: AgentEndpoint | Path, status: dict[str, Any] | None, error: str) -> Finding:
     name = "agent"
     if status is None:
         return Finding(name, PROBLEM, f"no answer on {socket_path}: {error}",
@@ -387,7 +387,7 @@ def check_clock(slurm_time: float | None, local_time: float) -> Finding:
 
 
 def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: str | None, image: str,
-               socket_path: Path, library: Path | None = None) -> list[Finding]:
+               socket_path: AgentEndpoint | Path, library: Path | None = None) -> list[Finding]:
     """Every check, in order; each probe's failure is that check's problem, never the report's."""
     findings: list[Finding] = []
 
