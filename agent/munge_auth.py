@@ -34,7 +34,7 @@ REFUSALS = {
     11: "not a valid munge credential (or one of a MAC the agent's munged does not know)",
     12: "not a valid munge credential (or one of a compression the agent's munged does not know)",
     13: "the credential is from another munge realm",
-    14: "the credential is invalid: it was not made with this cluster's munge key",
+    14: "not a valid munge credential: it was not made with this cluster's munge key",
     15: "the credential has expired (is this host's clock behind the agent's host? check NTP)",
     16: "the credential was made in the future (is this host's clock ahead of the agent's host? check NTP)",
     17: "the credential was already used (replayed): every request needs a fresh one",
