@@ -167,7 +167,8 @@ def munge_credential(payload: bytes, restrict_to: str, timeout_s: float) -> byte
     if made.returncode != 0:
         said = made.stderr.decode(errors="replace").strip().splitlines()
         raise AgentUnavailable(f"munge could not make a credential (exit {made.returncode}: "
-                               f"{said[-1] if said else 'no message'}); is munged running on this host?")
+                               f"{said[-1] if said else 'no message'}); is munged running on this host, and does "
+                               f"the agent's account {restrict_to or '(agent_user)'} exist here?")
     credential = made.stdout.strip()
     if not credential.startswith(b"MUNGE:") or len(credential) > MAX_CREDENTIAL:
         raise AgentUnavailable("munge printed no credential (expected one line starting MUNGE:)")

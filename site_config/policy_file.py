@@ -338,9 +338,13 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
         raise PolicyFileError(f"{where}.socket: expected an absolute path, got {values['socket']!r}")
     if values.get("agent_address"):
         try:
-            parse_address(values["agent_address"])
+            host, _ = parse_address(values["agent_address"])
         except ValueError as exc:
             raise PolicyFileError(f"{where}.agent_address: {exc}") from None
+        if host in ("0.0.0.0", "::"):
+            raise PolicyFileError(f"{where}.agent_address: {values['agent_address']!r}; name the agent's host as "
+                                  "the other login hosts reach it (they connect there; the agent listens there), "
+                                  "e.g. \"login1:6830\"")
     for key in ("tick_interval_s", "tick_deadline_s", "checkpoint_grace_s"):
         if key in data:
             values[key] = _typed(where, key, data[key], float)

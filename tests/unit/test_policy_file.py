@@ -45,6 +45,7 @@ def test_agent_address_is_off_unless_set_and_takes_a_name_or_an_address() -> Non
     ({"agent_address": "login1:70000"}, "the port must be a number from 1 to 65535"),
     ({"agent_address": "::1:6830"}, "expected HOST:PORT.*\\[ADDR\\]:PORT"),
     ({"agent_address": "log in;1:6830"}, "expected HOST:PORT"),
+    ({"agent_address": "0.0.0.0:6830"}, "name the agent's host as the other login hosts reach it"),
 ])
 def test_bad_policy_is_refused_with_the_fix(data: dict, message: str) -> None:
     with pytest.raises(PolicyFileError, match=message):

@@ -210,7 +210,8 @@ def test_the_client_says_what_is_wrong_with_munge(tmp_path: Path, monkeypatch: p
     broken.write_text('#!/bin/sh\necho \'munge: Error: Failed to access "/run/munge/munge.socket.2"\' >&2\nexit 6\n')
     broken.chmod(0o755)
     monkeypatch.setattr(agent_client, "MUNGE", str(broken))
-    with pytest.raises(AgentUnavailable, match=r"exit 6: munge: Error: Failed to access.*is munged running"):
+    with pytest.raises(AgentUnavailable,
+                       match=r"exit 6: munge: Error: Failed to access.*is munged running on this host"):
         ask(AgentEndpoint(address="127.0.0.1:9"), {"op": "status"})
 
 
