@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.contract import CDI_GPU_KIND, CDI_SPEC_DIRS, SUBMIT_RECORD_PREFIX
-from dlsub.job.agent_client import AgentUnavailable, ask
+from dlsub.job.agent_client import AgentEndpoint, AgentUnavailable, ask
 from dlsub.job.submit import library_dir
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmConfig, SlurmError
@@ -84,7 +84,7 @@ class Host:
         except (OSError, subprocess.TimeoutExpired) as exc:
             return subprocess.CompletedProcess(full, 127, "", str(exc))
 
-    def agent_status(self, socket_path: Path) -> dict[str, Any]:
+    def agent_status(self, socket_path: AgentEndpoint | Path) -> dict[str, Any]:
         reply = ask(socket_path, {"op": "status"}, timeout_s=5.0)
         if not reply.get("ok") or not isinstance(reply.get("status"), dict):
             raise AgentUnavailable(f"the agent answered with an error: {reply.get('error')}")
@@ -406,7 +406,7 @@ def check_shared_mounts(present: dict[str, bool]) -> Finding:
     return Finding(name, OK, ", ".join(sorted(present)))
 
 
-def check_agent(socket_path: Path, status: dict[str, Any] | None, error: str, *,
+def check_agent(socket_path: AgentEndpoint | Path, status: dict[str, Any] | None, error: str, *,
                 compute_node: str | None = None) -> Finding:
     """The agent answers on its socket; on a compute node, where it does not run, no answer is no problem."""
     name = "agent"
@@ -572,7 +572,7 @@ def check_podman_cgroups(user: pwd.struct_passwd, conf: PodmanConf) -> Finding:
 
 
 def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: str | None, image: str,
-               socket_path: Path, library: Path | None = None,
+               socket_path: AgentEndpoint | Path, library: Path | None = None,
                cdi_dirs: Sequence[Path] = CDI_DIRS) -> list[Finding]:
     """Every check, in order; each probe's failure is that check's problem, never the report's."""
     findings: list[Finding] = []

@@ -10,6 +10,7 @@ import click
 
 from dlsub.cli.doctor import PROBLEM, Host, blocking, run_doctor
 from dlsub.cli.errors import fail
+from dlsub.job.agent_client import AgentEndpoint
 from dlsub.job.settings import load_settings
 from dlsub.site_config.policy_file import PolicyFileError, load_policy
 from dlsub.slurm_plugins.client import SlurmClient
@@ -32,7 +33,7 @@ def doctor(user: str | None, policy_path: Path | None, as_json: bool) -> None:
     except PolicyFileError as exc:
         fail(str(exc))
     findings = run_doctor(SlurmClient(), Host(), policy, user=user, image=load_settings().image,
-                          socket_path=Path(policy.socket))
+                          socket_path=AgentEndpoint.of(policy))
     if as_json:
         click.echo(json.dumps({"ok": not blocking(findings), "checks": [f.as_dict() for f in findings]}))
     else:

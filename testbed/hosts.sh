@@ -110,7 +110,7 @@ host_up() {  # host
     ip -n "dlsub-$host" link set eth0 up
     ip -n "dlsub-$host" link set lo up
     install -d -m 1777 "$dir/tmp"
-    install -d -m 755 "$dir/run-user" "$dir/run-dlsub" "$dir/local" "$dir/cdi" "$dir/dev"
+    install -d -m 755 "$dir/run-user" "$dir/run-dlsub" "$dir/var-lib-dlsub" "$dir/local" "$dir/cdi" "$dir/dev"
     touch "$NS_DIR/$host.uts" "$NS_DIR/$host.mnt"
     nsenter --net="/run/netns/dlsub-$host" -- unshare --uts="$NS_DIR/$host.uts" --mount="$NS_DIR/$host.mnt" \
         --propagation private bash "$here/hosts.sh" setup "$host" "$dir"
@@ -127,10 +127,11 @@ host_setup() {  # host dir
         mount --bind "$dir/tmp" /tmp
         mount --bind "$dir/run-user" /run/user
     fi
-    # The agent's run directory (its Unix socket, /run/dlsub) is the agent host's own: elsewhere it is empty.
+    # The agent's run directory (its Unix socket, /run/dlsub) and its state (/var/lib/dlsub: its database and
+    # lock, the service account's home) are the agent host's own: elsewhere they are empty.
     if [ "$host" != "$LOGIN_HOST" ]; then
-        install -d -m 755 "$dir/run-dlsub"
         mount --bind "$dir/run-dlsub" /run/dlsub
+        mount --bind "$dir/var-lib-dlsub" /var/lib/dlsub
     fi
     mount --bind "$dir/local" "$NODE_LOCAL"
     minor="$(gpu_first_minor "$host")"
@@ -183,7 +184,7 @@ host_keeper() {  # host
 
 hosts_up() {
     local host
-    mkdir -p "$NS_DIR" "$HOSTS_DIR" "$NODE_LOCAL" /var/run/cdi /run/dlsub
+    mkdir -p "$NS_DIR" "$HOSTS_DIR" "$NODE_LOCAL" /var/run/cdi /run/dlsub /var/lib/dlsub
     # Namespace files are bind mounts, which need a private mount under them (as ip netns does for /run/netns).
     if ! mountpoint -q "$NS_DIR"; then
         mount --bind "$NS_DIR" "$NS_DIR"

@@ -88,6 +88,17 @@ class TestbedUser:
             raise AssertionError(f"{node}: {argv} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
         return result
 
+    def on_login(self, host: str, *argv: str, check: bool = False,
+                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """A command as this user on another login host (``login2``), as :meth:`run` runs it on this one:
+        the host's own name, network and node-local files; the shared home."""
+        cmd = [*on_host(host), "runuser", "-u", self.name, "--", "env", "-i", "-C", str(self.home),
+               *(f"{k}={v}" for k, v in self.env.items()), *argv]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{host}: {argv} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+        return result
+
     def containers(self, label: str, nodes: tuple[str, ...] = NODES) -> list[str]:
         """This user's containers with the label, on every compute node (each node has its own Podman)."""
         names = []

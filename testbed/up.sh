@@ -172,6 +172,10 @@ if ! id "$AGENT_USER" >/dev/null 2>&1; then
     say "creating service account $AGENT_USER"
     useradd -r -m -d /var/lib/dlsub -s /usr/sbin/nologin "$AGENT_USER"
 fi
+# Its home and state on the other hosts: their own (testbed/hosts.sh), as on a site.
+for host in $TESTBED_HOSTS; do
+    [ "$host" = "$LOGIN_HOST" ] || install -d -m 700 -o "$AGENT_USER" -g "$AGENT_USER" "$HOSTS_DIR/$host/var-lib-dlsub"
+done
 
 # ---------------------------------------------------------------- dlsub, system-wide
 # Installed under /opt (readable by every user) because CI's clone may sit
