@@ -194,14 +194,43 @@ hosts_up() {
     mv -f "$HOSTS_DIR/hosts.new" "$HOSTS_DIR/hosts"
     chmod 644 "$HOSTS_DIR/hosts"
     fabric_up
+    # Hosts made by another version of this file are made again, their daemons stopped first (a host's
+    # mounts are set once, when it is made).
+    if ! hosts_current; then
+        say "the testbed's hosts changed (testbed/hosts.sh): making them again"
+        "$here/agent.sh" stop
+        stop_slurm
+        for host in $TESTBED_HOSTS; do
+            stop_pidfile "/run/dlsub-testbed/host-$host.pid"
+            host_down "$host"
+        done
+    fi
     for host in $TESTBED_HOSTS; do
         host_up "$host"
         host_keeper "$host"
+        hosts_signature > "$NS_DIR/$host.made"
     done
+}
+
+# What the hosts are made by: this file.
+hosts_signature() {
+    sha256sum "$here/hosts.sh" | cut -d' ' -f1
+}
+
+# True when every host that exists was made by this version of this file.
+hosts_current() {
+    local host
+    for host in $TESTBED_HOSTS; do
+        if [ -e "/run/netns/dlsub-$host" ] && [ "$(cat "$NS_DIR/$host.made" 2>/dev/null)" != "$(hosts_signature)" ]; then
+            return 1
+        fi
+    done
+    return 0
 }
 
 host_down() {  # host
     local host="$1" f
+    rm -f "$NS_DIR/$host.made"
     for f in "$NS_DIR/$host.uts" "$NS_DIR/$host.mnt"; do
         if [ -e "$f" ]; then
             umount "$f" 2>/dev/null || true
