@@ -77,6 +77,8 @@ class JobView:
     remaining: float | None = None
     progress: float = 0.0
     restarts: int = 0  # times its GPUs changed after its first start (pollux's restart penalty)
+    restart_s: float | None = None  # what one restart costs it, when known (else a policy's default)
+    restarting_s: float = 0.0  # seconds left of the restart it is in now (checkpoint-restore under way)
     step: int = 1
     packing: int | None = None
     model: PerformanceModel | None = field(default=None, compare=False, repr=False)

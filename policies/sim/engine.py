@@ -74,6 +74,7 @@ class SimJob:
     gpu_type: str = ""
     slowdown: float = 1.0  # progress runs this many times slower than the traces (calibration)
     restart_s: float | None = None  # its own restart penalty, when the setting has one per application
+    told_restart_s: float | None = None  # what a policy is told a restart costs it (the setting's)
 
     @property
     def name(self) -> str:
@@ -298,7 +299,8 @@ def make_jobs(
                      apps=apps, gpu_type=gpu_types[0] if gpu_types else "",
                      slowdown=sia_setting.slowdown(config.calibration, app.name),
                      restart_s=(sia_setting.restart_s(config.calibration, app.name, config.restart_penalty_s)
-                                if config.calibration != "none" else None))
+                                if config.calibration != "none" else None),
+                     told_restart_s=sia_setting.told_restart_s(config.calibration, app.name))
         jobs.append(job)
     return jobs
 

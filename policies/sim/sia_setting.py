@@ -10,6 +10,9 @@ cluster whose groups name GPU types) applies them:
   jobs' own reports (what a policy fits) stay the traces' times.
 - **Restart penalties**: seconds without progress after a (re)start, per
   application, measured on its physical cluster.
+- **What Sia's policy is told a restart costs** (its restart factor):
+  another table per application, measured on the physical cluster
+  (``sia.py``'s ``get_restart_penalty``); 30 s for any other.
 - **Type-unaware jobs** (pollux there): at most as many GPUs as the
   smallest GPU type has (the artifact's ``clusterwide_max_replicas``), and
   a decision that spans types keeps the GPUs of the type holding most of
@@ -23,6 +26,7 @@ SLOWDOWN = {"cifar10": 1.8, "imagenet": 1.2, "yolov3": 1.2, "bert": 1.2, "deepsp
             "gpt_pmp": 1.0}
 RESTART_S = {"cifar10": 50, "deepspeech2": 25, "bert": 120, "yolov3": 80, "imagenet": 250, "ncf": 15}
 DEFAULT_RESTART_S = 30
+POLICY_RESTART_S = {"deepspeech2": 25, "imagenet": 250, "cifar10": 30, "bert": 120, "yolov3": 45}
 CALIBRATIONS = ("none", "sia")
 
 
@@ -34,3 +38,8 @@ def slowdown(calibration: str, application: str) -> float:
 def restart_s(calibration: str, application: str, default: float) -> float:
     """Seconds without progress after each (re)start of a job of ``application``."""
     return float(RESTART_S.get(application, DEFAULT_RESTART_S)) if calibration == "sia" else default
+
+
+def told_restart_s(calibration: str, application: str) -> float | None:
+    """What a policy is told one restart of a job of ``application`` costs (None: not told)."""
+    return float(POLICY_RESTART_S.get(application, DEFAULT_RESTART_S)) if calibration == "sia" else None
