@@ -173,3 +173,19 @@ def test_simulate_command_runs_a_typed_cluster(typed_traces: Path, tmp_path: Pat
                                            "--traces", str(typed_traces), "--json"])
         assert result.exit_code == 0, result.output
         assert '"completed": 2' in result.output
+
+
+def test_sia_is_told_models_only_for_the_types_a_job_has_reported_from(typed_traces: Path) -> None:
+    cluster = two_types()
+    spec = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)]
+    job = make_jobs(spec, typed_traces, get_policy("sia"), SimConfig(), cluster)[0]
+    assert job.view().type_models == {}  # nothing reported yet: sia gives it one GPU of any type
+    job.reallocate(Allocation(("f0", "f0")), 0.0, 30.0, "fast")
+    job.advance(0.0, 60.0)
+    job.info.observe(job)
+    view = job.view()
+    assert view.type_models is not None and set(view.type_models) == {"fast"}
+    assert view.type_rates is not None and view.type_rates["fast"] == pytest.approx(2 * view.type_rates["slow"])
+    # pollux is told no types: one pool, one model fitted to every report.
+    unaware = make_jobs(spec, typed_traces, get_policy("pollux"), SimConfig(), cluster)[0]
+    assert unaware.view().type_models is None
