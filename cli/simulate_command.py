@@ -6,13 +6,35 @@ which submitting a job does not.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
 from dlsub.cli.errors import fail
+
+
+@contextlib.contextmanager
+def _native_stdout_to_stderr() -> Iterator[None]:
+    """Send what native code writes on file descriptor 1 to 2 meanwhile: HiGHS (the ``sia`` policy's
+    solver) prints a diagnostic line there, which would break ``--json``'s output."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no descriptor 1 to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 @click.command()
@@ -100,8 +122,9 @@ def simulate(
                 bar.update(completed - done[0])
                 done[0] = completed
 
-            result = run_simulation(jobs, traces, policy, cluster, config, workload_name=workload.stem,
-                                    on_progress=on_progress)
+            with _native_stdout_to_stderr():
+                result = run_simulation(jobs, traces, policy, cluster, config, workload_name=workload.stem,
+                                        on_progress=on_progress)
     except (PolicyError, ClusterFileError, WorkloadError) as exc:
         fail(str(exc))
     summary = result.summary()

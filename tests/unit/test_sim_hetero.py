@@ -189,3 +189,19 @@ def test_sia_is_told_models_only_for_the_types_a_job_has_reported_from(typed_tra
     # pollux is told no types: one pool, one model fitted to every report.
     unaware = make_jobs(spec, typed_traces, get_policy("pollux"), SimConfig(), cluster)[0]
     assert unaware.view().type_models is None
+
+
+def test_native_writes_to_stdout_go_to_stderr_while_simulating() -> None:
+    """HiGHS (sia's solver) sometimes prints a diagnostic line on descriptor 1 (seen on Philly workload-1);
+    `dlsub simulate --json` must still print JSON alone. A real subprocess, so that native writes are real."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    code = ("import os\nfrom dlsub.cli.simulate_command import _native_stdout_to_stderr\n"
+            "with _native_stdout_to_stderr():\n    os.write(1, b'native noise\\n')\nprint('{}')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
+                         timeout=120)
+    assert out.stdout == "{}\n" and "native noise" in out.stderr
