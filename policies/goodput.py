@@ -94,10 +94,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
-from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, JobView
+from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView
 from dlsub.policies.elastic import place_counts
 from dlsub.policies.perf_models.fitted_model import search_batches
 from dlsub.policies.perf_models.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime, searches_batch
@@ -118,8 +118,16 @@ class GoodputPolicy:
         restart_weight: float = 10.0,
         restart_share: float = 0.1,
         trust_declared: float = 4.0,
+        times_compute: bool = False,
+        batch_on_placement: bool = False,
     ) -> None:
+        # See retuned (issue 32).
+        self.batch_on_placement = bool(batch_on_placement)
         self.trust_declared = trust_declared
+        # Whether the simulator has its jobs report the compute part of every step, as pollux's do (see
+        # dlsub.policies.sim.information.information_for): an experiment switch, read by the simulator
+        # only; the live agent's jobs report no compute part (issue 32: it changed nothing shown).
+        self.times_compute = bool(times_compute)
         self.efficiency_floor = efficiency_floor
         self.restart_penalty_s = restart_penalty_s
         self.restart_weight = restart_weight
@@ -278,4 +286,21 @@ class GoodputPolicy:
             left -= k
             heapq.heappush(heap, offer(name))
         batches = {name: curves[name].batch(n) for name, n in counts.items()}
-        return place_counts(counts, jobs, cluster, previous, batches)
+        decision = place_counts(counts, jobs, cluster, previous, batches)
+        return self.retuned(decision, by_name, per_node) if self.batch_on_placement else decision
+
+    @staticmethod
+    def retuned(decision: Decision, jobs: Mapping[str, JobView], per_node: int) -> Decision:
+        """The decision with each job that lets the policy choose its batch given the batch its model rates
+        best on the GPUs it was placed on, where they span more nodes than the packed placement its size was
+        judged on: spread over more nodes a step synchronises more slowly, and a larger batch pays."""
+        out: Decision = {}
+        for name, alloc in decision.items():
+            job = jobs[name]
+            placement = alloc.placement
+            if job.model is not None and alloc.gpus and searches_batch(job, adapt_batch=True):
+                packed = packed_placement(alloc.gpus, min(per_node, job.packing or per_node))
+                if len(placement) > len(packed):
+                    alloc = Allocation(alloc.nodes, job.model.best_batch(placement)[0])
+            out[name] = alloc
+        return out
