@@ -73,6 +73,22 @@ arrival orders) it was mixed: at 2.0x 1.077 against 1.075 on seed 5 and
 (README, issue 32). The first two limits fix plain errors; the third is a
 guard, not a win.
 
+A job's batch is the one its model rates best on the GPUs it is placed
+on (``batch_on_placement``, :meth:`retuned`), as Pollux tunes it: the
+sizes above are judged on packed placements, and a job spread over more
+nodes than that (the free GPUs are where they are) ran the batch best on
+one node, where synchronising costs less and a smaller batch pays. On
+generated workloads at 1.5x load (issue 32, ``benchmarks/goodput_loss.py``)
+that kept 0.91-0.94 of the best goodput on its GPUs for bert, cifar10 and
+yolov3 (pollux's batches 0.98-0.99); tuned on the placement, 0.97-0.99.
+Figures: README (issue 32). Tried in the same runs and not kept: every
+report carrying the compute part of its step, as pollux's do in the
+simulator (``times_compute``, which the live agent's jobs could not give):
+batch choices no better (0.89-0.96), goodput/pollux unchanged (paired
+change on generated seeds 1 and 2, 3 orders each at 1.5x: -0.000, 3 runs
+at 2.0x: +0.004); and a second per-replica batch as soon as a job had run
+one (issue 22's ``explore_batch``, re-tried at 1.5x: +0.004 over 4 runs).
+
 Tried and not kept (issue 22, point 5). Where the fit mispredicts the best
 batch: after one report, at one per-replica batch, Pollux's prior takes half
 of a step's compute as fixed (the Pollux applications' true share is 0.07
@@ -119,7 +135,7 @@ class GoodputPolicy:
         restart_share: float = 0.1,
         trust_declared: float = 4.0,
         times_compute: bool = False,
-        batch_on_placement: bool = False,
+        batch_on_placement: bool = True,
     ) -> None:
         # See retuned (issue 32).
         self.batch_on_placement = bool(batch_on_placement)

@@ -226,7 +226,7 @@ def test_a_batch_tuned_on_the_placement_says_so_in_the_reason() -> None:
         (action,) = plan_by_policy([good], Room("gpu", (("gpu2", 2),)), policy, NOW)
         return action.reason
 
-    tuned = grow(GoodputPolicy(restart_penalty_s=20.0, restart_weight=1.0, batch_on_placement=True))
+    tuned = grow(POLICY)  # the option is goodput's default
     assert "micro-step(s) of" in tuned and "the best its model rates on the 2 nodes it was placed on" in tuned
-    plain = grow(POLICY)
+    plain = grow(GoodputPolicy(restart_penalty_s=20.0, restart_weight=1.0, batch_on_placement=False))
     assert "micro-step(s) of" in plain and "it was placed on" not in plain
