@@ -223,8 +223,8 @@ def test_a_batch_tuned_on_the_placement_says_so_in_the_reason() -> None:
         models = LiveModels()
         progress = Progress(step=100, total_steps=5000, configs=measured({1: 2.0}), first_time=NOW - 300,
                             latest_time=NOW, batch_limits=limits)
-        good = models.scaled(job("good", uid=2, nodes=1, max_nodes=2, submit=NOW - 300), progress, NOW, None)
-        (action,) = plan_by_policy([good], Room("gpu", (("gpu2", 2),)), policy, NOW)
+        good = models.scaled(job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), progress, NOW, None)
+        (action,) = plan_by_policy([good], Room("gpu", (IdleNode("gpu2", 2),)), policy, NOW)
         return action.reason
 
     tuned = grow(POLICY)  # the option is goodput's default
