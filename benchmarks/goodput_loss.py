@@ -10,8 +10,11 @@ job's model (fitted online from its own reports) predicted its goodput
 there, against the traces' true goodput. Printed per application, for
 each policy: jobs, average JCT, waiting before the first start, GPU-hours,
 restarts, the mean GPUs and batch size while running, the median of
-predicted / true goodput, and each application's share of the difference
-in average JCT (goodput minus pollux, seconds over all jobs).
+predicted / true goodput, the mean of the true goodput at the batch size
+given over the true goodput at the best batch size on the same GPUs
+(batch/best: what the batch choice alone lost), and each application's
+share of the difference in average JCT (goodput minus pollux, seconds
+over all jobs).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from goodput_vs_pollux import PHILLY, policy_of
 
 from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, Policy
@@ -39,6 +43,8 @@ class Seen:
     gpus: list[int] = field(default_factory=list)
     batches: list[int] = field(default_factory=list)
     accuracy: list[float] = field(default_factory=list)  # predicted / true goodput
+    # true goodput at the batch given over the true goodput at the best batch on the same placement
+    batch_share: list[float] = field(default_factory=list)
 
 
 class Recorder:
@@ -67,7 +73,16 @@ class Recorder:
             seen.batches.append(batch)
             if true > 0:
                 seen.accuracy.append(job.model.goodput(alloc.placement, batch) / true)
+                seen.batch_share.append(true / best_true(app, alloc.placement, alloc.gpus, epoch, batch))
         return decision
+
+
+def best_true(app: Application, placement: tuple[int, ...], gpus: int, epoch: int, given: int) -> float:
+    """The traces' best goodput on ``placement`` over batch sizes from the application's smallest to its
+    largest (60 steps, log-spaced) and ``given``."""
+    lo = max(app.init_batch_size, gpus * app.min_local_bsz)
+    candidates = {given, *(int(b) for b in np.geomspace(min(lo, app.max_batch_size), app.max_batch_size, 60))}
+    return max(app.goodput(placement, app.batch_config(gpus, b), epoch) for b in candidates)
 
 
 def table(results: dict[str, tuple[SimResult, Recorder]]) -> None:
@@ -76,7 +91,7 @@ def table(results: dict[str, tuple[SimResult, Recorder]]) -> None:
     apps = sorted({job.application for job in results[names[0]][0].jobs})
     total = len(results[names[0]][0].jobs)
     print(f"{'application':12} {'policy':8} {'jobs':>4} {'avg JCT':>8} {'wait':>6} {'GPU-h':>6} {'restarts':>8} "
-          f"{'GPUs':>5} {'batch':>6} {'pred/true':>9}")
+          f"{'GPUs':>5} {'batch':>6} {'pred/true':>9} {'batch/best':>10}")
     for app in apps:
         for name in names:
             jobs = [job for job in rows[name].values() if job.application == app]
@@ -84,11 +99,13 @@ def table(results: dict[str, tuple[SimResult, Recorder]]) -> None:
             gpus = [g for s in seen for g in s.gpus]
             batches = [b for s in seen for b in s.batches]
             acc = [a for s in seen for a in s.accuracy]
+            share = [a for s in seen for a in s.batch_share]
             print(f"{app:12} {name:8} {len(jobs):4d} {statistics.mean(j.jct_s or 0.0 for j in jobs):8.0f} "
                   f"{statistics.mean((j.start_s or 0.0) - j.arrival_s for j in jobs):6.0f} "
                   f"{statistics.mean(j.gpu_s for j in jobs) / 3600:6.2f} "
                   f"{statistics.mean(j.restarts for j in jobs):8.1f} {statistics.mean(gpus or [0]):5.1f} "
-                  f"{statistics.mean(batches or [0]):6.0f} {statistics.median(acc or [0.0]):9.2f}")
+                  f"{statistics.mean(batches or [0]):6.0f} {statistics.median(acc or [0.0]):9.2f} "
+                  f"{statistics.mean(share or [0.0]):10.2f}")
         if len(names) == 2:
             diff = sum((rows[names[1]][n].jct_s or 0.0) - (rows[names[0]][n].jct_s or 0.0)
                        for n, job in rows[names[0]].items() if job.application == app) / total

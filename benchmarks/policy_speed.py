@@ -8,6 +8,17 @@ Prints the first (cold: every job's goodput curve computed from the traces)
 and the following (warm: curves cached, as in the live agent, whose jobs
 change epoch rarely) decision times, median of --repeats.
 Replay: workload-6 (1.0x, 160 jobs) for each policy, wall seconds.
+
+Heterogeneous (``--hetero-gpus``; the issue's run: ``--hetero-gpus 10000
+--hetero-jobs 5000``; default 0, skipped, to keep the default run short): that many
+GPUs of Sia's three types (aws 4-GPU nodes, dgx-ext and rtx 8-GPU nodes, in
+the proportions of its 64-GPU cluster) and ``--hetero-jobs`` jobs (5,000)
+of Sia's applications with their true model on every type, from
+``--sia-data`` (../shared/data/sia). One cold and one warm decision for
+each of ``--hetero-policies`` (sia, goodput: pollux and goodput see one pool
+of GPUs). pollux is not in the default list: its exact knapsack over
+GPU counts costs jobs x GPUs x widest job (5,000 x 10,000 x 64): 472 s a
+decision when measured; name it to measure it.
 """
 
 from __future__ import annotations
@@ -16,13 +27,14 @@ import argparse
 import random
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from dlsub.policies.api import ClusterView, JobView
+from dlsub.policies.api import ClusterView, JobView, Node, PolicyError
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sim.apps import load_application
 from dlsub.policies.sim.engine import simulate
-from dlsub.policies.sim.performance import performance_at
+from dlsub.policies.sim.performance import AppPerformance, performance_at
 from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
 
 APPS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
@@ -52,6 +64,59 @@ def synthetic_jobs(count: int, seed: int) -> list[JobView]:
     return jobs
 
 
+SIA_TYPES = (("aws", 4, 24), ("dgx-ext", 8, 16), ("rtx", 8, 24))  # type, GPUs a node, GPUs of 64
+
+
+def typed_cluster(total_gpus: int) -> ClusterView:
+    """About ``total_gpus`` GPUs of Sia's three types, in the proportions of its 64-GPU cluster."""
+    nodes = []
+    for gpu_type, per_node, share in SIA_TYPES:
+        count = max(1, round(total_gpus * share / 64 / per_node))
+        nodes.extend(Node(f"{gpu_type}{i:05d}", per_node, gpu_type=gpu_type) for i in range(count))
+    return ClusterView(tuple(nodes))
+
+
+def typed_jobs(count: int, seed: int, traces: Path) -> list[JobView]:
+    """Jobs of Sia's applications at random epochs, each with its true model on every type."""
+    rng = random.Random(seed)
+    types = [t for t, _, _ in SIA_TYPES]
+    jobs = []
+    for i in range(count):
+        name = rng.choice(APPS)
+        apps = {t: load_application(traces / name, t) for t in types}
+        app = apps[types[0]]
+        epoch = rng.randrange(app.epochs)
+        hi = 1 if name == "ncf" else min(64, app.max_batch_size // app.min_local_bsz)
+        models = {t: performance_at(a, epoch) for t, a in apps.items()}
+        jobs.append(JobView(name=f"job-{i}", arrival_s=float(i), gpus=1, min_gpus=1, max_gpus=hi,
+                            batch_size=app.init_batch_size, adaptive_batch=name != "ncf",
+                            attained_gpu_s=rng.uniform(0, 3600 * 20),
+                            remaining=app.total_progress - app.progress_at(epoch),
+                            model=models[types[0]], type_models=models,
+                            type_rates={t: a.one_gpu_throughput for t, a in apps.items()}))
+    return jobs
+
+
+def time_typed(policy_name: str, jobs: list[JobView], cluster: ClusterView) -> tuple[float, float]:
+    """One cold and one warm decision (half the jobs keep what the first gave them)."""
+    policy = get_policy(policy_name)
+    performance_at.cache_clear()  # cold: every model's goodput curves computed afresh, whoever ran before
+
+    def fresh(model: object) -> AppPerformance:
+        assert isinstance(model, AppPerformance)
+        return performance_at(model.app, model.epoch)
+
+    jobs = [replace(job, model=fresh(job.model), type_models={t: fresh(m) for t, m in (job.type_models or {}).items()})
+            for job in jobs]
+    start = time.perf_counter()
+    first = policy.decide(jobs, cluster, 0.0, {})
+    cold = time.perf_counter() - start
+    previous = dict(list(first.items())[: len(first) // 2])
+    start = time.perf_counter()
+    policy.decide(jobs, cluster, 60.0, previous)
+    return cold, time.perf_counter() - start
+
+
 def time_decisions(policy_name: str, jobs: list[JobView], cluster: ClusterView, repeats: int) -> tuple[float, float]:
     policy = get_policy(policy_name)
     performance_at.cache_clear()
@@ -77,6 +142,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policies", default="goodput,optimus,tiresias,efifo,gang,fifo,rr")
     parser.add_argument("--replay", default=str(POLLUX_DIR / "workloads" / "workload-6.csv"))
+    parser.add_argument("--hetero-gpus", type=int, default=0)
+    parser.add_argument("--hetero-jobs", type=int, default=5000)
+    parser.add_argument("--hetero-policies", default="sia,goodput")
+    parser.add_argument("--sia-data", type=Path, default=Path.cwd().parent / "shared/data/sia")
     args = parser.parse_args()
     cluster = ClusterView.uniform(args.nodes, 4)
     jobs = synthetic_jobs(args.jobs, args.seed)
@@ -91,6 +160,19 @@ def main() -> None:
         result = simulate(workload, POLLUX_DIR / "traces", get_policy(name), ClusterView.uniform(16, 4))
         wall = time.perf_counter() - start
         print(f"  {name:>9}: {wall:6.2f} s wall, avg JCT {result.summary()['avg_jct_s']} s")
+    if args.hetero_gpus > 0:
+        typed = typed_cluster(args.hetero_gpus)
+        kinds = ", ".join(f"{t} {sum(n.gpus for n in typed.nodes if n.gpu_type == t)}" for t in typed.gpu_types())
+        many = typed_jobs(args.hetero_jobs, args.seed, args.sia_data / "traces")
+        print(f"one decision, {len(many)} jobs on {typed.total_gpus} GPUs of several types ({kinds}):")
+        for name in args.hetero_policies.split(","):
+            try:
+                cold, warm = time_typed(name, many, typed)
+            except PolicyError as exc:
+                print(f"  {name:>9}: {exc}", flush=True)
+                continue
+            verdict = "under" if max(cold, warm) < 1.0 else "OVER"
+            print(f"  {name:>9}: cold {cold * 1000:8.1f} ms   warm {warm * 1000:8.1f} ms   ({verdict} 1 s)", flush=True)
 
 
 if __name__ == "__main__":

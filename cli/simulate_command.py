@@ -6,8 +6,11 @@ which submitting a job does not.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -15,14 +18,36 @@ import click
 from dlsub.cli.errors import fail
 
 
+@contextlib.contextmanager
+def _native_stdout_to_stderr() -> Iterator[None]:
+    """Send what native code writes on file descriptor 1 to 2 meanwhile: HiGHS (the ``sia`` policy's
+    solver) prints a diagnostic line there, which would break ``--json``'s output."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no descriptor 1 to protect
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 @click.command()
 @click.argument("workload", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--policy", "policy_name", default="goodput", show_default=True,
-              help="Scheduling policy (fifo, rr, efifo, gang, tiresias, optimus, goodput, pollux, worker-greedy).")
+              help="Scheduling policy (fifo, rr, efifo, gang, tiresias, optimus, goodput, pollux, sia, worker-greedy).")
 @click.option("--cluster", "cluster_file", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="Cluster TOML (nodes, gpus_per_node or [[group]]) [default: 16 nodes x 4 GPUs].")
+              help="Cluster TOML (nodes, gpus_per_node or [[group]], each with an optional gpu_type) "
+                   "[default: 16 nodes x 4 GPUs].")
 @click.option("--traces", "traces_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Application traces [default: the traces/ folder beside the workload's folder].")
+              help="Application traces, one folder per application [default: the traces/ folder beside the "
+                   "workload's folder]. A cluster with GPU types reads each type's placements-<type>.csv "
+                   "and scalability-<type>.csv there (Sia's layout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Write jobs.csv, timeline.csv and summary.json here.")
@@ -42,6 +67,9 @@ from dlsub.cli.errors import fail
                    "is an application and batch size; every job of an application is then a clone).")
 @click.option("--restart-penalty", type=click.IntRange(min=0), default=30, show_default=True,
               help="Seconds without progress after every (re)allocation.")
+@click.option("--calibration", type=click.Choice(["auto", "none", "sia"]), default="auto", show_default=True,
+              help="sia: Sia's per-application slowdowns and restart penalties (which replace --restart-penalty), "
+                   "as its artifact calibrated them; auto: sia on a cluster with GPU types, else none.")
 def simulate(
     workload: Path,
     policy_name: str,
@@ -56,6 +84,7 @@ def simulate(
     restart_penalty: int,
     information: str,
     history: str,
+    calibration: str,
 ) -> None:
     """Replay WORKLOAD (name,time,application,num_replicas,batch_size) under a policy.
 
@@ -80,8 +109,11 @@ def simulate(
         if traces is None or not traces.is_dir():
             fail(f"no traces folder for {workload}; pass --traces DIR (the folder with one sub-folder per application)")
         assert traces is not None
+        if calibration == "auto":
+            calibration = "sia" if cluster.gpu_types() else "none"
         config = SimConfig(interval_s=interval, restart_penalty_s=restart_penalty, seed=seed,
-                           arrival_jitter_s=arrival_jitter, information=information, history=history)
+                           arrival_jitter_s=arrival_jitter, information=information, history=history,
+                           calibration=calibration)
         with click.progressbar(length=len(jobs), label=f"{policy.name} on {workload.name}", file=sys.stderr,
                                show_pos=True) as bar:
             done = [0]
@@ -90,8 +122,9 @@ def simulate(
                 bar.update(completed - done[0])
                 done[0] = completed
 
-            result = run_simulation(jobs, traces, policy, cluster, config, workload_name=workload.stem,
-                                    on_progress=on_progress)
+            with _native_stdout_to_stderr():
+                result = run_simulation(jobs, traces, policy, cluster, config, workload_name=workload.stem,
+                                        on_progress=on_progress)
     except (PolicyError, ClusterFileError, WorkloadError) as exc:
         fail(str(exc))
     summary = result.summary()

@@ -54,6 +54,13 @@ class JobView:
     simulated job by one GPU). ``packing``: its model is asked about
     placements of this many GPUs a node (a live job of whole nodes of a few
     GPUs each, as it asked for them); None: as many as a node has.
+
+    On a cluster with GPU types (``Node.gpu_type``): ``type_models`` is the
+    job's model on each type it has reports from (the oracle: every type),
+    and ``type_rates`` its samples per second on one GPU of each type, from
+    a short profile there (what Sia bootstraps its models from). A policy
+    that ignores them sees one pool of GPUs; ``model`` is the job's model
+    on the type it runs on now (or last ran on).
     """
 
     name: str
@@ -70,9 +77,13 @@ class JobView:
     remaining: float | None = None
     progress: float = 0.0
     restarts: int = 0  # times its GPUs changed after its first start (pollux's restart penalty)
+    restart_s: float | None = None  # what one restart costs it, when known (else a policy's default)
+    restarting_s: float = 0.0  # seconds left of the restart it is in now (checkpoint-restore under way)
     step: int = 1
     packing: int | None = None
     model: PerformanceModel | None = field(default=None, compare=False, repr=False)
+    type_models: Mapping[str, PerformanceModel] | None = field(default=None, compare=False, repr=False)
+    type_rates: Mapping[str, float] | None = field(default=None, compare=False, repr=False)
 
     @property
     def lo(self) -> int:
@@ -92,12 +103,14 @@ class JobView:
 @dataclass(frozen=True)
 class Node:
     """A node's GPUs as a policy may hand them out (a simulated node whole; live, those it may use).
-    What a node has idle in Slurm this tick is an :class:`IdleNode`."""
+    What a node has idle in Slurm this tick is an :class:`IdleNode`. ``gpu_type``: the kind of its GPUs
+    ("": the cluster does not say; all one kind)."""
 
     name: str
     gpus: int
     cpus: int = 0
     partition: str = "gpu"
+    gpu_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -144,6 +157,14 @@ class ClusterView:
 
     def capacity(self) -> dict[str, int]:
         return {node.name: node.gpus for node in self.nodes}
+
+    def gpu_types(self) -> list[str]:
+        """The GPU types the nodes name, in the order they first appear ([] on an untyped cluster)."""
+        return list(dict.fromkeys(node.gpu_type for node in self.nodes if node.gpu_type))
+
+    def type_of(self) -> dict[str, str]:
+        """Each node's GPU type, by node name."""
+        return {node.name: node.gpu_type for node in self.nodes}
 
 
 @dataclass(frozen=True)

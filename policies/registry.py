@@ -12,6 +12,7 @@ from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.optimus import OptimusPolicy
 from dlsub.policies.pollux import PolluxPolicy
 from dlsub.policies.rr import RoundRobinPolicy
+from dlsub.policies.sia import SiaPolicy
 from dlsub.policies.tiresias import TiresiasPolicy
 from dlsub.policies.worker_greedy import WorkerGreedyPolicy
 
@@ -26,6 +27,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
         OptimusPolicy,
         GoodputPolicy,
         PolluxPolicy,
+        SiaPolicy,
         WorkerGreedyPolicy,
     )
 }

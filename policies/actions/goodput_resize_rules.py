@@ -159,15 +159,21 @@ def _figures(scaled: ScaledJob, before: int, after: int) -> str:
     return text
 
 
-def _batch_at(scaled: ScaledJob, decision: Decision, nodes: int) -> tuple[int | None, int | None, str]:
-    """(global batch, micro-steps per step, words) the policy picked for a job that lets dlsub choose."""
+def _batch_at(scaled: ScaledJob, decision: Decision, nodes: int, policy: Policy) -> tuple[int | None, int | None, str]:
+    """(global batch, micro-steps per step, words) the policy picked for a job that lets dlsub choose. A
+    policy that tunes the batch on the nodes a job was placed on (goodput's ``batch_on_placement``) says so:
+    spread over more nodes than its size was judged on, its batch is the one best there."""
     alloc = decision.get(scaled.job.dlsub_id)
     if scaled.limits is None or alloc is None or alloc.batch_size is None:
         return None, None, ""
     replicas = scaled.job.gpus_at(nodes)
     atomic, extra = split_batch(scaled.limits, replicas, alloc.batch_size)
     batch = atomic * replicas * (extra + 1)
-    return batch, extra + 1, f"; batch {batch} ({extra + 1} micro-step(s) of {atomic} per GPU)"
+    words = f"; batch {batch} ({extra + 1} micro-step(s) of {atomic} per GPU)"
+    if getattr(policy, "batch_on_placement", False):
+        spans = len(alloc.placement)
+        words += f", the best its model rates on the {spans} node{'s' if spans != 1 else ''} it was placed on"
+    return batch, extra + 1, words
 
 
 def held_gpus(job: ElasticJob) -> tuple[str, ...]:
@@ -253,7 +259,7 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
             worker = placed.worker
             if job.uid in left:
                 left[job.uid] -= job.gpus_per_worker
-            batch, micro, words = _batch_at(scaled, decision, size)
+            batch, micro, words = _batch_at(scaled, decision, size, policy)
             actions.append(Resize(ActionKind.GROW, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
                                   partition=room.name, node=placed.node, batch_size=batch,
                                   accumulation_steps=micro, reason=(
@@ -275,7 +281,7 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
             worker = running.pop(0)
             wanting[job.uid] -= job.gpus_per_worker
             size -= 1
-            batch, micro, words = _batch_at(scaled, decision, size)
+            batch, micro, words = _batch_at(scaled, decision, size, policy)
             actions.append(Resize(ActionKind.SHRINK, job.dlsub_id, job.slurm_job_id, worker=worker.handle,
                                   batch_size=batch, accumulation_steps=micro, reason=(
                 f"shrinking to {_size_text(job, size)} ({policy.name} policy): another elastic job of yours gains "

@@ -3,7 +3,10 @@
 Step times come from ``placements.csv`` (interpolated over the local batch
 size for a measured placement) or, for unmeasured placements, a linear
 interpolation over (nodes, replicas, local batch) of the placement means
-and ``scalability.csv``. Statistical progress, epochs and gradient
+and ``scalability.csv``. Sia's traces (``../shared/data/sia``) profile each
+application on several GPU types: ``placements-<type>.csv`` and
+``scalability-<type>.csv`` beside the type-independent validation files;
+``load_application(dir, gpu_type)`` reads one type's. Statistical progress, epochs and gradient
 statistics come from ``validation-<B>.csv``, interpolated linearly between
 measured batch sizes.
 """
@@ -25,6 +28,17 @@ from dlsub.batch_split import BatchLimits, split_batch
 EPOCHS = {"bert": 2, "cifar10": 100, "deepspeech2": 80, "imagenet": 90, "ncf": 10, "yolov3": 50}
 # Local batch limits that the traces do not show (README: "yolov3: max local 8").
 MAX_LOCAL_BATCH = {"yolov3": 8}
+# Per GPU type (Sia's artifact, applications.py: deepspeech2 on the 2080 Ti's 11 GB).
+MAX_LOCAL_BATCH_ON_TYPE = {("deepspeech2", "rtx"): 57}
+
+
+class TraceError(ValueError):
+    """A traces folder that lacks what a simulation needs; the message says what is there."""
+
+
+def profiled_types(trace_dir: Path) -> list[str]:
+    """The GPU types an application's traces profile (``placements-<type>.csv``)."""
+    return sorted(p.stem[len("placements-"):] for p in trace_dir.glob("placements-*.csv"))
 
 
 def _read_csv(path: Path) -> dict[str, np.ndarray]:
@@ -55,8 +69,14 @@ class BatchConfig:
 
 
 class Application:
-    def __init__(self, trace_dir: Path, epochs: int | None = None, max_local_bsz: int | None = None) -> None:
+    def __init__(self, trace_dir: Path, epochs: int | None = None, max_local_bsz: int | None = None,
+                 gpu_type: str = "") -> None:
         self.name = trace_dir.name
+        self.gpu_type = gpu_type
+        suffix = f"-{gpu_type}" if gpu_type else ""
+        if gpu_type and not (trace_dir / f"placements{suffix}.csv").is_file():
+            raise TraceError(f"{trace_dir}: no placements{suffix}.csv: {self.name} is not profiled on GPU type "
+                             f"{gpu_type!r}; profiled types: {', '.join(profiled_types(trace_dir)) or 'none'}")
         self.validation: dict[int, dict[str, np.ndarray]] = {}
         for path in trace_dir.glob("validation-*.csv"):
             self.validation[int(path.stem.split("-")[-1])] = _read_csv(path)
@@ -74,9 +94,15 @@ class Application:
         # Epoch k ends at the smallest measured progress for epoch k.
         self.epoch_end = np.array([min(v["progress"][k] for v in self.validation.values()) for k in range(n)])
 
-        placements = _read_csv(trace_dir / "placements.csv")
+        placements = _read_csv(trace_dir / f"placements{suffix}.csv")
         self.min_local_bsz = int(placements["local_bsz"].min())
-        self.max_local_bsz = int(max_local_bsz or MAX_LOCAL_BATCH.get(self.name) or placements["local_bsz"].max())
+        self.max_local_bsz = int(max_local_bsz or MAX_LOCAL_BATCH_ON_TYPE.get((self.name, gpu_type))
+                                 or MAX_LOCAL_BATCH.get(self.name) or placements["local_bsz"].max())
+        # Samples per second on one GPU at the largest local batch profiled there: what
+        # a short profile on one GPU of this type measures (Sia's bootstrapping).
+        one = placements["placement"] == 1
+        self.one_gpu_throughput = (float(placements["local_bsz"][one].max() / placements["step_time"][one].max())
+                                   if one.any() else 0.0)
         rows: dict[tuple[int, ...], list[tuple[float, float, float]]] = {}
         groups: dict[tuple[int, int, float], list[tuple[float, float]]] = {}
         # Columns of one CSV file: the same length.
@@ -93,7 +119,7 @@ class Application:
         }
         points = [list(key) for key in groups]
         values = [np.mean(vals, axis=0) for vals in groups.values()]
-        scal = _read_csv(trace_dir / "scalability.csv")
+        scal = _read_csv(trace_dir / f"scalability{suffix}.csv")
         for row in zip(
             scal["num_nodes"], scal["num_replicas"], scal["local_bsz"], scal["step_time"], scal["sync_time"],
             strict=True,
@@ -177,5 +203,6 @@ class Application:
 
 
 @functools.cache
-def load_application(trace_dir: Path) -> Application:
-    return Application(trace_dir)
+def load_application(trace_dir: Path, gpu_type: str = "") -> Application:
+    """An application's traces (one GPU type's, when ``gpu_type`` is given); read once."""
+    return Application(trace_dir, gpu_type=gpu_type)

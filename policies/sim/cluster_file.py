@@ -5,12 +5,17 @@ Either uniform::
     nodes = 16
     gpus_per_node = 4
 
-or node groups, each a partition::
+or node groups, each a partition, optionally of one GPU type (a type
+names the ``placements-<type>.csv`` traces its GPUs run at; see
+``--traces``)::
 
     [[group]]
     partition = "gpu"
     nodes = 8
     gpus_per_node = 4
+    gpu_type = "aws"
+
+Either every group names a GPU type or none does.
 
 Unknown keys are errors that list the valid ones.
 """
@@ -24,7 +29,7 @@ from dlsub.policies.api import ClusterView, Node
 from dlsub.strict import read_toml, unknown_keys
 
 TOP_KEYS = {"nodes", "gpus_per_node", "cpus_per_node", "group"}
-GROUP_KEYS = {"partition", "nodes", "gpus_per_node", "cpus_per_node"}
+GROUP_KEYS = {"partition", "nodes", "gpus_per_node", "cpus_per_node", "gpu_type"}
 DEFAULT_NODES, DEFAULT_GPUS = 16, 4
 
 
@@ -65,6 +70,14 @@ def load_cluster(path: Path) -> ClusterView:
         gpus = _positive(where, group, "gpus_per_node", DEFAULT_GPUS)
         cpus = _positive(where, group, "cpus_per_node", 0)
         partition = str(group.get("partition", "gpu"))
+        gpu_type = group.get("gpu_type", "")
+        if not isinstance(gpu_type, str) or ("gpu_type" in group and not gpu_type.strip()) or "/" in gpu_type:
+            raise ClusterFileError(f"{where}: gpu_type must be a GPU type's name (as in placements-<type>.csv), "
+                                   f"not {gpu_type!r}")
         start = len(nodes)
-        nodes.extend(Node(f"{partition}{start + j:03d}", gpus, cpus, partition) for j in range(count))
+        nodes.extend(Node(f"{partition}{start + j:03d}", gpus, cpus, partition, gpu_type) for j in range(count))
+    typed = {bool(node.gpu_type) for node in nodes}
+    if len(typed) > 1:
+        raise ClusterFileError(f"{path}: some groups name a gpu_type and some do not; name one for every group "
+                               "(or for none, a cluster of one kind of GPU)")
     return ClusterView(tuple(nodes))

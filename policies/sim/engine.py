@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlsub.policies.api import Allocation, ClusterView, JobView, Policy, check_decision
-from dlsub.policies.sim.apps import Application, BatchConfig, load_application
+from dlsub.policies.sim import sia_setting
+from dlsub.policies.sim.apps import Application, BatchConfig, TraceError, load_application
 from dlsub.policies.sim.information import Information, OracleInformation, information_for
 from dlsub.policies.sim.workload import WorkloadError, WorkloadJob
 
@@ -42,6 +43,8 @@ class SimConfig:
     # Stop when nothing has progressed for this long while jobs wait (a deadlock).
     stall_limit_s: float = 6 * 3600.0
     max_time_s: float = 60 * 24 * 3600.0
+    # "sia": Sia's per-application slowdowns and restart penalties (see sia_setting).
+    calibration: str = "none"
 
 
 @dataclass
@@ -66,6 +69,12 @@ class SimJob:
     completion_s: float | None = None
     running_since_s: float | None = None
     waiting_since_s: float | None = None
+    # On a cluster with GPU types: the application's traces per type, and the type it runs on (or last ran on).
+    apps: dict[str, Application] = field(default_factory=dict)
+    gpu_type: str = ""
+    slowdown: float = 1.0  # progress runs this many times slower than the traces (calibration)
+    restart_s: float | None = None  # its own restart penalty, when the setting has one per application
+    told_restart_s: float | None = None  # what a policy is told a restart costs it (the setting's)
 
     @property
     def name(self) -> str:
@@ -96,11 +105,16 @@ class SimJob:
             batch = self.alloc.batch_size or self.batch_size
         self.config = self.app.batch_config(replicas, batch)
 
-    def reallocate(self, alloc: Allocation | None, now: float, penalty_s: float) -> None:
+    def reallocate(self, alloc: Allocation | None, now: float, penalty_s: float, gpu_type: str = "") -> None:
         if alloc is None or alloc.gpus == 0:
             self.alloc, self.config = None, None
             self.running_since_s, self.waiting_since_s = None, now
             return
+        if gpu_type != self.gpu_type and gpu_type in self.apps:
+            # A new kind of GPU: its traces from now on; the progress (type-independent) is the checkpoint's.
+            self.gpu_type, self.app = gpu_type, self.apps[gpu_type]
+        if self.restart_s is not None:
+            penalty_s = self.restart_s
         self.alloc = alloc
         if self.adaptive and alloc.batch_size:
             self.config = self.app.batch_config(alloc.gpus, alloc.batch_size)
@@ -130,6 +144,7 @@ class SimJob:
             assert self.config is not None
             batch = self.config.total(gpus)
             rate = self.app.efficiency(batch, self.epoch) / self.app.step_time(self.placement, self.config)
+            rate /= self.slowdown
             epoch_end = self.app.progress_at(self.epoch + 1)
             progressed = True
             if self.progress + rate * seconds < epoch_end:
@@ -213,6 +228,7 @@ class SimResult:
             "makespan_s": round(end - first, 1) if len(done) == len(self.jobs) else None,
             "gpu_utilization": round(util, 4),
             "restarts": sum(j.restarts for j in self.jobs),
+            "gpu_h_per_job": round(sum(j.gpu_s for j in self.jobs) / 3600 / len(self.jobs), 3) if self.jobs else None,
             "wall_s": round(self.wall_s, 2),
         }
 
@@ -228,10 +244,19 @@ def _percentile(sorted_values: Sequence[float], pct: float) -> float:
 
 
 def make_jobs(
-    workload: Sequence[WorkloadJob], traces_dir: Path, policy: Policy, config: SimConfig
+    workload: Sequence[WorkloadJob], traces_dir: Path, policy: Policy, config: SimConfig,
+    cluster: ClusterView | None = None,
 ) -> list[SimJob]:
     """The jobs as the policy's kind runs them: rigid at the workload's tuned
-    settings, elastic with the tuned batch size, or adaptive (GPUs and batch)."""
+    settings, elastic with the tuned batch size, or adaptive (GPUs and batch).
+
+    On a cluster with GPU types each job reads its application's traces for
+    every type; a policy that is not ``type_aware`` sizes a job to at most
+    the smallest type's GPUs (see sia_setting)."""
+    gpu_types = cluster.gpu_types() if cluster is not None else []
+    type_cap = MAX_REPLICAS
+    if gpu_types and cluster is not None and not getattr(policy, "type_aware", False):
+        type_cap = min(sum(node.gpus for node in cluster.nodes if node.gpu_type == t) for t in gpu_types)
     elastic = getattr(policy, "elastic", False)
     adapts = getattr(policy, "adapts_batch", False)
     rng = random.Random(config.seed)
@@ -248,7 +273,11 @@ def make_jobs(
                 f"job {spec.name}: no traces for application {spec.application!r} in {traces_dir}; "
                 f"known: {', '.join(known)}"
             )
-        app = load_application(trace)
+        try:
+            apps = {t: load_application(trace, t) for t in gpu_types}
+        except TraceError as exc:
+            raise WorkloadError(f"job {spec.name}: {exc}") from None
+        app = apps[gpu_types[0]] if gpu_types else load_application(trace)
         if spec.epochs is not None and spec.epochs > len(app.epoch_end):
             raise WorkloadError(f"job {spec.name}: {spec.epochs} epochs declared; the traces of "
                                 f"{app.name} measure {len(app.epoch_end)}")
@@ -263,9 +292,29 @@ def make_jobs(
             lo, hi = 1, max(1, min(MAX_REPLICAS, batch // app.min_local_bsz))
         if app.name in FIXED_BATCH and elastic:
             hi = 1  # as in the Pollux evaluation
+        if elastic:
+            hi = max(lo, min(hi, type_cap))
         jitter = rng.uniform(0, config.arrival_jitter_s) if config.arrival_jitter_s else 0.0
-        jobs.append(SimJob(spec, app, spec.arrival_s + jitter, lo, hi, spec.num_replicas, batch, adaptive, info))
+        job = SimJob(spec, app, spec.arrival_s + jitter, lo, hi, spec.num_replicas, batch, adaptive, info,
+                     apps=apps, gpu_type=gpu_types[0] if gpu_types else "",
+                     slowdown=sia_setting.slowdown(config.calibration, app.name),
+                     restart_s=(sia_setting.restart_s(config.calibration, app.name, config.restart_penalty_s)
+                                if config.calibration != "none" else None),
+                     told_restart_s=sia_setting.told_restart_s(config.calibration, app.name))
+        jobs.append(job)
     return jobs
+
+
+def one_type(alloc: Allocation, type_of: dict[str, str], job: SimJob) -> tuple[Allocation, str]:
+    """The allocation on one GPU type: the type that holds most of its GPUs (a tie: the type where the job
+    runs fastest on one GPU), and that type."""
+    counts: dict[str, int] = {}
+    for node in alloc.nodes:
+        counts[type_of[node]] = counts.get(type_of[node], 0) + 1
+    if len(counts) == 1:
+        return alloc, next(iter(counts))
+    kept = max(counts, key=lambda t: (counts[t], job.apps[t].one_gpu_throughput if t in job.apps else 0.0))
+    return Allocation(tuple(node for node in alloc.nodes if type_of[node] == kept), alloc.batch_size), kept
 
 
 ProgressFn = Callable[[int, int], None]
@@ -282,7 +331,13 @@ def simulate(
     on_progress: ProgressFn | None = None,
 ) -> SimResult:
     wall = time.perf_counter()
-    jobs = make_jobs(workload, traces_dir, policy, config)
+    if config.calibration not in sia_setting.CALIBRATIONS:
+        raise WorkloadError(f"unknown calibration {config.calibration!r}; valid: "
+                            f"{', '.join(sia_setting.CALIBRATIONS)}")
+    jobs = make_jobs(workload, traces_dir, policy, config, cluster)
+    type_of = cluster.type_of()
+    typed = bool(cluster.gpu_types())
+    splits_types = getattr(policy, "splits_types", False)
     for job in jobs:
         if job.lo > cluster.total_gpus:
             raise WorkloadError(f"job {job.name} needs {job.lo} GPUs; the cluster has {cluster.total_gpus}")
@@ -319,6 +374,13 @@ def simulate(
             new, old = decision.get(job.name), previous.get(job.name)
             if new is not None and new.gpus == 0:
                 new = None
+            gpu_type = ""
+            if new is not None and typed:
+                if splits_types:  # a synchronous job runs at the pace of its slowest GPUs
+                    gpu_type = min({type_of[node] for node in new.nodes},
+                                   key=lambda t: job.apps[t].one_gpu_throughput)
+                else:
+                    new, gpu_type = one_type(new, type_of, job)
             if new is None and old is None:
                 continue
             if new is not None and new.same_gpus(old):
@@ -326,7 +388,7 @@ def simulate(
                     job.alloc = new  # a new batch size needs no restart
                     job.config = job.app.batch_config(new.gpus, new.batch_size)
                 continue
-            job.reallocate(new, now, config.restart_penalty_s)
+            job.reallocate(new, now, config.restart_penalty_s, gpu_type)
         result.timeline.append(
             Sample(
                 now,

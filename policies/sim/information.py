@@ -38,6 +38,14 @@ job the oracle's throughput at every configuration an earlier clone ran
   the whole workload is one user's and a command is the row's application
   and batch size (what the simulator assumed before this option existed).
 
+On a cluster with GPU types a policy that is ``type_aware`` (sia) is told
+each job's model per type, fitted online to its reports on that type only
+(the gradient noise, a property of the model, is shared), and each
+type's one-GPU throughput of the job's application (a short profile, which
+Sia bootstraps from); any other policy's online fit takes the job's
+reports from every type as if they came from one kind of GPU, as Sia's
+artifact ran Pollux. The oracle tells every type's true model.
+
 Both are deterministic: no clocks, no randomness.
 """
 
@@ -73,7 +81,8 @@ class Information(Protocol):
         ...
 
 
-def _view(job: SimJob, model: PerformanceModel, remaining: float | None) -> JobView:
+def _view(job: SimJob, model: PerformanceModel, remaining: float | None,
+          type_models: dict[str, PerformanceModel] | None = None) -> JobView:
     return JobView(
         name=job.name,
         arrival_s=job.arrival_s,
@@ -88,7 +97,11 @@ def _view(job: SimJob, model: PerformanceModel, remaining: float | None) -> JobV
         remaining=remaining,
         progress=job.progress,
         restarts=max(job.starts - 1, 0),
+        restart_s=job.told_restart_s,
+        restarting_s=job.penalty_left if job.alloc is not None else 0.0,
         model=model,
+        type_models=type_models,
+        type_rates={t: app.one_gpu_throughput for t, app in job.apps.items()} if job.apps else None,
     )
 
 
@@ -102,7 +115,12 @@ class OracleInformation:
         return performance_at(job.app, job.epoch, None)
 
     def view(self, job: SimJob) -> JobView:
-        return _view(job, self.model(job), job.remaining)
+        from dlsub.policies.sim.performance import performance_at
+
+        types: dict[str, PerformanceModel] | None = None
+        if job.apps:
+            types = {t: performance_at(app, job.epoch, None) for t, app in job.apps.items()}
+        return _view(job, self.model(job), job.remaining, types)
 
     def observe(self, job: SimJob) -> None:
         pass
@@ -122,20 +140,23 @@ class _Reports:
 class OnlineInformation:
     mode: ClassVar[str] = "online"
 
-    def __init__(self, history: str = "none", times_compute: bool = False) -> None:
+    def __init__(self, history: str = "none", times_compute: bool = False, by_type: bool = False) -> None:
         if history not in HISTORY_SOURCES:
             raise ValueError(f"unknown history source {history!r}; valid: {', '.join(HISTORY_SOURCES)}")
         self.history = history
         # Whether every report carries the compute part of the step (see information_for).
         self.times_compute = times_compute
-        self._jobs: dict[str, _Reports] = {}
+        # Whether a job's reports are kept (and fitted) apart per GPU type.
+        self.by_type = by_type
+        self._jobs: dict[tuple[str, str], _Reports] = {}
+        self._grads: dict[str, GradientStats] = {}  # each job's latest gradient noise (any type)
         # What earlier runs of each command measured, as the agent keeps it.
         self._history = ScalingHistory()
 
     def observe(self, job: SimJob) -> None:
         if job.alloc is None or job.config is None:
             return
-        reports = self._jobs.setdefault(job.name, _Reports())
+        reports = self._jobs.setdefault(self._key(job, job.gpu_type), _Reports())
         placement = normalise(job.placement)
         config = job.config
         app = job.app
@@ -149,13 +170,20 @@ class OnlineInformation:
                                         else None)
         sqr, var = app.grad_stats(config.total(sum(placement)), job.epoch)
         grads = GradientStats(sqr, var)
-        command = self._command(job)
+        command = self._command(job, job.gpu_type)
         if command is not None:
             self._history.record(command, job.name, [reports.steps[key]], grads)
-        if grads != reports.grads:
-            reports.grads, reports.model = grads, None
+        self._grads[job.name] = grads
 
-    def _command(self, job: SimJob) -> tuple[str, ...] | None:
+    def _key(self, job: SimJob, gpu_type: str) -> tuple[str, str]:
+        return job.name, gpu_type if self.by_type else ""
+
+    def _command(self, job: SimJob, gpu_type: str = "") -> tuple[str, ...] | None:
+        command = self._command_of(job)
+        # Kept per type, earlier runs say what a command does on the type they ran on.
+        return command + (gpu_type,) if command is not None and self.by_type else command
+
+    def _command_of(self, job: SimJob) -> tuple[str, ...] | None:
         """The key earlier runs are shared under (the agent's uid and command digest), or None: no history."""
         if self.history == "columns":
             spec = job.spec
@@ -165,13 +193,20 @@ class OnlineInformation:
             return job.app.name, str(job.spec.batch_size)
         return None
 
-    def _limits(self, job: SimJob) -> BatchLimits:
-        app = job.app
+    def _limits(self, job: SimJob, gpu_type: str = "") -> BatchLimits:
+        app = job.apps.get(gpu_type, job.app)
         return BatchLimits(app.init_batch_size, app.max_batch_size, app.min_local_bsz, app.max_local_bsz)
 
     def model(self, job: SimJob) -> PerformanceModel:
-        reports = self._jobs.setdefault(job.name, _Reports())
-        command = self._command(job)
+        return self.model_on(job, job.gpu_type)
+
+    def model_on(self, job: SimJob, gpu_type: str) -> PerformanceModel:
+        """The job's model from its reports (on ``gpu_type`` alone, when reports are kept per type)."""
+        reports = self._jobs.setdefault(self._key(job, gpu_type), _Reports())
+        grads_now = self._grads.get(job.name, NO_GAIN)
+        if grads_now != reports.grads:
+            reports.grads, reports.model = grads_now, None
+        command = self._command(job, gpu_type)
         own = list(reports.steps.values())
         steps = own if command is None else self._history.reports_for(command, job.name, own)
         if reports.fitted is None or reports.fitted_on != len(steps):
@@ -182,11 +217,16 @@ class OnlineInformation:
             grads = reports.grads
             if not reports.steps:  # it has reported nothing: its gradient noise is its command's first
                 grads = (self._history.first_grads(command) if command is not None else None) or NO_GAIN
-            reports.model = FittedPerformance(reports.fitted, self._limits(job), grads)
+            reports.model = FittedPerformance(reports.fitted, self._limits(job, gpu_type), grads)
         return reports.model
 
     def view(self, job: SimJob) -> JobView:
-        return _view(job, self.model(job), told_remaining(job))
+        types = None
+        if self.by_type and job.apps:
+            # Only the types the job has reports from; a policy bootstraps the others (see JobView).
+            types = {t: self.model_on(job, t) for t in job.apps
+                     if self._jobs.get(self._key(job, t)) is not None and self._jobs[self._key(job, t)].steps}
+        return _view(job, self.model(job), told_remaining(job), types)
 
 
 def told_remaining(job: SimJob) -> float | None:
@@ -211,5 +251,6 @@ def information_for(mode: str, policy: object, history: str = "none") -> Informa
     if mode not in MODES:
         raise ValueError(f"unknown information mode {mode!r}; valid: {', '.join(MODES)}")
     if mode == "online" and getattr(policy, "learns_online", False):
-        return OnlineInformation(history, times_compute=getattr(policy, "times_compute", False))
+        return OnlineInformation(history, times_compute=getattr(policy, "times_compute", False),
+                                 by_type=getattr(policy, "type_aware", False))
     return OracleInformation()

@@ -212,3 +212,22 @@ def test_jobs_of_whole_nodes_on_larger_nodes_are_judged_on_their_own_placement()
     room = Room("gpu", (IdleNode("gpu1", 0, 1, 6000), IdleNode("gpu2", 0, 2, 6000)))
     actions = plan_by_policy(jobs, room, POLICY, NOW)
     assert [(a.kind, a.dlsub_id, a.worker) for a in actions] == [(K.SHRINK, "poor", "10_0")], actions
+
+
+def test_a_batch_tuned_on_the_placement_says_so_in_the_reason() -> None:
+    """goodput's ``batch_on_placement``: the batch a grow hands a job is its model's best on the nodes it was
+    placed on, and ``dlsub why`` says so; without the option the reason names the batch alone."""
+    limits = {"init": BATCH, "max": 16 * BATCH, "local_min": 8, "local_max": 4 * BATCH}
+
+    def grow(policy: GoodputPolicy) -> str:
+        models = LiveModels()
+        progress = Progress(step=100, total_steps=5000, configs=measured({1: 2.0}), first_time=NOW - 300,
+                            latest_time=NOW, batch_limits=limits)
+        good = models.scaled(job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), progress, NOW, None)
+        (action,) = plan_by_policy([good], Room("gpu", (IdleNode("gpu2", 2),)), policy, NOW)
+        return action.reason
+
+    tuned = grow(POLICY)  # the option is goodput's default
+    assert "micro-step(s) of" in tuned and "the best its model rates on the 2 nodes it was placed on" in tuned
+    plain = grow(GoodputPolicy(restart_penalty_s=20.0, restart_weight=1.0, batch_on_placement=False))
+    assert "micro-step(s) of" in plain and "it was placed on" not in plain

@@ -1,0 +1,156 @@
+"""Unit tests (pure; no Slurm): the ``sia`` policy's choices on small cases checked by hand.
+
+Models here are exact (no fit behind them: a policy treats them as the
+oracle's, sized up to the job's maximum). With p = -0.5 and lambda_n = 1.1
+Sia minimises sum(round(speedup ** -0.5, 2)) over the jobs it places plus
+1.1 for each job it leaves out, each speed-up normalised so that the job's
+least is 1.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+
+from dlsub.policies.api import Allocation, ClusterView, JobView, Node, check_decision
+from dlsub.policies.sia import SiaPolicy, TypeShape, type_shapes
+
+
+@dataclass(frozen=True)
+class Linear:
+    """Goodput ``speed x GPUs ** power`` at every batch size (batch 64)."""
+
+    speed: float
+    power: float = 1.0
+
+    def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return 1.0
+
+    def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return self.speed * sum(placement) ** self.power
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        return 64, self.goodput(placement, 64)
+
+
+def job(name: str, hi: int = 8, arrival_s: float = 0.0, **fields: object) -> JobView:
+    return JobView(name=name, arrival_s=arrival_s, gpus=1, min_gpus=1, max_gpus=hi, adaptive_batch=True,
+                   batch_size=64, **fields)  # type: ignore[arg-type]
+
+
+def cluster(*groups: tuple[str, int, int]) -> ClusterView:
+    """(type, nodes, GPUs a node) per group."""
+    return ClusterView(tuple(Node(f"{t}{i}", per, gpu_type=t) for t, count, per in groups for i in range(count)))
+
+
+def types_of(decision: dict[str, Allocation], c: ClusterView) -> dict[str, tuple[str, int]]:
+    kinds = c.type_of()
+    return {name: ({kinds[n] for n in a.nodes}.pop(), a.gpus) for name, a in decision.items()}
+
+
+def test_configurations_per_type_are_powers_of_two_then_whole_nodes() -> None:
+    assert TypeShape("aws", 4, tuple(f"a{i}" for i in range(6))).configs == [1, 2, 4, 8, 12, 16, 20, 24]
+    assert TypeShape("dgx", 8, ("d0", "d1")).configs == [1, 2, 4, 8, 16]
+    assert [s.name for s in type_shapes(cluster(("aws", 2, 4), ("rtx", 1, 8)))] == ["aws", "rtx"]
+
+
+def test_a_lone_job_goes_to_its_fastest_type_at_full_width() -> None:
+    c = cluster(("slow", 1, 4), ("fast", 1, 4))
+    j = job("a", hi=4, type_models={"slow": Linear(1.0), "fast": Linear(2.0)})
+    decision = SiaPolicy().decide([j], c, 0.0, {})
+    check_decision(decision, [j], c)
+    assert types_of(decision, c) == {"a": ("fast", 4)}
+
+
+def test_lambda_n_leaves_a_job_out_when_widening_another_gains_more() -> None:
+    # One type, 4 GPUs. a scales linearly (speed-ups 1, 2, 4 -> A 1, 0.71, 0.5), b not at all (A 1 at any size).
+    # a on 4 alone: 0.5 + 1.1 (b left out) = 1.6; a on 2 and b on 1 or 2: 0.71 + 1 = 1.71; both on 1: 2.
+    c = cluster(("t", 1, 4))
+    a = job("a", hi=4, type_models={"t": Linear(1.0)})
+    b = job("b", hi=4, type_models={"t": Linear(1.0, power=0.0)})
+    assert types_of(SiaPolicy().decide([a, b], c, 0.0, {}), c) == {"a": ("t", 4)}
+    # With a second node b fits beside a: a on 4 (0.5) and b on 1 (1) = 1.5 beats a on 8 and b out (0.35 + 1.1).
+    c2 = cluster(("t", 2, 4))
+    assert types_of(SiaPolicy().decide([a, b], c2, 0.0, {}), c2) == {"a": ("t", 4), "b": ("t", 1)}
+
+
+def test_a_job_that_has_reported_nothing_gets_one_gpu() -> None:
+    c = cluster(("slow", 1, 4), ("fast", 1, 4))
+    decision = SiaPolicy().decide([job("new")], c, 0.0, {})
+    assert [a.gpus for a in decision.values()] == [1]
+
+
+def test_a_type_without_reports_is_bootstrapped_from_one_gpu_profiles() -> None:
+    c = cluster(("slow", 1, 4), ("fast", 1, 4))
+    # Reports on slow only; one GPU of fast runs its application 3x faster.
+    j = job("a", hi=4, type_models={"slow": Linear(1.0)}, type_rates={"slow": 10.0, "fast": 30.0})
+    rows = {(i, n): v for i, n, v in SiaPolicy().goodputs(j, type_shapes(c))}
+    assert rows[(0, 1)] == pytest.approx(1.0) and rows[(1, 1)] == pytest.approx(3.0)
+    assert rows[(1, 4)] == pytest.approx(12.0)
+    assert types_of(SiaPolicy().decide([j], c, 0.0, {}), c) == {"a": ("fast", 4)}
+
+
+def test_the_restart_factor_keeps_a_young_job_where_it_is() -> None:
+    c = cluster(("slow", 1, 4), ("fast", 1, 4))
+    # fast is 5% better, but a move would cost the job (100 - 30) / (100 + 30) = 0.54 of its speed-up.
+    models = {"slow": Linear(1.0), "fast": Linear(1.05)}
+    young = job("a", hi=4, arrival_s=0.0, restarts=1, type_models=models)
+    previous = {"a": Allocation(("slow0",) * 4)}
+    assert SiaPolicy().decide([young], c, 100.0, previous) == previous
+    # Old enough and never restarted, it moves (the factor is 3600 / 3630 = 0.99).
+    old = job("a", hi=4, arrival_s=0.0, restarts=0, type_models=models)
+    assert types_of(SiaPolicy().decide([old], c, 3600.0, previous), c) == {"a": ("fast", 4)}
+
+
+def test_jobs_keeping_their_count_keep_their_gpus_and_every_type_stays_within_capacity() -> None:
+    c = cluster(("aws", 6, 4), ("dgx", 2, 8), ("rtx", 3, 8))
+    jobs = [job(f"j{i}", hi=16, type_models={t: Linear(s) for t, s in (("aws", 1.0), ("dgx", 3.0), ("rtx", 1.5))})
+            for i in range(12)]
+    first = SiaPolicy().decide(jobs, c, 0.0, {})
+    check_decision(first, jobs, c)
+    for alloc in first.values():
+        assert len({c.type_of()[n] for n in alloc.nodes}) == 1  # never across types
+    again = SiaPolicy().decide(jobs, c, 60.0, first)
+    kept = [name for name in first if name in again and again[name].gpus == first[name].gpus
+            and types_of({name: again[name]}, c) == types_of({name: first[name]}, c)]
+    assert kept and all(Counter(again[n].nodes) == Counter(first[n].nodes) for n in kept)
+
+
+def test_a_job_in_the_middle_of_a_restart_keeps_its_allocation() -> None:
+    c = cluster(("slow", 1, 4), ("fast", 1, 4))
+    models = {"slow": Linear(1.0), "fast": Linear(3.0)}
+    previous = {"a": Allocation(("slow0",) * 2)}
+    restarting = job("a", hi=4, type_models=models, restarting_s=190.0)
+    assert SiaPolicy().decide([restarting], c, 3600.0, previous) == previous
+    settled = job("a", hi=4, type_models=models)
+    assert types_of(SiaPolicy().decide([settled], c, 3600.0, previous), c) == {"a": ("fast", 4)}
+
+
+def test_the_restart_cost_a_job_states_replaces_the_default() -> None:
+    c = cluster(("slow", 1, 4), ("fast", 1, 4))
+    models = {"slow": Linear(1.0), "fast": Linear(1.2)}
+    previous = {"a": Allocation(("slow0",) * 4)}
+    # Speed-ups 4 where it is, 4.8 on fast. At 3600 s with no restarts the default 30 s leaves 0.99 of 4.8
+    # (A 0.46 < 0.5: it moves); told 2000 s, 3600 / 5600 = 0.64 of it (A 0.57: it stays).
+    cheap = job("a", hi=4, type_models=models)
+    assert types_of(SiaPolicy().decide([cheap], c, 3600.0, previous), c) == {"a": ("fast", 4)}
+    costly = job("a", hi=4, type_models=models, restart_s=2000.0)
+    assert SiaPolicy().decide([costly], c, 3600.0, previous) == previous
+
+
+def test_a_large_program_solved_relaxed_and_rounded_stays_within_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dlsub.policies.sia as sia
+
+    c = cluster(("aws", 6, 4), ("dgx", 2, 8), ("rtx", 3, 8))
+    jobs = [job(f"j{i}", hi=16, type_models={t: Linear(s, power=0.5 + 0.01 * i)
+                                             for t, s in (("aws", 1.0), ("dgx", 3.0), ("rtx", 1.5))})
+            for i in range(30)]
+    exact = SiaPolicy().decide(jobs, c, 0.0, {})
+    monkeypatch.setattr(sia, "EXACT_MAX_VARS", 0)
+    relaxed = SiaPolicy().decide(jobs, c, 0.0, {})
+    check_decision(relaxed, jobs, c)
+    # The rounded relaxation places about as many GPUs and jobs as the exact program.
+    assert abs(sum(a.gpus for a in relaxed.values()) - sum(a.gpus for a in exact.values())) <= 8
+    assert abs(len(relaxed) - len(exact)) <= 3
