@@ -3,6 +3,8 @@
 SHELL := /bin/bash
 PREFIX ?= /opt/dlsub
 VENV := $(PREFIX)/venv
+# Users' commands run on the testbed's login host, as on a cluster (testbed/hosts.sh, testbed/on.sh).
+ON_LOGIN := bash testbed/on.sh login1
 TEST_USER ?= dltest
 # Which Slurm the testbed runs: 22.05 (this machine's Debian 12), 24.11 (Debian 13's
 # packages) or 26.05 (Debian unstable's); `make testbed SLURM=24.11`, `make test SLURM=26.05`.
@@ -21,11 +23,11 @@ install:
 	bash testbed/install-dlsub.sh
 
 demo: testbed
-	bash examples/demo.sh
+	$(ON_LOGIN) bash examples/demo.sh
 
 test: testbed
 	$(MAKE) --no-print-directory lint-installed
-	$(VENV)/bin/pytest -p no:cacheprovider -v --durations=15 tests
+	$(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v --durations=15 tests
 
 # What every Slurm version must pass beside the default's full suite (CI runs it on the other two):
 # the demo job with a requeue, an immediate-mode move, an elastic grow and shrink, a hetjob, the
@@ -40,7 +42,7 @@ COMPAT_TESTS = tests/integration/test_end_to_end.py::test_submit_progress_usr1_r
 	tests/integration/test_queue_read_live.py \
 	tests/integration/test_doctor_live.py
 test-compat: testbed
-	$(VENV)/bin/pytest -p no:cacheprovider -v --durations=15 $(COMPAT_TESTS)
+	$(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v --durations=15 $(COMPAT_TESTS)
 
 # ruff over the checkout; mypy and import-linter (the layering) over the installed
 # package (from outside the checkout, so they see what users import: the one
@@ -62,13 +64,13 @@ unit: install
 	$(VENV)/bin/pytest -p no:cacheprovider -v tests/unit
 
 integration: testbed
-	$(VENV)/bin/pytest -p no:cacheprovider -v tests/integration
+	$(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v tests/integration
 
 bench: testbed
-	$(VENV)/bin/python benchmarks/container_overhead.py
-	$(VENV)/bin/python benchmarks/immediate_vs_ideal.py
-	$(VENV)/bin/python benchmarks/elastic_vs_rigid.py
-	$(VENV)/bin/python benchmarks/resize_latency.py
+	$(ON_LOGIN) $(VENV)/bin/python benchmarks/container_overhead.py
+	$(ON_LOGIN) $(VENV)/bin/python benchmarks/immediate_vs_ideal.py
+	$(ON_LOGIN) $(VENV)/bin/python benchmarks/elastic_vs_rigid.py
+	$(ON_LOGIN) $(VENV)/bin/python benchmarks/resize_latency.py
 
 # Policies and simulator: no testbed needed, only the virtualenv.
 bench-policies: install

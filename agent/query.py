@@ -1,10 +1,18 @@
-"""The agent's query channel: ``dlsub why`` and ``dlsub agent status`` over a Unix socket.
+"""The agent's query channel: ``dlsub why`` and ``dlsub agent status`` over a Unix socket, and TCP with munge.
 
 The agent's database is private to its service account. Users ask the
 running agent instead, through a Unix socket (``policy.socket``, default
 ``/run/dlsub/agent.sock``, mode 0666 in a 0755 directory the agent owns).
 The kernel says who is asking (``SO_PEERCRED``): the answer covers that
 uid's jobs only; root, the service account and ``policy.admins`` see all.
+
+Users on other login hosts cannot reach that socket. When the policy names
+``agent_address`` (``HOST:PORT``), the server also listens there on TCP; a
+client sends one line, a munge credential whose payload is its request
+(:mod:`dlsub.agent.munge_auth` decodes it with ``unmunge``), and munge, not
+the kernel, says who asks: the same answer, the same uid's jobs only. A
+credential that is not valid, has expired or was used before is refused
+with the reason, and the connection closed.
 
 Protocol: the client sends one JSON object on one line and reads one JSON
 object back, then the server closes the connection::
@@ -13,7 +21,7 @@ object back, then the server closes the connection::
     {"op": "why", "dlsub_id": "0123abcd", "slurm_job_id": 42}   (either, or both)
 
 Every answer has ``ok`` (and ``error`` when false) and ``you`` (the uid and
-user the server saw). The client, :func:`dlsub.job.agent_client.ask`, is the
+user the server saw, and ``via``: ``socket`` or ``munge``). The client, :func:`dlsub.job.agent_client.ask`, is the
 user side's: nothing a user runs imports the daemon. Anyone on the host can connect, so the server is
 built for hostile clients: a request is size-capped and must arrive within
 a deadline, connections are bounded (overall and per uid) and a failed
@@ -25,6 +33,7 @@ is slow, and nothing a client does reaches the tick.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -39,8 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from dlsub.agent.munge_auth import MAX_CREDENTIAL, MungeRefused, verify
 from dlsub.contract import DLSUB_ID
-from dlsub.site_config.policy_file import AgentPolicy
+from dlsub.site_config.policy_file import AgentPolicy, parse_address
 
 log = logging.getLogger("dlsub.agent.query")
 
@@ -51,6 +61,8 @@ READ_TIMEOUT_S = 2.0
 #: Connections served at once, and by one uid.
 MAX_CLIENTS = 16
 MAX_CLIENTS_PER_UID = 4
+#: TCP connections served at once from one address (before munge says who asks; users of one login host share it).
+MAX_CLIENTS_PER_HOST = 8
 #: The newest decisions an answer carries.
 MAX_DECISIONS = 500
 _MAX_SLURM_ID = 2**32
@@ -69,20 +81,21 @@ class StoreView(Protocol):
 
 @dataclass(frozen=True)
 class Caller:
-    """Who is asking, as the kernel says."""
+    """Who is asking, as the kernel (``via="socket"``) or munge (``via="munge"``) says."""
 
     uid: int
     user: str
     admin: bool  # sees every job
+    via: str = "socket"
 
     @classmethod
-    def of(cls, uid: int, policy: AgentPolicy, service_uid: int) -> Caller:
+    def of(cls, uid: int, policy: AgentPolicy, service_uid: int, via: str = "socket") -> Caller:
         try:
             name = pwd.getpwuid(uid).pw_name
         except KeyError:
             # A uid without a name is never an admin, whatever policy.admins lists.
-            return cls(uid, str(uid), uid == 0 or uid == service_uid)
-        return cls(uid, name, uid == 0 or uid == service_uid or policy.is_admin(name))
+            return cls(uid, str(uid), uid == 0 or uid == service_uid, via)
+        return cls(uid, name, uid == 0 or uid == service_uid or policy.is_admin(name), via)
 
 
 def peer_uid(conn: socket.socket) -> int:
@@ -152,7 +165,7 @@ def _why(request: Mapping[str, Any], caller: Caller, store: StoreView) -> dict[s
 
 def answer(request: Any, caller: Caller, store: StoreView, policy: AgentPolicy, now: float) -> dict[str, Any]:
     """The answer to one request from ``caller`` (never raises on bad input)."""
-    you = {"uid": caller.uid, "user": caller.user, "admin": caller.admin}
+    you = {"uid": caller.uid, "user": caller.user, "admin": caller.admin, "via": caller.via}
     if not isinstance(request, dict):
         return {"ok": False, "error": "a request is one JSON object", "you": you}
     op = request.get("op")
@@ -168,52 +181,98 @@ def answer(request: Any, caller: Caller, store: StoreView, policy: AgentPolicy, 
 
 
 class QueryServer:
-    """Serves :func:`answer` on a Unix socket from threads of its own.
+    """Serves :func:`answer` on a Unix socket, and on TCP with munge when an address is set, from threads of
+    its own.
 
     ``open_store`` is called (once, lazily, and again after a failure) for
     the server's own read-only connection; queries through it are short
     and serialised by a lock that is never held while reading from or
-    writing to a client.
+    writing to a client. ``address`` (``HOST:PORT``; default the policy's
+    ``agent_address``, "" for none) is where TCP clients connect; port 0
+    picks a free one (:attr:`tcp_address` says which).
     """
 
     def __init__(self, path: Path, open_store: Callable[[], StoreView], policy: AgentPolicy, *,
+                 address: str | None = None,
                  clock: Callable[[], float] = time.time, service_uid: int | None = None,
                  max_clients: int = MAX_CLIENTS, max_clients_per_uid: int = MAX_CLIENTS_PER_UID,
+                 max_clients_per_host: int = MAX_CLIENTS_PER_HOST,
                  read_timeout_s: float = READ_TIMEOUT_S, max_request: int = MAX_REQUEST) -> None:
         self.path = path
         self.policy = policy
+        self.address = policy.agent_address if address is None else address
+        self.tcp_address = ""
         self._open_store = open_store
         self._clock = clock
         self._service_uid = os.geteuid() if service_uid is None else service_uid
         self._max_clients, self._max_per_uid = max_clients, max_clients_per_uid
+        self._max_per_host = max_clients_per_host
         self._read_timeout_s, self._max_request = read_timeout_s, max_request
         self._store: StoreView | None = None
         self._store_lock = threading.Lock()
         self._slots_lock = threading.Lock()
-        self._active: dict[int, int] = {}
+        self._active: dict[int | str, int] = {}
         self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
+        self._tcp: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
 
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        self._prepare_directory()
-        if self.path.is_socket() or self.path.exists():
-            self._remove_stale()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(self.path))
+        tcp = self._listen_tcp() if self.address else None  # first: a wrong address leaves nothing behind
+        try:
+            self._prepare_directory()
+            if self.path.is_socket() or self.path.exists():
+                self._remove_stale()
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(str(self.path))
+        except BaseException:
+            if tcp is not None:
+                tcp.close()
+            raise
         # Every user may connect; the answer depends on who they are.
         os.chmod(self.path, 0o666)
         sock.listen(64)
         sock.settimeout(0.5)  # to notice stop()
-        self._sock = sock
-        self._thread = threading.Thread(target=self._serve, name="dlsub-query", daemon=True)
-        self._thread.start()
+        self._sock, self._tcp = sock, tcp
+        self._threads = [threading.Thread(target=self._serve, args=(sock, False), name="dlsub-query", daemon=True)]
+        if tcp is not None:
+            self._threads.append(threading.Thread(target=self._serve, args=(tcp, True), name="dlsub-query-tcp",
+                                                  daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def _listen_tcp(self) -> socket.socket:
+        """The TCP listener on ``address``; OSError naming the policy key when it cannot be made."""
+        try:
+            host, port = parse_address(self.address, any_port=True)
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        except ValueError as exc:
+            raise OSError(f"agent_address {exc}") from None
+        except OSError as exc:
+            raise OSError(f"agent_address {self.address!r}: {host} does not resolve here ({exc})") from None
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart must not wait for TIME_WAIT
+            sock.bind(sockaddr)
+            sock.listen(64)
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise OSError(f"agent_address {self.address!r}: {host} is not an address of this host; run the "
+                              f"agent on {host}, or name this host in agent_address") from None
+            raise OSError(f"cannot listen on {self.address} (agent_address): {exc.strerror or exc}") from None
+        sock.settimeout(0.5)
+        bound = sock.getsockname()
+        self.tcp_address = f"[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 else f"{bound[0]}:{bound[1]}"
+        return sock
 
     def stop(self) -> None:
         self._stopping.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for thread in self._threads:
+            thread.join(timeout=5)
+        if self._tcp is not None:
+            self._tcp.close()
         if self._sock is not None:
             self._sock.close()
             try:
@@ -255,11 +314,10 @@ class QueryServer:
         raise OSError(f"another agent answers on {self.path}; stop it first")
 
     # ---------------------------------------------------------------- serving
-    def _serve(self) -> None:
-        assert self._sock is not None
+    def _serve(self, listener: socket.socket, tcp: bool) -> None:
         while not self._stopping.is_set():
             try:
-                conn, _ = self._sock.accept()
+                conn, peer = listener.accept()
             except TimeoutError:
                 continue
             except OSError as exc:
@@ -268,40 +326,55 @@ class QueryServer:
                 log.warning("query socket: accept failed: %s", exc)
                 time.sleep(0.1)
                 continue
-            try:
-                uid = peer_uid(conn)
-            except OSError:
-                conn.close()
-                continue
-            if not self._take_slot(uid):
+            # Who asks: the kernel says for the Unix socket; over TCP munge says, once the request is read, so
+            # until then the slot is the peer host's.
+            key: int | str
+            if tcp:
+                key = f"tcp:{peer[0]}"
+            else:
+                try:
+                    key = peer_uid(conn)
+                except OSError:
+                    conn.close()
+                    continue
+            if not self._take_slot(key):
                 self._refuse(conn)
                 continue
-            threading.Thread(target=self._handle, args=(conn, uid), name=f"dlsub-query-{uid}", daemon=True).start()
+            threading.Thread(target=self._handle, args=(conn, key, tcp), name=f"dlsub-query-{key}",
+                             daemon=True).start()
 
-    def _take_slot(self, uid: int) -> bool:
+    def _take_slot(self, key: int | str) -> bool:
+        most = self._max_per_host if isinstance(key, str) else self._max_per_uid
         with self._slots_lock:
-            if sum(self._active.values()) >= self._max_clients or self._active.get(uid, 0) >= self._max_per_uid:
+            if sum(self._active.values()) >= self._max_clients or self._active.get(key, 0) >= most:
                 return False
-            self._active[uid] = self._active.get(uid, 0) + 1
+            self._active[key] = self._active.get(key, 0) + 1
             return True
 
-    def _free_slot(self, uid: int) -> None:
+    def _free_slot(self, key: int | str) -> None:
         with self._slots_lock:
-            self._active[uid] -= 1
-            if not self._active[uid]:
-                del self._active[uid]
+            self._active[key] -= 1
+            if not self._active[key]:
+                del self._active[key]
 
     @staticmethod
     def _refuse(conn: socket.socket) -> None:
         _send_error(conn, "the agent is busy answering others; try again")
         _close(conn)
 
-    def _handle(self, conn: socket.socket, uid: int) -> None:
+    def _handle(self, conn: socket.socket, key: int | str, tcp: bool) -> None:
         try:
-            line = self._read_request(conn)
-            if line is None:
-                return
-            caller = Caller.of(uid, self.policy, self._service_uid)
+            if tcp:
+                found = self._munge_request(conn)
+                if found is None:
+                    return
+                caller, line = found
+            else:
+                got = self._read_request(conn, self._max_request)
+                if got is None:
+                    return
+                assert isinstance(key, int)
+                caller, line = Caller.of(key, self.policy, self._service_uid), got
             try:
                 request = json.loads(line)
             except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nesting thousands deep
@@ -311,13 +384,27 @@ class QueryServer:
             conn.settimeout(self._read_timeout_s)  # the whole reply, as for the request
             conn.sendall(json.dumps(reply, default=str).encode() + b"\n")
         except Exception as exc:  # noqa: BLE001 - one client's failure ends its connection, never the server
-            log.debug("query from uid %d dropped: %s", uid, exc)
+            log.debug("query from %s dropped: %s", key, exc)
         finally:
             # The slot first: a client that saw our answer end may connect again at once.
-            self._free_slot(uid)
+            self._free_slot(key)
             _close(conn)
 
-    def _read_request(self, conn: socket.socket) -> bytes | None:
+    def _munge_request(self, conn: socket.socket) -> tuple[Caller, bytes] | None:
+        """The caller and request a TCP client's credential proves; None (the client told why) when it does not."""
+        credential = self._read_request(conn, MAX_CREDENTIAL)
+        if credential is None:
+            return None
+        try:
+            proven = verify(credential, max_payload=self._max_request)
+        except MungeRefused as exc:
+            log.info("query over TCP refused: %s", exc)
+            _send_error(conn, f"refused: {exc}")
+            return None
+        caller = Caller.of(proven.uid, self.policy, self._service_uid, via="munge")
+        return caller, proven.payload.strip()
+
+    def _read_request(self, conn: socket.socket, limit: int) -> bytes | None:
         """One request line, or None when it is too big or too slow (the client is told which)."""
         # One deadline for the whole line: a client dripping a byte a second gets no longer.
         deadline = time.monotonic() + self._read_timeout_s
@@ -329,7 +416,7 @@ class QueryServer:
                 return None
             conn.settimeout(left)
             try:
-                chunk = conn.recv(self._max_request + 1 - len(buf))
+                chunk = conn.recv(limit + 1 - len(buf))
             except TimeoutError:
                 _send_error(conn, "request not finished in time")
                 return None
@@ -337,8 +424,8 @@ class QueryServer:
                 return buf if buf.strip() else None
             buf += chunk
             line, newline, _ = buf.partition(b"\n")
-            if len(line) > self._max_request:
-                _send_error(conn, f"request larger than {self._max_request} bytes")
+            if len(line) > limit:
+                _send_error(conn, f"request larger than {limit} bytes")
                 return None
             if newline:
                 return line

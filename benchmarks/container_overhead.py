@@ -90,7 +90,8 @@ def main() -> None:
     parser.add_argument("--partition", default="cpu")
     args = parser.parse_args()
     user = TestbedUser(os.environ.get("DLSUB_TESTBED_USER", "dltest"))
-    workdir = Path(tempfile.mkdtemp(prefix="dlsub-bench-"))
+    # In the user's home, shared with the nodes (the login host's /tmp is its own).
+    workdir = Path(tempfile.mkdtemp(prefix="dlsub-bench-", dir=user.home))
     os.chown(workdir, user.uid, user.gid)
     train_args = ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--report-every", "1"]
     results: dict[str, list[dict[str, float]]] = {"container": [], "bare": []}

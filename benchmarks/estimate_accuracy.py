@@ -40,7 +40,8 @@ def main() -> None:
     parser.add_argument("--partition", default="cpu")
     args = parser.parse_args()
     user = TestbedUser(USER)
-    workdir = Path(tempfile.mkdtemp(prefix="dlsub-it-"))
+    # In the user's home, shared with the nodes (the login host's /tmp is its own).
+    workdir = Path(tempfile.mkdtemp(prefix="dlsub-it-", dir=user.home))
     try:
         shutil.copytree(EXAMPLES, workdir / "examples")
         subprocess.run(["chown", "-R", f"{user.uid}:{user.gid}", str(workdir)], check=True)

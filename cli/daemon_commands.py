@@ -27,7 +27,8 @@ import click
 from dlsub.agent.agent_store import AgentStore, default_db_path
 from dlsub.agent.query import QueryServer
 from dlsub.cli.errors import fail
-from dlsub.site_config.policy_file import PolicyFileError, cron_trigger, load_policy
+from dlsub.job.agent_client import AgentEndpoint, AgentUnavailable, ask
+from dlsub.site_config.policy_file import AgentPolicy, PolicyFileError, cron_trigger, load_policy
 
 if TYPE_CHECKING:
     from dlsub.agent.reconcile import Agent
@@ -166,8 +167,9 @@ def run(db: Path | None, policy_path: Path | None, pidfile: Path | None, socket_
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
-        logging.info("started: policy %s, tick every %.0f s, state in %s, queries on %s",
-                     policy.policy, policy.tick_interval_s, db, server.path)
+        logging.info("started: policy %s, tick every %.0f s, state in %s, queries on %s%s",
+                     policy.policy, policy.tick_interval_s, db, server.path,
+                     f" and {server.tcp_address} (TCP, munge)" if server.tcp_address else "")
         try:
             scheduler.start()
         finally:
@@ -207,6 +209,7 @@ def backfill(once: bool, db: Path | None, policy_path: Path | None) -> None:
     """One backfill pass (a full agent tick), unless the agent is running and does it itself."""
     private_umask()
     db = db or default_db_path()
+    _not_on_another_host(policy_path)
     with agent_lock(db) as lock:
         if lock is None:
             click.echo("dlsub: the agent is running and backfills on its own; nothing to do")
@@ -215,3 +218,30 @@ def backfill(once: bool, db: Path | None, policy_path: Path | None) -> None:
         make_private(db)
     for a in actions:
         click.echo(f"{a.kind:>16} {a.dlsub_id} (Slurm {a.slurm_job_id}): {a.reason}")
+
+
+def _not_on_another_host(policy_path: Path | None) -> None:
+    """Return only where the agent's state is: on the host its ``agent_address`` names, or anywhere without one.
+
+    The agent's database and the lock that keeps a cron pass from running beside the daemon are on the
+    agent's own disk (``/var/lib/dlsub``): a pass on another login host would see neither, tick from a
+    state of its own and act on the same jobs as the agent. So there it asks the agent instead, and stops.
+    """
+    try:
+        policy: AgentPolicy = load_policy(policy_path)
+    except PolicyFileError as exc:
+        fail(str(exc))
+    endpoint = AgentEndpoint.of(policy)
+    if not endpoint.elsewhere():
+        return
+    try:
+        reply = ask(endpoint, {"op": "status"})
+    except AgentUnavailable as exc:
+        fail(f"the agent's state and lock are on its own host ({policy.agent_address}, the policy's "
+             f"agent_address), not here, so no backfill runs from this host; run it there (install "
+             f"etc/cron.d/dlsub-backfill on that host only). The agent does not answer: {exc}", 1)
+    status = reply.get("status")
+    host = status.get("host") if isinstance(status, dict) else None
+    click.echo(f"dlsub: the agent runs on {host or policy.agent_address} and backfills on its own; "
+               "nothing to do here")
+    raise SystemExit(0)

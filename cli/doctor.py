@@ -10,20 +10,23 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import socket
 import stat
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dlsub.contract import SUBMIT_RECORD_PREFIX
-from dlsub.job.agent_client import AgentUnavailable, ask
+from dlsub.contract import CDI_GPU_KIND, CDI_SPEC_DIRS, SUBMIT_RECORD_PREFIX
+from dlsub.job.agent_client import AgentEndpoint, AgentUnavailable, ask
 from dlsub.job.submit import library_dir
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmConfig, SlurmError
 from dlsub.slurm_plugins.dialects import OLDEST_SUPPORTED, TESTED_VERSIONS, SlurmVersion
+from dlsub.slurm_plugins.models import SlurmNode
 
 OK, WARN, PROBLEM, SKIPPED = "ok", "warn", "problem", "skipped"
 #: Clocks further apart than this make ETAs, move timing and the agent's deadlines wrong.
@@ -41,6 +44,11 @@ class Finding:
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
+
+
+#: Podman's own variables for its configuration files (containers.conf(5), containers-storage.conf(5)): a job
+#: that has them in its environment runs Podman with them, so doctor reads and passes on the ones it is given.
+PODMAN_CONFIG_ENV = ("CONTAINERS_CONF", "CONTAINERS_CONF_OVERRIDE", "CONTAINERS_STORAGE_CONF")
 
 
 class Host:
@@ -65,16 +73,18 @@ class Host:
             return None
 
     def run_as(self, user: pwd.struct_passwd, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-        """``argv`` as ``user`` (runuser when root), with that user's runtime directory."""
+        """``argv`` as ``user`` (runuser when root), with that user's runtime directory and the Podman
+        configuration variables doctor was given (PODMAN_CONFIG_ENV), so it sees what a job given them sees."""
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": user.pw_dir, "USER": user.pw_name,
-               "XDG_RUNTIME_DIR": f"/run/user/{user.pw_uid}"}
+               "XDG_RUNTIME_DIR": f"/run/user/{user.pw_uid}",
+               **{k: v for k, v in self.environ().items() if k in PODMAN_CONFIG_ENV}}
         full = list(argv) if os.getuid() == user.pw_uid else ["runuser", "-u", user.pw_name, "--", *argv]
         try:
             return subprocess.run(full, capture_output=True, text=True, timeout=60, env=env, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return subprocess.CompletedProcess(full, 127, "", str(exc))
 
-    def agent_status(self, socket_path: Path) -> dict[str, Any]:
+    def agent_status(self, socket_path: AgentEndpoint | Path) -> dict[str, Any]:
         reply = ask(socket_path, {"op": "status"}, timeout_s=5.0)
         if not reply.get("ok") or not isinstance(reply.get("status"), dict):
             raise AgentUnavailable(f"the agent answered with an error: {reply.get('error')}")
@@ -83,6 +93,20 @@ class Host:
 
     def now(self) -> float:
         return time.time()
+
+    def hostname(self) -> str:
+        """This host's short name, which Slurm's node names are on most sites (NodeName = hostname -s)."""
+        return socket.gethostname().split(".")[0]
+
+    def environ(self) -> Mapping[str, str]:
+        return os.environ
+
+    def list_dir(self, path: Path) -> list[str]:
+        """The names in ``path``, sorted; none when it is not a readable directory."""
+        try:
+            return sorted(os.listdir(path))
+        except OSError:
+            return []
 
     def which(self, command: str) -> str | None:
         """The path of ``command`` on this host's PATH, or None."""
@@ -176,19 +200,34 @@ SHARED_FILESYSTEMS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs
                                 "panfs", "fuse.glusterfs", "fuse.sshfs", "wekafs"})
 
 
-def check_storage(user: pwd.struct_passwd, info: subprocess.CompletedProcess[str], fs_type: str | None) -> Finding:
-    """Rootless Podman's graph root must be on a node-local file system."""
+def check_storage(user: pwd.struct_passwd, info: subprocess.CompletedProcess[str], fs_type: str | None, *,
+                  compute_node: bool) -> Finding:
+    """Rootless Podman's graph root must be on a node-local file system: not a network one, and not the user's
+    home directory, which a cluster shares across its nodes (whatever file system type this host reports)."""
     name = f"container storage of {user.pw_name}"
     graph_root = info.stdout.strip()
     if info.returncode != 0 or not graph_root:
         return Finding(name, PROBLEM, f"podman info failed: {(info.stderr or info.stdout).strip()[:200]}",
                        f"run `podman info` as {user.pw_name} and fix what it says")
+    fix = (f"rootless_storage_path = \"/local/containers/$USER/storage\" (node-local disk, a directory of each "
+           f"user's own) in /etc/containers/storage.conf, or graphroot = \"...\" on node-local disk in "
+           f"{user.pw_dir}/.config/containers/storage.conf; images from a read-only additional image store on "
+           "shared storage")
     if fs_type in SHARED_FILESYSTEMS:
         return Finding(name, PROBLEM, f"the graph root {graph_root} is on {fs_type}, a shared file system "
-                       "rootless Podman's storage does not work on",
-                       f"graphroot = \"/tmp/{user.pw_name}_containers/storage\" (node-local disk) in "
-                       f"{user.pw_dir}/.config/containers/storage.conf, or the site's /etc/containers/storage.conf")
-    return Finding(name, OK, f"{graph_root} ({fs_type or 'file system unknown'})")
+                       "rootless Podman's storage does not work on", fix)
+    if _inside(Path(graph_root), Path(user.pw_dir)):
+        where = "this compute node" if compute_node else "this host (not a Slurm node: fine for building images)"
+        return Finding(name, PROBLEM if compute_node else WARN,
+                       f"the graph root {graph_root} on {where} is in {user.pw_name}'s home directory, which a "
+                       "cluster shares across its nodes: every node's Podman would write one storage, which "
+                       "rootless Podman does not support", fix)
+    return Finding(name, OK, f"{graph_root} ({fs_type or 'file system unknown'}), outside the home directory")
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is ``folder`` or below it (both as written: doctor judges what Podman was told)."""
+    return path == folder or folder in path.parents
 
 
 def check_gpus(config: SlurmConfig, gpu_partitions: dict[str, int]) -> Finding:
@@ -305,13 +344,20 @@ def check_runtime_dir(user: pwd.struct_passwd, st: os.stat_result | None) -> Fin
     return Finding(name, OK, path)
 
 
-def check_image(user: pwd.struct_passwd, image: str, result: subprocess.CompletedProcess[str]) -> Finding:
+def check_image(user: pwd.struct_passwd, image: str, result: subprocess.CompletedProcess[str],
+                host_name: str = "this host") -> Finding:
+    """Whether ``image`` is in ``user``'s Podman storage as Podman on *this* host sees it (its graph root and
+    its additional image stores): run on a compute node, that node's view."""
     name = f"image of {user.pw_name}"
     if result.returncode == 0:
-        return Finding(name, OK, image)
+        return Finding(name, OK, f"{image}, on {host_name}")
     if result.returncode == 1 and not result.stderr.strip():
-        return Finding(name, PROBLEM, f"{image} is not in {user.pw_name}'s Podman storage",
-                       f"build or load it as {user.pw_name} (containers/build-image.sh {user.pw_name})")
+        return Finding(name, PROBLEM, f"{image} is not in {user.pw_name}'s Podman storage on {host_name} (its "
+                       "graph root and additional image stores): jobs placed here cannot start",
+                       "images reach every node through a read-only additional image store on shared storage: "
+                       "list it in additionalimagestores in the node's storage.conf and build or load the image "
+                       f"into it once, on a login host (containers/build-image.sh {user.pw_name}); see "
+                       "docs/admin-guide.md, \"The training image on every node\"")
     if "podman system migrate" in result.stderr:
         return Finding(name, PROBLEM, f"{user.pw_name}'s Podman pause process is gone (its pid file outlived it)",
                        f"run `podman system migrate` as {user.pw_name}")
@@ -360,8 +406,13 @@ def check_shared_mounts(present: dict[str, bool]) -> Finding:
     return Finding(name, OK, ", ".join(sorted(present)))
 
 
-def check_agent(socket_path: Path, status: dict[str, Any] | None, error: str) -> Finding:
+def check_agent(socket_path: AgentEndpoint | Path, status: dict[str, Any] | None, error: str, *,
+                compute_node: str | None = None) -> Finding:
+    """The agent answers on its socket; on a compute node, where it does not run, no answer is no problem."""
     name = "agent"
+    if status is None and compute_node is not None:
+        return Finding(name, SKIPPED, f"no agent on {socket_path} here: it runs on a login host, not on compute "
+                       f"node {compute_node} (run doctor on the agent's host to check it)")
     if status is None:
         return Finding(name, PROBLEM, f"no answer on {socket_path}: {error}",
                        "start it: systemctl start dlsub-agent (etc/systemd/), or testbed/agent.sh start")
@@ -383,11 +434,146 @@ def check_clock(slurm_time: float | None, local_time: float) -> Finding:
     return Finding(name, OK, f"within {MAX_SKEW_S:.0f} s of slurmctld's")
 
 
+#: Where this node's CDI specs are (dlsub.contract, which the batch script is rendered from).
+CDI_DIRS = tuple(Path(folder) for folder in CDI_SPEC_DIRS)
+
+
+def find_cdi_spec(host: Host, dirs: Sequence[Path]) -> Path | None:
+    """The first CDI spec in ``dirs`` that names GPUs of CDI_GPU_KIND: the files and the test the batch
+    script uses (slurm_plugins/batch.sh, node_has_cdi_gpus), from the same contract constants."""
+    for folder in dirs:
+        for entry in host.list_dir(folder):
+            if entry.endswith((".yaml", ".json")) and CDI_GPU_KIND in (host.read_text(folder / entry) or ""):
+                return folder / entry
+    return None
+
+
+def check_cdi(host_name: str, node: SlurmNode | None, spec: Path | None, dirs: Sequence[Path]) -> Finding:
+    """A GPU node needs a CDI spec naming its GPUs, or its jobs' containers get no GPU device."""
+    name = "CDI spec"
+    if node is None:
+        return Finding(name, SKIPPED, f"{host_name} is not a Slurm node (not in scontrol show node): no GPUs to "
+                       "give containers here; run doctor on a GPU node for this check")
+    if node.gpus == 0:
+        return Finding(name, SKIPPED, f"{node.name} has no GPU gres: its containers need no CDI spec")
+    where = " or ".join(str(d) for d in dirs)
+    if spec is None:
+        return Finding(name, PROBLEM, f"{node.name} has {node.gpus} GPUs in Slurm but no CDI spec naming "
+                       f"{CDI_GPU_KIND} in {where}: its jobs' containers get no GPU device",
+                       "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml (NVIDIA's container toolkit; again "
+                       "after each driver upgrade)")
+    return Finding(name, OK, f"{spec} names {CDI_GPU_KIND} ({node.gpus} GPUs in Slurm on {node.name})")
+
+
+#: The containers.conf keys that take a container out of the job's cgroup and the values dlsub passes for them
+#: on its own command line (containers/podman.py: podman --cgroup-manager cgroupfs run --cgroupns host), which
+#: win over any containers.conf: (table, key, dlsub's value, its option).
+OVERRIDDEN_CGROUP_KEYS = (("engine", "cgroup_manager", "cgroupfs", "--cgroup-manager cgroupfs"),
+                          ("containers", "cgroupns", "host", "--cgroupns host"))
+#: The values of [containers] cgroups, the one such key dlsub leaves to containers.conf, that break its
+#: containers: "disabled" conflicts with --cgroupns (podman-run(1)), and runc refuses it ("not compatible with
+#: NoCgroups", Podman 4.3). "enabled" (rootless with cgroupfs: no cgroup of the container's own unless a cgroup
+#: parent is given), "no-conmon" and "split" (sub-cgroups of the caller's) all leave the container in the job's.
+BREAKING_CGROUPS_MODES = ("disabled",)
+
+
+def containers_conf_files(host: Host, user: pwd.struct_passwd, environ: Mapping[str, str]) -> list[Path]:
+    """The containers.conf files Podman reads for ``user``, lowest priority first (later ones win, key by key):
+    containers.conf(5) as Podman 4 reads them: $CONTAINERS_CONF alone if set, else the system's files, their
+    drop-in directories (each's *.conf in name order), the user's file and drop-ins; $CONTAINERS_CONF_OVERRIDE
+    last. (Podman 5 reads only the first of the user's, /etc's and /usr/share's main files that exists; reading
+    all three in this order can only flag more: a site's setting that users without a file of their own get.)"""
+    def drop_ins(folder: Path) -> list[Path]:
+        return [folder / n for n in host.list_dir(folder) if n.endswith(".conf")]
+
+    override = [Path(environ["CONTAINERS_CONF_OVERRIDE"])] if environ.get("CONTAINERS_CONF_OVERRIDE") else []
+    if environ.get("CONTAINERS_CONF"):
+        return [Path(environ["CONTAINERS_CONF"]), *override]
+    user_dir = Path(user.pw_dir) / ".config" / "containers"
+    files = [Path("/usr/share/containers/containers.conf"), Path("/etc/containers/containers.conf")]
+    for folder in ("/usr/share/containers/containers.conf.d", "/etc/containers/containers.conf.d",
+                   "/usr/share/containers/containers.rootless.conf.d",
+                   "/etc/containers/containers.rootless.conf.d",
+                   f"/etc/containers/containers.rootless.conf.d/{user.pw_uid}"):
+        files += drop_ins(Path(folder))
+    return [*files, user_dir / "containers.conf", *drop_ins(user_dir / "containers.conf.d"), *override]
+
+
+@dataclass(frozen=True)
+class PodmanSetting:
+    """A key's value and the file that set it last."""
+
+    value: object
+    source: Path
+
+
+@dataclass(frozen=True)
+class PodmanConf:
+    """What containers.conf files set of the keys doctor checks (the last file's value wins), which files
+    Podman cannot parse, and which files there were."""
+
+    settings: dict[tuple[str, str], PodmanSetting]
+    errors: list[str]
+    read: list[Path]
+
+
+def read_containers_conf(host: Host, files: Sequence[Path]) -> PodmanConf:
+    settings: dict[tuple[str, str], PodmanSetting] = {}
+    errors: list[str] = []
+    read: list[Path] = []
+    wanted = {(t, k) for t, k, _, _ in OVERRIDDEN_CGROUP_KEYS} | {("containers", "cgroups")}
+    for path in files:
+        text = host.read_text(path)
+        if text is None:
+            continue
+        read.append(path)
+        try:
+            parsed = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            errors.append(f"{path}: {exc}")
+            continue
+        for table, key in wanted:
+            section = parsed.get(table)
+            if isinstance(section, dict) and key in section:
+                settings[(table, key)] = PodmanSetting(section[key], path)
+    return PodmanConf(settings, errors, read)
+
+
+def check_podman_cgroups(user: pwd.struct_passwd, conf: PodmanConf) -> Finding:
+    """Podman settings that would take containers out of the job's cgroup (or stop dlsub's from starting)."""
+    name = f"Podman cgroup settings of {user.pw_name}"
+    settings, errors = conf.settings, conf.errors
+    if errors:
+        return Finding(name, PROBLEM, f"Podman cannot read {'; '.join(errors)[:300]}: every podman command fails",
+                       "fix the TOML or remove the file")
+    mode = settings.get(("containers", "cgroups"))
+    if mode is not None and mode.value in BREAKING_CGROUPS_MODES:
+        return Finding(name, PROBLEM, f"cgroups = \"{mode.value}\" in {mode.source}: it conflicts with the "
+                       "--cgroupns host dlsub runs Podman with (podman-run(1)), and runc refuses it (\"not "
+                       "compatible with NoCgroups\"): dlsub's containers do not start",
+                       f"remove cgroups = \"{mode.value}\" from {mode.source}: without it dlsub's containers "
+                       "stay in the job's cgroup")
+    leaving = [(s, key, value, option) for table, key, value, option in OVERRIDDEN_CGROUP_KEYS
+               if (s := settings.get((table, key))) is not None and s.value != value]
+    if leaving:
+        shown = "; ".join(f"{key} = \"{s.value}\" in {s.source}" for s, key, _, _ in leaving)
+        return Finding(name, WARN, f"{shown}: takes containers out of the job's cgroup (Slurm's limits and "
+                       "process tracking stop applying). dlsub overrides it for its own containers ("
+                       + ", ".join(option for *_, option in leaving) + " on its command line), not for a "
+                       "podman run of the user's own inside a job",
+                       "remove " + "; ".join(f"{key} from {s.source}" for s, key, _, _ in leaving)
+                       + " (dlsub's jobs need nothing: it overrides it)")
+    where = ", ".join(str(p) for p in conf.read) or "none"
+    return Finding(name, OK, "no containers.conf setting takes containers out of the job's cgroup (dlsub passes "
+                   f"--cgroup-manager cgroupfs and --cgroupns host; read: {where})")
+
+
 # ---------------------------------------------------------------- gathering
 
 
 def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: str | None, image: str,
-               socket_path: Path, library: Path | None = None) -> list[Finding]:
+               socket_path: AgentEndpoint | Path, library: Path | None = None,
+               cdi_dirs: Sequence[Path] = CDI_DIRS) -> list[Finding]:
     """Every check, in order; each probe's failure is that check's problem, never the report's."""
     findings: list[Finding] = []
 
@@ -420,16 +606,26 @@ def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: st
           lambda: check_operator(policy.agent_user, client.admin_level(policy.agent_user)))
     probe("policy partitions exist", slurm_fix,
           lambda: check_partitions(list(policy.partitions), [p.name for p in client.partitions()]))
+    # Which Slurm node this host is (none: a login or admin host): decides the CDI check, whether an agent
+    # must answer here, and how a graph root in the shared home weighs.
+    here = host.hostname()
+    this_node: SlurmNode | None = None
+    try:
+        this_node = next((n for n in client.nodes() if n.name == here), None)
+        cdi = check_cdi(here, this_node, find_cdi_spec(host, cdi_dirs), cdi_dirs)
+    except (SlurmError, OSError, ValueError) as exc:
+        cdi = Finding("CDI spec", PROBLEM, str(exc).splitlines()[0][:300], slurm_fix)
     try:
         status, error = host.agent_status(socket_path), ""
     except AgentUnavailable as exc:
         status, error = None, str(exc)
-    findings.append(check_agent(socket_path, status, error))
+    findings.append(check_agent(socket_path, status, error, compute_node=this_node.name if this_node else None))
     findings.append(_library_check(host, library_dir() if library is None else library))
     site = policy.containers
     findings.append(check_shared_mounts({path: host.stat(Path(path)) is not None
                                          for path in (*site.shared_mounts, *site.shared_mounts_rw)}))
-    findings.extend(_podman_checks(host, user, image))
+    findings.append(cdi)
+    findings.extend(_podman_checks(host, user, image, here, compute_node=this_node is not None))
     return findings
 
 
@@ -448,7 +644,7 @@ def _gpu_partitions(client: SlurmClient, policy: AgentPolicy) -> dict[str, int]:
     return {name: gpus.get(name, 0) for name in policy.partitions if policy.role_of(name) in ("gpu", "dev")}
 
 
-def _podman_checks(host: Host, user: str | None, image: str) -> list[Finding]:
+def _podman_checks(host: Host, user: str | None, image: str, here: str, *, compute_node: bool) -> list[Finding]:
     if user is None:
         return [Finding("rootless Podman", SKIPPED, "no user named", "dlsub doctor --user NAME checks one user's")]
     entry = host.user(user)
@@ -460,15 +656,17 @@ def _podman_checks(host: Host, user: str | None, image: str) -> list[Finding]:
         check_subids(entry, read_subids(host, entry, group=False), read_subids(host, entry, group=True)),
         check_cgroups(controllers, hybrid),
         check_runtime_dir(entry, host.stat(Path(f"/run/user/{entry.pw_uid}"))),
-        check_image(entry, image, host.run_as(entry, ["podman", "image", "exists", image])),
-        _storage_check(host, entry),
+        check_image(entry, image, host.run_as(entry, ["podman", "image", "exists", image]), here),
+        _storage_check(host, entry, compute_node),
+        check_podman_cgroups(entry, read_containers_conf(host, containers_conf_files(host, entry, host.environ()))),
     ]
 
 
-def _storage_check(host: Host, entry: pwd.struct_passwd) -> Finding:
+def _storage_check(host: Host, entry: pwd.struct_passwd, compute_node: bool) -> Finding:
     info = host.run_as(entry, ["podman", "info", "--format", "{{.Store.GraphRoot}}"])
     root = info.stdout.strip()
-    return check_storage(entry, info, host.fs_type(Path(root)) if info.returncode == 0 and root else None)
+    return check_storage(entry, info, host.fs_type(Path(root)) if info.returncode == 0 and root else None,
+                         compute_node=compute_node)
 
 
 def blocking(findings: Sequence[Finding]) -> bool:

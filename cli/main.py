@@ -212,6 +212,7 @@ def submit(
         mounts=(*policy.containers.mount_requests(), *(MountRequest(p, True) for p in values["mount"]),
                 *(MountRequest(p, False) for p in values["mount_rw"])),
         runtime=policy.containers.runtime or None,
+        socket_ifname=policy.containers.socket_ifname,
     )
     plan = plan_job(request, settings, client)
     for warning in plan.warnings:

@@ -1,7 +1,9 @@
 """What users ask the agent: ``dlsub why JOB`` and ``dlsub agent status``.
 
-Both ask the running agent over its socket (:mod:`dlsub.job.agent_client`),
-which answers about the caller's own jobs only. When it does not answer,
+Both ask the running agent (:mod:`dlsub.job.agent_client`): over its Unix
+socket on its own host, over TCP with a munge credential from any other
+login host (the policy's ``agent_address``). It answers about the caller's
+own jobs only. When it does not answer,
 root and the agent's service account read its database directly; anyone
 else is told that the agent is down and its state is private.
 
@@ -28,7 +30,7 @@ from dlsub.agent.agent_store import AgentStore, default_db_path
 from dlsub.agent.query import agent_status
 from dlsub.cli.errors import fail
 from dlsub.contract import DLSUB_ID
-from dlsub.job.agent_client import AgentUnavailable, ask
+from dlsub.job.agent_client import AgentEndpoint, AgentUnavailable, ask
 from dlsub.site_config.policy_file import AgentPolicy, PolicyFileError, load_policy
 
 #: The agent does not answer (not running, stuck, or its socket is gone).
@@ -39,6 +41,10 @@ KEPT_FIELDS = ("running", "last_tick", "last_tick_age_s", "doing", "moves_in_fli
 socket_option = click.option("--socket", "socket_path", type=click.Path(path_type=Path, dir_okay=False),
                              default=None, envvar="DLSUB_AGENT_SOCKET",
                              help="The agent's query socket [default: $DLSUB_AGENT_SOCKET or the policy's `socket`].")
+address_option = click.option(
+    "--address", "address", default=None, envvar="DLSUB_AGENT_ADDRESS", metavar="HOST:PORT",
+    help="Ask the agent over TCP at HOST:PORT, with a munge credential [default: $DLSUB_AGENT_ADDRESS, or the "
+         "policy's `agent_address` from a host other than the agent's].")
 direct_db_option = click.option(
     "--db", type=click.Path(path_type=Path, dir_okay=False), default=None,
     help="Read this agent database directly instead of asking the agent (root and the agent's account only).")
@@ -50,6 +56,13 @@ def _policy() -> AgentPolicy:
         return load_policy(None)
     except PolicyFileError as exc:
         fail(f"{exc} (the agent's policy names its socket; ask your admin, or pass --socket)")
+
+
+def _endpoint(socket_path: Path | None, address: str | None) -> AgentEndpoint:
+    """Where to ask: an explicit socket or address alone (no policy needed), else the policy's."""
+    if socket_path is not None and not address:
+        return AgentEndpoint(socket=socket_path)
+    return AgentEndpoint.of(_policy(), socket_path, address)
 
 
 def _may_read_state(db: Path) -> bool:
@@ -104,10 +117,17 @@ def _print_status(info: dict[str, Any]) -> None:
         click.echo(f"last error: {info['last_error']}")
 
 
-def _status_unanswered(reason: str, db: Path | None) -> dict[str, Any]:
-    """The status when the agent does not answer: from its database for those who may read it."""
+def _status_unanswered(reason: str, db: Path | None, elsewhere: str = "") -> dict[str, Any]:
+    """The status when the agent does not answer: from its database for those who may read it.
+
+    ``elsewhere``: the agent's address when it names another host, whose state this host's database is not.
+    """
     policy = AgentPolicy()
     path = db or default_db_path()
+    if elsewhere:
+        return {**dict.fromkeys(KEPT_FIELDS), "running": False, "moves_in_flight": [],
+                "error": f"{reason} (the agent's state is on its own host, {elsewhere}: ask your admin if it "
+                         "stays down)"}
     if db is not None or _may_read_state(path):
         try:
             store = _read_directly(path)
@@ -118,8 +138,10 @@ def _status_unanswered(reason: str, db: Path | None) -> dict[str, Any]:
         except Exception as exc:  # noqa: BLE001 - an unreadable state says only that no agent runs
             info = {**dict.fromkeys(KEPT_FIELDS), "running": False, "error": f"{reason}; its state: {exc}"}
             return info
-        alive = bool(meta.get("pid")) and not meta.get("stopped") and _alive(meta.get("pid"))
-        info["process_alive"] = alive
+        here = meta.get("host") in (None, os.uname().nodename)
+        # A pid means something on the agent's own host only: elsewhere, whether it lives is unknown here.
+        alive = bool(meta.get("pid")) and not meta.get("stopped") and here and _alive(meta.get("pid"))
+        info["process_alive"] = alive if here else None
         if db is not None:  # asked to read the database: its process says whether it runs
             info["running"] = alive
         else:
@@ -132,22 +154,25 @@ def _status_unanswered(reason: str, db: Path | None) -> dict[str, Any]:
 @click.command("status")
 @click.option("--json", "as_json", is_flag=True)
 @socket_option
+@address_option
 @direct_db_option
-def status(as_json: bool, socket_path: Path | None, db: Path | None) -> None:
+def status(as_json: bool, socket_path: Path | None, address: str | None, db: Path | None) -> None:
     """Whether the agent runs, its last tick (and whether it is late), and what it is doing."""
     if db is not None:
         info = _status_unanswered("read from its database (--db)", db)
     else:
-        path = socket_path or Path(_policy().socket)
+        where = _endpoint(socket_path, address)
+        elsewhere = where.address if where.elsewhere() else ""
         try:
-            reply = ask(path, {"op": "status"})
+            reply = ask(where, {"op": "status"})
         except AgentUnavailable as exc:
-            info = _status_unanswered(str(exc), None)
+            info = _status_unanswered(str(exc), None, elsewhere)
         else:
             if not reply.get("ok") or not isinstance(reply.get("status"), dict):
-                info = _status_unanswered(f"the agent answered with an error: {reply.get('error')}", None)
+                info = _status_unanswered(f"the agent answered with an error: {reply.get('error')}", None,
+                                          elsewhere)
             else:
-                info = reply["status"]
+                info = {**reply["status"], "you": reply.get("you")}
     if as_json:
         click.echo(json.dumps(info))
     else:
@@ -199,14 +224,16 @@ def _decisions_directly(db: Path, dlsub_id: str | None, slurm_id: int | None) ->
 @click.argument("job")
 @click.option("--json", "as_json", is_flag=True)
 @socket_option
+@address_option
 @direct_db_option
-def why(job: str, as_json: bool, socket_path: Path | None, db: Path | None) -> None:
+def why(job: str, as_json: bool, socket_path: Path | None, address: str | None, db: Path | None) -> None:
     """What the agent decided about JOB (a dlsub id, its prefix, or a Slurm job id), and why."""
     handle = resolve_job(job)
-    decisions = _why_decisions(handle.dlsub_id, handle.slurm_id, socket_path, db)
+    where = None if db is not None else _endpoint(socket_path, address)
+    decisions = _why_decisions(handle.dlsub_id, handle.slurm_id, where, db)
     if handle.either and not decisions:
         # Nothing is recorded under JOB as a dlsub id: try it as a Slurm id.
-        decisions = _why_decisions(None, handle.slurm_id, socket_path, db)
+        decisions = _why_decisions(None, handle.slurm_id, where, db)
     if as_json:
         click.echo(json.dumps(decisions))
         return
@@ -218,18 +245,17 @@ def why(job: str, as_json: bool, socket_path: Path | None, db: Path | None) -> N
         click.echo(f"{when:%Y-%m-%d %H:%M:%S}  {d['kind']:<14} {d['reason']}")
 
 
-def _why_decisions(dlsub_id: str | None, slurm_id: int | None, socket_path: Path | None,
+def _why_decisions(dlsub_id: str | None, slurm_id: int | None, where: AgentEndpoint | None,
                    db: Path | None) -> list[dict[str, Any]]:
-    """The agent's decisions about a job, from the agent's socket, or its store read directly."""
-    if db is not None:
-        decisions = _decisions_directly(db, dlsub_id, slurm_id)
+    """The agent's decisions about a job, from the running agent, or its store read directly."""
+    if db is not None or where is None:
+        decisions = _decisions_directly(db or default_db_path(), dlsub_id, slurm_id)
     else:
-        path = socket_path or Path(_policy().socket)
         try:
-            reply = ask(path, {"op": "why", "dlsub_id": dlsub_id, "slurm_job_id": slurm_id})
+            reply = ask(where, {"op": "why", "dlsub_id": dlsub_id, "slurm_job_id": slurm_id})
         except AgentUnavailable as exc:
             state = default_db_path()
-            if not _may_read_state(state):
+            if where.elsewhere() or not _may_read_state(state):
                 fail(f"{exc}; the agent's decisions are private to it and it is not answering: "
                       "try again later, or ask your admin", EXIT_NOT_RUNNING)
             me = pwd.getpwuid(os.geteuid()).pw_name

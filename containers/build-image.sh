@@ -17,10 +17,19 @@ venv_pip="${DLSUB_PREFIX:-/opt/dlsub}/venv/bin/pip"
 say() { printf 'build-image: %s\n' "$*" >&2; }
 uid="$(id -u "$user")"
 home="$(getent passwd "$user" | cut -d: -f6)"
+# DLSUB_IMAGE_STORE_CONF: a storage.conf naming a store on the shared filesystem that every node reads as an
+# additional image store (a site's way, and the testbed's: testbed/up.sh). Podman keeps that store's state
+# apart from the user's own (its own runtime directory), so the two never share a lock or a database.
+runtime="/run/user/$uid"
+store_env=()
+if [ -n "${DLSUB_IMAGE_STORE_CONF:-}" ]; then
+    runtime="/run/user/$uid/dlsub-image-store"
+    store_env=(CONTAINERS_STORAGE_CONF="$DLSUB_IMAGE_STORE_CONF")
+fi
 as_user() {
-    (cd "$home" && runuser -u "$user" -- env HOME="$home" XDG_RUNTIME_DIR="/run/user/$uid" "$@")
+    (cd "$home" && runuser -u "$user" -- env HOME="$home" XDG_RUNTIME_DIR="$runtime" "${store_env[@]}" "$@")
 }
-install -d -m 700 -o "$user" -g "$user" "/run/user/$uid"
+install -d -m 700 -o "$user" -g "$user" "/run/user/$uid" "$runtime"
 
 recipe="$(cat "$here/Containerfile" "$0" | sha256sum | cut -c1-16)"
 if as_user podman image exists "$image" \

@@ -93,6 +93,8 @@ class ContainerSpec:
     nproc_per_node: int | None = None  # None: one per GPU the attempt got, else 1
     # The OCI runtime (podman --runtime): the site's or the user's choice; None: the node's Podman default.
     runtime: str | None = None
+    # The site's interface for gloo and NCCL ("": the batch script finds the node's own, slurm_plugins/batch.sh).
+    socket_ifname: str = ""
     grace_s: int = 30
     env: tuple[tuple[str, str], ...] = ()
     # The site's shared file systems and the user's --mount/--mount-rw paths, checked (containers.mounts).
@@ -168,6 +170,9 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     lines.append(["--env", f"PYTHONPATH={LIBRARY_MOUNT}"])
     lines += [["--env", name] for name in (contract.ENV_JOB_ID, contract.ENV_JOB_DIR, contract.ENV_ATTEMPT, *SLURM_ENV)]
     lines.append(["--env", Raw('CUDA_VISIBLE_DEVICES="${container_cuda_devices}"')])
+    # Where gloo and NCCL open their sockets: the batch script's choice (the node's own address's interface,
+    # or the site's), unless the user's environment names one.
+    lines += [["--env", name] for name in contract.SOCKET_IFNAME_ENV]
     if spec.nnodes is not None:
         lines.append(["--env", contract.ENV_RDZV_ENDPOINT])
         # A node that joins a running group late needs the rendezvous store

@@ -31,7 +31,7 @@ from dlsub.contract import (
     JobState,
     output_file,
 )
-from dlsub.job.agent_client import AgentUnavailable, ask
+from dlsub.job.agent_client import AgentEndpoint, AgentUnavailable, ask
 from dlsub.job.output_files import worker_output_files
 from dlsub.job.settings import Settings, store_of
 from dlsub.job.status import JobStatus, job_status
@@ -126,7 +126,8 @@ class Dashboard:
         self.policy = policy
         self.client_factory = client_factory
         self.stores = stores
-        self.socket_path = socket_path or Path(policy.socket)
+        # The agent: its socket on its own host, its agent_address (TCP, munge) from another login host.
+        self.agent = AgentEndpoint(socket=socket_path) if socket_path else AgentEndpoint.of(policy)
 
     def _own_store(self) -> JobStore | None:
         if not self.settings.db_path.exists():
@@ -239,7 +240,7 @@ class Dashboard:
     def decisions(self, record: JobRecord) -> tuple[list[dict[str, Any]], str]:
         """The agent's decisions about a job, through its socket; a note instead when it does not answer."""
         try:
-            reply = ask(self.socket_path, {"op": "why", "dlsub_id": record.id}, timeout_s=3.0)
+            reply = ask(self.agent, {"op": "why", "dlsub_id": record.id}, timeout_s=3.0)
         except AgentUnavailable as exc:
             return [], f"the agent does not answer: {exc}"
         if not reply.get("ok"):
@@ -250,7 +251,7 @@ class Dashboard:
         out: dict[str, str] = {}
         for row in rows:
             try:
-                reply = ask(self.socket_path, {"op": "why", "dlsub_id": row.id}, timeout_s=2.0)
+                reply = ask(self.agent, {"op": "why", "dlsub_id": row.id}, timeout_s=2.0)
             except AgentUnavailable:
                 return out  # the agent is down: say nothing rather than wait on every job
             found = [d for d in reply.get("decisions") or [] if isinstance(d, dict)] if reply.get("ok") else []
@@ -260,7 +261,7 @@ class Dashboard:
 
     def agent_status(self) -> dict[str, Any]:
         try:
-            reply = ask(self.socket_path, {"op": "status"}, timeout_s=3.0)
+            reply = ask(self.agent, {"op": "status"}, timeout_s=3.0)
         except AgentUnavailable as exc:
             return {"running": False, "error": str(exc)}
         status = reply.get("status")

@@ -70,6 +70,8 @@ ENV_ATTEMPT = "DLSUB_ATTEMPT"
 ENV_ROLE = "DLSUB_ROLE"
 #: A gang's torchrun rendezvous, ``host:port``, and how many nodes it starts with.
 ENV_RDZV_ENDPOINT = "DLSUB_RDZV_ENDPOINT"
+# The interface gloo and NCCL open their sockets on (the batch script sets both, slurm_plugins/batch.sh).
+SOCKET_IFNAME_ENV = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 ENV_NNODES = "DLSUB_NNODES"
 #: A heterogeneous job's parts, as Slurm host lists.
 ENV_TRAINER_NODES = "DLSUB_TRAINER_NODES"
@@ -103,6 +105,14 @@ RUNTIME_DIR_FALLBACK = "/tmp/dlsub-xdg-{uid}"
 
 def runtime_dir_fallback(uid: int) -> Path:
     return Path(RUNTIME_DIR_FALLBACK.format(uid=uid))
+
+
+# ---------------------------------------------------------------- GPUs through CDI
+#: Where a node's Container Device Interface specs are (the directories Podman reads), and the device kind
+#: NVIDIA's `nvidia-ctk cdi generate` names its GPUs by (``nvidia.com/gpu=<index>``). The batch script asks
+#: Podman for CDI devices where a spec here names that kind; `dlsub doctor` checks a GPU node has one.
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+CDI_GPU_KIND = "nvidia.com/gpu"
 
 
 # ---------------------------------------------------------------- the job directory

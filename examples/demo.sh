@@ -9,7 +9,8 @@ as_user() {
     runuser -u "$user" -- env -i HOME="$(getent passwd "$user" | cut -d: -f6)" USER="$user" \
         PATH=/usr/local/bin:/usr/bin:/bin XDG_RUNTIME_DIR="/run/user/$(id -u "$user")" LANG=C.UTF-8 "$@"
 }
-cd /tmp
+# From the user's home, on the shared filesystem (a node sees it; the login host's /tmp is its own).
+cd "$(getent passwd "$user" | cut -d: -f6)"
 echo "\$ dlsub $prefix/examples/train_digits.py --epochs 15 --throttle 0.02   (as $user)"
 out="$(as_user dlsub --json "$prefix/examples/train_digits.py" --epochs 15 --throttle 0.02)"
 echo "$out"

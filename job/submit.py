@@ -61,6 +61,8 @@ class SubmitRequest:
     # The site's OCI runtime (policy.toml [containers] runtime; None: the node's Podman default);
     # $DLSUB_RUNTIME (Settings.runtime) overrides it.
     runtime: str | None = None
+    # The site's interface for gloo and NCCL (policy.toml [containers] socket_ifname; "": the node's own).
+    socket_ifname: str = ""
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,7 @@ def _container_spec(req: SubmitRequest, settings: Settings, script: Path, image:
         library_dir=library_dir(),
         nproc_per_node=None,  # one per GPU of each attempt (they may differ after a move)
         runtime=settings.runtime or req.runtime or None,
+        socket_ifname=req.socket_ifname,
         # Half of Slurm's warning before the time limit: the rest is the batch script's, after the container.
         grace_s=max(5, settings.signal_grace_s // 2),
     )

@@ -9,6 +9,7 @@ check FILE`` runs exactly this. etc/policy.toml.example documents each key.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -127,6 +128,9 @@ class ContainerSite:
     # Shared file systems every job's container sees at the same path, read-only / read-write.
     shared_mounts: tuple[str, ...] = ()
     shared_mounts_rw: tuple[str, ...] = ()
+    # The network interface gloo and NCCL bind to (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, in NCCL's syntax:
+    # "ib0", "eth0,eth1", "^docker"); "": the interface of each node's own address (what its name resolves to).
+    socket_ifname: str = ""
 
     def mount_requests(self) -> tuple[MountRequest, ...]:
         return (*(MountRequest(p, True, ORIGIN_SITE) for p in self.shared_mounts),
@@ -150,6 +154,9 @@ class AgentPolicy:
     # Where the agent answers `dlsub why` and `dlsub agent status` (a Unix
     # socket; the kernel tells the agent who is asking).
     socket: str = "/run/dlsub/agent.sock"
+    # Where the agent also listens on TCP for users on other login hosts, "HOST:PORT" (the agent's host as
+    # clients reach it); "" (the default): the Unix socket only. Callers prove who they are with munge.
+    agent_address: str = ""
     partitions: dict[str, PartitionRole] = field(default_factory=dict)
     moves: Moves = Moves()
     time_limits: TimeLimits = TimeLimits()
@@ -295,6 +302,10 @@ def _containers(where: str, table: Any) -> ContainerSite:
     if any(ch.isspace() for ch in site.runtime):
         raise PolicyFileError(f"{where}.runtime: {site.runtime!r}; name one runtime (crun, runc or a path), "
                               "or leave it out for the node's Podman default")
+    if not re.fullmatch(r"[\^=]?[A-Za-z0-9_.:-]*(,[A-Za-z0-9_.:-]+)*", site.socket_ifname):
+        raise PolicyFileError(f"{where}.socket_ifname: {site.socket_ifname!r}; name interfaces as NCCL_SOCKET_IFNAME "
+                              "takes them (\"ib0\", \"eth0,eth1\", \"^docker\"), or leave it out for the interface "
+                              "of each node's own address")
     for key in ("shared_mounts", "shared_mounts_rw"):
         for path in getattr(site, key):
             try:
@@ -315,7 +326,7 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
     top = [f.name for f in fields(AgentPolicy)]
     _check_keys(where, data, top)
     values: dict[str, Any] = {}
-    for key in ("policy", "default_mode", "agent_user", "socket"):
+    for key in ("policy", "default_mode", "agent_user", "socket", "agent_address"):
         if key in data:
             values[key] = _typed(where, key, data[key], str)
     if "admins" in data:
@@ -325,6 +336,15 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
         values["admins"] = tuple(admins)
     if "socket" in values and not values["socket"].startswith("/"):
         raise PolicyFileError(f"{where}.socket: expected an absolute path, got {values['socket']!r}")
+    if values.get("agent_address"):
+        try:
+            host, _ = parse_address(values["agent_address"])
+        except ValueError as exc:
+            raise PolicyFileError(f"{where}.agent_address: {exc}") from None
+        if host in ("0.0.0.0", "::"):
+            raise PolicyFileError(f"{where}.agent_address: {values['agent_address']!r}; name the agent's host as "
+                                  "the other login hosts reach it (they connect there; the agent listens there), "
+                                  "e.g. \"login1:6830\"")
     for key in ("tick_interval_s", "tick_deadline_s", "checkpoint_grace_s"):
         if key in data:
             values[key] = _typed(where, key, data[key], float)
@@ -386,6 +406,22 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
             raise PolicyFileError(f"{where}.backfill.roles: {bad}; valid roles: {', '.join(ROLES)}")
         values["backfill"] = Backfill(backfill.enabled, backfill.roles, windows)
     return AgentPolicy(**values)
+
+
+def parse_address(text: str, *, any_port: bool = False) -> tuple[str, int]:
+    """``HOST:PORT`` (``[ADDR]:PORT`` for an IPv6 address) as (host, port); ValueError says what is wrong.
+
+    ``any_port``: port 0 (a listener's "any free port", for tests) is allowed.
+    """
+    host, colon, port_text = text.rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
+        host = host[1:-1]
+    if not colon or not re.fullmatch(r"[A-Za-z0-9_.:-]+", host) or (":" in host and not bracketed):
+        raise ValueError(f"{text!r}: expected HOST:PORT, e.g. \"login1:6830\" (\"[ADDR]:PORT\" for IPv6)")
+    if not port_text.isdigit() or not (0 if any_port else 1) <= int(port_text) < 65536:
+        raise ValueError(f"{text!r}: the port must be a number from 1 to 65535")
+    return host, int(port_text)
 
 
 def load_policy(path: Path | None = None) -> AgentPolicy:

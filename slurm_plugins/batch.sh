@@ -83,6 +83,19 @@ elif [ "$role" = worker ]; then
     fi
     export DLSUB_RDZV_ENDPOINT DLSUB_ATTEMPT
 fi
+# The interface gloo and NCCL open their sockets on: the site's (policy.toml [containers] socket_ifname), else
+# the one holding this node's own address (what its name resolves to, as the rendezvous endpoint does), so the
+# members of a gang reach each other on the network Slurm knows the nodes by. A user's own, set at submit,
+# wins (Slurm passes the submit environment to the job).
+socket_ifname=@SOCKET_IFNAME@
+if [ -z "$socket_ifname" ]; then
+    node_addr="$(getent ahostsv4 "$(hostname)" 2>/dev/null | awk 'NR == 1 {print $1}')"
+    socket_ifname="$(ip -o -4 addr show 2>/dev/null \
+        | awk -v a="$node_addr" '{split($4, p, "/")} p[1] == a {print $2; exit}')"
+fi
+if [ -n "$socket_ifname" ]; then
+    export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$socket_ifname}" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-$socket_ifname}"
+fi
 # The c10d store lives with the main job's first node, which stays for the
 # whole attempt: nodes that leave (workers) never take the group down.
 rdzv_is_host=0
@@ -119,7 +132,8 @@ setup_runtime_dir() {
 # ids, never from CUDA_VISIBLE_DEVICES (under the constraint "0" is another
 # job's GPU); in the container they are its only GPUs, numbered from 0. Without
 # a CDI spec CUDA_VISIBLE_DEVICES goes in as Slurm set it.
-cdi_spec_dirs=(/etc/cdi /var/run/cdi)
+# Both from dlsub.contract (CDI_SPEC_DIRS, CDI_GPU_KIND), which `dlsub doctor` checks a GPU node against.
+cdi_spec_dirs=(@CDI_SPEC_DIRS@)
 gpu_args=()
 container_cuda_devices="${CUDA_VISIBLE_DEVICES:-}"
 # One training process per GPU Slurm gave this node, one on a CPU node.
@@ -127,7 +141,7 @@ nproc=1
 node_has_cdi_gpus() {
     local dir
     for dir in "${cdi_spec_dirs[@]}"; do
-        grep -qs 'nvidia.com/gpu' "$dir"/*.yaml "$dir"/*.json && return 0
+        grep -qsF @CDI_GPU_KIND@ "$dir"/*.yaml "$dir"/*.json && return 0
     done
     return 1
 }
@@ -145,7 +159,7 @@ setup_gpus() {
         IFS=, read -ra slurm_gpus <<< "$(slurm_gpu_ids)"
         renumbered=()
         for i in "${!slurm_gpus[@]}"; do
-            gpu_args+=(--device "nvidia.com/gpu=${slurm_gpus[$i]}")
+            gpu_args+=(--device "@CDI_GPU_KIND@=${slurm_gpus[$i]}")
             renumbered+=("$i")
         done
         # shellcheck disable=SC2034  # used by the podman line

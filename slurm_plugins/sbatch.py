@@ -136,6 +136,13 @@ def _word(value: object) -> str:
     return text
 
 
+def _path_word(value: str) -> str:
+    """A contract path or CDI kind as a bare shell word (it also goes inside double quotes): ``/`` allowed."""
+    if not all(_WORD.match(part) for part in value.strip("/").split("/")):
+        raise ValueError(f"{value!r} is not a plain path; contract paths must be")
+    return value
+
+
 def render_sbatch(spec: BatchSpec) -> str:
     """The batch script for ``spec``: ``#SBATCH`` lines, then the template with its placeholders filled.
 
@@ -271,6 +278,8 @@ def _template_words(spec: BatchSpec, container: ContainerSpec, podman: str, podm
         "HET": "1" if spec.cpu_nodes else "0",
         "PODMAN_RUN_CPU": podman_cpu,
         "WORKER_ARRAY": _word(spec.worker_array) if spec.worker_array is not None else "''",
+        "CDI_SPEC_DIRS": " ".join(_path_word(d) for d in contract.CDI_SPEC_DIRS),
+        "CDI_GPU_KIND": _path_word(contract.CDI_GPU_KIND),
         "BATCH_SCRIPT": _word(contract.BATCH_SCRIPT),
         "RENDEZVOUS_FILE": _word(contract.RENDEZVOUS_FILE),
         "ACTION_LEAVE": _word(contract.ACTION_LEAVE),
@@ -283,6 +292,7 @@ def _template_words(spec: BatchSpec, container: ContainerSpec, podman: str, podm
         "MOVE_SIGNAL": _word(contract.MOVE_SIGNAL),
         "STOP_SIGNAL": _word(contract.STOP_SIGNAL),
         "MAX_CONTINUATIONS": _word(int(spec.max_continuations)),
+        "SOCKET_IFNAME": shlex.quote(container.socket_ifname),
         "ATTEMPTS_FILE": _word(contract.ATTEMPTS_FILE),
         "MARKERS_DIR": _word(contract.MARKERS_DIR),
         "REQUEUE_COUNT_FILE": _word(contract.REQUEUE_COUNT_FILE),

@@ -49,10 +49,10 @@ start_slurmdbd() {
     fi
     if ! pid_alive /run/dlsub-testbed/slurmdbd.pid; then
         say "starting slurmdbd $SLURM_VERSION"
-        "$SLURM_SBIN/slurmdbd"
+        on_host "$HEAD_HOST" "$SLURM_SBIN/slurmdbd"
     fi
     for _ in $(seq 1 60); do
-        sacctmgr -n show cluster >/dev/null 2>&1 && return 0
+        slurm_cli sacctmgr -n show cluster >/dev/null 2>&1 && return 0
         sleep 0.5
     done
     die "slurmdbd does not answer: see /var/log/dlsub-testbed/slurmdbd.log"
@@ -63,8 +63,8 @@ start_slurmdbd() {
 ensure() {  # kind name [options...]
     local kind="$1" name="$2"
     shift 2
-    if [ -z "$(sacctmgr -n -P show "$kind" "$name" "format=$kind" 2>/dev/null | head -1)" ]; then
-        sacctmgr -i add "$kind" "$name" "$@" >/dev/null
+    if [ -z "$(slurm_cli sacctmgr -n -P show "$kind" "$name" "format=$kind" 2>/dev/null | head -1)" ]; then
+        slurm_cli sacctmgr -i add "$kind" "$name" "$@" >/dev/null
     fi
 }
 
@@ -77,11 +77,11 @@ associations() {
     ensure user "$TESTBED_USER2" account=research "cluster=$cluster"
     ensure user root account=research "cluster=$cluster"
     ensure user "$AGENT_USER" account=research "cluster=$cluster"
-    if ! sacctmgr -n -P show user "$AGENT_USER" format=adminlevel | grep -qx Operator; then
-        sacctmgr -i modify user "$AGENT_USER" set adminlevel=Operator >/dev/null
+    if ! slurm_cli sacctmgr -n -P show user "$AGENT_USER" format=adminlevel | grep -qx Operator; then
+        slurm_cli sacctmgr -i modify user "$AGENT_USER" set adminlevel=Operator >/dev/null
     fi
     # slurmctld reads associations when it starts or when told to.
-    scontrol reconfigure >/dev/null 2>&1 || true
+    slurm_cli scontrol reconfigure >/dev/null 2>&1 || true
 }
 
 case "${1:-start}" in

@@ -27,7 +27,8 @@ start() {
             eval "exec ${fd}>&-"
         fi
     done
-    runuser -u "$AGENT_USER" -- setsid "$DLSUB_PREFIX/venv/bin/dlsub" agent run --pidfile "$pidfile" \
+    # On the login host, as a site runs it (docs/admin-guide.md).
+    on_host "$LOGIN_HOST" runuser -u "$AGENT_USER" -- setsid "$DLSUB_PREFIX/venv/bin/dlsub" agent run --pidfile "$pidfile" \
         >>/var/log/dlsub/agent.log 2>&1 </dev/null &
     for _ in $(seq 1 50); do
         pid_alive "$pidfile" && return 0

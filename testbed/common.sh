@@ -86,17 +86,24 @@ render_slurm_conf() {  # file
     fi
 }
 
+# A node's slurmd, on its own host (testbed/hosts.sh).
 start_slurmd() {  # node
-    "$SLURM_SBIN/slurmd" -N "$1" -d "$SLURM_SBIN/slurmstepd"
+    on_host "$1" "$SLURM_SBIN/slurmd" -N "$1" -d "$SLURM_SBIN/slurmstepd"
 }
 
-# The pid of the slurmctld that listens on the testbed's port (etc/testbed/slurm.conf), if any.
+# Slurm's clients, as a user of the cluster runs them: on the login host.
+slurm_cli() {
+    on_host "$LOGIN_HOST" "$@"
+}
+
+# The pid of the slurmctld that listens on the testbed's port on the head (etc/testbed/slurm.conf), if any.
 # Its pid file is not enough: from 23.11 on, slurmctld re-executes itself under a new pid on
 # `scontrol reconfigure` (which up.sh runs), and the pid file may still name the old one; a
 # slurmctld left so blocks the next version's from binding the port.
 slurmctld_on_port() {
     local pid
-    pid="$(ss -Hltnp 'sport = :6817' 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)"
+    host_is_up "$HEAD_HOST" || return 0
+    pid="$(on_host "$HEAD_HOST" ss -Hltnp 'sport = :6817' 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)"
     [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = slurmctld ] && echo "$pid"
     return 0
 }
@@ -130,16 +137,19 @@ wait_for_nodes() {
     local states
     for _ in $(seq 1 60); do
         # sinfo fails while slurmctld restarts (24.11 on re-executes itself on reconfigure): try again.
-        states="$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u)" || states=""
+        states="$(slurm_cli sinfo -h -N -o '%N %t' 2>/dev/null | sort -u)" || states=""
         if [ -n "$states" ] && ! grep -Eq ' (unk|down|inval|drain|drng|fail|no_respond)' <<<"$states" \
            && [ "$(wc -l <<<"$states")" -ge 4 ]; then
             return 0
         fi
         # A node that was down before a restart stays down until resumed.
         if grep -Eq ' (down|drain)' <<<"$states"; then
-            scontrol update nodename="$(awk '/ (down|drain)/{print $1}' <<<"$states" | paste -sd,)" state=resume 2>/dev/null || true
+            slurm_cli scontrol update nodename="$(awk '/ (down|drain)/{print $1}' <<<"$states" | paste -sd,)" state=resume 2>/dev/null || true
         fi
         sleep 1
     done
     die "nodes did not come up: $states (see /var/log/dlsub-testbed/)"
 }
+
+# shellcheck source=testbed/hosts.sh
+. "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"

@@ -8,7 +8,6 @@ import pwd
 import re
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +20,16 @@ USER = os.environ.get("DLSUB_TESTBED_USER", "dltest")
 #: A second unprivileged user: "another user" in the privacy and trust tests.
 USER2 = os.environ.get("DLSUB_TESTBED_USER2", "dltest2")
 EXAMPLES = Path(os.environ.get("DLSUB_PREFIX", "/opt/dlsub")) / "examples"
+#: The testbed's compute nodes, each a host of its own (testbed/hosts.sh); the tests run on its login host.
+NODES = ("cpu1", "cpu2", "gpu1", "gpu2")
+HOSTS_DIR = Path("/var/lib/dlsub-testbed/hosts")
+
+
+def on_host(host: str) -> list[str]:
+    """The command prefix that runs what follows on one of the testbed's hosts, from any host: through the
+    host's keeper process (testbed/hosts.sh), whose namespaces are the host's."""
+    keeper = Path(f"/run/dlsub-testbed/host-{host}.pid").read_text().strip()
+    return ["nsenter", "-t", keeper, "--net", "--uts", "--mount", "--"]
 
 
 # The states `dlsub status` gives a job that will not run again.
@@ -64,15 +73,49 @@ class TestbedUser:
         return wait_for(what, lambda: (s := self.status(job))["state"] in ENDED and s,
                         timeout=timeout, interval=interval)
 
-    def containers(self, label: str) -> list[str]:
-        out = self.run("podman", "ps", "-a", "--format", "{{.Names}}", "--filter", f"label={label}", check=True)
-        return out.stdout.split()
+    def node_runtime_dir(self) -> str:
+        """Podman's runtime directory for this user's jobs on a compute node: no logind makes /run/user/UID
+        there, so the batch script's private fallback in the node's own /tmp."""
+        return f"/tmp/dlsub-xdg-{self.uid}"
+
+    def on_node(self, node: str, *argv: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        """A command as this user on a compute node, with the environment its jobs' Podman has there."""
+        env = {**self.env, "XDG_RUNTIME_DIR": self.node_runtime_dir()}
+        cmd = [*on_host(node), "runuser", "-u", self.name, "--", "env", "-i", "-C", str(self.home),
+               *(f"{k}={v}" for k, v in env.items()), *argv]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{node}: {argv} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def on_login(self, host: str, *argv: str, check: bool = False,
+                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """A command as this user on another login host (``login2``), as :meth:`run` runs it on this one:
+        the host's own name, network and node-local files; the shared home."""
+        cmd = [*on_host(host), "runuser", "-u", self.name, "--", "env", "-i", "-C", str(self.home),
+               *(f"{k}={v}" for k, v in self.env.items()), *argv]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{host}: {argv} exited {result.returncode}\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def containers(self, label: str, nodes: tuple[str, ...] = NODES) -> list[str]:
+        """This user's containers with the label, on every compute node (each node has its own Podman)."""
+        names = []
+        for node in nodes:
+            if not (HOSTS_DIR / node / "tmp" / f"dlsub-xdg-{self.uid}").is_dir():
+                continue  # no job of this user has run Podman there
+            out = self.on_node(node, "podman", "ps", "-a", "--format", "{{.Names}}", "--filter", f"label={label}",
+                               check=True)
+            names += out.stdout.split()
+        return names
 
 
 def put(user: TestbedUser, path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-    for p in (path, *[q for q in path.parents if str(q).startswith(tempfile.gettempdir() + "/dlsub-it-")]):
+    # The file and the folders between it and the test's own workdir (a dlsub-it-* folder).
+    for p in (path, *[q for q in path.parents if any(part.startswith("dlsub-it-") for part in q.parts)]):
         os.chown(p, user.uid, user.gid)
     return path
 
@@ -207,8 +250,14 @@ def attempts(job_dir: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def job_pids(slurm_job_id: int) -> list[int]:
-    out = subprocess.run(["scontrol", "listpids", str(slurm_job_id)], capture_output=True, text=True).stdout
+def listpids(slurm_job_id: int, node: str) -> str:
+    """``scontrol listpids`` of a job, which asks the slurmd of the host it runs on: run on that node."""
+    return subprocess.run([*on_host(node), "scontrol", "listpids", str(slurm_job_id)], capture_output=True,
+                          text=True).stdout
+
+
+def job_pids(slurm_job_id: int, node: str) -> list[int]:
+    out = listpids(slurm_job_id, node)
     return [int(line.split()[0]) for line in out.splitlines()[1:] if line.split() and line.split()[0].isdigit()]
 
 
@@ -246,7 +295,7 @@ def kill_node(user: TestbedUser, node: str, slurm_job_id: int, label: str) -> No
     (those with ``label``), all at once, as root. On this one-host testbed that is what a node loss looks
     like to Slurm and to the other nodes. Bring it back with :func:`node_back`."""
     pidfile = Path(f"/run/dlsub-testbed/slurmd-{node}.pid")
-    pids = job_pids(slurm_job_id)
+    pids = job_pids(slurm_job_id, node)
     stepds = {p for p in (parent_of(pid) for pid in pids) if p and "slurmstepd" in Path(f"/proc/{p}/comm").read_text()}
     os.kill(int(pidfile.read_text()), signal.SIGKILL)
     for pid in [*stepds, *pids]:
@@ -254,8 +303,8 @@ def kill_node(user: TestbedUser, node: str, slurm_job_id: int, label: str) -> No
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    for name in user.containers(label):
-        user.run("podman", "rm", "-f", name)
+    for name in user.containers(label, nodes=(node,)):
+        user.on_node(node, "podman", "rm", "-f", name)
 
 
 def node_back(node: str) -> None:

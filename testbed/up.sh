@@ -72,11 +72,19 @@ if ! pid_alive /run/munge/munged.pid; then
 fi
 munge -n | unmunge >/dev/null || die "munge does not work: see /var/log/munge/munged.log"
 
+# ---------------------------------------------------------------- the hosts
+# Every node, the head and the login host a host of its own (testbed/hosts.sh).
+hosts_up
+
 # ---------------------------------------------------------------- the job users
 # Two unprivileged users, set up alike: the second plays "another user" in the
 # privacy and trust tests. Each gets its own subordinate id range.
+# Their Podman, as a site sets it up (docs/admin-guide.md): the graph root on each host's node-local disk
+# (never the shared home, where rootless storage does not work on NFS), and the images read from a store on
+# the shared filesystem that the user builds on the login host (containers/build-image.sh), read-only on
+# every node (an additional image store).
 job_user() {  # name first-subid
-    local name="$1" first="$2" uid home f
+    local name="$1" first="$2" uid home f host store
     if ! id "$name" >/dev/null 2>&1; then
         say "creating user $name"
         useradd -m -s /bin/bash "$name"
@@ -84,21 +92,77 @@ job_user() {  # name first-subid
     uid="$(id -u "$name")"
     grep -q "^$name:" /etc/subuid || usermod --add-subuids "$first-$((first + 65535))" "$name"
     grep -q "^$name:" /etc/subgid || usermod --add-subgids "$first-$((first + 65535))" "$name"
-    # What logind would make on a login node: the user's runtime directory.
-    install -d -m 700 -o "$name" -g "$name" "/run/user/$uid"
     home="$(getent passwd "$name" | cut -d: -f6)"
-    install -d -m 755 -o "$name" -g "$name" "$home/.config" "$home/.config/containers"
-    for f in containers.conf storage.conf; do
-        install -m 644 -o "$name" -g "$name" "$repo/etc/testbed/$f" "$home/.config/containers/$f"
+    store="$home/$IMAGE_STORE"
+    install -d -m 755 -o "$name" -g "$name" "$home/.config" "$home/.config/containers" "$home/.local" \
+        "$home/.local/share" "$store"
+    install -m 644 -o "$name" -g "$name" "$repo/etc/testbed/containers.conf" "$home/.config/containers/containers.conf"
+    user_storage_conf "$name" "$store" | install -m 644 -o "$name" -g "$name" /dev/stdin \
+        "$home/.config/containers/storage.conf"
+    image_store_conf "$store" | install -m 644 -o "$name" -g "$name" /dev/stdin \
+        "$home/.config/containers/image-store.conf"
+    for host in $TESTBED_HOSTS; do
+        install -d -m 700 -o "$name" -g "$name" "$HOSTS_DIR/$host/local/$name"
     done
-    # A pause process that died with the machine leaves its pid file in the
-    # runtime directory (no logind here clears it), and Podman then refuses
-    # every command until the user resets it.
-    if ! podman_says="$(cd "$home" && runuser -u "$name" -- env HOME="$home" XDG_RUNTIME_DIR="/run/user/$uid" \
-            podman info 2>&1 >/dev/null)" && [[ "$podman_says" == *"podman system migrate"* ]]; then
-        say "resetting $name's stale Podman pause process (podman system migrate)"
-        (cd "$home" && runuser -u "$name" -- env HOME="$home" XDG_RUNTIME_DIR="/run/user/$uid" podman system migrate)
+    # What logind would make on a login node: the user's runtime directory. A compute node has none for a
+    # Slurm job: the batch script falls back to a private directory in the node's /tmp.
+    for host in "$LOGIN_HOST" "$LOGIN_HOST2"; do
+        on_host "$host" install -d -m 700 -o "$name" -g "$name" "/run/user/$uid"
+    done
+    reset_stale_podman "$name" "$LOGIN_HOST" "/run/user/$uid"
+    # On the nodes, where its jobs' runtime directory is the batch script's fallback in the node's /tmp.
+    for host in $TESTBED_NODES; do
+        [ -d "$HOSTS_DIR/$host/tmp/dlsub-xdg-$uid" ] && reset_stale_podman "$name" "$host" "/tmp/dlsub-xdg-$uid"
+    done
+    return 0
+}
+# A pause process that died with the machine (or was ended with the processes of a finished run) leaves its
+# pid file in the runtime directory (no logind here clears it), and Podman then refuses every command until
+# the user resets it.
+reset_stale_podman() {  # name host runtime-dir
+    local name="$1" host="$2" runtime="$3" home podman_says pause
+    home="$(getent passwd "$name" | cut -d: -f6)"
+    # Rootless Podman joins the user's pause process, wherever it was made: one made on another host (or on
+    # this machine before its hosts existed) would show this host that one's mounts (its graph root).
+    pause="$(on_host "$host" cat "$runtime/libpod/tmp/pause.pid" 2>/dev/null || true)"
+    if [ -n "$pause" ] && kill -0 "$pause" 2>/dev/null \
+            && [ "$(nsenter -t "$pause" --uts hostname 2>/dev/null)" != "$host" ]; then
+        say "ending $name's Podman pause process $pause, made outside $host"
+        kill "$pause"
+        on_host "$host" rm -f "$runtime/libpod/tmp/pause.pid"
     fi
+    if ! podman_says="$(on_host "$host" runuser -u "$name" -- env -C "$home" HOME="$home" XDG_RUNTIME_DIR="$runtime" \
+            podman info 2>&1 >/dev/null)" && [[ "$podman_says" == *"podman system migrate"* ]]; then
+        say "resetting $name's stale Podman pause process on $host (podman system migrate)"
+        on_host "$host" runuser -u "$name" -- env -C "$home" HOME="$home" XDG_RUNTIME_DIR="$runtime" \
+            podman system migrate
+    fi
+}
+# Where a user's images live on the shared filesystem (relative to the home directory).
+IMAGE_STORE=.local/share/dlsub-images
+user_storage_conf() {  # name store
+    printf '# Rootless Podman on the dlsub testbed (testbed/up.sh writes it; a site writes its own).
+'
+    printf '[storage]
+driver = "overlay"
+'
+    printf '# Node-local on every host (%s is each host'"'"'s own disk).
+' "$NODE_LOCAL"
+    printf 'rootless_storage_path = "%s/%s/storage"
+' "$NODE_LOCAL" "$1"
+    printf '[storage.options]
+# Images: built on the login host into a store on the shared filesystem, read-only here.
+'
+    printf 'additionalimagestores = ["%s"]
+' "$2"
+}
+image_store_conf() {  # store
+    printf '# The shared image store, as containers/build-image.sh writes into it (on the login host).
+'
+    printf '[storage]
+driver = "overlay"
+rootless_storage_path = "%s"
+' "$1"
 }
 job_user "$TESTBED_USER" 200000
 job_user "$TESTBED_USER2" 300000
@@ -108,6 +172,10 @@ if ! id "$AGENT_USER" >/dev/null 2>&1; then
     say "creating service account $AGENT_USER"
     useradd -r -m -d /var/lib/dlsub -s /usr/sbin/nologin "$AGENT_USER"
 fi
+# Its home and state on the other hosts: their own (testbed/hosts.sh), as on a site.
+for host in $TESTBED_HOSTS; do
+    [ "$host" = "$LOGIN_HOST" ] || install -d -m 700 -o "$AGENT_USER" -g "$AGENT_USER" "$HOSTS_DIR/$host/var-lib-dlsub"
+done
 
 # ---------------------------------------------------------------- dlsub, system-wide
 # Installed under /opt (readable by every user) because CI's clone may sit
@@ -117,22 +185,7 @@ fi
 # ---------------------------------------------------------------- Slurm
 mkdir -p /etc/slurm /etc/dlsub /run/dlsub-testbed /var/log/dlsub-testbed "$SLURM_SPOOL/slurmctld"
 chown slurm:slurm "$SLURM_SPOOL/slurmctld" /var/log/dlsub-testbed
-# Fake GPUs: character devices of NVIDIA's major (195), which has no driver here (opening one fails
-# with ENXIO where the job's device cgroup allows it, EPERM where it denies it), a minor of their own
-# each so that denying one GPU denies nothing else (as /dev/null's 1:3 did). gpu1 has minors 0-3,
-# gpu2 4-7: the nodes share this machine's devices, and Slurm constrains devices by number.
-minor=0
-for node in gpu1 gpu2; do
-    d="/var/lib/dlsub-testbed/gpus/$node"
-    mkdir -p "$d"
-    for i in 0 1 2 3; do
-        if [ "$(stat -c '%t:%T' "$d/nvidia$i" 2>/dev/null)" != "$(printf '%x:%x' 195 "$minor")" ]; then
-            rm -f "$d/nvidia$i"
-            mknod -m 666 "$d/nvidia$i" c 195 "$minor"
-        fi
-        minor=$((minor + 1))
-    done
-done
+# Fake GPUs: each GPU node's own /dev/nvidia0-3 (testbed/hosts.sh), named in gres.conf as a site names them.
 install -m 755 "$repo/etc/slurm/taskepilog.sh" /etc/dlsub/taskepilog
 install -m 644 "$repo/etc/testbed/policy.toml" /etc/dlsub/policy.toml
 # The submit record (AdminComment) the agent trusts; slurmctld reloads the
@@ -159,8 +212,8 @@ fi
 # Accounting: MariaDB, then slurmdbd, before slurmctld (which registers with it).
 "$here/accounting.sh"
 if ! pid_alive /run/dlsub-testbed/slurmctld.pid && [ -z "$(slurmctld_on_port)" ]; then
-    say "starting slurmctld $SLURM_VERSION"
-    "$SLURM_SBIN/slurmctld"
+    say "starting slurmctld $SLURM_VERSION on $HEAD_HOST"
+    on_host "$HEAD_HOST" "$SLURM_SBIN/slurmctld"
 fi
 for node in $TESTBED_NODES; do
     if ! pid_alive "/run/dlsub-testbed/slurmd-$node.pid"; then
@@ -179,12 +232,22 @@ wait_for_nodes
 "$here/agent.sh" restart
 
 # ---------------------------------------------------------------- the image
-"$repo/containers/build-image.sh" "$TESTBED_USER"
+# Built by the user on the login host, into the shared image store every node reads.
+on_host "$LOGIN_HOST" env DLSUB_IMAGE_STORE_CONF="$(getent passwd "$TESTBED_USER" | cut -d: -f6)/.config/containers/image-store.conf" \
+    "$repo/containers/build-image.sh" "$TESTBED_USER"
 
 # The site check an admin would run: nothing may block dlsub here.
-if ! doctor_report="$("$DLSUB_PREFIX/venv/bin/dlsub" doctor --user "$TESTBED_USER" 2>&1)"; then
+if ! doctor_report="$(on_host "$LOGIN_HOST" "$DLSUB_PREFIX/venv/bin/dlsub" doctor --user "$TESTBED_USER" 2>&1)"; then
     printf '%s\n' "$doctor_report" >&2
     die "dlsub doctor found a problem on the testbed (above)"
 fi
+# And on every compute node, as an admin runs it there: the node's CDI spec, its Podman, storage and image.
+for node in $TESTBED_NODES; do
+    if ! doctor_report="$(on_host "$node" "$DLSUB_PREFIX/venv/bin/dlsub" doctor --user "$TESTBED_USER" 2>&1)"; then
+        printf '%s\n' "$doctor_report" >&2
+        die "dlsub doctor found a problem on $node (above)"
+    fi
+done
 
-say "testbed is up on Slurm $(scontrol --version | awk '{print $2}'): $(sinfo -h -o '%P %a %D %t' | tr '\n' ';')"
+say "testbed is up on Slurm $(slurm_cli scontrol --version | awk '{print $2}'): $(slurm_cli sinfo -h -o '%P %a %D %t' | tr '\n' ';')"
+say "log in to its login host with: sudo bash testbed/on.sh (or: bash testbed/on.sh NODE)"

@@ -53,8 +53,9 @@ def user2(user: TestbedUser) -> TestbedUser:
 
 @pytest.fixture
 def workdir(user: TestbedUser) -> Iterator[Path]:
-    """A fresh directory the testbed user owns (CI's clone may be unreadable to it)."""
-    path = Path(tempfile.mkdtemp(prefix="dlsub-it-"))
+    """A fresh directory the testbed user owns (CI's clone may be unreadable to it), on the shared filesystem
+    (its home): the login host's /tmp is its own, as on a cluster, and a job's node would not see it."""
+    path = Path(tempfile.mkdtemp(prefix="dlsub-it-", dir=user.home))
     os.chown(path, user.uid, user.gid)
     path.chmod(0o755)
     yield path

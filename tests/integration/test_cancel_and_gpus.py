@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from livebed import EXAMPLES, TestbedUser, processes_of_job, put, wait_for
+from livebed import EXAMPLES, HOSTS_DIR, TestbedUser, listpids, processes_of_job, put, slurm_job, wait_for
 
 PROBE = """
 import json, os, sys
@@ -44,7 +44,7 @@ def test_cancel_removes_slurm_job_and_container(user: TestbedUser, workdir: Path
     wait_for("the Slurm job gone from the queue", lambda: subprocess.run(
         ["squeue", "-h", "-j", str(job["slurm_job_id"]), "-t", "PD,R,CG"], capture_output=True, text=True,
     ).stdout.strip() == "", timeout=60)
-    assert user.run("podman", "ps", "-a", "--filter", label, "-q").stdout.strip() == ""
+    assert user.containers(label) == []
     assert processes_of_job(job["slurm_job_id"]) == [], "no process of the job is left on its node"
 
 
@@ -79,7 +79,8 @@ def test_nasty_path_and_arguments_run_intact(user: TestbedUser, workdir: Path) -
     assert done["state"] == "COMPLETED", user.dlsub("logs", job["id"]).stdout
     seen = json.loads((Path(job["job_dir"]) / "probe.json").read_text())
     assert seen["argv"] == args
-    assert not Path("/tmp/dlsub-it-pwned").exists()
+    # Nowhere: not on the login host, not on the node that ran it (each host has its own /tmp).
+    assert not [p for p in (Path("/tmp"), *HOSTS_DIR.glob("*/tmp")) if (p / "dlsub-it-pwned").exists()]
 
 
 def test_bad_input_live_submits_nothing(user: TestbedUser, workdir: Path) -> None:
@@ -110,7 +111,7 @@ def test_taskepilog_removes_container_when_batch_shell_is_killed(user: TestbedUs
     slurm_id = str(job["slurm_job_id"])
     label = f"dlsub.slurm_job_id={slurm_id}"
     wait_for("the job's container", lambda: user.containers(label), timeout=120)
-    pids = subprocess.run(["scontrol", "listpids", slurm_id], capture_output=True, text=True, check=True).stdout
+    pids = listpids(int(slurm_id), (slurm_job(int(slurm_id)) or {}).get("nodes", ""))
     batch_pids = [line.split()[0] for line in pids.splitlines()[1:] if line.split()[2:3] == ["batch"]]
     assert batch_pids, pids
     subprocess.run(["kill", "-9", *batch_pids], check=False)

@@ -112,7 +112,7 @@ def running_job(user: TestbedUser) -> Iterator[dict[str, Any]]:
     import shutil
     import tempfile
 
-    workdir = Path(tempfile.mkdtemp(prefix="dlsub-it-"))
+    workdir = Path(tempfile.mkdtemp(prefix="dlsub-it-", dir=user.home))  # shared with the nodes, as conftest's
     os.chown(workdir, user.uid, user.gid)
     workdir.chmod(0o755)
     script = put(user, workdir / "train_dash.py", TRAIN)

@@ -23,6 +23,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from dlsub import contract
 from livebed import EXAMPLES, TestbedUser, blockers, kill_node, node_back, put, slurm_job, slurm_jobs, wait_for
 
 TRAIN = str(EXAMPLES / "train_digits.py")
@@ -98,6 +99,13 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
         assert joined, log[-3000:]
         on_worker = user.dlsub("logs", job["id"], "--node", joined["node"]).stdout.splitlines()
         assert on_worker and all(line.startswith(f"[{joined['node']}/") for line in on_worker), on_worker[:20]
+        # Across hosts: the c10d store lives on the main job's first node, by its own name (a host of its own,
+        # testbed/hosts.sh); the worker joined it from the other host, and the shrink sent the worker away,
+        # never the store's host.
+        endpoint = (Path(job["job_dir"]) / contract.MARKERS_DIR / contract.RENDEZVOUS_FILE).read_text().split()[0]
+        store_host = endpoint.rsplit(":", 1)[0]
+        assert store_host in grown["node_list"] and store_host != joined["node"], (endpoint, grown["node_list"])
+        assert f"{joined['node']} joins the group of" in log and endpoint in log, log[-3000:]
         # squeue --json lists ended jobs too (until MinJobAge): none of the workers may still wait or run.
         wait_for("no worker task left waiting or running", lambda: not [
             j for j in slurm_jobs()

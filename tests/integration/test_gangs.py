@@ -20,7 +20,9 @@ dist.init_process_group("gloo")
 run = checkpointing.init()
 # Every rank says where it runs; rank 0 gathers them, so the file proves all four joined one group.
 mine = {"rank": run.rank, "node": os.environ.get("SLURMD_NODENAME") or os.environ.get("SLURM_NODEID"),
-        "slurm_nodeid": os.environ.get("SLURM_NODEID"), "world_size": run.world_size, "nodes": run.nodes}
+        "slurm_nodeid": os.environ.get("SLURM_NODEID"), "world_size": run.world_size, "nodes": run.nodes,
+        "hostname": socket.gethostname(), "address": socket.gethostbyname(socket.gethostname()),
+        "master_addr": os.environ.get("MASTER_ADDR"), "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME")}
 everyone = [None] * run.world_size
 dist.all_gather_object(everyone, mine)
 if run.is_main:
@@ -44,6 +46,15 @@ def test_a_two_node_gang_forms_world_size_four_and_completes(user: TestbedUser, 
     assert {r["world_size"] for r in ranks} == {4}
     assert {r["nodes"] for r in ranks} == {2}, "torchrun's group spans two nodes"
     assert sorted({r["slurm_nodeid"] for r in ranks}) == ["0", "1"], "one container on each node"
+    # Two hosts of their own (testbed/hosts.sh): each container has its node's name and address, the group
+    # met at rank 0's node, and gloo talks over the interface of each node's address.
+    by_node = {r["slurm_nodeid"]: r for r in ranks}
+    assert by_node["0"]["hostname"] != by_node["1"]["hostname"], ranks
+    assert by_node["0"]["address"] != by_node["1"]["address"] and not by_node["0"]["address"].startswith("127."), ranks
+    assert {r["hostname"] for r in ranks} == {r["node"] for r in ranks}, "the container's name is its node's"
+    rank0 = next(r for r in ranks if r["rank"] == 0)
+    assert {r["master_addr"] for r in ranks} == {rank0["hostname"]}, ranks
+    assert {r["gloo_ifname"] for r in ranks} == {"eth0"}, ranks
 
 
 def test_cancelling_a_gang_leaves_no_container_on_any_node(user: TestbedUser, workdir: Path) -> None:

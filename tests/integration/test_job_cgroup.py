@@ -5,9 +5,9 @@ its time limit) leaves no process on its node (``processes_of_job``: every proce
 
 The testbed runs ``proctrack/cgroup`` and ``task/cgroup`` with ``ConstrainDevices`` and
 ``ConstrainRAMSpace`` (etc/testbed/cgroup.conf, cgroup v1 here); its fake GPUs are devices of NVIDIA's
-major with a minor each. Its nodes have no CDI spec (their Podman is one per user across the testbed's
-nodes: docs/admin-guide.md, "The testbed"), so the container gets no GPU device files; which CDI devices a node with a
-spec would be asked for is unit-tested (tests/unit/test_sbatch.py).
+major with a minor each, in each GPU node's own /dev, and each GPU node has a CDI spec naming them as
+``nvidia-ctk cdi generate`` does (testbed/hosts.sh): the container gets exactly the job's GPUs' device files.
+Other cases (no spec, no device constraint, a step's GPUs) are unit-tested (tests/unit/test_sbatch.py).
 """
 
 from __future__ import annotations
@@ -107,7 +107,9 @@ def test_the_container_is_in_the_jobs_cgroup_whose_devices_are_exactly_its_gpus(
     # Slurm's global ids, and under ConstrainDevices the job's own numbering 0..n-1; no CDI: no device files.
     assert seen["slurm_job_gpus"] == "2,3", seen
     assert seen["cuda_visible_devices"] == "0,1", seen
-    assert seen["gpu_files"] == {}, seen
+    # Through the node's CDI spec (nvidia.com/gpu=<Slurm's global id>): exactly its two GPUs' device files,
+    # which its device cgroup lets it open as far as a GPU opens without a driver (ENXIO).
+    assert seen["gpu_files"] == {"/dev/nvidia2": "ENXIO", "/dev/nvidia3": "ENXIO"}, seen
     # Every controller Slurm tracks the job with holds the container's process: its limits apply to it.
     slurm_id = job["slurm_job_id"]
     for controller in ("memory", "devices", "cpuset", "freezer"):
@@ -137,7 +139,8 @@ def test_a_job_at_its_time_limit_leaves_no_process_on_its_node(user: TestbedUser
     job = user.submit("--time", "1", "-p", "cpu", str(script), cwd=workdir)
     slurm_id = job["slurm_job_id"]
     wait_for("the job's processes", lambda: len(processes_of_job(slurm_id)) > 2, timeout=120)
-    done = user.wait_until_ended(job["id"], "the time limit", timeout=180, interval=2)
+    done = wait_for("the time limit", lambda: (s := user.status(job["id"]))["state"] == "TIMEOUT" and s,
+                    timeout=180, interval=2)
     assert (slurm_job(slurm_id) or {}).get("job_state") == "TIMEOUT", (done, slurm_job(slurm_id))
     wait_for("no process of the job left on its node", lambda: processes_of_job(slurm_id) == [], timeout=60)
     assert user.containers(f"dlsub.slurm_job_id={slurm_id}") == [], "and no container"

@@ -26,6 +26,7 @@ from plain_jobs import sbatch
 from livebed import (
     AGENT_USER,
     EXAMPLES,
+    HOSTS_DIR,
     TestbedUser,
     agent_tick,
     put,
@@ -223,10 +224,12 @@ def test_a_script_that_exits_85_forever_is_requeued_at_most_max_continuations_ti
 def test_a_squatted_runtime_directory_is_refused_not_used(
     user: TestbedUser, user2: TestbedUser, workdir: Path
 ) -> None:
-    """Without /run/user/UID, dlsub and the batch script fall back to /tmp/dlsub-xdg-UID; another user made it."""
+    """Without /run/user/UID, dlsub and the batch script fall back to /tmp/dlsub-xdg-UID; another user made it,
+    on the login host (dlsub's own check) and on the CPU nodes (the batch script's), each in its own /tmp."""
     runtime = Path(f"/run/user/{user.uid}")
     aside = runtime.with_name(f"{user.uid}.aside-{os.getpid()}")
     squat = Path(f"/tmp/dlsub-xdg-{user.uid}")
+    on_nodes = [HOSTS_DIR / node / "tmp" / squat.name for node in ("cpu1", "cpu2")]
     script = put(user, workdir / "hello.py", "print('hello')\n")
     # The cpu partition is full, so the victim's job waits while the other user squats.
     blockers = [sbatch(user2, *PLAIN, "-p", "cpu", "--cpus-per-task=4", "--wrap", "sleep 600") for _ in range(2)]
@@ -234,8 +237,9 @@ def test_a_squatted_runtime_directory_is_refused_not_used(
     try:
         wait_for("the cpu blockers", lambda: all((slurm_job(b) or {}).get("job_state") == "RUNNING" for b in blockers))
         job = user.submit("-p", "cpu", "--cpus", "1", "--mem", "200M", str(script), cwd=workdir)
-        shutil.rmtree(squat, ignore_errors=True)
-        user2.run("mkdir", "-m", "777", str(squat), check=True)
+        for path in (squat, *on_nodes):
+            shutil.rmtree(path, ignore_errors=True)
+            user2.run("mkdir", "-m", "777", str(path), check=True)
         runtime.rename(aside)
         # dlsub itself refuses to use it (its image check runs Podman), and submits nothing.
         refused = user.dlsub("-p", "cpu", str(script), cwd=workdir, check=False)
@@ -247,12 +251,14 @@ def test_a_squatted_runtime_directory_is_refused_not_used(
         assert final["state"] == "FAILED"
         out = (Path(job["job_dir"]) / f"slurm-{job['slurm_job_id']}.out").read_text()
         assert str(squat) in out and "hello" not in out, out
-        assert not any(p.owner() == user.name for p in squat.rglob("*")), "the victim wrote into the squat"
+        for path in (squat, *on_nodes):
+            assert not any(p.owner() == user.name for p in path.rglob("*")), f"the victim wrote into {path}"
     finally:
         if aside.exists():
             aside.rename(runtime)
         subprocess.run(["scancel", *map(str, blockers)], check=False)
-        shutil.rmtree(squat, ignore_errors=True)
+        for path in (squat, *on_nodes):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def test_an_admin_hold_on_a_moving_job_is_never_released_by_the_agent(

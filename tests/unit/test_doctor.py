@@ -19,13 +19,14 @@ from click.testing import CliRunner
 from dlsub.cli import doctor as doctor_module
 from dlsub.cli.doctor import OK, PROBLEM, SKIPPED, WARN, Finding, Host, blocking, run_doctor
 from dlsub.cli.doctor_commands import doctor
-from dlsub.contract import SUBMIT_RECORD_PREFIX
+from dlsub.contract import CDI_GPU_KIND, CDI_SPEC_DIRS, SUBMIT_RECORD_PREFIX
 from dlsub.job.agent_client import AgentUnavailable
 from dlsub.site_config.policy_file import parse_policy
 from dlsub.slurm_plugins.client import SlurmClient, parse_config
 from dlsub.slurm_plugins.dialects import SlurmVersion
 from dlsub.slurm_plugins.fake import FakeSlurm
 from dlsub.slurm_plugins.fake import testbed_cluster as cluster
+from dlsub.slurm_plugins.sbatch import template_text
 
 POLICY = parse_policy({"policy": "fifo", "partitions": {"gpu": {"role": "gpu"}, "gpu-dev": {"role": "dev"},
                                                         "cpu": {"role": "cpu"}}})
@@ -56,11 +57,28 @@ class FakeHost(Host):
         self.agent: dict[str, Any] | None = {"running": True, "late": False}
         self.clock = time.mktime(time.strptime("2026-11-24T12:00:01", "%Y-%m-%dT%H:%M:%S"))
         self.ran: list[list[str]] = []
-        self.graph_root = "/home/alice/.local/share/containers/storage"
+        self.graph_root = "/var/lib/dlsub-local/alice/storage"  # node-local, as the testbed's (testbed/up.sh)
         self.fs = "ext2/ext3"
         self.tools: dict[str, str] = {}  # commands on PATH (none: no getsubids, /etc/subuid is read)
+        self.name = "login1"  # the login host, not a Slurm node
+        self.env: dict[str, str] = {}
+        self.dirs: dict[str, list[str]] = {}  # directories doctor lists (containers.conf.d drop-ins)
+        self.real_dirs: list[Path] = []  # temporary directories read as they are (CDI spec directories)
+
+    def hostname(self) -> str:
+        return self.name
+
+    def environ(self) -> dict[str, str]:
+        return self.env
+
+    def list_dir(self, path: Path) -> list[str]:
+        if any(path == folder or folder in path.parents for folder in self.real_dirs):
+            return super().list_dir(path)
+        return sorted(self.dirs.get(str(path), []))
 
     def read_text(self, path: Path) -> str | None:
+        if any(folder in path.parents for folder in self.real_dirs):
+            return super().read_text(path)
         return self.files.get(str(path))
 
     def stat(self, path: Path) -> os.stat_result | None:
@@ -91,9 +109,10 @@ class FakeHost(Host):
 
 
 def findings(fake: FakeSlurm | None = None, host: FakeHost | None = None,
-             user: str | None = "alice") -> dict[str, Finding]:
+             user: str | None = "alice", cdi_dirs: Sequence[Path] = ()) -> dict[str, Finding]:
     found = run_doctor(SlurmClient(runner=fake or cluster()), host or FakeHost(), POLICY, user=user,
-                       image="localhost/img", socket_path=Path("/run/dlsub/agent.sock"), library=LIBRARY)
+                       image="localhost/img", socket_path=Path("/run/dlsub/agent.sock"), library=LIBRARY,
+                       cdi_dirs=cdi_dirs)
     return {f.check.split(" of ")[0]: f for f in found}
 
 
@@ -104,7 +123,8 @@ def test_a_testbed_like_site_is_ok_on_every_tested_version(version: str) -> None
         "slurm version": OK, "job_submit.lua": OK, "cred_expire": OK, "clocks": OK, "GPU gres": OK,
         "agent is a Slurm Operator": OK, "policy partitions exist": OK, "agent": OK, "subordinate ids": OK,
         "cgroups": WARN, "runtime directory": OK, "image": OK, "job cgroups": OK, "container storage": OK,
-        "dlsub package for containers": OK, "shared mounts": OK}
+        "dlsub package for containers": OK, "shared mounts": OK, "CDI spec": SKIPPED,
+        "Podman cgroup settings": OK}
     assert not blocking(list(got.values()))
     assert version in got["slurm version"].detail
 
@@ -335,3 +355,181 @@ def test_container_storage_on_a_shared_file_system_is_a_problem_with_its_fix() -
     assert got.status == PROBLEM and "nfs" in got.detail and host.graph_root in got.detail
     assert "graphroot" in got.fix and "/home/alice/.config/containers/storage.conf" in got.fix
     assert ["podman", "info", "--format", "{{.Store.GraphRoot}}"] in host.ran
+
+
+# ---------------------------------------------------------------- a compute node's own checks (issue 30, item 5)
+# Unit tests with fakes: the fake Slurm behind the client's _run seam says which nodes exist and their GPUs,
+# the fake host says which host this is; CDI spec directories are temporary directories read for real.
+
+#: A CDI spec as `nvidia-ctk cdi generate` writes it (abridged), and as testbed/hosts.sh writes the testbed's.
+NVIDIA_SPEC = 'cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n- name: "0"\n'
+
+
+def cdi_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """Stand-ins for /etc/cdi (missing, as on many nodes) and /var/run/cdi (empty)."""
+    (tmp_path / "var-run-cdi").mkdir()
+    return tmp_path / "etc-cdi", tmp_path / "var-run-cdi"
+
+
+def on_node(name: str, tmp_path: Path) -> FakeHost:
+    host = FakeHost()
+    host.name = name
+    host.real_dirs.append(tmp_path)
+    return host
+
+
+def test_a_gpu_node_with_a_cdi_spec_naming_its_gpus_is_ok(tmp_path: Path) -> None:
+    dirs = cdi_dirs(tmp_path)
+    (dirs[1] / "nvidia.yaml").write_text(NVIDIA_SPEC)
+    got = findings(host=on_node("gpu1", tmp_path), cdi_dirs=dirs)["CDI spec"]
+    assert got.status == OK and str(dirs[1] / "nvidia.yaml") in got.detail and "4 GPUs" in got.detail
+
+
+def test_a_gpu_node_without_a_cdi_spec_is_a_problem_with_its_fix(tmp_path: Path) -> None:
+    dirs = cdi_dirs(tmp_path)
+    (dirs[1] / "amd.yaml").write_text(NVIDIA_SPEC.replace("nvidia.com", "amd.com"))  # another vendor's only
+    (dirs[1] / "nvidia.yaml.bak").write_text(NVIDIA_SPEC)  # moved aside: neither Podman nor dlsub reads it
+    got = findings(host=on_node("gpu1", tmp_path), cdi_dirs=dirs)
+    cdi = got["CDI spec"]
+    assert cdi.status == PROBLEM and blocking(list(got.values()))
+    assert "gpu1 has 4 GPUs" in cdi.detail and str(dirs[0]) in cdi.detail and str(dirs[1]) in cdi.detail
+    assert cdi.fix.startswith("nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+
+
+def test_the_cdi_check_skips_hosts_that_are_not_gpu_nodes_saying_why(tmp_path: Path) -> None:
+    dirs = cdi_dirs(tmp_path)
+    got = findings(host=on_node("cpu1", tmp_path), cdi_dirs=dirs)["CDI spec"]
+    assert got.status == SKIPPED and "cpu1 has no GPU gres" in got.detail
+    got = findings(host=on_node("login1", tmp_path), cdi_dirs=dirs)["CDI spec"]
+    assert got.status == SKIPPED and "login1 is not a Slurm node" in got.detail
+
+
+def test_the_cdi_check_without_slurm_is_a_problem_of_its_own(tmp_path: Path) -> None:
+    fake = cluster()
+    fake.reachable = False
+    got = findings(fake, host=on_node("gpu1", tmp_path), cdi_dirs=cdi_dirs(tmp_path))["CDI spec"]
+    assert got.status == PROBLEM and "scontrol ping" in got.fix
+
+
+def test_doctor_and_the_batch_script_read_the_same_cdi_directories_and_kind(tmp_path: Path) -> None:
+    """One source of truth: the template is filled from the contract constants doctor defaults to."""
+    assert doctor_module.CDI_DIRS == tuple(Path(d) for d in CDI_SPEC_DIRS)
+    template = template_text()
+    assert "cdi_spec_dirs=(@CDI_SPEC_DIRS@)" in template and "grep -qsF @CDI_GPU_KIND@" in template
+    code = [line for line in template.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in code if "nvidia.com" in line or "/etc/cdi" in line]  # no literal of its own
+    dirs = cdi_dirs(tmp_path)
+    (dirs[1] / "nvidia.json").write_text(f'{{"kind": "{CDI_GPU_KIND}"}}')  # the script greps *.json too
+    assert doctor_module.find_cdi_spec(on_node("gpu1", tmp_path), dirs) == dirs[1] / "nvidia.json"
+
+
+def test_a_graph_root_in_the_shared_home_is_a_problem_on_a_compute_node_and_a_warning_on_a_login_node(
+        tmp_path: Path) -> None:
+    host = on_node("gpu1", tmp_path)
+    host.graph_root = "/home/alice/.local/share/containers/storage"  # Podman's default: the user's home
+    got = findings(host=host, cdi_dirs=cdi_dirs(tmp_path))["container storage"]
+    assert got.status == PROBLEM and host.graph_root in got.detail and "home directory" in got.detail
+    assert "rootless_storage_path" in got.fix and "node-local" in got.fix
+    host.name = "login1"
+    got = findings(host=host)["container storage"]
+    assert got.status == WARN and "not a Slurm node" in got.detail
+    host.graph_root = "/home/alicia/storage"  # beside the home, not in it
+    assert findings(host=host)["container storage"].status == OK
+
+
+def test_the_image_missing_on_a_node_says_how_images_reach_nodes(tmp_path: Path) -> None:
+    host = on_node("gpu2", tmp_path)
+    host.image_rc = 1
+    got = findings(host=host, cdi_dirs=cdi_dirs(tmp_path))["image"]
+    assert got.status == PROBLEM and "on gpu2" in got.detail and "additional image stores" in got.detail
+    assert "additionalimagestores" in got.fix and "The training image on every node" in got.fix
+
+
+def test_podman_is_run_with_the_configuration_variables_doctor_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit test of the real Host: CONTAINERS_STORAGE_CONF reaches the user's podman, nothing else does."""
+    monkeypatch.setenv("CONTAINERS_STORAGE_CONF", "/tmp/a storage.conf")
+    monkeypatch.setenv("UNRELATED_DOCTOR_VARIABLE", "1")
+    me = pwd.getpwuid(os.getuid())
+    out = Host().run_as(me, ["env"]).stdout.splitlines()
+    assert "CONTAINERS_STORAGE_CONF=/tmp/a storage.conf" in out
+    assert not any(line.startswith("UNRELATED_DOCTOR_VARIABLE=") for line in out)
+
+
+def podman_settings(host: FakeHost) -> Finding:
+    return findings(host=host)["Podman cgroup settings"]
+
+
+def test_the_testbeds_containers_conf_keeps_containers_in_the_job() -> None:
+    host = FakeHost()
+    testbed_conf = Path(__file__).parents[2] / "etc" / "testbed" / "containers.conf"
+    host.files["/home/alice/.config/containers/containers.conf"] = testbed_conf.read_text()
+    got = podman_settings(host)
+    assert got.status == OK and "/home/alice/.config/containers/containers.conf" in got.detail
+
+
+def test_settings_dlsub_overrides_are_a_warning_naming_the_file_and_the_override() -> None:
+    host = FakeHost()
+    user_conf = "/home/alice/.config/containers/containers.conf"
+    host.files[user_conf] = '[engine]\ncgroup_manager = "systemd"\n[containers]\ncgroupns = "private"\n'
+    got = podman_settings(host)
+    assert got.status == WARN
+    assert f'cgroup_manager = "systemd" in {user_conf}' in got.detail and "--cgroup-manager cgroupfs" in got.detail
+    assert 'cgroupns = "private"' in got.detail and "--cgroupns host" in got.detail
+    assert got.fix.startswith(f"remove cgroup_manager from {user_conf}; cgroupns from {user_conf}")
+    assert "overrides" in got.fix
+
+
+def test_cgroups_disabled_is_a_problem_dlsubs_containers_do_not_start() -> None:
+    host = FakeHost()
+    host.files["/etc/containers/containers.conf"] = '[containers]\ncgroups = "disabled"\n'
+    got = podman_settings(host)
+    assert got.status == PROBLEM and "/etc/containers/containers.conf" in got.detail
+    assert got.fix.startswith('remove cgroups = "disabled" from /etc/containers/containers.conf')
+    host.files["/etc/containers/containers.conf"] = '[containers]\ncgroups = "split"\n'  # sub-cgroups of the job's
+    assert podman_settings(host).status == OK
+
+
+def test_drop_ins_are_read_after_the_files_they_extend_in_name_order() -> None:
+    host = FakeHost()
+    host.files["/etc/containers/containers.conf"] = '[engine]\ncgroup_manager = "systemd"\n'
+    host.dirs["/etc/containers/containers.conf.d"] = ["20-site.conf", "10-first.conf", "notes.txt"]
+    host.files["/etc/containers/containers.conf.d/10-first.conf"] = '[engine]\ncgroup_manager = "systemd"\n'
+    host.files["/etc/containers/containers.conf.d/20-site.conf"] = '[engine]\ncgroup_manager = "cgroupfs"\n'
+    host.files["/etc/containers/containers.conf.d/notes.txt"] = '[engine]\ncgroup_manager = "systemd"\n'
+    assert podman_settings(host).status == OK  # the site's later drop-in wins
+    host.dirs["/home/alice/.config/containers/containers.conf.d"] = ["99-mine.conf"]
+    mine = "/home/alice/.config/containers/containers.conf.d/99-mine.conf"
+    host.files[mine] = '[engine]\ncgroup_manager = "systemd"\n'
+    got = podman_settings(host)
+    assert got.status == WARN and mine in got.detail  # the user's drop-in is read last
+
+
+def test_containers_conf_in_the_environment_replaces_the_files_and_the_override_comes_last() -> None:
+    host = FakeHost()
+    host.files["/home/alice/.config/containers/containers.conf"] = '[engine]\ncgroup_manager = "systemd"\n'
+    host.files["/tmp/only.conf"] = '[engine]\nevents_logger = "file"\n'
+    host.env["CONTAINERS_CONF"] = "/tmp/only.conf"
+    got = podman_settings(host)
+    assert got.status == OK and "read: /tmp/only.conf)" in got.detail
+    host.files["/tmp/override.conf"] = '[containers]\ncgroupns = "private"\n'
+    host.env["CONTAINERS_CONF_OVERRIDE"] = "/tmp/override.conf"
+    got = podman_settings(host)
+    assert got.status == WARN and "/tmp/override.conf" in got.detail
+
+
+def test_a_containers_conf_podman_cannot_parse_is_a_problem() -> None:
+    host = FakeHost()
+    host.files["/etc/containers/containers.conf"] = "[engine\ncgroup_manager = 1\n"
+    got = podman_settings(host)
+    assert got.status == PROBLEM and "/etc/containers/containers.conf" in got.detail
+
+
+def test_no_agent_on_a_compute_node_is_no_problem_but_on_a_login_node_it_is(tmp_path: Path) -> None:
+    host = on_node("gpu1", tmp_path)
+    host.agent = None
+    (cdi := cdi_dirs(tmp_path))[1].joinpath("nvidia.yaml").write_text(NVIDIA_SPEC)
+    got = findings(host=host, cdi_dirs=cdi)
+    assert got["agent"].status == SKIPPED and "compute node gpu1" in got["agent"].detail
+    assert not blocking(list(got.values()))
+    host.name = "login1"
+    assert findings(host=host)["agent"].status == PROBLEM

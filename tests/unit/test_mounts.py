@@ -207,3 +207,19 @@ def test_the_example_policy_and_the_testbeds_parse_with_their_containers_tables(
     assert testbed.containers.runtime == "runc"  # the testbed VM's hybrid cgroups need it
     example = parse_policy(tomllib.loads((repo / "etc" / "policy.toml.example").read_text()))
     assert example.containers.runtime == ""
+
+
+def test_the_sites_socket_interface_reaches_the_batch_script_and_a_bad_one_is_refused(
+        cli_env: FakeSlurm, project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit (fake Slurm): policy.toml [containers] socket_ifname, rendered as the batch script's value."""
+    _site(tmp_path, monkeypatch, '[containers]\nsocket_ifname = "ib0"\n')
+    assert invoke("train.py").exit_code == 0
+    (job,) = cli_env.submitted()
+    assert "\nsocket_ifname=ib0\n" in Path(job.script).read_text()
+    cli_env.jobs.clear()
+    # A broken policy file is reported and set aside, as for any of its keys: the value never reaches a script.
+    _site(tmp_path, monkeypatch, '[containers]\nsocket_ifname = "ib0; touch /tmp/x"\n')
+    result = CliRunner().invoke(main, ["train.py"])
+    assert "socket_ifname" in result.output and "NCCL_SOCKET_IFNAME" in result.output, result.output
+    (job,) = cli_env.submitted()
+    assert "touch" not in Path(job.script).read_text()

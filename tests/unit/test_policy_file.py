@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from dlsub.cli.main import main
-from dlsub.site_config.policy_file import PolicyFileError, Window, load_policy, parse_policy
+from dlsub.site_config.policy_file import PolicyFileError, Window, load_policy, parse_address, parse_policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,9 +22,16 @@ def test_shipped_policy_files_are_valid(path: str) -> None:
     assert result.exit_code == 0 and ": ok: policy" in result.output
 
 
+def test_agent_address_is_off_unless_set_and_takes_a_name_or_an_address() -> None:
+    """Unit test, no files: the TCP listener's address in the policy."""
+    assert parse_policy({}).agent_address == ""
+    assert parse_policy({"agent_address": "login1:6830"}).agent_address == "login1:6830"
+    assert parse_address("[::1]:6830") == ("::1", 6830) and parse_address("10.0.0.5:1") == ("10.0.0.5", 1)
+
+
 @pytest.mark.parametrize("data, message", [
     ({"tick_interval": 5},
-     "unknown key tick_interval; valid keys: admins, agent_user, backfill, budgets, checkpoint_grace_s"),
+     "unknown key tick_interval; valid keys: admins, agent_address, agent_user, backfill, budgets, checkpoint_grace_s"),
     ({"moves": {"enable": True}}, "moves: unknown key enable; valid keys: enabled, min_saving_s"),
     ({"policy": "sjf"}, "unknown policy 'sjf'; valid policies: efifo, fifo, gang, goodput"),
     ({"default_mode": "asap"}, "valid modes: immediate, ideal"),
@@ -33,6 +40,12 @@ def test_shipped_policy_files_are_valid(path: str) -> None:
     ({"time_limits": {"continue": "yes"}}, "time_limits.continue: expected bool"),
     ({"backfill": {"window": [{"name": "n", "start": "0 25 * * *", "end": "0 7 * * *"}]}}, "not a cron expression"),
     ({"backfill": {"window": [{"name": "n", "start": "0 19 * * *"}]}}, "window\\[0\\]: missing key end"),
+    ({"agent_address": "login1"}, "agent_address: 'login1': expected HOST:PORT"),
+    ({"agent_address": "login1:http"}, "agent_address: 'login1:http': the port must be a number from 1 to 65535"),
+    ({"agent_address": "login1:70000"}, "the port must be a number from 1 to 65535"),
+    ({"agent_address": "::1:6830"}, "expected HOST:PORT.*\\[ADDR\\]:PORT"),
+    ({"agent_address": "log in;1:6830"}, "expected HOST:PORT"),
+    ({"agent_address": "0.0.0.0:6830"}, "name the agent's host as the other login hosts reach it"),
 ])
 def test_bad_policy_is_refused_with_the_fix(data: dict, message: str) -> None:
     with pytest.raises(PolicyFileError, match=message):

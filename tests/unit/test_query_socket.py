@@ -126,7 +126,7 @@ def test_server_sees_the_connecting_uid(server: QueryServer) -> None:
     assert me["ok"] and me["you"]["uid"] == os.geteuid()
     if os.geteuid() == 0:
         other = ask_as(NOBODY, server.path, {"op": "status"})
-        assert other["you"] == {"uid": NOBODY, "user": "nobody", "admin": False}
+        assert other["you"] == {"uid": NOBODY, "user": "nobody", "admin": False, "via": "socket"}
 
 
 def test_another_uid_gets_nothing_about_a_job_it_does_not_own(server: QueryServer) -> None:

@@ -410,3 +410,44 @@ def _podman_run_with_gpus(tmp_path: Path, env: dict[str, str], cdi: bool) -> lis
 
 def _values(argv: list[str], option: str) -> list[str]:
     return [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == option]
+
+
+def _socket_ifnames(tmp_path: Path, site: str = "", env: dict[str, str] | None = None) -> tuple[list[str], str]:
+    """Unit (the batch script under bash, stand-ins for podman, getent and ip as on a node whose name resolves
+    to 10.9.8.7 on ib0): the podman line's --env names, and GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME as podman
+    saw them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir, "getent", 'echo "10.9.8.7      STREAM node7"\n')
+    _stub(bin_dir, "ip", "printf '1: lo    inet 127.0.0.1/8 scope host lo\\n'\n"
+                         "printf '3: ib0    inet 10.9.8.7/24 brd 10.9.8.255 scope global ib0\\n'\n"
+                         "printf '4: eth0    inet 192.168.1.7/24 scope global eth0\\n'\n")
+    script = tmp_path / "train.py"
+    script.write_text("")
+    base = spec(tmp_path, script, ())
+    text = render_sbatch(dataclasses.replace(base, container=dataclasses.replace(base.container, socket_ifname=site)))
+    seen = tmp_path / "seen.txt"
+    rc, log = _run_script(tmp_path, script, (), 0, text=text, env_extra=env,
+                          podman_body=f'echo "${{GLOO_SOCKET_IFNAME:-}} ${{NCCL_SOCKET_IFNAME:-}}" > {seen}\nexit 0\n')
+    assert rc == 0, (tmp_path / "stderr.txt").read_text()
+    run = next(c for c in _calls(log) if c[:1] == ["podman"] and "run" in c)
+    return _values(run, "--env"), seen.read_text().strip()
+
+
+def test_gloo_and_nccl_use_the_interface_of_the_nodes_own_address(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    names, seen = _socket_ifnames(tmp_path)
+    assert "GLOO_SOCKET_IFNAME" in names and "NCCL_SOCKET_IFNAME" in names
+    assert seen == "ib0 ib0", "the interface holding the address the node's name resolves to, not eth0 nor lo"
+
+
+def test_the_sites_socket_interface_wins_over_the_nodes_and_the_users_own_over_both(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    (tmp_path / "site").mkdir()
+    assert _socket_ifnames(tmp_path / "site", site="eth0,eth1")[1] == "eth0,eth1 eth0,eth1"
+    (tmp_path / "user").mkdir()
+    assert _socket_ifnames(tmp_path / "user", site="eth0", env={"GLOO_SOCKET_IFNAME": "lo"})[1] == "lo eth0"
