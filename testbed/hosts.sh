@@ -81,11 +81,13 @@ host_is_up() {  # host
     [ -e "/run/netns/dlsub-$1" ] && [ "$(on_host "$1" hostname 2>/dev/null)" = "$1" ]
 }
 
+# Every host's name, for its address and for that address as IPv6 shows an IPv4 peer (::ffff:a.b.c.d: what
+# c10d's TCPStore looks up for a client on a dual-stack socket). The hosts have no DNS: a name not here fails.
 hosts_file() {
     local host
-    printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n'
+    printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n::ffff:127.0.0.1 localhost\n'
     for host in $TESTBED_HOSTS; do
-        printf '%s %s\n' "$(host_addr "$host")" "$host"
+        printf '%s %s\n::ffff:%s %s\n' "$(host_addr "$host")" "$host" "$(host_addr "$host")" "$host"
     done
 }
 
