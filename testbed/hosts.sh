@@ -56,16 +56,13 @@ gpu_first_minor() {  # node
 # it (the shared filesystem), else in /. From any host: through the host's keeper process once it runs (a
 # host's mount namespace does not see the namespace files of hosts made after it), else through those files.
 on_host() {  # host command...
-    local host="$1" keeper
+    local host="$1" keeper namespaces
     shift
     keeper="$(host_keeper_pid "$host")"
+    namespaces=(--net="/run/netns/dlsub-$host" --uts="$NS_DIR/$host.uts" --mount="$NS_DIR/$host.mnt")
+    [ -n "$keeper" ] && namespaces=(-t "$keeper" --net --uts --mount)
     # shellcheck disable=SC2016  # expanded by that sh
-    if [ -n "$keeper" ]; then
-        nsenter -t "$keeper" --net --uts --mount -- sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$PWD" "$@"
-    else
-        nsenter --net="/run/netns/dlsub-$host" --uts="$NS_DIR/$host.uts" --mount="$NS_DIR/$host.mnt" -- \
-            sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$PWD" "$@"
-    fi
+    nsenter "${namespaces[@]}" -- sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$PWD" "$@"
 }
 
 # The pid of a host's keeper (host_keeper below), if it runs.

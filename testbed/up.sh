@@ -84,7 +84,7 @@ hosts_up
 # the shared filesystem that the user builds on the login host (containers/build-image.sh), read-only on
 # every node (an additional image store).
 job_user() {  # name first-subid
-    local name="$1" first="$2" uid home f host store
+    local name="$1" first="$2" uid home host store
     if ! id "$name" >/dev/null 2>&1; then
         say "creating user $name"
         useradd -m -s /bin/bash "$name"
@@ -236,13 +236,9 @@ wait_for_nodes
 on_host "$LOGIN_HOST" env DLSUB_IMAGE_STORE_CONF="$(getent passwd "$TESTBED_USER" | cut -d: -f6)/.config/containers/image-store.conf" \
     "$repo/containers/build-image.sh" "$TESTBED_USER"
 
-# The site check an admin would run: nothing may block dlsub here.
-if ! doctor_report="$(on_host "$LOGIN_HOST" "$DLSUB_PREFIX/venv/bin/dlsub" doctor --user "$TESTBED_USER" 2>&1)"; then
-    printf '%s\n' "$doctor_report" >&2
-    die "dlsub doctor found a problem on the testbed (above)"
-fi
-# And on every compute node, as an admin runs it there: the node's CDI spec, its Podman, storage and image.
-for node in $TESTBED_NODES; do
+# The site check an admin would run, on the login host and on every compute node (there: the node's CDI
+# spec, its Podman, storage and image): nothing may block dlsub here.
+for node in "$LOGIN_HOST" $TESTBED_NODES; do
     if ! doctor_report="$(on_host "$node" "$DLSUB_PREFIX/venv/bin/dlsub" doctor --user "$TESTBED_USER" 2>&1)"; then
         printf '%s\n' "$doctor_report" >&2
         die "dlsub doctor found a problem on $node (above)"
