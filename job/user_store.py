@@ -43,7 +43,8 @@ class JobRecord:
     cancelled_at: float | None = None
     state: str | None = None  # the last JobState observed (None: never observed)
     state_at: float | None = None
-    # An elastic job's most members, its main job's nodes and its workers (None: fixed at ``nodes``).
+    # An elastic job's most members, its main job's nodes and its workers (None: fixed at ``nodes``). Named
+    # max_nodes for the store's column and `dlsub submit --json`/`status --json`'s field, which users read.
     max_nodes: int | None = None
     worker_array_id: int | None = None  # its held worker array in Slurm
     worker_gpus: int | None = None  # GPUs of each worker (None: a node's, ``gpus_per_node``; elastic in nodes)
@@ -163,17 +164,24 @@ class JobStore:
         return [JobRecord.from_row(r) for r in self.jobs.rows_where(order_by="submitted_at")]
 
     def get(self, key: str) -> JobRecord:
-        """By dlsub id, a unique prefix of one, or a Slurm job id."""
+        """By dlsub id, a unique prefix of one, or a Slurm job id.
+
+        A number is a Slurm job id (or a whole dlsub id that happens to be all digits), never a prefix: as a
+        prefix, `dlsub cancel 904` for Slurm job 904 would reach the caller's unrelated job 904a1b2c.
+        """
         key = key.strip()
         rows = list(self.jobs.rows_where("id = ?", [key]))
         if not rows and key.isdigit():
             rows = list(self.jobs.rows_where("slurm_job_id = ?", [int(key)]))
-        if not rows and key:
+        elif not rows and key:
             rows = list(self.jobs.rows_where("id LIKE ?", [key.replace("%", "").replace("_", "") + "%"]))
         if len(rows) == 1:
             return JobRecord.from_row(rows[0])
         if len(rows) > 1:
             raise UnknownJob(f"{key!r} matches several jobs ({', '.join(r['id'] for r in rows)}); give more of the id")
+        if key.isdigit():
+            raise UnknownJob(f"no dlsub job of yours has Slurm job id {key} (a number is taken as a Slurm job id; "
+                             "a dlsub id prefix needs a letter, or give the whole id); `dlsub status` lists them")
         raise UnknownJob(f"no dlsub job {key!r} of yours; `dlsub status` lists them")
 
 

@@ -27,7 +27,7 @@ from dlsub.contract import (
     IllegalTransition,
     JobState,
 )
-from dlsub.job.user_store import JobRecord, JobStore
+from dlsub.job.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.slurm_plugins.fake import FakeSlurm
 
 
@@ -88,6 +88,27 @@ def test_dlsub_lines_set_options_and_the_command_line_wins(cli_env: FakeSlurm, t
     assert job.options["job-name"] == "from_script"
 
 
+def test_a_dlsub_line_sets_any_submit_option_the_command_line_takes(cli_env: FakeSlurm, tmp_path: Path) -> None:
+    """--target-loss on a #DLSUB line reaches the job as on the command line (it was parsed, then dropped)."""
+    script = tmp_path / "train.py"
+    script.write_text("#DLSUB --target-loss 0.25 --mount-rw /tmp\nprint(1)\n")
+    out = json.loads(invoke("--json", "--mount-rw", str(tmp_path), str(script)).stdout)
+    text = Path(cli_env.jobs[out["slurm_job_id"]].script).read_text()
+    assert "DLSUB_TARGET_LOSS=0.25" in text, "the script's --target-loss"
+    assert [m["source"] for m in out["mounts"] if not m["read_only"]][-2:] == ["/tmp", str(tmp_path)], out["mounts"]
+
+
+def test_every_submit_option_is_a_field_of_the_typed_record() -> None:
+    """A new option of `dlsub submit` must be added to SubmitOptions, or submitting raises (never drops it)."""
+    from dlsub.cli.main import submit
+    from dlsub.cli.submit_options import SubmitOptions
+
+    taken = {p.name for p in submit.params} - {"from_estimate", "choice", "script", "args"}
+    assert taken == SubmitOptions.names()
+    with pytest.raises(TypeError, match="not submit options: gpu"):
+        SubmitOptions.from_params({"gpu": 1})
+
+
 @pytest.mark.parametrize("line,message", [
     ("#DLSUB --gpus two", "--gpus 'two': give a number (2) or an elastic range MIN:MAX"),
     ("#DLSUB --gpu 2", "unknown option --gpu"),
@@ -99,6 +120,8 @@ def test_dlsub_lines_set_options_and_the_command_line_wins(cli_env: FakeSlurm, t
     ("#dlsub --gpus 1", "write #DLSUB in capitals"),
     ("#DLSUB--gpus 1", "put a space after #DLSUB"),
     ("#DLSUB --help", "does not belong on a #DLSUB line"),
+    ("#DLSUB --from-estimate e1", "--from-estimate does not belong on a #DLSUB line"),
+    ("#DLSUB --choice=2", "--choice=2 does not belong on a #DLSUB line"),
 ])
 def test_a_bad_dlsub_line_exits_2_naming_the_line(cli_env: FakeSlurm, tmp_path: Path, line: str, message: str) -> None:
     script = tmp_path / "train.py"
@@ -202,6 +225,20 @@ def test_store_records_states_and_refuses_to_leave_a_final_one(tmp_path: Path) -
     assert store.get("0123abcd").state == "PREEMPTED"
     with pytest.raises(ValueError, match="observe"):
         store.update("0123abcd", state="RUNNING")
+
+
+def test_a_number_is_a_slurm_job_id_never_a_prefix_of_a_dlsub_id(tmp_path: Path) -> None:
+    """`dlsub cancel 904` for Slurm job 904 (not one of the store's) must not reach the caller's job 904a1b2c."""
+    store = JobStore(tmp_path / "dlsub.db")
+    store.add(_record("904a1b2c"))
+    store.add(_record("12345678"))
+    store.update("12345678", slurm_job_id=77)
+    with pytest.raises(UnknownJob, match="Slurm job id 904"):
+        store.get("904")
+    assert store.get("904a").id == "904a1b2c", "a prefix with a letter still finds the job"
+    assert store.get("77").id == "12345678" and store.get("12345678").id == "12345678"
+    with pytest.raises(UnknownJob, match="Slurm job id 1234"):
+        store.get("1234")
 
 
 def test_weird_paths_submit_as_any_other(cli_env: FakeSlurm, weird_dir: Path,
