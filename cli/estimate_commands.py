@@ -103,7 +103,7 @@ def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, 
     Options go before SCRIPT; everything after it is the script's. --epochs and
     --target-loss are the horizon of the prediction and are not passed to the script.
     """
-    from dlsub.cli.main import parse_mem
+    from dlsub.cli.submit_options import parse_mem
 
     try:
         if epochs is not None and target_loss is not None:

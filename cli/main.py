@@ -12,7 +12,6 @@ import dataclasses
 import functools
 import getpass
 import json
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -28,25 +27,25 @@ from dlsub.cli.doctor_commands import doctor
 from dlsub.cli.errors import fail
 from dlsub.cli.estimate_commands import estimate
 from dlsub.cli.simulate_command import generate_workload, simulate
+from dlsub.cli.submit_options import SubmitOptions
 from dlsub.cli.usage_commands import usage
 from dlsub.containers.mounts import MountError, MountRequest, resolve_mount
 from dlsub.containers.podman import ImageError
 from dlsub.contract import CHECKPOINT_SIGNAL, ENV_TARGET_LOSS, JobState
-from dlsub.estimate.apply_choice import apply_to_values, chosen_row, with_env
+from dlsub.estimate.apply_choice import chosen_row, submit_options, with_env
 from dlsub.job.budget_check import check_budget, extra_for
 from dlsub.job.directives import Directive, DirectiveError, read_directives
 from dlsub.job.output_files import OutputFiles
 from dlsub.job.output_lines import LogPrinter, Selection
 from dlsub.job.partition_choice import PlanningError
 from dlsub.job.settings import Settings, load_settings
-from dlsub.job.shape import Shape, ShapeError, resolve_shape
 from dlsub.job.status import JobStatus, describe_mounts, job_status, render_table
 from dlsub.job.submit import SubmitError, SubmitRequest, plan_job, submit_plan
 from dlsub.job.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.site_config.policy_file import AgentPolicy, PolicyFileError, load_policy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable
 from dlsub.slurm_plugins.models import SlurmJob
-from dlsub.slurm_plugins.timespec import TimeSpecError, parse_time_limit
+from dlsub.slurm_plugins.timespec import TimeSpecError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -67,16 +66,6 @@ def friendly_errors(func: F) -> F:
             fail(str(exc), 1)
 
     return wrapper  # type: ignore[return-value]
-
-
-def parse_mem(text: str) -> int:
-    """Slurm's --mem syntax (``4096``, ``512M``, ``4G``, ``1T``) in megabytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)B?\s*", text, flags=re.IGNORECASE)
-    if not m or int(m.group(1)) == 0:
-        raise click.BadParameter(f"{text!r} is not a memory size; use e.g. 4096, 512M, 4G")
-    value, unit = int(m.group(1)), m.group(2).upper() or "M"
-    factor = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[unit]
-    return max(1, int(value * factor))
 
 
 class DefaultToSubmit(click.Group):
@@ -164,15 +153,8 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
 @click.argument("script", type=click.Path(path_type=Path, dir_okay=True, exists=False), required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @friendly_errors
-def submit(
-    gpus: str | None, gpus_per_node: int | None, gpus_step: int | None, nodes: str | None, cpu_nodes: int | None,
-    cpu_partition: str | None, cpus: int | None,
-    mem: str | None, time_limit: str | None, partition: str | None,
-    image: str | None, name: str | None, mode: str | None, mount: tuple[str, ...], mount_rw: tuple[str, ...],
-    dry_run: bool, as_json: bool, from_estimate: str | None, choice: int | None, target_loss: float | None,
-    script: Path | None,
-    args: tuple[str, ...],
-) -> None:
+def submit(from_estimate: str | None, choice: int | None, script: Path | None, args: tuple[str, ...],
+           **given: Any) -> None:
     """Submit SCRIPT (a PyTorch training script) with ARGS to Slurm, in a container, under torchrun.
 
     dlsub's options go before SCRIPT; everything after it is the script's,
@@ -180,12 +162,8 @@ def submit(
     also be written in the script itself, on `#DLSUB` lines in its first
     comment block (e.g. `#DLSUB --gpus 2 --time 1:00:00`); the command line wins.
     """
-    values: dict[str, Any] = {"gpus": gpus, "gpus_per_node": gpus_per_node, "gpus_step": gpus_step, "nodes": nodes,
-                              "cpus": cpus,
-                              "cpu_nodes": cpu_nodes, "cpu_partition": cpu_partition,
-                              "mem": mem, "time_limit": time_limit,
-                              "partition": partition, "image": image, "name": name, "mode": mode,
-                              "mount": mount, "mount_rw": mount_rw, "dry_run": dry_run, "as_json": as_json}
+    ctx = click.get_current_context()
+    options = SubmitOptions.from_params(given)  # every other option: one typed record from here on
     picked = chosen_row(load_settings().home, from_estimate, choice) if from_estimate is not None else None
     if picked is None and choice is not None:
         raise SubmitError("--choice N goes with --from-estimate ID")
@@ -193,24 +171,25 @@ def submit(
         script, args = Path(picked.script), picked.args
     if script is None:
         raise SubmitError("missing SCRIPT: give the training script to submit (or --from-estimate ID)")
-    values.update(options_from_directives(click.get_current_context(), script))
+    options = options.changed(options_from_directives(ctx, script))
     if picked is not None:
-        apply_to_values(values, picked)
+        options = options.filled(submit_options(picked))
         click.echo(f"dlsub: {picked.note}", err=True)
-    values["cpus"], values["mem_mb"], values["limit"] = check_values(values)
-    shape = check_shape(values)
+    resources = options.resources()
+    shape = options.shape()
     policy = site_policy()
     settings, client, store = _context()
     request = SubmitRequest(
-        script=script, args=tuple(args), gpus=shape.gpus_per_node, nodes=shape.nodes, max_nodes=shape.max_nodes,
+        script=script, args=tuple(args), gpus_per_node=shape.gpus_per_node, nodes=shape.nodes,
+        max_members=shape.max_members,
         worker_gpus=shape.worker_gpus,
-        cpus=values["cpus"], cpu_nodes=values["cpu_nodes"] or 0, cpu_partition=values["cpu_partition"],
-        mem_mb=values["mem_mb"], time_limit_min=values["limit"], partition=values["partition"],
-        image=values["image"], name=values["name"], workdir=Path.cwd(),
-        mode=values["mode"] or policy.default_mode,
+        cpus=resources.cpus, cpu_nodes=options.cpu_nodes or 0, cpu_partition=options.cpu_partition,
+        mem_mb=resources.mem_mb, time_limit_min=resources.time_limit_min, partition=options.partition,
+        image=options.image, name=options.name, workdir=Path.cwd(),
+        mode=options.mode or policy.default_mode,
         max_continuations=policy.time_limits.max_continuations if policy.time_limits.continue_jobs else 0,
-        mounts=(*policy.containers.mount_requests(), *(MountRequest(p, True) for p in values["mount"]),
-                *(MountRequest(p, False) for p in values["mount_rw"])),
+        mounts=(*policy.containers.mount_requests(), *(MountRequest(p, True) for p in options.mount),
+                *(MountRequest(p, False) for p in options.mount_rw)),
         runtime=policy.containers.runtime or None,
         socket_ifname=policy.containers.socket_ifname,
     )
@@ -218,10 +197,10 @@ def submit(
     for warning in plan.warnings:
         click.echo(f"dlsub: warning: {warning}", err=True)
     extra_env = dict(picked.env) if picked is not None else {}
-    if target_loss is not None:
-        extra_env[ENV_TARGET_LOSS] = repr(float(target_loss))
+    if options.target_loss is not None:
+        extra_env[ENV_TARGET_LOSS] = repr(float(options.target_loss))
     plan = with_env(plan, extra_env)
-    if values["dry_run"]:
+    if options.dry_run:
         click.echo(plan.script_text, nl=False)
         click.echo(f"# dlsub: would submit to partition {plan.choice.partition}: {plan.choice.reason}", err=True)
         return
@@ -231,7 +210,7 @@ def submit(
     for warning in submitted.warnings:
         click.echo(f"dlsub: warning: {warning}", err=True)
     record = submitted.record
-    if values["as_json"]:
+    if options.as_json:
         click.echo(json.dumps({"id": record.id, "slurm_job_id": record.slurm_job_id,
                                "partition": record.partition, "job_dir": record.job_dir,
                                "mode": request.mode, "nodes": record.nodes, "max_nodes": record.max_nodes,
@@ -249,40 +228,20 @@ def submit(
         )
 
 
-def check_shape(values: dict[str, Any]) -> Shape:
-    """GPUs per node and the (elastic) node count from --gpus, --gpus-per-node and --nodes."""
-    try:
-        return resolve_shape(values.get("nodes"), values.get("gpus"), values.get("gpus_per_node"),
-                             values.get("gpus_step"))
-    except ShapeError as exc:
-        raise SubmitError(str(exc)) from exc
-
-
-def check_values(values: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
-    """(cpus, memory in MB, time limit in minutes) from the submit options, checked."""
-    cpus = values["cpus"]
-    if cpus is not None and cpus < 1:
-        raise SubmitError(f"--cpus must be 1 or more, not {cpus}")
-    try:
-        mem_mb = parse_mem(values["mem"]) if values["mem"] is not None else None
-    except click.BadParameter as exc:
-        raise SubmitError(f"--mem: {exc.message}") from exc
-    limit = parse_time_limit(values["time_limit"]) if values["time_limit"] is not None else None
-    return cpus, mem_mb, limit
-
-
 _SENTINEL = "dlsub-directive-placeholder-script"
-#: Options whose values add up over #DLSUB lines and the command line, rather than the command line's winning.
-ADDED_UP = frozenset({"mount", "mount_rw"})
+#: Options that choose what to submit, not how: the command line's alone.
+NOT_DIRECTIVES = ("--from-estimate", "--choice")
 
 
 def _parse_directive(ctx: click.Context, script: Path, directive: Directive) -> dict[str, Any]:
     """The options one ``#DLSUB`` line sets, checked; DirectiveError naming the line otherwise."""
     where = f"{script.name} line {directive.line}: {directive.text!r}"
-    options = sorted(o for p in submit.params if isinstance(p, click.Option) for o in p.opts if o.startswith("--"))
+    options = sorted(o for p in submit.params if isinstance(p, click.Option) for o in p.opts
+                     if o.startswith("--") and o not in NOT_DIRECTIVES)
     for word in directive.words:
-        if word in ("-h", "--help", "--version"):
-            raise DirectiveError(f"{where}: {word} does not belong on a #DLSUB line; remove it")
+        if word in ("-h", "--help", "--version") or word.split("=", 1)[0] in NOT_DIRECTIVES:
+            raise DirectiveError(f"{where}: {word} does not belong on a #DLSUB line (give it on the command "
+                                 "line); remove it")
     try:
         sub = submit.make_context(ctx.info_name, [*directive.words, "--", _SENTINEL], parent=ctx.parent)
     except click.ClickException as exc:
@@ -296,9 +255,9 @@ def _parse_directive(ctx: click.Context, script: Path, directive: Directive) -> 
              if name not in ("script", "args")
              and sub.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
     try:
-        check_values({"cpus": None, "mem": None, "time_limit": None, **given})
+        SubmitOptions.from_params(given).resources()
         # --gpus-step may sit on another line than the --gpus MIN:MAX it steps.
-        check_shape({k: v for k, v in given.items() if k != "gpus_step" or "gpus" in given})
+        SubmitOptions.from_params({k: v for k, v in given.items() if k != "gpus_step" or "gpus" in given}).shape()
         for read_only, name in ((True, "mount"), (False, "mount_rw")):
             for path in given.get(name, ()):
                 resolve_mount(MountRequest(path, read_only), Path.cwd())
@@ -312,12 +271,13 @@ def options_from_directives(ctx: click.Context, script: Path) -> dict[str, Any]:
     from_script: dict[str, Any] = {}
     for directive in read_directives(script):
         given = _parse_directive(ctx, script, directive)
-        for name in ADDED_UP & set(given):  # every line's mounts count
+        for name in set(SubmitOptions.ADDED_UP) & set(given):  # every line's mounts count
             given[name] = (*from_script.get(name, ()), *given[name])
         from_script.update(given)  # a later line wins, as a later option does
     taken = {name: value for name, value in from_script.items()
-             if name in ADDED_UP or ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE}
-    for name in ADDED_UP & set(taken):  # the script's mounts, and the command line's besides
+             if name in SubmitOptions.ADDED_UP
+             or ctx.get_parameter_source(name) != click.core.ParameterSource.COMMANDLINE}
+    for name in set(SubmitOptions.ADDED_UP) & set(taken):  # the script's mounts, and the command line's besides
         taken[name] = (*taken[name], *ctx.params.get(name, ()))
     return taken
 

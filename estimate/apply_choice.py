@@ -99,13 +99,11 @@ def chosen_row(home: Any, estimate_id: str, choice: int | None) -> FromEstimate:
         raise SubmitError(str(exc).strip("'\"")) from None
 
 
-def apply_to_values(values: dict[str, Any], row: FromEstimate) -> None:
-    """Fill the submit options the user left unset from the estimate's row (the user's own win)."""
-    defaults: dict[str, Any] = {"gpus": None, "nodes": None, "partition": None, "image": None, "mem": None,
-                                "time_limit": None}
-    picked: dict[str, Any] = {"gpus": row.gpus, "nodes": row.nodes, "partition": row.partition, "image": row.image,
-                              "mem": f"{row.mem_mb}M" if row.mem_mb else None,
-                              "time_limit": str(row.time_limit_min) if row.time_limit_min else None}
-    for key, default in defaults.items():
-        if values.get(key) == default and picked[key] is not None:
-            values[key] = picked[key]
+def submit_options(row: FromEstimate) -> dict[str, Any]:
+    """The `dlsub submit` options the estimate's row sets (by their parameter names); None where it sets none.
+
+    The caller fills only the options the user left unset (the user's own win).
+    """
+    return {"gpus": row.gpus, "nodes": row.nodes, "partition": row.partition, "image": row.image,
+            "mem": f"{row.mem_mb}M" if row.mem_mb else None,
+            "time_limit": str(row.time_limit_min) if row.time_limit_min else None}

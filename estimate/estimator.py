@@ -209,9 +209,9 @@ class Estimator:
                 name = f"dlsub-profile-{estimate_id}" + ("" if req.one_at_a_time else f"-{part}")
                 request = SubmitRequest(
                     script=script, args=batch_args(req.args, req.batch_arg, bs),
-                    gpus=req.gpus if p.max_gpus_per_node else 0, nodes=req.nodes, cpus=req.cpus, mem_mb=req.mem_mb,
-                    time_limit_min=limit, partition=part, image=image, name=name, workdir=req.workdir,
-                    mode="ideal", max_continuations=0,
+                    gpus_per_node=req.gpus if p.max_gpus_per_node else 0, nodes=req.nodes, cpus=req.cpus,
+                    mem_mb=req.mem_mb, time_limit_min=limit, partition=part, image=image, name=name,
+                    workdir=req.workdir, mode="ideal", max_continuations=0,
                     mounts=(*self.policy.containers.mount_requests(), *req.mounts),
                     runtime=self.policy.containers.runtime or None)
                 plan = with_env(plan_job(request, self.settings, self.client, check_images=not runs),

@@ -9,7 +9,7 @@ nodes of G GPUs instead. Pure: text in, a shape or a :class:`ShapeError` that
 says what to write instead.
 
 An elastic job is a main job and workers that join its rendezvous: a shape
-counts them as *members* (``nodes`` to ``max_nodes``); each worker is one task
+counts them as *members* (``nodes`` to ``max_members``); each worker is one task
 of ``worker_gpus`` GPUs on one node.
 """
 
@@ -29,12 +29,12 @@ class ShapeError(ValueError):
 class Shape:
     gpus_per_node: int
     nodes: int  # the fixed number, or an elastic job's minimum
-    max_nodes: int | None = None  # an elastic job's most members: the main job's nodes and its workers
+    max_members: int | None = None  # an elastic job's most members: the main job's nodes and its workers
     worker_gpus: int = 0  # GPUs of each worker (0: a whole node's, ``gpus_per_node``)
 
     @property
     def elastic(self) -> bool:
-        return self.max_nodes is not None
+        return self.max_members is not None
 
     @property
     def gpus_per_worker(self) -> int:

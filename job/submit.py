@@ -34,8 +34,8 @@ class SubmitError(ValueError):
 class SubmitRequest:
     script: Path
     args: tuple[str, ...]
-    gpus: int
-    nodes: int
+    gpus_per_node: int
+    nodes: int  # the main job's nodes (an elastic job's least members)
     cpus: int | None
     mem_mb: int | None
     time_limit_min: int | None
@@ -49,8 +49,8 @@ class SubmitRequest:
     max_continuations: int = 20
     # An elastic job's most members (``--nodes MIN:MAX``: nodes; ``--gpus MIN:MAX``: the main job and its
     # workers): ``nodes`` is the main job's.
-    max_nodes: int | None = None
-    # GPUs of each worker of a job elastic in GPUs (``--gpus-step``); 0: a whole node of ``gpus``.
+    max_members: int | None = None
+    # GPUs of each worker of a job elastic in GPUs (``--gpus-step``); 0: a whole node of ``gpus_per_node``.
     worker_gpus: int = 0
     # A CPU component of this many nodes beside the trainers (one heterogeneous job).
     cpu_nodes: int = 0
@@ -129,7 +129,7 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         container=container,
         nodes=req.nodes,
         # Immediate mode may start on fewer GPUs than asked (none, on CPU nodes) until the agent moves it.
-        gpus_per_node=req.gpus if choice.gpus_now is None else choice.gpus_now,
+        gpus_per_node=req.gpus_per_node if choice.gpus_now is None else choice.gpus_now,
         cpus_per_task=cpus,
         mem_mb=mem_mb,
         time_limit_min=req.time_limit_min,
@@ -137,12 +137,12 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         dlsub_version=dlsub.__version__,
         tags=_agent_tags(req, choice),
         max_continuations=max(0, req.max_continuations),
-        elastic=(req.nodes, req.max_nodes) if req.max_nodes is not None else None,
+        elastic=(req.nodes, req.max_members) if req.max_members is not None else None,
     )
     if req.cpu_nodes:
         batch = dataclasses.replace(batch, cpu_nodes=req.cpu_nodes, cpu_cpus=cpus, cpu_mem_mb=mem_mb,
                                     cpu_partition=_cpu_partition(client, req, cpus, mem_mb))
-    workers = _worker_array(batch, req.worker_gpus or req.gpus)
+    workers = _worker_array(batch, req.worker_gpus or req.gpus_per_node)
     return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers, req.worker_gpus, warnings)
 
 
@@ -165,23 +165,23 @@ def check_mounts(requests: tuple[MountRequest, ...], workdir: Path) -> tuple[tup
 
 def _check_shape(req: SubmitRequest) -> None:
     """Refuse GPU and node counts that no partition could satisfy, before asking Slurm anything."""
-    if req.gpus < 0:
-        raise SubmitError(f"--gpus must be 0 or more, not {req.gpus}")
+    if req.gpus_per_node < 0:
+        raise SubmitError(f"--gpus must be 0 or more, not {req.gpus_per_node}")
     if req.nodes < 1:
         raise SubmitError(f"--nodes must be 1 or more, not {req.nodes}")
-    if req.max_nodes is not None and req.max_nodes <= req.nodes:
-        raise SubmitError(f"--nodes {req.nodes}:{req.max_nodes}: an elastic range needs MIN < MAX "
+    if req.max_members is not None and req.max_members <= req.nodes:
+        raise SubmitError(f"--nodes {req.nodes}:{req.max_members}: an elastic range needs MIN < MAX "
                           f"(or give one number for a fixed size)")
     if req.cpu_nodes < 0:
         raise SubmitError(f"--cpu-nodes must be 0 or more, not {req.cpu_nodes}")
-    if req.cpu_nodes and req.max_nodes is not None:
+    if req.cpu_nodes and req.max_members is not None:
         raise SubmitError("--cpu-nodes cannot go with an elastic --nodes MIN:MAX: Slurm's heterogeneous jobs "
                           "cannot be job arrays; give a fixed --nodes")
 
 
 def _gang_mode(req: SubmitRequest) -> SubmitRequest:
     """``req``, in ideal mode if it is a gang that asked for immediate mode without naming a partition."""
-    gang = req.nodes > 1 or req.max_nodes is not None or req.cpu_nodes > 0
+    gang = req.nodes > 1 or req.max_members is not None or req.cpu_nodes > 0
     if gang and req.mode == "immediate" and req.partition is None:
         # A gang does not start on CPU nodes to be moved later: the agent resizes it instead.
         return dataclasses.replace(req, mode="ideal")
@@ -207,20 +207,21 @@ def _choose_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb
     parts = client.partitions()
     choice = choose_partition(
         parts,
-        Request(gpus_per_node=req.gpus, cpus=cpus, mem_mb=mem_mb, time_limit_min=req.time_limit_min,
+        Request(gpus_per_node=req.gpus_per_node, cpus=cpus, mem_mb=mem_mb, time_limit_min=req.time_limit_min,
                 nodes=req.nodes, partition=req.partition, immediate=req.mode == "immediate"),
     )
     chosen = next((p for p in parts if p.name == choice.partition), None)
-    if req.max_nodes is None or chosen is None:
+    if req.max_members is None or chosen is None:
         return choice
     if req.worker_gpus and chosen.nodes:
-        most = req.gpus + (req.max_nodes - 1) * req.worker_gpus
+        most = req.gpus_per_node + (req.max_members - 1) * req.worker_gpus
         there, per_node = sum(n.gpus for n in chosen.nodes), max(n.gpus for n in chosen.nodes)
         if there < most or per_node < req.worker_gpus:
-            raise SubmitError(f"--gpus {req.gpus}:{most}: partition {choice.partition} has {there} GPUs in all "
-                              f"(at most {per_node} on a node); ask for at most {there}, in steps that fit one node")
-    elif not req.worker_gpus and len(chosen.nodes) < req.max_nodes:
-        raise SubmitError(f"--nodes {req.nodes}:{req.max_nodes}: partition {choice.partition} has only "
+            raise SubmitError(f"--gpus {req.gpus_per_node}:{most}: partition {choice.partition} has {there} GPUs "
+                              f"in all (at most {per_node} on a node); ask for at most {there}, in steps that fit "
+                              "one node")
+    elif not req.worker_gpus and len(chosen.nodes) < req.max_members:
+        raise SubmitError(f"--nodes {req.nodes}:{req.max_members}: partition {choice.partition} has only "
                           f"{len(chosen.nodes)} nodes; ask for at most {len(chosen.nodes)}")
     return choice
 
@@ -246,11 +247,11 @@ def _agent_tags(req: SubmitRequest, choice: Choice) -> tuple[tuple[str, str], ..
     """The ``--comment`` tags the agent acts on: the mode, where the job ideally runs, the GPUs and
     an elastic job's node range it asked for (the start may differ from all of them)."""
     elastic: tuple[tuple[str, str], ...] = ()
-    if req.max_nodes is not None:
-        elastic = (("nodes", f"{req.nodes}-{req.max_nodes}"),)
-    if req.max_nodes is not None and req.worker_gpus:
+    if req.max_members is not None:
+        elastic = (("nodes", f"{req.nodes}-{req.max_members}"),)
+    if req.max_members is not None and req.worker_gpus:
         elastic += (("step", str(req.worker_gpus)),)  # elastic in GPUs: each worker adds this many
-    return (("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus)),
+    return (("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus_per_node)),
             *elastic)
 
 

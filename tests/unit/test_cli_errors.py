@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dlsub.cli.main import main, parse_mem
+from dlsub.cli.main import main
+from dlsub.cli.submit_options import parse_mem
 from dlsub.slurm_plugins.fake import FakeSlurm
 
 
