@@ -20,7 +20,7 @@ Live: for each policy, the agent service restarted under that policy
 on an otherwise idle testbed, and each job's JCT taken from Slurm (its main
 job's End minus Submit, sacct).
 
-Simulated: the same workload for :func:`dlsub.policies.sim.engine.simulate`
+Simulated: the same workload for :func:`dlsub.sim.engine.simulate`
 in online mode, from files the benchmark writes (kept with --keep):
 
 * traces, one folder per application, from the same throttle model: the
@@ -94,10 +94,10 @@ from dlsub.agent.live_models import sizing_policy
 from dlsub.contract import FINAL_STATES
 from dlsub.policies.api import Policy
 from dlsub.policies.efifo import ElasticFifoPolicy
-from dlsub.policies.sim.apps import normalise
-from dlsub.policies.sim.cluster_file import load_cluster
-from dlsub.policies.sim.engine import SimConfig, SimResult, simulate
-from dlsub.policies.sim.workload import read_workload
+from dlsub.sim.apps import normalise
+from dlsub.sim.cluster_file import load_cluster
+from dlsub.sim.engine import SimConfig, SimResult, simulate
+from dlsub.sim.workload import read_workload
 from dlsub.site_config.policy_file import load_policy
 from livebed import USER, TestbedUser, agent_policy, wait_for
 

@@ -30,10 +30,10 @@ import numpy as np
 from goodput_vs_pollux import PHILLY, policy_of
 
 from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, Policy
-from dlsub.policies.sim.apps import Application, load_application
-from dlsub.policies.sim.engine import SimConfig, SimResult, simulate
-from dlsub.policies.sim.generate import Statements, generate, read_philly
-from dlsub.policies.sim.workload import POLLUX_DIR
+from dlsub.sim.apps import Application, load_application
+from dlsub.sim.engine import SimConfig, SimResult, simulate
+from dlsub.sim.generate import Statements, generate, read_philly
+from dlsub.sim.workload import POLLUX_DIR
 
 
 @dataclass

@@ -27,10 +27,10 @@ from dlsub.policies.perf_models.fitted_model import BatchLimits, FittedPerforman
 from dlsub.policies.perf_models.throughput_fit import StepReport, fit
 from dlsub.policies.placement import packed_placement
 from dlsub.policies.registry import get_policy
-from dlsub.policies.sim.apps import Application, load_application
-from dlsub.policies.sim.engine import SimConfig, simulate
-from dlsub.policies.sim.published import LOAD_DIRS, PUBLISHED_AVG_JCT_S
-from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
+from dlsub.sim.apps import Application, load_application
+from dlsub.sim.engine import SimConfig, simulate
+from dlsub.sim.published import LOAD_DIRS, PUBLISHED_AVG_JCT_S
+from dlsub.sim.workload import POLLUX_DIR, read_workload
 
 APPS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 

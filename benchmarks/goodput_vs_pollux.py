@@ -50,10 +50,10 @@ from scipy import stats
 
 from dlsub.policies.api import ClusterView, Policy
 from dlsub.policies.registry import get_policy
-from dlsub.policies.sim.engine import SimConfig, simulate
-from dlsub.policies.sim.generate import Statements, TraceJob, generate, read_philly
-from dlsub.policies.sim.published import LOAD_DIRS, PUBLISHED_AVG_JCT_S
-from dlsub.policies.sim.workload import POLLUX_DIR, WorkloadJob, read_workload
+from dlsub.sim.engine import SimConfig, simulate
+from dlsub.sim.generate import Statements, TraceJob, generate, read_philly
+from dlsub.sim.published import LOAD_DIRS, PUBLISHED_AVG_JCT_S
+from dlsub.sim.workload import POLLUX_DIR, WorkloadJob, read_workload
 
 HALVES = {"tuned (1-4)": (1, 2, 3, 4), "untouched (5-8)": (5, 6, 7, 8)}
 REVERSED = {"tuned (5-8)": (5, 6, 7, 8), "untouched (1-4)": (1, 2, 3, 4)}

@@ -32,10 +32,10 @@ from pathlib import Path
 
 from dlsub.policies.api import ClusterView, JobView, Node, PolicyError
 from dlsub.policies.registry import get_policy
-from dlsub.policies.sim.apps import load_application
-from dlsub.policies.sim.engine import simulate
-from dlsub.policies.sim.performance import AppPerformance, performance_at
-from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
+from dlsub.sim.apps import load_application
+from dlsub.sim.engine import simulate
+from dlsub.sim.performance import AppPerformance, performance_at
+from dlsub.sim.workload import POLLUX_DIR, read_workload
 
 APPS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 

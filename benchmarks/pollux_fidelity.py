@@ -16,9 +16,9 @@ import time
 
 from dlsub.policies.api import ClusterView
 from dlsub.policies.registry import get_policy
-from dlsub.policies.sim.engine import simulate
-from dlsub.policies.sim.published import LOAD_DIRS, PUBLISHED_AVG_JCT_S
-from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
+from dlsub.sim.engine import simulate
+from dlsub.sim.published import LOAD_DIRS, PUBLISHED_AVG_JCT_S
+from dlsub.sim.workload import POLLUX_DIR, read_workload
 
 COMPARED_WITH = {"tiresias": "tiresias", "optimus": "optimus", "goodput": "pollux", "pollux": "pollux"}
 

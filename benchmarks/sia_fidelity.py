@@ -5,7 +5,7 @@
 
 For each Philly workload (``DATA/workloads-philly/workload-N.csv``) on the
 paper's cluster (aws 6x4, dgx-ext 2x8, rtx 3x8:
-``policies/sim/scenarios/sia-cluster.toml``) with Sia's calibration: each
+``sim/scenarios/sia-cluster.toml``) with Sia's calibration: each
 policy's average and p99 JCT, makespan and GPU-hours per job, then the
 mean over the workloads with a 95% interval (Student's t over the
 workloads) next to the paper's mean (Sia 0.6 h, Pollux heterogeneity-
@@ -25,9 +25,9 @@ from pathlib import Path
 from scipy import stats
 
 from dlsub.policies.registry import get_policy
-from dlsub.policies.sim.cluster_file import load_cluster
-from dlsub.policies.sim.engine import SimConfig, simulate
-from dlsub.policies.sim.workload import SCENARIOS_DIR, read_workload
+from dlsub.sim.cluster_file import load_cluster
+from dlsub.sim.engine import SimConfig, simulate
+from dlsub.sim.workload import SCENARIOS_DIR, read_workload
 
 # Table 3, Philly traces, heterogeneous setting: mean average JCT over the traces (hours).
 PUBLISHED_AVG_JCT_H = {"sia": 0.6, "pollux": 1.0}

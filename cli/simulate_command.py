@@ -93,11 +93,11 @@ def simulate(
     """
     from dlsub.policies.api import PolicyError
     from dlsub.policies.registry import get_policy
-    from dlsub.policies.sim.cluster_file import ClusterFileError, default_cluster, load_cluster
-    from dlsub.policies.sim.engine import SimConfig
-    from dlsub.policies.sim.engine import simulate as run_simulation
-    from dlsub.policies.sim.report import write_outputs, write_plot
-    from dlsub.policies.sim.workload import POLLUX_DIR, WorkloadError, default_traces_dir, read_workload
+    from dlsub.sim.cluster_file import ClusterFileError, default_cluster, load_cluster
+    from dlsub.sim.engine import SimConfig
+    from dlsub.sim.engine import simulate as run_simulation
+    from dlsub.sim.report import write_outputs, write_plot
+    from dlsub.sim.workload import POLLUX_DIR, WorkloadError, default_traces_dir, read_workload
 
     if not workload.exists() and (POLLUX_DIR.parent / workload).is_file():
         workload = POLLUX_DIR.parent / workload  # the shipped pollux/... workloads by name
@@ -166,8 +166,8 @@ def generate_workload(out: Path, load: float, seed: int, philly: Path | None, st
     """Write a workload to OUT as the Pollux paper sampled its own from the Philly trace, at any load.
 
     dlsub simulate replays it (with the shipped Pollux traces)."""
-    from dlsub.policies.sim.generate import Statements, generate, read_philly
-    from dlsub.policies.sim.workload import WorkloadError, write_workload
+    from dlsub.sim.generate import Statements, generate, read_philly
+    from dlsub.sim.workload import WorkloadError, write_workload
 
     trace = philly or Path.cwd().parent / "shared/data/pollux/traces/philly.csv"
     try:

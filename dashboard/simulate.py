@@ -46,7 +46,7 @@ class PolicyRun:
 
 def shipped_workloads() -> list[str]:
     """The workloads shipped with dlsub, as `dlsub simulate` names them (pollux/...)."""
-    from dlsub.policies.sim.workload import POLLUX_DIR
+    from dlsub.sim.workload import POLLUX_DIR
 
     found = []
     for folder in ("workloads-0.5", "workloads"):
@@ -120,7 +120,7 @@ class Simulator:
 
 def _cluster_gpus() -> int:
     """GPUs of the cluster `dlsub simulate` uses without --cluster."""
-    from dlsub.policies.sim.cluster_file import default_cluster
+    from dlsub.sim.cluster_file import default_cluster
 
     return max(1, default_cluster().total_gpus)
 

@@ -124,7 +124,7 @@ class GoodputPolicy:
     name: ClassVar[str] = "goodput"
     elastic: ClassVar[bool] = True
     adapts_batch: ClassVar[bool] = True
-    # It needs only what a job reports (see dlsub.policies.sim.information).
+    # It needs only what a job reports (see dlsub.sim.information).
     learns_online: ClassVar[bool] = True
 
     def __init__(
@@ -141,7 +141,7 @@ class GoodputPolicy:
         self.batch_on_placement = bool(batch_on_placement)
         self.trust_declared = trust_declared
         # Whether the simulator has its jobs report the compute part of every step, as pollux's do (see
-        # dlsub.policies.sim.information.information_for): an experiment switch, read by the simulator
+        # dlsub.sim.information.information_for): an experiment switch, read by the simulator
         # only; the live agent's jobs report no compute part (issue 32: it changed nothing shown).
         self.times_compute = bool(times_compute)
         self.efficiency_floor = efficiency_floor

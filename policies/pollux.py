@@ -105,7 +105,7 @@ class PolluxPolicy:
     # Pollux's jobs fit their own throughput from what they report.
     learns_online: ClassVar[bool] = True
     # In Pollux's simulator every report splits the step into compute and
-    # synchronisation (see dlsub.policies.sim.information.information_for).
+    # synchronisation (see dlsub.sim.information.information_for).
     times_compute: ClassVar[bool] = True
 
     def __init__(self, restart_penalty_s: float = 30.0, trust_factor: int = 2) -> None:

@@ -129,7 +129,7 @@ class SiaPolicy:
     learns_online: ClassVar[bool] = True
     # Sia's jobs fit their throughput as Pollux's do, on the compute part of each step.
     times_compute: ClassVar[bool] = True
-    # It is told each job's model per GPU type (dlsub.policies.sim.information).
+    # It is told each job's model per GPU type (dlsub.sim.information).
     type_aware: ClassVar[bool] = True
 
     def __init__(self, p: float = -0.5, lambda_n: float = 1.1, lambda_a: float = 0.01,

@@ -20,8 +20,8 @@ from agent_world import ME, NOW, World, policy
 from dlsub.policies.api import Allocation, ClusterView
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.perf_models.fitted_model import FittedPerformance
-from dlsub.policies.sim.engine import SimConfig, simulate
-from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
+from dlsub.sim.engine import SimConfig, simulate
+from dlsub.sim.workload import POLLUX_DIR, read_workload
 
 POOR, GOOD = "00000bad", "0000900d"  # dlsub ids are 8 hex digits
 

@@ -10,7 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "ARCHITECTURE.md"
 #: Top-level folders the package maps under `dlsub` (pyproject's package-dir).
-PACKAGE_DIRS = {"agent", "cli", "job", "estimate", "site_config", "dashboard", "policies", "slurm_plugins",
+PACKAGE_DIRS = {"agent", "cli", "job", "estimate", "site_config", "dashboard", "policies", "sim", "slurm_plugins",
                 "containers", "checkpointing"}
 
 

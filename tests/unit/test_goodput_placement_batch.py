@@ -9,7 +9,7 @@ from dlsub.policies.api import Allocation, JobView
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.perf_models.fitted_model import BatchLimits, FittedPerformance, GradientStats
 from dlsub.policies.perf_models.throughput_fit import StepReport, fit
-from dlsub.policies.sim.information import information_for
+from dlsub.sim.information import information_for
 
 LIMITS = BatchLimits(init_batch=128, max_batch=4096, min_local=16, max_local=512)
 GRADS = GradientStats(sqr=1.0, var=50.0)  # noisy gradients: larger batches keep most of their efficiency

@@ -17,8 +17,8 @@ from types import ModuleType
 import pytest
 
 from dlsub.policies.goodput import GoodputPolicy
-from dlsub.policies.sim.apps import Application
-from dlsub.policies.sim.engine import SimConfig, make_jobs
+from dlsub.sim.apps import Application
+from dlsub.sim.engine import SimConfig, make_jobs
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,8 +14,8 @@ import pytest
 from dlsub.policies.api import Allocation, ClusterView, JobView, check_decision
 from dlsub.policies.pollux import PolluxPolicy, minimise, place_pollux, restart_factor
 from dlsub.policies.registry import get_policy
-from dlsub.policies.sim.performance import performance_at
-from dlsub.policies.sim.workload import POLLUX_DIR
+from dlsub.sim.performance import performance_at
+from dlsub.sim.workload import POLLUX_DIR
 
 
 @dataclass
@@ -114,7 +114,7 @@ def test_never_more_gpus_than_exist_on_real_traces() -> None:
     """Oracle models of the Pollux applications, many jobs, uneven histories: every decision fits."""
     rng = random.Random(7)
     apps = ["bert", "cifar10", "deepspeech2", "imagenet", "yolov3"]
-    from dlsub.policies.sim.apps import load_application
+    from dlsub.sim.apps import load_application
 
     for trial in range(5):
         cluster = ClusterView.uniform(rng.randint(1, 4), 4)

@@ -9,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 from dlsub.cli.main import main
-from dlsub.policies.sim.apps import EPOCHS, load_application
-from dlsub.policies.sim.engine import SimJob
-from dlsub.policies.sim.generate import Statements, TraceJob, application_for, generate, read_philly
-from dlsub.policies.sim.information import told_remaining
-from dlsub.policies.sim.workload import POLLUX_DIR, WorkloadError, WorkloadJob, read_workload, write_workload
+from dlsub.sim.apps import EPOCHS, load_application
+from dlsub.sim.engine import SimJob
+from dlsub.sim.generate import Statements, TraceJob, application_for, generate, read_philly
+from dlsub.sim.information import told_remaining
+from dlsub.sim.workload import POLLUX_DIR, WorkloadError, WorkloadJob, read_workload, write_workload
 
 PHILLY_HEAD = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 

@@ -18,10 +18,10 @@ from click.testing import CliRunner
 from dlsub.cli.main import main
 from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, Node
 from dlsub.policies.registry import get_policy
-from dlsub.policies.sim.apps import TraceError, load_application, profiled_types
-from dlsub.policies.sim.cluster_file import ClusterFileError, load_cluster
-from dlsub.policies.sim.engine import SimConfig, make_jobs, simulate
-from dlsub.policies.sim.workload import POLLUX_DIR, WorkloadError, WorkloadJob, read_workload
+from dlsub.sim.apps import TraceError, load_application, profiled_types
+from dlsub.sim.cluster_file import ClusterFileError, load_cluster
+from dlsub.sim.engine import SimConfig, make_jobs, simulate
+from dlsub.sim.workload import POLLUX_DIR, WorkloadError, WorkloadJob, read_workload
 
 CIFAR = POLLUX_DIR / "traces" / "cifar10"
 

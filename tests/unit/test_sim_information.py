@@ -16,9 +16,9 @@ from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.perf_models.fitted_model import FittedPerformance
 from dlsub.policies.registry import get_policy
-from dlsub.policies.sim import performance
-from dlsub.policies.sim.engine import SimConfig, SimResult, simulate
-from dlsub.policies.sim.workload import POLLUX_DIR, read_workload
+from dlsub.sim import performance
+from dlsub.sim.engine import SimConfig, SimResult, simulate
+from dlsub.sim.workload import POLLUX_DIR, read_workload
 
 TRACES = POLLUX_DIR / "traces"
 CLUSTER = ClusterView.uniform(4, 4)
@@ -147,7 +147,7 @@ def test_the_one_user_assumption_keys_on_application_and_batch(tmp_path: Path, o
 
 
 def test_history_from_columns_needs_the_columns(small_workload: Path) -> None:
-    from dlsub.policies.sim.workload import WorkloadError
+    from dlsub.sim.workload import WorkloadError
 
     with pytest.raises(WorkloadError, match="user and command columns"):
         run(small_workload, GoodputPolicy(), history="columns")

@@ -13,11 +13,11 @@ from click.testing import CliRunner
 from dlsub.cli.main import main
 from dlsub.policies.api import ClusterView
 from dlsub.policies.registry import get_policy
-from dlsub.policies.sim.apps import load_application
-from dlsub.policies.sim.cluster_file import ClusterFileError, load_cluster
-from dlsub.policies.sim.engine import SimConfig, SimResult, simulate
-from dlsub.policies.sim.published import PUBLISHED_AVG_JCT_S
-from dlsub.policies.sim.workload import POLLUX_DIR, SCENARIOS_DIR, WorkloadError, read_workload
+from dlsub.sim.apps import load_application
+from dlsub.sim.cluster_file import ClusterFileError, load_cluster
+from dlsub.sim.engine import SimConfig, SimResult, simulate
+from dlsub.sim.published import PUBLISHED_AVG_JCT_S
+from dlsub.sim.workload import POLLUX_DIR, SCENARIOS_DIR, WorkloadError, read_workload
 
 TRACES = POLLUX_DIR / "traces"
 WORKLOAD_6 = POLLUX_DIR / "workloads" / "workload-6.csv"

@@ -24,8 +24,8 @@ from dlsub.policies.perf_models.throughput_fit import (
     fit,
 )
 from dlsub.policies.registry import get_policy
-from dlsub.policies.sim.apps import load_application
-from dlsub.policies.sim.workload import POLLUX_DIR
+from dlsub.sim.apps import load_application
+from dlsub.sim.workload import POLLUX_DIR
 
 TRUE = ThroughputParams(alpha_c=0.05, beta_c=0.002, alpha_n=0.2, beta_n=0.02, alpha_r=0.06, beta_r=0.008,
                         gamma=2.0)

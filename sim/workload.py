@@ -8,12 +8,12 @@ An optional ``stated_epochs`` column is what the job's user says it will
 train (``--epochs``, ``init(total_steps=...)`` live), which may be wrong:
 the job still trains its ``epochs``, but a policy learning online is told
 the remaining work the statement implies (blank: nothing stated). Written
-by :mod:`dlsub.policies.sim.generate`.
+by :mod:`dlsub.sim.generate`.
 
 Optional ``user`` and ``command`` columns say whose a job is and what it
 runs: the source that ``--history columns`` needs to start a job's
 throughput fit from earlier runs of the same user's same command (see
-:mod:`dlsub.policies.sim.information`). The Pollux workloads state neither.
+:mod:`dlsub.sim.information`). The Pollux workloads state neither.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ run) is drawn uniformly from the settings the artifact's workloads give
 that application.
 
 What a user states about a job's length (``stated_epochs``, see
-:mod:`dlsub.policies.sim.workload`) is its application's epochs times a
+:mod:`dlsub.sim.workload`) is its application's epochs times a
 factor drawn log-uniformly in ``[1/error, error]``, and blank for a
 ``missing`` share of the jobs: the column a policy that weighs remaining
 work is tested against. A job still trains its application's epochs.
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from dlsub.policies.sim.apps import EPOCHS
-from dlsub.policies.sim.workload import WorkloadError, WorkloadJob
+from dlsub.sim.apps import EPOCHS
+from dlsub.sim.workload import WorkloadError, WorkloadJob
 
 JOBS_AT_FULL_LOAD = 160
 WINDOW_START_H = 2

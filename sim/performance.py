@@ -8,7 +8,7 @@ import functools
 
 import numpy as np
 
-from dlsub.policies.sim.apps import Application
+from dlsub.sim.apps import Application
 
 
 class AppPerformance:

@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from dlsub.policies.sim.engine import SimResult
+from dlsub.sim.engine import SimResult
 
 JOB_COLUMNS = ("name", "application", "arrival_s", "start_s", "completion_s", "jct_s", "restarts", "gpu_s")
 

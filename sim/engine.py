@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlsub.policies.api import Allocation, ClusterView, JobView, Policy, check_decision
-from dlsub.policies.sim import sia_setting
-from dlsub.policies.sim.apps import Application, BatchConfig, TraceError, load_application
-from dlsub.policies.sim.information import Information, OracleInformation, information_for
-from dlsub.policies.sim.workload import WorkloadError, WorkloadJob
+from dlsub.sim import sia_setting
+from dlsub.sim.apps import Application, BatchConfig, TraceError, load_application
+from dlsub.sim.information import Information, OracleInformation, information_for
+from dlsub.sim.workload import WorkloadError, WorkloadJob
 
 # Pollux ran ncf at a fixed batch size of 32768 on one GPU.
 FIXED_BATCH = {"ncf": 32768}
@@ -35,7 +35,7 @@ class SimConfig:
     seed: int = 0
     arrival_jitter_s: float = 0.0
     # What a policy that learns is told: "online" (only what the live agent
-    # could see) or "oracle" (see dlsub.policies.sim.information).
+    # could see) or "oracle" (see dlsub.sim.information).
     information: str = "online"
     # Where a job's history across jobs comes from, online: "none", the
     # workload's "columns" (user, command) or the "one-user" assumption.

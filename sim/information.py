@@ -58,10 +58,10 @@ from dlsub.policies.api import JobView, PerformanceModel
 from dlsub.policies.perf_models.fitted_model import NO_GAIN, BatchLimits, FittedPerformance, GradientStats
 from dlsub.policies.perf_models.scaling_history import ScalingHistory
 from dlsub.policies.perf_models.throughput_fit import StepReport, ThroughputFit, fit
-from dlsub.policies.sim.apps import normalise
+from dlsub.sim.apps import normalise
 
 if TYPE_CHECKING:
-    from dlsub.policies.sim.engine import SimJob
+    from dlsub.sim.engine import SimJob
 
 MODES = ("online", "oracle")
 HISTORY_SOURCES = ("none", "columns", "one-user")
@@ -110,12 +110,12 @@ class OracleInformation:
 
     def model(self, job: SimJob) -> PerformanceModel:
         # Imported here so that online mode never loads the oracle's model.
-        from dlsub.policies.sim.performance import performance_at
+        from dlsub.sim.performance import performance_at
 
         return performance_at(job.app, job.epoch, None)
 
     def view(self, job: SimJob) -> JobView:
-        from dlsub.policies.sim.performance import performance_at
+        from dlsub.sim.performance import performance_at
 
         types: dict[str, PerformanceModel] | None = None
         if job.apps:
