@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from dlsub.checkpointing.output_mux import OutputMux
-from dlsub.checkpointing.run import STOP_PEER_RESTART, resume_marker
+from dlsub.checkpointing.run import STOP_PEER_RESTART, finished_in, resume_marker
 from dlsub.contract import (
     ENV_ATTEMPT,
     ENV_JOB_DIR,
@@ -379,7 +379,19 @@ class Launcher:
         if status == RESUME_EXIT_CODE or self._resume_requested():
             self._log(f"training checkpointed and asked to be resumed (exit {RESUME_EXIT_CODE})")
             return RESUME_EXIT_CODE
+        if self.follow and status == 0 and self.stop_signal is None and not self._group_finished():
+            # A worker's torchrun also exits 0 when its group ended without it (it re-formed smaller, or the
+            # main job stopped): done only when the training says so, else back to the pool like a resume.
+            self._log("the group ended without this worker and its training has not finished: leaving "
+                      f"(exit {RESUME_EXIT_CODE})")
+            return RESUME_EXIT_CODE
         return 128 - status if status < 0 else status
+
+    @staticmethod
+    def _group_finished() -> bool:
+        """Whether this attempt's training finished: its group's rank 0 recorded it (the progress file)."""
+        job_dir, attempt = os.environ.get(ENV_JOB_DIR), os.environ.get(ENV_ATTEMPT)
+        return bool(job_dir and attempt and finished_in(Path(job_dir), attempt))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,6 +69,34 @@ def resume_marker(job_dir: Path, key: str | None = None) -> Path:
     return contract.resume_marker(job_dir, key or attempt_key())
 
 
+#: How much of the progress file's end is read for an attempt's "finished" record (it is the last one written).
+FINISHED_TAIL_BYTES = 1 << 20
+
+
+def finished_in(job_dir: Path, attempt: str) -> bool:
+    """Whether the progress file holds ``attempt``'s "finished" record: its group's rank 0 completed the training.
+
+    Read as JSON, record by record, from the file's last MiB: the training writes it (any spacing, any junk line),
+    so it is never grepped.
+    """
+    try:
+        with open(job_dir / PROGRESS_FILE, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - FINISHED_TAIL_BYTES))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("event") == contract.EVENT_FINISHED \
+                and record.get("attempt") == attempt:
+            return True
+    return False
+
+
 #: A stop reason: another member's torchrun stopped its processes (SIGTERM), which it does to restart the
 #: group when a member joins. This process's own torchrun restarts it as well once it sees the member.
 STOP_PEER_RESTART = "peer-restart"

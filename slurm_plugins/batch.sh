@@ -271,22 +271,9 @@ if [ "$role" = worker ]; then
         log_attempt @EVENT_END@ ",\"rc\":$rc,\"signal\":\"$stop_signal\""
         exit "$rc"  # cancelled (the job, or this worker): Slurm ends it
     fi
-    # Done only when the training says so (rank 0's "finished" record for this
-    # attempt): a group that stopped to re-form smaller also exits 0 here.
-    # Read as JSON, record by record (the training writes the file: any spacing, any junk line), never grepped.
-    finished="$(tail -c 1048576 "$DLSUB_JOB_DIR"/@PROGRESS_FILE@ 2>/dev/null | python3 -c '
-import json, sys
-event, attempt = sys.argv[1:3]
-for line in sys.stdin:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        continue
-    if isinstance(record, dict) and record.get("event") == event and record.get("attempt") == attempt:
-        print(1)
-        break
-' @EVENT_FINISHED@ "$DLSUB_ATTEMPT" 2>/dev/null)"
-    if [ "$rc" -eq 0 ] && [ -z "$move_requested" ] && [ -z "$stop_signal" ] && [ -n "$finished" ]; then
+    # Done only when the training says so: the launcher exits 0 only when its group's rank 0 recorded this
+    # attempt's training as finished (a group that stopped or re-formed without this worker exits 85).
+    if [ "$rc" -eq 0 ] && [ -z "$move_requested" ] && [ -z "$stop_signal" ]; then
         log_attempt @EVENT_END@ ",\"rc\":0"
         exit 0  # training finished with the group
     fi

@@ -283,8 +283,6 @@ def _template_words(spec: BatchSpec, container: ContainerSpec, podman: str, podm
         "BATCH_SCRIPT": _word(contract.BATCH_SCRIPT),
         "RENDEZVOUS_FILE": _word(contract.RENDEZVOUS_FILE),
         "ACTION_LEAVE": _word(contract.ACTION_LEAVE),
-        "PROGRESS_FILE": _word(contract.PROGRESS_FILE),
-        "EVENT_FINISHED": _word(contract.EVENT_FINISHED),
         "JOB_DIR": shlex.quote(str(container.job_dir)),
         "LIBRARY_DIR": shlex.quote(str(container.library_dir)),
         "RESUME_EXIT_CODE": _word(contract.RESUME_EXIT_CODE),

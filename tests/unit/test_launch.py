@@ -70,14 +70,14 @@ def test_exit_code_passes_through(tmp_path: Path) -> None:
 def test_term_stops_unresponsive_command_after_grace(tmp_path: Path) -> None:
     # Like torchrun over a worker that installs dlsub's handler but never
     # looks at should_stop(): the command (sleep) dies of the SIGTERM.
-    code = "import time; from dlsub import checkpointing; checkpointing.init(); print('up', flush=True); time.sleep(20)"
+    code = "import time; from dlsub import checkpointing; checkpointing.init(); print('up', flush=True); time.sleep(10)"
     proc = _launch(tmp_path, {}, "sh", "-c", '"$0" -c "$1" & exec sleep 600', sys.executable, code)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     assert 4.5 < time.monotonic() - started < 15, "the grace (5 s) first, then SIGTERM"
-    _, err = proc.communicate(timeout=30)  # the orphaned worker keeps the pipes for its 20 s
+    _, err = proc.communicate(timeout=30)  # the orphaned worker keeps the pipes for its 10 s
     assert "did not stop within 5 s" in err
 
 
@@ -119,8 +119,10 @@ def test_unhandled_usr1_is_logged_and_ignored(tmp_path: Path) -> None:
 def _group_member(tmp_path: Path, runs: Path, main_reforms: bool) -> list[str]:
     """A stand-in for torchrun: each run counts itself; the first checkpoints for the group (the resume
     marker) and exits 0, as a member does when the group stops for a node that left; with ``main_reforms``
-    it also leaves the main job's mark, as the main job's launcher would. The second run finishes."""
+    it also leaves the main job's mark, as the main job's launcher would. The second run finishes (rank 0's
+    "finished" record, as checkpointing.Run.finish writes it)."""
     attempts = tmp_path / "job" / "attempts"
+    progress = tmp_path / "job" / "progress.jsonl"
     script = textwrap.dedent(f"""
         import pathlib, time
         runs = pathlib.Path({str(runs)!r})
@@ -132,6 +134,9 @@ def _group_member(tmp_path: Path, runs: Path, main_reforms: bool) -> list[str]:
             if {main_reforms!r}:
                 (pathlib.Path({str(attempts)!r}) / "5-0.reform").touch()
             time.sleep(1.5)  # the marks are this run's, older than the next run's start
+        else:
+            with open({str(progress)!r}, "a") as f:
+                f.write('{{"event": "finished", "attempt": "5-0"}}\\n')
         """)
     return [sys.executable, "-c", script]
 
@@ -159,6 +164,31 @@ def test_a_worker_re_forms_with_its_main_job_and_only_then(tmp_path: Path, monke
     runs = tmp_path / "runs-main"
     assert launch.Launcher(_group_member(tmp_path, runs, False), 5, elastic=True).run() == 0
     assert runs.read_text() == "xx" and (tmp_path / "job" / "attempts" / "5-0.reform").exists()
+
+
+@pytest.mark.parametrize(("progress", "finished"), [
+    ('{"event":"finished","attempt":"5-0","step":5}\n', True),  # compact JSON, as any writer may make it
+    ('{"event": "checkpoint", "attempt": "5-0"}\n{"event": "finished", "attempt": "5-0"}\n', True),
+    ('not json\n{"event": "finished", "attempt": "4-0"}\n{"attempt": "5-0", "event": "checkpoint"}\n', False),
+    ('["event", "finished", "attempt", "5-0"]\n', False),
+    (None, False),
+])
+def test_a_worker_whose_torchrun_exits_0_is_done_only_when_its_attempt_finished(
+        tmp_path: Path, monkeypatch: Any, progress: str | None, finished: bool) -> None:
+    """In-process launcher, a real child: a worker's (``--follow``) torchrun also exits 0 when its group ended
+    without it; the launcher exits 0 only when the progress file holds its attempt's "finished" record (read as
+    JSON, whatever its spacing), else 85: the worker's batch script sends it back to the pool. The main job's
+    launcher passes the 0 through as before."""
+    from dlsub.checkpointing import launch
+
+    (tmp_path / "job").mkdir()
+    if progress is not None:
+        (tmp_path / "job" / "progress.jsonl").write_text(progress)
+    monkeypatch.setenv("DLSUB_JOB_DIR", str(tmp_path / "job"))
+    monkeypatch.setenv("DLSUB_ATTEMPT", "5-0")
+    ok = [sys.executable, "-c", "pass"]
+    assert launch.Launcher(ok, 5, elastic=True, follow=True).run() == (0 if finished else 85)
+    assert launch.Launcher(ok, 5, elastic=True).run() == 0
 
 
 REFORMING_RANK = textwrap.dedent(

@@ -453,17 +453,13 @@ def test_the_sites_socket_interface_wins_over_the_nodes_and_the_users_own_over_b
     assert _socket_ifnames(tmp_path / "user", site="eth0", env={"GLOO_SOCKET_IFNAME": "lo"})[1] == "lo eth0"
 
 
-@pytest.mark.parametrize(("progress", "leaves"), [
-    ('{"event":"finished","attempt":"900-0","step":5}\n', False),  # compact JSON, as any writer may make it
-    ('{"event": "finished", "attempt": "900-0"}\n', False),
-    ('not json\n{"event": "finished", "attempt": "899-0"}\n{"attempt": "900-0", "event": "checkpoint"}\n', True),
-    ('["event", "finished", "attempt", "900-0"]\n', True),
-])
-def test_a_worker_ends_only_when_its_attempts_finished_record_is_there(
-        tmp_path: Path, progress: str, leaves: bool) -> None:
+@pytest.mark.parametrize(("launcher_rc", "leaves"), [(0, False), (85, True), (1, True)])
+def test_a_worker_ends_only_when_its_launcher_says_the_training_finished(
+        tmp_path: Path, launcher_rc: int, leaves: bool) -> None:
     """Unit (the worker's batch script under bash; stand-ins for podman, scontrol and squeue): a worker whose
-    group exited 0 ends with the job when the progress file holds a "finished" record of its attempt, read as
-    JSON whatever its spacing; otherwise it goes back to the held pool (scontrol requeuehold)."""
+    launcher exits 0 (its group's training finished: checkpointing/launch.py decides, test_launch.py) ends
+    with the job; 85 (the group stopped or re-formed without it) or a failure sends it back to the held pool
+    (scontrol requeuehold)."""
     script = tmp_path / "train.py"
     script.write_text("")
     base = spec(tmp_path, script, ())
@@ -471,12 +467,12 @@ def test_a_worker_ends_only_when_its_attempts_finished_record_is_there(
     job_dir = base.container.job_dir
     (job_dir / contract.MARKERS_DIR).mkdir(parents=True)
     (job_dir / contract.MARKERS_DIR / contract.RENDEZVOUS_FILE).write_text("gpu1:29500 900-0 900\n")
-    (job_dir / contract.PROGRESS_FILE).write_text(progress)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _stub(bin_dir, "squeue", "echo RUNNING\n")
     rc, log = _run_script(tmp_path, script, (), 0, text=text,
-                          env_extra={"SLURM_ARRAY_JOB_ID": "950", "SLURM_ARRAY_TASK_ID": "1"})
+                          env_extra={"SLURM_ARRAY_JOB_ID": "950", "SLURM_ARRAY_TASK_ID": "1"},
+                          podman_body=f"exit {launcher_rc}\n")
     assert rc == 0, (tmp_path / "stderr.txt").read_text()
     calls = _calls(log)
     assert any(c[:1] == ["podman"] and "run" in c for c in calls), "the worker ran its container"
