@@ -261,12 +261,14 @@ def job_pids(slurm_job_id: int, node: str) -> list[int]:
     return [int(line.split()[0]) for line in out.splitlines()[1:] if line.split() and line.split()[0].isdigit()]
 
 
-def processes_of_job(slurm_job_id: int) -> list[int]:
-    """Every process in one of the job's cgroups (``.../job_<id>/...`` in any hierarchy), its containers' included.
+def processes_of_job(slurm_job_id: int, node: str | None = None) -> list[int]:
+    """Every process in one of the job's cgroups (``.../job_<id>/...`` in any hierarchy), its containers' included;
+    with ``node``, those on that node only (each slurmd's cgroups sit under ``/slurm_<node>``).
 
     Read from /proc, not from ``scontrol listpids`` (which asks the node's slurmd, gone when a node is lost):
     with proctrack/cgroup that is every process Slurm tracks and kills for the job."""
-    pattern = re.compile(rf"/job_{slurm_job_id}(/|$)")
+    where = rf"/slurm_{re.escape(node)}/(?:.*/)?" if node else "/"
+    pattern = re.compile(rf"{where}job_{slurm_job_id}(/|$)")
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -305,6 +307,12 @@ def kill_node(user: TestbedUser, node: str, slurm_job_id: int, label: str) -> No
             pass
     for name in user.containers(label, nodes=(node,)):
         user.on_node(node, "podman", "rm", "-f", name)
+
+
+def kill_slurmd(node: str) -> None:
+    """Only the node's slurmd dies (SIGKILL): the job's slurmstepd and processes there live on, as they do when
+    a slurmd crashes. Slurm marks the node down after SlurmdTimeout; :func:`node_back` starts it again."""
+    os.kill(int(Path(f"/run/dlsub-testbed/slurmd-{node}.pid").read_text()), signal.SIGKILL)
 
 
 def node_back(node: str) -> None:

@@ -23,8 +23,9 @@ from livebed import (
     agent_service,
     agent_tick,
     attempts,
-    kill_node,
+    kill_slurmd,
     node_back,
+    processes_of_job,
     slurm_job,
     slurm_jobs,
     wait_for,
@@ -48,7 +49,7 @@ def test_immediate_mode_starts_on_cpu_and_moves_to_gpu_when_it_frees(
     user: TestbedUser, workdir: Path, gpus_busy: list[int], service_agent: None
 ) -> None:
     """The issue's "done when", as a new user would try it, with the agent service running."""
-    job = user.submit("--mode", "immediate", "--gpus", "1", TRAIN, "--epochs", "12", "--throttle", "0.2",
+    job = user.submit("--mode", "immediate", "--gpus", "1", TRAIN, "--epochs", "10", "--throttle", "0.2",
                       cwd=workdir)
     assert job["partition"] == "cpu" and job["ideal_partition"] == "gpu" and job["mode"] == "immediate"
     step_at_move = wait_for("a checkpoint on cpu", lambda: checkpointed(user, job["id"]), timeout=120)
@@ -82,7 +83,7 @@ def test_immediate_mode_starts_on_cpu_and_moves_to_gpu_when_it_frees(
 def test_time_limit_continuation_on_gpu_dev(user: TestbedUser, workdir: Path, manual_agent: Path) -> None:
     """Fake clock: the agent is told the allocation ends in 30 s, so it continues the job now."""
     job = user.submit("--mode", "ideal", "-p", "gpu-dev", "--gpus", "1", "--time", "5", TRAIN,
-                      "--epochs", "12", "--throttle", "0.2", cwd=workdir)
+                      "--epochs", "8", "--throttle", "0.2", cwd=workdir)
     step = wait_for("a checkpoint on gpu-dev", lambda: checkpointed(user, job["id"]), timeout=120)
     end_time = slurm_job(job["slurm_job_id"])["end_time"]  # type: ignore[index]
     actions = agent_tick(manual_agent, now=end_time - 30)
@@ -138,7 +139,7 @@ def test_off_hours_window_opens_and_closes(
     A CPU job waits for the busy cpu partition; inside the window it runs on the idle dev nodes
     (its time limit cut to gpu-dev's 10 min) and goes back to cpu, checkpointed, before the window closes.
     """
-    job = user.submit("--mode", "ideal", "-p", "cpu", TRAIN, "--epochs", "15", "--throttle", "0.2", cwd=workdir)
+    job = user.submit("--mode", "ideal", "-p", "cpu", TRAIN, "--epochs", "8", "--throttle", "0.2", cwd=workdir)
     wait_for("the job to wait for CPUs",
              lambda: (slurm_job(job["slurm_job_id"]) or {}).get("state_reason") in ("Resources", "Priority"))
     opens = (int(time.time()) // 60 + 2) * 60
@@ -187,7 +188,7 @@ def _moves(db: Path) -> list[tuple[str, str]]:
 def test_agent_killed_mid_move_loses_and_duplicates_nothing(
     user: TestbedUser, workdir: Path, gpus_busy: list[int], service_agent: None
 ) -> None:
-    job = user.submit("--mode", "immediate", "--gpus", "1", TRAIN, "--epochs", "12", "--throttle", "0.2",
+    job = user.submit("--mode", "immediate", "--gpus", "1", TRAIN, "--epochs", "10", "--throttle", "0.2",
                       cwd=workdir)
     assert job["partition"] == "cpu"
     wait_for("a checkpoint on cpu", lambda: checkpointed(user, job["id"]), timeout=120)
@@ -217,25 +218,34 @@ def test_agent_killed_mid_move_loses_and_duplicates_nothing(
     assert why.count("moving to gpu") == 1, why
 
 
-def test_slurmd_stopped_under_a_running_job_resumes_from_its_checkpoint_elsewhere(
+def test_slurmd_killed_under_a_running_job_resumes_from_its_checkpoint_elsewhere_and_leaves_nothing(
     user: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
+    """Only the node's slurmd dies; the job's processes there train on. Slurm marks the node down and requeues
+    the job, which resumes on the other node from its newest checkpoint; once the slurmd is back, Slurm ends
+    the orphaned attempt and no process of the job is left on the node (the issue's no-leftover case)."""
     job = user.submit("-p", "cpu", TRAIN, "--epochs", "15", "--throttle", "0.2", cwd=workdir)
     step = wait_for("a checkpoint", lambda: checkpointed(user, job["id"]), timeout=120)
     node = slurm_job(job["slurm_job_id"])["nodes"]  # type: ignore[index]
     pidfile = Path(f"/run/dlsub-testbed/slurmd-{node}.pid")
     try:
-        kill_node(user, node, job["slurm_job_id"], f"dlsub.job_id={job['id']}")
-        wait_for(f"Slurm to see {node} down and requeue the job",
-                 lambda: (slurm_job(job["slurm_job_id"]) or {}).get("restart_cnt", 0) >= 1, timeout=150, interval=2)
-        final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s,
-                         timeout=240)
+        kill_slurmd(node)
+        wait_for(f"Slurm to see {node} down and start the job again elsewhere",
+                 lambda: (r := slurm_job(job["slurm_job_id"]) or {}).get("restart_cnt", 0) >= 1
+                 and r.get("job_state") == "RUNNING" and r.get("nodes") not in (None, node), timeout=180, interval=2)
+        assert processes_of_job(job["slurm_job_id"], node), "the orphaned attempt trains on while slurmd is gone"
     finally:
         pidfile.unlink(missing_ok=True)
         node_back(node)
+    wait_for(f"no process of the orphaned attempt left on {node}",
+             lambda: processes_of_job(job["slurm_job_id"], node) == [], timeout=90, interval=2)
+    final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s, timeout=240)
     starts = [a for a in attempts(job["job_dir"]) if a["event"] == "start"]
     assert len(starts) == 2 and starts[1]["node"] != node, starts
     text = output(job["job_dir"])
     resumed = re.search(r"resumed from step (\d+)", text)
     assert resumed and int(resumed.group(1)) >= step, text
     assert final["attempts"] == 2
+    wait_for("no process and no container of the job left anywhere",
+             lambda: processes_of_job(job["slurm_job_id"]) == [] and not user.containers(f"dlsub.job_id={job['id']}"),
+             timeout=60, interval=2)

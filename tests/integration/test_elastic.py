@@ -57,9 +57,9 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
     (blocker,) = blockers(user, count=1, gpus=4)
     other = None
     try:
-        # 30 epochs (660 steps): the grow, the shrink and a grow back were over by step ~110 in a run of 60
-        # epochs, which then trained 190 s more for nothing but this test's wait.
-        job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "30", "--throttle", "0.1",
+        # 15 epochs (330 steps): the grow, the shrink and a grow back were over by step ~110-134 in runs of 30
+        # and 60 epochs (CI, 2026-11), which then trained 75-190 s more for nothing but this test's wait.
+        job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "15", "--throttle", "0.1",
                           cwd=workdir)
         assert job["max_nodes"] == 2 and job["worker_array_id"]
         wait_for("training at world size 4", lambda: world_sizes(job["job_dir"])[-1:] == [4]
@@ -132,7 +132,8 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
     held = [_hold_gpus(user, "gpu2", 4), *(_hold_gpus(user, "gpu1", 1) for _ in range(3))]
     other = None
     try:
-        job = user.submit("--gpus", "1:4", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "40", "--throttle",
+        # 20 epochs (440 steps): the three grows and the shrink were over by step ~154 of 880 in CI's run.
+        job = user.submit("--gpus", "1:4", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "20", "--throttle",
                           "0.1", cwd=workdir)
         assert job["max_nodes"] == 4 and job["worker_gpus"] == 1 and job["gpus_per_node"] == 1, job
         wait_for("training on 1 GPU", lambda: world_sizes(job["job_dir"])[-1:] == [1]
@@ -174,7 +175,8 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
 def test_a_worker_node_that_dies_shrinks_the_job_which_completes(
     user: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
-    job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "40", "--throttle", "0.1",
+    # 12 epochs (264 steps): the group re-formed at world size 4 by step ~22 in CI's run of 880.
+    job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "12", "--throttle", "0.1",
                       cwd=workdir)
     wait_for("the group at world size 8", lambda: 8 in world_sizes(job["job_dir"])
              and progress_events(job["job_dir"], "checkpoint"), timeout=240)
