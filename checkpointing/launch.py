@@ -41,12 +41,15 @@ from pathlib import Path
 from dlsub.checkpointing.output_mux import OutputMux
 from dlsub.checkpointing.run import STOP_PEER_RESTART, finished_in, resume_marker
 from dlsub.contract import (
+    CONTAINER_NAME_RE,
     ENV_ATTEMPT,
+    ENV_CONTAINER,
     ENV_JOB_DIR,
     ENV_NNODES,
     ENV_OUTPUT_SOCKET,
     RESUME_EXIT_CODE,
     STOP_SIGNUM_NAME,
+    exit_record,
     reform_marker,
 )
 
@@ -425,5 +428,21 @@ def main(argv: list[str] | None = None) -> int:
         output.close()
 
 
+def record_exit(code: int) -> int:
+    """Write the launcher's exit status where the batch script reads it if Podman loses it (contract.exit_record);
+    ``code`` unchanged. Written whole (a temporary file renamed), and never in the way of the exit itself."""
+    job_dir, name = os.environ.get(ENV_JOB_DIR), os.environ.get(ENV_CONTAINER, "")
+    if job_dir and CONTAINER_NAME_RE.fullmatch(name):
+        path = exit_record(Path(job_dir), name)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(path.name + ".partial")
+            partial.write_text(f"{code}\n")
+            partial.replace(path)
+        except OSError as exc:
+            _log(f"could not record the exit status {code} in {path} ({exc})")
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(record_exit(main()))

@@ -68,6 +68,8 @@ ENV_JOB_DIR = "DLSUB_JOB_DIR"
 ENV_ATTEMPT = "DLSUB_ATTEMPT"
 #: One of CONTAINER_ROLES.
 ENV_ROLE = "DLSUB_ROLE"
+#: The container's name (one per node and attempt): where its launcher records its exit status (exit_record).
+ENV_CONTAINER = "DLSUB_CONTAINER"
 #: A gang's torchrun rendezvous, ``host:port``, and how many nodes it starts with.
 ENV_RDZV_ENDPOINT = "DLSUB_RDZV_ENDPOINT"
 # The interface gloo and NCCL open their sockets on (the batch script sets both, slurm_plugins/batch.sh).
@@ -82,8 +84,9 @@ ENV_BATCH_SIZE = "DLSUB_BATCH_SIZE"
 ENV_PROFILE_STEPS = "DLSUB_PROFILE_STEPS"
 ENV_PROFILE_SECONDS = "DLSUB_PROFILE_SECONDS"
 ENV_TARGET_LOSS = "DLSUB_TARGET_LOSS"
-CONTAINER_ENV = (ENV_JOB_ID, ENV_JOB_DIR, ENV_ATTEMPT, ENV_ROLE, ENV_RDZV_ENDPOINT, ENV_NNODES, ENV_TRAINER_NODES,
-                 ENV_CPU_NODES, ENV_BATCH_SIZE, ENV_PROFILE_STEPS, ENV_PROFILE_SECONDS, ENV_TARGET_LOSS)
+CONTAINER_ENV = (ENV_JOB_ID, ENV_JOB_DIR, ENV_ATTEMPT, ENV_ROLE, ENV_CONTAINER, ENV_RDZV_ENDPOINT, ENV_NNODES,
+                 ENV_TRAINER_NODES, ENV_CPU_NODES, ENV_BATCH_SIZE, ENV_PROFILE_STEPS, ENV_PROFILE_SECONDS,
+                 ENV_TARGET_LOSS)
 
 #: What a container runs as (``$DLSUB_ROLE``): a training process of the group, or the one process of a
 #: heterogeneous job's CPU component (``dlsub --cpu-nodes N``). Unset means a trainer.
@@ -173,6 +176,17 @@ def output_file(job_dir: Path, slurm_job_id: int) -> Path:
 def resume_marker(job_dir: Path, attempt: str) -> Path:
     """The file whose presence says that ``attempt`` asked to be resumed."""
     return job_dir / MARKERS_DIR / f"{attempt}.resume"
+
+
+#: What a container's name may be for its exit record (the batch script's: dlsub-<id>-<job>-<restart>-<role><n>).
+CONTAINER_NAME_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,199}\Z")
+
+
+def exit_record(job_dir: Path, container: str) -> Path:
+    """Where a container's launcher writes its exit status, for the batch script to read when Podman loses it
+    (``podman run`` exits 127, "container has already been removed", when a signal it proxies meets the
+    container's exit)."""
+    return job_dir / MARKERS_DIR / f"{container}.exit"
 
 
 def reform_marker(job_dir: Path, attempt: str) -> Path:

@@ -47,6 +47,9 @@ rendezvous_file="$markers_dir"/@RENDEZVOUS_FILE@
 library_dir=@LIBRARY_DIR@
 node_index="${SLURM_NODEID:-0}"
 container="dlsub-${DLSUB_JOB_ID}-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}-${DLSUB_ROLE:-trainer}${node_index}"
+# The container's launcher records its exit status here (podman can lose it: recorded_exit).
+export DLSUB_CONTAINER="$container"
+exit_record="$markers_dir/$container.exit"
 mkdir -p "$markers_dir"
 
 log_attempt() {  # event, then extra JSON fields
@@ -239,6 +242,24 @@ library_present() {
     return 1
 }
 
+# podman run exits 125-127 for its own errors, and also when a signal it proxies meets the container's exit
+# ("container has already been removed": a second stop request while the training leaves with 85). The
+# container's launcher wrote its own status before it exited: that one counts then, digits only.
+recorded_exit() {
+    local status
+    if [ "$rc" -ge 125 ] && [ "$rc" -le 127 ] && [ -f "$exit_record" ]; then
+        status="$(head -c 8 "$exit_record" 2>/dev/null | tr -d '[:space:]')"
+        case "$status" in
+            '' | *[!0-9]*) ;;
+            *)
+                echo "dlsub: podman lost the container's exit status (it said $rc); its launcher recorded $status" >&2
+                rc="$status"
+                ;;
+        esac
+    fi
+    rm -f "$exit_record"
+}
+
 run_container() {  # this node's container of the attempt; sets rc
     setup_runtime_dir
     setup_gpus
@@ -247,12 +268,14 @@ run_container() {  # this node's container of the attempt; sets rc
         return
     fi
     trap cleanup EXIT
+    rm -f "$exit_record"
     if [ "${DLSUB_ROLE:-trainer}" = cpu ]; then
         @PODMAN_RUN_CPU@ &
     else
         @PODMAN_RUN@ &
     fi
     wait_child
+    recorded_exit
 }
 
 # ------------------------------------------------------------------ node: one node of a gang

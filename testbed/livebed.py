@@ -240,8 +240,14 @@ def blockers(user: TestbedUser, count: int = 2, gpus: int = 4) -> list[int]:
         out = user.run("sbatch", "--parsable", "-p", "gpu", f"--gres=gpu:{gpus}", "-J", "blocker", "--mem=200",
                        "--cpus-per-task=1", "--time=30", "--wrap", "sleep 900", check=True)
         ids.append(int(out.stdout.strip().split(";")[0]))
-    wait_for("the blockers to hold the GPUs",
-             lambda: all((slurm_job(i) or {}).get("job_state") == "RUNNING" for i in ids), timeout=60)
+    try:
+        wait_for("the blockers to hold the GPUs",
+                 lambda: all((slurm_job(i) or {}).get("job_state") == "RUNNING" for i in ids), timeout=60)
+    except AssertionError:
+        # A fixture that fails before it yields has no teardown: blockers left queued would hold the GPUs
+        # for the tests after this one.
+        subprocess.run(["scancel", *map(str, ids)], check=False)
+        raise
     return ids
 
 

@@ -61,6 +61,23 @@ def test_usr1_reaches_worker_late_and_launcher_exits_85(tmp_path: Path) -> None:
     assert list((tmp_path / "job" / "checkpoints").glob("ckpt-*.pt"))
 
 
+def test_the_launcher_records_its_exit_status_for_the_batch_script(tmp_path: Path, monkeypatch: Any) -> None:
+    """Unit, in process: record_exit writes the status whole where contract.exit_record says, for a container
+    name of the batch script's shape only (the name comes from the environment: never a path)."""
+    from dlsub import contract
+    from dlsub.checkpointing.launch import record_exit
+
+    monkeypatch.setenv("DLSUB_JOB_DIR", str(tmp_path / "job"))
+    monkeypatch.setenv("DLSUB_CONTAINER", "dlsub-0123abcd-77-0-trainer0")
+    assert record_exit(85) == 85
+    assert contract.exit_record(tmp_path / "job", "dlsub-0123abcd-77-0-trainer0").read_text() == "85\n"
+    for bad in ("../../escape", "", ".hidden", "a/b"):
+        monkeypatch.setenv("DLSUB_CONTAINER", bad)
+        assert record_exit(3) == 3
+    assert sorted(p.name for p in (tmp_path / "job" / "attempts").iterdir()) == ["dlsub-0123abcd-77-0-trainer0.exit"]
+    assert not (tmp_path / "escape.exit").exists()
+
+
 def test_exit_code_passes_through(tmp_path: Path) -> None:
     proc = _launch(tmp_path, {}, sys.executable, "-c", "raise SystemExit(3)")
     proc.communicate(timeout=30)
