@@ -176,8 +176,8 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     lines += [["--env", name] for name in contract.SOCKET_IFNAME_ENV]
     if spec.nnodes is not None:
         lines.append(["--env", contract.ENV_RDZV_ENDPOINT])
-        # A node that joins a running group late needs the rendezvous store
-        # apart from the workers' (TESTBED.md: torchrun late join).
+        # A node that joins a running group late needs the rendezvous store apart from the workers': with
+        # torch's shared TCP store, a late member's agent finds the store gone when the group re-forms.
         lines.append(["--env", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"])
         lines.append(["--env", f"{contract.ENV_NNODES}={spec.nnodes}"])
     # A heterogeneous job's parts, for scripts whose trainers and CPU component talk.

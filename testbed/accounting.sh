@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Slurm accounting for the testbed (TESTBED.md, "Accounting and the Operator
-# role"): MariaDB and slurmdbd started from their pid files, idempotently.
+# Slurm accounting for the testbed (docs/admin-guide.md, the agent's account
+# and its Operator level): MariaDB and slurmdbd started from their pid files, idempotently.
 #   accounting.sh               start MariaDB and slurmdbd, create the database
 #   accounting.sh associations  the cluster, account, users, and the agent's
 #                               service account as Operator (needs slurmctld)

@@ -3,7 +3,7 @@
 # munge, slurmctld and four slurmd (cpu1-2, gpu1-2 with 4 fake GPUs each),
 # the unprivileged job user, its rootless Podman, the default training image,
 # and dlsub installed system-wide. A second run only restarts what is down
-# and rebuilds only what changed. Facts behind each step: shared/TESTBED.md.
+# and rebuilds only what changed. What each step stands for on a site: docs/admin-guide.md.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
