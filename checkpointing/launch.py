@@ -124,6 +124,12 @@ def via_torchrun_main(command: list[str]) -> list[str]:
     return [sys.executable, "-m", TORCHRUN_MAIN, *command[1:]]
 
 
+def _job_attempt() -> tuple[Path, str] | None:
+    """The job directory and the group's attempt the batch script gave the container (None: not under dlsub)."""
+    job_dir, attempt = os.environ.get(ENV_JOB_DIR), os.environ.get(ENV_ATTEMPT)
+    return (Path(job_dir), attempt) if job_dir and attempt else None
+
+
 #: The module that runs torchrun for the launcher (``--from-stdin``: started ahead, told its arguments later).
 TORCHRUN_MAIN = "dlsub.checkpointing.torchrun_main"
 #: Most times an elastic group re-forms within one attempt by starting torchrun again.
@@ -291,8 +297,8 @@ class Launcher:
 
     @staticmethod
     def _reform_marker() -> Path | None:
-        job_dir, attempt = os.environ.get(ENV_JOB_DIR), os.environ.get(ENV_ATTEMPT)
-        return reform_marker(Path(job_dir), attempt) if job_dir and attempt else None
+        where = _job_attempt()
+        return reform_marker(*where) if where else None
 
     def _mark_reform(self) -> None:
         """The main job's group re-forms: its workers are told (the mark they wait for)."""
@@ -393,8 +399,8 @@ class Launcher:
     @staticmethod
     def _group_finished() -> bool:
         """Whether this attempt's training finished: its group's rank 0 recorded it (the progress file)."""
-        job_dir, attempt = os.environ.get(ENV_JOB_DIR), os.environ.get(ENV_ATTEMPT)
-        return bool(job_dir and attempt and finished_in(Path(job_dir), attempt))
+        where = _job_attempt()
+        return where is not None and finished_in(*where)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -302,10 +302,9 @@ def kill_node(user: TestbedUser, node: str, slurm_job_id: int, label: str) -> No
     """The node "dies" under a job: its slurmd, the job's processes and stepds there, and its containers
     (those with ``label``), all at once, as root. On this one-host testbed that is what a node loss looks
     like to Slurm and to the other nodes. Bring it back with :func:`node_back`."""
-    pidfile = Path(f"/run/dlsub-testbed/slurmd-{node}.pid")
-    pids = job_pids(slurm_job_id, node)
+    pids = job_pids(slurm_job_id, node)  # asked of the node's slurmd: before it dies
     stepds = {p for p in (parent_of(pid) for pid in pids) if p and "slurmstepd" in Path(f"/proc/{p}/comm").read_text()}
-    os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    kill_slurmd(node)
     for pid in [*stepds, *pids]:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -315,10 +314,15 @@ def kill_node(user: TestbedUser, node: str, slurm_job_id: int, label: str) -> No
         user.on_node(node, "podman", "rm", "-f", name)
 
 
+def slurmd_pidfile(node: str) -> Path:
+    """Where testbed/node.sh keeps the pid of a node's slurmd."""
+    return Path(f"/run/dlsub-testbed/slurmd-{node}.pid")
+
+
 def kill_slurmd(node: str) -> None:
     """Only the node's slurmd dies (SIGKILL): the job's slurmstepd and processes there live on, as they do when
     a slurmd crashes. Slurm marks the node down after SlurmdTimeout; :func:`node_back` starts it again."""
-    os.kill(int(Path(f"/run/dlsub-testbed/slurmd-{node}.pid").read_text()), signal.SIGKILL)
+    os.kill(int(slurmd_pidfile(node).read_text()), signal.SIGKILL)
 
 
 def node_back(node: str) -> None:

@@ -28,6 +28,7 @@ from livebed import (
     processes_of_job,
     slurm_job,
     slurm_jobs,
+    slurmd_pidfile,
     wait_for,
     why_as_agent,
 )
@@ -227,7 +228,7 @@ def test_slurmd_killed_under_a_running_job_resumes_from_its_checkpoint_elsewhere
     job = user.submit("-p", "cpu", TRAIN, "--epochs", "15", "--throttle", "0.2", cwd=workdir)
     step = wait_for("a checkpoint", lambda: checkpointed(user, job["id"]), timeout=120)
     node = slurm_job(job["slurm_job_id"])["nodes"]  # type: ignore[index]
-    pidfile = Path(f"/run/dlsub-testbed/slurmd-{node}.pid")
+    pidfile = slurmd_pidfile(node)
     try:
         kill_slurmd(node)
         wait_for(f"Slurm to see {node} down and start the job again elsewhere",
