@@ -10,7 +10,8 @@ may kill the tick: ``before`` the call, once it is ``sent`` and not yet
 recorded, and ``after`` its outcome is recorded).
 
 This is the module that sends the move signal (``MOVE_SIGNAL``, USR2, to a
-job's batch shell) and that releases or signals an elastic job's workers.
+job's batch shell), requeues held a job that does not checkpoint to restart
+it elsewhere, and releases or signals an elastic job's workers.
 """
 
 from __future__ import annotations
@@ -260,6 +261,10 @@ def _prepare_resize(seen: Observation, resize: Resize, now: float, writes: Write
 STEPS: dict[K, Step] = {
     K.SIGNAL_MOVE: Step(_prepare_move, lambda c, a: c.cancel(a.slurm_job_id, signal=MOVE_SIGNAL, batch=True),
                         MovePhase.SIGNALLED, before="move-planned", sent="move-signal-sent", after="move-signalled"),
+    # A job that does not checkpoint has nothing to save: the agent requeues it held itself, and the move goes
+    # on from there (RETARGET, RELEASE) as any move does, through the move's failpoints.
+    K.RESTART: Step(_prepare_move, lambda c, a: c.requeue_held(a.slurm_job_id), MovePhase.SIGNALLED,
+                    before="move-planned", sent="move-signal-sent", after="move-signalled"),
     K.SIGNAL_CONTINUE: Step(_prepare_move,
                             lambda c, a: c.cancel(a.slurm_job_id, signal=CHECKPOINT_SIGNAL, batch=True),
                             MovePhase.SIGNALLED),

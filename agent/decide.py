@@ -46,11 +46,14 @@ def rules_from(policy: AgentPolicy) -> Rules:
         backfill_enabled=policy.backfill.enabled,
         backfill_roles=policy.backfill.roles,
         budget_period=policy.budgets.period,
+        plain_scripts=policy.moves.plain_scripts,
+        restart_plain_max_s=policy.moves.restart_plain_max_s,
+        plain_grace_s=policy.moves.plain_grace_s,
     )
 
 
 #: The action kinds that take idle GPUs (not idle for growth in the same tick).
-TAKES_GPUS = (ActionKind.SIGNAL_MOVE, ActionKind.BACKFILL, ActionKind.RETARGET, ActionKind.RELEASE)
+TAKES_GPUS = (ActionKind.SIGNAL_MOVE, ActionKind.RESTART, ActionKind.BACKFILL, ActionKind.RETARGET, ActionKind.RELEASE)
 
 
 def reserve_gpus(rooms: list[Room], takes: Sequence[tuple[str | None, int | None]]) -> list[Room]:

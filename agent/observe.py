@@ -395,6 +395,9 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
         time_limit_min=request.time_limit_min, move=move, uid=row.uid,
         restart_count=job.restart_count, requeues=attempts.requeues, ran_s=progress.ran_s,
         gang=job.node_count > 1 or bool(request.members) or bool(job.extra.get("het_job_id")),
+        # Told apart only from files read this tick (a start event is the file's first line): a job whose
+        # files were not read keeps the benefit of the doubt.
+        library_started=not (read and not unread and data.progress is not None and not data.progress.started),
     )
     data.partition = job.partition
     if job.state == "RUNNING" and data.attempt_seen != job.restart_count:

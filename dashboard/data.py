@@ -371,7 +371,9 @@ def attempt_rows(attempts: list[dict[str, Any]], row: JobStatus, now: float) -> 
 _KIND_WORDS = {
     "wait": "waiting", "move": "moving to a GPU partition", "move-done": "moved",
     "move-abandoned": "move given up", "continue": "continuing in a new attempt before its time limit",
-    "continue-done": "continued", "backfill": "backfilled onto idle nodes", "return": "returning from backfill",
+    "continue-done": "continued", "restart": "restarting on a GPU partition from scratch",
+    "restart-done": "restarted from scratch", "restart-abandoned": "restart given up",
+    "backfill": "backfilled onto idle nodes", "return": "returning from backfill",
     "error": "an action failed", "ignored": "ignored",
 }
 

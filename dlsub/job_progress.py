@@ -126,6 +126,9 @@ class ProgressSummary:
     batch_limits: dict[str, int] | None = None  # what the job declared (it lets dlsub choose its batch)
     grads: list[float] | None = None  # its last gradient noise report: [grad_sqr, grad_var]
     application: str | None = None  # its command's digest, from its latest start event
+    # Its training wrote a start event (``checkpointing.init()`` does, and each adapter through it): it uses
+    # dlsub's library. Never one: a script that uses no library (the agent's only sign of it).
+    started: bool = False
 
     def _measure(self, event: dict[str, Any]) -> None:
         """Fold one start or progress event into the rates measured at the job's current size and batch."""
@@ -161,6 +164,8 @@ class ProgressSummary:
         if self.latest_time is None or event["time"] > self.latest_time:
             self.latest_time = event["time"]
         kind = event["event"]
+        if kind == EVENT_START:
+            self.started = True
         if kind in (EVENT_START, EVENT_PROGRESS):
             self._measure(event)
         if kind == EVENT_PROGRESS:
@@ -217,12 +222,16 @@ class ProgressSummary:
                 "checkpoint_step": self.checkpoint_step, "checkpoint_time": self.checkpoint_time,
                 "finished": self.finished, "first_time": self.first_time, "latest_time": self.latest_time,
                 "bad_events": self.bad_events, "segment": self.segment, "measured": self.measured,
-                "batch_limits": self.batch_limits, "grads": self.grads, "application": self.application}
+                "batch_limits": self.batch_limits, "grads": self.grads, "application": self.application,
+                "started": self.started}
 
     @classmethod
     def from_dict(cls, raw: Any) -> ProgressSummary:
         if not isinstance(raw, dict):
             return cls()
+        if "started" not in raw:
+            # Folded before the summary kept it: a job with any event then wrote its start first.
+            raw = {**raw, "started": raw.get("first_time") is not None}
         try:
             return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
         except TypeError:

@@ -84,6 +84,19 @@ class Moves:
     restart_cost_s: float = 60.0
     # A move must save at least this much more than it costs.
     min_saving_s: float = 60.0
+    # Scripts that use no dlsub library (never checkpoint, so never moved with their progress), in
+    # immediate mode: "restart" starts them on CPUs and restarts them from scratch on their GPU partition
+    # when its GPUs free up, if they have run at most restart_plain_max_s there; "wait" never starts them
+    # on CPUs (submit sends them to the GPU partition, where they wait).
+    plain_scripts: str = "restart"
+    restart_plain_max_s: float = 600.0
+    # How long a running attempt may go without its training's start event (checkpointing.init() writes
+    # it) before the agent takes the job for one that uses no library.
+    plain_grace_s: float = 120.0
+
+
+#: What ``[moves] plain_scripts`` may say.
+PLAIN_SCRIPTS = ("restart", "wait")
 
 
 @dataclass(frozen=True)
@@ -373,6 +386,13 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
     values["partitions"] = partitions
     if "moves" in data:
         values["moves"] = _simple(f"{where}.moves", Moves, data["moves"])
+        if values["moves"].plain_scripts not in PLAIN_SCRIPTS:
+            raise PolicyFileError(f"{where}.moves.plain_scripts: {values['moves'].plain_scripts!r}; valid values: "
+                                  f"{', '.join(repr(v) for v in PLAIN_SCRIPTS)} (restart: from scratch on the GPU "
+                                  "when it frees; wait: never start such jobs on CPUs)")
+        if values["moves"].plain_grace_s <= 0:
+            raise PolicyFileError(f"{where}.moves.plain_grace_s: must be positive (seconds a training has to "
+                                  "write its start event)")
     if "time_limits" in data:
         values["time_limits"] = _simple(f"{where}.time_limits", TimeLimits, data["time_limits"])
     if "limits" in data:

@@ -309,6 +309,12 @@ class SlurmClient:
     def requeue(self, job_id: int) -> None:
         self._run(["scontrol", "requeue", str(int(job_id))])
 
+    def requeue_held(self, job_id: int) -> None:
+        """Requeue a running job and hold it (``scontrol requeuehold``): Slurm ends its attempt and keeps it
+        pending, held as the user's hold is, until released. The agent's restart of a job that does not
+        checkpoint (the batch script makes the same call itself after a move's checkpoint)."""
+        self._run(["scontrol", "requeuehold", str(int(job_id))])
+
     def update_job(self, job_id: int, **fields: str) -> None:
         """``scontrol update jobid=N Key=Value ...`` (e.g. ``Partition="gpu"``)."""
         self._run(["scontrol", "update", f"jobid={int(job_id)}", *(f"{k}={v}" for k, v in fields.items())])

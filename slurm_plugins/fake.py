@@ -4,7 +4,7 @@ It answers the commands dlsub uses with output shaped like the Slurm version
 it is made with (``FakeSlurm(..., version="24.11.5")``; 22.05 by default:
 ``scontrol --version``, ``sbatch --parsable``, ``squeue --json``, ``sinfo --json``
 on 22.05 and ``scontrol show nodes --json`` after,
-``scontrol show partition --oneliner``, ``scancel``, ``scontrol requeue``,
+``scontrol show partition --oneliner``, ``scancel``, ``scontrol requeue`` (and ``requeuehold``),
 ``scontrol update/hold/release``, ``scontrol ping``) and keeps jobs in memory
 so a test can move them through states with :meth:`FakeSlurm.set_job_state`,
 as submitit's MockedSubprocess does.
@@ -410,12 +410,18 @@ class FakeSlurm:
                     f"MaxNodes=UNLIMITED MaxTime={p.max_time} Nodes={','.join(p.nodes)} State={p.state}"
                 )
             return self._done(argv, 0, "\n".join(lines) + "\n")
-        if argv[1:2] in (["requeue"], ["release"], ["hold"]) and not self._matching(argv[2]):
+        if argv[1:2] in (["requeue"], ["requeuehold"], ["release"], ["hold"]) and not self._matching(argv[2]):
             return self._invalid(argv, argv[2])
         if argv[1:2] == ["requeue"]:
             job = self.jobs[int(argv[2])]
             job.state = "PENDING"
             job.restart_cnt += 1
+            return self._done(argv, 0, "")
+        if argv[1:2] == ["requeuehold"]:
+            job = self.jobs[int(argv[2])]
+            if job.state != "RUNNING":
+                return self._done(argv, 1, "", f"Requeue of JobId={job.job_id} failed: Job is pending execution")
+            self.requeue_held(job.job_id)
             return self._done(argv, 0, "")
         if argv[1:2] == ["update"]:
             fields = dict(a.split("=", 1) for a in argv[2:])

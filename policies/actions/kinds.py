@@ -7,6 +7,9 @@ failpoints). The values are what decisions and logs have always said.
 
 A move (or a return from a backfill window): SIGNAL_MOVE, then once the job
 is requeued held RETARGET and RELEASE, then FINISH_MOVE (or ABANDON_MOVE).
+A restart of a job that does not checkpoint (a script that uses no dlsub
+library) onto its GPU partition, from scratch: RESTART (the agent requeues it
+held itself: there is nothing to save), then RETARGET and RELEASE as a move.
 A continuation before a time limit: SIGNAL_CONTINUE, then FINISH_MOVE.
 A backfill: BACKFILL (a pending job pointed at an idle dev partition).
 An elastic job: GROW (release a held worker task), SHRINK (tell a running
@@ -14,7 +17,8 @@ one to leave), END_WORKERS (cancel the workers of an ended job).
 NOTE changes nothing in Slurm: a decision worth telling the user, once.
 
 :class:`MoveKind` says what a move in flight is for: onto the partition the
-job wants (``move``), back out of a backfill window (``return``), or a
+job wants (``move``), back out of a backfill window (``return``), onto it
+from scratch for a job that does not checkpoint (``restart``), or a
 continuation in a new attempt before a time limit (``continue``).
 """
 
@@ -25,6 +29,7 @@ from enum import StrEnum
 
 class ActionKind(StrEnum):
     SIGNAL_MOVE = "signal-move"  # SIGUSR2 to the batch shell: checkpoint, requeue held
+    RESTART = "restart"  # scontrol requeuehold by the agent: a job that does not checkpoint, restarted elsewhere
     SIGNAL_CONTINUE = "signal-continue"  # SIGUSR1: checkpoint, requeue (same partition)
     RETARGET = "retarget"  # scontrol update Partition=... TresPerNode=... (pending job)
     RELEASE = "release"  # scontrol release (Slurm's requeue wait still applies)
@@ -41,6 +46,7 @@ class MoveKind(StrEnum):
     MOVE = "move"  # onto the partition the job wants (immediate mode)
     RETURN = "return"  # out of a backfill window, back to the partition it waited in
     CONTINUE = "continue"  # checkpointed before its time limit, continued in a new attempt
+    RESTART = "restart"  # a job that does not checkpoint, requeued onto the partition it wants, from scratch
 
 
 __all__ = ["ActionKind", "MoveKind"]

@@ -13,6 +13,14 @@ Rules, checked for each job every tick:
   partitions' relative speeds) beats the restart cost by the margin. When
   several jobs could take the same GPUs, the scheduling policy named in
   policy.toml picks which.
+* **Restart from scratch** (immediate mode, a script that uses no dlsub
+  library, ``uses_no_library``): such a job never checkpoints, so it cannot
+  be moved with its progress. With ``[moves] plain_scripts = "restart"``,
+  when its ideal GPU partition has room it is requeued there from scratch
+  if the run time it would lose on its slow partition is at most
+  ``restart_plain_max_s`` (it redoes that work in lost × speed here / speed
+  there on the GPU); otherwise a note says why it stays. With ``"wait"``
+  submit never starts such jobs on CPUs; one there anyway is left alone.
 * **Continue** past a time limit: a running job whose allocation ends
   within the checkpoint grace while it still has work to do is asked to
   checkpoint and continue in a new attempt (at most N times).
@@ -116,6 +124,11 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
         if move.phase == MovePhase.PLANNED or (
             move.phase == MovePhase.SIGNALLED and now - move.since > 2 * rules.checkpoint_grace_s
         ):
+            if move.kind == MoveKind.RESTART:
+                why = "requeueing it held" if move.phase == MovePhase.PLANNED else \
+                    "still running after the requeue; requeueing it again"
+                return [Action(K.RESTART, reason=why, partition=move.target_partition, gpus=move.target_gpus,
+                               move_kind=move.kind, **common)]
             why = "sending the checkpoint request" if move.phase == MovePhase.PLANNED else \
                 "no checkpoint yet after the first request; asking again"
             return [Action(K.SIGNAL_MOVE, reason=why, partition=move.target_partition, gpus=move.target_gpus,
@@ -123,7 +136,8 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
         return []
     if job.state != "PENDING" or not requeued:
         return []
-    if job.last_attempt_action != ACTION_MOVE:
+    # A restart is requeued by the agent itself (its attempt ends on Slurm's signal, with no record of a move).
+    if move.kind != MoveKind.RESTART and job.last_attempt_action != ACTION_MOVE:
         # Requeued, but not by the move's checkpoint (node failure, the user, Slurm): not the agent's to steer.
         return [Action(K.ABANDON_MOVE, reason="it was requeued without checkpointing for the move; left as it is",
                        **common)]
@@ -142,11 +156,42 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
     return actions
 
 
+def uses_no_library(job: JobInfo, now: float, rules: Rules) -> bool:
+    """Whether ``job`` is a script that uses no dlsub library: its attempt has run ``plain_grace_s`` and its
+    training never wrote the start event ``checkpointing.init()`` writes (nor ever checkpointed)."""
+    return (job.state == "RUNNING" and not job.library_started and not job.checkpointable
+            and now - job.start_time >= rules.plain_grace_s)
+
+
+#: What a job that uses no library is told, wherever dlsub says it.
+NO_LIBRARY = "it uses no dlsub library, so it never checkpoints"
+
+
+def _restart_or_note(job: JobInfo, here: PartitionInfo | None, ideal: PartitionInfo, rules: Rules,
+                     now: float) -> Action | None:
+    """None: this job that uses no library may be restarted on ``ideal`` from scratch; else a note why not."""
+    common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+    if rules.plain_scripts != "restart":
+        return Action(K.NOTE, reason=f"not moved to {ideal.name}: {NO_LIBRARY}, and the site does not restart "
+                      "such jobs (policy.toml [moves] plain_scripts = \"wait\"); it runs here to its end", **common)
+    lost = max(0.0, now - job.start_time)
+    redo = lost * (here.speed if here else 1.0) / ideal.speed
+    if lost > rules.restart_plain_max_s:
+        return Action(K.NOTE, reason=(
+            f"not restarted on {ideal.name}: {NO_LIBRARY}; a restart would lose its {_hours(lost)} of work here, "
+            f"more than the {_hours(rules.restart_plain_max_s)} the site allows (policy.toml [moves] "
+            "restart_plain_max_s); it runs here to its end"), details={"lost_s": round(lost), "redo_s": round(redo),
+                                                                        "bound_s": round(rules.restart_plain_max_s)},
+            **common)
+    return None
+
+
 def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules,
-                     now: float) -> tuple[list[tuple[JobInfo, float]], list[Action]]:
-    """Jobs that could move onto their ideal GPU partition now, with the seconds a move would save,
-    and notes on those that should not move."""
-    candidates, notes = [], []
+                     now: float) -> tuple[list[tuple[JobInfo, float | None]], list[Action]]:
+    """Jobs that could move onto their ideal GPU partition now, with the seconds a move would save (None: a
+    restart from scratch of a job that uses no library), and notes on those that should not move."""
+    candidates: list[tuple[JobInfo, float | None]] = []
+    notes = []
     for job in jobs:
         if job.move is not None or job.state != "RUNNING" or job.mode != "immediate" or job.gang:
             continue
@@ -162,6 +207,13 @@ def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInf
         if not rules.may_move(job.user):
             notes.append(Action(K.NOTE, reason=f"not moved to {ideal.name}: the site policy does not move "
                                 f"{job.user}'s jobs", **common))
+            continue
+        if uses_no_library(job, now, rules):
+            note = _restart_or_note(job, here, ideal, rules, now)
+            if note is None:
+                candidates.append((job, None))
+            else:
+                notes.append(note)
             continue
         if not job.checkpointable:
             notes.append(Action(K.NOTE, reason=f"not moved to {ideal.name}: the job has not written a checkpoint "
@@ -260,13 +312,13 @@ def _grant(job: JobInfo, seconds: float | None, part: PartitionInfo, granted: Gr
         granted[budget.scope] = (used_h + hours, used_c + hours * part.cost_per_node_hour)
 
 
-def _choose_movers(candidates: list[tuple[JobInfo, float]], usage: dict[int, Usage],
+def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[int, Usage],
                    partitions: dict[str, PartitionInfo], rules: Rules, now: float,
                    granted: Granted | None = None) -> list[Action]:
     """Which candidates take the idle GPUs, by the configured scheduling policy."""
     actions = []
     granted = {} if granted is None else granted
-    by_ideal: dict[str, list[tuple[JobInfo, float]]] = {}
+    by_ideal: dict[str, list[tuple[JobInfo, float | None]]] = {}
     for job, saved in candidates:
         by_ideal.setdefault(job.ideal_partition, []).append((job, saved))
     for name, group in by_ideal.items():
@@ -306,6 +358,9 @@ def _choose_movers(candidates: list[tuple[JobInfo, float]], usage: dict[int, Usa
                 continue
             _grant(job, there_s, ideal, granted)
             _charge(usage, job.uid, max(0, gpus - job.gpus_now))
+            if saved is None:
+                actions.append(_restart(job, here, ideal, gpus, now))
+                continue
             age = now - job.last_checkpoint_time if job.last_checkpoint_time else None
             actions.append(Action(
                 K.SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
@@ -318,6 +373,20 @@ def _choose_movers(candidates: list[tuple[JobInfo, float]], usage: dict[int, Usa
                          "eta_basis": basis or None},
             ))
     return actions
+
+
+def _restart(job: JobInfo, here: PartitionInfo | None, ideal: PartitionInfo, gpus: int, now: float) -> Action:
+    """Requeue a job that uses no library onto ``ideal``, from scratch, saying what it loses."""
+    lost = max(0.0, now - job.start_time)
+    redo = lost * (here.speed if here else 1.0) / ideal.speed
+    where = f"on {here.name} " if here else ""
+    return Action(
+        K.RESTART, job.dlsub_id, job.slurm_job_id,
+        f"restarting on {ideal.name} from scratch: {NO_LIBRARY}; {_hours(lost)} of work {where}lost, redone "
+        f"there in about {_hours(redo)}; {ideal.idle_gpus} GPU(s) idle",
+        partition=ideal.name, gpus=gpus, move_kind=MoveKind.RESTART,
+        details={"lost_s": round(lost), "redo_s": round(redo), "idle_gpus": ideal.idle_gpus},
+    )
 
 
 class _LinearModel:
@@ -349,6 +418,9 @@ def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo]
         if not rules.continue_jobs:
             actions.append(Action(K.NOTE, reason=f"its time limit on {job.partition} ends in {_hours(max(left, 0))}; "
                                   "the site policy does not continue jobs past it", **common))
+        elif uses_no_library(job, now, rules):
+            actions.append(Action(K.NOTE, reason=f"its time limit is near; {NO_LIBRARY}: not continued (it ends "
+                                  "at its limit)", **common))
         elif not job.checkpointable:
             actions.append(Action(K.NOTE, reason="its time limit is near but it has not checkpointed: not continued",
                                   **common))
@@ -463,4 +535,4 @@ def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Ru
     return actions
 
 
-__all__ = ["plan", "remaining_s", "usage_of"]
+__all__ = ["NO_LIBRARY", "plan", "remaining_s", "usage_of", "uses_no_library"]

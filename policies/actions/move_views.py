@@ -81,6 +81,10 @@ class JobInfo:
     ran_s: float | None = None  # how long it has reported progress (for a job that declares no total)
     # A gang (several nodes) or an elastic job: resized by policies.actions.resize_rules, never moved or backfilled.
     gang: bool = False
+    # Its training wrote its start event (checkpointing.init()): it uses dlsub's library. False only when the
+    # agent read the job's files this tick and found none: with its attempt running past plain_grace_s, a
+    # script that uses no library (it cannot checkpoint; see move_rules.uses_no_library).
+    library_started: bool = True
     # The budgets that bound this job's owner (user's, account's); empty: none, anything may move.
     budgets: tuple[BudgetLeft, ...] = ()
 
@@ -130,6 +134,9 @@ class Rules:
     backfill_roles: tuple[str, ...] = ("dev", "cpu")
     job_cpus: int = 2
     budget_period: str = "month"  # day | week | month: what the budgets' notes call the period
+    plain_scripts: str = "restart"  # restart | wait: what becomes of a job that uses no library (policy.toml)
+    restart_plain_max_s: float = 600.0  # the most run time such a restart may throw away
+    plain_grace_s: float = 120.0  # how long an attempt may run without its start event
 
     def may_move(self, user: str) -> bool:
         return self.moves_enabled and ("*" in self.movable_users or user in self.movable_users)

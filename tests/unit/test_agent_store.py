@@ -127,7 +127,8 @@ _OLD_ROW = (
 
 def test_a_job_row_written_before_the_typed_record_loads_and_is_written_back_the_same(tmp_path: Path) -> None:
     """Unit test, SQLite only: an agent store a user upgrades keeps its rows. Each of the keys the old
-    ``data`` dictionary held reads into its field, and the record is written back as the same JSON."""
+    ``data`` dictionary held reads into its field, and the record is written back as the same JSON (plus
+    the fields added since, derived from what it held)."""
     store = AgentStore(tmp_path / "agent.db")
     store.conn.execute("insert into jobs values (?, 1001, '0123abcd', 'alice', 'RUNNING', ?)", (ME, _OLD_ROW))
     store.conn.execute("insert into jobs values (?, 1002, '0badc0de', 'mallory', 'PENDING', '{\"ignored\":true}')",
@@ -143,7 +144,11 @@ def test_a_job_row_written_before_the_typed_record_loads_and_is_written_back_the
     assert (data.said, data.last_note, data.partition, data.attempt_seen, data.sample) == (
         {"dropped": "read in part"}, "not moved to gpu", "gpu", 0, (20, 18, 1))
     assert (data.continuations, data.backfilled_from, data.backfilled_limit_min) == (1, "gpu", 30)
-    assert data.to_json() == _OLD_ROW
+    # Written back the same, but for what later summaries keep: a progress summary folded before it kept
+    # whether the training wrote its start event had one, since it had events (its first_time).
+    assert data.progress.started
+    old = json.loads(_OLD_ROW)
+    assert json.loads(data.to_json()) == {**old, "progress": {**old["progress"], "started": True}}
     assert rows[(ME, 1002)].data == JobData(ignored=True) and rows[(ME, 1002)].state == JobState.PENDING
 
 

@@ -46,10 +46,22 @@ def test_agent_address_is_off_unless_set_and_takes_a_name_or_an_address() -> Non
     ({"agent_address": "::1:6830"}, "expected HOST:PORT.*\\[ADDR\\]:PORT"),
     ({"agent_address": "log in;1:6830"}, "expected HOST:PORT"),
     ({"agent_address": "0.0.0.0:6830"}, "name the agent's host as the other login hosts reach it"),
+    ({"moves": {"plain_scripts": "never"}}, "moves.plain_scripts: 'never'; valid values: 'restart', 'wait'"),
+    ({"moves": {"plain_scripts": True}}, "moves.plain_scripts: expected str"),
+    ({"moves": {"restart_plain_max_s": -1}}, "moves.restart_plain_max_s: must not be negative"),
+    ({"moves": {"restart_plain_max_s": "10 min"}}, "moves.restart_plain_max_s: expected float"),
+    ({"moves": {"plain_grace_s": 0}}, "moves.plain_grace_s: must be positive"),
+    ({"moves": {"restart_plain": 600}}, "restart_plain"),
 ])
 def test_bad_policy_is_refused_with_the_fix(data: dict, message: str) -> None:
     with pytest.raises(PolicyFileError, match=message):
         parse_policy(data)
+
+
+def test_plain_script_keys_default_and_read() -> None:
+    assert (parse_policy({}).moves.plain_scripts, parse_policy({}).moves.restart_plain_max_s) == ("restart", 600.0)
+    moves = parse_policy({"moves": {"plain_scripts": "wait", "restart_plain_max_s": 0, "plain_grace_s": 30}}).moves
+    assert (moves.plain_scripts, moves.restart_plain_max_s, moves.plain_grace_s) == ("wait", 0.0, 30.0)
 
 
 def test_config_check_exits_2_on_a_bad_file(tmp_path: Path) -> None:
