@@ -192,10 +192,14 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
                 *(MountRequest(p, False) for p in options.mount_rw)),
         runtime=policy.containers.runtime or None,
         socket_ifname=policy.containers.socket_ifname,
+        plain_scripts=policy.moves.plain_scripts,
+        restart_plain_max_s=policy.moves.restart_plain_max_s,
     )
     plan = plan_job(request, settings, client)
     for warning in plan.warnings:
         click.echo(f"dlsub: warning: {warning}", err=True)
+    for note in plan.notes:
+        click.echo(f"dlsub: note: {note}", err=True)
     extra_env = dict(picked.env) if picked is not None else {}
     if options.target_loss is not None:
         extra_env[ENV_TARGET_LOSS] = repr(float(options.target_loss))
@@ -213,7 +217,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
     if options.as_json:
         click.echo(json.dumps({"id": record.id, "slurm_job_id": record.slurm_job_id,
                                "partition": record.partition, "job_dir": record.job_dir,
-                               "mode": request.mode, "nodes": record.nodes, "max_nodes": record.max_nodes,
+                               "mode": plan.mode, "nodes": record.nodes, "max_nodes": record.max_nodes,
                                "gpus_per_node": record.gpus_per_node, "worker_array_id": record.worker_array_id,
                                "worker_gpus": record.gpus_per_worker, "mounts": record.mounts,
                                "ideal_partition": plan.choice.ideal_partition or record.partition}))

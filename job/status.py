@@ -55,9 +55,32 @@ class JobStatus:
     # What the container sees besides its own directories: the site's shared file systems and the user's
     # --mount/--mount-rw paths ({"path", "source", "read_only", "origin"}).
     mounts: tuple[dict[str, Any], ...] = ()
+    # Whether its training uses dlsub's library: it wrote the library's start event (checkpointing.init()).
+    # False once an attempt has run PLAIN_GRACE_S without one (a script that uses no library: it never
+    # checkpoints); None while that is not known yet.
+    uses_library: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: How long an attempt may run before its missing start event means a script that uses no library (the
+#: agent's [moves] plain_grace_s says when it acts on that; this is only what ``dlsub status`` says).
+PLAIN_GRACE_S = 120.0
+
+#: What ``dlsub status`` says under its table about a job whose script uses no library.
+PLAIN_NOTE = ("note: its script uses no dlsub library (no start event from checkpointing.init()): it never "
+              "checkpoints, so a move to its GPUs, a continuation past a time limit or a resize starts it from "
+              "scratch (`dlsub why` says what the agent does with it)")
+
+
+def _uses_library(starts: list[dict[str, Any]], slurm: SlurmJob | None, ran: bool, now: float) -> bool | None:
+    """True: its training wrote a start event; False: an attempt ran PLAIN_GRACE_S (or ended) without one."""
+    if starts:
+        return True
+    if slurm is not None and slurm.state == "RUNNING" and slurm.start_time:
+        return False if now - slurm.start_time >= PLAIN_GRACE_S else None
+    return False if ran else None
 
 
 def _state_without_slurm(record: JobRecord, attempts: list[dict[str, Any]], progress: Progress) -> JobState:
@@ -122,7 +145,11 @@ def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob
         # The last report is a little old by now; count that time as done.
         eta = max(0.0, eta - max(0.0, time.time() - progress.last_time))
     extra = job_extra(job_dir, attempts, record.nodes, progress.steps_per_s)
-    world_size, resizes = resize_history([e for e in read_progress_events(job_dir) if e["event"] == EVENT_START])
+    training_starts = [e for e in read_progress_events(job_dir) if e["event"] == EVENT_START]
+    world_size, resizes = resize_history(training_starts)
+    # An attempt that ended (its batch script's end record) ran long enough to have said it started.
+    ended = any(a.get("event") == EVENT_END for a in attempts)
+    uses_library = _uses_library(training_starts, slurm, ended, time.time())
     running = [nodes] if state == JobState.RUNNING else []
     running += [w.nodes for w in workers or () if w.state == "RUNNING"]
     node_list = []
@@ -163,6 +190,7 @@ def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob
         min_gpus=record.gpu_range[0] if record.gpu_range else None,
         max_gpus=record.gpu_range[1] if record.gpu_range else None,
         mounts=tuple(record.mounts),
+        uses_library=uses_library,
     )
 
 
@@ -233,4 +261,5 @@ def render_table(rows: list[JobStatus], bars: list[str] | None = None) -> str:
     )
     # Why a job failed, where dlsub knows (too long for a cell): one line each under the table.
     failures = [f"{r.id}: {r.reason}" for r in rows if r.state == "FAILED" and r.reason]
-    return "\n".join([table, *failures])
+    plain = [f"{r.id}: {PLAIN_NOTE}" for r in rows if r.uses_library is False and r.state in ("RUNNING", "PENDING")]
+    return "\n".join([table, *failures, *plain])

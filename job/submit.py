@@ -20,6 +20,7 @@ from dlsub.containers.podman import ContainerSpec, check_image, check_mount_path
 from dlsub.contract import BATCH_SCRIPT, WORKER_SCRIPT
 from dlsub.job.partition_choice import Choice, Request, choose_partition
 from dlsub.job.private_files import AgentAccess, blocked_ancestor, make_job_dir
+from dlsub.job.script_library import script_uses_library
 from dlsub.job.settings import Settings
 from dlsub.job.user_store import JobRecord, JobStore
 from dlsub.slurm_plugins.client import SlurmClient
@@ -63,6 +64,11 @@ class SubmitRequest:
     runtime: str | None = None
     # The site's interface for gloo and NCCL (policy.toml [containers] socket_ifname; "": the node's own).
     socket_ifname: str = ""
+    # What becomes of a script that uses no dlsub library in immediate mode (policy.toml [moves]): "restart"
+    # (start on CPUs; the agent restarts it on its GPUs from scratch within restart_plain_max_s of run time)
+    # or "wait" (never started on CPUs: it waits for its GPU partition).
+    plain_scripts: str = "restart"
+    restart_plain_max_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,8 @@ class Plan:
     workers: BatchSpec | None = None
     worker_gpus: int = 0  # a job elastic in GPUs: each worker's (SubmitRequest.worker_gpus)
     warnings: tuple[str, ...] = ()  # what the user should know, nothing that stops the submit
+    notes: tuple[str, ...] = ()  # what dlsub can and cannot do for this job (a script that uses no library)
+    mode: str = "ideal"  # the mode it is submitted in (a plain script may wait for GPUs: see SubmitRequest)
 
 
 def library_dir() -> Path:
@@ -110,12 +118,21 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     script = check_script(req.script)
     _check_shape(req)
     req = _gang_mode(req)
+    plain = not script_uses_library(script)
+    waits = _waits_for_gpus(req, plain)
+    if waits:
+        req = dataclasses.replace(req, mode="ideal")
     image = req.image or settings.image
     cpus = req.cpus or settings.cpus
     mem_mb = req.mem_mb or settings.mem_mb
     _check_paths(script, req.workdir, settings.jobs_dir)
     mounts, warnings = check_mounts(req.mounts, req.workdir)
     choice = _choose_partition(client, req, cpus, mem_mb)
+    if waits:
+        choice = dataclasses.replace(choice, reason="its script uses no dlsub library, so it waits for GPUs "
+                                     "rather than start on CPUs (the site's policy.toml [moves] plain_scripts = "
+                                     f"\"wait\"): {choice.reason}")
+    notes = (plain_script_note(script, req, choice, waits),) if plain else ()
     if check_images:
         check_image(image)
 
@@ -143,7 +160,34 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         batch = dataclasses.replace(batch, cpu_nodes=req.cpu_nodes, cpu_cpus=cpus, cpu_mem_mb=mem_mb,
                                     cpu_partition=_cpu_partition(client, req, cpus, mem_mb))
     workers = _worker_array(batch, req.worker_gpus or req.gpus_per_node)
-    return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers, req.worker_gpus, warnings)
+    return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers, req.worker_gpus, warnings, notes, req.mode)
+
+
+def _waits_for_gpus(req: SubmitRequest, plain: bool) -> bool:
+    """Whether this job, a script that uses no library, is kept off CPUs by the site (plain_scripts = "wait")."""
+    return (plain and req.plain_scripts == "wait" and req.mode == "immediate" and req.gpus_per_node > 0
+            and req.partition is None)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def plain_script_note(script: Path, req: SubmitRequest, choice: Choice, waits: bool) -> str:
+    """One line: what dlsub can and cannot do for a script that uses no dlsub library, and how to change it."""
+    what = (f"{script.name} uses no dlsub library (no `from dlsub import checkpointing`, nor its Lightning or "
+            "Hugging Face adapter): it never checkpoints, so no move, continuation past a time limit or resize "
+            "keeps its progress")
+    fix = "to keep its progress, save and restore through `from dlsub import checkpointing` (docs/user-guide.md)"
+    if choice.ideal_partition is not None:  # started on CPUs in immediate mode
+        if req.plain_scripts == "restart":
+            what += (f"; it starts on {choice.partition} and is restarted from scratch on {choice.ideal_partition} "
+                     f"if GPUs free up within {_minutes(req.restart_plain_max_s)} of its start (the site's "
+                     f"restart_plain_max_s), else it runs on {choice.partition} to its end")
+        fix += f", or submit with --mode ideal to wait for {choice.ideal_partition}'s GPUs"
+    elif waits:
+        what += f"; it waits for GPUs on {choice.partition} rather than start on CPUs"
+    return f"{what}; {fix}"
 
 
 def check_mounts(requests: tuple[MountRequest, ...], workdir: Path) -> tuple[tuple[Mount, ...], tuple[str, ...]]:
