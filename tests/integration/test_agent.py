@@ -7,6 +7,8 @@ it and drive single ticks with a fake clock (`dlsub agent tick --now`).
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import sqlite3
 import subprocess
@@ -79,6 +81,42 @@ def test_immediate_mode_starts_on_cpu_and_moves_to_gpu_when_it_frees(
     resumed = re.search(r"resumed from step (\d+)", text)
     assert resumed and int(resumed.group(1)) >= step_at_move, text
     assert re.search(r"done: \d+ steps", text), text
+
+
+#: A script that uses no dlsub library: steps printed, never a checkpoint (issue 34 item 4).
+PLAIN_SCRIPT = """import time
+for step in range(30):
+    print(f"plain step {step}", flush=True)
+    time.sleep(1)
+print("plain done", flush=True)
+"""
+
+
+def test_a_plain_script_on_cpu_is_restarted_on_gpu_from_scratch_when_it_frees(
+    user: TestbedUser, workdir: Path, gpus_busy: list[int], service_agent: None
+) -> None:
+    """A script that uses no library, in immediate mode, starts on cpu; once GPUs free and the testbed's
+    plain_grace_s (20 s) passes without its start event, the agent restarts it on gpu from scratch (its run
+    time on cpu is far under restart_plain_max_s), and it completes there. About a minute."""
+    script = workdir / "plain_train.py"
+    script.write_text(PLAIN_SCRIPT)
+    os.chown(script, user.uid, user.gid)
+    submitted = user.dlsub("--json", "--mode", "immediate", "--gpus", "1", str(script), cwd=workdir)
+    assert "dlsub: note: plain_train.py uses no dlsub library" in submitted.stderr, submitted.stderr
+    job = json.loads(submitted.stdout)
+    assert job["partition"] == "cpu" and job["ideal_partition"] == "gpu"
+    wait_for("the plain job to run on cpu", lambda: user.status(job["id"])["state"] == "RUNNING", timeout=60)
+    subprocess.run(["scancel", *map(str, gpus_busy)], check=True)
+    final = user.wait_until_ended(job["id"], "the plain job to end", timeout=150)
+    assert final["state"] == "COMPLETED" and final["partition"] == "gpu" and final["attempts"] == 2, final
+    assert final["uses_library"] is False
+    why = user.dlsub("why", job["id"]).stdout
+    assert re.search(r"restarting on gpu from scratch: it uses no dlsub library, so it never checkpoints; "
+                     r"\d+ (s|min) of work on cpu lost", why), why
+    starts = [a for a in attempts(job["job_dir"]) if a["event"] == "start"]
+    assert [a["partition"] for a in starts] == ["cpu", "gpu"]
+    text = output(job["job_dir"])
+    assert text.count("plain step 0") == 2 and "plain done" in text, text  # from scratch: step 0 twice
 
 
 def test_time_limit_continuation_on_gpu_dev(user: TestbedUser, workdir: Path, manual_agent: Path) -> None:
