@@ -207,3 +207,17 @@ def test_a_crash_at_each_step_of_a_restart_restarts_it_once(tmp_path: Path, poin
     assert w.store is not None and w.store.moves() == []
     kinds = [d.kind for d in w.store.decisions("0123abcd")]
     assert kinds.count("restart") == 1 and kinds[-1] == "restart-done"
+
+
+def test_the_progress_summary_keeps_whether_the_training_started() -> None:
+    """Unit (pure): the one signal the agent reads. A start event sets it; a summary stored before the field
+    existed reads it from whether it had any event (a library job's first event is its start)."""
+    from dlsub.job_progress import ProgressSummary
+
+    summary = ProgressSummary()
+    summary.feed({"event": "progress", "time": 1.0, "step": 1})
+    assert not summary.started, "progress alone is not the library's start"
+    summary.feed({"event": "start", "time": 2.0})
+    assert summary.started and ProgressSummary.from_dict(summary.to_dict()).started
+    assert not ProgressSummary.from_dict({"checkpoints": 0}).started
+    assert ProgressSummary.from_dict({"first_time": 5.0}).started
