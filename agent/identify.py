@@ -61,12 +61,12 @@ def _request_from_record(job: SlurmJob, uid: int) -> TrustedRequest | None:
     tags = record.tags
     return TrustedRequest("record", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus or record.gpus_per_node,
                    record.partition, record.time_limit_min, tags.role,
-                   (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step)
+                   (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step, tags.plain)
 
 
 def _request_from_tags(job: SlurmJob, tags: Tags) -> TrustedRequest:
     return TrustedRequest("comment", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus, job.partition, job.time_limit_min,
-                   tags.role, (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step)
+                   tags.role, (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step, tags.plain)
 
 
 def worker_request(job: SlurmJob, uid: int) -> TrustedRequest | None:

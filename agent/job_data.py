@@ -45,6 +45,7 @@ class TrustedRequest:
     # MIN:MAX) or one task of ``step`` GPUs (--gpus MIN:MAX). Stored under "nodes", the tag's name.
     members: tuple[int, int] | None = None
     step: int = 0  # GPUs of each worker of a job elastic in GPUs (0: whole nodes)
+    plain: bool = False  # submit tagged its script as one that uses no dlsub library (Tags.plain)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrustedRequest:
@@ -52,13 +53,16 @@ class TrustedRequest:
         members = d.get("nodes")
         return cls(str(d.get("source") or ""), str(d.get("dlsub_id") or ""), d.get("mode"), d.get("ideal"),
                    d.get("gpus"), d.get("partition"), d.get("time_limit_min"), d.get("role", "main"),
-                   (int(members[0]), int(members[1])) if members else None, int(d.get("step") or 0))
+                   (int(members[0]), int(members[1])) if members else None, int(d.get("step") or 0),
+                   d.get("plain") is True)
 
     def to_dict(self) -> dict[str, Any]:
         """As the row keeps it (JSON)."""
         return {"source": self.source, "dlsub_id": self.dlsub_id, "mode": self.mode, "ideal": self.ideal,
                 "gpus": self.gpus, "partition": self.partition, "time_limit_min": self.time_limit_min,
-                "role": self.role, "nodes": list(self.members) if self.members else None, "step": self.step}
+                "role": self.role, "nodes": list(self.members) if self.members else None, "step": self.step,
+                # Only when set: a request stored before the tag existed is written back as it was.
+                **({"plain": True} if self.plain else {})}
 
     @property
     def elastic_main(self) -> bool:

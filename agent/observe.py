@@ -398,6 +398,7 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
         # Told apart only from files read this tick (a start event is the file's first line): a job whose
         # files were not read keeps the benefit of the doubt.
         library_started=not (read and not unread and data.progress is not None and not data.progress.started),
+        plain_script=request.plain,
     )
     data.partition = job.partition
     if job.state == "RUNNING" and data.attempt_seen != job.restart_count:

@@ -330,6 +330,10 @@ class Tags:
     # holds MIN nodes, its held worker array the rest. None: a fixed size.
     nodes: tuple[int, int] | None = None
     step: int = 0  # GPUs of each worker of a job elastic in GPUs (--gpus MIN:MAX); 0: whole nodes
+    # Submit read its script as one that uses no dlsub library (``script=plain``): the agent may restart it
+    # from scratch on its GPUs, once its attempt also runs without the library's start event. A job without
+    # the tag (submitted by hand, or by a dlsub before it) is never restarted so.
+    plain: bool = False
 
     def __post_init__(self) -> None:
         if not DLSUB_ID.match(self.dlsub_id):
@@ -359,6 +363,8 @@ class Tags:
             parts.append(f"nodes={self.nodes[0]}-{self.nodes[1]}")
         if self.step:
             parts.append(f"step={self.step}")
+        if self.plain:
+            parts.append("script=plain")
         return ";".join(parts)
 
     @classmethod
@@ -375,7 +381,7 @@ class Tags:
         values: dict[str, str] = {}
         for part in rest:
             m = _TAG.match(part)
-            if not m or m.group(1) in values or m.group(1) not in ("mode", "ideal", "gpus", "role", "nodes", "step"):
+            if not m or m.group(1) in values or m.group(1) not in ("mode", "ideal", "gpus", "role", "nodes", "step", "script"):
                 return None
             values[m.group(1)] = m.group(2)
         gpus, step = values.get("gpus", "0"), values.get("step", "0")
@@ -387,9 +393,11 @@ class Tags:
             if not m:
                 return None
             nodes = (int(m.group(1)), int(m.group(2)))
+        if values.get("script", "plain") != "plain":
+            return None
         try:
             return cls(head, values.get("mode", "ideal"), values.get("ideal") or None, int(gpus),
-                       values.get("role", "main"), nodes, int(step))
+                       values.get("role", "main"), nodes, int(step), "script" in values)
         except ContractError:
             return None
 

@@ -152,7 +152,7 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         time_limit_min=req.time_limit_min,
         signal_grace_s=settings.signal_grace_s,
         dlsub_version=dlsub.__version__,
-        tags=_agent_tags(req, choice),
+        tags=_agent_tags(req, choice, plain),
         max_continuations=max(0, req.max_continuations),
         elastic=(req.nodes, req.max_members) if req.max_members is not None else None,
     )
@@ -287,16 +287,17 @@ def _container_spec(req: SubmitRequest, settings: Settings, script: Path, image:
     )
 
 
-def _agent_tags(req: SubmitRequest, choice: Choice) -> tuple[tuple[str, str], ...]:
+def _agent_tags(req: SubmitRequest, choice: Choice, plain: bool) -> tuple[tuple[str, str], ...]:
     """The ``--comment`` tags the agent acts on: the mode, where the job ideally runs, the GPUs and
-    an elastic job's node range it asked for (the start may differ from all of them)."""
+    an elastic job's node range it asked for (the start may differ from all of them), and whether its
+    script reads as one that uses no dlsub library (the agent may then restart it from scratch)."""
     elastic: tuple[tuple[str, str], ...] = ()
     if req.max_members is not None:
         elastic = (("nodes", f"{req.nodes}-{req.max_members}"),)
     if req.max_members is not None and req.worker_gpus:
         elastic += (("step", str(req.worker_gpus)),)  # elastic in GPUs: each worker adds this many
     return (("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus_per_node)),
-            *elastic)
+            *elastic, *((("script", "plain"),) if plain else ()))
 
 
 def _worker_array(batch: BatchSpec, gpus: int) -> BatchSpec | None:

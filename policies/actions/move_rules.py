@@ -157,9 +157,11 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
 
 
 def uses_no_library(job: JobInfo, now: float, rules: Rules) -> bool:
-    """Whether ``job`` is a script that uses no dlsub library: its attempt has run ``plain_grace_s`` and its
-    training never wrote the start event ``checkpointing.init()`` writes (nor ever checkpointed)."""
-    return (job.state == "RUNNING" and not job.library_started and not job.checkpointable
+    """Whether ``job`` is a script that uses no dlsub library: submit read it as one (its ``script=plain`` tag),
+    and its attempt has run ``plain_grace_s`` without the start event ``checkpointing.init()`` writes (nor ever
+    checkpointed). Both must agree: submit's reading alone can be wrong (a script whose own module imports the
+    library), and the run alone is what any job submitted by hand looks like."""
+    return (job.plain_script and job.state == "RUNNING" and not job.library_started and not job.checkpointable
             and now - job.start_time >= rules.plain_grace_s)
 
 

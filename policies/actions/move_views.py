@@ -85,6 +85,9 @@ class JobInfo:
     # agent read the job's files this tick and found none: with its attempt running past plain_grace_s, a
     # script that uses no library (it cannot checkpoint; see move_rules.uses_no_library).
     library_started: bool = True
+    # Submit tagged it as a script that uses no library (``script=plain``): only such a job is restarted from
+    # scratch, so that a job submitted by hand, or dressed up as dlsub's, is never thrown back to its start.
+    plain_script: bool = False
     # The budgets that bound this job's owner (user's, account's); empty: none, anything may move.
     budgets: tuple[BudgetLeft, ...] = ()
 

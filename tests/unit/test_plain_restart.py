@@ -1,6 +1,6 @@
 """Unit tests (stateful fake Slurm behind the client's `_run` seam, fake clock, job directories in tmp_path): a
-script that uses no dlsub library (issue 34 item 4). The agent tells it from its progress file (no start event
-after ``[moves] plain_grace_s``), restarts it from scratch on its GPU partition through the move's path
+script that uses no dlsub library (issue 34 item 4). The agent tells it from submit's tag (``script=plain``) and
+its progress file (no start event after ``[moves] plain_grace_s``), both, restarts it from scratch on its GPU partition through the move's path
 (requeue held, retarget, release) when the work it loses is within ``restart_plain_max_s``, says why in its
 decisions (``dlsub why``), and leaves another user's job alone."""
 
@@ -30,8 +30,9 @@ def parts() -> list[PartitionInfo]:
 
 def plain(ran: float, **kw: object) -> JobInfo:
     """Alice's plain job on cpu for ``ran`` seconds: no start event, no checkpoint, no progress."""
-    return job_info(NOW, library_started=False, checkpointable=False, last_checkpoint_time=None, eta_s=None,
-                    start_time=NOW - ran, **kw)
+    fields: dict[str, object] = {"library_started": False, "plain_script": True, "checkpointable": False,
+                                 "last_checkpoint_time": None, "eta_s": None, "start_time": NOW - ran}
+    return job_info(NOW, **{**fields, **kw})
 
 
 def test_a_plain_job_within_the_bound_is_restarted_on_the_gpu_and_says_what_it_loses() -> None:
@@ -50,6 +51,13 @@ def test_a_plain_job_over_the_bound_stays_and_the_note_says_why() -> None:
     assert actions[0].reason.startswith("not restarted on gpu: it uses no dlsub library")
     assert "lose its 20 min of work here, more than the 10 min the site allows" in actions[0].reason
     assert "restart_plain_max_s" in actions[0].reason
+
+
+def test_a_job_without_submits_plain_tag_is_never_restarted() -> None:
+    """A job submitted by hand, by a dlsub before the tag, or dressed up as dlsub's (its comment written by
+    its user) runs without the library's start event too: it is never thrown back to its start."""
+    actions = m.plan([plain(180, plain_script=False)], parts(), RULES, NOW)
+    assert [a.kind for a in actions] == [K.NOTE] and "has not written a checkpoint yet" in actions[0].reason
 
 
 def test_within_the_grace_a_job_without_a_start_event_is_not_yet_taken_for_plain() -> None:
@@ -83,9 +91,14 @@ def plain_world(tmp_path: Path, **moves: object) -> World:
     return World(tmp_path, policy(moves={"restart_cost_s": 15, "min_saving_s": 5, "plain_grace_s": 60, **moves}))
 
 
+def tagged(dlsub_id: str) -> str:
+    """The comment dlsub submit writes for a script it read as using no library."""
+    return f"dlsub:{dlsub_id};mode=immediate;ideal=gpu;gpus=1;script=plain"
+
+
 def test_the_agent_restarts_a_plain_job_through_the_moves_path(tmp_path: Path) -> None:
     w = plain_world(tmp_path)
-    job_id, job_dir = w.submit("0123abcd", start=NOW - 300)  # no progress file: the script uses no library
+    job_id, job_dir = w.submit("0123abcd", comment=tagged("0123abcd"), start=NOW - 300)  # no progress file: the script uses no library
     agent = w.agent()
     assert [a.kind for a in agent.tick(NOW)] == ["restart"]
     job = w.fake.jobs[job_id]
@@ -109,7 +122,7 @@ def test_the_agent_restarts_a_plain_job_through_the_moves_path(tmp_path: Path) -
 
 def test_the_agent_leaves_a_plain_job_over_the_bound_and_why_says_so(tmp_path: Path) -> None:
     w = plain_world(tmp_path, restart_plain_max_s=120)
-    job_id, _ = w.submit("0123abcd", start=NOW - 300)
+    job_id, _ = w.submit("0123abcd", comment=tagged("0123abcd"), start=NOW - 300)
     agent = w.agent()
     assert [a.kind for a in agent.tick(NOW)] == ["note"]
     assert w.fake.jobs[job_id].state == "RUNNING" and w.fake.jobs[job_id].restart_cnt == 0
@@ -121,7 +134,7 @@ def test_the_agent_leaves_a_plain_job_over_the_bound_and_why_says_so(tmp_path: P
 def test_a_job_that_wrote_its_start_event_is_not_restarted(tmp_path: Path) -> None:
     """The library's start event (checkpointing.init()) and no checkpoint yet: waits, as before."""
     w = plain_world(tmp_path)
-    job_id, job_dir = w.submit("0123abcd", start=NOW - 300)
+    job_id, job_dir = w.submit("0123abcd", comment=tagged("0123abcd"), start=NOW - 300)
     (job_dir / "progress.jsonl").write_text(json.dumps({"event": "start", "time": NOW - 290,
                                                         "attempt": f"{job_id}-0"}) + "\n")
     actions = w.agent().tick(NOW)
@@ -135,8 +148,8 @@ def test_another_users_start_event_cannot_save_or_doom_a_plain_job(tmp_path: Pat
     directory the agent cannot read as his (it is not owned by his uid), keeps the benefit of the doubt:
     it is not taken for a plain script, and nothing of it is touched."""
     w = plain_world(tmp_path)
-    mine, _ = w.submit("0123abcd", start=NOW - 300)
-    theirs, their_dir = w.submit("4567cdef", uid=OTHER, user="bob", start=NOW - 300)
+    mine, _ = w.submit("0123abcd", comment=tagged("0123abcd"), start=NOW - 300)
+    theirs, their_dir = w.submit("4567cdef", uid=OTHER, user="bob", comment=tagged("4567cdef"), start=NOW - 300)
     with open(their_dir / "progress.jsonl", "w") as f:
         for dlsub_id in ("0123abcd", "4567cdef"):
             f.write(json.dumps({"event": "start", "time": NOW - 290, "attempt": f"{mine}-0",
@@ -147,6 +160,28 @@ def test_another_users_start_event_cannot_save_or_doom_a_plain_job(tmp_path: Pat
     assert w.snapshot(theirs) == before and w.mutating_calls(theirs) == []
     assert w.store is not None
     assert any(d.kind == "skipped" and "not by the job's user" in d.reason for d in w.store.decisions("4567cdef"))
+
+
+def test_the_agent_leaves_an_untagged_job_without_a_start_event_alone(tmp_path: Path) -> None:
+    """A raw sbatch job dressed up as dlsub's in immediate mode (no script tag), running a plain sleep: the
+    agent waits for a checkpoint as for any job, and never requeues it."""
+    w = plain_world(tmp_path)
+    job_id, _ = w.submit("0123abcd", start=NOW - 300)
+    actions = w.agent().tick(NOW)
+    assert [a.kind for a in actions] == ["note"] and "has not written a checkpoint yet" in actions[0].reason
+    assert w.fake.jobs[job_id].state == "RUNNING" and w.fake.jobs[job_id].restart_cnt == 0
+    assert w.mutating_calls(job_id) == []
+
+
+def test_the_tag_is_frozen_by_the_submit_record_not_read_from_the_comment_again(tmp_path: Path) -> None:
+    """The agent trusts the request job_submit.lua froze: a user who adds ``script=plain`` to a running job's
+    comment afterwards (``scontrol update Comment=``) does not make it restartable, and the tag round-trips
+    through the stored request."""
+    w = plain_world(tmp_path)
+    job_id, _ = w.submit("0123abcd", start=NOW - 300)
+    w.fake.jobs[job_id].options["comment"] = tagged("0123abcd")
+    actions = w.agent().tick(NOW)
+    assert [a.kind for a in actions] == ["note"] and w.fake.jobs[job_id].restart_cnt == 0
 
 
 class Crash(BaseException):
@@ -168,7 +203,7 @@ def test_a_crash_at_each_step_of_a_restart_restarts_it_once(tmp_path: Path, poin
     """The restart is written ahead as a move is (the moves table): an agent killed at any step and started
     again on the same database finishes it with exactly one requeue."""
     w = plain_world(tmp_path)
-    job_id, _ = w.submit("0123abcd", start=NOW - 300)
+    job_id, _ = w.submit("0123abcd", comment=tagged("0123abcd"), start=NOW - 300)
     prefix, when = RESTART_CRASH_POINTS[point]
     real = w.fake.__call__
     armed = [True]

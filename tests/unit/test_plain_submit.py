@@ -91,12 +91,17 @@ def test_a_plain_script_started_on_cpus_is_told_what_dlsub_can_do(gpus_busy: Fak
     assert "no move, continuation past a time limit or resize keeps its progress" in note
     assert "restarted from scratch on gpu if GPUs free up within 10 min of its start" in note
     assert note.endswith("or submit with --mode ideal to wait for gpu's GPUs")
+    comment = gpus_busy.jobs[out["slurm_job_id"]].options["comment"]
+    assert comment == f"dlsub:{out['id']};mode=immediate;ideal=gpu;gpus=1;script=plain", \
+        "the tag the agent's restart needs (it restarts no job without it)"
 
 
 def test_a_library_script_gets_no_note(gpus_busy: FakeSlurm, tmp_path: Path) -> None:
     result = submit(policy_file(tmp_path), "--gpus", "1", str(REPO / "examples" / "train_digits.py"))
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["partition"] == "cpu" and notes(result) == []
+    out = json.loads(result.stdout)
+    assert out["partition"] == "cpu" and notes(result) == []
+    assert "script=" not in gpus_busy.jobs[out["slurm_job_id"]].options["comment"]
 
 
 def test_with_plain_scripts_wait_a_plain_script_waits_for_the_gpu_and_says_why(gpus_busy: FakeSlurm,
@@ -109,7 +114,7 @@ def test_with_plain_scripts_wait_a_plain_script_waits_for_the_gpu_and_says_why(g
     assert out["partition"] == "gpu" and out["mode"] == "ideal"
     job = gpus_busy.submitted()[0]
     assert job.options["partition"] == "gpu" and job.options["gres"] == "gpu:1"
-    assert job.options["comment"] == f"dlsub:{out['id']};mode=ideal;ideal=gpu;gpus=1"
+    assert job.options["comment"] == f"dlsub:{out['id']};mode=ideal;ideal=gpu;gpus=1;script=plain"
     [note] = notes(result)
     assert "it waits for GPUs on gpu rather than start on CPUs" in note and "--mode ideal" not in note
     # The same policy leaves a library script to immediate mode, and the human line says why the GPU.
