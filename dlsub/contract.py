@@ -300,6 +300,7 @@ MODES = ("immediate", "ideal")
 ROLES = ("main", "worker")
 _PARTITION = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 _TAG = re.compile(r"^([a-z_]{1,32})=([A-Za-z0-9._-]{0,64})\Z")
+_TAG_KEYS = ("mode", "ideal", "gpus", "role", "nodes", "step", "script")
 #: Most GPUs a tag may ask for; the admin's policy caps it further.
 MAX_GPUS = 1024
 #: Most nodes an elastic range may name.
@@ -381,7 +382,7 @@ class Tags:
         values: dict[str, str] = {}
         for part in rest:
             m = _TAG.match(part)
-            if not m or m.group(1) in values or m.group(1) not in ("mode", "ideal", "gpus", "role", "nodes", "step", "script"):
+            if not m or m.group(1) in values or m.group(1) not in _TAG_KEYS:
                 return None
             values[m.group(1)] = m.group(2)
         gpus, step = values.get("gpus", "0"), values.get("step", "0")

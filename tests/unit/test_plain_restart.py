@@ -1,8 +1,8 @@
 """Unit tests (stateful fake Slurm behind the client's `_run` seam, fake clock, job directories in tmp_path): a
 script that uses no dlsub library (issue 34 item 4). The agent tells it from submit's tag (``script=plain``) and
-its progress file (no start event after ``[moves] plain_grace_s``), both, restarts it from scratch on its GPU partition through the move's path
-(requeue held, retarget, release) when the work it loses is within ``restart_plain_max_s``, says why in its
-decisions (``dlsub why``), and leaves another user's job alone."""
+its progress file (no start event after ``[moves] plain_grace_s``), both, restarts it from scratch on its GPU
+partition through the move's path (requeue held, retarget, release) when the work it loses is within
+``restart_plain_max_s``, says why in its decisions (``dlsub why``), and leaves another user's job alone."""
 
 from __future__ import annotations
 
@@ -98,7 +98,8 @@ def tagged(dlsub_id: str) -> str:
 
 def test_the_agent_restarts_a_plain_job_through_the_moves_path(tmp_path: Path) -> None:
     w = plain_world(tmp_path)
-    job_id, job_dir = w.submit("0123abcd", comment=tagged("0123abcd"), start=NOW - 300)  # no progress file: the script uses no library
+    # No progress file: the script uses no library.
+    job_id, job_dir = w.submit("0123abcd", comment=tagged("0123abcd"), start=NOW - 300)
     agent = w.agent()
     assert [a.kind for a in agent.tick(NOW)] == ["restart"]
     job = w.fake.jobs[job_id]
