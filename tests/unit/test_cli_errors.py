@@ -112,7 +112,8 @@ def test_good_submit_json_and_status(cli_env: FakeSlurm, tmp_path: Path, script:
     assert out["slurm_job_id"] == cli_env.submitted()[0].job_id and out["partition"] == "gpu"
     job = cli_env.submitted()[0]
     assert job.options["gres"] == "gpu:2"
-    assert job.options["comment"] == f"dlsub:{out['id']};mode=immediate;ideal=gpu;gpus=2"
+    # The fixture's script imports no dlsub library: submit tags it so.
+    assert job.options["comment"] == f"dlsub:{out['id']};mode=immediate;ideal=gpu;gpus=2;script=plain"
     assert "--epochs 3" in Path(job.script).read_text()
     cli_env.set_job_state(job.job_id, "RUNNING", nodes="gpu1")
     status = json.loads(invoke("status", out["id"], "--json").stdout)
