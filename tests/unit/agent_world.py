@@ -35,6 +35,10 @@ def policy(**overrides: Any) -> AgentPolicy:
     return parse_policy(base)
 
 
+class Crash(BaseException):
+    """kill -9 of the agent: nothing after this point of the tick happens."""
+
+
 class World:
     def __init__(self, tmp_path: Path, pol: AgentPolicy | None = None, fake: FakeSlurm | None = None) -> None:
         self.tmp = tmp_path
@@ -43,6 +47,48 @@ class World:
         self.db = tmp_path / "agent.db"
         self.policy = pol or policy()
         self.store: AgentStore | None = None
+
+    def crash_once_at(self, prefix: tuple[str, ...], when: str, point: str) -> None:
+        """The agent dies (:class:`Crash`) the first time it runs a Slurm command starting with ``prefix``:
+        ``before`` Slurm carries it out, or ``after``."""
+        real = self.fake.__call__
+        armed = [True]
+
+        def runner(argv: Any) -> Any:
+            hit = armed[0] and tuple(argv[:len(prefix)]) == prefix
+            if hit and when == "before":
+                armed[0] = False
+                raise Crash(point)
+            result = real(argv)
+            if hit:
+                armed[0] = False
+                raise Crash(point)
+            return result
+
+        self.client._runner = runner
+
+    def move_to_gpu_through_crashes(self, job_id: int, job_dir: Path, t: float) -> int:
+        """Tick (5 s apart, at most 12 times) until the job runs on gpu with no move open, playing Slurm's and
+        the batch script's parts, and starting the agent again on the same database whenever it dies
+        (:class:`Crash`). Returns how many times it died."""
+        crashes = 0
+        agent = self.agent()
+        for _ in range(12):
+            try:
+                agent.tick(t)
+            except Crash:
+                crashes += 1
+                agent = self.agent()
+            job = self.fake.jobs[job_id]
+            if job.state == "RUNNING" and job.signals and job.restart_cnt == 0:
+                self.batch_script_moves(job_dir, job_id)  # a move's checkpoint and requeuehold, once
+            elif job.state == "PENDING" and job.reason == "None" and job.options["partition"] == "gpu":
+                self.fake.start(job_id, "gpu1", int(t))
+            t += 5
+            assert self.store is not None
+            if job.state == "RUNNING" and job.options["partition"] == "gpu" and not self.store.moves():
+                break
+        return crashes
 
     def agent(self, **kw: Any) -> Agent:
         """A new agent on the same database (as after a restart)."""

@@ -45,10 +45,6 @@ def test_a_move_runs_through_by_restart_count_and_partition(tmp_path: Path) -> N
     assert agent.tick(NOW + 20) == [], "nothing more to do"
 
 
-class Crash(BaseException):
-    """kill -9 of the agent: nothing after this point of the tick happens."""
-
-
 CRASH_POINTS = {
     # phase reached when the agent dies: (command, before or after Slurm carried it out)
     "planned": (("scancel",), "before"),
@@ -65,37 +61,8 @@ def test_a_crash_after_each_move_phase_finishes_the_move_once(tmp_path: Path, po
     job_id, job_dir = w.submit("0123abcd")
     w.progress(job_dir, job_id)
     prefix, when = CRASH_POINTS[point]
-    real = w.fake.__call__
-    armed = [True]
-
-    def runner(argv: Any) -> Any:
-        hit = armed[0] and tuple(argv[:len(prefix)]) == prefix
-        if hit and when == "before":
-            armed[0] = False
-            raise Crash(point)
-        result = real(argv)
-        if hit:
-            armed[0] = False
-            raise Crash(point)
-        return result
-
-    w.client._runner = runner
-    crashes, t = 0, NOW
-    agent = w.agent()
-    for _ in range(12):
-        try:
-            agent.tick(t)
-        except Crash:
-            crashes += 1
-            agent = w.agent()  # restarted on the same database
-        job = w.fake.jobs[job_id]
-        if job.state == "RUNNING" and job.signals and job.restart_cnt == 0:
-            w.batch_script_moves(job_dir, job_id)  # the checkpoint and requeuehold, once
-        elif job.state == "PENDING" and job.reason == "None" and job.options["partition"] == "gpu":
-            w.fake.start(job_id, "gpu1", int(t))
-        t += 5
-        if job.state == "RUNNING" and job.options["partition"] == "gpu" and not w.store.moves():
-            break
+    w.crash_once_at(prefix, when, point)
+    crashes = w.move_to_gpu_through_crashes(job_id, job_dir, NOW)
     job = w.fake.jobs[job_id]
     assert crashes == 1
     assert len(w.fake.jobs) == 1, "one Slurm job throughout"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 from agent_world import ME, NOW, OTHER, World, policy
@@ -185,10 +184,6 @@ def test_the_tag_is_frozen_by_the_submit_record_not_read_from_the_comment_again(
     assert [a.kind for a in actions] == ["note"] and w.fake.jobs[job_id].restart_cnt == 0
 
 
-class Crash(BaseException):
-    """kill -9 of the agent: nothing after this point of the tick happens."""
-
-
 RESTART_CRASH_POINTS = {
     # where the agent dies: (command, before or after Slurm carried it out)
     "planned": (("scontrol", "requeuehold"), "before"),
@@ -204,38 +199,10 @@ def test_a_crash_at_each_step_of_a_restart_restarts_it_once(tmp_path: Path, poin
     """The restart is written ahead as a move is (the moves table): an agent killed at any step and started
     again on the same database finishes it with exactly one requeue."""
     w = plain_world(tmp_path)
-    job_id, _ = w.submit("0123abcd", comment=tagged("0123abcd"), start=NOW - 300)
+    job_id, job_dir = w.submit("0123abcd", comment=tagged("0123abcd"), start=NOW - 300)
     prefix, when = RESTART_CRASH_POINTS[point]
-    real = w.fake.__call__
-    armed = [True]
-
-    def runner(argv: Any) -> Any:
-        hit = armed[0] and tuple(argv[:len(prefix)]) == prefix
-        if hit and when == "before":
-            armed[0] = False
-            raise Crash(point)
-        result = real(argv)
-        if hit:
-            armed[0] = False
-            raise Crash(point)
-        return result
-
-    w.client._runner = runner
-    crashes, t = 0, NOW
-    agent = w.agent()
-    for _ in range(12):
-        try:
-            agent.tick(t)
-        except Crash:
-            crashes += 1
-            agent = w.agent()  # restarted on the same database
-        job = w.fake.jobs[job_id]
-        if job.state == "PENDING" and job.reason == "None" and job.options["partition"] == "gpu":
-            w.fake.start(job_id, "gpu1", int(t))
-        t += 5
-        assert w.store is not None
-        if job.state == "RUNNING" and job.options["partition"] == "gpu" and not w.store.moves():
-            break
+    w.crash_once_at(prefix, when, point)
+    crashes = w.move_to_gpu_through_crashes(job_id, job_dir, NOW)  # no checkpoint signal: nothing to play
     job = w.fake.jobs[job_id]
     assert crashes == 1
     assert job.state == "RUNNING" and job.options["partition"] == "gpu" and job.options["gres"] == "gpu:1"
