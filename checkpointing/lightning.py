@@ -18,7 +18,11 @@ in its ``callbacks`` list). What it does:
   ``ckpt_path`` (one the script passes is used only until dlsub has one of
   its own), at any world size (Lightning's DDP checkpoints are whole);
 * turns Lightning's own Slurm auto-requeue off (``SLURMEnvironment``'s
-  ``auto_requeue``), so the one requeue is dlsub's.
+  ``auto_requeue``), so the one requeue is dlsub's;
+* with ``every_n_steps=N``, also checkpoints every N steps. The agent moves a
+  job, or continues it past its time limit, only once it has checkpointed:
+  without periodic checkpoints a Lightning job stays where it started until
+  dlsub stops it for another reason.
 """
 
 from __future__ import annotations
@@ -46,13 +50,20 @@ class DlsubCallback(Callback):
     """The one object a Lightning script adds (``Trainer(callbacks=[DlsubCallback()])``).
 
     ``keep``: how many of dlsub's Lightning checkpoints to keep (the newest that verifies always stays).
+    ``every_n_steps``: also checkpoint every that many optimizer steps (None: only when dlsub asks).
     Other keyword arguments go to :func:`dlsub.checkpointing.init` (``total_steps=``, ``target_loss=``...;
     ``total_steps`` defaults to the Trainer's ``max_steps``).
     """
 
-    def __init__(self, keep: int = 2, **init_kwargs: Any) -> None:
+    def __init__(self, keep: int = 2, every_n_steps: int | None = None, **init_kwargs: Any) -> None:
         super().__init__()
+        if every_n_steps is not None and (isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int)
+                                          or every_n_steps < 1):
+            raise ValueError(f"DlsubCallback(every_n_steps=...) takes a whole number of steps >= 1 or None, "
+                             f"not {every_n_steps!r}")
         self.keep = keep
+        self.every_n_steps = every_n_steps
+        self._saved_step: int | None = None
         self._init_kwargs = init_kwargs
         self.adapter: Adapter | None = None
         self.samples = 0
@@ -115,11 +126,17 @@ class DlsubCallback(Callback):
         self.samples += batch_length(batch) * trainer.world_size
         batches = trainer.num_training_batches
         epoch = trainer.current_epoch + (batch_idx + 1) / batches if isinstance(batches, int) and batches else None
-        adapter.run.report(step=trainer.global_step, epoch=epoch, loss=loss_value(outputs), samples=self.samples)
-        if adapter.run.should_stop():
-            path = adapter.directory / _name(trainer.global_step)
+        step = trainer.global_step
+        adapter.run.report(step=step, epoch=epoch, loss=loss_value(outputs), samples=self.samples)
+        stop = adapter.run.should_stop()  # every rank, every batch: a collective under torch.distributed
+        # Periodic: once per optimizer step (with gradient accumulation several batches end at one step).
+        due = bool(self.every_n_steps) and step > 0 and step % (self.every_n_steps or 1) == 0
+        if (stop or due) and step != self._saved_step:
+            path = adapter.directory / _name(step)
             trainer.save_checkpoint(path)
-            adapter.checkpointed(path, trainer.global_step, [p for p in self._checkpoints() if p != path])
+            adapter.checkpointed(path, step, [p for p in self._checkpoints() if p != path])
+            self._saved_step = step
+        if stop:
             adapter.run.exit_for_resume()
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:

@@ -1,4 +1,4 @@
-"""A PyTorch Lightning script made ready for dlsub by one line: ``callbacks=[DlsubCallback()]``.
+"""A PyTorch Lightning script made ready for dlsub by one line: ``callbacks=[DlsubCallback(every_n_steps=50)]``.
 
 A tiny regression model on generated data (nothing downloaded). Run it
 as it is (``python examples/lightning_train.py``), under torchrun, or
@@ -45,12 +45,14 @@ def data(samples: int = 256, features: int = 16) -> DataLoader:
 def main(argv: list[str] | None = None, callbacks: list[Any] | None = None) -> Regression:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--max-steps", type=int, default=200)
+    parser.add_argument("--save-every", type=int, default=50,
+                        help="steps between checkpoints (the agent moves a job only once it has one)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     model = Regression()
     trainer = L.Trainer(max_steps=args.max_steps, accelerator="cpu", devices="auto", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[*(callbacks or []), DlsubCallback()])
+                        callbacks=[*(callbacks or []), DlsubCallback(every_n_steps=args.save_every)])
     trainer.fit(model, data())
     return model
 

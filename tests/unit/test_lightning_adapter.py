@@ -1,7 +1,7 @@
-"""Unit (real Lightning on CPU, no Slurm): examples/lightning_train.py with dlsub's one callback, stopped by a
-SIGUSR1 at step 5 as dlsub stops it, exits "resume me" with a sealed Lightning checkpoint, and the next run
-resumes there without being given a path; with pytorch_lightning and Lightning's own SLURMEnvironment, whose
-auto-requeue the callback turns off so that the one requeue is dlsub's."""
+"""Unit (real Lightning on CPU, no Slurm): examples/lightning_train.py with dlsub's one callback, checkpointing
+every 4 steps and stopped by a SIGUSR1 at step 5 as dlsub stops it, exits "resume me" with a sealed Lightning
+checkpoint, and the next run resumes there without being given a path; with pytorch_lightning and Lightning's
+own SLURMEnvironment, whose auto-requeue the callback turns off so that the one requeue is dlsub's."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ _DRIVE = textwrap.dedent("""
             if trainer.global_step == int(sys.argv[1]):
                 os.kill(os.getpid(), signal.SIGUSR1)
 
-    lightning_train.main(["--max-steps", "12"], callbacks=[SignalAt()])
+    lightning_train.main(["--max-steps", "12", "--save-every", "4"], callbacks=[SignalAt()])
 """)
 
 
@@ -56,7 +56,11 @@ def test_stopped_lightning_run_checkpoints_and_the_next_resumes_at_its_step(tmp_
     assert second.returncode == 0, second.stderr[-3000:]
     events = _events(job)
     kinds = [e["event"] for e in events if e["event"] != "progress"]
-    assert kinds == ["start", "checkpoint", "exit_for_resume", "start", "restore", "finished"], kinds
+    assert kinds == ["start", "checkpoint", "checkpoint", "exit_for_resume", "start", "restore", "checkpoint",
+                     "checkpoint", "finished"], kinds
+    # Every 4 steps, and at dlsub's stop; the newest two kept (keep=2), the stop's checkpoint pruned by then.
+    assert [e["step"] for e in events if e["event"] == "checkpoint"] == [4, 5, 8, 12]
+    assert sorted(p.name for p in saved.parent.glob("*.ckpt")) == ["step-00000008.ckpt", "step-00000012.ckpt"]
     restore = next(e for e in events if e["event"] == "restore")
     assert restore["step"] == 5 and restore["path"] == str(saved)
     progress = [e for e in events if e["event"] == "progress"]
@@ -111,3 +115,11 @@ def test_pytorch_lightning_with_slurm_auto_requeue_leaves_the_requeue_to_dlsub(t
     assert done.returncode == RESUME_EXIT_CODE, done.stderr[-3000:]
     assert "scontrol" not in done.stderr and "requeue" not in done.stderr.lower(), "Lightning did not requeue"
     assert [e["step"] for e in _events(job) if e["event"] == "checkpoint"] == [2]
+
+
+@pytest.mark.parametrize("every", [0, -3, 2.5, True, "10"])
+def test_a_periodic_checkpoint_that_is_not_a_whole_number_of_steps_is_refused(every: object) -> None:
+    from dlsub.checkpointing.lightning import DlsubCallback
+
+    with pytest.raises(ValueError, match="every_n_steps"):
+        DlsubCallback(every_n_steps=every)  # type: ignore[arg-type]
