@@ -21,7 +21,9 @@ class Adapter:
     job's checkpoint folder (or a folder of the framework's, ``directory=``)."""
 
     def __init__(self, subdir: str, keep: int, init_kwargs: dict[str, Any], directory: Path | None = None) -> None:
-        self.run: Run = init(**init_kwargs)
+        # The adapter answers dlsub's stop in the framework's own loop, always: the job may be moved or
+        # continued before its first checkpoint (the stop's save is then its first).
+        self.run: Run = init(**{"saves_on_request": True, **init_kwargs})
         self.keep = keep
         self.directory = directory if directory is not None else self.run.checkpoint_dir / subdir
         if self.run.is_main:

@@ -19,10 +19,11 @@ in its ``callbacks`` list). What it does:
   its own), at any world size (Lightning's DDP checkpoints are whole);
 * turns Lightning's own Slurm auto-requeue off (``SLURMEnvironment``'s
   ``auto_requeue``), so the one requeue is dlsub's;
-* with ``every_n_steps=N``, also checkpoints every N steps. The agent moves a
-  job, or continues it past its time limit, only once it has checkpointed:
-  without periodic checkpoints a Lightning job stays where it started until
-  dlsub stops it for another reason.
+* with ``every_n_steps=N``, also checkpoints every N steps, so that a crash
+  (a node lost, an out-of-memory kill) loses at most N steps. Without it the
+  job is still moved and continued: its start tells dlsub that it saves
+  whenever asked (``init(saves_on_request=True)``), so the agent need not
+  wait for a first checkpoint as it does for a plain script.
 """
 
 from __future__ import annotations

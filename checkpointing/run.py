@@ -555,6 +555,7 @@ def init(
     target_loss: float | None = None,
     steps_per_epoch: int | None = None,
     batch_size: BatchSizes | None = None,
+    saves_on_request: bool = False,
 ) -> Run:
     """Make the run's handle and install the stop-signal handlers.
 
@@ -565,7 +566,9 @@ def init(
     ``batch_size`` lets dlsub choose the global batch within the declared
     :class:`BatchSizes` (:attr:`Run.batch_size`, :attr:`Run.accumulation_steps`);
     under torch.distributed, call ``init_process_group`` first so every rank
-    takes rank 0's choice.
+    takes rank 0's choice. ``saves_on_request``: the caller saves whenever
+    dlsub asks, inside its own loop (the framework adapters do), so dlsub may
+    move or continue the job before its first checkpoint.
     """
     if batch_size is not None and not isinstance(batch_size, BatchSizes):
         raise TypeError(f"init(batch_size=...) takes dlsub.checkpointing.BatchSizes(init=, max=, local_max=), "
@@ -588,6 +591,8 @@ def init(
         if batch_size is not None:
             declared = {"batch_limits": batch_size.limits.to_event(), **run._batch_fields(),
                         "batch_from": run.batch_from}
+        if saves_on_request:
+            declared["saves"] = contract.SAVES_ON_REQUEST
         run._event(contract.EVENT_START, rank=run.rank, world_size=run.world_size, nodes=run.nodes,
                    resized=run.resized, host=socket.gethostname(), pid=os.getpid(), **declared, **application())
     return run

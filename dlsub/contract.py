@@ -264,6 +264,8 @@ MAX_REPORTED_BATCH = 10**9
 #: of a progress event: name, kind and bounds. Kinds: ``int`` and ``num`` (inclusive low, high), ``text`` (at
 #: most 64 characters), ``one_of`` (the choices), ``batch_limits`` (a script's declared batch limits,
 #: ``BatchLimits.to_event()``).
+#: A start event's ``saves``: the training checkpoints whenever dlsub asks (its stop is handled in its loop).
+SAVES_ON_REQUEST = "on_request"
 PROGRESS_FIELDS: tuple[tuple[str, str, tuple[object, ...]], ...] = (
     ("step", "int", (0, MAX_STEP)),
     ("epoch", "num", (0, MAX_EPOCH)),
@@ -275,6 +277,9 @@ PROGRESS_FIELDS: tuple[tuple[str, str, tuple[object, ...]], ...] = (
     ("attempt", "text", ()),
     ("world_size", "int", (1, 10**6)),  # start events: the group's size (elastic jobs change it)
     ("nodes", "int", (1, 10**5)),
+    # start events of a training that saves whenever dlsub asks, within its own loop (the framework adapters,
+    # ``SAVES_ON_REQUEST``): the agent may move or continue it before its first checkpoint.
+    ("saves", "one_of", ((SAVES_ON_REQUEST,),)),
     # A script that lets dlsub choose its batch size: its declared limits (start events), the global
     # batch and micro-steps per optimiser step it runs, where that batch came from (start events), and
     # Pollux's gradient-noise statistics at the initial batch's scale (progress reports).

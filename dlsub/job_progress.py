@@ -23,6 +23,7 @@ from dlsub.contract import (
     EVENT_PROGRESS,
     EVENT_START,
     PROGRESS_FILE,
+    SAVES_ON_REQUEST,
     valid_application,
 )
 from dlsub.jobdir import (
@@ -129,6 +130,9 @@ class ProgressSummary:
     # Its training wrote a start event (``checkpointing.init()`` does, and each adapter through it): it uses
     # dlsub's library. Never one: a script that uses no library (the agent's only sign of it).
     started: bool = False
+    # Its latest start said it saves whenever dlsub asks (a framework adapter: contract.SAVES_ON_REQUEST): it
+    # may be moved or continued before its first checkpoint.
+    saves_on_request: bool = False
 
     def _measure(self, event: dict[str, Any]) -> None:
         """Fold one start or progress event into the rates measured at the job's current size and batch."""
@@ -166,6 +170,7 @@ class ProgressSummary:
         kind = event["event"]
         if kind == EVENT_START:
             self.started = True
+            self.saves_on_request = event.get("saves") == SAVES_ON_REQUEST
         if kind in (EVENT_START, EVENT_PROGRESS):
             self._measure(event)
         if kind == EVENT_PROGRESS:
@@ -223,7 +228,7 @@ class ProgressSummary:
                 "finished": self.finished, "first_time": self.first_time, "latest_time": self.latest_time,
                 "bad_events": self.bad_events, "segment": self.segment, "measured": self.measured,
                 "batch_limits": self.batch_limits, "grads": self.grads, "application": self.application,
-                "started": self.started}
+                "started": self.started, "saves_on_request": self.saves_on_request}
 
     @classmethod
     def from_dict(cls, raw: Any) -> ProgressSummary:

@@ -140,15 +140,22 @@ class World:
         return main, array, job_dir
 
     def progress(self, job_dir: Path, job_id: int, *, total: int | None = 1000, checkpoint_step: int | None = 18,
-                 ran: float = 600.0) -> None:
+                 ran: float = 600.0, checkpoint: bool = True, saves: str | None = None) -> None:
+        """Its training's start (declaring ``saves``, as the framework adapters do), two reports and,
+        with ``checkpoint``, a checkpoint."""
         attempt = f"{job_id}-0"
-        events: list[dict[str, Any]] = [{"event": "start", "time": NOW - ran, "attempt": attempt}]
+        start: dict[str, Any] = {"event": "start", "time": NOW - ran, "attempt": attempt}
+        if saves is not None:
+            start["saves"] = saves
+        events: list[dict[str, Any]] = [start]
         for t, step in ((NOW - 20, 10), (NOW - 10, 20)):
             e: dict[str, Any] = {"event": "progress", "time": t, "step": step, "attempt": attempt}
             if total:
                 e["total_steps"] = total
             events.append(e)
-        events.append({"event": "checkpoint", "time": NOW - 12, "step": checkpoint_step, "seq": 1, "attempt": attempt})
+        if checkpoint:
+            events.append({"event": "checkpoint", "time": NOW - 12, "step": checkpoint_step, "seq": 1,
+                           "attempt": attempt})
         with open(job_dir / "progress.jsonl", "a") as f:
             f.write("".join(json.dumps(e) + "\n" for e in events))
 

@@ -75,6 +75,21 @@ def test_a_crash_after_each_move_phase_finishes_the_move_once(tmp_path: Path, po
     assert sorted(r[0] for r in rows) == [0, 1]
 
 
+@pytest.mark.parametrize("saves", [None, "on_request", "whenever"])
+def test_a_job_that_saves_on_request_is_moved_before_its_first_checkpoint(tmp_path: Path, saves: str | None) -> None:
+    """A framework adapter's start declares that it saves whenever asked (contract.SAVES_ON_REQUEST): the
+    agent moves it with no checkpoint yet. Without the declaration (a plain library script), or with a value
+    the contract does not know (the whole start event is then refused), it waits for a first checkpoint."""
+    w = World(tmp_path)
+    job_id, job_dir = w.submit("0123abcd")
+    w.progress(job_dir, job_id, checkpoint=False, saves=saves)
+    actions = w.agent().tick(NOW)
+    if saves == "on_request":
+        assert [a.kind for a in actions] == ["signal-move"], actions
+    else:
+        assert [a.kind for a in actions] == ["note"] and "has not written a checkpoint yet" in actions[0].reason
+
+
 def test_an_admin_hold_on_a_moving_job_is_never_released(tmp_path: Path) -> None:
     w = World(tmp_path)
     job_id, job_dir = w.submit("0123abcd")

@@ -56,6 +56,7 @@ def test_stopped_trainer_resumes_at_its_step_on_the_same_loss_curve(tmp_path: Pa
     events = [json.loads(line) for line in (stopped / "progress.jsonl").read_text().splitlines()]
     kinds = [e["event"] for e in events if e["event"] != "progress"]
     assert kinds == ["start", "checkpoint", "exit_for_resume", "start", "restore", "checkpoint", "finished"], kinds
+    assert [e.get("saves") for e in events if e["event"] == "start"] == ["on_request", "on_request"]
     assert next(e for e in events if e["event"] == "restore")["path"] == str(stopped / "hf" / "checkpoint-5")
     assert [e["samples"] for e in events if e["event"] == "progress"] == [16 * s for s in range(1, 9)]
     assert _run(straight, 0).returncode == 0

@@ -60,6 +60,8 @@ def test_stopped_lightning_run_checkpoints_and_the_next_resumes_at_its_step(tmp_
                      "checkpoint", "finished"], kinds
     # Every 4 steps, and at dlsub's stop; the newest two kept (keep=2), the stop's checkpoint pruned by then.
     assert [e["step"] for e in events if e["event"] == "checkpoint"] == [4, 5, 8, 12]
+    # Each start tells the agent the job saves whenever asked (it may be moved before its first checkpoint).
+    assert [e.get("saves") for e in events if e["event"] == "start"] == ["on_request", "on_request"]
     assert sorted(p.name for p in saved.parent.glob("*.ckpt")) == ["step-00000008.ckpt", "step-00000012.ckpt"]
     restore = next(e for e in events if e["event"] == "restore")
     assert restore["step"] == 5 and restore["path"] == str(saved)
