@@ -118,6 +118,7 @@ from dlsub.policies.elastic import place_counts
 from dlsub.policies.perf_models.fitted_model import search_batches
 from dlsub.policies.perf_models.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime, searches_batch
 from dlsub.policies.placement import packed_placement
+from dlsub.policies.tight_placement import tighten
 
 
 class GoodputPolicy:
@@ -136,7 +137,12 @@ class GoodputPolicy:
         trust_declared: float = 4.0,
         times_compute: bool = False,
         batch_on_placement: bool = True,
+        tight_placement: bool = False,
+        spread_floor: float = 0.25,
     ) -> None:
+        # See dlsub.policies.tight_placement (issue 32).
+        self.tight_placement = bool(tight_placement)
+        self.spread_floor = spread_floor
         # See retuned (issue 32).
         self.batch_on_placement = bool(batch_on_placement)
         self.trust_declared = trust_declared
@@ -303,6 +309,9 @@ class GoodputPolicy:
             heapq.heappush(heap, offer(name))
         batches = {name: curves[name].batch(n) for name, n in counts.items()}
         decision = place_counts(counts, jobs, cluster, previous, batches)
+        if self.tight_placement:
+            decision, _ = tighten(decision, order, cluster, previous, self.spread_floor,
+                                  lambda name, n: curves[name].batch(n), per_node)
         return self.retuned(decision, by_name, per_node) if self.batch_on_placement else decision
 
     @staticmethod
