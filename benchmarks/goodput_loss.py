@@ -45,6 +45,9 @@ class Seen:
     accuracy: list[float] = field(default_factory=list)  # predicted / true goodput
     # true goodput at the batch given over the true goodput at the best batch on the same placement
     batch_share: list[float] = field(default_factory=list)
+    nodes: list[int] = field(default_factory=list)  # nodes the job's GPUs were on
+    # true goodput over GPUs x the best true goodput on one GPU: what each GPU gave, as a share of one alone
+    per_gpu: list[float] = field(default_factory=list)
 
 
 class Recorder:
@@ -71,9 +74,12 @@ class Recorder:
             seen = self.seen[job.name]
             seen.gpus.append(alloc.gpus)
             seen.batches.append(batch)
+            seen.nodes.append(len(alloc.placement))
             if true > 0:
                 seen.accuracy.append(job.model.goodput(alloc.placement, batch) / true)
                 seen.batch_share.append(true / best_true(app, alloc.placement, alloc.gpus, epoch, batch))
+                one = best_true(app, (1,), 1, epoch, app.init_batch_size)
+                seen.per_gpu.append(true / (alloc.gpus * one) if one > 0 else 0.0)
         return decision
 
 
@@ -91,7 +97,7 @@ def table(results: dict[str, tuple[SimResult, Recorder]]) -> None:
     apps = sorted({job.application for job in results[names[0]][0].jobs})
     total = len(results[names[0]][0].jobs)
     print(f"{'application':12} {'policy':8} {'jobs':>4} {'avg JCT':>8} {'wait':>6} {'GPU-h':>6} {'restarts':>8} "
-          f"{'GPUs':>5} {'batch':>6} {'pred/true':>9} {'batch/best':>10}")
+          f"{'GPUs':>5} {'nodes':>5} {'batch':>6} {'pred/true':>9} {'batch/best':>10} {'per GPU':>7}")
     for app in apps:
         for name in names:
             jobs = [job for job in rows[name].values() if job.application == app]
@@ -100,12 +106,15 @@ def table(results: dict[str, tuple[SimResult, Recorder]]) -> None:
             batches = [b for s in seen for b in s.batches]
             acc = [a for s in seen for a in s.accuracy]
             share = [a for s in seen for a in s.batch_share]
+            nodes = [n for s in seen for n in s.nodes]
+            per_gpu = [a for s in seen for a in s.per_gpu]
             print(f"{app:12} {name:8} {len(jobs):4d} {statistics.mean(j.jct_s or 0.0 for j in jobs):8.0f} "
                   f"{statistics.mean((j.start_s or 0.0) - j.arrival_s for j in jobs):6.0f} "
                   f"{statistics.mean(j.gpu_s for j in jobs) / 3600:6.2f} "
                   f"{statistics.mean(j.restarts for j in jobs):8.1f} {statistics.mean(gpus or [0]):5.1f} "
+                  f"{statistics.mean(nodes or [0]):5.2f} "
                   f"{statistics.mean(batches or [0]):6.0f} {statistics.median(acc or [0.0]):9.2f} "
-                  f"{statistics.mean(share or [0.0]):10.2f}")
+                  f"{statistics.mean(share or [0.0]):10.2f} {statistics.mean(per_gpu or [0.0]):7.2f}")
         if len(names) == 2:
             diff = sum((rows[names[1]][n].jct_s or 0.0) - (rows[names[0]][n].jct_s or 0.0)
                        for n, job in rows[names[0]].items() if job.application == app) / total
