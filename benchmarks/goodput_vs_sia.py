@@ -135,6 +135,9 @@ def main() -> None:
               + f"; mean {mean:.3f}, 95% interval [{lo:.3f}, {hi:.3f}]")
         claims.append((base, mean, lo, hi))
     for base, mean, lo, hi in claims:
+        if len(seeds) < 2:
+            print(f"Claim: none on one arrival order (goodput/{base} {mean:.3f}, no interval); run --orders 5.")
+            continue
         if hi < 1.0:
             verdict = f"lower than {base}'s by {1 - mean:.0%} (interval [{lo:.3f}, {hi:.3f}] below 1)"
         elif lo > 1.0:
