@@ -15,8 +15,8 @@ GPUs of Sia's three types (aws 4-GPU nodes, dgx-ext and rtx 8-GPU nodes, in
 the proportions of its 64-GPU cluster) and ``--hetero-jobs`` jobs (5,000)
 of Sia's applications with their true model on every type, from
 ``--sia-data`` (../shared/data/sia). One cold and one warm decision for
-each of ``--hetero-policies`` (sia, goodput: pollux and goodput see one pool
-of GPUs). pollux is not in the default list: its exact knapsack over
+each of ``--hetero-policies`` (sia, goodput: both choose type and size;
+pollux sees one pool of GPUs). pollux is not in the default list: its exact knapsack over
 GPU counts costs jobs x GPUs x widest job (5,000 x 10,000 x 64): 472 s a
 decision when measured; name it to measure it.
 """

@@ -9,8 +9,10 @@ paper's cluster (aws 6x4, dgx-ext 2x8, rtx 3x8:
 policy's average and p99 JCT, makespan and GPU-hours per job, then the
 mean over the workloads with a 95% interval (Student's t over the
 workloads) next to the paper's mean (Sia 0.6 h, Pollux heterogeneity-
-unaware 1.0 h). ``pollux`` sees one pool of GPUs; ``goodput`` too (it
-knows no types); ``sia`` is told each job's model per GPU type. When
+unaware 1.0 h). ``pollux`` sees one pool of GPUs; ``sia`` is told each
+job's model per GPU type; ``goodput`` too, and each job's one-GPU profile
+of every type, charged to the job (policies/goodput_types.py; its figures
+over arrival orders on the untouched half: benchmarks/goodput_vs_sia.py). When
 ``goodput`` runs beside ``sia``, the ratio goodput/sia per workload and
 its interval follow.
 """

@@ -8,7 +8,7 @@ from dlsub.policies.api import Policy, PolicyError
 from dlsub.policies.efifo import ElasticFifoPolicy
 from dlsub.policies.fifo import FifoPolicy
 from dlsub.policies.gang import GangPolicy
-from dlsub.policies.goodput import GoodputPolicy
+from dlsub.policies.goodput_types import TypedGoodputPolicy
 from dlsub.policies.optimus import OptimusPolicy
 from dlsub.policies.pollux import PolluxPolicy
 from dlsub.policies.rr import RoundRobinPolicy
@@ -25,7 +25,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
         GangPolicy,
         TiresiasPolicy,
         OptimusPolicy,
-        GoodputPolicy,
+        TypedGoodputPolicy,  # goodput: GoodputPolicy itself on one GPU type
         PolluxPolicy,
         SiaPolicy,
         WorkerGreedyPolicy,

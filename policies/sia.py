@@ -228,13 +228,14 @@ class SiaPolicy:
                 var_gpus.append(count)
                 cost.append(c)
         free = [shape.total - h for shape, h in zip(shapes, held, strict=True)]
-        chosen = self._solve(len(jobs), free, var_job, var_type, var_gpus, cost)
-        return self._place(jobs, shapes, {**fixed, **chosen}, previous)
+        chosen = self.solve(len(jobs), free, var_job, var_type, var_gpus, cost)
+        return self.place(jobs, shapes, {**fixed, **chosen}, previous)
 
     @staticmethod
-    def _solve(num_jobs: int, free: Sequence[int], var_job: list[int], var_type: list[int],
-               var_gpus: list[int], cost: list[float]) -> dict[int, tuple[int, int]]:
-        """Job index -> (type index, GPUs): at most one configuration a job, each type within its free GPUs."""
+    def solve(num_jobs: int, free: Sequence[int], var_job: list[int], var_type: list[int],
+               var_gpus: list[int], cost: list[float], rel_gap: float = 1e-4) -> dict[int, tuple[int, int]]:
+        """Job index -> (type index, GPUs): at most one configuration a job, each type within its free GPUs,
+        to a relative gap of ``rel_gap``."""
         n = len(cost)
         if n == 0:
             return {}
@@ -246,7 +247,7 @@ class SiaPolicy:
                        LinearConstraint(per_type.tocsr(), -np.inf, np.array(free, dtype=float))]
         exact = n <= EXACT_MAX_VARS
         result = milp(np.array(cost), constraints=constraints, integrality=np.full(n, 1 if exact else 0),
-                      bounds=Bounds(0, 1), options={"mip_rel_gap": 1e-4, "time_limit": TIME_LIMIT_S})
+                      bounds=Bounds(0, 1), options={"mip_rel_gap": rel_gap, "time_limit": TIME_LIMIT_S})
         if result.x is None:
             raise PolicyError(f"sia: the integer program found no solution in {TIME_LIMIT_S:g} s ({result.message})")
         picked = np.flatnonzero(result.x > 1 - 1e-6)
@@ -265,7 +266,7 @@ class SiaPolicy:
                     left[var_type[k]] -= var_gpus[k]
         return chosen
 
-    def _place(self, jobs: Jobs, shapes: Sequence[TypeShape], chosen: Mapping[int, tuple[int, int]],
+    def place(self, jobs: Jobs, shapes: Sequence[TypeShape], chosen: Mapping[int, tuple[int, int]],
                previous: Allocations) -> Decision:
         decision: Decision = {}
         free: list[Counter[str]] = []

@@ -45,6 +45,10 @@ class SimConfig:
     max_time_s: float = 60 * 24 * 3600.0
     # "sia": Sia's per-application slowdowns and restart penalties (see sia_setting).
     calibration: str = "none"
+    # On a cluster of several GPU types, what a policy that reads each job's one-GPU profile of every type
+    # (``profiles_types``: goodput) charges the job for it: its first start waits this much longer,
+    # holding its GPUs (counted in its GPU-hours). A short run of a few steps on one GPU of each type.
+    profile_s: float = 60.0
 
 
 @dataclass
@@ -75,6 +79,7 @@ class SimJob:
     slowdown: float = 1.0  # progress runs this many times slower than the traces (calibration)
     restart_s: float | None = None  # its own restart penalty, when the setting has one per application
     told_restart_s: float | None = None  # what a policy is told a restart costs it (the setting's)
+    profile_s: float = 0.0  # added to its first start: its profile of every GPU type (SimConfig.profile_s)
 
     @property
     def name(self) -> str:
@@ -120,7 +125,7 @@ class SimJob:
             self.config = self.app.batch_config(alloc.gpus, alloc.batch_size)
         else:
             self._choose_config()
-        self.penalty_left = penalty_s
+        self.penalty_left = penalty_s + (self.profile_s if self.starts == 0 else 0.0)
         self.starts += 1
         if self.first_start_s is None:
             self.first_start_s = now
@@ -259,6 +264,7 @@ def make_jobs(
         type_cap = min(sum(node.gpus for node in cluster.nodes if node.gpu_type == t) for t in gpu_types)
     elastic = getattr(policy, "elastic", False)
     adapts = getattr(policy, "adapts_batch", False)
+    profile_s = config.profile_s if len(gpu_types) > 1 and getattr(policy, "profiles_types", False) else 0.0
     rng = random.Random(config.seed)
     info = information_for(config.information, policy, config.history)
     if config.history == "columns" and not any(spec.user and spec.command for spec in workload):
@@ -300,7 +306,8 @@ def make_jobs(
                      slowdown=sia_setting.slowdown(config.calibration, app.name),
                      restart_s=(sia_setting.restart_s(config.calibration, app.name, config.restart_penalty_s)
                                 if config.calibration != "none" else None),
-                     told_restart_s=sia_setting.told_restart_s(config.calibration, app.name))
+                     told_restart_s=sia_setting.told_restart_s(config.calibration, app.name),
+                     profile_s=profile_s)
         jobs.append(job)
     return jobs
 

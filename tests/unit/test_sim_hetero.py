@@ -205,3 +205,14 @@ def test_native_writes_to_stdout_go_to_stderr_while_simulating() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
                          timeout=120)
     assert out.stdout == "{}\n" and "native noise" in out.stderr
+
+
+def test_goodput_pays_for_the_profile_of_every_type_it_reads(typed_traces: Path) -> None:
+    """goodput reads each job's one-GPU profile of every type (type_rates): its jobs' first start waits
+    SimConfig.profile_s longer; sia and pollux are charged nothing (as Sia's artifact charges nothing)."""
+    spec = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)]
+    charged = {name: make_jobs(spec, typed_traces, get_policy(name), SimConfig(profile_s=45.0), two_types())[0]
+               for name in ("goodput", "sia", "pollux")}
+    assert {name: j.profile_s for name, j in charged.items()} == {"goodput": 45.0, "sia": 0.0, "pollux": 0.0}
+    one_type = ClusterView((Node("f0", 4, gpu_type="fast"),))
+    assert make_jobs(spec, typed_traces, get_policy("goodput"), SimConfig(), one_type)[0].profile_s == 0.0

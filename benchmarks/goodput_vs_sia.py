@@ -1,0 +1,156 @@
+"""goodput across GPU types against sia and pollux, in Sia's heterogeneous setting, over arrival orders.
+
+    nice -n 19 python benchmarks/goodput_vs_sia.py [--data ../shared/data/sia] [--orders 5] [--jitter 120]
+        [--workloads 5,6,7,8] [--tuned-on 1-4|5-8] [--policies goodput,sia,pollux] [--variant K=V,...]
+        [--raw FILE]
+
+Each Philly workload (``DATA/workloads-philly/workload-N.csv``) on Sia's cluster (aws 6x4, dgx-ext 2x8,
+rtx 3x8: ``sim/scenarios/sia-cluster.toml``) with Sia's calibration, online (each job knows only what it
+reported, and goodput its one-GPU profile of every type, whose cost the simulator charges it:
+``SimConfig.profile_s``), for each arrival order (seed 1..N: every arrival delayed by up to --jitter s).
+Printed per policy: average JCT, p99 JCT and GPU-hours per job, mean over the runs; then goodput/sia and
+goodput/pollux (ratio of average JCTs, averaged over the workloads of each order): the mean over orders
+and its 95% interval (Student's t), and the sentence those figures support.
+
+goodput's constants were chosen on workloads 1-4 (``--tuned-on 1-4``, the default): run 5-8 to see them
+on workloads they were not tuned on. Sia's other traces (Helios, newTrace) are an acceptance set and
+are never run here. --raw FILE keeps every run as a line of JSON; a run already there is not run again.
+One simulation at a time (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+from dlsub.policies.registry import POLICIES
+from dlsub.sim.cluster_file import load_cluster
+from dlsub.sim.engine import SimConfig, simulate
+from dlsub.sim.workload import SCENARIOS_DIR, read_workload
+
+CLAIM_GOAL = 0.90  # issue 33: goodput's average JCT at most this times sia's
+
+
+def interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and its 95% interval (Student's t); one value: no interval."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    return mean, mean - half, mean + half
+
+
+def parse_variant(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--variant: {item!r} is not K=V (e.g. speedup_power=0.5)")
+        out[key.strip()] = float(value)
+    return out
+
+
+def run_one(data: Path, cluster_file: Path, policy: str, workload: int, seed: int, jitter: float,
+            variant: dict[str, float]) -> dict[str, Any]:
+    config = SimConfig(information="online", calibration="sia", seed=seed, arrival_jitter_s=jitter)
+    jobs = read_workload(data / "workloads-philly" / f"workload-{workload}.csv")
+    made = POLICIES[policy](**variant) if variant else POLICIES[policy]()
+    result = simulate(jobs, data / "traces", made, load_cluster(cluster_file), config)
+    s = result.summary()
+    return {"policy": policy, "workload": workload, "seed": seed, "jitter": jitter, "variant": variant,
+            "profile_s": config.profile_s if policy == "goodput" else 0.0,
+            "avg_jct_s": s["avg_jct_s"], "p99_jct_s": s["p99_jct_s"], "gpu_h_per_job": s["gpu_h_per_job"],
+            "restarts": s["restarts"], "stalled": s["stalled"], "wall_s": s["wall_s"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=Path.cwd().parent / "shared/data/sia")
+    parser.add_argument("--cluster", type=Path, default=SCENARIOS_DIR / "sia-cluster.toml")
+    parser.add_argument("--orders", type=int, default=5)
+    parser.add_argument("--jitter", type=float, default=120.0, help="seconds; each arrival delayed by up to this")
+    parser.add_argument("--workloads", default="5,6,7,8")
+    parser.add_argument("--tuned-on", default="1-4", choices=["1-4", "5-8"])
+    parser.add_argument("--policies", default="goodput,sia,pollux")
+    parser.add_argument("--variant", default="", help="goodput's constructor arguments, K=V,...")
+    parser.add_argument("--raw", type=Path, help="JSON lines of every run; runs already there are reused")
+    args = parser.parse_args()
+    numbers = [int(w) for w in args.workloads.split(",")]
+    policies = args.policies.split(",")
+    for name in policies:
+        if name not in POLICIES:
+            raise SystemExit(f"unknown policy {name!r}; valid: {', '.join(sorted(POLICIES))}")
+    variant = parse_variant(args.variant)
+    seeds = list(range(1, args.orders + 1))
+    rows: list[dict[str, Any]] = []
+    if args.raw and args.raw.exists():
+        rows = [json.loads(line) for line in args.raw.read_text().splitlines() if line.strip()]
+
+    def find(policy: str, workload: int, seed: int) -> dict[str, Any] | None:
+        want = variant if policy == "goodput" else {}
+        for row in rows:
+            if (row["policy"], row["workload"], row["seed"], row["jitter"], row["variant"]) == (
+                    policy, workload, seed, args.jitter, want):
+                return row
+        return None
+
+    for seed in seeds:
+        for w in numbers:
+            for policy in policies:
+                if find(policy, w, seed) is None:
+                    row = run_one(args.data, args.cluster, policy, w, seed, args.jitter,
+                                  variant if policy == "goodput" else {})
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    if args.raw:
+                        with args.raw.open("a") as out:
+                            out.write(json.dumps(row) + "\n")
+    untouched = {"1-4": {5, 6, 7, 8}, "5-8": {1, 2, 3, 4}}[args.tuned_on]
+    half = "untouched" if set(numbers) <= untouched else "tuned on" if not set(numbers) & untouched else "mixed"
+    print(f"\nSia's setting (64 GPUs: aws 6x4, dgx-ext 2x8, rtx 3x8), online, Philly workloads "
+          f"{args.workloads} ({half}; goodput tuned on {args.tuned_on}), {len(seeds)} arrival orders "
+          f"(jitter up to {args.jitter:g} s); goodput variant {variant or 'default'}")
+    print(f"{'policy':>8} {'avg JCT h':>10} {'p99 JCT h':>10} {'GPU h/job':>10} {'restarts':>9}")
+    for policy in policies:
+        got = [r for s in seeds for w in numbers if (r := find(policy, w, s)) is not None]
+        print(f"{policy:>8} {statistics.fmean(r['avg_jct_s'] for r in got) / 3600:>10.3f} "
+              f"{statistics.fmean(r['p99_jct_s'] for r in got) / 3600:>10.2f} "
+              f"{statistics.fmean(r['gpu_h_per_job'] for r in got):>10.2f} "
+              f"{statistics.fmean(r['restarts'] for r in got):>9.0f}")
+    claims = []
+    for base in ("sia", "pollux"):
+        if "goodput" not in policies or base not in policies:
+            continue
+        per_order = []
+        for s in seeds:
+            pairs = [(find("goodput", w, s), find(base, w, s)) for w in numbers]
+            per_order.append(statistics.fmean(g["avg_jct_s"] / b["avg_jct_s"] for g, b in pairs if g and b))
+        mean, lo, hi = interval(per_order)
+        print(f"goodput/{base} avg JCT, per order: " + " ".join(f"{r:.3f}" for r in per_order)
+              + f"; mean {mean:.3f}, 95% interval [{lo:.3f}, {hi:.3f}]")
+        claims.append((base, mean, lo, hi))
+    for base, mean, lo, hi in claims:
+        if len(seeds) < 2:
+            print(f"Claim: none on one arrival order (goodput/{base} {mean:.3f}, no interval); run --orders 5.")
+            continue
+        if hi < 1.0:
+            verdict = f"lower than {base}'s by {1 - mean:.0%} (interval [{lo:.3f}, {hi:.3f}] below 1)"
+        elif lo > 1.0:
+            verdict = f"higher than {base}'s by {mean - 1:.0%} (interval [{lo:.3f}, {hi:.3f}] above 1)"
+        else:
+            verdict = f"not shown to differ from {base}'s (interval [{lo:.3f}, {hi:.3f}] holds 1)"
+        goal = ""
+        if base == "sia":
+            goal = (f"; the goal of <= {CLAIM_GOAL:.2f}x sia is "
+                    + ("met" if hi <= CLAIM_GOAL else "not met" if lo > CLAIM_GOAL else "not shown either way"))
+        print(f"Claim: on Philly workloads {args.workloads} ({half}), online, goodput's average JCT is "
+              f"{verdict}{goal}.")
+
+
+if __name__ == "__main__":
+    main()

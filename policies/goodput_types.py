@@ -1,0 +1,194 @@
+"""``goodput`` on a cluster with several GPU types: each job's type and size chosen together, online.
+
+On a cluster of one GPU type (or none named) this is :class:`~dlsub.policies.goodput.GoodputPolicy`
+unchanged: :meth:`TypedGoodputPolicy.decide` hands the call to it. Only where the nodes name two or more
+GPU types does the code below act (issue 33, item 3).
+
+What it knows of a job is what a live agent can know:
+
+- **Its own reports per type** (``JobView.type_models``): a model fitted to the steps it ran on that type
+  only.
+- **A short profile of every type** (``JobView.type_rates``): its samples per second on one GPU of each
+  type, as Sia bootstraps its throughput models from one-GPU runs and as ``dlsub estimate`` profiles
+  per partition. The simulator charges it to the job (``SimConfig.profile_s``: the job's first start
+  waits that long more, holding its GPUs, counted in its GPU-hours) because this policy says it uses it
+  (``profiles_types``).
+
+A type the job has reports from is judged on its model there; a type it has not run on, on the model of
+the type it has run widest on, scaled by the ratio of the two types' one-GPU profiles (Sia's bootstrap);
+a job with no reports yet, on its one-GPU profiles alone (one GPU of the type where its profile is
+fastest is worth most to it; Sia's artifact gives such a job one GPU of any type, all of equal worth).
+
+The choice is one integer program over (job, type, GPU count), the configurations Sia's are (powers of two
+within a node, then whole nodes: :class:`~dlsub.policies.sia.TypeShape`), each type within its GPUs,
+at most one configuration a job. Each configuration is worth, to job ``j``,
+
+    w_j x (admit + s ** q),   w_j = 1 / sqrt(1 + service_j / UNKNOWN_WORK_S)
+
+``s`` its speed-up there over its slowest configuration on any type (so a job goes where its comparative
+advantage is: a GPU of the fast type is worth three to a job it speeds three-fold, and little more than
+one to a job it barely helps); ``admit`` a value for being run at all, large beside a job's growth, so
+that jobs are started before others grow (goodput's "every job its minimum first"); ``w_j`` goodput's
+attained-service weight (the job's GPU-seconds), which favours young, likely short, jobs (Tiresias's LAS).
+``q`` (``speedup_power``, 0.5) makes a job's worth grow ever more slowly with its speed-up, so spare GPUs
+go where they add most in proportion (Pollux's and Sia's p < 0 do that too); chosen on Philly workload 1
+(order 1: average JCT 0.548 h against 0.595 h with q = 1, sia 0.553 h). Sia's ``lambda_n`` plays the role
+of ``admit`` there, without the service weight.
+
+**Moving a running job** (another type, or another count) costs its restart: every configuration but
+its current one has its speed-up scaled by ``(1 - restart / age) x (1 - move_margin)``, the job's age
+standing for the work it has left (as goodput guesses it: about as much again as it has done), so a
+job moves when what the faster configuration saves over that horizon beats the seconds the restart
+loses. A job in the middle of a restart keeps its GPUs, as Sia's do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView, PerformanceModel
+from dlsub.policies.goodput import GoodputPolicy
+from dlsub.policies.perf_models.speedup import UNKNOWN_WORK_S, searches_batch
+from dlsub.policies.placement import packed_placement
+from dlsub.policies.sia import SiaPolicy, TypeShape, type_shapes
+
+# HiGHS's relative gap: a fraction of the whole objective, which the admission values dominate (160 jobs
+# x 100), so Sia's 1e-4 would leave growth worth a few speed-ups unseen.
+REL_GAP = 1e-7
+Row = tuple[int, int, float]  # (type index, GPUs, progress per second there)
+
+
+def _rate(job: JobView, model: PerformanceModel, placement: tuple[int, ...]) -> float:
+    """Goodput at the best batch there (or at the job's own batch, when it cannot change it)."""
+    if searches_batch(job, adapt_batch=True) or job.batch_size is None:
+        return model.best_batch(placement)[1]
+    return model.goodput(placement, job.batch_size)
+
+
+def _trusted(job: JobView, model: PerformanceModel) -> int:
+    """The most GPUs the model vouches for (its own reports' widest times four), within the job's maximum."""
+    trusted = getattr(model, "trusted_gpus", None)
+    return job.hi if not isinstance(trusted, int) else min(job.hi, trusted)
+
+
+def type_rates(job: JobView, shapes: Sequence[TypeShape]) -> list[Row]:
+    """Every configuration the job may get, with its goodput there (in one unit per job).
+
+    No reports yet: one GPU (its minimum) of each type, rated by the type's one-GPU profile (1 each when it
+    has none). Reports on some types: their models there; the other types bootstrapped from the model of
+    the type it ran widest on, scaled by the two types' one-GPU profiles; a type with no profile is left
+    out."""
+    lo = max(job.lo, 1)
+    models = {s.name: job.type_models[s.name] for s in shapes if job.type_models and s.name in job.type_models}
+    profile = job.type_rates or {}
+    if not models:
+        rows = []
+        for i, shape in enumerate(shapes):
+            rate = profile.get(shape.name, 0.0) if profile else 1.0
+            if lo in shape.configs and rate > 0:
+                rows.append((i, lo, rate))
+        return rows
+    source = max(models, key=lambda name: (_trusted(job, models[name]), name))
+    per_node_of = {s.name: s.per_node for s in shapes}
+    rows = []
+    for i, shape in enumerate(shapes):
+        model, scale, per_node = models.get(shape.name), 1.0, shape.per_node
+        if model is None:
+            here, there = profile.get(shape.name, 0.0), profile.get(source, 0.0)
+            if here <= 0 or there <= 0:
+                continue
+            model, scale, per_node = models[source], here / there, per_node_of[source]
+        hi = _trusted(job, model)
+        for count in shape.configs:
+            if lo <= count <= hi:
+                rate = _rate(job, model, packed_placement(count, per_node)) * scale
+                if rate > 0:
+                    rows.append((i, count, rate))
+    return rows
+
+
+class TypedGoodputPolicy(GoodputPolicy):
+    """``goodput``: on one GPU type the homogeneous policy, on several the program above."""
+
+    name: ClassVar[str] = "goodput"
+    # Told each job's reports per GPU type and each type's one-GPU profile (dlsub.sim.information); on a
+    # cluster of one type there is one key and nothing changes.
+    type_aware: ClassVar[bool] = True
+    # It reads the one-GPU profiles (type_rates): the simulator charges their cost to each job.
+    profiles_types: ClassVar[bool] = True
+
+    def __init__(self, admit_value: float = 100.0, move_margin: float = 0.05, speedup_power: float = 0.5,
+                 **goodput: Any) -> None:
+        super().__init__(**goodput)
+        self.admit_value = admit_value
+        self.move_margin = move_margin
+        self.speedup_power = speedup_power
+
+    def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
+        if len(cluster.gpu_types()) < 2:
+            return super().decide(jobs, cluster, now, previous)
+        return self.across_types(jobs, cluster, now, previous)
+
+    def weight(self, job: JobView) -> float:
+        """Goodput's attained-service weight: younger jobs (in GPU-seconds) count more."""
+        return 1.0 / math.sqrt(1.0 + job.attained_gpu_s / UNKNOWN_WORK_S)
+
+    def keep_share(self, job: JobView, now: float) -> float:
+        """What a change of configuration leaves of a running job's speed-up: the restart's share of the
+        work it is guessed to have left (its age), and the margin."""
+        restart = self.restart_penalty_s if job.restart_s is None else job.restart_s
+        age = max(now - job.arrival_s, 0.0)
+        return max(0.0, 1.0 - restart / age) * (1.0 - self.move_margin) if age > 0 else 0.0
+
+    def across_types(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
+        if not jobs:
+            return {}
+        shapes = type_shapes(cluster)
+        type_index = {name: i for i, shape in enumerate(shapes) for name in shape.nodes}
+        var_job: list[int] = []
+        var_type: list[int] = []
+        var_gpus: list[int] = []
+        cost: list[float] = []
+        held = [0] * len(shapes)
+        fixed: dict[int, tuple[int, int]] = {}
+        for j, job in enumerate(jobs):
+            prev_key = _key_of(previous.get(job.name), type_index)
+            if prev_key is not None and job.restarting_s > 0:
+                fixed[j] = prev_key  # mid-restart: it keeps its GPUs
+                held[prev_key[0]] += prev_key[1]
+                continue
+            rows = type_rates(job, shapes)
+            if not rows:
+                continue
+            least = min(rate for _, _, rate in rows)
+            weight = self.weight(job)
+            keep = self.keep_share(job, now) if prev_key is not None else 1.0
+            best_below: dict[int, float] = {}  # per type, the best value of fewer GPUs there
+            for i, count, rate in sorted(rows, key=lambda row: (row[0], row[1])):
+                speedup = rate / least
+                if prev_key is not None and (i, count) != prev_key:
+                    speedup *= keep
+                value = weight * (self.admit_value + speedup ** self.speedup_power)
+                # More GPUs of one type must be worth more than fewer (else an optimum never takes them).
+                if value <= best_below.get(i, 0.0):
+                    continue
+                best_below[i] = value
+                var_job.append(j)
+                var_type.append(i)
+                var_gpus.append(count)
+                cost.append(-value)
+        free = [shape.total - h for shape, h in zip(shapes, held, strict=True)]
+        # The admission values dwarf a job's growth: the gap must be tight enough to see the growth.
+        chosen = SiaPolicy.solve(len(jobs), free, var_job, var_type, var_gpus, cost, rel_gap=REL_GAP)
+        return SiaPolicy().place(jobs, shapes, {**fixed, **chosen}, previous)
+
+
+def _key_of(alloc: Allocation | None, type_index: Mapping[str, int]) -> tuple[int, int] | None:
+    """(type index, GPUs) of an allocation on one type; None for none or one spanning types."""
+    nodes = alloc.nodes if alloc is not None else ()
+    if not nodes or any(n not in type_index for n in nodes):
+        return None
+    types = {type_index[n] for n in nodes}
+    return (types.pop(), len(nodes)) if len(types) == 1 else None

@@ -1,0 +1,162 @@
+"""Unit tests (pure policy tests, and the simulator with no Slurm): ``goodput`` across GPU types.
+
+Models here are exact (no fit behind them: a policy sizes such a job up to its maximum), so each choice can
+be checked by hand: a configuration is worth ``w x (admit + speed-up)``, the speed-up over the job's slowest
+configuration on any type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+
+from dlsub.policies.api import Allocation, ClusterView, JobView, Node, check_decision
+from dlsub.policies.goodput import GoodputPolicy
+from dlsub.policies.goodput_types import TypedGoodputPolicy, type_rates
+from dlsub.policies.registry import get_policy
+from dlsub.policies.sia import type_shapes
+from dlsub.sim.engine import SimConfig, make_jobs, simulate
+from dlsub.sim.workload import POLLUX_DIR, WorkloadJob, read_workload
+
+
+@dataclass(frozen=True)
+class Linear:
+    """Goodput ``speed x GPUs ** power`` at every batch size (batch 64)."""
+
+    speed: float
+    power: float = 1.0
+
+    def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return 1.0 / self.goodput(placement, batch_size)
+
+    def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return self.speed * sum(placement) ** self.power
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        return 64, self.goodput(placement, 64)
+
+
+def job(name: str, hi: int = 8, arrival_s: float = 0.0, **fields: object) -> JobView:
+    return JobView(name=name, arrival_s=arrival_s, gpus=1, min_gpus=1, max_gpus=hi, adaptive_batch=True,
+                   batch_size=64, **fields)  # type: ignore[arg-type]
+
+
+def cluster(*groups: tuple[str, int, int]) -> ClusterView:
+    """(type, nodes, GPUs a node) per group."""
+    return ClusterView(tuple(Node(f"{t}{i}", per, gpu_type=t) for t, count, per in groups for i in range(count)))
+
+
+def types_of(decision: dict[str, Allocation], c: ClusterView) -> dict[str, tuple[str, int]]:
+    kinds = c.type_of()
+    return {name: ({kinds[n] for n in a.nodes}.pop(), a.gpus) for name, a in decision.items() if a.gpus}
+
+
+# -- one GPU type: goodput exactly as before ------------------------------------------------------
+
+
+@pytest.mark.parametrize("c", [ClusterView.uniform(2, 4), cluster(("a100", 2, 4))])
+def test_on_one_gpu_type_it_decides_as_goodput(c: ClusterView) -> None:
+    jobs = [job("a", hi=8, model=Linear(1.0, 0.9), progress=50.0, attained_gpu_s=900.0),
+            job("b", hi=4, arrival_s=60.0, model=Linear(2.0, 0.5)),
+            job("c", hi=2, arrival_s=120.0, model=Linear(1.0, 1.0), remaining=300.0)]
+    previous = {"a": Allocation(("n000",) * 2 if c.nodes[0].name == "n000" else ("a1000",) * 2)}
+    assert get_policy("goodput").decide(jobs, c, 600.0, previous) == GoodputPolicy().decide(jobs, c, 600.0, previous)
+
+
+def test_on_the_pollux_workloads_the_simulation_is_goodputs_exactly() -> None:
+    workload = read_workload(POLLUX_DIR / "workloads" / "workload-1.csv")[:12]
+    c = ClusterView.uniform(2, 4)
+    config = SimConfig(seed=1, arrival_jitter_s=120.0)
+    plain = simulate(workload, POLLUX_DIR / "traces", GoodputPolicy(), c, config)
+    typed = simulate(workload, POLLUX_DIR / "traces", get_policy("goodput"), c, config)
+    assert isinstance(get_policy("goodput"), TypedGoodputPolicy)
+    assert [(j.name, j.completion_s, j.restarts, j.gpu_s) for j in typed.jobs] == \
+        [(j.name, j.completion_s, j.restarts, j.gpu_s) for j in plain.jobs]
+    assert all(j.completion_s is not None for j in plain.jobs)
+
+
+# -- several GPU types ----------------------------------------------------------------------------
+
+
+def test_each_job_goes_where_its_comparative_advantage_is() -> None:
+    # One fast GPU, one slow. a runs 3x faster on fast, b 1.2x: a on fast (3 + 1) beats b on fast (1.2 + 1).
+    c = cluster(("fast", 1, 1), ("slow", 1, 1))
+    a = job("a", hi=1, type_models={"fast": Linear(3.0), "slow": Linear(1.0)})
+    b = job("b", hi=1, type_models={"fast": Linear(1.2), "slow": Linear(1.0)})
+    for order in ([a, b], [b, a]):
+        decision = TypedGoodputPolicy().decide(order, c, 0.0, {})
+        check_decision(decision, order, c)
+        assert types_of(decision, c) == {"a": ("fast", 1), "b": ("slow", 1)}
+
+
+def test_a_job_with_no_reports_starts_on_the_type_its_profile_rates_fastest() -> None:
+    c = cluster(("slow", 1, 4), ("fast", 1, 4))
+    fresh = job("a", type_rates={"slow": 100.0, "fast": 250.0})
+    assert types_of(TypedGoodputPolicy().decide([fresh], c, 0.0, {}), c) == {"a": ("fast", 1)}
+    assert type_rates(fresh, type_shapes(c)) == [(0, 1, 100.0), (1, 1, 250.0)]
+
+
+def test_a_type_it_has_not_run_on_is_bootstrapped_from_its_profile() -> None:
+    # Reports from slow only; the profile says fast is twice as fast: fast's rows are slow's model, doubled.
+    c = cluster(("slow", 1, 4), ("fast", 1, 4))
+    j = job("a", hi=4, type_models={"slow": Linear(1.0)}, type_rates={"slow": 10.0, "fast": 20.0})
+    rows = type_rates(j, type_shapes(c))
+    assert (1, 4, 8.0) in rows and (0, 4, 4.0) in rows
+    assert types_of(TypedGoodputPolicy().decide([j], c, 0.0, {}), c) == {"a": ("fast", 4)}
+    # No profile of a type: it is left out, not guessed.
+    assert {row[0] for row in type_rates(replace(j, type_rates={"slow": 10.0}), type_shapes(c))} == {0}
+
+
+def test_every_job_runs_before_any_grows() -> None:
+    # 4 GPUs; a scales linearly to 4, b and c not at all: each runs on one, a takes the rest (2).
+    c = cluster(("fast", 1, 2), ("slow", 1, 2))
+    a = job("a", hi=4, type_models={"fast": Linear(1.0), "slow": Linear(1.0)})
+    b = job("b", hi=4, type_models={"fast": Linear(1.0, 0.0), "slow": Linear(1.0, 0.0)})
+    cc = job("c", hi=4, type_models={"fast": Linear(1.0, 0.0), "slow": Linear(1.0, 0.0)})
+    decision = TypedGoodputPolicy().decide([a, b, cc], c, 0.0, {})
+    got = types_of(decision, c)
+    assert set(got) == {"a", "b", "c"} and got["a"][1] == 2 and got["b"][1] == got["c"][1] == 1
+
+
+def test_a_running_job_moves_type_only_when_the_gain_beats_the_restart() -> None:
+    # a runs on 1 slow GPU; the fast type (2x) is free. A restart costs 120 s.
+    c = cluster(("slow", 1, 1), ("fast", 1, 1))
+    on_slow = {"a": Allocation(("slow0",))}
+    a = job("a", hi=1, restart_s=120.0, restarts=0,
+            type_models={"slow": Linear(1.0), "fast": Linear(2.0)}, running_since_s=0.0)
+    # Young (200 s: about as much left): 2 x (1 - 120/200) x 0.95 = 0.76 < 1, it stays.
+    assert types_of(TypedGoodputPolicy().decide([a], c, 200.0, on_slow), c) == {"a": ("slow", 1)}
+    # Older (2000 s): 2 x 0.94 x 0.95 = 1.79 > 1, it moves.
+    assert types_of(TypedGoodputPolicy().decide([a], c, 2000.0, on_slow), c) == {"a": ("fast", 1)}
+    # Barely faster (1.02x) it stays at any age: the margin.
+    b = replace(a, type_models={"slow": Linear(1.0), "fast": Linear(1.02)})
+    assert types_of(TypedGoodputPolicy().decide([b], c, 1e6, on_slow), c) == {"a": ("slow", 1)}
+
+
+def test_a_job_in_the_middle_of_a_restart_keeps_its_gpus() -> None:
+    c = cluster(("slow", 1, 1), ("fast", 1, 1))
+    a = job("a", hi=1, restarting_s=20.0, type_models={"slow": Linear(1.0), "fast": Linear(5.0)})
+    held = {"a": Allocation(("slow0",))}
+    assert TypedGoodputPolicy().decide([a], c, 5000.0, held) == held
+
+
+def test_younger_jobs_are_started_first_when_gpus_are_short() -> None:
+    c = cluster(("fast", 1, 1), ("slow", 1, 1))
+    rates = {"fast": 1.0, "slow": 1.0}
+    old = job("old", hi=1, attained_gpu_s=36000.0, type_rates=rates)
+    mid = job("mid", hi=1, attained_gpu_s=3600.0, type_rates=rates)
+    new = job("new", hi=1, type_rates=rates)
+    assert set(types_of(TypedGoodputPolicy().decide([old, mid, new], c, 0.0, {}), c)) == {"mid", "new"}
+
+
+def test_the_simulator_charges_the_profile_to_a_policy_that_reads_it() -> None:
+    spec = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)]
+    untyped = ClusterView.uniform(1, 4)
+    assert make_jobs(spec, POLLUX_DIR / "traces", get_policy("goodput"), SimConfig(), untyped)[0].profile_s == 0.0
+    sim_job = make_jobs(spec, POLLUX_DIR / "traces", get_policy("goodput"), SimConfig(profile_s=45.0), untyped)[0]
+    sim_job.profile_s = 45.0  # as make_jobs sets it on a cluster of several types (tests/unit/test_sim_hetero.py)
+    sim_job.reallocate(Allocation(("n000",)), 0.0, 30.0)
+    assert sim_job.penalty_left == 75.0  # its first start: the restart and the profile
+    sim_job.reallocate(Allocation(("n000", "n000")), 60.0, 30.0)
+    assert sim_job.penalty_left == 30.0  # later starts: the restart alone
