@@ -145,10 +145,13 @@ def test_a_job_row_written_before_the_typed_record_loads_and_is_written_back_the
         {"dropped": "read in part"}, "not moved to gpu", "gpu", 0, (20, 18, 1))
     assert (data.continuations, data.backfilled_from, data.backfilled_limit_min) == (1, "gpu", 30)
     # Written back the same, but for what later summaries keep: a progress summary folded before it kept
-    # whether the training wrote its start event had one, since it had events (its first_time).
-    assert data.progress.started
+    # whether the training wrote its start event had one, since it had events (its first_time); whether that
+    # start said it saves on request is not known, so it did not (a framework adapter's job is then moved only
+    # once it has checkpointed, as any job was).
+    assert data.progress.started and not data.progress.saves_on_request
     old = json.loads(_OLD_ROW)
-    assert json.loads(data.to_json()) == {**old, "progress": {**old["progress"], "started": True}}
+    assert json.loads(data.to_json()) == {**old, "progress": {**old["progress"], "started": True,
+                                                              "saves_on_request": False}}
     assert rows[(ME, 1002)].data == JobData(ignored=True) and rows[(ME, 1002)].state == JobState.PENDING
 
 
