@@ -26,7 +26,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
+from sia_fidelity import interval  # this folder: the script's own, first on sys.path
 
 from dlsub.policies.registry import POLICIES
 from dlsub.sim.cluster_file import load_cluster
@@ -34,15 +34,6 @@ from dlsub.sim.engine import SimConfig, simulate
 from dlsub.sim.workload import SCENARIOS_DIR, read_workload
 
 CLAIM_GOAL = 0.90  # issue 33: goodput's average JCT at most this times sia's
-
-
-def interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and its 95% interval (Student's t); one value: no interval."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, mean, mean
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
-    return mean, mean - half, mean + half
 
 
 def parse_variant(text: str) -> dict[str, float]:
