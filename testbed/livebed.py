@@ -251,6 +251,20 @@ def blockers(user: TestbedUser, count: int = 2, gpus: int = 4) -> list[int]:
     return ids
 
 
+def hold_gpus(user: TestbedUser, node: str, gpus: int) -> int:
+    """A job that holds ``gpus`` GPUs of ``node`` (until cancelled), once it runs."""
+    out = user.run("sbatch", "--parsable", "-p", "gpu", "-w", node, f"--gres=gpu:{gpus}", "-J", "blocker",
+                   "--mem=200", "--cpus-per-task=1", "--time=30", "--wrap", "sleep 900", check=True)
+    job = int(out.stdout.strip().split(";")[0])
+    try:
+        wait_for(f"{gpus} GPU(s) of {node} held", lambda: (slurm_job(job) or {}).get("job_state") == "RUNNING",
+                 timeout=60)
+    except AssertionError:
+        subprocess.run(["scancel", str(job)], check=False)  # not left to hold the GPUs for the tests after
+        raise
+    return job
+
+
 def attempts(job_dir: str) -> list[dict[str, Any]]:
     path = Path(job_dir) / "attempts.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []

@@ -24,7 +24,18 @@ from pathlib import Path
 from typing import Any
 
 from dlsub import contract
-from livebed import EXAMPLES, TestbedUser, blockers, kill_node, node_back, put, slurm_job, slurm_jobs, wait_for
+from livebed import (
+    EXAMPLES,
+    TestbedUser,
+    blockers,
+    hold_gpus,
+    kill_node,
+    node_back,
+    put,
+    slurm_job,
+    slurm_jobs,
+    wait_for,
+)
 
 TRAIN = str(EXAMPLES / "train_digits.py")
 
@@ -117,19 +128,11 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
                 subprocess.run(["scancel", str(leftover)], check=False)
 
 
-def _hold_gpus(user: TestbedUser, node: str, gpus: int) -> int:
-    out = user.run("sbatch", "--parsable", "-p", "gpu", "-w", node, f"--gres=gpu:{gpus}", "-J", "blocker",
-                   "--mem=200", "--cpus-per-task=1", "--time=30", "--wrap", "sleep 900", check=True)
-    job = int(out.stdout.strip().split(";")[0])
-    wait_for(f"{gpus} GPU(s) of {node} held", lambda: (slurm_job(job) or {}).get("job_state") == "RUNNING", timeout=60)
-    return job
-
-
 def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_waiting_job(
     user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
     # gpu2 busy throughout; gpu1's GPUs held by three 1-GPU jobs but one: the job starts on that one.
-    held = [_hold_gpus(user, "gpu2", 4), *(_hold_gpus(user, "gpu1", 1) for _ in range(3))]
+    held = [hold_gpus(user, "gpu2", 4), *(hold_gpus(user, "gpu1", 1) for _ in range(3))]
     other = None
     try:
         # 20 epochs (440 steps): the three grows and the shrink were over by step ~154 of 880 in CI's run.

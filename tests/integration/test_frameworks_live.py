@@ -1,0 +1,242 @@
+"""Integration (live Slurm testbed, rootless Podman, the training image's real Lightning, transformers and torch):
+jobs written with a framework, moved, continued and resized by dlsub, each time resuming at the step it stopped.
+
+* A Lightning job and a Hugging Face Trainer job (the examples, unchanged, beside a driver that slows their
+  steps), submitted together in immediate mode while the GPUs are busy, start on the CPU partition; when the
+  GPUs free, the agent moves both to the gpu partition, and then continues both past their time limit (a fake
+  clock: "the allocation ends in 5 s"). Each has three attempts (cpu, gpu, gpu) and its progress reports
+  are the steps 1..N once each, its loss carrying on from where it stopped, not starting over.
+* A job of plain PyTorch with FSDP2 and sharded (DCP) checkpoints, elastic in GPUs (``--gpus 2:4 --gpus-step
+  2``), grows 2 -> 4 when GPUs free and shrinks back to 2 for another user's job; every re-formed group
+  restores the sharded checkpoint its predecessor wrote at another world size, at the step it stopped.
+
+The two framework jobs share one test (they run side by side) to keep CI's time: about 2 minutes for both.
+A job killed mid-save restoring the previous checkpoint is unit-tested on gloo (test_sharded_checkpoints,
+test_checkpointing): no live copy here. Nothing is downloaded at run time: tiny models built from config,
+generated data, HF_HUB_OFFLINE=1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from livebed import (
+    EXAMPLES,
+    TestbedUser,
+    agent_tick,
+    attempts,
+    hold_gpus,
+    put,
+    slurm_job,
+    wait_for,
+    why_as_agent,
+)
+
+# Drivers: each imports an example copied beside it (a job's container mounts only the script's folder, the
+# workdir and the job directory) and slows its steps to argv[1] seconds, so that the agent sees enough work
+# left to move it: the testbed's policy moves a job when its ETA x (1 - 0.25) - 15 s restart >= 5 s.
+LIGHTNING_DRIVER = """
+import sys
+import time
+
+import lightning as L
+
+import lightning_train
+
+
+class Throttle(L.Callback):
+    def on_train_batch_end(self, *args):
+        time.sleep(float(sys.argv[1]))
+
+
+lightning_train.main(sys.argv[2:], callbacks=[Throttle()])
+"""
+
+HF_DRIVER = """
+import os
+import sys
+import time
+
+# Built from a config: nothing to fetch, and nothing may be (the nodes have no network); the user's home is
+# not mounted in the container, so the Hugging Face cache goes to the job directory.
+os.environ.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                  HF_HOME=os.path.join(os.environ.get("DLSUB_JOB_DIR", "."), "hf-home"))
+from transformers import TrainerCallback
+
+import hf_trainer_train
+
+
+class Throttle(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(float(sys.argv[1]))
+
+
+hf_trainer_train.main(sys.argv[2:], callbacks=[Throttle()])
+"""
+
+SHARDED_DRIVER = """
+import sys
+import time
+
+import sharded_train
+
+sharded_train.main(sys.argv[2:], on_step=lambda step: time.sleep(float(sys.argv[1])))
+"""
+
+
+def driven(user: TestbedUser, workdir: Path, example: str, driver: str) -> Path:
+    """The example, copied from the installed examples, and its driver, in the test's workdir."""
+    put(user, workdir / example, (EXAMPLES / example).read_text())
+    return put(user, workdir / f"drive_{example}", driver)
+
+
+def events(job_dir: str, kind: str | None = None) -> list[dict[str, Any]]:
+    path = Path(job_dir) / "progress.jsonl"
+    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [e for e in found if kind is None or e.get("event") == kind]
+
+
+def output(job_dir: str) -> str:
+    return "".join(p.read_text(errors="replace") for p in sorted(Path(job_dir).glob("slurm-*.out")))
+
+
+def checkpointed(user: TestbedUser, job: str) -> int | None:
+    status = user.status(job)
+    return status["last_checkpoint_step"] if status["state"] == "RUNNING" else None
+
+
+def assert_resumed_where_it_stopped(name: str, job_dir: str, steps: int, restarts: int) -> None:
+    """Its progress reports are the steps 1..``steps`` once each, in order (every resume began at the step after
+    the one it stopped at: none lost, none trained twice); there were ``restarts`` restores, each at the last step
+    reported before it; and each resumed run's first loss is the trained model's, not a fresh one's."""
+    recorded = events(job_dir)
+    progress = [e for e in recorded if e["event"] == "progress" and "step" in e]
+    assert [e["step"] for e in progress] == list(range(1, steps + 1)), \
+        f"{name}: steps {[e['step'] for e in progress]}\n{output(job_dir)[-3000:]}"
+    restores = [e for e in recorded if e["event"] == "restore"]
+    assert len(restores) == restarts, f"{name}: restores {restores}"
+    first_loss = progress[0]["loss"]
+    for restore in restores:
+        before = [e for e in progress if e["time"] <= restore["time"]]
+        after = [e for e in progress if e["time"] > restore["time"] and "loss" in e]
+        assert restore["step"] == before[-1]["step"], f"{name}: restored {restore['step']}, stopped at {before[-1]}"
+        # A model started over would be back near its first loss (the examples' losses fall 3-100x in their
+        # first 50 steps, and every stop here comes after step 50).
+        assert after[0]["loss"] < 0.5 * first_loss, f"{name}: loss {after[0]['loss']} after the restore at " \
+            f"step {restore['step']}; the first was {first_loss}"
+
+
+# (example, driver, seconds a step sleeps, max steps). Each checkpoints first at step 50; the agent may move
+# them once both have, and a move must leave 27 s of work (ETA x 0.75 - 15 s >= 5 s). Measured outside Slurm
+# on a loaded 2-core machine, through dlsub's launcher and torchrun: Lightning 0.17-0.19 s a step, the Trainer
+# 0.16-0.29 s; so about 45 s (Lightning, which starts a few seconds sooner: up to ~30 steps ahead) and 37 s
+# (Trainer) of work are left at step 55. The Trainer job is submitted first: its imports take longer.
+FRAMEWORK_JOBS = {
+    "hugging face": ("hf_trainer_train.py", HF_DRIVER, "0.1", 260),
+    "lightning": ("lightning_train.py", LIGHTNING_DRIVER, "0.15", 320),
+}
+
+
+def test_lightning_and_hugging_face_jobs_move_to_a_gpu_and_continue_past_a_time_limit_at_the_step_they_stopped(
+    user: TestbedUser, workdir: Path, gpus_busy: list[int], manual_agent: Path
+) -> None:
+    jobs = {}
+    for name, (example, driver, throttle, steps) in FRAMEWORK_JOBS.items():
+        script = driven(user, workdir, example, driver)
+        jobs[name] = user.submit("--mode", "immediate", "--gpus", "1", "--time", "5", str(script), throttle,
+                                 "--max-steps", str(steps), cwd=workdir)
+        assert jobs[name]["partition"] == "cpu" and jobs[name]["ideal_partition"] == "gpu", (name, jobs[name])
+    for name, job in jobs.items():
+        wait_for(f"the {name} job's first checkpoint on cpu", lambda job=job: checkpointed(user, job["id"]),
+                 timeout=180)
+    subprocess.run(["scancel", *map(str, gpus_busy)], check=True)
+    decided: list[dict[str, Any]] = []
+
+    def running_on_gpu(restarts: int, now: float | None = None) -> bool:
+        decided.extend(agent_tick(manual_agent, now=now))  # real time: finishes a move once Slurm may start it
+        records = [slurm_job(job["slurm_job_id"]) or {} for job in jobs.values()]
+        return all(r.get("partition") == "gpu" and r.get("job_state") == "RUNNING"
+                   and r.get("restart_cnt", 0) >= restarts for r in records)
+
+    try:
+        wait_for("the agent to move both jobs to gpu", lambda: running_on_gpu(1), timeout=180, interval=2)
+    except AssertionError as exc:  # say what the agent decided (a note says why a job was not moved)
+        raise AssertionError(f"{exc}\nthe agent decided: {decided}") from None
+    moves = {a["job"]: a for a in decided if a["kind"] == "signal-move"}
+    assert set(moves) == {job["id"] for job in jobs.values()}, decided
+    assert all(re.search(r"moving to gpu: \d+ GPU\(s\) idle", a["reason"]) for a in moves.values()), moves
+    for name, job in jobs.items():
+        wait_for(f"the {name} job to train on gpu past its checkpoint", lambda job=job: (
+            (s := user.status(job["id"]))["partition"] == "gpu"
+            and (s["step"] or 0) > (s["last_checkpoint_step"] or 0)), timeout=90)
+    # Fake clock: 5 s before each allocation ends (the first tick continues both when their ends are within the
+    # checkpoint grace of each other): more work left than time, so each checkpoints to go on in a new attempt.
+    continued: dict[str, dict[str, Any]] = {}
+    for end in sorted(slurm_job(job["slurm_job_id"])["end_time"] for job in jobs.values()):  # type: ignore[index]
+        if len(continued) < len(jobs):
+            continued |= {a["job"]: a for a in agent_tick(manual_agent, now=end - 5) if a["kind"] == "signal-continue"}
+    assert set(continued) == {job["id"] for job in jobs.values()}, continued
+    assert all("time limit on gpu ends in" in a["reason"] for a in continued.values()), continued
+    wait_for("both jobs to continue in a new attempt", lambda: running_on_gpu(2), timeout=180, interval=2)
+    for name, job in jobs.items():
+        final = user.wait_until_ended(job["id"], f"the {name} job to complete", timeout=180)
+        assert final["state"] == "COMPLETED", f"{name}: {final}\n{output(job['job_dir'])[-3000:]}"
+        runs = attempts(job["job_dir"])
+        assert [a["partition"] for a in runs if a["event"] == "start"] == ["cpu", "gpu", "gpu"], (name, runs)
+        assert [a.get("action") for a in runs if a["event"] == "end"][:2] == ["move", "requeue"], (name, runs)
+        assert_resumed_where_it_stopped(name, job["job_dir"], FRAMEWORK_JOBS[name][3], restarts=2)
+        why = why_as_agent(job["id"], manual_agent)
+        assert "moving to gpu" in why and "time limit on gpu ends in" in why, (name, why)
+    # The frameworks' own checkpoints, sealed by dlsub: Lightning's under the job's checkpoint folder, the
+    # Trainer's checkpoint-N folders in its output_dir.
+    assert list((Path(jobs["lightning"]["job_dir"]) / "checkpoints" / "lightning").glob("step-*.ckpt.dlsub.json"))
+    assert [p for p in (Path(jobs["hugging face"]["job_dir"]) / "hf").glob("checkpoint-*") if p.is_dir()]
+
+
+def world_sizes(job_dir: str) -> list[int]:
+    return [e["world_size"] for e in events(job_dir, "start")]
+
+
+def test_an_fsdp_job_with_sharded_checkpoints_grows_2_to_4_and_shrinks_back_resuming_at_the_step_it_stopped(
+    user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    # gpu2 busy throughout, two of gpu1's GPUs held: the job starts on gpu1's other two (world size 2).
+    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 2)]
+    other = None
+    try:
+        script = driven(user, workdir, "sharded_train.py", SHARDED_DRIVER)
+        # 300 steps of 0.13-0.15 s (measured at world sizes 2 and 4, outside Slurm): the grow and the shrink take
+        # about 100 steps in the elastic tests' runs.
+        job = user.submit("--gpus", "2:4", "--gpus-step", "2", "--cpus", "2", "--mem", "2G", str(script), "0.1",
+                          "--steps", "300", "--every", "20", cwd=workdir)
+        assert job["worker_gpus"] == 2 and job["gpus_per_node"] == 2, job
+        wait_for("training at world size 2, checkpointed", lambda: world_sizes(job["job_dir"])[-1:] == [2]
+                 and events(job["job_dir"], "checkpoint"), timeout=180)
+        subprocess.run(["scancel", str(held[1])], check=True)
+        wait_for("the agent to grow the job to 4", lambda: 4 in world_sizes(job["job_dir"]), timeout=120)
+        grew_at = next(e["time"] for e in events(job["job_dir"], "start") if e["world_size"] == 4)
+        wait_for("the 4-process group to train", lambda: [
+            e for e in events(job["job_dir"], "progress") if e["time"] > grew_at], timeout=90)
+        # Another user's 2-GPU job waits for gpu1: the worker leaves, the job goes on at 2.
+        out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:2", "-J", "needs-two", "--mem=200",
+                        "--cpus-per-task=1", "--time=5", "--wrap", "sleep 5", check=True)
+        other = int(out.stdout.strip().split(";")[0])
+        wait_for("training on at world size 2", lambda: 2 in world_sizes(job["job_dir"])[
+            world_sizes(job["job_dir"]).index(4) + 1:], timeout=120)
+        final = user.wait_until_ended(job["id"], "the sharded job to complete", timeout=240)
+        assert final["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
+        sizes = world_sizes(job["job_dir"])
+        assert sizes[:3] == [2, 4, 2], sizes  # it may grow again once the other job is done
+        assert_resumed_where_it_stopped("sharded", job["job_dir"], 300, restarts=len(sizes) - 1)
+        # Every restore read DCP shards (a folder per checkpoint), written by a group of another size.
+        for restore in events(job["job_dir"], "restore"):
+            assert Path(restore["path"]).is_dir(), restore
+        assert "shrinking to 2 GPUs" in user.dlsub("why", job["id"]).stdout
+    finally:
+        for leftover in (*held, other):
+            if leftover:
+                subprocess.run(["scancel", str(leftover)], check=False)
