@@ -157,10 +157,11 @@ def test_lightning_and_hugging_face_jobs_move_to_a_gpu_and_continue_past_a_time_
     subprocess.run(["scancel", *map(str, gpus_busy)], check=True)
     decided: list[dict[str, Any]] = []
 
-    def running_on_gpu(restarts: int, now: float | None = None) -> bool:
-        decided.extend(agent_tick(manual_agent, now=now))  # real time: finishes a move once Slurm may start it
+    def running_on_gpu(restarts: int) -> bool:
+        """Both started on gpu after ``restarts`` requeues (one may have completed there since)."""
+        decided.extend(agent_tick(manual_agent))  # real time: finishes a move once Slurm may start the job
         records = [slurm_job(job["slurm_job_id"]) or {} for job in jobs.values()]
-        return all(r.get("partition") == "gpu" and r.get("job_state") == "RUNNING"
+        return all(r.get("partition") == "gpu" and r.get("job_state") in ("RUNNING", "COMPLETED")
                    and r.get("restart_cnt", 0) >= restarts for r in records)
 
     try:
