@@ -6,11 +6,13 @@ jobs written with a framework, moved, continued and resized by dlsub, each time 
   GPUs free, the agent moves both to the gpu partition, and then continues both past their time limit (a fake
   clock: "the allocation ends in 5 s"). Each has three attempts (cpu, gpu, gpu) and its progress reports
   are the steps 1..N once each, its loss carrying on from where it stopped, not starting over.
+* The same two, elastic in GPUs (``--gpus 1:2``), grow 1 -> 2 when a GPU frees and shrink back to 1 for
+  another user's job, each re-formed group resuming at the step the last one stopped.
 * A job of plain PyTorch with FSDP2 and sharded (DCP) checkpoints, elastic in GPUs (``--gpus 2:4 --gpus-step
   2``), grows 2 -> 4 when GPUs free and shrinks back to 2 for another user's job; every re-formed group
   restores the sharded checkpoint its predecessor wrote at another world size, at the step it stopped.
 
-The two framework jobs share one test (they run side by side) to keep CI's time: about 2 minutes for both.
+The two framework jobs share each test (they run side by side) to keep CI's time.
 A job killed mid-save restoring the previous checkpoint is unit-tested on gloo (test_sharded_checkpoints: a
 save SIGKILLed midway; test_hf_trainer_adapter: a checkpoint folder never sealed): no live copy here.
 Nothing is downloaded at run time: tiny models built from config, generated data, HF_HUB_OFFLINE=1.
@@ -201,6 +203,56 @@ def test_lightning_and_hugging_face_jobs_move_to_a_gpu_and_continue_past_a_time_
 
 def world_sizes(job_dir: str) -> list[int]:
     return [e["world_size"] for e in events(job_dir, "start")]
+
+
+def grew_then_shrank(job_dir: str, low: int, high: int) -> bool:
+    """It has run at ``high`` and, after that, at ``low`` again."""
+    sizes = world_sizes(job_dir)
+    return high in sizes and low in sizes[sizes.index(high) + 1:]
+
+
+def test_lightning_and_hugging_face_jobs_grow_and_shrink_resuming_at_the_step_they_stopped(
+    user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    """Each framework job elastic in GPUs (``--gpus 1:2``) starts at one process, grows to two when a GPU frees
+    (torchrun re-forms the group: the framework's Trainer starts again in new processes and the adapter
+    restores the checkpoint it saved on torchrun's stop) and shrinks back to one for another user's job."""
+    # gpu2 busy throughout, two of gpu1's GPUs held: each job starts on one of gpu1's other two.
+    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 2)]
+    other = None
+    try:
+        jobs = {}
+        for name, (example, driver, throttle, _) in FRAMEWORK_JOBS.items():
+            script = driven(user, workdir, example, driver)
+            jobs[name] = user.submit("--gpus", "1:2", "--gpus-step", "1", "--cpus", "1", "--mem", "1500M",
+                                     str(script), throttle, "--max-steps", "400", cwd=workdir)
+            assert jobs[name]["worker_gpus"] == 1 and jobs[name]["gpus_per_node"] == 1, (name, jobs[name])
+        for name, job in jobs.items():
+            wait_for(f"the {name} job training at one process", lambda job=job: world_sizes(job["job_dir"]) == [1]
+                     and len(events(job["job_dir"], "progress")) >= 5, timeout=180)
+        subprocess.run(["scancel", str(held[1])], check=True)
+        for name, job in jobs.items():
+            wait_for(f"the agent to grow the {name} job to two", lambda job=job: 2 in world_sizes(job["job_dir"]),
+                     timeout=150)
+        # Another user's 2-GPU job waits for gpu1: both workers leave, each job goes on at one process.
+        out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:2", "-J", "needs-two", "--mem=200",
+                        "--cpus-per-task=1", "--time=5", "--wrap", "sleep 5", check=True)
+        other = int(out.stdout.strip().split(";")[0])
+        for name, job in jobs.items():
+            wait_for(f"the {name} job training on at one process", lambda job=job: grew_then_shrank(
+                job["job_dir"], 1, 2), timeout=150)
+        for name, job in jobs.items():
+            final = user.wait_until_ended(job["id"], f"the {name} job to complete", timeout=240)
+            assert final["state"] == "COMPLETED", f"{name}: {final}\n{output(job['job_dir'])[-3000:]}"
+            sizes = world_sizes(job["job_dir"])
+            assert sizes[:3] == [1, 2, 1], (name, sizes)  # it may grow again once the other job is done
+            assert_resumed_where_it_stopped(name, job["job_dir"], 400, restarts=len(sizes) - 1)
+            why = user.dlsub("why", job["id"]).stdout
+            assert "growing to 2 GPUs" in why and "shrinking to 1 GPU" in why, (name, why)
+    finally:
+        for leftover in (*held, other):
+            if leftover:
+                subprocess.run(["scancel", str(leftover)], check=False)
 
 
 def test_an_fsdp_job_with_sharded_checkpoints_grows_2_to_4_and_shrinks_back_resuming_at_the_step_it_stopped(
