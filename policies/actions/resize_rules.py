@@ -240,26 +240,45 @@ class Resize:
     array: int | None = None  # END_WORKERS: the worker array to cancel
 
 
-def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int]) -> list[Resize]:
+def _staying(job: ElasticJob) -> list[WorkerTask]:
+    """The job's running workers not yet told to leave, newest first (the order they leave in)."""
+    return sorted((w for w in job.workers if w.state == "RUNNING" and not w.leaving), key=lambda w: -w.start_time)
+
+
+def _freed_by_leaving(jobs: Sequence[ElasticJob]) -> dict[str, int]:
+    """GPUs per node that workers already leaving will give back."""
+    freed: dict[str, int] = {}
+    for job in jobs:
+        for worker in job.workers:
+            if worker.leaving:
+                for node in worker.nodes:
+                    freed[node] = freed.get(node, 0) + job.gpus_per_worker
+    return freed
+
+
+def _held_by_workers(jobs: Sequence[ElasticJob]) -> dict[str, int]:
+    """GPUs per node that the staying workers of all these jobs hold: what the node would have back if they
+    all left. Counted over every job, not one: two jobs' 1-GPU workers on one node together free the 2 GPUs
+    a waiting job needs there, which neither frees alone."""
+    held: dict[str, int] = {}
+    for job in jobs:
+        for worker in _staying(job):
+            for node in worker.nodes:
+                held[node] = held.get(node, 0) + job.gpus_per_worker
+    return held
+
+
+def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int], held: dict[str, int]) -> list[Resize]:
     """Workers to send away because jobs wait for the GPUs they hold.
 
     ``freed`` (GPUs per node, shared by every job this tick) holds what
     workers already leaving will give back, so one waiting job never sends
-    away more workers than it needs, of this job or of any other.
+    away more workers than it needs, of this job or of any other; ``held``
+    (also shared) what the workers still staying hold, of every job.
     """
     out: list[Resize] = []
     each = job.gpus_per_worker
-    for worker in job.workers:
-        if worker.leaving:
-            for node in worker.nodes:
-                freed[node] = freed.get(node, 0) + each
-    running = sorted((w for w in job.workers if w.state == "RUNNING" and not w.leaving), key=lambda w: -w.start_time)
-    # GPUs each node would have back if every worker of the job still there left (several may share one).
-    held: dict[str, int] = {}
-    for worker in running:
-        for node in worker.nodes:
-            held[node] = held.get(node, 0) + each
-    for worker in running:
+    for worker in _staying(job):
         for room in rooms.values():
             idle = {n.name: n.gpus for n in room.nodes}
             # Only a node that the waiting jobs could then use is worth freeing.
@@ -336,10 +355,11 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
                                       reason=f"the job ended ({job.state}): cancelling its worker tasks"))
     live = [j for j in jobs if j.state == "RUNNING" and not j.ended and not j.moving]
     shrinking: set[str] = set()
-    freed: dict[str, int] = {}
+    freed = _freed_by_leaving(live)
+    held = _held_by_workers(live)
     # The newest job gives a node back first (as efifo does in the simulator): the older ones keep theirs.
     for job in sorted(live, key=lambda j: (-j.submit_time, -j.slurm_job_id)):
-        for action in _shrinks(job, by_name, freed):
+        for action in _shrinks(job, by_name, freed, held):
             actions.append(action)
             shrinking.add(job.dlsub_id)
     # Growth: idle nodes nobody waits for, per partition, to the jobs the policy picks.

@@ -119,3 +119,22 @@ def test_a_host_list_expands_within_bounds() -> None:
     assert expand_nodes("") == []
     with pytest.raises(ValueError, match="names more than"):
         expand_nodes("n[0-999999999]")
+
+
+def test_two_jobs_one_gpu_worker_each_both_leave_for_a_job_that_needs_two_on_their_node() -> None:
+    """gpu1 full: two jobs' 1-GPU workers and their 1-GPU mains; a job waits for 2 GPUs on one node. Neither
+    worker frees enough alone, both together do: both leave (the live framework test's shape)."""
+    old = elastic((running("900_0", "gpu1"),), dlsub_id="aaaaaaaa", gpus_per_node=1, submit_time=10.0)
+    young = elastic((running("800_0", "gpu1"),), dlsub_id="bbbbbbbb", gpus_per_node=1, submit_time=50.0,
+                    slurm_job_id=801, worker_arrays=(800,))
+    full = Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
+    actions = plan_resizes([old, young], [full])
+    assert [(a.kind, a.worker) for a in actions] == [(K.SHRINK, "800_0"), (K.SHRINK, "900_0")], actions
+    wants_one = Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 0)), waiting_gpus=1, waiting_per_node=1)
+    (action,) = plan_resizes([old, young], [wants_one])
+    assert action.worker == "800_0", "one GPU wanted: only the newest job's worker leaves"
+    one_leaving = elastic((WorkerTask("800_0", 801, "RUNNING", "None", "gpu", ("gpu1",), 0, 100.0, leaving=True),),
+                          dlsub_id="bbbbbbbb", gpus_per_node=1, submit_time=50.0, slurm_job_id=801,
+                          worker_arrays=(800,))
+    (action,) = plan_resizes([old, one_leaving], [full])
+    assert action.worker == "900_0", "the next tick: the other leaves too, the first already on its way"
