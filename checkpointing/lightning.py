@@ -17,6 +17,13 @@ in its ``callbacks`` list). What it does:
 * on the next attempt, resumes from the newest sealed checkpoint without a
   ``ckpt_path`` (one the script passes is used only until dlsub has one of
   its own), at any world size (Lightning's DDP checkpoints are whole);
+* refuses to train when the Trainer runs fewer processes than torchrun
+  started (each would train a copy of its own, all writing one checkpoint):
+  Lightning under torchrun wants ``devices`` and ``num_nodes`` to match the
+  launcher's world, and an elastic job's world changes size. The one line
+  for a job of more than one process (``--gpus 2``, ``--gpus 1:4``, ...):
+  ``Trainer(..., **trainer_args())`` (``devices`` and ``num_nodes`` read
+  from torchrun's environment; nothing outside torchrun);
 * turns Lightning's own Slurm auto-requeue off (``SLURMEnvironment``'s
   ``auto_requeue``), so the one requeue is dlsub's;
 * with ``every_n_steps=N``, also checkpoints every N steps, so that a crash
@@ -28,6 +35,7 @@ in its ``callbacks`` list). What it does:
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -45,6 +53,33 @@ SUBDIR = "lightning"
 
 def _name(step: int) -> str:
     return f"step-{step:08d}.ckpt"
+
+
+def _launcher_world() -> tuple[int, int] | None:
+    """(processes on this node, processes in all) as torchrun started them; None outside torchrun."""
+    try:
+        return int(os.environ["LOCAL_WORLD_SIZE"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+
+
+def trainer_args() -> dict[str, int]:
+    """``devices`` and ``num_nodes`` for ``Trainer(...)``: the world torchrun started this process in.
+
+    Lightning under torchrun (its TorchElasticEnvironment) trains data-parallel only when these match the
+    launcher's; an elastic job's world changes from one group to the next, so a script cannot write them
+    down. Outside torchrun, ``{}`` (the Trainer's own defaults)::
+
+        trainer = Trainer(max_steps=1000, callbacks=[DlsubCallback()], **trainer_args())
+    """
+    world = _launcher_world()
+    if world is None:
+        return {}
+    local, total = world
+    if local < 1 or total < local or total % local:
+        raise ValueError(f"torchrun's environment is not a world Lightning can run: LOCAL_WORLD_SIZE={local}, "
+                         f"WORLD_SIZE={total}")
+    return {"devices": local, "num_nodes": total // local}
 
 
 class DlsubCallback(Callback):
@@ -84,6 +119,13 @@ class DlsubCallback(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit" or self.adapter is not None:
             return
+        world = _launcher_world()
+        if world is not None and trainer.world_size != world[1]:
+            raise RuntimeError(
+                f"dlsub: torchrun started {world[1]} training processes but the Trainer runs as "
+                f"{trainer.world_size} of them, so each would train a model of its own and overwrite the others' "
+                f"checkpoints. Pass the launcher's world to the Trainer: "
+                f"Trainer(..., **dlsub.checkpointing.lightning.trainer_args())")
         # What Lightning's signal connector reads (a single-device strategy has none of its own).
         environment = getattr(trainer._accelerator_connector, "cluster_environment", None)
         if environment is not None and getattr(environment, "auto_requeue", False):

@@ -1,4 +1,5 @@
-"""A PyTorch Lightning script made ready for dlsub by one line: ``callbacks=[DlsubCallback(every_n_steps=50)]``.
+"""A PyTorch Lightning script made ready for dlsub: ``callbacks=[DlsubCallback(every_n_steps=50)]``, and
+``**trainer_args()`` for a job of more than one process.
 
 A tiny regression model on generated data (nothing downloaded). Run it
 as it is (``python examples/lightning_train.py``), under torchrun, or
@@ -17,7 +18,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from dlsub.checkpointing.lightning import DlsubCallback
+from dlsub.checkpointing.lightning import DlsubCallback, trainer_args
 
 
 class Regression(L.LightningModule):
@@ -50,9 +51,11 @@ def main(argv: list[str] | None = None, callbacks: list[Any] | None = None) -> R
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     model = Regression()
-    trainer = L.Trainer(max_steps=args.max_steps, accelerator="cpu", devices="auto", logger=False,
+    # trainer_args(): as many processes as torchrun started (an elastic job's change from group to group).
+    trainer = L.Trainer(max_steps=args.max_steps, accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[*(callbacks or []), DlsubCallback(every_n_steps=args.save_every)])
+                        callbacks=[*(callbacks or []), DlsubCallback(every_n_steps=args.save_every)],
+                        **trainer_args())
     trainer.fit(model, data())
     return model
 

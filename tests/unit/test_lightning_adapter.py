@@ -125,3 +125,40 @@ def test_a_periodic_checkpoint_that_is_not_a_whole_number_of_steps_is_refused(ev
 
     with pytest.raises(ValueError, match="every_n_steps"):
         DlsubCallback(every_n_steps=every)  # type: ignore[arg-type]
+
+
+# A Trainer left at one process while torchrun says there are two (what a script without trainer_args() gets).
+_ONE_OF_TWO = textwrap.dedent("""
+    import lightning as L
+    from dlsub.checkpointing.lightning import DlsubCallback
+    import sys
+    sys.path.insert(0, __import__("os").environ["REPO"] + "/examples")
+    import lightning_train
+    L.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+              callbacks=[DlsubCallback()]).fit(lightning_train.Regression(), lightning_train.data())
+""")
+
+
+def test_a_trainer_running_fewer_processes_than_torchrun_started_is_refused(tmp_path: Path) -> None:
+    """Each of torchrun's processes would otherwise train a model of its own under Lightning's single-device
+    strategy, writing one checkpoint over the others'. trainer_args() gives the Trainer torchrun's world."""
+    refused = _run(_ONE_OF_TWO, tmp_path / "job", LOCAL_WORLD_SIZE="1", WORLD_SIZE="2", RANK="0", LOCAL_RANK="0",
+                   GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29599", TORCHELASTIC_RUN_ID="unit")
+    assert refused.returncode != 0
+    assert "torchrun started 2 training processes but the Trainer runs as 1" in refused.stderr, refused.stderr[-3000:]
+    assert "trainer_args()" in refused.stderr
+    assert not (tmp_path / "job" / "checkpoints").exists() or not list((tmp_path / "job").rglob("*.ckpt"))
+
+
+def test_trainer_args_are_torchrun_s_world(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlsub.checkpointing.lightning import trainer_args
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert trainer_args() == {}, "outside torchrun: the Trainer's own defaults"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert trainer_args() == {"devices": 2, "num_nodes": 2}
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE=2, WORLD_SIZE=3"):
+        trainer_args()
