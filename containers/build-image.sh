@@ -7,10 +7,17 @@
 #      lightning, transformers, accelerate);
 #   3. podman build the Containerfile with the wheels bind-mounted.
 # Each step is skipped when its result is already there and the recipe has
-# not changed. Usage: build-image.sh USER [IMAGE]
+# not changed. Usage: build-image.sh [--wheels-only] USER [IMAGE]
+#   --wheels-only: step 2 alone, on a host that reaches the package registries, for a build host that
+#   does not (the testbed's login host has no route out: testbed/up.sh downloads on the host first).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-user="${1:?usage: build-image.sh USER [IMAGE]}"
+wheels_only=0
+if [ "${1:-}" = "--wheels-only" ]; then
+    wheels_only=1
+    shift
+fi
+user="${1:?usage: build-image.sh [--wheels-only] USER [IMAGE]}"
 image="${2:-${DLSUB_IMAGE:-localhost/dlsub-torch:2.13.0-cpu}}"
 base="localhost/dlsub-base:bookworm"
 cache="${DLSUB_IMAGE_CACHE:-/var/cache/dlsub-image}"
@@ -33,6 +40,32 @@ as_user() {
 }
 install -d -m 700 -o "$user" -g "$user" "/run/user/$uid" "$runtime"
 
+ctx="$cache/context"
+# What the image installs: pip download fetches these and their dependencies into wheels/, and the Containerfile
+# installs exactly these from there (--no-index), so the build needs no registry. torch is pinned (and the
+# machine's CPU wheel found first) so that nothing pulls a CUDA build. The frameworks are pyproject's lightning
+# and hf extras: jobs that train with them run in this image (tests/integration/test_frameworks_live.py).
+# Their cost, measured (2026-11): +34 MB of wheels, +241 MB installed (torch and numpy alone: 966 MB).
+requirements="torch==2.13.0
+numpy
+lightning>=2.0
+transformers>=4.40
+accelerate>=0.30"
+mkdir -p "$cache/context/wheels"
+chmod 755 "$cache"
+# The list downloaded last, written once its download succeeded: a changed list downloads again (pip skips
+# the wheels already there).
+if [ "$(cat "$ctx/wheels/requirements.txt" 2>/dev/null)" != "$requirements" ]; then
+    say "downloading wheels ($(tr '\n' ' ' <<<"$requirements"))"
+    printf '%s\n' "$requirements" >"$ctx/requirements.part"
+    find_links=()
+    [ -d /opt/wheels ] && find_links=(--find-links /opt/wheels)
+    "$venv_pip" download -q --disable-pip-version-check "${find_links[@]}" \
+        -d "$ctx/wheels" -r "$ctx/requirements.part"
+    mv "$ctx/requirements.part" "$ctx/wheels/requirements.txt"
+fi
+[ "$wheels_only" -eq 1 ] && exit 0
+
 recipe="$(cat "$here/Containerfile" "$0" | sha256sum | cut -c1-16)"
 if as_user podman image exists "$image" \
    && [ "$(as_user podman image inspect --format '{{ index .Labels "dlsub.recipe" }}' "$image")" = "$recipe" ]; then
@@ -40,8 +73,6 @@ if as_user podman image exists "$image" \
     exit 0
 fi
 
-mkdir -p "$cache"
-chmod 755 "$cache"
 if ! as_user podman image exists "$base"; then
     if [ ! -s "$cache/rootfs.tar" ]; then
         say "debootstrap bookworm (minbase + python3)"
@@ -59,29 +90,6 @@ if ! as_user podman image exists "$base"; then
     as_user podman import --quiet "$cache/rootfs.tar" "$base" >/dev/null
 fi
 
-ctx="$cache/context"
-# What the image installs: pip download fetches these and their dependencies into wheels/, and the Containerfile
-# installs exactly these from there (--no-index), so the build needs no registry. torch is pinned (and the
-# machine's CPU wheel found first) so that nothing pulls a CUDA build. The frameworks are pyproject's lightning
-# and hf extras: jobs that train with them run in this image (tests/integration/test_frameworks_live.py).
-# Their cost, measured (2026-11): +34 MB of wheels, +241 MB installed (torch and numpy alone: 966 MB).
-requirements="torch==2.13.0
-numpy
-lightning>=2.0
-transformers>=4.40
-accelerate>=0.30"
-mkdir -p "$ctx/wheels"
-# The list downloaded last, written once its download succeeded: a changed list downloads again (pip skips
-# the wheels already there).
-if [ "$(cat "$ctx/wheels/requirements.txt" 2>/dev/null)" != "$requirements" ]; then
-    say "downloading wheels ($(tr '\n' ' ' <<<"$requirements"))"
-    printf '%s\n' "$requirements" >"$ctx/requirements.part"
-    find_links=()
-    [ -d /opt/wheels ] && find_links=(--find-links /opt/wheels)
-    "$venv_pip" download -q --disable-pip-version-check "${find_links[@]}" \
-        -d "$ctx/wheels" -r "$ctx/requirements.part"
-    mv "$ctx/requirements.part" "$ctx/wheels/requirements.txt"
-fi
 cp "$here/Containerfile" "$ctx/Containerfile"
 chmod -R a+rX "$ctx"
 say "building $image"

@@ -232,7 +232,9 @@ wait_for_nodes
 "$here/agent.sh" restart
 
 # ---------------------------------------------------------------- the image
-# Built by the user on the login host, into the shared image store every node reads.
+# Built by the user on the login host, into the shared image store every node reads. The login host has no
+# route out (its namespace reaches only the testbed's hosts), so its wheels are downloaded here first.
+"$repo/containers/build-image.sh" --wheels-only "$TESTBED_USER"
 on_host "$LOGIN_HOST" env DLSUB_IMAGE_STORE_CONF="$(getent passwd "$TESTBED_USER" | cut -d: -f6)/.config/containers/image-store.conf" \
     "$repo/containers/build-image.sh" "$TESTBED_USER"
 
