@@ -286,9 +286,12 @@ def test_an_fsdp_job_with_sharded_checkpoints_grows_2_to_4_and_shrinks_back_resu
         sizes = world_sizes(job["job_dir"])
         assert sizes[:3] == [2, 4, 2], sizes  # it may grow again once the other job is done
         assert_resumed_where_it_stopped("sharded", job["job_dir"], 300, restarts=len(sizes) - 1)
-        # Every restore read DCP shards (a folder per checkpoint), written by a group of another size.
+        # Every restore read DCP shards (a folder per checkpoint, dcp-<seq>; the older ones are rotated away by
+        # now), written by a group of another size; the ones kept are folders.
         for restore in events(job["job_dir"], "restore"):
-            assert Path(restore["path"]).is_dir(), restore
+            assert Path(restore["path"]).name == f"dcp-{restore['seq']:08d}", restore
+        kept = list((Path(job["job_dir"]) / "checkpoints").glob("dcp-*"))
+        assert kept and all(p.is_dir() for p in kept), kept
         assert "shrinking to 2 GPUs" in user.dlsub("why", job["id"]).stdout
     finally:
         for leftover in (*held, other):
