@@ -363,7 +363,8 @@ def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[i
             if saved is None:
                 actions.append(_restart(job, here, ideal, gpus, now))
                 continue
-            age = now - job.last_checkpoint_time if job.last_checkpoint_time else None
+            # Never below 0: the tick's clock is read before the job's newest events, which may be newer.
+            age = max(0.0, now - job.last_checkpoint_time) if job.last_checkpoint_time else None
             actions.append(Action(
                 K.SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
                 f"moving to {name}: {ideal.idle_gpus} GPU(s) idle"

@@ -49,6 +49,13 @@ def test_moves_a_checkpointing_cpu_job_when_gpus_go_idle_and_says_why() -> None:
     assert "moving to gpu: 4 GPU(s) idle, checkpoint 40 s old, est. 2.7 h saved" == a.reason
 
 
+def test_a_checkpoint_written_after_the_tick_read_its_clock_is_0_s_old_not_minus_0() -> None:
+    """The tick reads its clock before the jobs' events: a checkpoint a moment newer (seen live: "checkpoint
+    -0 s old") is 0 s old."""
+    (a,) = m.plan([job(last_checkpoint_time=NOW + 0.4)], parts(), RULES, NOW)
+    assert "checkpoint 0 s old" in a.reason and a.details["checkpoint_age_s"] == 0, a.reason
+
+
 def test_no_move_while_gpus_are_busy_or_taken_by_waiting_jobs() -> None:
     assert m.plan([job()], parts(gpu_idle=0), RULES, NOW) == []
     busy = [replace(p, pending_gpus=4) if p.name == "gpu" else p for p in parts()]
