@@ -45,14 +45,14 @@ loses. A job in the middle of a restart keeps its GPUs, as Sia's do.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView, PerformanceModel
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.perf_models.speedup import UNKNOWN_WORK_S, searches_batch
 from dlsub.policies.placement import packed_placement
-from dlsub.policies.sia import SiaPolicy, TypeShape, type_shapes
+from dlsub.policies.sia import SiaPolicy, TypeShape, type_shapes, typed_program
 
 # HiGHS's relative gap: a fraction of the whole objective, which the admission values dominate (160 jobs
 # x 100), so Sia's 1e-4 would leave growth worth a few speed-ups unseen.
@@ -147,42 +147,28 @@ class TypedGoodputPolicy(GoodputPolicy):
             return {}
         shapes = type_shapes(cluster)
         type_index = {name: i for i, shape in enumerate(shapes) for name in shape.nodes}
-        var_job: list[int] = []
-        var_type: list[int] = []
-        var_gpus: list[int] = []
-        cost: list[float] = []
-        held = [0] * len(shapes)
-        fixed: dict[int, tuple[int, int]] = {}
-        for j, job in enumerate(jobs):
-            prev_key = _key_of(previous.get(job.name), type_index)
-            if prev_key is not None and job.restarting_s > 0:
-                fixed[j] = prev_key  # mid-restart: it keeps its GPUs
-                held[prev_key[0]] += prev_key[1]
-                continue
+
+        def candidates(job: JobView, prev_key: tuple[int, int] | None) -> Iterable[tuple[int, int, float]]:
             rows = type_rates(job, shapes)
             if not rows:
-                continue
+                return
             least = min(rate for _, _, rate in rows)
             weight = self.weight(job)
             keep = self.keep_share(job, now) if prev_key is not None else 1.0
-            best_below: dict[int, float] = {}  # per type, the best value of fewer GPUs there
             for i, count, rate in sorted(rows, key=lambda row: (row[0], row[1])):
                 speedup = rate / least
                 if prev_key is not None and (i, count) != prev_key:
                     speedup *= keep
-                value = weight * (self.admit_value + speedup ** self.speedup_power)
-                # More GPUs of one type must be worth more than fewer (else an optimum never takes them).
-                if value <= best_below.get(i, 0.0):
-                    continue
-                best_below[i] = value
-                var_job.append(j)
-                var_type.append(i)
-                var_gpus.append(count)
-                cost.append(-value)
-        free = [shape.total - h for shape, h in zip(shapes, held, strict=True)]
+                # Its cost is minus its value: more GPUs of one type must be worth more than fewer (else an
+                # optimum never takes them; typed_program drops them).
+                yield i, count, -(weight * (self.admit_value + speedup ** self.speedup_power))
+
+        program = typed_program(jobs, shapes, [_key_of(previous.get(job.name), type_index) for job in jobs],
+                                candidates)
         # The admission values dwarf a job's growth: the gap must be tight enough to see the growth.
-        chosen = SiaPolicy.solve(len(jobs), free, var_job, var_type, var_gpus, cost, rel_gap=REL_GAP)
-        return SiaPolicy().place(jobs, shapes, {**fixed, **chosen}, previous)
+        chosen = SiaPolicy.solve(len(jobs), program.free, program.var_job, program.var_type, program.var_gpus,
+                                 program.cost, rel_gap=REL_GAP)
+        return SiaPolicy().place(jobs, shapes, {**program.fixed, **chosen}, previous)
 
 
 def _key_of(alloc: Allocation | None, type_index: Mapping[str, int]) -> tuple[int, int] | None:

@@ -48,7 +48,7 @@ as an integer program.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar
@@ -114,6 +114,50 @@ def type_shapes(cluster: ClusterView) -> list[TypeShape]:
         by_type.setdefault(node.gpu_type, []).append(node.name)
         per_node[node.gpu_type] = max(per_node.get(node.gpu_type, 0), node.gpus)
     return [TypeShape(t, per_node[t], tuple(names)) for t, names in by_type.items()]
+
+
+@dataclass(frozen=True)
+class TypedProgram:
+    """The integer program both typed policies solve (``sia`` and ``goodput`` across types): a column per
+    (job, type, GPUs) worth choosing, and what jobs in the middle of a restart keep."""
+
+    fixed: dict[int, tuple[int, int]]  # job index -> (type index, GPUs) it keeps mid-restart
+    free: list[int]  # GPUs of each type the program may give
+    var_job: list[int]
+    var_type: list[int]
+    var_gpus: list[int]
+    cost: list[float]
+
+
+#: A job's candidate configurations with their costs (milp minimises), given its previous (type, GPUs) key:
+#: (type index, GPUs, cost), in (type, GPUs) order.
+Candidates = Callable[[JobView, "tuple[int, int] | None"], Iterable[tuple[int, int, float]]]
+
+
+def typed_program(jobs: Jobs, shapes: Sequence[TypeShape], previous_keys: Sequence[tuple[int, int] | None],
+                  candidates: Candidates) -> TypedProgram:
+    """The program's columns: a job mid-restart keeps its GPUs (off the free ones); each other job's
+    candidates, minus those never worth choosing (leaving the job out costs less, or fewer GPUs of the same
+    type cost no more: an optimum needs neither, and dropping them keeps the program small)."""
+    program = TypedProgram({}, [], [], [], [], [])
+    held = [0] * len(shapes)
+    for j, job in enumerate(jobs):
+        prev_key = previous_keys[j]
+        if prev_key is not None and job.restarting_s > 0:
+            program.fixed[j] = prev_key
+            held[prev_key[0]] += prev_key[1]
+            continue
+        best_below: dict[int, float] = {}  # per type, the least cost of fewer GPUs there
+        for i, count, c in candidates(job, prev_key):
+            if c >= min(0.0, best_below.get(i, 0.0)):
+                continue
+            best_below[i] = c
+            program.var_job.append(j)
+            program.var_type.append(i)
+            program.var_gpus.append(count)
+            program.cost.append(c)
+    program.free.extend(shape.total - h for shape, h in zip(shapes, held, strict=True))
+    return program
 
 
 def _rate(job: JobView, model: PerformanceModel, placement: tuple[int, ...]) -> float:
@@ -191,45 +235,30 @@ class SiaPolicy:
             return {}
         shapes = type_shapes(cluster)
         type_index = {name: i for i, shape in enumerate(shapes) for name in shape.nodes}
-        var_job: list[int] = []
-        var_type: list[int] = []
-        var_gpus: list[int] = []
-        cost: list[float] = []
         sign = 1.0 if self.p < 0 else -1.0  # milp minimises
-        held = [0] * len(shapes)  # GPUs kept by jobs in the middle of a restart
-        fixed: dict[int, tuple[int, int]] = {}
-        for j, job in enumerate(jobs):
+
+        def previous_key(job: JobView) -> tuple[int, int] | None:
             prev = previous.get(job.name)
-            prev_key = None
             if prev is not None and prev.gpus and all(n in type_index for n in prev.nodes):
                 types = {type_index[n] for n in prev.nodes}
-                prev_key = (types.pop(), prev.gpus) if len(types) == 1 else None
-            if prev_key is not None and job.restarting_s > 0:
-                fixed[j] = prev_key
-                held[prev_key[0]] += prev_key[1]
-                continue
+                return (types.pop(), prev.gpus) if len(types) == 1 else None
+            return None
+
+        def candidates(job: JobView, prev_key: tuple[int, int] | None) -> Iterable[tuple[int, int, float]]:
             penalty = self.restart_penalty_s if job.restart_s is None else job.restart_s
             factor = 1.0
             if now - job.arrival_s >= penalty:
                 factor = restart_factor(job, now, penalty)
-            best_below: dict[int, float] = {}  # per type, the least cost of fewer GPUs there
             for i, count, speedup in sorted(self.goodputs(job, shapes), key=lambda row: (row[0], row[1])):
                 if (i, count) != prev_key:
                     speedup *= factor
                 a = CLIP if speedup <= 0 else min(round(speedup ** self.p, 2), CLIP)
-                c = sign * (a - self.lambda_n)
-                # Never worth choosing: leaving the job out costs less, or fewer GPUs of the same type cost no
-                # more (an optimum needs neither; dropping them keeps the program small).
-                if c >= min(0.0, best_below.get(i, 0.0)):
-                    continue
-                best_below[i] = c
-                var_job.append(j)
-                var_type.append(i)
-                var_gpus.append(count)
-                cost.append(c)
-        free = [shape.total - h for shape, h in zip(shapes, held, strict=True)]
-        chosen = self.solve(len(jobs), free, var_job, var_type, var_gpus, cost)
-        return self.place(jobs, shapes, {**fixed, **chosen}, previous)
+                yield i, count, sign * (a - self.lambda_n)
+
+        program = typed_program(jobs, shapes, [previous_key(job) for job in jobs], candidates)
+        chosen = self.solve(len(jobs), program.free, program.var_job, program.var_type, program.var_gpus,
+                            program.cost)
+        return self.place(jobs, shapes, {**program.fixed, **chosen}, previous)
 
     @staticmethod
     def solve(num_jobs: int, free: Sequence[int], var_job: list[int], var_type: list[int],
