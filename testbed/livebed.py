@@ -270,6 +270,18 @@ def attempts(job_dir: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def progress_events(job_dir: str, kind: str | None = None) -> list[dict[str, Any]]:
+    """The job's progress.jsonl events (of one ``kind``, or all), in the order written."""
+    path = Path(job_dir) / "progress.jsonl"
+    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [e for e in found if kind is None or e.get("event") == kind]
+
+
+def job_output(job_dir: str) -> str:
+    """The job's Slurm output files (every attempt's, its workers'), in name order."""
+    return "".join(p.read_text(errors="replace") for p in sorted(Path(job_dir).glob("slurm-*.out")))
+
+
 def listpids(slurm_job_id: int, node: str) -> str:
     """``scontrol listpids`` of a job, which asks the slurmd of the host it runs on: run on that node."""
     return subprocess.run([*on_host(node), "scontrol", "listpids", str(slurm_job_id)], capture_output=True,

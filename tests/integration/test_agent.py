@@ -25,6 +25,7 @@ from livebed import (
     agent_service,
     agent_tick,
     attempts,
+    job_output,
     kill_slurmd,
     node_back,
     processes_of_job,
@@ -42,10 +43,6 @@ SERVICE_DB = Path("/var/lib/dlsub/agent.db")
 def checkpointed(user: TestbedUser, job: str) -> int | None:
     status = user.status(job)
     return status["last_checkpoint_step"] if status["state"] == "RUNNING" else None
-
-
-def output(job_dir: str) -> str:
-    return "".join(p.read_text() for p in sorted(Path(job_dir).glob("slurm-*.out")))
 
 
 def test_immediate_mode_starts_on_cpu_and_moves_to_gpu_when_it_frees(
@@ -77,7 +74,7 @@ def test_immediate_mode_starts_on_cpu_and_moves_to_gpu_when_it_frees(
     starts = [a for a in runs if a["event"] == "start"]
     assert [a["partition"] for a in starts] == ["cpu", "gpu"] and starts[1]["gpus"] != ""
     assert [a.get("action") for a in runs if a["event"] == "end"][0] == "move"
-    text = output(job["job_dir"])
+    text = job_output(job["job_dir"])
     resumed = re.search(r"resumed from step (\d+)", text)
     assert resumed and int(resumed.group(1)) >= step_at_move, text
     assert re.search(r"done: \d+ steps", text), text
@@ -115,7 +112,7 @@ def test_a_plain_script_on_cpu_is_restarted_on_gpu_from_scratch_when_it_frees(
                      r"\d+ (s|min) of work on cpu lost", why), why
     starts = [a for a in attempts(job["job_dir"]) if a["event"] == "start"]
     assert [a["partition"] for a in starts] == ["cpu", "gpu"]
-    text = output(job["job_dir"])
+    text = job_output(job["job_dir"])
     assert text.count("plain step 0") == 2 and "plain done" in text, text  # from scratch: step 0 twice
 
 
@@ -137,7 +134,7 @@ def test_time_limit_continuation_on_gpu_dev(user: TestbedUser, workdir: Path, ma
     wait_for("the job to continue in a new attempt", continued, timeout=120, interval=2)
     final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s, timeout=180)
     assert final["attempts"] == 2 and final["partition"] == "gpu-dev"
-    text = output(job["job_dir"])
+    text = job_output(job["job_dir"])
     resumed = re.search(r"resumed from step (\d+)", text)
     assert resumed and int(resumed.group(1)) >= step, text
     why = why_as_agent(job["id"], manual_agent)
@@ -207,7 +204,7 @@ def test_off_hours_window_opens_and_closes(
     subprocess.run(["scancel", *map(str, cpus_busy)], check=True)
     final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s, timeout=180)
     assert final["partition"] == "cpu" and final["attempts"] == 2
-    resumed = re.search(r"resumed from step (\d+)", output(job["job_dir"]))
+    resumed = re.search(r"resumed from step (\d+)", job_output(job["job_dir"]))
     assert resumed and int(resumed.group(1)) >= step
     why = why_as_agent(job["id"], manual_agent)
     assert "off-hours window 'it-window' is open" in why and "moving back to cpu" in why, why
@@ -281,7 +278,7 @@ def test_slurmd_killed_under_a_running_job_resumes_from_its_checkpoint_elsewhere
     final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s, timeout=240)
     starts = [a for a in attempts(job["job_dir"]) if a["event"] == "start"]
     assert len(starts) == 2 and starts[1]["node"] != node, starts
-    text = output(job["job_dir"])
+    text = job_output(job["job_dir"])
     resumed = re.search(r"resumed from step (\d+)", text)
     assert resumed and int(resumed.group(1)) >= step, text
     assert final["attempts"] == 2

@@ -29,8 +29,10 @@ from livebed import (
     TestbedUser,
     blockers,
     hold_gpus,
+    job_output,
     kill_node,
     node_back,
+    progress_events,
     put,
     slurm_job,
     slurm_jobs,
@@ -38,16 +40,6 @@ from livebed import (
 )
 
 TRAIN = str(EXAMPLES / "train_digits.py")
-
-
-def output(job_dir: str) -> str:
-    return "".join(p.read_text(errors="replace") for p in sorted(Path(job_dir).glob("slurm-*.out")))
-
-
-def progress_events(job_dir: str, kind: str) -> list[dict[str, Any]]:
-    path = Path(job_dir) / "progress.jsonl"
-    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return [e for e in events if e.get("event") == kind]
 
 
 def running_workers(worker_array: int) -> list[dict[str, Any]]:
@@ -95,10 +87,10 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
                  timeout=120)
         final = wait_for("the elastic job to complete",
                          lambda: (s := user.status(job["id"]))["state"] in ("COMPLETED", "FAILED") and s, timeout=300)
-        assert final["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
+        assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
         # Grown, shrunk for the other job; it may grow again once that job is done.
         assert [r["world_size"] for r in final["resizes"]][:2] == [8, 4], final["resizes"]
-        assert "done: " in output(job["job_dir"])
+        assert "done: " in job_output(job["job_dir"])
         steps = [e["step"] for e in progress_events(job["job_dir"], "restore")]
         assert steps == sorted(steps) and all(s > 0 for s in steps), "every re-formed group resumed, never from 0"
         why = user.dlsub("why", job["id"]).stdout
@@ -164,8 +156,8 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
         assert after_first(world_sizes(job["job_dir"]), 4)[0] == 2, world_sizes(job["job_dir"])
         final = wait_for("the elastic job to complete",
                          lambda: (s := user.status(job["id"]))["state"] in ("COMPLETED", "FAILED") and s, timeout=300)
-        assert final["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
-        assert "done: " in output(job["job_dir"])
+        assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
+        assert "done: " in job_output(job["job_dir"])
         steps = [e["step"] for e in progress_events(job["job_dir"], "restore")]
         assert steps == sorted(steps) and all(s > 0 for s in steps), "every re-formed group resumed, never from 0"
         assert "shrinking to 3 GPUs" in user.dlsub("why", job["id"]).stdout
@@ -193,8 +185,8 @@ def test_a_worker_node_that_dies_shrinks_the_job_which_completes(
                          ("COMPLETED", "FAILED") and s, timeout=300)
     finally:
         node_back(node)
-    assert final["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
-    text = output(job["job_dir"])
+    assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
+    text = job_output(job["job_dir"])
     resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", text)]
     assert resumed and all(s > 0 for s in resumed), text[-3000:]
 
@@ -235,7 +227,7 @@ def test_a_heterogeneous_gang_starts_all_or_nothing_and_each_part_knows_its_role
     finally:
         subprocess.run(["scancel", *map(str, busy)], check=False)
     done = user.wait_until_ended(job["id"], "the gang to finish")
-    assert done["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
+    assert done["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
     seen = [json.loads(p.read_text()) for p in Path(job["job_dir"]).glob("role-*.json")]
     roles = sorted(s["role"] for s in seen)
     assert roles == ["cpu", "trainer", "trainer"], seen

@@ -21,7 +21,6 @@ Nothing is downloaded at run time: tiny models built from config, generated data
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from pathlib import Path
@@ -33,6 +32,8 @@ from livebed import (
     agent_tick,
     attempts,
     hold_gpus,
+    job_output,
+    progress_events,
     put,
     slurm_job,
     wait_for,
@@ -130,16 +131,6 @@ def driven(user: TestbedUser, workdir: Path, example: str, driver: str) -> Path:
     return put(user, workdir / f"drive_{example}", driver)
 
 
-def events(job_dir: str, kind: str | None = None) -> list[dict[str, Any]]:
-    path = Path(job_dir) / "progress.jsonl"
-    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return [e for e in found if kind is None or e.get("event") == kind]
-
-
-def output(job_dir: str) -> str:
-    return "".join(p.read_text(errors="replace") for p in sorted(Path(job_dir).glob("slurm-*.out")))
-
-
 def checkpointed(user: TestbedUser, job: str) -> int | None:
     status = user.status(job)
     return status["last_checkpoint_step"] if status["state"] == "RUNNING" else None
@@ -149,10 +140,10 @@ def assert_resumed_where_it_stopped(name: str, job_dir: str, steps: int, restart
     """Its progress reports are the steps 1..``steps`` once each, in order (every resume began at the step after
     the one it stopped at: none lost, none trained twice); there were ``restarts`` restores, each at the last step
     reported before it; and each resumed run's first loss is the trained model's, not a fresh one's."""
-    recorded = events(job_dir)
+    recorded = progress_events(job_dir)
     progress = [e for e in recorded if e["event"] == "progress" and "step" in e]
     assert [e["step"] for e in progress] == list(range(1, steps + 1)), \
-        f"{name}: steps {[e['step'] for e in progress]}\n{output(job_dir)[-3000:]}"
+        f"{name}: steps {[e['step'] for e in progress]}\n{job_output(job_dir)[-3000:]}"
     restores = [e for e in recorded if e["event"] == "restore"]
     assert len(restores) == restarts, f"{name}: restores {restores}"
     first_loss = progress[0]["loss"]
@@ -222,7 +213,7 @@ def test_lightning_and_hugging_face_jobs_move_to_a_gpu_and_continue_past_a_time_
     wait_for("both jobs to continue in a new attempt", lambda: running_on_gpu(2), timeout=180, interval=2)
     for name, job in jobs.items():
         final = user.wait_until_ended(job["id"], f"the {name} job to complete", timeout=180)
-        assert final["state"] == "COMPLETED", f"{name}: {final}\n{output(job['job_dir'])[-3000:]}"
+        assert final["state"] == "COMPLETED", f"{name}: {final}\n{job_output(job['job_dir'])[-3000:]}"
         runs = attempts(job["job_dir"])
         assert [a["partition"] for a in runs if a["event"] == "start"] == ["cpu", "gpu", "gpu"], (name, runs)
         assert [a.get("action") for a in runs if a["event"] == "end"][:2] == ["move", "requeue"], (name, runs)
@@ -236,7 +227,7 @@ def test_lightning_and_hugging_face_jobs_move_to_a_gpu_and_continue_past_a_time_
 
 
 def world_sizes(job_dir: str) -> list[int]:
-    return [e["world_size"] for e in events(job_dir, "start")]
+    return [e["world_size"] for e in progress_events(job_dir, "start")]
 
 
 def grew_then_shrank(job_dir: str, low: int, high: int) -> bool:
@@ -264,7 +255,7 @@ def test_lightning_and_hugging_face_jobs_grow_and_shrink_resuming_at_the_step_th
             assert jobs[name]["worker_gpus"] == 1 and jobs[name]["gpus_per_node"] == 1, (name, jobs[name])
         for name, job in jobs.items():
             wait_for(f"the {name} job training at one process", lambda job=job: world_sizes(job["job_dir"]) == [1]
-                     and len(events(job["job_dir"], "progress")) >= 5, timeout=180)
+                     and len(progress_events(job["job_dir"], "progress")) >= 5, timeout=180)
         subprocess.run(["scancel", str(held[1])], check=True)
         for name, job in jobs.items():
             wait_for(f"the agent to grow the {name} job to two", lambda job=job: 2 in world_sizes(job["job_dir"]),
@@ -278,7 +269,7 @@ def test_lightning_and_hugging_face_jobs_grow_and_shrink_resuming_at_the_step_th
                 job["job_dir"], 1, 2), timeout=150)
         for name, job in jobs.items():
             final = user.wait_until_ended(job["id"], f"the {name} job to complete", timeout=240)
-            assert final["state"] == "COMPLETED", f"{name}: {final}\n{output(job['job_dir'])[-3000:]}"
+            assert final["state"] == "COMPLETED", f"{name}: {final}\n{job_output(job['job_dir'])[-3000:]}"
             sizes = world_sizes(job["job_dir"])
             assert sizes[:3] == [1, 2, 1], (name, sizes)  # it may grow again once the other job is done
             assert_resumed_where_it_stopped(name, job["job_dir"], 260, restarts=len(sizes) - 1)
@@ -304,12 +295,12 @@ def test_an_fsdp_job_with_sharded_checkpoints_grows_2_to_4_and_shrinks_back_resu
                           "--steps", "220", "--every", "20", cwd=workdir)
         assert job["worker_gpus"] == 2 and job["gpus_per_node"] == 2, job
         wait_for("training at world size 2, checkpointed", lambda: world_sizes(job["job_dir"])[-1:] == [2]
-                 and events(job["job_dir"], "checkpoint"), timeout=180)
+                 and progress_events(job["job_dir"], "checkpoint"), timeout=180)
         subprocess.run(["scancel", str(held[1])], check=True)
         wait_for("the agent to grow the job to 4", lambda: 4 in world_sizes(job["job_dir"]), timeout=120)
-        grew_at = next(e["time"] for e in events(job["job_dir"], "start") if e["world_size"] == 4)
+        grew_at = next(e["time"] for e in progress_events(job["job_dir"], "start") if e["world_size"] == 4)
         wait_for("the 4-process group to train", lambda: [
-            e for e in events(job["job_dir"], "progress") if e["time"] > grew_at], timeout=90)
+            e for e in progress_events(job["job_dir"], "progress") if e["time"] > grew_at], timeout=90)
         # Another user's 2-GPU job waits for gpu1: the worker leaves, the job goes on at 2.
         out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:2", "-J", "needs-two", "--mem=200",
                         "--cpus-per-task=1", "--time=5", "--wrap", "sleep 5", check=True)
@@ -317,13 +308,13 @@ def test_an_fsdp_job_with_sharded_checkpoints_grows_2_to_4_and_shrinks_back_resu
         wait_for("training on at world size 2", lambda: 2 in world_sizes(job["job_dir"])[
             world_sizes(job["job_dir"]).index(4) + 1:], timeout=120)
         final = user.wait_until_ended(job["id"], "the sharded job to complete", timeout=240)
-        assert final["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
+        assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
         sizes = world_sizes(job["job_dir"])
         assert sizes[:3] == [2, 4, 2], sizes  # it may grow again once the other job is done
         assert_resumed_where_it_stopped("sharded", job["job_dir"], 220, restarts=len(sizes) - 1)
         # Every restore read DCP shards (a folder per checkpoint, dcp-<seq>; the older ones are rotated away by
         # now), written by a group of another size; the ones kept are folders.
-        for restore in events(job["job_dir"], "restore"):
+        for restore in progress_events(job["job_dir"], "restore"):
             assert Path(restore["path"]).name == f"dcp-{restore['seq']:08d}", restore
         kept = list((Path(job["job_dir"]) / "checkpoints").glob("dcp-*"))
         assert kept and all(p.is_dir() for p in kept), kept
@@ -345,9 +336,9 @@ def test_a_sharded_job_killed_mid_save_restores_the_previous_checkpoint(
                       "--steps", "120", "--every", "20", cwd=workdir)
     final = user.wait_until_ended(job["id"], "the job killed mid-save to complete", timeout=240)
     job_dir = Path(job["job_dir"])
-    assert final["state"] == "COMPLETED", output(job["job_dir"])[-3000:]
+    assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
     assert (job_dir / "killed-mid-save").exists(), "the kill happened"
-    recorded = events(job["job_dir"])
+    recorded = progress_events(job["job_dir"])
     (restore,) = [e for e in recorded if e["event"] == "restore"]
     complete = [e for e in recorded if e["event"] == "checkpoint" and e["time"] < restore["time"]]
     assert [e["step"] for e in complete] == [20, 40], complete  # the third never completed
