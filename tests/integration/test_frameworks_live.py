@@ -42,8 +42,11 @@ from livebed import (
 
 # Drivers: each imports an example copied beside it (a job's container mounts only the script's folder, the
 # workdir and the job directory) and slows its steps to argv[1] seconds, so that the agent sees enough work
-# left to move it: the testbed's policy moves a job when its ETA x (1 - 0.25) - 15 s restart >= 5 s.
+# left to move it: the testbed's policy moves a job when its ETA x (1 - 0.25) - 15 s restart >= 5 s. The
+# Lightning and Trainer drivers slow only their first two attempts (Slurm's restart count 0 and 1): in the
+# third, after the move and the continuation, nothing is left to decide, and it trains on at full speed.
 LIGHTNING_DRIVER = """
+import os
 import sys
 import time
 
@@ -51,10 +54,12 @@ import lightning as L
 
 import lightning_train
 
+THROTTLE = float(sys.argv[1]) if int(os.environ.get("SLURM_RESTART_COUNT") or 0) < 2 else 0.0
+
 
 class Throttle(L.Callback):
     def on_train_batch_end(self, *args):
-        time.sleep(float(sys.argv[1]))
+        time.sleep(THROTTLE)
 
 
 lightning_train.main(sys.argv[2:], callbacks=[Throttle()])
@@ -73,10 +78,12 @@ from transformers import TrainerCallback
 
 import hf_trainer_train
 
+THROTTLE = float(sys.argv[1]) if int(os.environ.get("SLURM_RESTART_COUNT") or 0) < 2 else 0.0
+
 
 class Throttle(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
-        time.sleep(float(sys.argv[1]))
+        time.sleep(THROTTLE)
 
 
 hf_trainer_train.main(sys.argv[2:], callbacks=[Throttle()])
