@@ -169,7 +169,7 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     lines.append(["--workdir", str(spec.workdir)])
     lines.append(["--env", f"PYTHONPATH={LIBRARY_MOUNT}"])
     lines += [["--env", name] for name in (contract.ENV_JOB_ID, contract.ENV_JOB_DIR, contract.ENV_ATTEMPT,
-                                           contract.ENV_CONTAINER, *SLURM_ENV)]
+                                           contract.ENV_CONTAINER, contract.ENV_GPU_TYPE, *SLURM_ENV)]
     lines.append(["--env", Raw('CUDA_VISIBLE_DEVICES="${container_cuda_devices}"')])
     # Where gloo and NCCL open their sockets: the batch script's choice (the node's own address's interface,
     # or the site's), unless the user's environment names one.

@@ -70,6 +70,9 @@ ENV_ATTEMPT = "DLSUB_ATTEMPT"
 ENV_ROLE = "DLSUB_ROLE"
 #: The container's name (one per node and attempt): where its launcher records its exit status (exit_record).
 ENV_CONTAINER = "DLSUB_CONTAINER"
+#: The type of the node's GPUs as Slurm's GRES names it (``gpu:a100:4`` -> ``a100``); unset or empty for untyped
+#: GPUs and CPU nodes. The attempt's start record keeps it as ``gpu_type``.
+ENV_GPU_TYPE = "DLSUB_GPU_TYPE"
 #: A gang's torchrun rendezvous, ``host:port``, and how many nodes it starts with.
 ENV_RDZV_ENDPOINT = "DLSUB_RDZV_ENDPOINT"
 # The interface gloo and NCCL open their sockets on (the batch script sets both, slurm_plugins/batch.sh).
@@ -84,8 +87,8 @@ ENV_BATCH_SIZE = "DLSUB_BATCH_SIZE"
 ENV_PROFILE_STEPS = "DLSUB_PROFILE_STEPS"
 ENV_PROFILE_SECONDS = "DLSUB_PROFILE_SECONDS"
 ENV_TARGET_LOSS = "DLSUB_TARGET_LOSS"
-CONTAINER_ENV = (ENV_JOB_ID, ENV_JOB_DIR, ENV_ATTEMPT, ENV_ROLE, ENV_CONTAINER, ENV_RDZV_ENDPOINT, ENV_NNODES,
-                 ENV_TRAINER_NODES, ENV_CPU_NODES, ENV_BATCH_SIZE, ENV_PROFILE_STEPS, ENV_PROFILE_SECONDS,
+CONTAINER_ENV = (ENV_JOB_ID, ENV_JOB_DIR, ENV_ATTEMPT, ENV_ROLE, ENV_CONTAINER, ENV_GPU_TYPE, ENV_RDZV_ENDPOINT,
+                 ENV_NNODES, ENV_TRAINER_NODES, ENV_CPU_NODES, ENV_BATCH_SIZE, ENV_PROFILE_STEPS, ENV_PROFILE_SECONDS,
                  ENV_TARGET_LOSS)
 
 #: What a container runs as (``$DLSUB_ROLE``): a training process of the group, or the one process of a

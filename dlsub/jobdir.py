@@ -299,6 +299,7 @@ def check_attempt_event(raw: dict[str, Any]) -> dict[str, Any] | None:
             "partition": _opt(raw, "partition", _text),
             "nodes": _opt(raw, "nodes", _text, 4096),
             "gpus": _opt(raw, "gpus", _text, 4096),
+            "gpu_type": _opt(raw, "gpu_type", _text, 256),
             "role": _opt(raw, "role", _text),
         }
         return {k: v for k, v in checked.items() if v is not None}

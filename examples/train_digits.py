@@ -85,11 +85,29 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--cpu-slowdown", type=float, default=1.0,
                    help="multiply --throttle by this when no GPU is visible: on a testbed whose GPUs are fake, "
                         "makes a CPU node as much slower than a GPU one as it would be on real hardware")
+    p.add_argument("--gpu-slowdown", action="append", default=[], metavar="TYPE=FACTOR",
+                   help="multiply --throttle by FACTOR on GPUs of TYPE (DLSUB_GPU_TYPE, the type Slurm's GRES gives "
+                        "the node's GPUs), repeatable: on a testbed whose GPUs are fake, makes this model as much "
+                        "slower on one kind of GPU as it would be on real hardware, each model in its own way")
     p.add_argument("--adaptive-batch", action="store_true",
                    help="let dlsub choose the global batch between --batch-size and --max-batch")
     p.add_argument("--max-batch", type=int, default=1024, help="with --adaptive-batch: the largest global batch")
     p.add_argument("--data", type=Path, default=DATA)
-    return p.parse_args()
+    args = p.parse_args()
+    try:
+        args.gpu_slowdown = {t: float(f) for t, _, f in (item.partition("=") for item in args.gpu_slowdown)}
+    except ValueError:
+        args.gpu_slowdown = {"": 0.0}
+    if any(not t or not f > 0 for t, f in args.gpu_slowdown.items()):
+        p.error("--gpu-slowdown takes TYPE=FACTOR, a positive factor, e.g. --gpu-slowdown v100=2.5")
+    return args
+
+
+def slowdown(args: argparse.Namespace) -> float:
+    """How much longer --throttle sleeps here: on no GPU, --cpu-slowdown; on a GPU, its type's --gpu-slowdown."""
+    if not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return args.cpu_slowdown
+    return args.gpu_slowdown.get(os.environ.get("DLSUB_GPU_TYPE", ""), 1.0)
 
 
 class GradientNoise:
@@ -175,6 +193,8 @@ def main() -> None:
                   f" at world size {world}{' (resized)' if run.resized else ''}", flush=True)
     elif rank == 0:
         print(f"starting from scratch: {args.epochs} epochs x {per_epoch} steps, world size {world}", flush=True)
+    if rank == 0 and os.environ.get("DLSUB_GPU_TYPE"):
+        print(f"on {os.environ['DLSUB_GPU_TYPE']} GPUs (throttle x{slowdown(args):g})", flush=True)
 
     def snapshot() -> dict:
         return {"model": net.state_dict(), "optimizer": optimizer.state_dict(),
@@ -223,7 +243,7 @@ def main() -> None:
             seen += batch
             pause = args.throttle + args.throttle_per_sample * share[rank]
             if pause:
-                time.sleep(pause * (1.0 if os.environ.get("CUDA_VISIBLE_DEVICES") else args.cpu_slowdown))
+                time.sleep(pause * slowdown(args))
             if step % args.report_every == 0 or sample_in_epoch + batch > len(train_y):
                 grads = {"grad_sqr": noise.sqr, "grad_var": noise.var} if noise is not None else {}
                 run.report(step=step, epoch=epoch, loss=loss.item(), samples=seen, world_size=world, **grads)

@@ -59,6 +59,9 @@ class JobStatus:
     # False once an attempt has run PLAIN_GRACE_S without one (a script that uses no library: it never
     # checkpoints); None while that is not known yet.
     uses_library: bool | None = None
+    # The type of the GPUs its newest attempt runs (or ran) on, as Slurm's GRES names it (gpu:a100:4 -> "a100";
+    # several, comma-separated); None on CPU nodes and untyped GPUs.
+    gpu_type: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,6 +117,20 @@ def resize_history(starts: list[dict[str, Any]]) -> tuple[int | None, tuple[dict
             history.append({"time": after["time"], "world_size": after["world_size"], "nodes": after.get("nodes"),
                             "from_world_size": before["world_size"], "from_nodes": before.get("nodes")})
     return (sized[-1]["world_size"] if sized else None), tuple(history)
+
+
+def gpu_type_of(attempts: list[dict[str, Any]]) -> str | None:
+    """The GPU types of the newest attempt: its main job's start record's and those of workers started since."""
+    starts = [a for a in attempts if a.get("event") == EVENT_START]
+    mains = [a for a in starts if a.get("role", "main") == "main"]
+    if not mains:
+        return None
+    since = mains[-1]["time"]  # checked records (read_attempts): every time is a number
+    types: list[str] = []
+    for start in starts:
+        if start["time"] >= since:
+            types += [t for t in str(start.get("gpu_type") or "").split(",") if t and t not in types]
+    return ",".join(types) or None
 
 
 def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob] | None = None) -> JobStatus:
@@ -191,6 +208,7 @@ def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob
         max_gpus=record.gpu_range[1] if record.gpu_range else None,
         mounts=tuple(record.mounts),
         uses_library=uses_library,
+        gpu_type=gpu_type_of(attempts),
     )
 
 
@@ -230,8 +248,8 @@ def _eta_cell(r: JobStatus) -> str:
 def render_table(rows: list[JobStatus], bars: list[str] | None = None) -> str:
     """The table; ``bars`` (one per row, e.g. progress bars on a terminal) adds a PROGRESS column."""
     header = [
-        "ID", "SLURM", "NAME", "STATE", "PARTITION", "NODES", "STEP", "EPOCH", "LOSS", "SAMPLES/S", "ETA", "TRIES",
-        "COST"
+        "ID", "SLURM", "NAME", "STATE", "PARTITION", "GPU", "NODES", "STEP", "EPOCH", "LOSS", "SAMPLES/S", "ETA",
+        "TRIES", "COST"
     ]
     body = [
         [
@@ -240,6 +258,7 @@ def render_table(rows: list[JobStatus], bars: list[str] | None = None) -> str:
             r.name[:20],
             r.state + (f" ({r.reason})" if r.reason and r.state in ("PENDING", "UNKNOWN") else ""),
             r.partition,
+            r.gpu_type or "-",
             r.nodes or "-",
             _fmt(r.step),
             _fmt(r.epoch),

@@ -153,6 +153,25 @@ slurm_gpu_ids() {  # Slurm's global ids of this step's GPUs; CUDA_VISIBLE_DEVICE
     [[ "$ids" =~ ^[0-9]+(,[0-9]+)*$ ]] || ids="${CUDA_VISIBLE_DEVICES:-}"
     echo "$ids"
 }
+# The type Slurm gives this node's GPUs: its GRES, gpu:TYPE:N (gpu:a100:4), as a site names the kinds of GPU it
+# has; empty for untyped GPUs or none. A node with several types gives them all, comma-separated. The attempt's
+# start record keeps it (dlsub status shows it) and the training sees it as DLSUB_GPU_TYPE. Only names of letters, digits, '.', '_' and '-' pass (the record is JSON written by printf).
+node_gpu_type() {
+    [ -n "$(slurm_gpu_ids)" ] || return 0
+    local gres item items=() types=()
+    gres="$(scontrol -o show node "${SLURMD_NODENAME:-$(hostname -s)}" 2>/dev/null \
+        | tr ' ' '\n' | sed -n 's/^Gres=//p' | head -n 1)"
+    IFS=, read -ra items <<< "$gres"
+    for item in "${items[@]}"; do
+        item="${item%%(*}"
+        if [[ "$item" =~ ^gpu:([A-Za-z0-9._-]+):[0-9]+$ ]] && [[ " ${types[*]} " != *" ${BASH_REMATCH[1]} "* ]]; then
+            types+=("${BASH_REMATCH[1]}")
+        fi
+    done
+    (IFS=,; echo "${types[*]}")
+}
+DLSUB_GPU_TYPE="$(node_gpu_type)"
+export DLSUB_GPU_TYPE
 setup_gpus() {
     [ -n "${CUDA_VISIBLE_DEVICES:-}" ] || return 0
     IFS=, read -ra visible_gpus <<< "$CUDA_VISIBLE_DEVICES"
@@ -286,7 +305,7 @@ fi
 
 # ------------------------------------------------------------------ worker: joins, leaves, returns to the pool
 if [ "$role" = worker ]; then
-    log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"$(slurm_gpu_ids)\",\"main\":\"$main_job_id\""
+    log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"$(slurm_gpu_ids)\",\"gpu_type\":\"$DLSUB_GPU_TYPE\",\"main\":\"$main_job_id\""
     echo "dlsub: job $DLSUB_JOB_ID worker $SLURM_JOB_ID on ${SLURMD_NODENAME:-$(hostname -s)} joins the group of" \
         "attempt $DLSUB_ATTEMPT at $DLSUB_RDZV_ENDPOINT" >&2
     run_container
@@ -316,7 +335,7 @@ end_workers() {  # the job has ended for good: its worker array ends with it
     fi
 }
 
-log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"$(slurm_gpu_ids)\",\"nnodes\":${SLURM_NNODES:-1}"
+log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"$(slurm_gpu_ids)\",\"gpu_type\":\"$DLSUB_GPU_TYPE\",\"nnodes\":${SLURM_NNODES:-1}"
 echo "dlsub: job $DLSUB_JOB_ID attempt $DLSUB_ATTEMPT on ${SLURM_JOB_NODELIST:-$(hostname -s)} (partition ${SLURM_JOB_PARTITION:-?})" >&2
 cpu_part=""
 if [ "$het" = 1 ]; then

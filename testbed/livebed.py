@@ -20,6 +20,8 @@ USER = os.environ.get("DLSUB_TESTBED_USER", "dltest")
 #: A second unprivileged user: "another user" in the privacy and trust tests.
 USER2 = os.environ.get("DLSUB_TESTBED_USER2", "dltest2")
 EXAMPLES = Path(os.environ.get("DLSUB_PREFIX", "/opt/dlsub")) / "examples"
+#: The kind of each GPU node's GPUs, as the testbed's Slurm names them (GRES types, etc/testbed/slurm.conf).
+GPU_TYPES = {"gpu1": "a100", "gpu2": "v100"}
 #: The testbed's compute nodes, each a host of its own (testbed/hosts.sh); the tests run on its login host.
 NODES = ("cpu1", "cpu2", "gpu1", "gpu2")
 HOSTS_DIR = Path("/var/lib/dlsub-testbed/hosts")

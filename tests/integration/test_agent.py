@@ -21,6 +21,7 @@ import pytest
 
 from livebed import (
     EXAMPLES,
+    GPU_TYPES,
     TestbedUser,
     agent_service,
     agent_tick,
@@ -61,6 +62,8 @@ def test_immediate_mode_starts_on_cpu_and_moves_to_gpu_when_it_frees(
 
     moved = wait_for("the job to run on gpu", on_gpu, timeout=120)
     assert moved["slurm_job_id"] == job["slurm_job_id"], "a move is the same Slurm job, requeued"
+    # The kind of GPU, as the node's GRES names it (etc/testbed/slurm.conf), in the status and the container.
+    assert moved["gpu_type"] == GPU_TYPES[moved["nodes"]], moved
     wait_for("progress past the checkpoint on gpu",
              lambda: (user.status(job["id"])["step"] or 0) > step_at_move, timeout=60)
     # Done when the agent sees it running on gpu, or released there and waiting to start (if it ticks first).
@@ -73,11 +76,13 @@ def test_immediate_mode_starts_on_cpu_and_moves_to_gpu_when_it_frees(
     runs = attempts(job["job_dir"])
     starts = [a for a in runs if a["event"] == "start"]
     assert [a["partition"] for a in starts] == ["cpu", "gpu"] and starts[1]["gpus"] != ""
+    assert [a["gpu_type"] for a in starts] == ["", GPU_TYPES[starts[1]["node"]]], starts
     assert [a.get("action") for a in runs if a["event"] == "end"][0] == "move"
     text = job_output(job["job_dir"])
     resumed = re.search(r"resumed from step (\d+)", text)
     assert resumed and int(resumed.group(1)) >= step_at_move, text
     assert re.search(r"done: \d+ steps", text), text
+    assert f"on {GPU_TYPES[starts[1]['node']]} GPUs (throttle x1)" in text, text
 
 
 #: A script that uses no dlsub library: steps printed, never a checkpoint (issue 34 item 4).

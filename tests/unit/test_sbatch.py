@@ -69,7 +69,7 @@ def _stub(bin_dir: Path, name: str, body: str) -> None:
 def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_rc: int, *,
                 max_continuations: int = 20, env_extra: dict[str, str] | None = None,
                 podman_body: str | None = None, after_start: object | None = None,
-                text: str | None = None) -> tuple[int, Path]:
+                text: str | None = None, scontrol_body: str = "exit 0\n") -> tuple[int, Path]:
     """Run the batch script rendered for ``script`` (or ``text``, a rendered one) under bash, with stand-in
     ``podman`` and ``scontrol`` that record their argv; its exit status and the record."""
     bin_dir = tmp_path / "bin"
@@ -79,7 +79,7 @@ def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_r
     record = f'python3 -c \'import json,sys; print(json.dumps(sys.argv[1:]))\' "$(basename "$0")" "$@" >> {log}\n'
     _stub(bin_dir, "podman",
           record + 'case "$1" in rm | kill) exit 0 ;; esac\n' + (podman_body or f"exit {container_rc}\n"))
-    _stub(bin_dir, "scontrol", record + "exit 0\n")
+    _stub(bin_dir, "scontrol", record + scontrol_body)
     if text is None:
         text = render_sbatch(spec(tmp_path, script, args, max_continuations=max_continuations))
     # The fallback runtime directory, under tmp_path rather than the shared /tmp.
@@ -433,6 +433,42 @@ def _podman_run_with_gpus(tmp_path: Path, env: dict[str, str], cdi: bool) -> lis
 
 def _values(argv: list[str], option: str) -> list[str]:
     return [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == option]
+
+
+def _gpu_type_seen(tmp_path: Path, gres: str, env: dict[str, str]) -> tuple[str, dict[str, object]]:
+    """Unit (the batch script under bash, a stand-in scontrol answering `scontrol -o show node` with a node whose
+    GRES is ``gres``): DLSUB_GPU_TYPE as podman saw it, and the attempt's start record."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    seen = tmp_path / "seen.txt"
+    node = f'[ "$1 $2 $3" = "-o show node" ] && echo "NodeName=$4 Arch=x86_64 CoresPerSocket=1 Gres={gres} OS=Linux"\n'
+    rc, log = _run_script(tmp_path, script, (), 0, env_extra={"SLURMD_NODENAME": "gpu7", **env},
+                          podman_body=f'echo "${{DLSUB_GPU_TYPE-unset}}" > {seen}\nexit 0\n',
+                          scontrol_body=node + "exit 0\n")
+    assert rc == 0, (tmp_path / "stderr.txt").read_text()
+    run = next(c for c in _calls(log) if c[:1] == ["podman"] and "run" in c)
+    assert "DLSUB_GPU_TYPE" in _values(run, "--env")
+    starts = [json.loads(line) for line in (tmp_path / "home/.dlsub/jobs/0123abcd" / contract.ATTEMPTS_FILE)
+              .read_text().splitlines()]
+    return seen.read_text().strip(), next(a for a in starts if a["event"] == "start")
+
+
+@pytest.mark.parametrize(("gres", "gpu_type"), [
+    ("gpu:a100:4(S:0)", "a100"),
+    ("gpu:4", ""),  # untyped GPUs
+    ("gpu:a100:2(S:0),gpu:v100:2(S:1),gpu:a100:1", "a100,v100"),  # one node, two kinds: both, once each
+    ("gpu:a\"1:4", ""),  # a name JSON or a shell would read otherwise: left out
+    ("(null)", ""),
+])
+def test_the_gpu_type_comes_from_the_nodes_gres(tmp_path: Path, gres: str, gpu_type: str) -> None:
+    seen, start = _gpu_type_seen(tmp_path, gres, {"CUDA_VISIBLE_DEVICES": "0", "SLURM_JOB_GPUS": "0"})
+    assert seen == gpu_type and start["gpu_type"] == gpu_type and start["node"] == "gpu7"
+
+
+def test_a_job_without_gpus_asks_slurm_for_no_gpu_type(tmp_path: Path) -> None:
+    seen, start = _gpu_type_seen(tmp_path, "gpu:a100:4", {"CUDA_VISIBLE_DEVICES": "", "SLURM_JOB_GPUS": ""})
+    assert seen == "" and start["gpu_type"] == ""
+    assert not any(c[:2] == ["scontrol", "-o"] for c in _calls(tmp_path / "calls.jsonl"))
 
 
 def _socket_ifnames(tmp_path: Path, site: str = "", env: dict[str, str] | None = None) -> tuple[list[str], str]:

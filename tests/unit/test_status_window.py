@@ -113,3 +113,34 @@ def test_a_job_slurm_stopped_for_its_memory_says_so_and_what_to_ask_for(tmp_path
     assert render_table([row]).splitlines()[-1] == f"0123abcd: {row.reason}"
     finished = job_status(record, dataclasses.replace(slurm, state="COMPLETED", reason="None"))
     assert len(render_table([finished]).splitlines()) == 2, "no failure line for a job that did not fail"
+
+
+def test_the_gpu_type_is_the_newest_attempts(tmp_path: Path) -> None:
+    """Pure: the GPU type in the status is the one the newest attempt's start records name (its main job's and
+    its workers' since), shown in the GPU column; an attempt on a CPU node names none."""
+    from dlsub.job.status import job_status, render_table
+    from dlsub.job.user_store import JobRecord
+    from dlsub.slurm_plugins.models import SlurmJob
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    t0 = 1_790_000_000.0  # (a time of this decade: attempt records outside it are refused)
+    record = JobRecord("0123abcd", "t", "me", "t.py", [], str(job_dir), "gpu", 1, 1, 2, 700, None, "img",
+                       slurm_job_id=9)
+    slurm = SlurmJob(job_id=9, name="t", user="me", state="RUNNING", partition="gpu", nodes="gpu1",
+                     comment="", restart_count=1, reason="None", time_limit_min=None, start_time=0,
+                     submit_time=0, exit_code=None)
+    starts = [{"time": t0 + 100, "node": "cpu1", "gpu_type": ""},  # a first attempt on a CPU node
+              {"time": t0 + 200, "node": "gpu2", "gpu_type": "v100"},
+              {"time": t0 + 300, "node": "gpu1", "gpu_type": "a100"},  # moved: the newest attempt
+              {"time": t0 + 310, "node": "gpu2", "gpu_type": "v100", "role": "worker"}]
+    (job_dir / "attempts.jsonl").write_text("".join(json.dumps({
+        "event": "start", "slurm_job_id": 9, "restart": i, "partition": "gpu", **s}) + "\n"
+        for i, s in enumerate(starts)))
+    row = job_status(record, slurm)
+    assert row.gpu_type == "a100,v100" and row.to_json()["gpu_type"] == "a100,v100"
+    header, line = render_table([row]).splitlines()
+    assert line.split()[header.split().index("GPU")] == "a100,v100"
+    (job_dir / "attempts.jsonl").write_text(json.dumps({"event": "start", "time": t0 + 100, "slurm_job_id": 9,
+                                                         "node": "cpu1", "gpu_type": ""}) + "\n")
+    assert job_status(record, slurm).gpu_type is None
