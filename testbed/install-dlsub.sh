@@ -18,20 +18,25 @@ if [ ! -x "$venv/bin/python" ]; then
     say "creating $venv"
     /usr/bin/python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c "import torch, numpy, scipy, matplotlib, apscheduler, pytest, click, sqlite_utils" 2>/dev/null; then
+# Whether the venv has these modules, found without importing them (importing torch and the frameworks took
+# 9 s, at each of CI's three testbed runs).
+has() {  # module...
+    "$venv/bin/python" -c 'import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))' "$@" 2>/dev/null
+}
+if ! has torch numpy scipy matplotlib apscheduler pytest click sqlite_utils; then
     say "installing torch==2.13.0, numpy, scipy, matplotlib, apscheduler, pytest into $venv"
     "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" numpy "scipy>=1.10" "matplotlib>=3.7" "apscheduler>=3.10,<4" pytest "click>=8.1" "sqlite-utils>=3.35"
 fi
 # The dashboard (FastAPI, uvicorn, Jinja2), the agent's metrics (prometheus-client), and the
 # dashboard's tests (httpx for FastAPI's test client; Playwright, which drives Debian's chromium).
-if ! "$venv/bin/python" -c "import fastapi, uvicorn, jinja2, prometheus_client, httpx, playwright" 2>/dev/null; then
+if ! has fastapi uvicorn jinja2 prometheus_client httpx playwright; then
     say "installing fastapi, uvicorn, jinja2, prometheus-client, httpx, playwright into $venv"
     "$venv/bin/pip" install "${pip_opts[@]}" "fastapi>=0.110" "uvicorn>=0.29" "jinja2>=3.1" "prometheus-client>=0.17" \
         httpx playwright
 fi
 # The training frameworks dlsub.checkpointing has adapters for (pyproject's lightning and hf extras), for their
 # unit tests and examples. torch==2.13.0 is named again so that pip keeps the CPU build installed above.
-if ! "$venv/bin/python" -c "import lightning, pytorch_lightning, transformers, accelerate" 2>/dev/null; then
+if ! has lightning pytorch_lightning transformers accelerate; then
     say "installing lightning, transformers, accelerate into $venv"
     "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" "lightning>=2.0" "transformers>=4.40" "accelerate>=0.30"
 fi
@@ -50,7 +55,7 @@ fi
 # `make lint`. (What dlsub imports ships its types, or is listed in
 # pyproject's mypy overrides: no stub packages needed.) import-linter checks
 # the layering (pyproject's [tool.importlinter]).
-if ! "$venv/bin/python" -c "import mypy, ruff, importlinter" 2>/dev/null; then
+if ! has mypy ruff importlinter; then
     say "installing mypy, ruff and import-linter into $venv"
     "$venv/bin/pip" install "${pip_opts[@]}" mypy ruff import-linter
 fi
