@@ -82,7 +82,7 @@ class Agent:
         self.store.set_meta(last_tick_started=now, doing="observing")
         try:
             # The queue brief, dlsub's jobs (and the ones it has rows or moves for) whole.
-            follow = {key[1] for key in self.store.jobs()} | {key[1] for key in self.store.move_rows()}
+            follow = self.store.job_ids() | {key[1] for key in self.store.move_rows()}
             slurm_jobs = self._queue.read(follow)
             partitions = self.client.partitions()
         except SlurmError as exc:
@@ -108,6 +108,7 @@ class Agent:
         outcome, finished = act(self.client, self.store, seen, [*resumed, *planned], todo, done, now)
         outcome.meta = self._status(seen, now, started)
         self.store.write(outcome)
+        self.store.forget(seen.forgettable)
         self._after(finished)
         try:
             self.store.prune(now, self.policy.retention.progress_days, self.policy.retention.decisions_days)

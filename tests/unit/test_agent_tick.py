@@ -365,3 +365,50 @@ def test_a_job_id_slurm_gives_again_is_a_new_job(tmp_path: Path) -> None:
     row = w.store.jobs()[(ME, again)]
     assert row.dlsub_id == "89abcdef" and row.state == "RUNNING"
     assert not [d for d in w.store.decisions("89abcdef") if "final states never change" in d.reason]
+
+
+def test_an_ended_job_slurm_has_purged_is_forgotten_and_the_tick_stays_short(tmp_path: Path) -> None:
+    """A finished job's row goes once Slurm purges the job (MinJobAge): kept, every tick loaded every row the
+    agent ever had. A finished job Slurm still lists keeps its row; its decisions stay for `dlsub why`."""
+    w = World(tmp_path)
+    done_id, done_dir = w.submit("0123abcd")
+    running_id, running_dir = w.submit("89abcdef")
+    for job_id, job_dir in ((done_id, done_dir), (running_id, running_dir)):
+        w.progress(job_dir, job_id)
+    agent = w.agent()
+    agent.tick(NOW)
+    w.fake.set_job_state(done_id, "COMPLETED")
+    agent.tick(NOW + 5)
+    assert set(w.store.jobs()) == {(ME, done_id), (ME, running_id)}, "still listed by Slurm: kept"
+    why = [d.reason for d in w.store.decisions("0123abcd")]
+    w.fake.purge(done_id)
+    agent.tick(NOW + 10)
+    assert set(w.store.jobs()) == {(ME, running_id)}
+    assert [d.reason for d in w.store.decisions("0123abcd")] == why and why
+    agent.tick(NOW + 15)
+    assert set(w.store.jobs()) == {(ME, running_id)}, "not made again"
+
+
+def test_rows_kept_while_the_agent_may_still_need_them() -> None:
+    """Pure: a row is forgotten only when its job ended, Slurm lists it no more, no move of it is in flight and
+    no worker task of its dlsub id is queued (the agent ends those through the row)."""
+    from dlsub.agent.agent_store import JobRow
+    from dlsub.agent.job_data import JobData
+    from dlsub.agent.observe import forgotten_rows
+    from dlsub.agent.records import MoveRow
+    from dlsub.contract import JobState
+    from dlsub.policies.actions.resize_rules import WorkerTask
+    from dlsub.slurm_plugins.models import SlurmJob
+
+    def row(job_id: int, dlsub_id: str, state: JobState | None) -> JobRow:
+        return JobRow(ME, job_id, dlsub_id, "me", state, JobData())
+
+    rows = {(ME, 1): row(1, "a1", JobState.COMPLETED), (ME, 2): row(2, "a2", JobState.FAILED),
+            (ME, 3): row(3, "a3", JobState.CANCELLED), (ME, 4): row(4, "a4", JobState.COMPLETED),
+            (ME, 5): row(5, "a5", JobState.RUNNING), (ME, 6): row(6, "a6", None)}
+    listed = [SlurmJob(job_id=2, name="t", user="me", state="FAILED", partition="cpu", nodes="", comment="",
+                       restart_count=0, reason="", time_limit_min=None, start_time=0, submit_time=0, exit_code=1,
+                       extra={"user_id": ME})]
+    moves = {(ME, 3): MoveRow.__new__(MoveRow)}
+    workers = {(ME, "a4"): [WorkerTask.__new__(WorkerTask)]}
+    assert forgotten_rows(rows, listed, moves, workers) == [(ME, 1)]
