@@ -127,8 +127,11 @@ class LiveModels:
         per_node = job.gpus_per_worker  # the policy sizes it in steps of one worker
         limits = BatchLimits.from_event(progress.batch_limits)
         grads = GradientStats(*progress.grads) if progress.grads is not None else NO_GAIN
-        latest = config_batch(progress.configs[-1]) if progress.configs else None
-        samples_known = any(c.samples_per_s is not None or c.batch for c in progress.configs)
+        # What it measured on the kind of GPU it trains on now (all of it on untyped GPUs): a fit across kinds
+        # would average two speeds of the same job.
+        configs = progress.configs_here
+        latest = config_batch(configs[-1]) if configs else None
+        samples_known = any(c.samples_per_s is not None or c.batch for c in configs)
         batch = latest or (limits.init_batch if limits else NOMINAL_BATCH)
         current = job.gpus_now
         most = job.max_gpus
@@ -138,12 +141,12 @@ class LiveModels:
         if progress.total_steps is not None and progress.step is not None:
             remaining = float(max(0, progress.total_steps - progress.step))
         ran = progress.ran_s or 0.0
-        own = step_reports(progress.configs, batch)
+        own = step_reports(configs, batch)
         reports = own
         if progress.application is not None:
-            # What this user's earlier runs of the same command measured on this partition; until the job
-            # reports its gradient noise, the noise they reported first (the start of the same training).
-            application = (job.uid, job.partition, progress.application)
+            # What this user's earlier runs of the same command measured on this partition and kind of GPU;
+            # until the job reports its gradient noise, the noise they reported first (the same training's start).
+            application = (job.uid, job.partition, progress.application, progress.gpu_type)
             reports = self.history.reports_for(application, job.dlsub_id, own)
             self.history.record(application, job.dlsub_id, own, None if progress.grads is None else grads)
             if progress.grads is None:

@@ -593,6 +593,9 @@ def init(
                         "batch_from": run.batch_from}
         if saves_on_request:
             declared["saves"] = contract.SAVES_ON_REQUEST
+        gpu_type = contract.valid_gpu_type(os.environ.get(contract.ENV_GPU_TYPE))
+        if gpu_type is not None:
+            declared["gpu_type"] = gpu_type  # what it measures from here on, it measures on this kind of GPU
         run._event(contract.EVENT_START, rank=run.rank, world_size=run.world_size, nodes=run.nodes,
                    resized=run.resized, host=socket.gethostname(), pid=os.getpid(), **declared, **application())
     return run

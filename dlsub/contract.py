@@ -233,6 +233,15 @@ def application_digest(script: bytes, args: Sequence[str]) -> str:
     return digest.hexdigest()[:32]
 
 
+_GPU_TYPE = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
+
+
+def valid_gpu_type(value: object) -> str | None:
+    """A GPU type as Slurm's GRES names one (``a100``); None for anything else (a start event is the job's word,
+    and the type becomes part of the agent's keys)."""
+    return value if isinstance(value, str) and _GPU_TYPE.match(value) else None
+
+
 def valid_application(value: object) -> str | None:
     """A start event's application digest if it is one (the event is the job's word); None otherwise."""
     return value if isinstance(value, str) and _APPLICATION_DIGEST.match(value) else None
@@ -280,6 +289,9 @@ PROGRESS_FIELDS: tuple[tuple[str, str, tuple[object, ...]], ...] = (
     ("attempt", "text", ()),
     ("world_size", "int", (1, 10**6)),  # start events: the group's size (elastic jobs change it)
     ("nodes", "int", (1, 10**5)),
+    # start events: the type of the GPUs the group trains on (ENV_GPU_TYPE, as the batch script read it from
+    # Slurm's GRES); the agent keeps what a job measured on each kind apart (valid_gpu_type).
+    ("gpu_type", "text", ()),
     # start events of a training that saves whenever dlsub asks, within its own loop (the framework adapters,
     # ``SAVES_ON_REQUEST``): the agent may move or continue it before its first checkpoint.
     ("saves", "one_of", ((SAVES_ON_REQUEST,),)),
@@ -295,7 +307,7 @@ PROGRESS_FIELDS: tuple[tuple[str, str, tuple[object, ...]], ...] = (
 )
 # An attempt event (written by the batch script): ``slurm_job_id`` (required), ``restart`` (0 if absent),
 # and, at its end, ``rc``, ``action`` (one of ATTEMPT_ACTIONS), ``signal``; where it ran: ``node``,
-# ``partition``, ``nodes``, ``gpus``, ``role``.
+# ``partition``, ``nodes``, ``gpus``, ``gpu_type``, ``role``.
 
 # ---------------------------------------------------------------- ids and comment tags
 

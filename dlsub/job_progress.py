@@ -25,6 +25,7 @@ from dlsub.contract import (
     PROGRESS_FILE,
     SAVES_ON_REQUEST,
     valid_application,
+    valid_gpu_type,
 )
 from dlsub.jobdir import (
     Unreadable,
@@ -51,6 +52,7 @@ class MeasuredConfig:
     accumulation_steps: int | None  # micro-steps per optimiser step
     steps_per_s: float
     samples_per_s: float | None
+    gpu_type: str | None = None  # the kind of GPU it ran on, as its start event said (None: untyped or CPU)
 
 
 @dataclass(frozen=True)
@@ -74,11 +76,19 @@ class Progress:
     batch_limits: dict[str, int] | None = None  # declared when it lets dlsub choose its batch size
     grads: tuple[float, float] | None = None  # its last gradient noise report (grad_sqr, grad_var)
     application: str | None = None  # its command's digest (contract.application_digest), as it said
+    gpu_type: str | None = None  # the kind of GPU it trains on now, as its latest start event said
+
+    @property
+    def configs_here(self) -> tuple[MeasuredConfig, ...]:
+        """What it measured on the kind of GPU it trains on now: a job's speed on another kind says nothing of
+        its speed on this one."""
+        return tuple(c for c in self.configs if c.gpu_type == self.gpu_type)
 
     @property
     def measured(self) -> dict[tuple[int, int], tuple[float, float | None]]:
-        """(nodes, replicas) -> (steps/s, samples/s or None), the newest measurement at each size."""
-        return {(c.nodes, c.replicas): (c.steps_per_s, c.samples_per_s) for c in self.configs}
+        """(nodes, replicas) -> (steps/s, samples/s or None), the newest measurement at each size, on the kind
+        of GPU it trains on now."""
+        return {(c.nodes, c.replicas): (c.steps_per_s, c.samples_per_s) for c in self.configs_here}
 
     def eta_s(self) -> float | None:
         if self.finished:
@@ -127,6 +137,7 @@ class ProgressSummary:
     batch_limits: dict[str, int] | None = None  # what the job declared (it lets dlsub choose its batch)
     grads: list[float] | None = None  # its last gradient noise report: [grad_sqr, grad_var]
     application: str | None = None  # its command's digest, from its latest start event
+    gpu_type: str | None = None  # the kind of GPU of its latest start event (valid_gpu_type)
     # Its training wrote a start event (``checkpointing.init()`` does, and each adapter through it): it uses
     # dlsub's library. Never one: a script that uses no library (the agent's only sign of it).
     started: bool = False
@@ -142,6 +153,7 @@ class ProgressSummary:
             if event.get("batch_limits") is not None:
                 self.batch_limits = event["batch_limits"]
             self.application = valid_application(event.get(APPLICATION_FIELD)) or self.application
+            self.gpu_type = valid_gpu_type(event.get("gpu_type"))
         elif event.get("grad_sqr") is not None and event.get("grad_var") is not None:
             self.grads = [event["grad_sqr"], event["grad_var"]]
         if event["event"] == EVENT_START or (size[1] is not None and self.segment is not None
@@ -158,6 +170,8 @@ class ProgressSummary:
         steps = _rate(points[0], points[-1], "step") if len(points) > 1 else None
         if steps is not None:
             key = ",".join(str(int(v)) for v in (*self.segment["size"], *self.segment["split"]))
+            if self.gpu_type:  # "nodes,replicas,batch,accumulation@type": each kind of GPU measured apart
+                key += "@" + self.gpu_type
             # The newest MAX_CONFIGS configurations only: a file of made-up sizes costs a bounded amount.
             others = [(k, v) for k, v in self.measured.items() if k != key][-(MAX_CONFIGS - 1):]
             self.measured = {**dict(others), key: [steps, _rate(points[0], points[-1], "samples")]}
@@ -196,7 +210,8 @@ class ProgressSummary:
         if last is None:
             return Progress(finished=self.finished, checkpoints=self.checkpoints,
                             last_checkpoint_step=self.checkpoint_step, last_checkpoint_time=self.checkpoint_time,
-                            first_time=self.first_time, latest_time=self.latest_time, application=self.application)
+                            first_time=self.first_time, latest_time=self.latest_time, application=self.application,
+                            gpu_type=self.gpu_type)
         first = self.window[0] if self.window else last
         several = len(self.window) > 1
         return Progress(
@@ -208,17 +223,18 @@ class ProgressSummary:
             last_checkpoint_time=self.checkpoint_time, finished=self.finished, checkpoints=self.checkpoints,
             first_time=self.first_time, latest_time=self.latest_time, configs=self.measured_configs(),
             batch_limits=self.batch_limits, grads=None if self.grads is None else (self.grads[0], self.grads[1]),
-            application=self.application,
+            application=self.application, gpu_type=self.gpu_type,
         )
 
     def measured_configs(self) -> tuple[MeasuredConfig, ...]:
         """Every configuration the job has run at and measured, oldest first."""
         out = []
         for key, (steps, samples) in self.measured.items():
-            parts = [int(part) for part in key.split(",")] + [0, 0]
+            sizes, _, gpu_type = key.partition("@")
+            parts = [int(part) for part in sizes.split(",")] + [0, 0]
             if steps is not None:
                 out.append(MeasuredConfig(parts[0], parts[1], parts[2] or None, parts[3] or None, float(steps),
-                                          None if samples is None else float(samples)))
+                                          None if samples is None else float(samples), gpu_type or None))
         return tuple(out)
 
     def to_dict(self) -> dict[str, Any]:
@@ -228,7 +244,7 @@ class ProgressSummary:
                 "finished": self.finished, "first_time": self.first_time, "latest_time": self.latest_time,
                 "bad_events": self.bad_events, "segment": self.segment, "measured": self.measured,
                 "batch_limits": self.batch_limits, "grads": self.grads, "application": self.application,
-                "started": self.started, "saves_on_request": self.saves_on_request}
+                "started": self.started, "saves_on_request": self.saves_on_request, "gpu_type": self.gpu_type}
 
     @classmethod
     def from_dict(cls, raw: Any) -> ProgressSummary:

@@ -235,6 +235,19 @@ def test_the_start_event_names_the_command_by_its_script_and_arguments(tmp_path:
     assert started("c", "--lr", "0.2") != first, "other arguments: another command"
 
 
+@pytest.mark.parametrize(("env", "said"), [("a100", "a100"), ("", None), ("a100,v100", None), ("x\"y", None)])
+def test_the_start_event_names_the_kind_of_gpu_the_batch_script_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str, said: str | None
+) -> None:
+    """DLSUB_GPU_TYPE (the node's GRES type, from the batch script) goes into the start event: the agent keeps
+    what a job measured on each kind apart. Not one name (a node of two kinds, garbage): left out."""
+    monkeypatch.setenv("DLSUB_GPU_TYPE", env)
+    r = checkpointing.init(tmp_path / "job")
+    r.uninstall_signal_handlers()
+    events = [json.loads(line) for line in (tmp_path / "job" / "progress.jsonl").read_text().splitlines()]
+    assert next(e for e in events if e["event"] == "start").get("gpu_type") == said
+
+
 # ---------------------------------------------------------------- every rank restores the same checkpoint
 
 _LATE_RANK = textwrap.dedent("""

@@ -178,6 +178,28 @@ def test_a_new_job_starts_from_what_its_users_earlier_run_of_the_same_command_me
     assert replicas_known(run_of("slower", 1, {1: 0.6})) == 2
 
 
+def test_a_job_is_sized_on_what_it_measured_on_the_kind_of_gpu_it_runs_on() -> None:
+    """Unit (pure): what a job measured on another kind of GPU (before a move) is left out of its fit, and an
+    earlier run of the same command lends its measurements only on the same kind."""
+    models = LiveModels()
+    on_a100 = tuple(dataclasses.replace(c, gpu_type="a100") for c in measured({1: 2.0, 2: 3.9, 3: 5.7}))
+    on_v100 = tuple(dataclasses.replace(c, gpu_type="v100") for c in measured({1: 0.5}))
+
+    def sized(dlsub_id: str, configs: tuple[MeasuredConfig, ...], gpu_type: str) -> ScaledJob:
+        progress = Progress(step=100, configs=configs, first_time=NOW - 300, latest_time=NOW,
+                            application="a" * 32, gpu_type=gpu_type)
+        return models.scaled(job(dlsub_id, uid=1, nodes=1, max_members=3, submit=NOW), progress, NOW, None)
+
+    assert sized("first", on_a100, "a100").borrowed == 0
+    models.forget_except(set())  # it ended; its a100 measurements stay in the history
+    moved = sized("moved", on_a100 + on_v100, "v100")  # another run, moved from a100 to v100
+    assert moved.measured == {(1, 2): (0.5, 0.5 * BATCH)} and moved.borrowed == 0
+    assert moved.view.model.fitted.max_replicas == 2  # type: ignore[attr-defined]
+    models.forget_except(set())
+    assert sized("again-a100", (), "a100").borrowed == 3, "the a100 run's three sizes, on a100"
+    assert sized("again-v100", (), "v100").borrowed == 1, "only the v100 one, on v100"
+
+
 def test_every_resize_reason_says_which_model_sized_the_job() -> None:
     """``dlsub why`` shows the reason: the prior, the job's own fit, or a fit with earlier runs' configurations."""
     models = LiveModels()

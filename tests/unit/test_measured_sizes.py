@@ -64,3 +64,26 @@ def test_the_command_digest_of_the_latest_start_is_kept_and_anything_else_is_ref
     summary.feed({**start(2, 2, 1), "application": "f" * 32})
     summary.feed(report(10, 10))
     assert ProgressSummary.from_dict(summary.to_dict()).progress().application == "f" * 32
+
+
+def test_each_kind_of_gpu_keeps_its_own_rates_and_the_current_kinds_are_what_it_measured() -> None:
+    """A job moved from a100 to v100 at the same size: two configurations, one per kind; `measured` (what the
+    resize rules and the live models read) is the current kind's alone, and survives the agent's store."""
+    summary = ProgressSummary()
+    for event in [{**start(0, 2, 1), "gpu_type": "a100"}, report(10, 10), report(20, 50),
+                  {**start(30, 2, 1, attempt="7-1"), "gpu_type": "v100"}, report(40, 60, attempt="7-1"),
+                  report(50, 70, attempt="7-1")]:
+        summary.feed(event)
+    progress = ProgressSummary.from_dict(summary.to_dict()).progress()
+    assert [(c.gpu_type, c.steps_per_s) for c in progress.configs] == [("a100", 4.0), ("v100", 1.0)]
+    assert progress.gpu_type == "v100" and progress.measured == {(1, 2): (1.0, 32.0)}
+    assert [c.gpu_type for c in progress.configs_here] == ["v100"]
+
+
+def test_a_gpu_type_that_is_not_a_name_counts_as_none() -> None:
+    summary = ProgressSummary()
+    for event in [{**start(0, 2, 1), "gpu_type": "a100@x,1"}, report(10, 10), report(20, 30)]:
+        summary.feed(event)
+    progress = summary.progress()
+    assert progress.gpu_type is None and [c.gpu_type for c in progress.configs] == [None]
+    assert progress.measured == {(1, 2): (2.0, 64.0)}
