@@ -159,4 +159,4 @@ class LiveModels:
             model=self.model(job.dlsub_id, reports, batch, limits, grads),
         )
         return ScaledJob(job, view, progress.measured, batch if samples_known else None, limits,
-                         borrowed=len(reports) - len(own))
+                         borrowed=len(reports) - len(own), gpu_type=progress.gpu_type)

@@ -65,6 +65,7 @@ class ScaledJob:
     ``batch``: the samples in one of its optimiser steps, when its reports say.
     ``limits``: its declared batch limits, when it lets dlsub choose its batch (the policy then does).
     ``borrowed``: how many configurations its model took from earlier runs of its command.
+    ``gpu_type``: the kind of GPU it runs on, where Slurm's GRES names one (what it measured is on that kind).
     """
 
     job: ElasticJob
@@ -73,6 +74,7 @@ class ScaledJob:
     batch: int | None = None
     limits: BatchLimits | None = None  # declared when it lets dlsub choose its batch size
     borrowed: int = 0
+    gpu_type: str | None = None
 
 
 #: Measured sizes a reason lists.
@@ -98,7 +100,8 @@ def _minutes(seconds: float) -> str:
 
 
 def measured_text(scaled: ScaledJob) -> str:
-    """What the job measured at each size, e.g. "1 node 410 samples/s, 2 nodes 760 samples/s"."""
+    """What the job measured at each size, e.g. "1 node 410 samples/s, 2 nodes 760 samples/s" (", on a100"
+    where its GPUs have a type: it measured on that kind only)."""
     earlier = (f"; earlier runs of the command measured {scaled.borrowed} other "
                f"configuration{'s' if scaled.borrowed != 1 else ''}") if scaled.borrowed else ""
     if not scaled.measured:
@@ -111,7 +114,7 @@ def measured_text(scaled: ScaledJob) -> str:
         rate = samples if samples is not None else steps
         parts.append(f"{_nodes_text(nodes)} ({replicas} GPU{'s' if replicas != 1 else ''}) "
                      f"{_rate_text(rate, samples is not None)}")
-    return ", ".join(parts) + earlier
+    return ", ".join(parts) + (f" on {scaled.gpu_type}" if scaled.gpu_type else "") + earlier
 
 
 def model_text(scaled: ScaledJob) -> str:

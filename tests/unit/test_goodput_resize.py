@@ -194,6 +194,7 @@ def test_a_job_is_sized_on_what_it_measured_on_the_kind_of_gpu_it_runs_on() -> N
     models.forget_except(set())  # it ended; its a100 measurements stay in the history
     moved = sized("moved", on_a100 + on_v100, "v100")  # another run, moved from a100 to v100
     assert moved.measured == {(1, 2): (0.5, 0.5 * BATCH)} and moved.borrowed == 0
+    assert measured_text(moved) == f"1 node (2 GPUs) {0.5 * BATCH:.0f} samples/s on v100", "dlsub why names the kind"
     assert moved.view.model.fitted.max_replicas == 2  # type: ignore[attr-defined]
     models.forget_except(set())
     assert sized("again-a100", (), "a100").borrowed == 3, "the a100 run's three sizes, on a100"
