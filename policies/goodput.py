@@ -119,7 +119,8 @@ restart margin. In seconds saved a GPU is worth more to a longer job, the
 opposite of shortest-first, and a declaration off by 2x moved its value 2x;
 with the weight, 1.4x at most. On the tuned seeds (1, 2, order 1) mixed:
 goodput/pollux 0.969, 0.960, 0.981, 0.936 at 0.5x-2.0x against 0.962,
-0.950, 0.999, 0.938. On untouched workloads, 5 orders, paired change: 0.5x
+0.950, 0.999, 0.938 (5 orders: 1.0x paired -0.016 [-0.037, +0.004], 1.5x
+-0.012 [-0.031, +0.006]). On untouched workloads, 5 orders, paired change: 0.5x
 (5, 6) -0.033 [-0.075, +0.009], 1.0x (5-8) -0.025 [-0.044, -0.006], 1.5x
 (5-8) -0.003 [-0.023, +0.017], 2.0x (5-8) -0.001 [-0.005, +0.002]: lower
 in the mean at every load, shown at 1.0x only, and goodput/pollux still
