@@ -262,11 +262,14 @@ library_present() {
 }
 
 # podman run exits 125-127 for its own errors, and also when a signal it proxies meets the container's exit
-# ("container has already been removed": a second stop request while the training leaves with 85). The
-# container's launcher wrote its own status before it exited: that one counts then, digits only.
+# ("container has already been removed": a second stop request while the training leaves with 85). And
+# `scancel --batch` signals the batch shell's children too: a second move signal just as the container ends
+# kills podman run itself (128 + the signal: 140 for USR2), as the agent's repeated request after a restart
+# did in a live test. The container's launcher wrote its own status before it exited: that one counts then,
+# digits only.
 recorded_exit() {
     local status
-    if [ "$rc" -ge 125 ] && [ "$rc" -le 127 ] && [ -f "$exit_record" ]; then
+    if [ "$rc" -ge 125 ] && [ -f "$exit_record" ]; then
         status="$(head -c 8 "$exit_record" 2>/dev/null | tr -d '[:space:]')"
         case "$status" in
             '' | *[!0-9]*) ;;

@@ -150,23 +150,26 @@ def test_resume_exit_code_requeues_the_job(tmp_path: Path) -> None:
     assert json.loads(attempts[-1])["action"] == "requeue"
 
 
+@pytest.mark.parametrize("podman_rc", [127, 140])
 @pytest.mark.parametrize(("record", "requeued", "final_rc"), [
     ("85\n", True, 0),  # the launcher left with 85: the attempt is resumed as if podman had said so
     ("0\n", False, 0),  # the training finished
-    ("85; rm -rf ~\n", False, 127),  # not a status: podman's 127 stands
-    (None, False, 127),  # no record (the launcher was killed): podman's 127 stands
+    ("85; rm -rf ~\n", False, None),  # not a status: podman's stands
+    (None, False, None),  # no record (the launcher was killed): podman's stands
 ])
 def test_an_exit_status_podman_lost_is_read_from_the_launchers_record(
-        tmp_path: Path, record: str | None, requeued: bool, final_rc: int) -> None:
+        tmp_path: Path, record: str | None, requeued: bool, final_rc: int | None, podman_rc: int) -> None:
     """Unit (the batch script under bash; a stand-in podman that exits 127 as podman run does when a signal it
-    proxies meets the container's exit, "container has already been removed"): the launcher's own record of
-    its exit status (contract.exit_record, checkpointing.launch.record_exit) counts then; junk never does."""
+    proxies meets the container's exit, "container has already been removed", or 140 as when a second USR2,
+    which `scancel --batch` sends the batch shell's children too, kills podman run itself): the launcher's own
+    record of its exit status (contract.exit_record, checkpointing.launch.record_exit) counts then; junk never
+    does."""
     script = tmp_path / "train.py"
     script.write_text("")
     write = (f'printf %s {shlex.quote(record)} > "$DLSUB_JOB_DIR/{contract.MARKERS_DIR}/$DLSUB_CONTAINER.exit"\n'
              if record is not None else "")
-    rc, log = _run_script(tmp_path, script, (), 0, podman_body=write + "exit 127\n")
-    assert rc == final_rc, (tmp_path / "stderr.txt").read_text()
+    rc, log = _run_script(tmp_path, script, (), 0, podman_body=write + f"exit {podman_rc}\n")
+    assert rc == (podman_rc if final_rc is None else final_rc), (tmp_path / "stderr.txt").read_text()
     assert (["scontrol", "requeue", "77"] in _calls(log)) == requeued
     assert not list((tmp_path / "home/.dlsub/jobs/0123abcd" / contract.MARKERS_DIR).glob("*.exit")), "read once"
     run = next(c for c in _calls(log) if c[:1] == ["podman"] and "run" in c)
