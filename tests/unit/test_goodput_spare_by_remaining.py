@@ -4,28 +4,10 @@ spare GPUs go to the shorter of two jobs that speed up alike (in seconds saved t
 
 from __future__ import annotations
 
-from dlsub.policies.api import ClusterView, JobView, Node
+from sublinear_jobs import known
+
+from dlsub.policies.api import ClusterView, Node
 from dlsub.policies.goodput import GoodputPolicy
-
-
-class SublinearModel:
-    """A toy: goodput ``n ** 0.6`` on n GPUs wherever they are, at any batch (a second GPU adds 0.52 of the
-    first's: below the efficiency floor, so each job is given one and the rest are spare)."""
-
-    def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
-        return float(sum(placement)) ** 0.6
-
-    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
-        return 64, self.goodput(placement, 64)
-
-    def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
-        rate = self.goodput(placement, batch_size)
-        return batch_size / rate if rate > 0 else float("inf")
-
-
-def known(name: str, remaining: float, arrival: float) -> JobView:
-    return JobView(name, arrival, gpus=1, min_gpus=1, max_gpus=4, batch_size=64, remaining=remaining,
-                   model=SublinearModel())
 
 
 def test_spare_gpus_go_to_the_shorter_of_two_known_jobs() -> None:
