@@ -96,9 +96,10 @@ def parse_args() -> argparse.Namespace:
     args = p.parse_args()
     try:
         args.gpu_slowdown = {t: float(f) for t, _, f in (item.partition("=") for item in args.gpu_slowdown)}
-    except ValueError:
-        args.gpu_slowdown = {"": 0.0}
-    if any(not t or not f > 0 for t, f in args.gpu_slowdown.items()):
+        well_formed = all(t and f > 0 for t, f in args.gpu_slowdown.items())
+    except ValueError:  # a factor that is not a number
+        well_formed = False
+    if not well_formed:
         p.error("--gpu-slowdown takes TYPE=FACTOR, a positive factor, e.g. --gpu-slowdown v100=2.5")
     return args
 

@@ -155,7 +155,8 @@ slurm_gpu_ids() {  # Slurm's global ids of this step's GPUs; CUDA_VISIBLE_DEVICE
 }
 # The type Slurm gives this node's GPUs: its GRES, gpu:TYPE:N (gpu:a100:4), as a site names the kinds of GPU it
 # has; empty for untyped GPUs or none. A node with several types gives them all, comma-separated. The attempt's
-# start record keeps it (dlsub status shows it) and the training sees it as DLSUB_GPU_TYPE. Only names of letters, digits, '.', '_' and '-' pass (the record is JSON written by printf).
+# start record keeps it (dlsub status shows it) and the training sees it as DLSUB_GPU_TYPE. Only names of
+# letters, digits, '.', '_' and '-' pass (the record is JSON written by printf).
 node_gpu_type() {
     [ -n "$(slurm_gpu_ids)" ] || return 0
     local gres item items=() types=()
