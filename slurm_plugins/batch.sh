@@ -251,6 +251,11 @@ wait_child() {
         break
     done
     child=""
+    # Nothing is left to checkpoint: a checkpoint or move request from now on
+    # (the agent asking again after a restart) is ignored. Handled here, it
+    # would also reach, through `scancel --batch`, the short-lived children of
+    # this script's command substitutions, and kill them mid-record.
+    trap '' "$checkpoint_signal" "$move_signal"
 }
 
 # Without the package the launcher cannot start in the container: say why here, not as Python's import error.

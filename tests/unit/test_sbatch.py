@@ -307,6 +307,31 @@ def test_a_move_requeues_held_and_does_not_count(tmp_path: Path) -> None:
     assert not _counter(tmp_path).exists(), "a move is not a continuation"
 
 
+def test_a_move_signal_sent_again_after_the_container_ended_changes_nothing(tmp_path: Path) -> None:
+    """Unit (the batch script under bash; stand-ins for podman, scontrol and date): the move signal arrives a
+    second time just after the container checkpointed and ended, while the script writes the attempt's end
+    record, as when the agent restarts and asks again. `scancel --batch` signals the batch shell and its
+    children, so the stand-in `date` of that record's command substitution sends it to both. The attempt
+    still ends as a move, with a whole record, and is requeued held."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    ended = tmp_path / "container-ended"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir, "date", f'[ -e {ended} ] && kill -s USR2 "$PPID" "$$"\nexec {shutil.which("date")} "$@"\n')
+    body = (f"sleep 20 &\npid=$!\ntrap 'kill $pid; touch {ended}; exit 85' USR1\n"
+            f"touch {tmp_path / 'container-ready'}\nwait $pid\nexit 0\n")
+    rc, log = _run_script(tmp_path, script, (), container_rc=0, max_continuations=0, podman_body=body,
+                          after_start=_send_when_started(signal.SIGUSR2))
+    err = (tmp_path / "stderr.txt").read_text()
+    assert rc == 0, err
+    assert ["scontrol", "requeuehold", "77"] in _calls(log), err
+    attempts = tmp_path / "home/.dlsub/jobs/0123abcd" / contract.ATTEMPTS_FILE
+    records = [json.loads(line) for line in attempts.read_text().splitlines()]
+    assert [r["event"] for r in records] == [contract.EVENT_START, contract.EVENT_END], records
+    assert records[-1]["action"] == contract.ACTION_MOVE and records[-1]["rc"] == 85, records
+
+
 def test_a_squatted_runtime_directory_is_refused_before_podman(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("")
