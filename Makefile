@@ -25,9 +25,22 @@ install:
 demo: testbed
 	$(ON_LOGIN) bash examples/demo.sh
 
+# The unit tests need no cluster: they run beside the lint and the live tests, on the other of CI's two
+# cores and niced, so the live jobs keep theirs (5 minutes off CI's hour); their output follows the live
+# tests'. Both must pass. UNIT_TESTS and LIVE_TESTS narrow them (pytest paths or node ids).
+UNIT_TESTS ?= tests/unit
+LIVE_TESTS ?= tests/integration
 test: testbed
-	$(MAKE) --no-print-directory lint-installed
-	$(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v --durations=15 tests
+	@unit_log="$$(mktemp)"; \
+	nice -n 19 $(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v --durations=5 $(UNIT_TESTS) > "$$unit_log" 2>&1 & \
+	unit=$$!; \
+	$(MAKE) --no-print-directory lint-installed \
+		&& $(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v --durations=15 $(LIVE_TESTS); \
+	live=$$?; \
+	wait "$$unit"; unit_rc=$$?; \
+	cat "$$unit_log"; rm -f "$$unit_log"; \
+	echo "make test: lint and live tests exit $$live, unit tests exit $$unit_rc"; \
+	[ "$$live" -eq 0 ] && [ "$$unit_rc" -eq 0 ]
 
 # What every Slurm version must pass beside the default's full suite (CI runs it on the other two):
 # the demo job with a requeue, an immediate-mode move, an elastic grow and shrink, a hetjob, the
