@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 from dlsub.policies.actions.move_views import BudgetLeft, JobInfo
 from dlsub.site_config.budget import Budget
-from dlsub.site_config.cost import Spend, period_start, price, spend
+from dlsub.site_config.cost import Spend, period_start, record_spend
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient
 
@@ -75,11 +75,11 @@ class BudgetWatch:
         except Exception as exc:  # noqa: BLE001 - accounting trouble costs the budgets a reading, never the tick
             log.warning("reading spend for budgets failed (%s): using the last reading", exc)
             return
-        table = {name: role.cost_per_node_hour for name, role in self.policy.partitions.items()}
+        table = self.policy.prices()
         users: dict[str, Spend] = {}
         accounts: dict[str, Spend] = {}
         for r in records:
-            used = spend(r.elapsed_s, r.nodes, price(table, r.partition))
+            used = record_spend(r, table)
             users[r.user] = users.get(r.user, Spend()) + used
             if r.account:
                 accounts[r.account] = accounts.get(r.account, Spend()) + used

@@ -209,7 +209,8 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
         click.echo(f"# dlsub: would submit to partition {plan.choice.partition}: {plan.choice.reason}", err=True)
         return
     check_budget(policy, client, getpass.getuser(),
-                 extra_for(policy, plan.choice.partition, request.nodes, request.time_limit_min))
+                 extra_for(policy, plan.choice.partition, request.nodes, request.time_limit_min,
+                           request.gpus_per_node * request.nodes))
     submitted = submit_plan(plan, settings, client, store, agent_user=policy.agent_user)
     for warning in submitted.warnings:
         click.echo(f"dlsub: warning: {warning}", err=True)

@@ -8,11 +8,10 @@ trusted for it. Without a ``[budgets]`` table nothing is asked of Slurm.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 
 from dlsub.job.submit import SubmitError
 from dlsub.site_config.budget import refusal
-from dlsub.site_config.cost import Spend, period_start, price, spend, total
+from dlsub.site_config.cost import Prices, Spend, period_start, spend_at, total
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient
 
@@ -21,13 +20,21 @@ class OverBudget(SubmitError):
     """The job would take the user or their account past its budget; the message says what is left."""
 
 
-def prices(policy: AgentPolicy) -> Mapping[str, float]:
-    return {name: role.cost_per_node_hour for name, role in policy.partitions.items()}
+def prices(policy: AgentPolicy) -> Prices:
+    return policy.prices()
 
 
-def extra_for(policy: AgentPolicy, partition: str, nodes: int, time_limit_min: int | None) -> Spend:
-    """The most a job may use: its time limit × nodes at the partition's price (0 without a limit)."""
-    return spend(60.0 * (time_limit_min or 0), nodes, price(prices(policy), partition))
+def extra_for(policy: AgentPolicy, partition: str, nodes: int, time_limit_min: int | None, gpus: int = 0) -> Spend:
+    """The most a job may use: its time limit at the price of its allocation (0 without a limit). Its GPUs
+    cost their kind's price where the policy prices kinds; before Slurm places it, its kind is the
+    partition's declared one, or else the dearest kind it may get (a job on a cpu-role partition has none)."""
+    table = policy.prices()
+    kinds = [""]
+    if gpus > 0 and policy.role_of(partition) != "cpu":
+        declared = table.gpu_type(partition)
+        kinds = [declared] if declared else ["", *table.gpu_hour]
+    hourly = max(table.hourly(partition, nodes, gpus, kind) for kind in kinds)
+    return spend_at(60.0 * (time_limit_min or 0), nodes, hourly)
 
 
 def check_budget(policy: AgentPolicy, client: SlurmClient, user: str, extra: Spend,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 from dlsub.contract import EVENT_PROGRESS, PROGRESS_FILE
 from dlsub.job.loss_curve import fit_loss_curve, target_eta
 from dlsub.job_progress import read_events
-from dlsub.site_config.cost import job_spend
+from dlsub.site_config.cost import PriceTable, job_spend
 
 #: Reports the fit uses at most (the newest): bounded work per job and status call.
 MAX_POINTS = 2000
@@ -38,15 +38,15 @@ class Extra:
 
 
 @functools.lru_cache(maxsize=1)
-def site_prices() -> Mapping[str, float]:
-    """The policy's prices per partition (none when the policy cannot be read)."""
+def site_prices() -> PriceTable:
+    """The policy's prices (none when the policy cannot be read)."""
     from dlsub.site_config.policy_file import PolicyFileError, load_policy
 
     try:
         policy = load_policy()
     except PolicyFileError:
         return {}
-    return {name: role.cost_per_node_hour for name, role in policy.partitions.items()}
+    return policy.prices()
 
 
 def _finite(value: Any) -> float | None:

@@ -1,6 +1,10 @@
 """Node-hours and cost: of one job from its attempts, of a user from Slurm's accounting (pure).
 
-The price of a partition is the policy's ``cost_per_node_hour``. A job's
+The price of a partition is the policy's ``cost_per_node_hour``; GPUs of a
+kind the policy prices (``[gpu_types.NAME] cost_per_gpu_hour``) cost that
+per GPU-hour instead, wherever they run (a100s cost what a100s cost, on any
+partition). The kind is the one Slurm's GRES named for the allocation, or
+the partition's declared ``gpu_type``. A job's
 spend so far comes from its own attempt records (start and end of each
 Slurm attempt; a running attempt counts up to now). A user's or account's
 spend over a period comes from ``sacct`` (every allocation, requeued ones
@@ -11,7 +15,7 @@ from __future__ import annotations
 
 import calendar
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -29,9 +33,44 @@ class Spend:
         return Spend(self.node_hours + other.node_hours, self.cost + other.cost)
 
 
+def _first(partition: str) -> str:
+    """A job over several partitions (``gpu,cpu``) is priced at the first."""
+    return partition.split(",")[0]
+
+
+@dataclass(frozen=True)
+class Prices:
+    """The policy's prices: per node-hour of each partition, per GPU-hour of each GPU type it prices, and the
+    GPU type a partition declares (for sites whose GRES does not name one)."""
+
+    node_hour: Mapping[str, float] = field(default_factory=dict)
+    gpu_hour: Mapping[str, float] = field(default_factory=dict)
+    partition_gpu_type: Mapping[str, str] = field(default_factory=dict)
+
+    def gpu_type(self, partition: str, named: str = "") -> str:
+        """The kind of GPU an allocation has: the one Slurm named, else the partition's declared one."""
+        return named or self.partition_gpu_type.get(_first(partition), "")
+
+    def hourly(self, partition: str, nodes: int, gpus: int = 0, gpu_type: str = "") -> float:
+        """What an allocation costs an hour: its GPUs at their kind's price when the policy prices that
+        kind, else its nodes at the partition's."""
+        kind = self.gpu_type(partition, gpu_type)
+        if gpus > 0 and kind in self.gpu_hour:
+            return gpus * float(self.gpu_hour[kind])
+        return max(1, nodes) * price(self.node_hour, partition)
+
+
+PriceTable = Prices | Mapping[str, float]
+
+
+def as_prices(table: PriceTable) -> Prices:
+    """A plain mapping is per node-hour of each partition."""
+    return table if isinstance(table, Prices) else Prices(dict(table))
+
+
 def price(prices: Mapping[str, float], partition: str) -> float:
-    """A partition's cost per node-hour; a job over several (``gpu,cpu``) is priced at the first."""
-    return float(prices.get(partition.split(",")[0], 0.0))
+    """A partition's cost per node-hour."""
+    return float(prices.get(_first(partition), 0.0))
 
 
 def spend(seconds: float, nodes: int, cost_per_node_hour: float) -> Spend:
@@ -39,33 +78,56 @@ def spend(seconds: float, nodes: int, cost_per_node_hour: float) -> Spend:
     return Spend(hours, hours * cost_per_node_hour)
 
 
-def job_spend(attempts: Sequence[dict[str, Any]], nodes: int, prices: Mapping[str, float], now: float) -> Spend:
+def spend_at(seconds: float, nodes: int, hourly: float) -> Spend:
+    """``seconds`` of an allocation of ``nodes`` that costs ``hourly`` (:meth:`Prices.hourly`) an hour."""
+    hours = max(0.0, seconds) / 3600.0
+    return Spend(hours * max(1, nodes), hours * hourly)
+
+
+def _attempt_gpus(start: Mapping[str, Any], nodes: int) -> int:
+    """The GPUs of an attempt: its start record names its node's (``"0,1"``), the same on each of its nodes."""
+    named = str(start.get("gpus") or "")
+    return len([g for g in named.split(",") if g.strip()]) * max(1, nodes)
+
+
+def job_spend(attempts: Sequence[dict[str, Any]], nodes: int, prices: PriceTable, now: float) -> Spend:
     """What a job has used so far, by its attempt records (a running attempt up to ``now``)."""
+    table = as_prices(prices)
     total = Spend()
     open_start: dict[Any, dict[str, Any]] = {}
+
+    def used(start: dict[str, Any], until: float) -> Spend:
+        hourly = table.hourly(str(start.get("partition", "")), nodes, _attempt_gpus(start, nodes),
+                              str(start.get("gpu_type") or ""))
+        return spend_at(until - float(start["time"]), nodes, hourly)
+
     for event in attempts:
         key = (event.get("slurm_job_id"), event.get("restart"))
         if event.get("event") == "start":
             open_start[key] = event
         elif event.get("event") == "end" and key in open_start:
-            start = open_start.pop(key)
-            total += spend(float(event["time"]) - float(start["time"]), nodes,
-                           price(prices, str(start.get("partition", ""))))
+            total += used(open_start.pop(key), float(event["time"]))
     for start in open_start.values():
-        total += spend(now - float(start["time"]), nodes, price(prices, str(start.get("partition", ""))))
+        total += used(start, now)
     return total
 
 
-def summarize(records: Iterable[UsageRecord], prices: Mapping[str, float]) -> dict[tuple[str, str], Spend]:
+def record_spend(record: UsageRecord, prices: PriceTable) -> Spend:
+    """One allocation of Slurm's accounting, at the site's prices."""
+    hourly = as_prices(prices).hourly(record.partition, record.nodes, record.gpus, record.gpu_type)
+    return spend_at(record.elapsed_s, record.nodes, hourly)
+
+
+def summarize(records: Iterable[UsageRecord], prices: PriceTable) -> dict[tuple[str, str], Spend]:
     """Spend per (user, partition)."""
     out: dict[tuple[str, str], Spend] = {}
     for r in records:
         key = (r.user, r.partition)
-        out[key] = out.get(key, Spend()) + spend(r.elapsed_s, r.nodes, price(prices, r.partition))
+        out[key] = out.get(key, Spend()) + record_spend(r, prices)
     return out
 
 
-def total(records: Iterable[UsageRecord], prices: Mapping[str, float]) -> Spend:
+def total(records: Iterable[UsageRecord], prices: PriceTable) -> Spend:
     result = Spend()
     for value in summarize(records, prices).values():
         result += value

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.containers.mounts import ORIGIN_SITE, MountError, MountRequest, check_path_text
+from dlsub.contract import valid_gpu_type
 from dlsub.site_config.budget import BudgetError, Budgets, parse_budgets
+from dlsub.site_config.cost import Prices
 from dlsub.strict import read_toml, unknown_keys
 
 DEFAULT_PATH = Path("/etc/dlsub/policy.toml")
@@ -33,6 +35,17 @@ class PartitionRole:
     role: str
     speed: float = 1.0  # relative training speed of one job here (gpu = 1.0)
     cost_per_node_hour: float = 0.0
+    # The kind of GPU the partition's nodes have, for sites that keep one kind a partition and whose GRES
+    # does not name it ("": Slurm's GRES type, where it names one, is the kind).
+    gpu_type: str = ""
+
+
+@dataclass(frozen=True)
+class GpuTypePrice:
+    """``[gpu_types.NAME]``: GPUs of this kind cost this per GPU-hour, on any partition (in place of the
+    partition's node-hour price)."""
+
+    cost_per_gpu_hour: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -171,6 +184,7 @@ class AgentPolicy:
     # clients reach it); "" (the default): the Unix socket only. Callers prove who they are with munge.
     agent_address: str = ""
     partitions: dict[str, PartitionRole] = field(default_factory=dict)
+    gpu_types: dict[str, GpuTypePrice] = field(default_factory=dict)
     moves: Moves = Moves()
     time_limits: TimeLimits = TimeLimits()
     backfill: Backfill = Backfill()
@@ -191,6 +205,12 @@ class AgentPolicy:
     def speed_of(self, partition: str) -> float:
         role = self.partitions.get(partition)
         return role.speed if role else 1.0
+
+    def prices(self) -> Prices:
+        """What the site charges, per partition node-hour and per GPU-hour of each kind it prices."""
+        return Prices({name: role.cost_per_node_hour for name, role in self.partitions.items()},
+                      {name: kind.cost_per_gpu_hour for name, kind in self.gpu_types.items()},
+                      {name: role.gpu_type for name, role in self.partitions.items() if role.gpu_type})
 
 
 # ---------------------------------------------------------------- parsing
@@ -382,8 +402,21 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
             raise PolicyFileError(f"{where}.partitions.{name}.role: {role.role!r}; valid roles: {', '.join(ROLES)}")
         if role.speed <= 0:
             raise PolicyFileError(f"{where}.partitions.{name}.speed: must be positive")
+        if role.gpu_type and valid_gpu_type(role.gpu_type) is None:
+            raise PolicyFileError(f"{where}.partitions.{name}.gpu_type: {role.gpu_type!r}; name the kind as Slurm's "
+                                  "GRES would (letters, digits, '_', '.', '-'; e.g. \"a100\")")
         partitions[name] = role
     values["partitions"] = partitions
+    raw_types = data.get("gpu_types", {})
+    if not isinstance(raw_types, dict):
+        raise PolicyFileError(f"{where}.gpu_types: expected a table of GPU types ([gpu_types.a100])")
+    gpu_types = {}
+    for name, table in raw_types.items():
+        if valid_gpu_type(name) is None:
+            raise PolicyFileError(f"{where}.gpu_types: {name!r}; name the kind as Slurm's GRES does (letters, "
+                                  "digits, '_', '.', '-'; e.g. [gpu_types.a100])")
+        gpu_types[name] = _simple(f"{where}.gpu_types.{name}", GpuTypePrice, table)
+    values["gpu_types"] = gpu_types
     if "moves" in data:
         values["moves"] = _simple(f"{where}.moves", Moves, data["moves"])
         if values["moves"].plain_scripts not in PLAIN_SCRIPTS:

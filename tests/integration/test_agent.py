@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from dlsub.site_config.policy_file import load_policy
 from livebed import (
     EXAMPLES,
     GPU_TYPES,
@@ -83,6 +84,14 @@ def test_immediate_mode_starts_on_cpu_and_moves_to_gpu_when_it_frees(
     assert resumed and int(resumed.group(1)) >= step_at_move, text
     assert re.search(r"done: \d+ steps", text), text
     assert f"on {GPU_TYPES[starts[1]['node']]} GPUs (throttle x1)" in text, text
+    # Its cost at the testbed's prices (etc/testbed/policy.toml): the cpu attempt by node-hours at the
+    # partition's price, the GPU attempt by GPU-hours at its kind's.
+    policy = load_policy(Path("/etc/dlsub/policy.toml"))
+    ends = [a for a in runs if a["event"] == "end"]
+    hours = [(end["time"] - start["time"]) / 3600 for start, end in zip(starts, ends, strict=True)]
+    expected = (hours[0] * policy.partitions["cpu"].cost_per_node_hour
+                + hours[1] * len(starts[1]["gpus"].split(",")) * policy.gpu_types[moved["gpu_type"]].cost_per_gpu_hour)
+    assert final["cost"] == pytest.approx(expected, abs=2e-4), (final["cost"], expected, runs)
 
 
 #: A script that uses no dlsub library: steps printed, never a checkpoint (issue 34 item 4).

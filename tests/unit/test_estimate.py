@@ -28,10 +28,12 @@ from dlsub.estimate.partition_fit import (
 )
 from dlsub.estimate.profile_cache import EstimateCache, profile_key
 from dlsub.estimate.recommend import Horizon, Knobs, PartitionFacts, build_rows, recommend
+from dlsub.job.budget_check import extra_for
 from dlsub.job.loss_curve import fit_loss_curve, target_eta
 from dlsub.job.status_extra import loss_eta
 from dlsub.site_config.budget import Budget, allows, parse_budgets, refusal
-from dlsub.site_config.cost import Spend, job_spend, period_end, period_start, spend, summarize, total
+from dlsub.site_config.cost import Prices, Spend, job_spend, period_end, period_start, spend, summarize, total
+from dlsub.site_config.policy_file import parse_policy
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
 from dlsub.slurm_plugins.usage import UsageRecord
@@ -197,6 +199,47 @@ def test_cost_arithmetic() -> None:
     assert total(records, {"gpu": 8.0}) == Spend(4.5, 20.0)
     assert UsageRecord.from_sacct("17|al|lab|gpu|3600|2") == records[0].__class__(17, "al", "lab", "gpu", 3600.0, 2)
     assert UsageRecord.from_sacct("17.batch|al|lab|gpu|3600|2") is None
+
+
+def test_gpus_of_a_priced_kind_cost_their_kinds_price_per_gpu_hour() -> None:
+    """Unit test (pure): an attempt on a GPU kind the policy prices costs its GPUs at that price, from its start
+    record's GPUs and type; Slurm's accounting gives a record's GPUs and type from AllocTRES; an unpriced or
+    unknown kind costs the partition's node-hours."""
+    prices = Prices({"gpu": 8.0}, {"a100": 3.0, "v100": 1.0})
+    attempts = [
+        {"event": "start", "time": 0.0, "slurm_job_id": 1, "restart": 0, "partition": "gpu", "gpus": "0,1",
+         "gpu_type": "a100"},
+        {"event": "end", "time": 3600.0, "slurm_job_id": 1, "restart": 0},
+        {"event": "start", "time": 4000.0, "slurm_job_id": 1, "restart": 1, "partition": "gpu", "gpus": "2,3",
+         "gpu_type": "v100"},
+        {"event": "end", "time": 7600.0, "slurm_job_id": 1, "restart": 1},
+        {"event": "start", "time": 8000.0, "slurm_job_id": 1, "restart": 2, "partition": "gpu", "gpus": "0",
+         "gpu_type": "t4"},
+    ]
+    used = job_spend(attempts, 1, prices, now=8000.0 + 1800.0)
+    assert used.node_hours == pytest.approx(2.5) and used.cost == pytest.approx(2 * 3.0 + 2 * 1.0 + 0.5 * 8.0)
+    typed = UsageRecord.from_sacct("18|al|lab|gpu|1800|1|billing=2,cpu=2,gres/gpu:a100=4,gres/gpu=4,mem=4G,node=1")
+    assert typed is not None and (typed.gpus, typed.gpu_type) == (4, "a100")
+    assert total([typed], prices) == Spend(0.5, 6.0)
+    untyped = UsageRecord.from_sacct("19|al|lab|gpu|1800|2|billing=2,cpu=2,gres/gpu=2,mem=4G,node=2")
+    assert untyped is not None and (untyped.gpus, untyped.gpu_type) == (2, "")
+    assert total([untyped], prices) == Spend(1.0, 8.0), "kind unknown: two nodes at 8.0 for half an hour"
+    assert total([untyped], Prices({"gpu": 8.0}, {"v100": 1.0}, {"gpu": "v100"})) == Spend(1.0, 1.0)
+    none = UsageRecord.from_sacct("20|al|lab|cpu|3600|1|billing=1,cpu=1,mem=1G,node=1")
+    assert none is not None and (none.gpus, none.gpu_type) == (0, "")
+
+
+def test_a_submission_is_checked_against_the_dearest_kind_it_may_get() -> None:
+    """Unit test (pure): before Slurm places a GPU job, a budget counts its GPUs at the dearest priced kind the
+    partition may give it, or at the partition's declared kind; a cpu-role partition's job at its nodes."""
+    policy = parse_policy({"partitions": {"gpu": {"role": "gpu", "cost_per_node_hour": 2.0},
+                                          "gpu-v100": {"role": "gpu", "gpu_type": "v100"},
+                                          "cpu": {"role": "cpu", "cost_per_node_hour": 1.0}},
+                           "gpu_types": {"a100": {"cost_per_gpu_hour": 3.0}, "v100": {"cost_per_gpu_hour": 1.0}}})
+    assert extra_for(policy, "gpu", 1, 60, gpus=2) == Spend(1.0, 6.0)
+    assert extra_for(policy, "gpu-v100", 1, 60, gpus=2) == Spend(1.0, 2.0)
+    assert extra_for(policy, "cpu", 1, 60, gpus=2) == Spend(1.0, 1.0)
+    assert extra_for(policy, "gpu", 1, 60) == Spend(1.0, 2.0)
 
 
 def test_budget_periods() -> None:

@@ -52,10 +52,29 @@ def test_agent_address_is_off_unless_set_and_takes_a_name_or_an_address() -> Non
     ({"moves": {"restart_plain_max_s": "10 min"}}, "moves.restart_plain_max_s: expected float"),
     ({"moves": {"plain_grace_s": 0}}, "moves.plain_grace_s: must be positive"),
     ({"moves": {"restart_plain": 600}}, "restart_plain"),
+    ({"gpu_types": {"a 100": {"cost_per_gpu_hour": 1.0}}}, "gpu_types: 'a 100'; name the kind as Slurm's GRES does"),
+    ({"gpu_types": {"a100": {"cost": 1.0}}}, "gpu_types.a100: unknown key cost; valid keys: cost_per_gpu_hour"),
+    ({"gpu_types": {"a100": {"cost_per_gpu_hour": -1.0}}}, "gpu_types.a100.cost_per_gpu_hour: must not be negative"),
+    ({"gpu_types": ["a100"]}, "gpu_types: expected a table of GPU types"),
+    ({"partitions": {"gpu": {"role": "gpu", "gpu_type": "a100;rm"}}}, "partitions.gpu.gpu_type: 'a100;rm'"),
+    ({"partitions": {"gpu": {"role": "gpu", "cost_per_node_hour": -2.0}}}, "cost_per_node_hour: must not be negative"),
 ])
 def test_bad_policy_is_refused_with_the_fix(data: dict, message: str) -> None:
     with pytest.raises(PolicyFileError, match=message):
         parse_policy(data)
+
+
+def test_gpu_types_are_priced_per_gpu_hour_and_partitions_may_declare_their_kind() -> None:
+    """Unit test, no files: [gpu_types.NAME] and a partition's gpu_type reach the prices the site charges."""
+    policy = parse_policy({"partitions": {"gpu": {"role": "gpu", "cost_per_node_hour": 8.0},
+                                          "gpu-v100": {"role": "gpu", "gpu_type": "v100", "cost_per_node_hour": 6.0}},
+                           "gpu_types": {"a100": {"cost_per_gpu_hour": 3.0}, "v100": {"cost_per_gpu_hour": 1.0}}})
+    prices = policy.prices()
+    assert prices.hourly("gpu", 1, 2, "a100") == 6.0, "two a100s at 3.0 a GPU-hour"
+    assert prices.hourly("gpu-v100", 1, 4) == 4.0, "the partition's declared kind when Slurm names none"
+    assert prices.hourly("gpu", 1, 2) == 8.0, "no kind known: the partition's node-hour price"
+    assert prices.hourly("gpu", 2, 0, "a100") == 16.0, "no GPUs: nodes at the partition's price"
+    assert parse_policy({}).prices().hourly("gpu", 1, 4, "a100") == 0.0
 
 
 def test_plain_script_keys_default_and_read() -> None:
