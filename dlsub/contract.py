@@ -233,7 +233,10 @@ def application_digest(script: bytes, args: Sequence[str]) -> str:
     return digest.hexdigest()[:32]
 
 
-_GPU_TYPE = re.compile(r"[A-Za-z0-9._-]{1,64}\Z")
+#: A GPU type's name, as Slurm's GRES gives one (gpu:a100:4): the batch script's reading of a node's GRES
+#: (slurm_plugins/batch.sh) and the agent's checks of what a job says share it.
+GPU_TYPE_PATTERN = r"[A-Za-z0-9._-]{1,64}"
+_GPU_TYPE = re.compile(GPU_TYPE_PATTERN + r"\Z")
 
 
 def valid_gpu_type(value: object) -> str | None:

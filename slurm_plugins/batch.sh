@@ -156,16 +156,16 @@ slurm_gpu_ids() {  # Slurm's global ids of this step's GPUs; CUDA_VISIBLE_DEVICE
 # The type Slurm gives this node's GPUs: its GRES, gpu:TYPE:N (gpu:a100:4), as a site names the kinds of GPU it
 # has; empty for untyped GPUs or none. A node with several types gives them all, comma-separated. The attempt's
 # start record keeps it (dlsub status shows it) and the training sees it as DLSUB_GPU_TYPE. Only names of
-# letters, digits, '.', '_' and '-' pass (the record is JSON written by printf).
+# letters, digits, '.', '_' and '-' pass (the record is JSON written by printf): contract.GPU_TYPE_PATTERN.
 node_gpu_type() {
     [ -n "$(slurm_gpu_ids)" ] || return 0
-    local gres item items=() types=()
+    local gres item items=() types=() pattern=@GPU_GRES_PATTERN@
     gres="$(scontrol -o show node "${SLURMD_NODENAME:-$(hostname -s)}" 2>/dev/null \
         | tr ' ' '\n' | sed -n 's/^Gres=//p' | head -n 1)"
     IFS=, read -ra items <<< "$gres"
     for item in "${items[@]}"; do
         item="${item%%(*}"
-        if [[ "$item" =~ ^gpu:([A-Za-z0-9._-]+):[0-9]+$ ]] && [[ " ${types[*]} " != *" ${BASH_REMATCH[1]} "* ]]; then
+        if [[ "$item" =~ $pattern ]] && [[ " ${types[*]} " != *" ${BASH_REMATCH[1]} "* ]]; then
             types+=("${BASH_REMATCH[1]}")
         fi
     done

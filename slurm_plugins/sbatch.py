@@ -280,6 +280,7 @@ def _template_words(spec: BatchSpec, container: ContainerSpec, podman: str, podm
         "WORKER_ARRAY": _word(spec.worker_array) if spec.worker_array is not None else "''",
         "CDI_SPEC_DIRS": " ".join(_path_word(d) for d in contract.CDI_SPEC_DIRS),
         "CDI_GPU_KIND": _path_word(contract.CDI_GPU_KIND),
+        "GPU_GRES_PATTERN": shlex.quote(f"^gpu:({contract.GPU_TYPE_PATTERN}):[0-9]+$"),
         "BATCH_SCRIPT": _word(contract.BATCH_SCRIPT),
         "RENDEZVOUS_FILE": _word(contract.RENDEZVOUS_FILE),
         "ACTION_LEAVE": _word(contract.ACTION_LEAVE),

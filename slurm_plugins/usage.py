@@ -5,13 +5,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dlsub.contract import GPU_TYPE_PATTERN
+
 #: ``sacct --format`` for :meth:`UsageRecord.from_sacct`.
 SACCT_FORMAT = "JobIDRaw,User,Account,Partition,ElapsedRaw,NNodes,AllocTRES"
 
 # AllocTRES's GPUs: "gres/gpu=2" (how many), "gres/gpu:a100=2" (of a type, where the site's
 # AccountingStorageTRES lists its types).
 _GPUS = re.compile(r"(?:^|,)gres/gpu=(\d+)(?:,|$)")
-_TYPED_GPUS = re.compile(r"(?:^|,)gres/gpu:([A-Za-z0-9_.-]+)=(\d+)(?:,|$)")
+_TYPED_GPUS = re.compile(rf"(?:^|,)gres/gpu:({GPU_TYPE_PATTERN})=(\d+)(?:,|$)")
 
 
 def gpus_of(tres: str) -> tuple[int, str]:

@@ -486,6 +486,8 @@ def _gpu_type_seen(tmp_path: Path, gres: str, env: dict[str, str]) -> tuple[str,
     ("gpu:4", ""),  # untyped GPUs
     ("gpu:a100:2(S:0),gpu:v100:2(S:1),gpu:a100:1", "a100,v100"),  # one node, two kinds: both, once each
     ("gpu:a\"1:4", ""),  # a name JSON or a shell would read otherwise: left out
+    (f"gpu:{'x' * 65}:4", ""),  # longer than contract.GPU_TYPE_PATTERN allows: left out, as the agent would
+    (f"gpu:{'x' * 64}:4", "x" * 64),
     ("(null)", ""),
 ])
 def test_the_gpu_type_comes_from_the_nodes_gres(tmp_path: Path, gres: str, gpu_type: str) -> None:
