@@ -50,7 +50,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView
+from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView, PerformanceModel
 from dlsub.policies.perf_models.fitted_model import search_batches
 from dlsub.policies.perf_models.speedup import searches_batch
 from dlsub.policies.placement import free_gpus, packed_placement
@@ -106,6 +106,11 @@ def minimise(costs: list[np.ndarray], capacity: int) -> list[int]:
     return result[::-1]
 
 
+#: Per decision: (model's id, the job's own batch or None, GPUs up to, fair share, GPUs a node) -> (the model,
+#: its speed-ups).
+SpeedupMemo = dict[tuple[int, int | None, int, int, int], tuple[PerformanceModel | None, np.ndarray]]
+
+
 class PolluxPolicy:
     name: ClassVar[str] = "pollux"
     elastic: ClassVar[bool] = True
@@ -133,10 +138,21 @@ class PolluxPolicy:
             return model.best_batch(placement)[1]
         return model.goodput(placement, job.batch_size)
 
-    def speedups(self, job: JobView, hi: int, fair: int, per_node: int) -> np.ndarray:
-        """Speed-up over the fair share on 0..hi GPUs (packed)."""
-        return np.array([0.0] + [self.speedup(job, packed_placement(n, per_node), fair)
-                                 for n in range(1, hi + 1)])
+    def speedups(self, job: JobView, hi: int, fair: int, per_node: int,
+                 memo: SpeedupMemo | None = None) -> np.ndarray:
+        """Speed-up over the fair share on 0..hi GPUs (packed). Memoised for one decision in ``memo``: it
+        depends on the job only through its model and batch size, and thousands of jobs share a few hundred
+        models (one per application and epoch in the simulator); the model is kept beside its row so that
+        its id is not reused while the memo lives. Read-only: callers scale a copy."""
+        batch = job.batch_size if not searches_batch(job, adapt_batch=True) else None
+        key = (id(job.model), batch, hi, fair, per_node)
+        found = memo.get(key) if memo is not None else None
+        if found is not None and found[0] is job.model:
+            return found[1]
+        row = np.array([0.0] + [self.speedup(job, packed_placement(n, per_node), fair) for n in range(1, hi + 1)])
+        if memo is not None:
+            memo[key] = (job.model, row)
+        return row
 
     def speedup(self, job: JobView, placement: tuple[int, ...], fair: int) -> float:
         """Speed-up over the fair share (``fair`` GPUs on one node) on ``placement``."""
@@ -163,8 +179,9 @@ class PolluxPolicy:
         search_batches([job.model for job in jobs if searches_batch(job, adapt_batch=True)],
                        [packed_placement(n, per_node) for n in range(1, widest + 1)] + [(fair,)])
         costs = []
+        memo: SpeedupMemo = {}
         for job in order:
-            scaled = scale * self.speedups(job, caps[job.name], fair, per_node)
+            scaled = scale * self.speedups(job, caps[job.name], fair, per_node, memo)
             current = previous[job.name].gpus if job.name in previous else 0
             kept = np.arange(len(scaled)) == current
             scaled = scaled * np.where(kept, 1.0, restart_factor(job, now, self.restart_penalty_s))

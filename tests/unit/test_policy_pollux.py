@@ -6,14 +6,14 @@ import itertools
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from dlsub.policies.api import Allocation, ClusterView, JobView, check_decision
-from dlsub.policies.pollux import PolluxPolicy, minimise, place_pollux, restart_factor
+from dlsub.policies.pollux import PolluxPolicy, SpeedupMemo, minimise, place_pollux, restart_factor
 from dlsub.policies.registry import get_policy
 from dlsub.sim.performance import performance_at
 from dlsub.sim.workload import POLLUX_DIR
@@ -230,3 +230,30 @@ def test_minimise_matches_the_matrix_knapsack_exactly_ties_and_infinities_includ
 def test_minimise_ties_go_to_fewer_gpus() -> None:
     """Unit: a job whose cost is the same on 1, 2 and 3 GPUs gets 1; the GPUs it leaves go to no one."""
     assert minimise([np.array([5.0, 1.0, 1.0, 1.0]), np.array([5.0, 2.0, 2.0])], 6) == [1, 1]
+
+
+@dataclass
+class _CountingScaling(Scaling):
+    """Scaling whose best batch has twice the goodput of any fixed one, counting the placements asked."""
+
+    asked: list[tuple[int, ...]] = field(default_factory=list)
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        self.asked.append(placement)
+        return 64, 2 * self.goodput(placement, 64)
+
+
+def test_speedups_are_shared_by_jobs_on_one_model_within_a_decision_and_kept_apart_otherwise() -> None:
+    """Unit: a second job on the same model gets the same row without asking the model again; a job on
+    another model asks its own; a job that keeps its batch size is not served the adaptive job's row (its
+    speed-ups use its fixed batch); each row is the one computed without the memo."""
+    policy, shared, other = PolluxPolicy(), _CountingScaling(0.5), _CountingScaling(0.5)
+    memo: SpeedupMemo = {}
+    first = policy.speedups(job("a", shared), 8, 2, 4, memo)
+    asked = len(shared.asked)
+    assert asked > 0 and policy.speedups(job("b", shared), 8, 2, 4, memo) is first and len(shared.asked) == asked
+    assert list(policy.speedups(job("c", other), 8, 2, 4, memo)) == list(first) and len(other.asked) == asked
+    fixed = replace(job("d", shared), adaptive_batch=False)
+    assert list(policy.speedups(fixed, 8, 2, 4, memo)) == list(policy.speedups(fixed, 8, 2, 4))
+    assert len(shared.asked) == asked and len(memo) == 3
+    assert list(first) == list(policy.speedups(job("a", shared), 8, 2, 4))
