@@ -50,21 +50,21 @@ from typing import Any, ClassVar
 
 from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView, PerformanceModel
 from dlsub.policies.goodput import GoodputPolicy
-from dlsub.policies.perf_models.speedup import UNKNOWN_WORK_S, searches_batch
-from dlsub.policies.placement import packed_placement
-from dlsub.policies.sia import SiaPolicy, TypeShape, type_shapes, typed_program
+from dlsub.policies.perf_models.speedup import UNKNOWN_WORK_S
+from dlsub.policies.sia import (
+    RateMemo,
+    SiaPolicy,
+    TypeShape,
+    config_rates,
+    fixed_batch,
+    type_shapes,
+    typed_program,
+)
 
 # HiGHS's relative gap: a fraction of the whole objective, which the admission values dominate (160 jobs
 # x 100), so Sia's 1e-4 would leave growth worth a few speed-ups unseen.
 REL_GAP = 1e-7
 Row = tuple[int, int, float]  # (type index, GPUs, progress per second there)
-
-
-def _rate(job: JobView, model: PerformanceModel, placement: tuple[int, ...]) -> float:
-    """Goodput at the best batch there (or at the job's own batch, when it cannot change it)."""
-    if searches_batch(job, adapt_batch=True) or job.batch_size is None:
-        return model.best_batch(placement)[1]
-    return model.goodput(placement, job.batch_size)
 
 
 def _trusted(job: JobView, model: PerformanceModel) -> int:
@@ -73,8 +73,10 @@ def _trusted(job: JobView, model: PerformanceModel) -> int:
     return job.hi if not isinstance(trusted, int) else min(job.hi, trusted)
 
 
-def type_rates(job: JobView, shapes: Sequence[TypeShape]) -> list[Row]:
-    """Every configuration the job may get, with its goodput there (in one unit per job).
+def type_rates(job: JobView, shapes: Sequence[TypeShape], memo: RateMemo | None = None) -> list[Row]:
+    """Every configuration the job may get, with its goodput there (in one unit per job), in (type, GPUs)
+    order; at the best batch there (or at the job's own batch, when it cannot change it). ``memo`` (see
+    :func:`~dlsub.policies.sia.config_rates`) shares the work between the jobs of one decision.
 
     No reports yet: one GPU (its minimum) of each type, rated by the type's one-GPU profile (1 each when it
     has none). Reports on some types: their models there; the other types bootstrapped from the model of
@@ -92,6 +94,7 @@ def type_rates(job: JobView, shapes: Sequence[TypeShape]) -> list[Row]:
         return rows
     source = max(models, key=lambda name: (_trusted(job, models[name]), name))
     per_node_of = {s.name: s.per_node for s in shapes}
+    batch = fixed_batch(job)
     rows = []
     for i, shape in enumerate(shapes):
         model, scale, per_node = models.get(shape.name), 1.0, shape.per_node
@@ -100,12 +103,10 @@ def type_rates(job: JobView, shapes: Sequence[TypeShape]) -> list[Row]:
             if here <= 0 or there <= 0:
                 continue
             model, scale, per_node = models[source], here / there, per_node_of[source]
-        hi = _trusted(job, model)
-        for count in shape.configs:
-            if lo <= count <= hi:
-                rate = _rate(job, model, packed_placement(count, per_node)) * scale
-                if rate > 0:
-                    rows.append((i, count, rate))
+        for count, raw in config_rates(model, shape, per_node, lo, _trusted(job, model), batch, memo):
+            rate = raw * scale
+            if rate > 0:
+                rows.append((i, count, rate))
     return rows
 
 
@@ -148,14 +149,16 @@ class TypedGoodputPolicy(GoodputPolicy):
         shapes = type_shapes(cluster)
         type_index = {name: i for i, shape in enumerate(shapes) for name in shape.nodes}
 
+        memo: RateMemo = {}
+
         def candidates(job: JobView, prev_key: tuple[int, int] | None) -> Iterable[tuple[int, int, float]]:
-            rows = type_rates(job, shapes)
+            rows = type_rates(job, shapes, memo)
             if not rows:
                 return
             least = min(rate for _, _, rate in rows)
             weight = self.weight(job)
             keep = self.keep_share(job, now) if prev_key is not None else 1.0
-            for i, count, rate in sorted(rows, key=lambda row: (row[0], row[1])):
+            for i, count, rate in rows:  # in (type, GPUs) order already
                 speedup = rate / least
                 if prev_key is not None and (i, count) != prev_key:
                     speedup *= keep

@@ -160,10 +160,35 @@ def typed_program(jobs: Jobs, shapes: Sequence[TypeShape], previous_keys: Sequen
     return program
 
 
-def _rate(job: JobView, model: PerformanceModel, placement: tuple[int, ...]) -> float:
-    if searches_batch(job, adapt_batch=True) or job.batch_size is None:
-        return model.best_batch(placement)[1]
-    return model.goodput(placement, job.batch_size)
+#: Per decision: (model's id, type, GPUs a node, lo, hi, batch) -> (the model, its config_rates rows).
+RateMemo = dict[tuple[int, str, int, int, int, int | None], tuple[PerformanceModel, list[tuple[int, float]]]]
+
+
+def fixed_batch(job: JobView) -> int | None:
+    """The batch size the job's goodput is judged at: None for the best one on each placement (it lets the
+    policy choose, or has none of its own), else its own."""
+    return None if searches_batch(job, adapt_batch=True) or job.batch_size is None else job.batch_size
+
+
+def config_rates(model: PerformanceModel, shape: TypeShape, per_node: int, lo: int, hi: int, batch: int | None,
+                 memo: RateMemo | None = None) -> list[tuple[int, float]]:
+    """(GPUs, goodput) on each of the type's configurations from ``lo`` to ``hi`` GPUs, packed on nodes of
+    ``per_node`` GPUs, at the best batch (``batch`` None) or at ``batch``. Memoised for one decision in
+    ``memo``: thousands of jobs share a few hundred models (one per application and epoch in the
+    simulator), and the model is kept beside its rows so that its id is not reused while the memo lives."""
+    key = (id(model), shape.name, per_node, lo, hi, batch)
+    found = memo.get(key) if memo is not None else None
+    if found is not None and found[0] is model:
+        return found[1]
+    rows = []
+    for count in shape.configs:
+        if lo <= count <= hi:
+            placement = packed_placement(count, per_node)
+            rate = model.best_batch(placement)[1] if batch is None else model.goodput(placement, batch)
+            rows.append((count, rate))
+    if memo is not None:
+        memo[key] = (model, rows)
+    return rows
 
 
 class SiaPolicy:
@@ -202,8 +227,10 @@ class SiaPolicy:
             return job.hi if models else max(job.lo, 1)  # the oracle knows every size
         return min(job.hi, max(self.trust_factor * max(s for s in seen if isinstance(s, int)), 1))
 
-    def goodputs(self, job: JobView, shapes: Sequence[TypeShape]) -> list[tuple[int, int, float]]:
-        """(type index, GPUs, speed-up) for every configuration the job may get, least speed-up 1."""
+    def goodputs(self, job: JobView, shapes: Sequence[TypeShape],
+                 memo: RateMemo | None = None) -> list[tuple[int, int, float]]:
+        """(type index, GPUs, speed-up) for every configuration the job may get, least speed-up 1, in (type,
+        GPUs) order; ``memo`` (see :func:`config_rates`) shares the work between jobs of one decision."""
         models = self.models(job, shapes)
         lo, hi = max(job.lo, 1), self.widest(job, models)
         rows: list[tuple[int, int, float]] = []
@@ -211,6 +238,7 @@ class SiaPolicy:
             return [(i, lo, 1.0) for i, shape in enumerate(shapes) if lo in shape.configs]
         source = next(s for s in shapes if s.name in models)
         rates = job.type_rates or {}
+        batch = fixed_batch(job)
         for i, shape in enumerate(shapes):
             model = models.get(shape.name)
             scale = 1.0
@@ -220,11 +248,10 @@ class SiaPolicy:
                 if here <= 0 or there <= 0:
                     continue
                 model, scale, per_node = models[source.name], here / there, source.per_node
-            for count in shape.configs:
-                if lo <= count <= hi:
-                    value = _rate(job, model, packed_placement(count, per_node)) * scale
-                    if value > 0:
-                        rows.append((i, count, value))
+            for count, rate in config_rates(model, shape, per_node, lo, hi, batch, memo):
+                value = rate * scale
+                if value > 0:
+                    rows.append((i, count, value))
         least = min((v for _, _, v in rows), default=1.0)
         return [(i, c, v / least) for i, c, v in rows]
 
@@ -236,6 +263,7 @@ class SiaPolicy:
         shapes = type_shapes(cluster)
         type_index = {name: i for i, shape in enumerate(shapes) for name in shape.nodes}
         sign = 1.0 if self.p < 0 else -1.0  # milp minimises
+        memo: RateMemo = {}
 
         def previous_key(job: JobView) -> tuple[int, int] | None:
             prev = previous.get(job.name)
@@ -249,7 +277,7 @@ class SiaPolicy:
             factor = 1.0
             if now - job.arrival_s >= penalty:
                 factor = restart_factor(job, now, penalty)
-            for i, count, speedup in sorted(self.goodputs(job, shapes), key=lambda row: (row[0], row[1])):
+            for i, count, speedup in self.goodputs(job, shapes, memo):  # in (type, GPUs) order already
                 if (i, count) != prev_key:
                     speedup *= factor
                 a = CLIP if speedup <= 0 else min(round(speedup ** self.p, 2), CLIP)
@@ -315,10 +343,10 @@ class SiaPolicy:
             else:
                 pending.append((j, i, count))
         pending.sort(key=lambda item: (-item[2], jobs[item[0]].arrival_s, jobs[item[0]].name))
+        capacities = [{name: shape.per_node for name in shape.nodes} for shape in shapes]
         for j, i, count in pending:
             job = jobs[j]
-            capacity = {name: shapes[i].per_node for name in shapes[i].nodes}
-            nodes = pack(free[i], count, capacity=capacity)
+            nodes = pack(free[i], count, capacity=capacities[i])
             if nodes is None:  # cannot happen: the program kept each type within its GPUs
                 continue
             decision[job.name] = Allocation(nodes, self._batch(job, shapes[i], nodes))

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from dlsub.policies.api import Allocation, ClusterView, JobView, check_decision
-from dlsub.policies.pollux import PolluxPolicy, minimise, place_pollux, restart_factor
+from dlsub.policies.pollux import PolluxPolicy, SpeedupMemo, minimise, place_pollux, restart_factor
 from dlsub.policies.registry import get_policy
 from dlsub.sim.performance import performance_at
 from dlsub.sim.workload import POLLUX_DIR
@@ -187,3 +188,72 @@ def test_placement_idle_gpus_go_to_a_waiting_job() -> None:
     # The counts leave w nothing, and a GPU idle on each node: w gets one (its cost falls from 1000).
     got = place_pollux({"a": 3, "b": 3}, jobs, cluster, previous, _cost_by_nodes(0.9), {"a": 3, "b": 3, "w": 4})
     assert got["w"].gpus == 1
+
+
+def _first_minimum_per_row(costs: list[np.ndarray], capacity: int) -> list[int]:
+    """The knapsack by its (capacity x counts) matrix per job and the first minimum of each row: what
+    minimise computed before it worked on slices, kept here as the reference it must match exactly."""
+    dp = np.full(capacity + 1, math.inf)
+    dp[0] = 0.0
+    used = np.arange(capacity + 1)[:, None]
+    choices = []
+    for cost in costs:
+        counts = np.arange(min(len(cost) - 1, capacity) + 1)[None, :]
+        before = used - counts
+        candidates = np.where(before >= 0, dp[np.clip(before, 0, None)], math.inf) + cost[: counts.shape[1]]
+        best = np.argmin(candidates, axis=1)
+        dp = candidates[np.arange(capacity + 1), best]
+        choices.append(best)
+    left = int(np.argmin(dp))
+    result = []
+    for best in reversed(choices):
+        result.append(int(best[left]))
+        left -= result[-1]
+    return result[::-1]
+
+
+def test_minimise_matches_the_matrix_knapsack_exactly_ties_and_infinities_included() -> None:
+    """Unit: the sliced DP chooses exactly what the matrix form chooses, on costs rounded to force ties and
+    with the counts below a job's minimum infinite (as decide gives them), wider jobs than capacity too."""
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        capacity = int(rng.integers(0, 60))
+        costs = []
+        for _ in range(int(rng.integers(1, 25))):
+            width = int(rng.integers(1, 20))
+            cost = np.round(1.0 / (np.concatenate(([0.0], np.cumsum(rng.random(width)))) + 1e-3), 1)
+            cost[1: int(rng.integers(1, 4))] = math.inf
+            costs.append(cost)
+        assert minimise(costs, capacity) == _first_minimum_per_row(costs, capacity)
+
+
+def test_minimise_ties_go_to_fewer_gpus() -> None:
+    """Unit: a job whose cost is the same on 1, 2 and 3 GPUs gets 1; the GPUs it leaves go to no one."""
+    assert minimise([np.array([5.0, 1.0, 1.0, 1.0]), np.array([5.0, 2.0, 2.0])], 6) == [1, 1]
+
+
+@dataclass
+class _CountingScaling(Scaling):
+    """Scaling whose best batch has twice the goodput of any fixed one, counting the placements asked."""
+
+    asked: list[tuple[int, ...]] = field(default_factory=list)
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        self.asked.append(placement)
+        return 64, 2 * self.goodput(placement, 64)
+
+
+def test_speedups_are_shared_by_jobs_on_one_model_within_a_decision_and_kept_apart_otherwise() -> None:
+    """Unit: a second job on the same model gets the same row without asking the model again; a job on
+    another model asks its own; a job that keeps its batch size is not served the adaptive job's row (its
+    speed-ups use its fixed batch); each row is the one computed without the memo."""
+    policy, shared, other = PolluxPolicy(), _CountingScaling(0.5), _CountingScaling(0.5)
+    memo: SpeedupMemo = {}
+    first = policy.speedups(job("a", shared), 8, 2, 4, memo)
+    asked = len(shared.asked)
+    assert asked > 0 and policy.speedups(job("b", shared), 8, 2, 4, memo) is first and len(shared.asked) == asked
+    assert list(policy.speedups(job("c", other), 8, 2, 4, memo)) == list(first) and len(other.asked) == asked
+    fixed = replace(job("d", shared), adaptive_batch=False)
+    assert list(policy.speedups(fixed, 8, 2, 4, memo)) == list(policy.speedups(fixed, 8, 2, 4))
+    assert len(shared.asked) == asked and len(memo) == 3
+    assert list(first) == list(policy.speedups(job("a", shared), 8, 2, 4))

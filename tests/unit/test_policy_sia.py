@@ -10,12 +10,13 @@ least is 1.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from typed_jobs import Linear, cluster, job, types_of
 
 from dlsub.policies.api import Allocation, check_decision
-from dlsub.policies.sia import SiaPolicy, TypeShape, type_shapes
+from dlsub.policies.sia import RateMemo, SiaPolicy, TypeShape, config_rates, fixed_batch, type_shapes
 
 
 def test_configurations_per_type_are_powers_of_two_then_whole_nodes() -> None:
@@ -122,3 +123,61 @@ def test_a_large_program_solved_relaxed_and_rounded_stays_within_capacity(monkey
     # The rounded relaxation places about as many GPUs and jobs as the exact program.
     assert abs(sum(a.gpus for a in relaxed.values()) - sum(a.gpus for a in exact.values())) <= 8
     assert abs(len(relaxed) - len(exact)) <= 3
+
+
+class _Counting:
+    """An exact model (:class:`Linear`) that counts the goodputs asked of it."""
+
+    def __init__(self, speed: float) -> None:
+        self.exact = Linear(speed)
+        self.asked: list[tuple[int, ...]] = []
+
+    def step_time(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return self.exact.step_time(placement, batch_size)
+
+    def goodput(self, placement: tuple[int, ...], batch_size: int) -> float:
+        return self.exact.goodput(placement, batch_size)
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        self.asked.append(placement)
+        return self.exact.best_batch(placement)
+
+
+def test_jobs_of_one_decision_sharing_a_model_share_its_goodputs_and_no_other_model_is_served_them() -> None:
+    """Unit: within a decision's memo, a second job on the same model asks it nothing more (same rows); a
+    job on another model of equal speed asks its own; the rows are those computed without the memo."""
+    c = cluster(("aws", 2, 4), ("rtx", 1, 8))
+    shapes = type_shapes(c)
+    shared, other = _Counting(2.0), _Counting(2.0)
+    a = job("a", hi=8, type_models={"aws": shared, "rtx": shared})
+    b = job("b", hi=8, type_models={"aws": shared, "rtx": shared})
+    d = job("d", hi=8, type_models={"aws": other, "rtx": other})
+    memo: RateMemo = {}
+    rows_a = SiaPolicy().goodputs(a, shapes, memo)
+    asked = len(shared.asked)
+    assert asked > 0 and SiaPolicy().goodputs(b, shapes, memo) == rows_a
+    assert len(shared.asked) == asked
+    assert SiaPolicy().goodputs(d, shapes, memo) == rows_a and len(other.asked) == asked
+    assert SiaPolicy().goodputs(a, shapes) == rows_a
+
+
+class _LargerBatchFaster(Linear):
+    """An exact model whose best batch (128) has twice the goodput of the jobs' own (64)."""
+
+    def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
+        return 128, 2 * self.goodput(placement, 64)
+
+
+def test_config_rates_judge_a_fixed_batch_at_that_batch() -> None:
+    """Unit: a job that keeps its own batch size is rated at it (goodput), one that lets the policy choose
+    at the best batch; the memo keeps the two apart."""
+    shape = type_shapes(cluster(("aws", 2, 4)))[0]
+    model = _LargerBatchFaster(3.0, power=0.5)
+    fixed, free = replace(job("a"), adaptive_batch=False), job("b")
+    assert fixed_batch(fixed) == 64 and fixed_batch(free) is None
+    memo: RateMemo = {}
+    own = config_rates(model, shape, 4, 1, 8, fixed_batch(fixed), memo)
+    best = config_rates(model, shape, 4, 1, 8, fixed_batch(free), memo)
+    assert len(memo) == 2
+    assert own == [(n, 3.0 * n ** 0.5) for n in (1, 2, 4, 8)]
+    assert best == [(n, 6.0 * n ** 0.5) for n in (1, 2, 4, 8)]
