@@ -149,6 +149,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
@@ -157,7 +158,10 @@ from dlsub.policies.elastic import place_counts
 from dlsub.policies.perf_models.fitted_model import search_batches
 from dlsub.policies.perf_models.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime, searches_batch
 from dlsub.policies.placement import packed_placement
-from dlsub.policies.tight_placement import tighten
+from dlsub.policies.pollux import place_pollux
+from dlsub.policies.tight_placement import rate_on, tighten
+
+_EPSILON = 1e-9
 
 
 class GoodputPolicy:
@@ -179,7 +183,10 @@ class GoodputPolicy:
         tight_placement: bool = False,
         spread_floor: float = 0.25,
         spare_by_remaining: bool = False,
+        pollux_placement: bool = False,
     ) -> None:
+        # See _place (issue 32; off: not shown to help).
+        self.pollux_placement = bool(pollux_placement)
         # See _value and the module's note (issue 32; off: not shown to help on untouched workloads).
         self.spare_by_remaining = bool(spare_by_remaining)
         # See dlsub.policies.tight_placement (issue 32).
@@ -353,11 +360,39 @@ class GoodputPolicy:
             left -= k
             heapq.heappush(heap, offer(name))
         batches = {name: curves[name].batch(n) for name, n in counts.items()}
-        decision = place_counts(counts, jobs, cluster, previous, batches)
+        if self.pollux_placement and not cluster.grow_in_place:
+            decision = self._place(counts, by_name, cluster, previous, curves, his)
+        else:
+            decision = place_counts(counts, jobs, cluster, previous, batches)
         if self.tight_placement:
             decision, _ = tighten(decision, order, cluster, previous, self.spread_floor,
                                   lambda name, n: curves[name].batch(n), per_node)
         return self.retuned(decision, by_name, per_node) if self.batch_on_placement else decision
+
+    def _place(self, counts: Mapping[str, int], jobs: Mapping[str, JobView], cluster: ClusterView,
+               previous: Allocations, curves: Mapping[str, RemainingTime], his: Mapping[str, int]) -> Decision:
+        """The counts placed as Pollux places them (:func:`~dlsub.policies.pollux.place_pollux`): at most one
+        job spanning several nodes on a node, and a job whose count no node holds spread only where its model
+        rates the spread placement above the most of its count one node holds; GPUs left idle go, a node at a
+        time, to a job on one node (up to its maximum) or a waiting one (its minimum), where its goodput
+        gains. Each placement is judged by the job's goodput there (its model's, at its best batch), a
+        changed one at ``1 - restart_share`` of it. A job without a model counts one per GPU. Only where
+        jobs move (the simulator): live, jobs grow in place."""
+        def cost_at(name: str, nodes: tuple[str, ...]) -> float:
+            job, n = jobs[name], len(nodes)
+            if n < max(job.lo, 1) or job.allowed(n) != n:
+                return math.inf if nodes else 1.0 / _EPSILON
+            placement = tuple(Counter(nodes).values())
+            rate = float(n) if job.model is None else rate_on(job, placement)
+            alloc = previous.get(name)
+            if alloc is not None and Counter(alloc.nodes) != Counter(nodes):
+                rate *= 1.0 - self.restart_share
+            return 1.0 / (rate + _EPSILON)
+
+        # Idle GPUs go to a running job up to its maximum, or to a waiting job up to its minimum.
+        caps = {name: his[name] if name in counts else max(job.lo, 1) for name, job in jobs.items()}
+        placed = place_pollux(counts, jobs, cluster, previous, cost_at, caps)
+        return {name: Allocation(alloc.nodes, curves[name].batch(alloc.gpus)) for name, alloc in placed.items()}
 
     @staticmethod
     def retuned(decision: Decision, jobs: Mapping[str, JobView], per_node: int) -> Decision:
