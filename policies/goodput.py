@@ -128,6 +128,19 @@ holds 1 in its interval at 1.5x and 2.0x (docs/user-guide.md, "Comparing
 scheduling policies"). It weighs only jobs of known length (the artifact's
 1.0x workload 5, order 1: identical).
 
+Tried and not kept (issue 32, ``pollux_placement``, commit 3849dbc): the
+counts placed as Pollux places them (``place_pollux``: at most one
+multi-node job on a node; a job whose count no node holds spread only where
+its model rates that above the most of its count one node holds; idle GPUs
+then to a job on one node or a waiting one), against yolov3's spreading
+(1.63 nodes a job against pollux's 1.15). On the tuned generated seeds
+(workloads 1, 2, orders 1-2) goodput/pollux 0.954 against the default's
+0.941 at 2.0x (paired +0.013 [+0.010, +0.015]) and 0.975 against 0.969 at
+1.0x (+0.007 [-0.399, +0.412]); with the idle GPUs only to jobs below their
+count, 0.951 and 0.983. ``tight_placement`` at ``spread_floor=0.5`` on the
+same runs: 0.936 and 0.964 (paired -0.006 [-0.036, +0.025], -0.004
+[-0.398, +0.390]), no change shown. Not run on untouched seeds.
+
 Tried and not kept (issue 22, point 5). Where the fit mispredicts the best
 batch: after one report, at one per-replica batch, Pollux's prior takes half
 of a step's compute as fixed (the Pollux applications' true share is 0.07
@@ -149,7 +162,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import ClassVar
 
@@ -158,10 +170,7 @@ from dlsub.policies.elastic import place_counts
 from dlsub.policies.perf_models.fitted_model import search_batches
 from dlsub.policies.perf_models.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime, searches_batch
 from dlsub.policies.placement import packed_placement
-from dlsub.policies.pollux import place_pollux
-from dlsub.policies.tight_placement import rate_on, tighten
-
-_EPSILON = 1e-9
+from dlsub.policies.tight_placement import tighten
 
 
 class GoodputPolicy:
@@ -183,10 +192,7 @@ class GoodputPolicy:
         tight_placement: bool = False,
         spread_floor: float = 0.25,
         spare_by_remaining: bool = False,
-        pollux_placement: bool = False,
     ) -> None:
-        # See _place (issue 32; off: not shown to help).
-        self.pollux_placement = bool(pollux_placement)
         # See _value and the module's note (issue 32; off: not shown to help on untouched workloads).
         self.spare_by_remaining = bool(spare_by_remaining)
         # See dlsub.policies.tight_placement (issue 32).
@@ -360,39 +366,11 @@ class GoodputPolicy:
             left -= k
             heapq.heappush(heap, offer(name))
         batches = {name: curves[name].batch(n) for name, n in counts.items()}
-        if self.pollux_placement and not cluster.grow_in_place:
-            decision = self._place(counts, by_name, cluster, previous, curves, his)
-        else:
-            decision = place_counts(counts, jobs, cluster, previous, batches)
+        decision = place_counts(counts, jobs, cluster, previous, batches)
         if self.tight_placement:
             decision, _ = tighten(decision, order, cluster, previous, self.spread_floor,
                                   lambda name, n: curves[name].batch(n), per_node)
         return self.retuned(decision, by_name, per_node) if self.batch_on_placement else decision
-
-    def _place(self, counts: Mapping[str, int], jobs: Mapping[str, JobView], cluster: ClusterView,
-               previous: Allocations, curves: Mapping[str, RemainingTime], his: Mapping[str, int]) -> Decision:
-        """The counts placed as Pollux places them (:func:`~dlsub.policies.pollux.place_pollux`): at most one
-        job spanning several nodes on a node, and a job whose count no node holds spread only where its model
-        rates the spread placement above the most of its count one node holds; GPUs left idle go, a node at a
-        time, to a job on one node (up to its maximum) or a waiting one (its minimum), where its goodput
-        gains. Each placement is judged by the job's goodput there (its model's, at its best batch), a
-        changed one at ``1 - restart_share`` of it. A job without a model counts one per GPU. Only where
-        jobs move (the simulator): live, jobs grow in place."""
-        def cost_at(name: str, nodes: tuple[str, ...]) -> float:
-            job, n = jobs[name], len(nodes)
-            if n < max(job.lo, 1) or job.allowed(n) != n:
-                return math.inf if nodes else 1.0 / _EPSILON
-            placement = tuple(Counter(nodes).values())
-            rate = float(n) if job.model is None else rate_on(job, placement)
-            alloc = previous.get(name)
-            if alloc is not None and Counter(alloc.nodes) != Counter(nodes):
-                rate *= 1.0 - self.restart_share
-            return 1.0 / (rate + _EPSILON)
-
-        # Idle GPUs go to a running job up to its maximum, or to a waiting job up to its minimum.
-        caps = {name: his[name] if name in counts else max(job.lo, 1) for name, job in jobs.items()}
-        placed = place_pollux(counts, jobs, cluster, previous, cost_at, caps)
-        return {name: Allocation(alloc.nodes, curves[name].batch(alloc.gpus)) for name, alloc in placed.items()}
 
     @staticmethod
     def retuned(decision: Decision, jobs: Mapping[str, JobView], per_node: int) -> Decision:
