@@ -137,9 +137,9 @@ then to a job on one node or a waiting one), against yolov3's spreading
 (workloads 1, 2, orders 1-2) goodput/pollux 0.954 against the default's
 0.941 at 2.0x (paired +0.013 [+0.010, +0.015]) and 0.975 against 0.969 at
 1.0x (+0.007 [-0.399, +0.412]); with the idle GPUs only to jobs below their
-count, 0.951 and 0.983. ``tight_placement`` at ``spread_floor=0.5`` on the
-same runs: 0.936 and 0.964 (paired -0.006 [-0.036, +0.025], -0.004
-[-0.398, +0.390]), no change shown. Not run on untouched seeds.
+count, 0.951 and 0.983. ``tight_placement`` at ``spread_floor=0.5``, 5
+orders: paired -0.001 [-0.013, +0.012] at 2.0x, -0.009 [-0.041, +0.022] at
+1.0x, no change shown. Not run on untouched seeds.
 
 Tried and not kept (issue 22, point 5). Where the fit mispredicts the best
 batch: after one report, at one per-replica batch, Pollux's prior takes half
