@@ -128,6 +128,19 @@ holds 1 in its interval at 1.5x and 2.0x (docs/user-guide.md, "Comparing
 scheduling policies"). It weighs only jobs of known length (the artifact's
 1.0x workload 5, order 1: identical).
 
+Tried and not kept (issue 32, ``pollux_placement``, commit 3849dbc): the
+counts placed as Pollux places them (``place_pollux``: at most one
+multi-node job on a node; a job whose count no node holds spread only where
+its model rates that above the most of its count one node holds; idle GPUs
+then to a job on one node or a waiting one), against yolov3's spreading
+(1.63 nodes a job against pollux's 1.15). On the tuned generated seeds
+(workloads 1, 2, orders 1-2) goodput/pollux 0.954 against the default's
+0.941 at 2.0x (paired +0.013 [+0.010, +0.015]) and 0.975 against 0.969 at
+1.0x (+0.007 [-0.399, +0.412]); with the idle GPUs only to jobs below their
+count, 0.951 and 0.983. ``tight_placement`` at ``spread_floor=0.5``, 5
+orders: paired -0.001 [-0.013, +0.012] at 2.0x, -0.009 [-0.041, +0.022] at
+1.0x, no change shown. Not run on untouched seeds.
+
 Tried and not kept (issue 22, point 5). Where the fit mispredicts the best
 batch: after one report, at one per-replica batch, Pollux's prior takes half
 of a step's compute as fixed (the Pollux applications' true share is 0.07
