@@ -10,7 +10,6 @@ from datetime import datetime
 import click
 
 from dlsub.cli.errors import fail
-from dlsub.job.budget_check import prices
 from dlsub.site_config.cost import Spend, period_start, summarize
 from dlsub.site_config.policy_file import AgentPolicy, PolicyFileError, load_policy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
@@ -49,7 +48,7 @@ def usage(who: str | None, since: str | None, as_json: bool) -> None:
         records = SlurmClient().usage(start, user=user)
     except SlurmError as exc:
         fail(str(exc), 1)
-    table = summarize(records, prices(policy))
+    table = summarize(records, policy.prices())
     grand = Spend()
     for value in table.values():
         grand += value

@@ -11,17 +11,13 @@ import time
 
 from dlsub.job.submit import SubmitError
 from dlsub.site_config.budget import refusal
-from dlsub.site_config.cost import Prices, Spend, period_start, spend_at, total
+from dlsub.site_config.cost import Spend, period_start, spend_at, total
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient
 
 
 class OverBudget(SubmitError):
     """The job would take the user or their account past its budget; the message says what is left."""
-
-
-def prices(policy: AgentPolicy) -> Prices:
-    return policy.prices()
 
 
 def extra_for(policy: AgentPolicy, partition: str, nodes: int, time_limit_min: int | None, gpus: int = 0) -> Spend:
@@ -47,11 +43,11 @@ def check_budget(policy: AgentPolicy, client: SlurmClient, user: str, extra: Spe
     mine = client.usage(since, user=user)
     budget = budgets.for_user(user)
     if budget is not None:
-        message = refusal(f"user {user}", budget, total(mine, prices(policy)), extra, budgets.period)
+        message = refusal(f"user {user}", budget, total(mine, policy.prices()), extra, budgets.period)
         if message:
             raise OverBudget(message)
     for account in sorted({r.account for r in mine if r.account} & set(budgets.accounts)):
-        spent = total(client.usage(since, account=account, all_users=True), prices(policy))
+        spent = total(client.usage(since, account=account, all_users=True), policy.prices())
         message = refusal(f"account {account}", budgets.accounts[account], spent, extra, budgets.period)
         if message:
             raise OverBudget(message)

@@ -21,7 +21,7 @@ from typing import Any
 from dlsub.contract import EVENT_PROGRESS, PROGRESS_FILE
 from dlsub.job.loss_curve import fit_loss_curve, target_eta
 from dlsub.job_progress import read_events
-from dlsub.site_config.cost import PriceTable, job_spend
+from dlsub.site_config.cost import Prices, job_spend
 
 #: Reports the fit uses at most (the newest): bounded work per job and status call.
 MAX_POINTS = 2000
@@ -38,14 +38,14 @@ class Extra:
 
 
 @functools.lru_cache(maxsize=1)
-def site_prices() -> PriceTable:
+def site_prices() -> Prices:
     """The policy's prices (none when the policy cannot be read)."""
     from dlsub.site_config.policy_file import PolicyFileError, load_policy
 
     try:
         policy = load_policy()
     except PolicyFileError:
-        return {}
+        return Prices()
     return policy.prices()
 
 

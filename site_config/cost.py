@@ -57,25 +57,7 @@ class Prices:
         kind = self.gpu_type(partition, gpu_type)
         if gpus > 0 and kind in self.gpu_hour:
             return gpus * float(self.gpu_hour[kind])
-        return max(1, nodes) * price(self.node_hour, partition)
-
-
-PriceTable = Prices | Mapping[str, float]
-
-
-def as_prices(table: PriceTable) -> Prices:
-    """A plain mapping is per node-hour of each partition."""
-    return table if isinstance(table, Prices) else Prices(dict(table))
-
-
-def price(prices: Mapping[str, float], partition: str) -> float:
-    """A partition's cost per node-hour."""
-    return float(prices.get(_first(partition), 0.0))
-
-
-def spend(seconds: float, nodes: int, cost_per_node_hour: float) -> Spend:
-    hours = max(0.0, seconds) / 3600.0 * max(1, nodes)
-    return Spend(hours, hours * cost_per_node_hour)
+        return max(1, nodes) * float(self.node_hour.get(_first(partition), 0.0))
 
 
 def spend_at(seconds: float, nodes: int, hourly: float) -> Spend:
@@ -90,14 +72,13 @@ def _attempt_gpus(start: Mapping[str, Any], nodes: int) -> int:
     return len([g for g in named.split(",") if g.strip()]) * max(1, nodes)
 
 
-def job_spend(attempts: Sequence[dict[str, Any]], nodes: int, prices: PriceTable, now: float) -> Spend:
+def job_spend(attempts: Sequence[dict[str, Any]], nodes: int, prices: Prices, now: float) -> Spend:
     """What a job has used so far, by its attempt records (a running attempt up to ``now``)."""
-    table = as_prices(prices)
     total = Spend()
     open_start: dict[Any, dict[str, Any]] = {}
 
     def used(start: dict[str, Any], until: float) -> Spend:
-        hourly = table.hourly(str(start.get("partition", "")), nodes, _attempt_gpus(start, nodes),
+        hourly = prices.hourly(str(start.get("partition", "")), nodes, _attempt_gpus(start, nodes),
                               str(start.get("gpu_type") or ""))
         return spend_at(until - float(start["time"]), nodes, hourly)
 
@@ -112,13 +93,13 @@ def job_spend(attempts: Sequence[dict[str, Any]], nodes: int, prices: PriceTable
     return total
 
 
-def record_spend(record: UsageRecord, prices: PriceTable) -> Spend:
+def record_spend(record: UsageRecord, prices: Prices) -> Spend:
     """One allocation of Slurm's accounting, at the site's prices."""
-    hourly = as_prices(prices).hourly(record.partition, record.nodes, record.gpus, record.gpu_type)
+    hourly = prices.hourly(record.partition, record.nodes, record.gpus, record.gpu_type)
     return spend_at(record.elapsed_s, record.nodes, hourly)
 
 
-def summarize(records: Iterable[UsageRecord], prices: PriceTable) -> dict[tuple[str, str], Spend]:
+def summarize(records: Iterable[UsageRecord], prices: Prices) -> dict[tuple[str, str], Spend]:
     """Spend per (user, partition)."""
     out: dict[tuple[str, str], Spend] = {}
     for r in records:
@@ -127,7 +108,7 @@ def summarize(records: Iterable[UsageRecord], prices: PriceTable) -> dict[tuple[
     return out
 
 
-def total(records: Iterable[UsageRecord], prices: PriceTable) -> Spend:
+def total(records: Iterable[UsageRecord], prices: Prices) -> Spend:
     result = Spend()
     for value in summarize(records, prices).values():
         result += value

@@ -32,7 +32,7 @@ from dlsub.job.budget_check import extra_for
 from dlsub.job.loss_curve import fit_loss_curve, target_eta
 from dlsub.job.status_extra import loss_eta
 from dlsub.site_config.budget import Budget, allows, parse_budgets, refusal
-from dlsub.site_config.cost import Prices, Spend, job_spend, period_end, period_start, spend, summarize, total
+from dlsub.site_config.cost import Prices, Spend, job_spend, period_end, period_start, spend_at, summarize, total
 from dlsub.site_config.policy_file import parse_policy
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
@@ -184,19 +184,19 @@ def test_status_loss_eta_from_progress_events() -> None:
 
 def test_cost_arithmetic() -> None:
     assert cost(7200, 2, 8.0) == 32.0
-    assert spend(1800, 1, 4.0) == Spend(0.5, 2.0)
+    assert spend_at(1800, 1, 4.0) == Spend(0.5, 2.0)
     attempts = [
         {"event": "start", "time": 0.0, "slurm_job_id": 1, "restart": 0, "partition": "cpu"},
         {"event": "end", "time": 3600.0, "slurm_job_id": 1, "restart": 0},
         {"event": "start", "time": 4000.0, "slurm_job_id": 1, "restart": 1, "partition": "gpu"},
     ]
-    used = job_spend(attempts, 1, {"cpu": 1.0, "gpu": 8.0}, now=4000.0 + 1800.0)
+    used = job_spend(attempts, 1, Prices({"cpu": 1.0, "gpu": 8.0}), now=4000.0 + 1800.0)
     assert used.node_hours == pytest.approx(1.5) and used.cost == pytest.approx(1.0 + 4.0)
     records = [UsageRecord(1, "al", "lab", "gpu", 3600, 2), UsageRecord(2, "al", "lab", "cpu", 7200, 1),
                UsageRecord(3, "al", "lab", "gpu", 1800, 1)]
-    table = summarize(records, {"gpu": 8.0, "cpu": 1.0})
+    table = summarize(records, Prices({"gpu": 8.0, "cpu": 1.0}))
     assert table[("al", "gpu")] == Spend(2.5, 20.0) and table[("al", "cpu")] == Spend(2.0, 2.0)
-    assert total(records, {"gpu": 8.0}) == Spend(4.5, 20.0)
+    assert total(records, Prices({"gpu": 8.0})) == Spend(4.5, 20.0)
     assert UsageRecord.from_sacct("17|al|lab|gpu|3600|2") == records[0].__class__(17, "al", "lab", "gpu", 3600.0, 2)
     assert UsageRecord.from_sacct("17.batch|al|lab|gpu|3600|2") is None
 
@@ -517,7 +517,7 @@ def test_status_shows_cost_so_far_and_the_loss_eta(tmp_path: Path, monkeypatch: 
     from dlsub.job.status import job_status, render_table
     from dlsub.job.user_store import JobRecord
 
-    monkeypatch.setattr(extra_mod, "site_prices", lambda: {"cpu": 2.0})
+    monkeypatch.setattr(extra_mod, "site_prices", lambda: Prices({"cpu": 2.0}))
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     now = _time.time()
