@@ -50,16 +50,8 @@ from typing import Any, ClassVar
 
 from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView, PerformanceModel
 from dlsub.policies.goodput import GoodputPolicy
-from dlsub.policies.perf_models.speedup import UNKNOWN_WORK_S
-from dlsub.policies.sia import (
-    RateMemo,
-    SiaPolicy,
-    TypeShape,
-    config_rates,
-    fixed_batch,
-    type_shapes,
-    typed_program,
-)
+from dlsub.policies.perf_models.speedup import UNKNOWN_WORK_S, fixed_batch
+from dlsub.policies.sia import RateMemo, SiaPolicy, TypeShape, config_rates, type_shapes, typed_program
 
 # HiGHS's relative gap: a fraction of the whole objective, which the admission values dominate (160 jobs
 # x 100), so Sia's 1e-4 would leave growth worth a few speed-ups unseen.

@@ -50,9 +50,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView, PerformanceModel
+from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView
 from dlsub.policies.perf_models.fitted_model import search_batches
-from dlsub.policies.perf_models.speedup import searches_batch
+from dlsub.policies.perf_models.speedup import ModelMemo, fixed_batch, goodput_at, per_model, searches_batch
 from dlsub.policies.placement import free_gpus, packed_placement
 
 # Added to every scaled speed-up, so that a job without GPUs has a finite cost.
@@ -106,9 +106,8 @@ def minimise(costs: list[np.ndarray], capacity: int) -> list[int]:
     return result[::-1]
 
 
-#: Per decision: (model's id, the job's own batch or None, GPUs up to, fair share, GPUs a node) -> (the model,
-#: its speed-ups).
-SpeedupMemo = dict[tuple[int, int | None, int, int, int], tuple[PerformanceModel | None, np.ndarray]]
+#: Per decision: speedups's rows, by model and (the job's own batch or None, GPUs up to, fair share, GPUs a node).
+SpeedupMemo = ModelMemo[np.ndarray]
 
 
 class PolluxPolicy:
@@ -134,9 +133,7 @@ class PolluxPolicy:
     def _rate(job: JobView, placement: tuple[int, ...]) -> float:
         model = job.model
         assert model is not None
-        if searches_batch(job, adapt_batch=True) or job.batch_size is None:
-            return model.best_batch(placement)[1]
-        return model.goodput(placement, job.batch_size)
+        return goodput_at(model, placement, fixed_batch(job))
 
     def speedups(self, job: JobView, hi: int, fair: int, per_node: int,
                  memo: SpeedupMemo | None = None) -> np.ndarray:
@@ -144,15 +141,8 @@ class PolluxPolicy:
         depends on the job only through its model and batch size, and thousands of jobs share a few hundred
         models (one per application and epoch in the simulator); the model is kept beside its row so that
         its id is not reused while the memo lives. Read-only: callers scale a copy."""
-        batch = job.batch_size if not searches_batch(job, adapt_batch=True) else None
-        key = (id(job.model), batch, hi, fair, per_node)
-        found = memo.get(key) if memo is not None else None
-        if found is not None and found[0] is job.model:
-            return found[1]
-        row = np.array([0.0] + [self.speedup(job, packed_placement(n, per_node), fair) for n in range(1, hi + 1)])
-        if memo is not None:
-            memo[key] = (job.model, row)
-        return row
+        return per_model(memo, job.model, (fixed_batch(job), hi, fair, per_node), lambda: np.array(
+            [0.0] + [self.speedup(job, packed_placement(n, per_node), fair) for n in range(1, hi + 1)]))
 
     def speedup(self, job: JobView, placement: tuple[int, ...], fair: int) -> float:
         """Speed-up over the fair share (``fair`` GPUs on one node) on ``placement``."""

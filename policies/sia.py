@@ -67,7 +67,7 @@ from dlsub.policies.api import (
     PerformanceModel,
     PolicyError,
 )
-from dlsub.policies.perf_models.speedup import searches_batch
+from dlsub.policies.perf_models.speedup import ModelMemo, fixed_batch, goodput_at, per_model, searches_batch
 from dlsub.policies.placement import pack, packed_placement
 from dlsub.policies.pollux import profiled_replicas, restart_factor
 
@@ -160,35 +160,18 @@ def typed_program(jobs: Jobs, shapes: Sequence[TypeShape], previous_keys: Sequen
     return program
 
 
-#: Per decision: (model's id, type, GPUs a node, lo, hi, batch) -> (the model, its config_rates rows).
-RateMemo = dict[tuple[int, str, int, int, int, int | None], tuple[PerformanceModel, list[tuple[int, float]]]]
-
-
-def fixed_batch(job: JobView) -> int | None:
-    """The batch size the job's goodput is judged at: None for the best one on each placement (it lets the
-    policy choose, or has none of its own), else its own."""
-    return None if searches_batch(job, adapt_batch=True) or job.batch_size is None else job.batch_size
+#: Per decision: config_rates's rows, by model and (type, GPUs a node, lo, hi, batch).
+RateMemo = ModelMemo[list[tuple[int, float]]]
 
 
 def config_rates(model: PerformanceModel, shape: TypeShape, per_node: int, lo: int, hi: int, batch: int | None,
                  memo: RateMemo | None = None) -> list[tuple[int, float]]:
     """(GPUs, goodput) on each of the type's configurations from ``lo`` to ``hi`` GPUs, packed on nodes of
-    ``per_node`` GPUs, at the best batch (``batch`` None) or at ``batch``. Memoised for one decision in
-    ``memo``: thousands of jobs share a few hundred models (one per application and epoch in the
-    simulator), and the model is kept beside its rows so that its id is not reused while the memo lives."""
-    key = (id(model), shape.name, per_node, lo, hi, batch)
-    found = memo.get(key) if memo is not None else None
-    if found is not None and found[0] is model:
-        return found[1]
-    rows = []
-    for count in shape.configs:
-        if lo <= count <= hi:
-            placement = packed_placement(count, per_node)
-            rate = model.best_batch(placement)[1] if batch is None else model.goodput(placement, batch)
-            rows.append((count, rate))
-    if memo is not None:
-        memo[key] = (model, rows)
-    return rows
+    ``per_node`` GPUs, at the best batch (``batch`` None) or at ``batch``; memoised for one decision in
+    ``memo`` (:func:`~dlsub.policies.perf_models.speedup.per_model`)."""
+    return per_model(memo, model, (shape.name, per_node, lo, hi, batch), lambda: [
+        (count, goodput_at(model, packed_placement(count, per_node), batch))
+        for count in shape.configs if lo <= count <= hi])
 
 
 class SiaPolicy:

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, JobView
-from dlsub.policies.perf_models.speedup import searches_batch
+from dlsub.policies.perf_models.speedup import fixed_batch, goodput_at
 from dlsub.policies.placement import free_gpus, pack, packed_placement
 
 
@@ -37,9 +37,7 @@ def rate_on(job: JobView, placement: tuple[int, ...]) -> float:
     model = job.model
     if model is None or not placement:
         return 0.0
-    if searches_batch(job, adapt_batch=True) or job.batch_size is None:
-        return model.best_batch(placement)[1]
-    return model.goodput(placement, job.batch_size)
+    return goodput_at(model, placement, fixed_batch(job))
 
 
 def worth_spreading(job: JobView, spread: tuple[int, ...], one_node: int, floor: float) -> bool:

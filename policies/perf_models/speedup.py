@@ -8,8 +8,10 @@ placement (whole nodes first), which is what the placement step aims for.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TypeVar
 
-from dlsub.policies.api import JobView
+from dlsub.policies.api import JobView, PerformanceModel
 from dlsub.policies.perf_models.fitted_model import search_batches
 from dlsub.policies.placement import packed_placement
 
@@ -53,6 +55,36 @@ def searches_batch(job: JobView, adapt_batch: bool) -> bool:
     """Whether the job's batch size is the best one for each placement (it
     lets the policy choose, or has none of its own) rather than its own."""
     return (adapt_batch and job.adaptive_batch) or job.batch_size is None
+
+
+def fixed_batch(job: JobView) -> int | None:
+    """The batch size a policy that may choose batches judges the job at: None for the best one on each
+    placement (the job lets it choose, or has none of its own), else the job's own."""
+    return None if searches_batch(job, adapt_batch=True) else job.batch_size
+
+
+def goodput_at(model: PerformanceModel, placement: tuple[int, ...], batch: int | None) -> float:
+    """The model's goodput on ``placement``: at its best batch there (``batch`` None), else at ``batch``."""
+    return model.best_batch(placement)[1] if batch is None else model.goodput(placement, batch)
+
+
+T = TypeVar("T")
+#: One decision's results per model: (id of the model, the rest of the key) -> (the model, the result).
+ModelMemo = dict[tuple[object, ...], tuple[object, T]]
+
+
+def per_model(memo: ModelMemo[T] | None, model: object, key: tuple[object, ...], compute: Callable[[], T]) -> T:
+    """``compute()``, memoised for one decision in ``memo`` under the model and ``key``: thousands of jobs
+    share a few hundred models (one per application and epoch in the simulator). The model is kept beside
+    its result so that its id is not reused while the memo lives. Callers must not change the result."""
+    full = (id(model), *key)
+    found = memo.get(full) if memo is not None else None
+    if found is not None and found[0] is model:
+        return found[1]
+    result = compute()
+    if memo is not None:
+        memo[full] = (model, result)
+    return result
 
 
 class RemainingTime:

@@ -16,7 +16,8 @@ import pytest
 from typed_jobs import Linear, cluster, job, types_of
 
 from dlsub.policies.api import Allocation, check_decision
-from dlsub.policies.sia import RateMemo, SiaPolicy, TypeShape, config_rates, fixed_batch, type_shapes
+from dlsub.policies.perf_models.speedup import fixed_batch
+from dlsub.policies.sia import RateMemo, SiaPolicy, TypeShape, config_rates, type_shapes
 
 
 def test_configurations_per_type_are_powers_of_two_then_whole_nodes() -> None:
