@@ -26,7 +26,7 @@ demo: testbed
 	$(ON_LOGIN) bash examples/demo.sh
 
 # The unit tests need no cluster: they run beside the lint and the live tests, on the other of CI's two
-# cores and niced, so the live jobs keep theirs (make test 2790 -> 2479 s in CI's rehearsal); their output follows the live
+# cores and niced, so the live jobs keep theirs (about 5 minutes off make test in CI's rehearsal); their output follows the live
 # tests'. Both must pass. UNIT_TESTS and LIVE_TESTS narrow them (pytest paths or node ids).
 UNIT_TESTS ?= tests/unit
 LIVE_TESTS ?= tests/integration
