@@ -11,7 +11,7 @@ TEST_USER ?= dltest
 SLURM ?= 24.11
 export DLSUB_SLURM := $(SLURM)
 
-.PHONY: testbed testbed-down install demo test test-compat lint lint-installed unit integration bench bench-policies
+.PHONY: testbed testbed-down install demo test test-compat lint lint-installed unit integration bench bench-policies gpu-check
 
 testbed:
 	bash testbed/up.sh
@@ -87,6 +87,13 @@ bench: testbed
 	$(ON_LOGIN) $(VENV)/bin/python benchmarks/immediate_vs_ideal.py
 	$(ON_LOGIN) $(VENV)/bin/python benchmarks/elastic_vs_rigid.py
 	$(ON_LOGIN) $(VENV)/bin/python benchmarks/resize_latency.py
+
+# The training library on a real GPU (CUDA, NCCL, the frameworks): run on a machine with one, with its own
+# Python and torch; no Slurm, no Podman. The report goes to $(GPU_CHECK_OUT)/gpu_check.json.
+GPU_CHECK_PYTHON ?= python3
+GPU_CHECK_OUT ?= .
+gpu-check:
+	$(GPU_CHECK_PYTHON) tests/device/gpu_check.py --out "$(GPU_CHECK_OUT)"
 
 # Policies and simulator: no testbed needed, only the virtualenv.
 bench-policies: install

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None, callbacks: list[Any] | None = None) -> T
     model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
     training = TrainingArguments(output_dir=args.output_dir, max_steps=args.max_steps, per_device_train_batch_size=16,
                                  learning_rate=3e-3, save_steps=50, save_total_limit=2, logging_steps=1,
-                                 report_to=[], disable_tqdm=True, use_cpu=True, seed=0)
+                                 report_to=[], disable_tqdm=True, seed=0)  # the GPU where there is one
     dlsub = DlsubCallback()
     trainer = Trainer(model=model, args=training, train_dataset=Sequences(), callbacks=[*(callbacks or []), dlsub])
     trainer.train(resume_from_checkpoint=dlsub.resume_checkpoint(training.output_dir))

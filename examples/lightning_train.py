@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None, callbacks: list[Any] | None = None) -> R
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     model = Regression()
-    # trainer_args(): as many processes as torchrun started (an elastic job's change from group to group).
-    trainer = L.Trainer(max_steps=args.max_steps, accelerator="cpu", logger=False,
+    # trainer_args(): as many processes as torchrun started (an elastic job's change from group to group);
+    # accelerator="auto": the GPU where the job has one, the CPU on a CPU partition.
+    trainer = L.Trainer(max_steps=args.max_steps, accelerator="auto", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[*(callbacks or []), DlsubCallback(every_n_steps=args.save_every)],
                         **trainer_args())
