@@ -90,11 +90,17 @@ def stop_signal() -> signal.Signals:
 
 
 def send_stop(step: int) -> None:
-    """Sent as a batch script forwards Slurm's signal: to the launcher, which tells the training."""
-    if step == STOP_AT and os.environ.get(ENV_ATTEMPT) == "1":
-        os.kill(launcher_pid(), stop_signal())
-        Path(os.environ[ENV_JOB_DIR], "signal_sent.json").write_text(json.dumps({"step": step,
-                                                                                  "time": time.time()}))
+    """Sent as a batch script forwards Slurm's signal: to the launcher, which tells the training.
+
+    The steps after it last 50 ms: the launcher looks for signals every 0.2 s, and the tiny models here take
+    a few ms a step on a GPU, so they would otherwise finish before the request reaches them."""
+    if os.environ.get(ENV_ATTEMPT) != "1" or step < STOP_AT:
+        return
+    if step > STOP_AT:
+        time.sleep(0.05)
+        return
+    os.kill(launcher_pid(), stop_signal())
+    Path(os.environ[ENV_JOB_DIR], "signal_sent.json").write_text(json.dumps({"step": step, "time": time.time()}))
 
 
 def record_peak() -> None:
