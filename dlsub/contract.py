@@ -487,6 +487,22 @@ def gpus_in_tres(tres: str | None) -> int:
     return total
 
 
+def gpu_type_in_gres(gres: str | None) -> str | None:
+    """The one kind of GPU a GRES string names (``gpu:a100:4(S:0)`` -> ``a100``); None where it names none
+    (``gpu:4``), several, or one that is not a GPU type's name (:data:`GPU_TYPE_PATTERN`)."""
+    kinds = set()
+    for item in (gres or "").split(","):
+        parts = item.split("(")[0].replace("gres/", "gres:").replace("=", ":").split(":")
+        if parts and parts[0] == "gres":
+            parts = parts[1:]
+        if len(parts) >= 3 and parts[0] == "gpu" and parts[-1].isdigit():
+            kinds.add(parts[1])
+        elif len(parts) == 2 and parts[0] == "gpu" and parts[1].isdigit():
+            kinds.add("")  # untyped GPUs beside typed ones: no one kind
+    kind = kinds.pop() if len(kinds) == 1 else None
+    return valid_gpu_type(kind)
+
+
 # ---------------------------------------------------------------- job states
 
 

@@ -95,6 +95,8 @@ class ElasticJob:
     memory_per_node_mb: int = 0
     worker_gpus: int = 0  # a job elastic in GPUs (--gpus MIN:MAX): each worker's; 0: a whole node's
     main_nodes: tuple[str, ...] = ()  # where the main job runs
+    # The kind of GPU its main job's nodes have, where Slurm's GRES names one kind (None: untyped, unknown).
+    gpu_type: str | None = None
 
     @property
     def members_now(self) -> int:
