@@ -12,11 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_world import ME, NOW, World
+from agent_world import ME, NOW, Crash, World, policy
 
-from dlsub.agent.agent_store import Writes
+from dlsub.agent.agent_store import AgentStore, Writes
+from dlsub.agent.live_models import sizing_policy
 from dlsub.agent.observe import observe
 from dlsub.contract import gpu_type_in_gres
+from dlsub.policies.goodput import GoodputPolicy
+from dlsub.policies.goodput_types import TypedGoodputPolicy
+from dlsub.site_config.policy_file import PolicyFileError
 
 A, B = "0000a100", "0000b100"  # dlsub ids are 8 hex digits
 
@@ -34,14 +38,14 @@ def tags(dlsub_id: str, max_gpus: int = 4) -> str:
 
 
 def reports(job_dir: Path, job_id: int, runs: list[tuple[str, int, float]], *, batch: int = 64,
-            end: float = NOW) -> None:
-    """The library's events: for each (kind, GPUs, steps/s), a start on that kind with the group's size and 4
-    reports 5 s apart; the last run's last report at ``end``."""
+            end: float = NOW, start: dict[str, Any] | None = None) -> None:
+    """The library's events: for each (kind, GPUs, steps/s), a start on that kind with the group's size
+    (``start``: more fields of it) and 4 reports 5 s apart; the last run's last report at ``end``."""
     events: list[dict[str, Any]] = []
     t, step = end - 60 * len(runs) + 40, 0
     for kind, gpus, rate in runs:
         events.append({"event": "start", "time": t - 20, "attempt": f"{job_id}-0", "world_size": gpus,
-                       "nodes": 1, "gpu_type": kind})
+                       "nodes": 1, "gpu_type": kind, **(start or {})})
         for _ in range(4):
             step += round(5 * rate)
             events.append({"event": "progress", "time": t, "attempt": f"{job_id}-0", "step": step,
@@ -55,7 +59,7 @@ def reports(job_dir: Path, job_id: int, runs: list[tuple[str, int, float]], *, b
 
 
 def elastic(world: World, dlsub_id: str, node: str, *, uid: int = ME, user: str = "alice",
-            workers: int = 3, start: float = NOW - 3600) -> tuple[int, int, Path]:
+            workers: int = 3, start: float = NOW - 600) -> tuple[int, int, Path]:
     """An elastic job elastic in GPUs: its held worker array of 1-GPU tasks, then its 1-GPU main job on
     ``node``. Returns (main job, worker array, job directory)."""
     array, job_dir = world.worker_array(dlsub_id, tags(dlsub_id, workers + 1), uid=uid, user=user, tasks=workers,
@@ -132,3 +136,163 @@ def test_untyped_nodes_and_reports_leave_no_kinds(tmp_path: Path) -> None:
     assert [j.gpu_type for j in seen.elastic] == [None]
     assert seen.elastic_progress[A].measured_by_type == {}
     assert seen.elastic_progress[A].measured, "what it measured untyped is still measured"
+
+
+# ---------------------------------------------------------------- deciding and acting across kinds
+
+def across(**overrides: Any) -> Any:
+    """The agent's policy.toml: goodput, sizing across GPU kinds (``[goodput] across_gpu_types``)."""
+    return policy(policy="goodput", goodput={"across_gpu_types": True}, **overrides)
+
+
+def checkpointed(job_dir: Path, job_id: int) -> None:
+    path = job_dir / "progress.jsonl"
+    with open(path, "a") as f:
+        f.write(json.dumps({"event": "checkpoint", "time": NOW - 2, "step": 100, "seq": 1,
+                            "attempt": f"{job_id}-0"}) + "\n")
+    os.chown(path, job_dir.stat().st_uid, job_dir.stat().st_gid)
+
+
+def decisions(world: World, dlsub_id: str, kind: str | None = None) -> list[str]:
+    assert world.store is not None
+    return [d.reason for d in world.store.decisions() if d.dlsub_id == dlsub_id and (kind is None or d.kind == kind)]
+
+
+def test_the_policy_key_is_off_by_default_and_needs_goodput() -> None:
+    """Unit, pure: [goodput] across_gpu_types is off unless asked for, a bool, and only with policy goodput."""
+    assert policy().goodput.across_gpu_types is False
+    assert across().goodput.across_gpu_types is True
+    with pytest.raises(PolicyFileError, match="only the goodput policy"):
+        policy(policy="fifo", goodput={"across_gpu_types": True})
+    with pytest.raises(PolicyFileError, match="expected bool"):
+        policy(policy="goodput", goodput={"across_gpu_types": "yes"})
+    with pytest.raises(PolicyFileError, match="unknown key"):
+        policy(policy="goodput", goodput={"across_gpu_type": True})
+    assert isinstance(sizing_policy(across()), TypedGoodputPolicy)
+    assert type(sizing_policy(policy(policy="goodput"))) is GoodputPolicy, "off: the homogeneous class, as before"
+
+
+def test_a_job_faster_on_the_other_kind_is_moved_there_through_the_write_ahead_move(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: Alice's elastic job runs on a100 (gpu1) at 2 steps/s; it ran on v100 before at
+    8 steps/s, and v100 (gpu2) is idle. The typed goodput policy puts it on v100: the agent writes the move
+    ahead (target kind v100), signals its main job (checkpoint, requeue held), points it at
+    gres:gpu:v100:1 through the one client, releases it, and finishes the move once it runs there.
+    `dlsub why` has the kinds and the figures, measured and predicted."""
+    world = typed(World(tmp_path, across()))
+    main, array, job_dir = elastic(world, A, "gpu1")
+    reports(job_dir, main, [("v100", 1, 8.0), ("a100", 1, 2.0)])
+    checkpointed(job_dir, main)
+    agent = world.agent()
+    agent.tick(NOW)
+    job = world.fake.jobs[main]
+    assert job.signals == ["USR2"], "the main job is asked to checkpoint for a move"
+    assert world.store is not None
+    (row,) = world.store.moves()
+    assert (row["target_partition"], row["target_gpus"], row["target_gpu_type"]) == ("gpu", 1, "v100")
+    (why,) = decisions(world, A, "move")
+    assert "measured 128 samples/s on a100 (1 GPU), predicted 5" in why and "samples/s on v100 (1 GPU" in why, why
+    assert "moved" in why and "goodput policy across GPU kinds" in why
+    assert all(world.fake.task(f"{array}_{i}").reason == "JobHeldUser" for i in range(3)), "no grow while moving"
+    world.batch_script_moves(job_dir, main)
+    agent.tick(NOW + 5)
+    updates = [c for c in world.fake.calls if c[:2] == ["scontrol", "update"] and f"jobid={main}" in c]
+    assert updates == [["scontrol", "update", f"jobid={main}", "Partition=gpu", "TresPerNode=gres:gpu:v100:1"]]
+    assert job.options["gres"] == "gpu:v100:1"
+    assert job.reason == "None", "released"
+    world.fake.start(main, "gpu2", int(NOW + 130))
+    agent.tick(NOW + 130)
+    assert world.store.moves() == []
+    assert any("running on gpu (v100)" in r for r in decisions(world, A, "move-done"))
+
+
+def test_a_crash_after_the_retarget_is_sent_resumes_the_move(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: the agent dies right after Slurm took the typed retarget, before it recorded it;
+    the next agent on the same store asks again (the same update) and releases the job."""
+    world = typed(World(tmp_path, across()))
+    main, _, job_dir = elastic(world, A, "gpu1")
+    reports(job_dir, main, [("v100", 1, 8.0), ("a100", 1, 2.0)])
+    checkpointed(job_dir, main)
+    world.agent().tick(NOW)
+    world.batch_script_moves(job_dir, main)
+    world.crash_once_at(("scontrol", "update"), "after", "move-updated")
+    with pytest.raises(Crash):
+        world.agent().tick(NOW + 5)
+    assert world.fake.jobs[main].options["gres"] == "gpu:v100:1" and world.fake.jobs[main].reason == "JobHeldUser"
+    world.agent().tick(NOW + 10)
+    assert world.fake.jobs[main].reason == "None", "released after the restart"
+    assert world.fake.jobs[main].options["gres"] == "gpu:v100:1"
+
+
+def test_the_key_off_leaves_a_typed_cluster_as_one_pool(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: the same job and cluster with the key off (policy goodput): no move, no note
+    about kinds, and the same Slurm calls as on the untyped cluster."""
+    calls = []
+    for kinds in (False, True):
+        world = World(tmp_path / str(kinds), policy(policy="goodput"))
+        if kinds:
+            typed(world)
+        main, _, job_dir = elastic(world, A, "gpu1")
+        reports(job_dir, main, [("v100", 1, 8.0), ("a100", 1, 2.0)])
+        checkpointed(job_dir, main)
+        start = len(world.fake.calls)
+        world.agent().tick(NOW)
+        assert world.fake.jobs[main].signals == []
+        assert not any("GPU kinds" in r for r in decisions(world, A))
+        calls.append([c for c in world.fake.calls[start:] if c[:2] != ["scontrol", "--version"]])
+    assert calls[0] == calls[1]
+
+
+def test_another_users_reports_never_move_a_job(tmp_path: Path) -> None:
+    """Unit with the fake Slurm, two users: Alice's job runs on gpu1's a100s, where it is fastest by its own
+    figures. Bob's job on v100 claims to be a hundred times faster on a100 (his reports are his word). The
+    typed policy would rather give gpu1 to Bob's job; Alice's job is never signalled, retargeted or shrunk
+    (a note says it stays, with its figures), and only Bob's own job moves."""
+    world = typed(World(tmp_path, across()))
+    world.fake.nodes["gpu1"].gpus = 2
+    main_a, array_a, dir_a = elastic(world, A, "gpu1", workers=1)
+    reports(dir_a, main_a, [("v100", 1, 2.0), ("a100", 1, 8.0)])
+    checkpointed(dir_a, main_a)
+    main_b, _, dir_b = elastic(world, B, "gpu2", uid=ME + 4242, user="bob", workers=1)
+    reports(dir_b, main_b, [("a100", 1, 100.0), ("v100", 1, 1.0)])
+    checkpointed(dir_b, main_b)
+    before = world.snapshot(main_a)
+    agent = world.agent()
+    for t in (NOW, NOW + 5, NOW + 10):
+        agent.tick(t)
+    assert world.snapshot(main_a) == before
+    assert world.mutating_calls(main_a) == [] and world.mutating_calls(array_a) == []
+    assert any(r.startswith("stays on a100") and "measured 512 samples/s on a100 (1 GPU)" in r
+               for r in decisions(world, A)), decisions(world, A)
+    assert world.fake.jobs[main_b].signals == ["USR2"], "Bob's own job moves to the a100 it claims"
+
+
+
+def test_retarget_asks_for_typed_gres_through_the_one_client_and_refuses_a_bad_kind(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: the one client's retarget names the kind in TresPerNode; a kind that is no GRES
+    type's name (it would reach scontrol's arguments) is refused before Slurm is asked."""
+    world = World(tmp_path)
+    job, _ = world.submit("0000abcd", partition="gpu", gres="gpu:2", start_on=None)
+    world.client.retarget(job, "gpu", 2, gpu_type="v100")
+    assert world.fake.calls[-1] == ["scontrol", "update", f"jobid={job}", "Partition=gpu",
+                                    "TresPerNode=gres:gpu:v100:2"]
+    world.client.retarget(job, "gpu", 2)
+    assert world.fake.calls[-1][-1] == "TresPerNode=gres:gpu:2", "untyped as before"
+    calls = len(world.fake.calls)
+    for bad in ("v100 TimeLimit=9", "a100;x", "../a"):
+        with pytest.raises(ValueError, match="not a GPU type"):
+            world.client.retarget(job, "gpu", 2, gpu_type=bad)
+    assert len(world.fake.calls) == calls
+
+
+def test_a_store_from_before_moves_named_a_kind_gains_the_column(tmp_path: Path) -> None:
+    """Unit (SQLite): an agent database whose moves table predates target_gpu_type opens, and its moves read
+    with no kind."""
+    store = AgentStore(tmp_path / "agent.db")
+    store.conn.execute("insert into moves (uid, slurm_job_id, dlsub_id, kind, phase, target_partition, target_gpus,"
+                       " since, signals) values (1, 2, '0000abcd', 'move', 'signalled', 'gpu', 1, 0, 1)")
+    store.conn.execute("ALTER TABLE moves DROP COLUMN target_gpu_type")
+    store.conn.commit()
+    store.conn.close()
+    again = AgentStore(tmp_path / "agent.db")
+    (row,) = again.move_rows().values()
+    assert (row.target_partition, row.target_gpu_type) == ("gpu", "")
