@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 from agent_world import ME, NOW, Crash, World, policy
+from click.testing import CliRunner
 
 from dlsub.agent.agent_store import AgentStore, Writes
 from dlsub.agent.live_models import sizing_policy
 from dlsub.agent.observe import observe
+from dlsub.cli.agent_commands import why as why_command
 from dlsub.contract import gpu_type_in_gres
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.goodput_types import TypedGoodputPolicy
@@ -203,6 +205,12 @@ def test_a_job_faster_on_the_other_kind_is_moved_there_through_the_write_ahead_m
     agent.tick(NOW + 130)
     assert world.store.moves() == []
     assert any("running on gpu (v100)" in r for r in decisions(world, A, "move-done"))
+    shown = CliRunner().invoke(why_command, [A, "--db", str(world.db)])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert any(" move " in line and "measured 128 samples/s on a100 (1 GPU), predicted 5" in line
+               and "on v100" in line and "moved" in line for line in lines), shown.output
+    assert any("move-done" in line and "running on gpu (v100)" in line for line in lines), shown.output
 
 
 def test_a_crash_after_the_retarget_is_sent_resumes_the_move(tmp_path: Path) -> None:
