@@ -298,6 +298,9 @@ PROGRESS_FIELDS: tuple[tuple[str, str, tuple[object, ...]], ...] = (
     # start events of a training that saves whenever dlsub asks, within its own loop (the framework adapters,
     # ``SAVES_ON_REQUEST``): the agent may move or continue it before its first checkpoint.
     ("saves", "one_of", ((SAVES_ON_REQUEST,),)),
+    # start events: the training's command (APPLICATION_FIELD, application_digest): what the agent keys the
+    # measurements earlier runs of the same command lend a job by (valid_application).
+    (APPLICATION_FIELD, "text", ()),
     # A script that lets dlsub choose its batch size: its declared limits (start events), the global
     # batch and micro-steps per optimiser step it runs, where that batch came from (start events), and
     # Pollux's gradient-noise statistics at the initial batch's scale (progress reports).

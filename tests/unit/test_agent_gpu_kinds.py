@@ -20,6 +20,8 @@ from dlsub.agent.live_models import sizing_policy
 from dlsub.agent.observe import observe
 from dlsub.cli.agent_commands import why as why_command
 from dlsub.contract import gpu_type_in_gres
+from dlsub.job_progress import ProgressSummary
+from dlsub.jobdir import check_progress_event
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.goodput_types import TypedGoodputPolicy
 from dlsub.site_config.policy_file import PolicyFileError
@@ -304,3 +306,44 @@ def test_a_store_from_before_moves_named_a_kind_gains_the_column(tmp_path: Path)
     again = AgentStore(tmp_path / "agent.db")
     (row,) = again.move_rows().values()
     assert (row.target_partition, row.target_gpu_type) == ("gpu", "")
+
+
+def test_a_kind_the_job_never_ran_on_is_bootstrapped_from_its_commands_earlier_runs(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: two of Alice's jobs run the same command (the start events' application
+    digest). The first runs on v100 at 8 steps/s on one GPU; the second runs on a100 at 2 steps/s and has never
+    run on v100. As the simulator's typed policy bootstraps a kind from one-GPU profiles, the second job's
+    v100 rate is its own a100 model scaled by the one-GPU rates on the two kinds (8 / 2): it moves to v100,
+    and `dlsub why` says the figure was bootstrapped and from what."""
+    world = typed(World(tmp_path, across()))
+    digest = {"application": "0123456789abcdef0123456789abcdef"}
+    first, _, first_dir = elastic(world, "000f1257", "gpu2", workers=1)
+    reports(first_dir, first, [("v100", 1, 8.0)], start=digest)
+    checkpointed(first_dir, first)
+    second, _, second_dir = elastic(world, "0005ec0d", "gpu1", workers=1)
+    reports(second_dir, second, [("a100", 1, 2.0)], start=digest)
+    checkpointed(second_dir, second)
+    agent = world.agent()
+    agent.tick(NOW)
+    agent.tick(NOW + 5)
+    assert world.fake.jobs[second].signals == ["USR2"]
+    assert world.fake.jobs[first].signals == [], "the first job stays on the kind that is fastest for it"
+    (why,) = decisions(world, "0005ec0d", "move")
+    assert "measured 128 samples/s on a100 (1 GPU), predicted 512 samples/s on v100 (1 GPU; bootstrapped: its " \
+        "a100 model x 4.00, the one-GPU rate earlier runs of its command measured on v100 over its own on a100)" \
+        in why, why
+
+
+def test_the_agent_keeps_a_start_events_application_digest() -> None:
+    """Unit, pure: the checked start event keeps the command's digest (earlier runs of the same command are
+    found by it); one that is not a digest does not reach the summary."""
+    summary = ProgressSummary()
+    digest = "0123456789abcdef0123456789abcdef"
+    checked = check_progress_event({"event": "start", "time": NOW, "application": digest})
+    assert checked is not None
+    summary.feed(checked)
+    assert summary.progress().application == digest
+    bad = check_progress_event({"event": "start", "time": NOW, "application": "not a digest"})
+    assert bad is not None
+    summary = ProgressSummary()
+    summary.feed(bad)
+    assert summary.progress().application is None
