@@ -176,17 +176,18 @@ def _move_or_note(scaled: ScaledJob, view: JobView, target: str, capacity: Capac
     kinds are not both known (the policy could not have put it there on its figures)."""
     job = scaled.job
     assert job.gpu_type is not None
-    wanted = _gpus_wanted(scaled, view, target, policy, now)
-    if wanted is None:
+    # Its speed on each kind at the size it has now: what the kind itself gains it.
+    here, there = rate_on(scaled, view, job.gpu_type, gpus_now), rate_on(scaled, view, target, gpus_now)
+    if here is None or there is None or here.samples != there.samples:
         return None
-    gpus_there, here, there, keep = wanted
+    keep = _keep_share(policy, view, now)
     figures = (f"measured {_rate_text(here)} on {job.gpu_type} ({_gpus_text(gpus_now)})" if here.basis == "measured"
                else f"{_rate_text(here)} on {job.gpu_type} ({_gpus_text(gpus_now)}, {here.basis})")
-    figures += f", predicted {_rate_text(there)} on {target} ({_gpus_text(gpus_there)}"
+    figures += f", predicted {_rate_text(there)} on {target} ({_gpus_text(gpus_now)}"
     figures += f"; {there.basis})" if there.basis != "its model there" else ", its model from its runs there)"
     details: dict[str, float | str | int | None] = {
         "from_gpu_type": job.gpu_type, "to_gpu_type": target, "measured_rate": round(here.value, 3),
-        "measured_gpus": gpus_now, "predicted_rate": round(there.value, 3), "predicted_gpus": gpus_there,
+        "measured_gpus": gpus_now, "predicted_rate": round(there.value, 3), "predicted_gpus": gpus_now,
         "keep_share": round(keep, 3)}
     policy_words = f"{policy.name} policy across GPU kinds"
 
@@ -210,16 +211,3 @@ def _move_or_note(scaled: ScaledJob, view: JobView, target: str, capacity: Capac
             f"it); moved: checkpointing, then requeued onto gpu:{target}:{job.gpus_per_node} ({','.join(nodes)} "
             "idle), its workers back to the held pool until it grows there"),
         partition=job.partition, gpus=job.gpus_per_node, gpu_type=target, details=details)
-
-
-def _gpus_wanted(scaled: ScaledJob, view: JobView, target: str, policy: Policy,
-                 now: float) -> tuple[int, Rate, Rate, float] | None:
-    """(GPUs on the target kind, its rate now, its rate there, the policy's restart share), or None when either
-    rate is not known."""
-    job = scaled.job
-    assert job.gpu_type is not None
-    here = rate_on(scaled, view, job.gpu_type, job.gpus_now)
-    there = rate_on(scaled, view, target, job.gpus_now)
-    if here is None or there is None or here.samples != there.samples:
-        return None
-    return job.gpus_now, here, there, _keep_share(policy, view, now)
