@@ -347,3 +347,21 @@ def test_the_agent_keeps_a_start_events_application_digest() -> None:
     summary = ProgressSummary()
     summary.feed(bad)
     assert summary.progress().application is None
+
+
+@pytest.mark.parametrize(("age_s", "restart_s", "moves"), [(30.0, 15.0, False), (30.0, 0.001, True),
+                                                          (3600.0, 15.0, True)])
+def test_a_job_moves_only_when_its_gain_beats_the_restart_by_the_policys_own_rule(
+        tmp_path: Path, age_s: float, restart_s: float, moves: bool) -> None:
+    """Unit with the fake Slurm: the same job, 1.25x faster on v100 by its own figures, submitted 30 s or an hour
+    ago. The typed policy's restart share (the restart, [moves] restart_cost_s + min_saving_s, over the work
+    it is guessed to have left, its age) leaves a young job a third of the gain: it stays; the same young job
+    with a restart that costs nothing moves, and so does an hour-old one (it keeps 95%)."""
+    world = typed(World(tmp_path, across(moves={"restart_cost_s": restart_s, "min_saving_s": 0.001})))
+    main, _, job_dir = elastic(world, A, "gpu1", start=NOW - min(age_s, 600))
+    world.fake.jobs[main].submit_time = int(NOW - age_s)
+    reports(job_dir, main, [("v100", 1, 2.5), ("a100", 1, 2.0)])
+    checkpointed(job_dir, main)
+    world.agent().tick(NOW)
+    assert (world.fake.jobs[main].signals == ["USR2"]) is moves
+    assert bool(decisions(world, A, "move")) is moves
