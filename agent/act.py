@@ -53,7 +53,7 @@ class Step:
 
 
 def _retarget(client: SlurmClient, a: Action) -> None:
-    client.retarget(a.slurm_job_id, a.partition or "", a.gpus or 0, a.time_limit_min)
+    client.retarget(a.slurm_job_id, a.partition or "", a.gpus or 0, a.time_limit_min, a.gpu_type)
 
 
 def _handle(r: Resize) -> str:
@@ -211,7 +211,7 @@ def _prepare_move(seen: Observation, action: Action, now: float, writes: Writes)
         kind = MoveKind.CONTINUE if action.kind == K.SIGNAL_CONTINUE else action.move_kind
         writes.moves[row.key()] = MoveRow(
             row.uid, job.job_id, row.dlsub_id, kind, MovePhase.PLANNED, action.partition or "", action.gpus or 0,
-            now, 0, now, action.time_limit_min, job.restart_count)
+            now, 0, now, action.time_limit_min, job.restart_count, action.gpu_type)
         if kind == MoveKind.CONTINUE:
             row.data.continuations += 1
             writes.jobs[row.key()] = row

@@ -109,7 +109,8 @@ CREATE INDEX IF NOT EXISTS decisions_uid ON decisions (uid, time);
 CREATE TABLE IF NOT EXISTS moves (
     uid INTEGER NOT NULL, slurm_job_id INTEGER NOT NULL, dlsub_id TEXT, kind TEXT, phase TEXT,
     target_partition TEXT, target_gpus INTEGER, since REAL, signals INTEGER, created REAL,
-    time_limit_min INTEGER, restart_count INTEGER, PRIMARY KEY (uid, slurm_job_id));
+    time_limit_min INTEGER, restart_count INTEGER, target_gpu_type TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (uid, slurm_job_id));
 CREATE TABLE IF NOT EXISTS resizes (
     worker TEXT PRIMARY KEY, uid INTEGER NOT NULL, dlsub_id TEXT, slurm_job_id INTEGER, kind TEXT, phase TEXT,
     since REAL, reason TEXT, partition TEXT, batch_size INTEGER, accumulation_steps INTEGER, node TEXT);
@@ -258,6 +259,8 @@ class AgentStore:
                 conn.execute("ALTER TABLE bindings ADD COLUMN source TEXT NOT NULL DEFAULT 'comment'")
             if "node" not in self._columns("resizes"):  # from before grows were pinned to a node
                 conn.execute("ALTER TABLE resizes ADD COLUMN node TEXT")
+            if "target_gpu_type" not in self._columns("moves"):  # from before moves between GPU kinds
+                conn.execute("ALTER TABLE moves ADD COLUMN target_gpu_type TEXT NOT NULL DEFAULT ''")
             if v1:
                 self._copy_v1(uid_of)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -302,7 +305,8 @@ class AgentStore:
                 conn.execute(f"insert or replace into moves ({', '.join(MOVE_COLUMNS)}) values "
                              f"({', '.join('?' * len(MOVE_COLUMNS))})",
                              (uid, r["slurm_job_id"], r["dlsub_id"], r["kind"], r["phase"], r["target_partition"],
-                              r["target_gpus"], r["since"], r["signals"], r["created"], r["time_limit_min"], None))
+                              r["target_gpus"], r["since"], r["signals"], r["created"], r["time_limit_min"], None,
+                              ""))
         if "v1_attempts" in tables:
             for r in conn.execute("select * from v1_attempts").fetchall():
                 if r["dlsub_id"] in owners:

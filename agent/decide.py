@@ -15,8 +15,9 @@ from dlsub.agent.records import ResizePhase
 from dlsub.job_progress import Progress
 from dlsub.policies.actions import resize_rules
 from dlsub.policies.actions.goodput_resize_rules import plan_by_policy
+from dlsub.policies.actions.gpu_kind_rules import plan_across_kinds, room_kinds
 from dlsub.policies.actions.kinds import ActionKind
-from dlsub.policies.actions.move_views import Rules
+from dlsub.policies.actions.move_views import Action, Rules
 from dlsub.policies.actions.resize_rules import ElasticJob, Resize, Room
 from dlsub.policies.api import Policy
 from dlsub.site_config.policy_file import AgentPolicy
@@ -71,16 +72,19 @@ def reserve_gpus(rooms: list[Room], takes: Sequence[tuple[str | None, int | None
 
 
 def plan_resizes(seen: Observation, store: AgentStore, policy: AgentPolicy, rules: Rules, models: LiveModels,
-                 sizing_policy: Policy | None, now: float, writes: Writes) -> tuple[list[Resize], list[Resize]]:
+                 sizing_policy: Policy | None, now: float, writes: Writes,
+                 kind_moves: list[Action] | None = None) -> tuple[list[Resize], list[Resize]]:
     """This tick's resizes: the ones a crash left written ahead and not done (carried out as they are, never
     decided again), and the new grow/shrink/end-workers ones (to be written ahead). ``sizing_policy``: an
     elastic policy that sizes jobs on the ``models`` fitted from their reports (None: the policy only orders
-    growth)."""
+    growth). ``kind_moves`` gets the moves of elastic jobs to another GPU kind (and the notes on those that
+    stay) where the site sizes them across kinds (``[goodput] across_gpu_types``)."""
     resumed, jobs, leaving = _recover_resizes(seen, store, policy, now, writes)
     # Still running while it checkpoints with its group: its GPUs count as given back already.
     jobs = [dataclasses.replace(j, workers=tuple(dataclasses.replace(w, leaving=w.handle in leaving)
                                                  for w in j.workers)) for j in jobs]
-    sizing = None if sizing_policy is None else _size_by_policy(seen, rules, models, sizing_policy, now)
+    sizing = None if sizing_policy is None else _size_by_policy(
+        seen, rules, models, sizing_policy, now, kind_moves if policy.goodput.across_gpu_types else None)
     planned = resize_rules.plan_resizes(jobs, seen.rooms, rules.policy, sizing)
     return resumed, planned
 
@@ -126,25 +130,39 @@ def _recover_resizes(seen: Observation, store: AgentStore, policy: AgentPolicy, 
     return resumed, jobs, leaving
 
 
-def _size_by_policy(seen: Observation, rules: Rules, models: LiveModels, policy: Policy,
-                    now: float) -> resize_rules.SizeByPolicy:
+def _size_by_policy(seen: Observation, rules: Rules, models: LiveModels, policy: Policy, now: float,
+                    kind_moves: list[Action] | None = None) -> resize_rules.SizeByPolicy:
     """With an elastic policy that learns from what jobs report (``goodput``), the sizing step that runs it
-    on each elastic job's fitted model."""
+    on each elastic job's fitted model. With ``kind_moves`` (the site sizes jobs across GPU kinds), a
+    partition whose nodes name two or more kinds is sized by :func:`plan_across_kinds`, whose moves and
+    notes go there."""
     models.forget_except({j.dlsub_id for j in seen.elastic})
     limit = rules.max_gpus_per_user
     headroom = {uid: max(0, limit - usage.gpus) for uid, usage in seen.usage.items()}
 
     def size(jobs: Sequence[ElasticJob], room: Room) -> list[Resize]:
+        kinds = room_kinds(room) if kind_moves is not None else []
+        typed = len(kinds) >= 2
         scaled = []
         for job in jobs:
             try:
                 scaled.append(models.scaled(job, seen.elastic_progress.get(job.dlsub_id) or Progress(), now,
-                                            headroom.get(job.uid, limit)))
+                                            headroom.get(job.uid, limit), kinds if typed else ()))
             except Exception:  # one job's reports cost that job its resizes, never the others'
                 log.exception("job %s: no model from its reports this tick; it keeps its size", job.dlsub_id)
         try:
+            if typed and kind_moves is not None:
+                resizes, moves = plan_across_kinds(scaled, room, policy, now, headroom, _checkpointed(seen))
+                kind_moves.extend(moves)
+                return resizes
             return plan_by_policy(scaled, room, policy, now, headroom)
         except Exception:  # a bad model costs this partition its resizes this tick, never the tick
             log.exception("sizing the elastic jobs of %s failed; no resizes there this tick", room.name)
             return []
     return size
+
+
+def _checkpointed(seen: Observation) -> frozenset[str]:
+    """The elastic jobs that may be moved with their progress (checkpointed, or save when asked)."""
+    return frozenset(s.request.dlsub_id for s in seen.followed.values()
+                     if s.info is not None and s.info.checkpointable and s.request.elastic_main)

@@ -41,6 +41,7 @@ from dlsub.policies.actions.goodput_resize_rules import ScaledJob
 from dlsub.policies.actions.resize_rules import ElasticJob
 from dlsub.policies.api import JobView, Policy
 from dlsub.policies.goodput import GoodputPolicy
+from dlsub.policies.goodput_types import TypedGoodputPolicy
 from dlsub.policies.perf_models.fitted_model import NO_GAIN, FittedPerformance, GradientStats
 from dlsub.policies.perf_models.scaling_history import ScalingHistory, config_of
 from dlsub.policies.perf_models.throughput_fit import StepReport, fit
@@ -57,11 +58,16 @@ log = logging.getLogger("dlsub.agent")
 def sizing_policy(policy: AgentPolicy) -> Policy | None:
     """The policy that sizes elastic jobs live, or None when policy.toml names one that does not learn
     from reports. It is the simulator's ``goodput`` class; its restart margin is the site's: a resize must
-    save what a restart costs (``moves.restart_cost_s``) plus ``moves.min_saving_s``."""
+    save what a restart costs (``moves.restart_cost_s``) plus ``moves.min_saving_s``. With ``[goodput]
+    across_gpu_types`` it is the class the simulator runs as ``goodput`` (:class:`TypedGoodputPolicy`: on a
+    partition of one kind the same decisions), which chooses a job's kind and size together; without it, the
+    homogeneous class, as before the key was."""
     if policy.policy != GoodputPolicy.name:
         return None
-    return GoodputPolicy(restart_penalty_s=policy.moves.restart_cost_s + policy.moves.min_saving_s,
-                         restart_weight=1.0)
+    restart = policy.moves.restart_cost_s + policy.moves.min_saving_s
+    if policy.goodput.across_gpu_types:
+        return TypedGoodputPolicy(restart_penalty_s=restart, restart_weight=1.0)
+    return GoodputPolicy(restart_penalty_s=restart, restart_weight=1.0)
 
 
 def config_batch(config: MeasuredConfig) -> int | None:
@@ -117,10 +123,47 @@ class LiveModels:
         return cached[1]
 
     def forget_except(self, live: set[str]) -> None:
-        self._fits = {k: v for k, v in self._fits.items() if k in live}
+        # A job's models per kind are kept as "<dlsub id>@<kind>" (per_kind).
+        self._fits = {k: v for k, v in self._fits.items() if k.partition("@")[0] in live}
 
-    def scaled(self, job: ElasticJob, progress: Progress, now: float, headroom_gpus: int | None) -> ScaledJob:
+    def per_kind(self, job: ElasticJob, progress: Progress, kinds: Sequence[str], batch: int,
+                 limits: BatchLimits | None, grads: GradientStats,
+                 current: FittedPerformance) -> tuple[dict[str, FittedPerformance], dict[str, float]]:
+        """What the typed policy is told of the job on each of ``kinds``, as the simulator tells it
+        (``JobView.type_models`` and ``type_rates``): its model on each kind it has reports from (its kind
+        now: ``current``, the model it is sized on; another: its own reports there, with what this user's
+        earlier runs of the same command measured there), and its samples per second on one GPU of each kind
+        it has a model for or that those earlier runs measured (the one-GPU profile the policy bootstraps a
+        kind the job has not run on from, Sia's bootstrap). A kind with neither is left out: the policy then
+        never puts the job there."""
+        models: dict[str, FittedPerformance] = {}
+        profiles: dict[str, FittedPerformance] = {}
+        for kind in kinds:
+            if kind == progress.gpu_type:
+                models[kind] = current
+                continue
+            own = step_reports([c for c in progress.configs if c.gpu_type == kind], batch)
+            reports = own
+            if progress.application is not None:
+                application = (job.uid, job.partition, progress.application, kind)
+                reports = self.history.reports_for(application, job.dlsub_id, own)
+                if own:
+                    self.history.record(application, job.dlsub_id, own, None)
+            if reports:
+                (models if own else profiles)[kind] = self.model(f"{job.dlsub_id}@{kind}", reports, batch, limits,
+                                                                 grads)
+        rates = {}
+        for kind, model in {**profiles, **models}.items():
+            step = model.step_time((1,), batch)
+            if step > 0 and math.isfinite(step):
+                rates[kind] = batch / step
+        return {k: m for k, m in models.items() if k in rates}, rates
+
+    def scaled(self, job: ElasticJob, progress: Progress, now: float, headroom_gpus: int | None,
+               kinds: Sequence[str] = ()) -> ScaledJob:
         """The job as the policy sees it. ``headroom_gpus``: what its user may still add (None: no limit).
+        ``kinds``: the GPU kinds of its partition, where the policy chooses among them (its view then has its
+        model and one-GPU rate on each kind it has reports from, :meth:`per_kind`).
 
         A job that declared batch limits (it lets dlsub choose its batch) has the policy pick its batch
         among them, with the gradient noise it last reported; any other keeps the batch it runs."""
@@ -151,12 +194,15 @@ class LiveModels:
             self.history.record(application, job.dlsub_id, own, None if progress.grads is None else grads)
             if progress.grads is None:
                 grads = self.history.first_grads(application) or NO_GAIN
+        model = self.model(job.dlsub_id, reports, batch, limits, grads)
+        type_models, type_rates = self.per_kind(job, progress, kinds, batch, limits, grads, model) if kinds \
+            else (None, None)
         view = JobView(
             name=job.dlsub_id, arrival_s=job.submit_time, gpus=current,
             min_gpus=job.main_gpus, max_gpus=max(most, job.main_gpus),
             batch_size=batch, adaptive_batch=limits is not None, attained_gpu_s=ran * current,
             remaining=remaining, progress=float(progress.step or 0),
-            model=self.model(job.dlsub_id, reports, batch, limits, grads),
+            model=model, type_models=type_models, type_rates=type_rates,
         )
         return ScaledJob(job, view, progress.measured, batch if samples_known else None, limits,
                          borrowed=len(reports) - len(own), gpu_type=progress.gpu_type)

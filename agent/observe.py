@@ -64,6 +64,9 @@ class Observation:
     followed: dict[int, Seen] = field(default_factory=dict)
     # Rows the agent no longer needs (forgotten_rows), dropped once the tick is written.
     forgettable: list[tuple[int, int]] = field(default_factory=list)
+    # The kind of GPU of each node whose GRES names one kind (``gpu:a100:4``), by node name; untyped nodes
+    # are not in it.
+    node_types: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, order=True)
@@ -141,7 +144,8 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
     infos = [s.info for s in observed if s.info is not None]
     infos = ctx.budgets.attach(infos, {s.job.job_id: str(s.job.extra.get("account") or "") for s in observed},
                                now)
-    elastic = _elastic_jobs(followed, queue.workers, rows, bindings, moves)
+    node_types = {n.name: n.gpu_type for p in partitions for n in p.nodes if n.gpu_type}
+    elastic = _elastic_jobs(followed, queue.workers, rows, bindings, moves, node_types)
     mains = [s for s in followed if s.request.elastic_main]
     elastic_progress = {s.request.dlsub_id: (s.row.data.progress or ProgressSummary()).progress() for s in mains}
     elastic_dirs = {s.request.dlsub_id: s.row.data.job_dir for s in mains if s.row.data.job_dir}
@@ -149,7 +153,7 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
              for p in partitions]
     return Observation(infos, parts, window_at(ctx.policy, now), queue.usage, skipped, late, elastic,
                        rooms, elastic_progress, elastic_dirs, {s.job.job_id: s for s in observed},
-                       forgotten_rows(rows, slurm_jobs, moves, queue.workers))
+                       forgotten_rows(rows, slurm_jobs, moves, queue.workers), node_types)
 
 
 def forgotten_rows(rows: dict[tuple[int, int], JobRow], slurm_jobs: list[SlurmJob],
@@ -169,7 +173,8 @@ def forgotten_rows(rows: dict[tuple[int, int], JobRow], slurm_jobs: list[SlurmJo
 
 def _idle_nodes(partition: Partition) -> tuple[IdleNode, ...]:
     """What each usable node of the partition has idle (the one shape partitions and rooms share)."""
-    return tuple(IdleNode(n.name, n.idle_gpus, n.idle_cpus, n.free_memory_mb) for n in partition.nodes if n.usable)
+    return tuple(IdleNode(n.name, n.idle_gpus, n.idle_cpus, n.free_memory_mb, n.gpu_type)
+                 for n in partition.nodes if n.usable)
 
 
 def _sort_queue(slurm_jobs: list[SlurmJob], rows: dict[tuple[int, int], JobRow], bindings: dict[str, Binding],
@@ -299,9 +304,10 @@ def _price(policy: AgentPolicy, partition: str) -> float:
 
 def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[WorkerTask]],
                   rows: dict[tuple[int, int], JobRow], bindings: dict[str, Binding],
-                  moves: dict[tuple[int, int], MoveRow]) -> list[ElasticJob]:
+                  moves: dict[tuple[int, int], MoveRow], node_types: dict[str, str]) -> list[ElasticJob]:
     """Elastic main jobs with their worker tasks (same uid and id only); and workers whose main job
-    has ended, even when Slurm no longer lists it."""
+    has ended, even when Slurm no longer lists it. A main job's GPU kind is its nodes' (``node_types``),
+    where they all name the same one."""
     out: list[ElasticJob] = []
     mains: set[tuple[int, str]] = set()
     for seen in followed:
@@ -322,7 +328,8 @@ def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[Work
             gpus_per_node=job.gpus_per_node, min_members=int(rng[0]), max_members=int(rng[1]),
             submit_time=float(job.submit_time), worker_arrays=tuple(sorted(arrays)),
             workers=tasks, moving=seen.row.key() in moves, cpus_per_node=job.cpus_per_node,
-            memory_per_node_mb=job.memory_per_node_mb, worker_gpus=step, main_nodes=nodes_of(job)))
+            memory_per_node_mb=job.memory_per_node_mb, worker_gpus=step, main_nodes=nodes_of(job),
+            gpu_type=_one_kind(nodes_of(job), node_types)))
     ended = {(r.uid, r.dlsub_id): r for r in rows.values()
              if r.state is not None and r.state.terminal and not r.data.ignored}
     for key, orphans in workers.items():
@@ -336,6 +343,12 @@ def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[Work
             ended=True, partition="", gpus_per_node=0, min_members=1, max_members=2, submit_time=0.0,
             worker_arrays=tuple(sorted(arrays)), workers=tuple(orphans)))
     return out
+
+
+def _one_kind(nodes: tuple[str, ...], node_types: dict[str, str]) -> str | None:
+    """The GPU kind all these nodes have (None: none named, untyped, or several)."""
+    kinds = {node_types.get(n) for n in nodes}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _could_run(job: SlurmJob, known: dict[str, Partition]) -> bool:

@@ -100,10 +100,14 @@ class Agent:
             (todo if prepare(action, seen, now, writes) else done).append(action)
         # GPUs this tick's moves and backfills are about to take are not idle for growth.
         seen.rooms = reserve_gpus(seen.rooms, [(a.partition, a.gpus) for a in actions if a.kind in TAKES_GPUS])
+        kind_moves: list[Action] = []  # elastic jobs moved to another GPU kind ([goodput] across_gpu_types)
         resumed, planned = plan_resizes(seen, self.store, self.policy, self.rules, self.memory.models,
-                                        self._sizing_policy, now, writes)
+                                        self._sizing_policy, now, writes, kind_moves)
         for resize in planned:
             prepare(resize, seen, now, writes)
+        for action in kind_moves:
+            if action.slurm_job_id in seen.followed and action.slurm_job_id not in {a.slurm_job_id for a in todo}:
+                (todo if prepare(action, seen, now, writes) else done).append(action)
         self.store.write(writes)  # what was observed and decided, before anything is done about it
         outcome, finished = act(self.client, self.store, seen, [*resumed, *planned], todo, done, now)
         outcome.meta = self._status(seen, now, started)

@@ -34,13 +34,15 @@ class MoveRow:
     created: float | None
     time_limit_min: int | None
     restart_count: int | None  # Slurm's at the signal; None: recorded before restart counts were (migrated)
+    target_gpu_type: str = ""  # a move to another kind of GPU (gres:gpu:KIND:N): that kind; "": none named
 
     @classmethod
     def from_dict(cls, m: dict[str, Any]) -> MoveRow:
         return cls(int(m["uid"]), int(m["slurm_job_id"]), str(m.get("dlsub_id") or ""), MoveKind(m["kind"]),
                    MovePhase(m["phase"]), str(m.get("target_partition") or ""), int(m.get("target_gpus") or 0),
                    float(m["since"]), int(m.get("signals") or 0), m.get("created"), m.get("time_limit_min"),
-                   None if m.get("restart_count") is None else int(m["restart_count"]))
+                   None if m.get("restart_count") is None else int(m["restart_count"]),
+                   str(m.get("target_gpu_type") or ""))
 
     def as_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "kind": self.kind.value, "phase": self.phase.value}

@@ -298,6 +298,9 @@ PROGRESS_FIELDS: tuple[tuple[str, str, tuple[object, ...]], ...] = (
     # start events of a training that saves whenever dlsub asks, within its own loop (the framework adapters,
     # ``SAVES_ON_REQUEST``): the agent may move or continue it before its first checkpoint.
     ("saves", "one_of", ((SAVES_ON_REQUEST,),)),
+    # start events: the training's command (APPLICATION_FIELD, application_digest): what the agent keys the
+    # measurements earlier runs of the same command lend a job by (valid_application).
+    (APPLICATION_FIELD, "text", ()),
     # A script that lets dlsub choose its batch size: its declared limits (start events), the global
     # batch and micro-steps per optimiser step it runs, where that batch came from (start events), and
     # Pollux's gradient-noise statistics at the initial batch's scale (progress reports).
@@ -485,6 +488,22 @@ def gpus_in_tres(tres: str | None) -> int:
         if parts and parts[0] == "gpu" and len(parts) >= 2 and parts[-1].isdigit():
             total += int(parts[-1])
     return total
+
+
+def gpu_type_in_gres(gres: str | None) -> str | None:
+    """The one kind of GPU a GRES string names (``gpu:a100:4(S:0)`` -> ``a100``); None where it names none
+    (``gpu:4``), several, or one that is not a GPU type's name (:data:`GPU_TYPE_PATTERN`)."""
+    kinds = set()
+    for item in (gres or "").split(","):
+        parts = item.split("(")[0].replace("gres/", "gres:").replace("=", ":").split(":")
+        if parts and parts[0] == "gres":
+            parts = parts[1:]
+        if len(parts) >= 3 and parts[0] == "gpu" and parts[-1].isdigit():
+            kinds.add(parts[1])
+        elif len(parts) == 2 and parts[0] == "gpu" and parts[1].isdigit():
+            kinds.add("")  # untyped GPUs beside typed ones: no one kind
+    kind = kinds.pop() if len(kinds) == 1 else None
+    return valid_gpu_type(kind)
 
 
 # ---------------------------------------------------------------- job states

@@ -90,6 +90,17 @@ class Progress:
         of GPU it trains on now."""
         return {(c.nodes, c.replicas): (c.steps_per_s, c.samples_per_s) for c in self.configs_here}
 
+    @property
+    def measured_by_type(self) -> dict[str, dict[tuple[int, int], tuple[float, float | None]]]:
+        """Per kind of GPU it has run on (as its start events named it), (nodes, replicas) -> (steps/s,
+        samples/s or None), the newest measurement at each size; what it measured on untyped GPUs is left
+        out (it says nothing of one kind)."""
+        out: dict[str, dict[tuple[int, int], tuple[float, float | None]]] = {}
+        for c in self.configs:
+            if c.gpu_type:
+                out.setdefault(c.gpu_type, {})[(c.nodes, c.replicas)] = (c.steps_per_s, c.samples_per_s)
+        return out
+
     def eta_s(self) -> float | None:
         if self.finished:
             return 0.0

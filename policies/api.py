@@ -117,12 +117,14 @@ class Node:
 class IdleNode:
     """What one usable node has idle this tick, as the agent read it from Slurm: the one shape the action
     rules (partitions, rooms, capacity) give a node's free resources in. CPUs and memory where known
-    (None: not known, and then not checked)."""
+    (None: not known, and then not checked). ``gpu_type``: the kind of its GPUs where Slurm's GRES names one
+    (None: untyped)."""
 
     name: str
     gpus: int
     cpus: int | None = None
     memory_mb: int | None = None
+    gpu_type: str | None = None
 
     def fits(self, gpus: int, cpus: int = 0, memory_mb: int = 0) -> bool:
         """Whether this much (per node) could start here now; a size of 0 or less is not checked."""
@@ -132,7 +134,7 @@ class IdleNode:
     def less(self, gpus: int, cpus: int = 0, memory_mb: int = 0) -> IdleNode:
         """The node once this much more is taken (what is not known stays not known)."""
         return IdleNode(self.name, self.gpus - gpus, None if self.cpus is None else self.cpus - cpus,
-                        None if self.memory_mb is None else self.memory_mb - memory_mb)
+                        None if self.memory_mb is None else self.memory_mb - memory_mb, self.gpu_type)
 
 
 @dataclass(frozen=True)

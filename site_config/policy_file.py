@@ -108,6 +108,17 @@ class Moves:
     plain_grace_s: float = 120.0
 
 
+@dataclass(frozen=True)
+class GoodputSettings:
+    """``[goodput]``: how ``policy = "goodput"`` sizes elastic jobs live."""
+
+    # Where a partition's nodes have GPUs of several kinds (Slurm's GRES types, gpu:a100:4), choose each
+    # elastic job's kind and size together with the simulator's typed goodput policy, on what the job measured
+    # on each kind, and move a job to another kind (checkpoint, requeue onto it) when the gain beats the
+    # restart. Off: every GPU of a partition counts as the same GPU (a job is never moved between kinds).
+    across_gpu_types: bool = False
+
+
 #: What ``[moves] plain_scripts`` may say.
 PLAIN_SCRIPTS = ("restart", "wait")
 
@@ -186,6 +197,7 @@ class AgentPolicy:
     partitions: dict[str, PartitionRole] = field(default_factory=dict)
     gpu_types: dict[str, GpuTypePrice] = field(default_factory=dict)
     moves: Moves = Moves()
+    goodput: GoodputSettings = GoodputSettings()
     time_limits: TimeLimits = TimeLimits()
     backfill: Backfill = Backfill()
     limits: Limits = Limits()
@@ -426,6 +438,11 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
         if values["moves"].plain_grace_s <= 0:
             raise PolicyFileError(f"{where}.moves.plain_grace_s: must be positive (seconds a training has to "
                                   "write its start event)")
+    if "goodput" in data:
+        values["goodput"] = _simple(f"{where}.goodput", GoodputSettings, data["goodput"])
+        if values["goodput"].across_gpu_types and values.get("policy", "fifo") != "goodput":
+            raise PolicyFileError(f"{where}.goodput.across_gpu_types: only the goodput policy places jobs across "
+                                  f"GPU kinds; set policy = \"goodput\" or leave across_gpu_types = false")
     if "time_limits" in data:
         values["time_limits"] = _simple(f"{where}.time_limits", TimeLimits, data["time_limits"])
     if "limits" in data:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dlsub.contract import valid_gpu_type
 from dlsub.slurm_plugins.dialects import QUEUE_FORMAT, Dialect, SlurmParseError, SlurmVersion, dialect_for
 from dlsub.slurm_plugins.models import Partition, SlurmJob, SlurmNode, parse_key_values
 from dlsub.slurm_plugins.timespec import parse_slurm_duration
@@ -337,15 +338,20 @@ class SlurmClient:
         """Signal the batch shell of one array task (``scancel --batch --signal``)."""
         self._run(["scancel", f"--signal={signal}", "--batch", _job_handle(handle)])
 
-    def retarget(self, job_id: int, partition: str, gpus_per_node: int, time_limit_min: int | None = None) -> None:
-        """Point a pending job at another partition, with that many GPUs per node, and a time limit.
+    def retarget(self, job_id: int, partition: str, gpus_per_node: int, time_limit_min: int | None = None,
+                 gpu_type: str = "") -> None:
+        """Point a pending job at another partition, with that many GPUs per node (of kind ``gpu_type``, as
+        Slurm's GRES names it: ``gres:gpu:a100:4``; "": any kind), and a time limit.
 
         GPUs are only ever added or kept: Slurm 22.05 leaves a pending job
         "never runnable" on CPU nodes after its GPU request is cleared.
         """
+        if gpu_type and valid_gpu_type(gpu_type) is None:
+            raise ValueError(f"{gpu_type!r} is not a GPU type's name (letters, digits, '_', '.', '-')")
         fields = {"Partition": partition}
         if gpus_per_node:
-            fields["TresPerNode"] = f"gres:gpu:{gpus_per_node}"
+            kind = f"{gpu_type}:" if gpu_type else ""
+            fields["TresPerNode"] = f"gres:gpu:{kind}{int(gpus_per_node)}"
         if time_limit_min is not None:
             fields["TimeLimit"] = str(time_limit_min)
         self.update_job(job_id, **fields)

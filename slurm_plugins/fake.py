@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlsub.contract import COMMENT_PREFIX, SUBMIT_RECORD_PREFIX
+from dlsub.contract import COMMENT_PREFIX, SUBMIT_RECORD_PREFIX, gpus_in_tres
 from dlsub.slurm_plugins.timespec import parse_slurm_duration
 
 
@@ -41,6 +41,7 @@ class FakeNode:
     gpus: int = 0
     state: str = "idle"
     gpus_used: int = 0
+    gpu_type: str = ""  # its GRES names this kind (gpu:a100:4); "": untyped (gpu:4)
 
 
 @dataclass
@@ -165,7 +166,7 @@ class FakeSlurm:
         node = self.nodes.get(job.nodes)
         gres = job.options.get("gres", "")
         if node is not None and gres.startswith("gpu:"):
-            node.gpus_used += sign * int(gres.split(":")[1])
+            node.gpus_used += sign * gpus_in_tres(gres)
 
     # ---------------------------------------------------------------- dispatch
     def __call__(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
@@ -357,8 +358,8 @@ class FakeSlurm:
                 "alloc_cpus": 0,
                 "real_memory": n.memory_mb,
                 "alloc_memory": 0,
-                "gres": f"gpu:{n.gpus}" if n.gpus else "",
-                "gres_used": f"gpu:{n.gpus_used}",
+                "gres": (f"gpu:{n.gpu_type}:{n.gpus}" if n.gpu_type else f"gpu:{n.gpus}") if n.gpus else "",
+                "gres_used": f"gpu:{n.gpu_type}:{n.gpus_used}" if n.gpu_type else f"gpu:{n.gpus_used}",
             }
             for n in self.nodes.values()
         ]

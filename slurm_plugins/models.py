@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlsub.contract import JobState, SubmitRecord, Tags, is_held
+from dlsub.contract import JobState, SubmitRecord, Tags, gpu_type_in_gres, is_held
 from dlsub.contract import gpus_in_tres as _gpus_in
 from dlsub.hostlist import MAX_HOSTLIST as MAX_HOSTLIST  # re-exported: Slurm's records use them
 from dlsub.hostlist import expand_nodes as expand_nodes
@@ -24,6 +24,7 @@ class SlurmNode:
     gpus: int
     gpus_used: int
     state_flags: tuple[str, ...] = ()
+    gpu_type: str | None = None  # the one kind its GRES names (gpu:a100:4); None: untyped, or several kinds
 
     @property
     def usable(self) -> bool:
@@ -58,6 +59,7 @@ class SlurmNode:
             gpus=_gpus_in(raw.get("gres")),
             gpus_used=_gpus_in(raw.get("gres_used")),
             state_flags=tuple(str(f).lower() for f in raw.get("state_flags") or ()),
+            gpu_type=gpu_type_in_gres(raw.get("gres")),
         )
 
 

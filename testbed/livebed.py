@@ -208,12 +208,14 @@ POLICY_FILE = Path("/etc/dlsub/policy.toml")
 
 
 @contextmanager
-def agent_policy(name: str) -> Iterator[None]:
-    """The agent service restarted under ``policy = NAME``; the file restored and the agent restarted after
-    (also for "fifo", so that every run starts from a fresh agent)."""
+def agent_policy(name: str, tables: str = "") -> Iterator[None]:
+    """The agent service restarted under ``policy = NAME`` (and ``tables``, TOML appended to the file, e.g.
+    ``[goodput]`` ``across_gpu_types = true``); the file restored and the agent restarted after (also for
+    "fifo", so that every run starts from a fresh agent)."""
     original = POLICY_FILE.read_text()
     assert 'policy = "fifo"' in original, f"{POLICY_FILE} is not the testbed's fifo file: is another run using it?"
-    POLICY_FILE.write_text(original.replace('policy = "fifo"', f'policy = "{name}"', 1))
+    changed = original.replace('policy = "fifo"', f'policy = "{name}"', 1)
+    POLICY_FILE.write_text(changed + (f"\n{tables}\n" if tables else ""))
     agent_service("restart")
     try:
         yield

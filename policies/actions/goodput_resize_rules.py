@@ -229,18 +229,38 @@ def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: f
     ``room``: the partition as observed (idle GPUs per node, and what jobs waiting there want: their
     claim on idle GPUs comes first). ``headroom``: GPUs each uid may still add this tick.
     """
-    # GPUs that released workers are about to take: claimed, like a waiting job's.
-    starting = sum(s.job.gpus_per_worker for s in jobs for w in s.job.workers if w.starting)
-    capacity = Capacity(room, reserve_gpus=room.waiting_gpus + starting)
-    settled = [s for s in jobs if not resizing(s.job)]
+    capacity, settled, held = settled_and_held(jobs, room)
     if not settled:
         return []
-    held = {s.job.dlsub_id: Allocation(held_gpus(s.job)) for s in settled}
-    # A job of whole nodes is judged on its GPUs a node as it asked for them, (2, 2) and not (4,): the placement
-    # it measures itself on (where several of its members share a node, they may run faster).
-    views = [dataclasses.replace(s.view, step=s.job.gpus_per_worker,
-                                 packing=None if s.job.worker_gpus else s.job.gpus_per_node) for s in settled]
-    decision = policy.decide(views, partition_view(room, capacity, held), now, held)
+    decision = policy.decide(policy_views(settled), partition_view(room, capacity, held), now, held)
+    return resizes_from(jobs, settled, decision, held, capacity, room, policy, headroom)
+
+
+def policy_views(settled: Sequence[ScaledJob]) -> list[JobView]:
+    """The jobs' views as the policy is asked about them: in steps of one worker, and a job of whole nodes
+    judged on its GPUs a node as it asked for them, (2, 2) and not (4,) (the placement it measures itself on:
+    where several of its members share a node, they may run faster)."""
+    return [dataclasses.replace(s.view, step=s.job.gpus_per_worker,
+                                packing=None if s.job.worker_gpus else s.job.gpus_per_node) for s in settled]
+
+
+def settled_and_held(jobs: Sequence[ScaledJob], room: Room, same_kind: bool = False) -> tuple[
+        Capacity, list[ScaledJob], dict[str, Allocation]]:
+    """What the policy may hand out in ``room`` (idle GPUs after waiting jobs' and starting workers' claims;
+    ``same_kind``: each job's workers on nodes of its own GPU kind only), the jobs not in the middle of a
+    resize, and the GPUs each of those holds."""
+    # GPUs that released workers are about to take: claimed, like a waiting job's.
+    starting = sum(s.job.gpus_per_worker for s in jobs for w in s.job.workers if w.starting)
+    capacity = Capacity(room, reserve_gpus=room.waiting_gpus + starting, same_kind=same_kind)
+    settled = [s for s in jobs if not resizing(s.job)]
+    return capacity, settled, {s.job.dlsub_id: Allocation(held_gpus(s.job)) for s in settled}
+
+
+def resizes_from(jobs: Sequence[ScaledJob], settled: Sequence[ScaledJob], decision: Decision,
+                 held: Mapping[str, Allocation], capacity: Capacity, room: Room, policy: Policy,
+                 headroom: Mapping[int, int] | None) -> list[Resize]:
+    """The grows and shrinks that bring the settled jobs to the sizes ``decision`` gives them (see the
+    module's doc for which are carried out)."""
     target = {s.job.dlsub_id: members_given(s.job, decision.get(s.job.dlsub_id)) for s in settled}
     left = dict(headroom or {})
     actions: list[Resize] = []

@@ -7,6 +7,8 @@ failpoints). The values are what decisions and logs have always said.
 
 A move (or a return from a backfill window): SIGNAL_MOVE, then once the job
 is requeued held RETARGET and RELEASE, then FINISH_MOVE (or ABANDON_MOVE).
+A move of an elastic job to another kind of GPU in its partition is a move
+whose target names that kind (its RETARGET asks for ``gres:gpu:KIND:N``).
 A restart of a job that does not checkpoint (a script that uses no dlsub
 library) onto its GPU partition, from scratch: RESTART (the agent requeues it
 held itself: there is nothing to save), then RETARGET and RELEASE as a move.

@@ -118,7 +118,8 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
     if job.state == "RUNNING":
         if requeued:
             if job.partition == move.target_partition:
-                return [Action(K.FINISH_MOVE, reason=f"running on {job.partition}", **common)]
+                kind = f" ({move.target_gpu_type})" if move.target_gpu_type else ""
+                return [Action(K.FINISH_MOVE, reason=f"running on {job.partition}{kind}", **common)]
             return [Action(K.ABANDON_MOVE, reason=f"it started again on {job.partition}, not {move.target_partition}",
                            **common)]
         if move.phase == MovePhase.PLANNED or (
@@ -132,7 +133,8 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
             why = "sending the checkpoint request" if move.phase == MovePhase.PLANNED else \
                 "no checkpoint yet after the first request; asking again"
             return [Action(K.SIGNAL_MOVE, reason=why, partition=move.target_partition, gpus=move.target_gpus,
-                           move_kind=move.kind, time_limit_min=move.time_limit_min, **common)]
+                           move_kind=move.kind, time_limit_min=move.time_limit_min,
+                           gpu_type=move.target_gpu_type, **common)]
         return []
     if job.state != "PENDING" or not requeued:
         return []
@@ -142,11 +144,15 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
         return [Action(K.ABANDON_MOVE, reason="it was requeued without checkpointing for the move; left as it is",
                        **common)]
     actions = []
-    if job.partition != move.target_partition or job.gpus_now != move.target_gpus or (
+    # A move to another GPU kind: its GPUs asked for as that kind, once (squeue's view of a job's GRES kind is
+    # not read; a crash before the phase is recorded asks again, which changes nothing).
+    retype = bool(move.target_gpu_type) and move.phase in (MovePhase.PLANNED, MovePhase.SIGNALLED)
+    if job.partition != move.target_partition or job.gpus_now != move.target_gpus or retype or (
             move.time_limit_min is not None and job.time_limit_min != move.time_limit_min):
-        actions.append(Action(K.RETARGET, reason=f"checkpointed; now for {move.target_partition}",
+        there = f"{move.target_partition} ({move.target_gpu_type})" if move.target_gpu_type else move.target_partition
+        actions.append(Action(K.RETARGET, reason=f"checkpointed; now for {there}",
                               partition=move.target_partition, gpus=move.target_gpus,
-                              time_limit_min=move.time_limit_min, **common))
+                              time_limit_min=move.time_limit_min, gpu_type=move.target_gpu_type, **common))
     if job.reason == HELD_BY_USER:
         actions.append(Action(K.RELEASE, reason=f"released to start on {move.target_partition}", **common))
     elif job.reason == "BeginTime" and not actions:

@@ -37,6 +37,7 @@ class MoveView:
     signals: int = 0
     time_limit_min: int | None = None
     restart_count: int = 0  # Slurm's restart count of the job when the move was signalled
+    target_gpu_type: str = ""  # a move to another kind of GPU: that kind ("": the move names none)
 
 
 @dataclass(frozen=True)
@@ -167,3 +168,4 @@ class Action:
     details: dict[str, float | str | int | None] = field(default_factory=dict)
     time_limit_min: int | None = None  # set the job's time limit too (backfill, and back)
     move_kind: MoveKind = MoveKind.MOVE  # what a SIGNAL_MOVE starts or sends again: a move, or a return
+    gpu_type: str = ""  # a move's (RETARGET's) kind of GPU: its GPUs asked for as gres:gpu:KIND:N ("": untyped)

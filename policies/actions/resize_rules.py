@@ -95,6 +95,8 @@ class ElasticJob:
     memory_per_node_mb: int = 0
     worker_gpus: int = 0  # a job elastic in GPUs (--gpus MIN:MAX): each worker's; 0: a whole node's
     main_nodes: tuple[str, ...] = ()  # where the main job runs
+    # The kind of GPU its main job's nodes have, where Slurm's GRES names one kind (None: untyped, unknown).
+    gpu_type: str | None = None
 
     @property
     def members_now(self) -> int:
@@ -170,7 +172,10 @@ class Capacity:
     known (a worker released onto a node short of them would only wait). Each job is checked against its
     own per-node request, so one job's large shape never hides a node another job fits."""
 
-    def __init__(self, room: Room, reserve_gpus: int = 0) -> None:
+    def __init__(self, room: Room, reserve_gpus: int = 0, same_kind: bool = False) -> None:
+        # same_kind: a job's workers go only to nodes of its own GPU kind (where it and they have one), so that
+        # a group sized on one kind is never spread over two (the agent's sizing across GPU kinds).
+        self.same_kind = same_kind
         self.nodes: dict[str, IdleNode] = {}
         # Jobs waiting there keep first claim on idle GPUs: those of the first nodes are theirs.
         for node in room.nodes:
@@ -178,8 +183,9 @@ class Capacity:
             self.nodes[node.name] = node.less(claim)
             reserve_gpus -= claim
 
-    @staticmethod
-    def _fits(node: IdleNode, job: ElasticJob) -> bool:
+    def _fits(self, node: IdleNode, job: ElasticJob) -> bool:
+        if self.same_kind and job.gpu_type is not None and node.gpu_type != job.gpu_type:
+            return False
         return node.fits(job.gpus_per_worker, job.cpus_per_node, job.memory_per_node_mb)
 
     def _candidates(self, job: ElasticJob) -> list[str]:
@@ -384,7 +390,7 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
             continue
         capacity = Capacity(room, reserve_gpus=room.waiting_gpus)
         free = [Node(n, idle.gpus, partition=name) for n, idle in capacity.nodes.items()
-                if any(Capacity._fits(idle, j) for j in group)]
+                if any(capacity._fits(idle, j) for j in group)]
         if not free:
             continue
         views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=j.max_gpus - j.gpus_now) for j in group]

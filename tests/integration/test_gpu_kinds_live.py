@@ -1,0 +1,138 @@
+"""Integration (live Slurm testbed + rootless Podman + the agent service under ``policy = "goodput"`` with
+``[goodput] across_gpu_types = true``, for this module only): elastic jobs end on the GPU kind that is
+fastest for them (issue 33, item 4).
+
+The testbed's gpu partition has gpu1 (GRES ``gpu:a100:4``) and gpu2 (``gpu:v100:4``). Its GPUs are fake, so
+each job emulates its speed per kind with train_digits' ``--gpu-slowdown KIND=FACTOR`` (read against
+``$DLSUB_GPU_TYPE``): the first command is four times slower on a100, the second four times slower on v100.
+
+A kind a job has not run on is known to the agent only from what earlier runs of the same command measured
+there (the one-GPU profile the typed policy bootstraps from, as Sia does; the agent keeps it in memory, so
+the service is not restarted in between). So each command first runs briefly on its fast kind, then the two
+jobs are started each on its slow kind. Placements are made certain with blockers (plain jobs holding the
+GPUs of one node), never by pinning dlsub's jobs: the first job starts on the one GPU left of gpu1 (so it
+cannot grow there), the second waits until gpu2's blocker goes. Once the last blocker goes, the agent moves
+each job to its fast kind (checkpoint, requeue held onto ``gres:gpu:KIND:1``, release): a move is observed
+in each job's attempts, training resumes from its checkpoint on the new kind, and ``dlsub why`` gives the
+measured and predicted figures. Short: the jobs are cancelled once they train on their new kind.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from livebed import (
+    EXAMPLES,
+    GPU_TYPES,
+    TestbedUser,
+    agent_policy,
+    attempts,
+    hold_gpus,
+    job_output,
+    progress_events,
+    wait_for,
+)
+
+TRAIN = str(EXAMPLES / "train_digits.py")
+# Elastic in GPUs, one to two, one CPU and 1 GB: the main job takes one GPU.
+SHAPE = ("--gpus", "1:2", "--cpus", "1", "--mem", "1G")
+SLOW_ON_A100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "a100=4")
+SLOW_ON_V100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "v100=4")
+KIND_NODE = {kind: node for node, kind in GPU_TYPES.items()}
+TICKS_S = 8  # a few of the testbed agent's ticks (tick_interval_s = 3): it has read what a job wrote
+
+
+@pytest.fixture
+def typed_goodput_agent() -> Iterator[None]:
+    """The agent service under goodput across GPU kinds (the testbed's file says fifo); restored after."""
+    with agent_policy("goodput", "[goodput]\nacross_gpu_types = true"):
+        yield
+
+
+def kind_now(job: dict[str, Any]) -> str | None:
+    starts = progress_events(job["job_dir"], "start")
+    return starts[-1].get("gpu_type") if starts else None
+
+
+def reports_on(job: dict[str, Any], kind: str) -> int:
+    """Progress reports since the training last started on ``kind``."""
+    count, current = 0, None
+    for event in progress_events(job["job_dir"]):
+        if event.get("event") == "start":
+            current, count = event.get("gpu_type"), 0
+        elif event.get("event") == "progress" and current == kind:
+            count += 1
+    return count
+
+
+def measured_on(job: dict[str, Any], kind: str) -> None:
+    wait_for(f"job {job['id']} training on {kind}", lambda: reports_on(job, kind) >= 3, timeout=180)
+    assert kind_now(job) == kind, f"setup: job {job['id']} started on {kind_now(job)}, not {kind}"
+
+
+def cancel(*jobs: dict[str, Any]) -> None:
+    for job in jobs:
+        subprocess.run(["scancel", str(job["slurm_job_id"]), *([str(job["worker_array_id"])]
+                                                              if job.get("worker_array_id") else [])], check=False)
+
+
+def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
+    user: TestbedUser, workdir: Path, typed_goodput_agent: None
+) -> None:
+    jobs: list[dict[str, Any]] = []
+    holds: list[int] = []
+    try:
+        # Earlier runs of each command on its fast kind (all of the other node held): what the agent bootstraps
+        # the other kind from.
+        holds.append(hold_gpus(user, KIND_NODE["a100"], 4))
+        earlier = user.submit(*SHAPE, *SLOW_ON_A100, cwd=workdir)
+        jobs.append(earlier)
+        measured_on(earlier, "v100")
+        time.sleep(TICKS_S)
+        cancel(earlier)
+        user.wait_until_ended(earlier["id"])
+        holds.append(hold_gpus(user, KIND_NODE["v100"], 4))
+        subprocess.run(["scancel", str(holds.pop(0))], check=True)
+        earlier = user.submit(*SHAPE, *SLOW_ON_V100, cwd=workdir)
+        jobs.append(earlier)
+        measured_on(earlier, "a100")
+        time.sleep(TICKS_S)
+        cancel(earlier)
+        user.wait_until_ended(earlier["id"])
+        # The two jobs, each on its slow kind: the first on gpu1's one free GPU (gpu2 still held), the second
+        # waiting until gpu2's hold goes.
+        holds.append(hold_gpus(user, KIND_NODE["a100"], 3))
+        first = user.submit(*SHAPE, *SLOW_ON_A100, cwd=workdir)
+        jobs.append(first)
+        measured_on(first, "a100")
+        second = user.submit(*SHAPE, *SLOW_ON_V100, cwd=workdir)
+        jobs.append(second)
+        subprocess.run(["scancel", str(holds.pop(0))], check=True)  # gpu2's
+        measured_on(second, "v100")
+        subprocess.run(["scancel", str(holds.pop(0))], check=True)  # gpu1's: room on both kinds now
+        for job, fast in ((first, "v100"), (second, "a100")):
+            wait_for(f"job {job['id']} moved to {fast} and training there",
+                     lambda job=job, fast=fast: kind_now(job) == fast and reports_on(job, fast) >= 2, timeout=300)
+        for job, slow, fast in ((first, "a100", "v100"), (second, "v100", "a100")):
+            runs = attempts(job["job_dir"])
+            assert "move" in [a.get("action") for a in runs if a["event"] == "end"], runs
+            assert [a["gpu_type"] for a in runs if a["event"] == "start"][-1] == fast, runs
+            text = job_output(job["job_dir"])
+            resumed = re.search(r"resumed from step (\d+)", text)
+            assert resumed and int(resumed.group(1)) > 0, f"state intact: it resumed from its checkpoint\n{text}"
+            assert f"on {fast} GPUs (throttle x1)" in text, text
+            why = user.dlsub("why", job["id"]).stdout
+            assert re.search(rf"moving to {fast} \(goodput policy across GPU kinds\): measured [\d.]+ samples/s "
+                             rf"on {slow} \(\d GPUs?\), predicted [\d.]+ samples/s on {fast} \(\d GPUs?; "
+                             r"bootstrapped", why), why
+            assert "moved" in why, why
+    finally:
+        subprocess.run(["scancel", *map(str, holds)], check=False)
+        cancel(*jobs)

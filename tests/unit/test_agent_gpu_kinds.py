@@ -1,0 +1,367 @@
+"""Unit tests with the stateful fake Slurm (its one ``_run`` seam) and a fake clock: the agent across GPU kinds
+(issue 33, item 4). The fake's gpu1 names its GPUs ``gpu:a100:4`` and gpu2 ``gpu:v100:4``, as the testbed's
+GRES do; the jobs' progress files are what dlsub's library writes (start events naming ``gpu_type``, as the
+batch script reads it from the node's GRES, then progress reports).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_world import ME, NOW, Crash, World, policy
+from click.testing import CliRunner
+
+from dlsub.agent.agent_store import AgentStore, Writes
+from dlsub.agent.live_models import sizing_policy
+from dlsub.agent.observe import observe
+from dlsub.cli.agent_commands import why as why_command
+from dlsub.contract import gpu_type_in_gres
+from dlsub.job_progress import ProgressSummary
+from dlsub.jobdir import check_progress_event
+from dlsub.policies.goodput import GoodputPolicy
+from dlsub.policies.goodput_types import TypedGoodputPolicy
+from dlsub.site_config.policy_file import PolicyFileError
+
+A, B = "0000a100", "0000b100"  # dlsub ids are 8 hex digits
+
+
+def typed(world: World) -> World:
+    """The fake's GPU nodes of two kinds, as the testbed's gpu partition has them."""
+    world.fake.nodes["gpu1"].gpu_type = "a100"
+    world.fake.nodes["gpu2"].gpu_type = "v100"
+    return world
+
+
+def tags(dlsub_id: str, max_gpus: int = 4) -> str:
+    """An elastic job of 1 to ``max_gpus`` GPUs in steps of one (``--gpus 1:N``)."""
+    return f"dlsub:{dlsub_id};mode=ideal;ideal=gpu;gpus=1;nodes=1-{max_gpus};step=1"
+
+
+def reports(job_dir: Path, job_id: int, runs: list[tuple[str, int, float]], *, batch: int = 64,
+            end: float = NOW, start: dict[str, Any] | None = None) -> None:
+    """The library's events: for each (kind, GPUs, steps/s), a start on that kind with the group's size
+    (``start``: more fields of it) and 4 reports 5 s apart; the last run's last report at ``end``."""
+    events: list[dict[str, Any]] = []
+    t, step = end - 60 * len(runs) + 40, 0
+    for kind, gpus, rate in runs:
+        events.append({"event": "start", "time": t - 20, "attempt": f"{job_id}-0", "world_size": gpus,
+                       "nodes": 1, "gpu_type": kind, **(start or {})})
+        for _ in range(4):
+            step += round(5 * rate)
+            events.append({"event": "progress", "time": t, "attempt": f"{job_id}-0", "step": step,
+                           "samples": step * batch, "total_steps": 200000})
+            t += 5
+        t += 40
+    path = job_dir / "progress.jsonl"
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in events))
+    os.chown(path, job_dir.stat().st_uid, job_dir.stat().st_gid)
+
+
+def elastic(world: World, dlsub_id: str, node: str, *, uid: int = ME, user: str = "alice",
+            workers: int = 3, start: float = NOW - 600) -> tuple[int, int, Path]:
+    """An elastic job elastic in GPUs: its held worker array of 1-GPU tasks, then its 1-GPU main job on
+    ``node``. Returns (main job, worker array, job directory)."""
+    array, job_dir = world.worker_array(dlsub_id, tags(dlsub_id, workers + 1), uid=uid, user=user, tasks=workers,
+                                        gpus_per_node=1)
+    main, _ = world.submit(dlsub_id, uid=uid, user=user, comment=tags(dlsub_id, workers + 1), partition="gpu",
+                           gres="gpu:1", start_on=node, job_dir=job_dir, start=start)
+    if uid != os.getuid():  # the agent reads a job directory only when it is its user's
+        if os.getuid() != 0:
+            pytest.skip("giving a job directory to another uid needs root")
+        for path in (job_dir.parent, job_dir, *job_dir.iterdir()):
+            os.chown(path, uid, uid)
+    return main, array, job_dir
+
+
+@pytest.mark.parametrize(("gres", "kind"), [
+    ("gpu:a100:4", "a100"), ("gpu:a100:4(S:0-1)", "a100"), ("gres/gpu:v100=2", "v100"),
+    ("gres:gpu:t4:1", "t4"), ("gpu:4", None), ("", None), (None, None),
+    ("gpu:a100:2,gpu:v100:2", None), ("gpu:a100:2,gpu:2", None), ("gpu:a;b:2", None),
+])
+def test_the_one_kind_a_gres_names(gres: str | None, kind: str | None) -> None:
+    """Unit, pure: one kind named, or None (untyped, several kinds, or a name no GPU type has)."""
+    assert gpu_type_in_gres(gres) == kind
+
+
+def test_sinfo_gives_each_node_its_kind_and_untyped_stays_none(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: typed GRES give the node's kind; the untyped fake (today's) gives None."""
+    world = World(tmp_path)
+    plain = {n.name: n.gpu_type for p in world.client.partitions() for n in p.nodes}
+    assert plain == {"cpu1": None, "cpu2": None, "gpu1": None, "gpu2": None}
+    typed(world)
+    nodes = {n.name: n for p in world.client.partitions() for n in p.nodes}
+    assert (nodes["gpu1"].gpu_type, nodes["gpu2"].gpu_type, nodes["cpu1"].gpu_type) == ("a100", "v100", None)
+    assert nodes["gpu1"].gpus == 4
+
+
+def test_observation_has_node_kinds_and_each_jobs_throughput_per_kind(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: the observation names each typed node's kind, each elastic job's kind (its main
+    job's node's), and what each job measured on each kind it ran on, apart (Alice's job ran on v100, then
+    a100; Bob's only on v100). One squeue and one sinfo: no Slurm call per job."""
+    world = typed(World(tmp_path))
+    main_a, _, dir_a = elastic(world, A, "gpu1")
+    main_b, _, dir_b = elastic(world, B, "gpu2", uid=ME + 4242, user="bob")
+    reports(dir_a, main_a, [("v100", 1, 2.0), ("a100", 1, 6.0)])
+    reports(dir_b, main_b, [("v100", 1, 3.0)])
+    agent = world.agent()
+    jobs, partitions = world.client.jobs(), world.client.partitions()
+    calls = len(world.fake.calls)
+    seen = observe(agent.observing, NOW, jobs, partitions, Writes(), 1e18)
+    assert world.fake.calls[calls:] == [], "observing reads no more of Slurm than the tick's squeue and sinfo"
+    assert seen.node_types == {"gpu1": "a100", "gpu2": "v100"}
+    kinds = {j.dlsub_id: j.gpu_type for j in seen.elastic}
+    assert kinds == {A: "a100", B: "v100"}
+    rooms = {r.name: {n.name: n.gpu_type for n in r.nodes} for r in seen.rooms}
+    assert rooms["gpu"] == {"gpu1": "a100", "gpu2": "v100"}
+    by_kind = seen.elastic_progress[A].measured_by_type
+    assert set(by_kind) == {"a100", "v100"}
+    assert by_kind["a100"][(1, 1)][0] == pytest.approx(6.0, rel=0.05)
+    assert by_kind["v100"][(1, 1)][0] == pytest.approx(2.0, rel=0.05)
+    assert by_kind["a100"][(1, 1)][1] == pytest.approx(6.0 * 64, rel=0.05), "samples/s, from the reports"
+    assert set(seen.elastic_progress[B].measured_by_type) == {"v100"}
+
+
+def test_untyped_nodes_and_reports_leave_no_kinds(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: today's untyped cluster: no node kinds, no job kind, nothing per kind."""
+    world = World(tmp_path)
+    main, _, job_dir = elastic(world, A, "gpu1")
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write(json.dumps({"event": "start", "time": NOW - 60, "attempt": f"{main}-0", "world_size": 1}) + "\n")
+        for i in range(4):
+            f.write(json.dumps({"event": "progress", "time": NOW - 40 + 5 * i, "attempt": f"{main}-0",
+                                "step": 10 * i, "samples": 640 * i}) + "\n")
+    seen = observe(world.agent().observing, NOW, world.client.jobs(), world.client.partitions(), Writes(), 1e18)
+    assert seen.node_types == {}
+    assert [j.gpu_type for j in seen.elastic] == [None]
+    assert seen.elastic_progress[A].measured_by_type == {}
+    assert seen.elastic_progress[A].measured, "what it measured untyped is still measured"
+
+
+# ---------------------------------------------------------------- deciding and acting across kinds
+
+def across(**overrides: Any) -> Any:
+    """The agent's policy.toml: goodput, sizing across GPU kinds (``[goodput] across_gpu_types``)."""
+    return policy(policy="goodput", goodput={"across_gpu_types": True}, **overrides)
+
+
+def checkpointed(job_dir: Path, job_id: int) -> None:
+    path = job_dir / "progress.jsonl"
+    with open(path, "a") as f:
+        f.write(json.dumps({"event": "checkpoint", "time": NOW - 2, "step": 100, "seq": 1,
+                            "attempt": f"{job_id}-0"}) + "\n")
+    os.chown(path, job_dir.stat().st_uid, job_dir.stat().st_gid)
+
+
+def decisions(world: World, dlsub_id: str, kind: str | None = None) -> list[str]:
+    assert world.store is not None
+    return [d.reason for d in world.store.decisions() if d.dlsub_id == dlsub_id and (kind is None or d.kind == kind)]
+
+
+def test_the_policy_key_is_off_by_default_and_needs_goodput() -> None:
+    """Unit, pure: [goodput] across_gpu_types is off unless asked for, a bool, and only with policy goodput."""
+    assert policy().goodput.across_gpu_types is False
+    assert across().goodput.across_gpu_types is True
+    with pytest.raises(PolicyFileError, match="only the goodput policy"):
+        policy(policy="fifo", goodput={"across_gpu_types": True})
+    with pytest.raises(PolicyFileError, match="expected bool"):
+        policy(policy="goodput", goodput={"across_gpu_types": "yes"})
+    with pytest.raises(PolicyFileError, match="unknown key"):
+        policy(policy="goodput", goodput={"across_gpu_type": True})
+    assert isinstance(sizing_policy(across()), TypedGoodputPolicy)
+    assert type(sizing_policy(policy(policy="goodput"))) is GoodputPolicy, "off: the homogeneous class, as before"
+
+
+def test_a_job_faster_on_the_other_kind_is_moved_there_through_the_write_ahead_move(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: Alice's elastic job runs on a100 (gpu1) at 2 steps/s; it ran on v100 before at
+    8 steps/s, and v100 (gpu2) is idle. The typed goodput policy puts it on v100: the agent writes the move
+    ahead (target kind v100), signals its main job (checkpoint, requeue held), points it at
+    gres:gpu:v100:1 through the one client, releases it, and finishes the move once it runs there.
+    `dlsub why` has the kinds and the figures, measured and predicted."""
+    world = typed(World(tmp_path, across()))
+    main, array, job_dir = elastic(world, A, "gpu1")
+    reports(job_dir, main, [("v100", 1, 8.0), ("a100", 1, 2.0)])
+    checkpointed(job_dir, main)
+    agent = world.agent()
+    agent.tick(NOW)
+    job = world.fake.jobs[main]
+    assert job.signals == ["USR2"], "the main job is asked to checkpoint for a move"
+    assert world.store is not None
+    (row,) = world.store.moves()
+    assert (row["target_partition"], row["target_gpus"], row["target_gpu_type"]) == ("gpu", 1, "v100")
+    (why,) = decisions(world, A, "move")
+    assert "measured 128 samples/s on a100 (1 GPU), predicted 5" in why and "samples/s on v100 (1 GPU" in why, why
+    assert "moved" in why and "goodput policy across GPU kinds" in why
+    assert all(world.fake.task(f"{array}_{i}").reason == "JobHeldUser" for i in range(3)), "no grow while moving"
+    world.batch_script_moves(job_dir, main)
+    agent.tick(NOW + 5)
+    updates = [c for c in world.fake.calls if c[:2] == ["scontrol", "update"] and f"jobid={main}" in c]
+    assert updates == [["scontrol", "update", f"jobid={main}", "Partition=gpu", "TresPerNode=gres:gpu:v100:1"]]
+    assert job.options["gres"] == "gpu:v100:1"
+    assert job.reason == "None", "released"
+    world.fake.start(main, "gpu2", int(NOW + 130))
+    agent.tick(NOW + 130)
+    assert world.store.moves() == []
+    assert any("running on gpu (v100)" in r for r in decisions(world, A, "move-done"))
+    shown = CliRunner().invoke(why_command, [A, "--db", str(world.db)])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert any(" move " in line and "measured 128 samples/s on a100 (1 GPU), predicted 5" in line
+               and "on v100" in line and "moved" in line for line in lines), shown.output
+    assert any("move-done" in line and "running on gpu (v100)" in line for line in lines), shown.output
+
+
+def test_a_crash_after_the_retarget_is_sent_resumes_the_move(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: the agent dies right after Slurm took the typed retarget, before it recorded it;
+    the next agent on the same store asks again (the same update) and releases the job."""
+    world = typed(World(tmp_path, across()))
+    main, _, job_dir = elastic(world, A, "gpu1")
+    reports(job_dir, main, [("v100", 1, 8.0), ("a100", 1, 2.0)])
+    checkpointed(job_dir, main)
+    world.agent().tick(NOW)
+    world.batch_script_moves(job_dir, main)
+    world.crash_once_at(("scontrol", "update"), "after", "move-updated")
+    with pytest.raises(Crash):
+        world.agent().tick(NOW + 5)
+    assert world.fake.jobs[main].options["gres"] == "gpu:v100:1" and world.fake.jobs[main].reason == "JobHeldUser"
+    world.agent().tick(NOW + 10)
+    assert world.fake.jobs[main].reason == "None", "released after the restart"
+    assert world.fake.jobs[main].options["gres"] == "gpu:v100:1"
+
+
+def test_the_key_off_leaves_a_typed_cluster_as_one_pool(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: the same job and cluster with the key off (policy goodput): no move, no note
+    about kinds, and the same Slurm calls as on the untyped cluster."""
+    calls = []
+    for kinds in (False, True):
+        world = World(tmp_path / str(kinds), policy(policy="goodput"))
+        if kinds:
+            typed(world)
+        main, _, job_dir = elastic(world, A, "gpu1")
+        reports(job_dir, main, [("v100", 1, 8.0), ("a100", 1, 2.0)])
+        checkpointed(job_dir, main)
+        start = len(world.fake.calls)
+        world.agent().tick(NOW)
+        assert world.fake.jobs[main].signals == []
+        assert not any("GPU kinds" in r for r in decisions(world, A))
+        calls.append([c for c in world.fake.calls[start:] if c[:2] != ["scontrol", "--version"]])
+    assert calls[0] == calls[1]
+
+
+def test_another_users_reports_never_move_a_job(tmp_path: Path) -> None:
+    """Unit with the fake Slurm, two users: Alice's job runs on gpu1's a100s, where it is fastest by its own
+    figures. Bob's job on v100 claims to be a hundred times faster on a100 (his reports are his word). The
+    typed policy would rather give gpu1 to Bob's job; Alice's job is never signalled, retargeted or shrunk
+    (a note says it stays, with its figures), and only Bob's own job moves."""
+    world = typed(World(tmp_path, across()))
+    world.fake.nodes["gpu1"].gpus = 2
+    main_a, array_a, dir_a = elastic(world, A, "gpu1", workers=1)
+    reports(dir_a, main_a, [("v100", 1, 2.0), ("a100", 1, 8.0)])
+    checkpointed(dir_a, main_a)
+    main_b, _, dir_b = elastic(world, B, "gpu2", uid=ME + 4242, user="bob", workers=1)
+    reports(dir_b, main_b, [("a100", 1, 100.0), ("v100", 1, 1.0)])
+    checkpointed(dir_b, main_b)
+    before = world.snapshot(main_a)
+    agent = world.agent()
+    for t in (NOW, NOW + 5, NOW + 10):
+        agent.tick(t)
+    assert world.snapshot(main_a) == before
+    assert world.mutating_calls(main_a) == [] and world.mutating_calls(array_a) == []
+    assert any(r.startswith("stays on a100") and "measured 512 samples/s on a100 (1 GPU)" in r
+               for r in decisions(world, A)), decisions(world, A)
+    assert world.fake.jobs[main_b].signals == ["USR2"], "Bob's own job moves to the a100 it claims"
+
+
+
+def test_retarget_asks_for_typed_gres_through_the_one_client_and_refuses_a_bad_kind(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: the one client's retarget names the kind in TresPerNode; a kind that is no GRES
+    type's name (it would reach scontrol's arguments) is refused before Slurm is asked."""
+    world = World(tmp_path)
+    job, _ = world.submit("0000abcd", partition="gpu", gres="gpu:2", start_on=None)
+    world.client.retarget(job, "gpu", 2, gpu_type="v100")
+    assert world.fake.calls[-1] == ["scontrol", "update", f"jobid={job}", "Partition=gpu",
+                                    "TresPerNode=gres:gpu:v100:2"]
+    world.client.retarget(job, "gpu", 2)
+    assert world.fake.calls[-1][-1] == "TresPerNode=gres:gpu:2", "untyped as before"
+    calls = len(world.fake.calls)
+    for bad in ("v100 TimeLimit=9", "a100;x", "../a"):
+        with pytest.raises(ValueError, match="not a GPU type"):
+            world.client.retarget(job, "gpu", 2, gpu_type=bad)
+    assert len(world.fake.calls) == calls
+
+
+def test_a_store_from_before_moves_named_a_kind_gains_the_column(tmp_path: Path) -> None:
+    """Unit (SQLite): an agent database whose moves table predates target_gpu_type opens, and its moves read
+    with no kind."""
+    store = AgentStore(tmp_path / "agent.db")
+    store.conn.execute("insert into moves (uid, slurm_job_id, dlsub_id, kind, phase, target_partition, target_gpus,"
+                       " since, signals) values (1, 2, '0000abcd', 'move', 'signalled', 'gpu', 1, 0, 1)")
+    store.conn.execute("ALTER TABLE moves DROP COLUMN target_gpu_type")
+    store.conn.commit()
+    store.conn.close()
+    again = AgentStore(tmp_path / "agent.db")
+    (row,) = again.move_rows().values()
+    assert (row.target_partition, row.target_gpu_type) == ("gpu", "")
+
+
+def test_a_kind_the_job_never_ran_on_is_bootstrapped_from_its_commands_earlier_runs(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: two of Alice's jobs run the same command (the start events' application
+    digest). The first runs on v100 at 8 steps/s on one GPU; the second runs on a100 at 2 steps/s and has never
+    run on v100. As the simulator's typed policy bootstraps a kind from one-GPU profiles, the second job's
+    v100 rate is its own a100 model scaled by the one-GPU rates on the two kinds (8 / 2): it moves to v100,
+    and `dlsub why` says the figure was bootstrapped and from what."""
+    world = typed(World(tmp_path, across()))
+    digest = {"application": "0123456789abcdef0123456789abcdef"}
+    first, _, first_dir = elastic(world, "000f1257", "gpu2", workers=1)
+    reports(first_dir, first, [("v100", 1, 8.0)], start=digest)
+    checkpointed(first_dir, first)
+    second, _, second_dir = elastic(world, "0005ec0d", "gpu1", workers=1)
+    reports(second_dir, second, [("a100", 1, 2.0)], start=digest)
+    checkpointed(second_dir, second)
+    agent = world.agent()
+    agent.tick(NOW)
+    agent.tick(NOW + 5)
+    assert world.fake.jobs[second].signals == ["USR2"]
+    assert world.fake.jobs[first].signals == [], "the first job stays on the kind that is fastest for it"
+    (why,) = decisions(world, "0005ec0d", "move")
+    assert "measured 128 samples/s on a100 (1 GPU), predicted 512 samples/s on v100 (1 GPU; bootstrapped: its " \
+        "a100 model x 4.00, the one-GPU rate earlier runs of its command measured on v100 over its own on a100)" \
+        in why, why
+
+
+def test_the_agent_keeps_a_start_events_application_digest() -> None:
+    """Unit, pure: the checked start event keeps the command's digest (earlier runs of the same command are
+    found by it); one that is not a digest does not reach the summary."""
+    summary = ProgressSummary()
+    digest = "0123456789abcdef0123456789abcdef"
+    checked = check_progress_event({"event": "start", "time": NOW, "application": digest})
+    assert checked is not None
+    summary.feed(checked)
+    assert summary.progress().application == digest
+    bad = check_progress_event({"event": "start", "time": NOW, "application": "not a digest"})
+    assert bad is not None
+    summary = ProgressSummary()
+    summary.feed(bad)
+    assert summary.progress().application is None
+
+
+@pytest.mark.parametrize(("age_s", "restart_s", "moves"), [(30.0, 15.0, False), (30.0, 0.001, True),
+                                                          (3600.0, 15.0, True)])
+def test_a_job_moves_only_when_its_gain_beats_the_restart_by_the_policys_own_rule(
+        tmp_path: Path, age_s: float, restart_s: float, moves: bool) -> None:
+    """Unit with the fake Slurm: the same job, 1.25x faster on v100 by its own figures, submitted 30 s or an hour
+    ago. The typed policy's restart share (the restart, [moves] restart_cost_s + min_saving_s, over the work
+    it is guessed to have left, its age) leaves a young job a third of the gain: it stays; the same young job
+    with a restart that costs nothing moves, and so does an hour-old one (it keeps 95%)."""
+    world = typed(World(tmp_path, across(moves={"restart_cost_s": restart_s, "min_saving_s": 0.001})))
+    main, _, job_dir = elastic(world, A, "gpu1", start=NOW - min(age_s, 600))
+    world.fake.jobs[main].submit_time = int(NOW - age_s)
+    reports(job_dir, main, [("v100", 1, 2.5), ("a100", 1, 2.0)])
+    checkpointed(job_dir, main)
+    world.agent().tick(NOW)
+    assert (world.fake.jobs[main].signals == ["USR2"]) is moves
+    assert bool(decisions(world, A, "move")) is moves
