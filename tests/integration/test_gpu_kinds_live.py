@@ -19,9 +19,9 @@ measured and predicted figures. Short: the jobs are cancelled once they train on
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,6 @@ SHAPE = ("--gpus", "1:2", "--cpus", "1", "--mem", "1G")
 SLOW_ON_A100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "a100=4")
 SLOW_ON_V100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "v100=4")
 KIND_NODE = {kind: node for node, kind in GPU_TYPES.items()}
-TICKS_S = 8  # a few of the testbed agent's ticks (tick_interval_s = 3): it has read what a job wrote
 
 
 @pytest.fixture
@@ -77,6 +76,17 @@ def measured_on(job: dict[str, Any], kind: str) -> None:
     assert kind_now(job) == kind, f"setup: job {job['id']} started on {kind_now(job)}, not {kind}"
 
 
+def read_by_agent(user: TestbedUser, job: dict[str, Any]) -> None:
+    """Until a tick of the agent has begun after the job's newest report: the agent has read it."""
+    newest = max(float(e["time"]) for e in progress_events(job["job_dir"], "progress"))
+
+    def last_tick() -> float:
+        status = json.loads(user.run("dlsub", "agent", "status", "--json", timeout=60).stdout)
+        return float(status.get("last_tick") or 0.0)
+
+    wait_for(f"a tick of the agent after job {job['id']}'s reports", lambda: last_tick() > newest, timeout=60)
+
+
 def cancel(*jobs: dict[str, Any]) -> None:
     for job in jobs:
         subprocess.run(["scancel", str(job["slurm_job_id"]), *([str(job["worker_array_id"])]
@@ -95,7 +105,7 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
         earlier = user.submit(*SHAPE, *SLOW_ON_A100, cwd=workdir)
         jobs.append(earlier)
         measured_on(earlier, "v100")
-        time.sleep(TICKS_S)
+        read_by_agent(user, earlier)
         cancel(earlier)
         user.wait_until_ended(earlier["id"])
         holds.append(hold_gpus(user, KIND_NODE["v100"], 4))
@@ -103,7 +113,7 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
         earlier = user.submit(*SHAPE, *SLOW_ON_V100, cwd=workdir)
         jobs.append(earlier)
         measured_on(earlier, "a100")
-        time.sleep(TICKS_S)
+        read_by_agent(user, earlier)
         cancel(earlier)
         user.wait_until_ended(earlier["id"])
         # The two jobs, each on its slow kind: the first on gpu1's one free GPU (gpu2 still held), the second
