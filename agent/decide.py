@@ -57,14 +57,16 @@ def rules_from(policy: AgentPolicy) -> Rules:
 TAKES_GPUS = (ActionKind.SIGNAL_MOVE, ActionKind.RESTART, ActionKind.BACKFILL, ActionKind.RETARGET, ActionKind.RELEASE)
 
 
-def reserve_gpus(rooms: list[Room], takes: Sequence[tuple[str | None, int | None]]) -> list[Room]:
-    """The rooms with the GPUs these (partition, GPUs) takes will take out of their partitions' idle ones
-    (on the first node with enough, in every partition that has that node)."""
+def reserve_gpus(rooms: list[Room], takes: Sequence[tuple[str | None, int | None] | tuple[str | None, int | None, str]]
+                 ) -> list[Room]:
+    """The rooms with the GPUs these (partition, GPUs[, GPU kind]) takes will take out of their partitions' idle
+    ones (on the first node with enough, of that kind where one is named, in every partition that has that node)."""
     idle = {n.name: n.gpus for room in rooms for n in room.nodes}
-    for partition, gpus in takes:
+    for partition, gpus, *kind in takes:
         room = next((r for r in rooms if r.name == partition), None)
         want = gpus or 0
-        node = next((n.name for n in room.nodes if idle[n.name] >= want), None) if room is not None and want else None
+        node = next((n.name for n in room.nodes if idle[n.name] >= want and (not kind or not kind[0]
+                     or n.gpu_type == kind[0])), None) if room is not None and want else None
         if node is not None:
             idle[node] -= want
     return [dataclasses.replace(r, nodes=tuple(dataclasses.replace(n, gpus=idle[n.name]) for n in r.nodes))

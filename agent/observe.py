@@ -329,7 +329,7 @@ def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[Work
             submit_time=float(job.submit_time), worker_arrays=tuple(sorted(arrays)),
             workers=tasks, moving=seen.row.key() in moves, cpus_per_node=job.cpus_per_node,
             memory_per_node_mb=job.memory_per_node_mb, worker_gpus=step, main_nodes=nodes_of(job),
-            gpu_type=_one_kind(nodes_of(job), node_types)))
+            gpu_type=_one_kind(nodes_of(job), node_types), start_time=float(job.start_time)))
     ended = {(r.uid, r.dlsub_id): r for r in rows.values()
              if r.state is not None and r.state.terminal and not r.data.ignored}
     for key, orphans in workers.items():

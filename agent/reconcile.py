@@ -99,7 +99,8 @@ class Agent:
         for action in actions:
             (todo if prepare(action, seen, now, writes) else done).append(action)
         # GPUs this tick's moves and backfills are about to take are not idle for growth.
-        seen.rooms = reserve_gpus(seen.rooms, [(a.partition, a.gpus) for a in actions if a.kind in TAKES_GPUS])
+        seen.rooms = reserve_gpus(seen.rooms, [(a.partition, a.gpus, a.gpu_type) for a in actions
+                                                     if a.kind in TAKES_GPUS])
         kind_moves: list[Action] = []  # elastic jobs moved to another GPU kind ([goodput] across_gpu_types)
         resumed, planned = plan_resizes(seen, self.store, self.policy, self.rules, self.memory.models,
                                         self._sizing_policy, now, writes, kind_moves)

@@ -29,6 +29,7 @@ the other and from what, and the decision.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -137,6 +138,22 @@ def _room_for_main(job: ElasticJob, capacity: Capacity, kind: str) -> list[str]:
     return chosen
 
 
+def _reachable(job: ElasticJob, capacity: Capacity, kind: str, most: int) -> int:
+    """The GPUs the job can hold on ``kind`` right after a move, at most ``most``: its main job's and its
+    workers' that idle GPUs of that kind hold now (0: its main job does not fit). Nothing is taken."""
+    saved = dict(capacity.nodes)
+    try:
+        if not _room_for_main(job, capacity, kind):
+            return 0
+        there = dataclasses.replace(job, gpu_type=kind, workers=(), main_nodes=())
+        gpus = job.main_gpus
+        while gpus + job.gpus_per_worker <= most and capacity.take(there) is not None:
+            gpus += job.gpus_per_worker
+        return gpus
+    finally:
+        capacity.nodes = saved
+
+
 def _keep_share(policy: Policy, view: JobView, now: float) -> float:
     """What the policy's own restart rule leaves of a job's gain when it changes configuration."""
     keep = getattr(policy, "keep_share", None)
@@ -177,17 +194,24 @@ def _move_or_note(scaled: ScaledJob, view: JobView, target: str, capacity: Capac
     job = scaled.job
     assert job.gpu_type is not None
     # Its speed on each kind at the size it has now: what the kind itself gains it.
-    here, there = rate_on(scaled, view, job.gpu_type, gpus_now), rate_on(scaled, view, target, gpus_now)
+    # On the new kind, at the size it can have there now (its main job and the workers idle GPUs of that kind
+    # hold), never more than it has: a move must gain it something on what it will get, not on what the
+    # policy hoped to free for it.
+    reach = _reachable(job, capacity, target, gpus_now) or gpus_now
+    here, there = rate_on(scaled, view, job.gpu_type, gpus_now), rate_on(scaled, view, target, reach)
     if here is None or there is None or here.samples != there.samples:
         return None
-    keep = _keep_share(policy, view, now)
+    # The restart's share is weighed against the time since the main job last started (Slurm's, not the
+    # job's word): a move starts that clock again, so a job moved (on its figures, true or not) cannot be
+    # moved back before its time on the new kind has paid for another restart.
+    keep = _keep_share(policy, dataclasses.replace(view, arrival_s=max(view.arrival_s, job.start_time)), now)
     figures = (f"measured {_rate_text(here)} on {job.gpu_type} ({_gpus_text(gpus_now)})" if here.basis == "measured"
                else f"{_rate_text(here)} on {job.gpu_type} ({_gpus_text(gpus_now)}, {here.basis})")
-    figures += f", predicted {_rate_text(there)} on {target} ({_gpus_text(gpus_now)}"
+    figures += f", predicted {_rate_text(there)} on {target} ({_gpus_text(reach)}"
     figures += f"; {there.basis})" if there.basis != "its model there" else ", its model from its runs there)"
     details: dict[str, float | str | int | None] = {
         "from_gpu_type": job.gpu_type, "to_gpu_type": target, "measured_rate": round(here.value, 3),
-        "measured_gpus": gpus_now, "predicted_rate": round(there.value, 3), "predicted_gpus": gpus_now,
+        "measured_gpus": gpus_now, "predicted_rate": round(there.value, 3), "predicted_gpus": reach,
         "keep_share": round(keep, 3)}
     policy_words = f"{policy.name} policy across GPU kinds"
 

@@ -97,6 +97,8 @@ class ElasticJob:
     main_nodes: tuple[str, ...] = ()  # where the main job runs
     # The kind of GPU its main job's nodes have, where Slurm's GRES names one kind (None: untyped, unknown).
     gpu_type: str | None = None
+    # When its main job last started (Slurm's start time, which a job cannot write; 0: unknown).
+    start_time: float = 0.0
 
     @property
     def members_now(self) -> int:
