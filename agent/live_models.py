@@ -96,13 +96,23 @@ def _rounded(x: float) -> float:
     return float(f"{x:.2g}") if x > 0 and math.isfinite(x) else 0.0
 
 
+#: The commands of one user whose earlier runs are kept to lend their figures (the least recent dropped).
+HISTORY_COMMANDS_PER_USER = 64
+
+
 class LiveModels:
     """Fitted models of the elastic jobs the agent follows, by dlsub id, refitted when their rates change."""
 
     def __init__(self) -> None:
         self._fits: dict[str, tuple[Hashable, FittedPerformance]] = {}
-        # Kept when jobs end (that is its use); in memory, so an agent restart starts it afresh.
-        self.history = ScalingHistory()
+        # What earlier runs lend, one history per user: kept when jobs end (that is its use); in memory, so an
+        # agent restart starts it afresh. Apart per user because each is bounded (least recently recorded
+        # dropped): one user's many commands push out only their own.
+        self._histories: dict[int, ScalingHistory] = {}
+
+    def history(self, uid: int) -> ScalingHistory:
+        """The user's history of earlier runs (made empty on first use)."""
+        return self._histories.setdefault(uid, ScalingHistory(max_keys=HISTORY_COMMANDS_PER_USER))
 
     def model(self, dlsub_id: str, reports: Sequence[StepReport], batch: int, limits: BatchLimits | None,
               grads: GradientStats) -> FittedPerformance:
@@ -146,9 +156,9 @@ class LiveModels:
             reports = own
             if progress.application is not None:
                 application = (job.uid, job.partition, progress.application, kind)
-                reports = self.history.reports_for(application, job.dlsub_id, own)
+                reports = self.history(job.uid).reports_for(application, job.dlsub_id, own)
                 if own:
-                    self.history.record(application, job.dlsub_id, own, None)
+                    self.history(job.uid).record(application, job.dlsub_id, own, None)
             if reports:
                 (models if own else profiles)[kind] = self.model(f"{job.dlsub_id}@{kind}", reports, batch, limits,
                                                                  grads)
@@ -189,11 +199,14 @@ class LiveModels:
         if progress.application is not None:
             # What this user's earlier runs of the same command measured on this partition and kind of GPU;
             # until the job reports its gradient noise, the noise they reported first (the same training's start).
-            application = (job.uid, job.partition, progress.application, progress.gpu_type)
-            reports = self.history.reports_for(application, job.dlsub_id, own)
-            self.history.record(application, job.dlsub_id, own, None if progress.grads is None else grads)
+            # The kind is Slurm's where its GRES names one (the start event's is the job's word).
+            kind = job.gpu_type if job.gpu_type is not None else progress.gpu_type
+            application = (job.uid, job.partition, progress.application, kind)
+            history = self.history(job.uid)
+            reports = history.reports_for(application, job.dlsub_id, own)
+            history.record(application, job.dlsub_id, own, None if progress.grads is None else grads)
             if progress.grads is None:
-                grads = self.history.first_grads(application) or NO_GAIN
+                grads = history.first_grads(application) or NO_GAIN
         model = self.model(job.dlsub_id, reports, batch, limits, grads)
         type_models, type_rates = self.per_kind(job, progress, kinds, batch, limits, grads, model) if kinds \
             else (None, None)

@@ -70,8 +70,12 @@ class ScalingHistory:
     def record(self, key: Hashable, job: Hashable, reports: Iterable[StepReport],
                grads: GradientStats | None = None) -> None:
         """Take what ``job``, one of the application's jobs, measured (its latest word per configuration)
-        and the gradient noise it reported, if the application has none yet."""
+        and the gradient noise it reported, if the application has none yet. A job that measured nothing
+        makes no entry: it would only push out an application that lends something."""
+        reports = tuple(reports)
         jobs = self._jobs.get(key)
+        if jobs is None and not reports and grads is None:
+            return
         if jobs is None:
             jobs = self._jobs[key] = OrderedDict()
             while len(self._jobs) > self.max_keys:

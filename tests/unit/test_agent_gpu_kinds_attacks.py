@@ -5,7 +5,9 @@ job's own figures, must not do to a job under ``[goodput] across_gpu_types`` (fo
 * In the tick a moved job is released onto its new kind, the GPUs it takes there are not given to
   another job's growth.
 * A job moved on its figures (true or not) is not moved back before its time on the new kind has paid
-  for another restart (Slurm's start time, not the job's word)."""
+  for another restart (Slurm's start time, not the job's word).
+* What a user's earlier runs lend their next run is not pushed out by another user's jobs (with the key off
+  too): a history per user, and a job that measured nothing makes no entry."""
 
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ from pathlib import Path
 import pytest
 from agent_world import ME, NOW, World
 from test_agent_gpu_kinds import A, B, across, checkpointed, decisions, elastic, reports, typed
+
+from dlsub.agent.live_models import HISTORY_COMMANDS_PER_USER, LiveModels
+from dlsub.job_progress import MeasuredConfig, Progress
+from dlsub.policies.actions.resize_rules import ElasticJob
 
 
 def _alice_on_four_a100s(tmp_path: Path, bob: bool) -> tuple[World, int]:
@@ -90,3 +96,28 @@ def test_a_job_moved_between_kinds_is_not_moved_back_before_the_restart_pays(tmp
     agent.tick(NOW + 30)
     assert world.fake.jobs[main].signals.count("USR2") == 1, decisions(world, A)[-3:]
     assert any("stays on v100" in d for d in decisions(world, A)), decisions(world, A)[-3:]
+
+
+DIGEST = "0123456789abcdef0123456789abcdef"
+
+
+def _job(dlsub_id: str, uid: int, gpu_type: str | None = "a100") -> ElasticJob:
+    return ElasticJob(dlsub_id=dlsub_id, slurm_job_id=1, uid=uid, user="u", state="RUNNING", ended=False,
+                      partition="gpu", gpus_per_node=1, min_members=1, max_members=4, submit_time=0.0,
+                      worker_arrays=(), worker_gpus=1, gpu_type=gpu_type)
+
+
+def _alice(sizes: list[int]) -> Progress:
+    return Progress(step=10, configs=tuple(MeasuredConfig(1, n, 64, 1, 2.0 * n ** 0.9, 128.0 * n ** 0.9, "a100")
+                                           for n in sizes), application=DIGEST, gpu_type="a100")
+
+
+def test_another_users_jobs_never_push_out_what_a_users_earlier_runs_lend() -> None:
+    models = LiveModels()
+    models.scaled(_job("0000a001", 1000), _alice([1, 2, 4]), 1e9, None)  # Alice's first run
+    for i in range(4 * HISTORY_COMMANDS_PER_USER):  # Bob: a new made-up kind in each start event, and commands
+        models.scaled(_job("0000b001", 2000, gpu_type=None), Progress(application=DIGEST, gpu_type=f"k{i}"), 1e9,
+                      None)
+        models.scaled(_job(f"{i:08x}", 2000), Progress(step=1, configs=_alice([1]).configs,
+                                                       application=f"{i:032x}", gpu_type="a100"), 1e9, None)
+    assert models.scaled(_job("0000a002", 1000), _alice([1]), 1e9, None).borrowed > 0
