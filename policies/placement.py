@@ -70,3 +70,21 @@ def packed_placement(count: int, gpus_per_node: int) -> tuple[int, ...]:
     """The placement of ``count`` GPUs packed on whole nodes: 10 on 4-GPU nodes is (4, 4, 2)."""
     full, rest = divmod(count, gpus_per_node)
     return (gpus_per_node,) * full + ((rest,) if rest else ())
+
+
+def grown(free: Counter[str], own: tuple[str, ...], count: int, step: int) -> tuple[str, ...] | None:
+    """Where a running job that grows in place (live) gets to ``count`` GPUs: it keeps the first ``count``
+    of ``own``, and adds ``step`` GPUs at a time on one node, the first of its own with them free, else the
+    node with the most free (as the agent grows it). Updates ``free``; None where no node holds a step."""
+    nodes = list(own[:count])
+    for node in own[count:]:
+        free[node] += 1
+    while count - len(nodes) >= step:
+        mine = [node for node in Counter(nodes) if free[node] >= step]
+        roomy = mine or [node for node, available in free.items() if available >= step]
+        if not roomy:
+            return None
+        node = roomy[0] if mine else max(roomy, key=free.__getitem__)
+        nodes.extend([node] * step)
+        free[node] -= step
+    return tuple(nodes)
