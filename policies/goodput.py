@@ -23,7 +23,9 @@ takes under 100 ms):
    are worth most to per GPU: the seconds they save a job of known length;
    for a job of unknown length, the speed-up they add (Pollux's objective,
    which needs no remaining work), weighted towards the jobs that have
-   done least (Tiresias's least attained service), see :meth:`_value`.
+   done least (Tiresias's least attained service), see :meth:`_value`;
+   each step up valued at the placement the job would really get where
+   GPUs are then free, not a packed one (``place_aware``, below).
 5. A running job keeps its current GPU count when changing it would save
    less than ``restart_penalty_s`` × ``restart_weight`` seconds (known
    length) or, for a job of unknown length, when the speed-up it would
@@ -192,7 +194,7 @@ from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, J
 from dlsub.policies.elastic import place_counts
 from dlsub.policies.perf_models.fitted_model import search_batches
 from dlsub.policies.perf_models.speedup import LEVEL_BASE, UNKNOWN_WORK_S, RemainingTime, searches_batch
-from dlsub.policies.placement import free_gpus, grown, pack, packed_placement
+from dlsub.policies.placement import FreeIndex, free_gpus, grown, packed_placement
 from dlsub.policies.tight_placement import tighten
 
 
@@ -215,9 +217,9 @@ class GoodputPolicy:
         tight_placement: bool = False,
         spread_floor: float = 0.25,
         spare_by_remaining: bool = False,
-        place_aware: bool = False,
+        place_aware: bool = True,
     ) -> None:
-        # See _spare_placed (issue 32).
+        # See _spare_placed and the module's note (issue 32).
         self.place_aware = bool(place_aware)
         # See _value and the module's note (issue 32; off: not shown to help on untouched workloads).
         self.spare_by_remaining = bool(spare_by_remaining)
@@ -421,8 +423,17 @@ class GoodputPolicy:
         changed in ``counts``)."""
         placed = place_counts(counts, jobs, cluster, previous, {name: curves[name].batch(n)
                                                                  for name, n in counts.items()})
+        if left <= 0:
+            return placed  # nothing spare (the cluster is full): no offer to weigh
         nodes_of = {name: alloc.nodes for name, alloc in placed.items()}
         free = free_gpus(cluster, placed)
+        # Kept as GPUs are given; a placement looks at the nodes with GPUs free and the job's own, in the
+        # cluster's order (as pack and grown would over every node), not at every node of a large cluster.
+        index = FreeIndex(free, [node.name for node in cluster.nodes])
+
+        def room(own: tuple[str, ...]) -> Counter[str]:
+            roomy = {node for bucket in index.buckets.values() for node in map(index.names.__getitem__, bucket)}
+            return Counter({node: free[node] for node in sorted(roomy.union(own), key=index.index.__getitem__)})
 
         def value_on(name: str, nodes: tuple[str, ...]) -> float:
             curve, n = curves[name], len(nodes)
@@ -437,10 +448,8 @@ class GoodputPolicy:
         def where(name: str, count: int) -> tuple[str, ...] | None:
             own = nodes_of[name]
             if cluster.grow_in_place and name in previous:
-                return grown(free.copy(), own, count, max(1, by_name[name].step))
-            room = free.copy()
-            room.update(Counter(own))  # placed afresh: its own GPUs are free to it
-            return pack(room, count)
+                return grown(room(own), own, count, max(1, by_name[name].step))
+            return index.pack(count, own)  # placed afresh: its own GPUs are free to it
 
         def offer(name: str) -> tuple[float, int, str, tuple[str, ...]]:
             n, job = counts[name], by_name[name]
@@ -470,10 +479,11 @@ class GoodputPolicy:
                 heapq.heappush(heap, fresh)
                 continue
             name, nodes = fresh[2], fresh[3]
-            for node in nodes_of[name]:
-                free[node] += 1
-            for node in nodes:
-                free[node] -= 1
+            moved = Counter(nodes_of[name])
+            moved.subtract(Counter(nodes))
+            for node, delta in moved.items():
+                if delta:
+                    index.change(node, delta)
             nodes_of[name] = nodes
             counts[name] += fresh[1]
             left -= fresh[1]

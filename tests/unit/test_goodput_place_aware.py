@@ -4,6 +4,7 @@ for jobs that grow in place."""
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 from test_tight_placement import CrossNodeModel, cluster
@@ -11,7 +12,7 @@ from test_tight_placement import CrossNodeModel, cluster
 from dlsub.policies.api import Allocation, ClusterView, JobView
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.perf_models.speedup import RemainingTime
-from dlsub.policies.placement import grown
+from dlsub.policies.placement import FreeIndex, grown, pack
 
 
 def fixed(i: int) -> JobView:
@@ -37,8 +38,8 @@ def test_a_job_is_not_grown_over_nodes_where_the_spread_gpus_give_less_than_one_
     wide = JobView("w", 5.0, gpus=1, min_gpus=1, max_gpus=6, batch_size=64, adaptive_batch=True,
                    model=CrossNodeModel(0.2))
     jobs = [fixed(0), fixed(1), fixed(2), wide]
-    off = GoodputPolicy().decide(jobs, nodes, 10.0, previous)
-    on = GoodputPolicy(place_aware=True).decide(jobs, nodes, 10.0, previous)
+    off = GoodputPolicy(place_aware=False).decide(jobs, nodes, 10.0, previous)
+    on = GoodputPolicy().decide(jobs, nodes, 10.0, previous)  # on by default
     assert len(set(off["w"].nodes)) > 1 and off["w"].gpus > 2
     assert on["w"].gpus == 2 and len(set(on["w"].nodes)) == 1
     assert all(on[name].nodes == previous[name].nodes for name in previous)
@@ -84,3 +85,24 @@ def test_on_a_cluster_that_grows_in_place_the_placement_is_the_usual_one() -> No
     on = GoodputPolicy(place_aware=True).decide([fixed(0), fixed(1), fixed(2), wide], nodes, 10.0, previous)
     assert on["w"].nodes == ("n0", "n0")
     assert all(on[f"r{i}"].nodes == previous[f"r{i}"].nodes for i in range(3))
+
+
+def test_the_free_index_places_as_pack_does_over_every_node() -> None:
+    """FreeIndex.pack (goodput's placements on a large cluster) against pack over a full copy, with a job's
+    own GPUs counted free, on seeded random clusters; and after changes it keeps both in step."""
+    rnd = random.Random(7)
+    for _ in range(300):
+        names = [f"n{i}" for i in range(rnd.randint(1, 12))]
+        free = Counter({node: rnd.randint(0, 4) for node in names})
+        index = FreeIndex(free, names)
+        for _ in range(3):
+            node = rnd.choice(names)
+            delta = rnd.randint(-free[node], 4 - free[node])
+            if delta:
+                index.change(node, delta)
+        own = tuple(rnd.choice(names) for _ in range(rnd.randint(0, 3)))
+        count = rnd.randint(1, 10)
+        room = free.copy()
+        room.update(Counter(own))
+        assert index.pack(count, own) == pack(room, count)
+        assert index.total == sum(free.values())
