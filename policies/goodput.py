@@ -161,9 +161,17 @@ would land on another node gets it only if the model rates that placement
 higher, and the GPU goes to a job it serves on one node instead. The
 decision is the placement so built (live: ``place_counts`` of the counts,
 as before). Tuned seeds (workloads 1, 2, orders 1-2, paired against the
-default): goodput/pollux 0.933 against 0.968 at 1.0x (every run lower),
-0.929 against 0.942 at 2.0x (every run lower). Figures on untouched
-workloads: docs/user-guide.md, "Comparing scheduling policies".
+policy without it): goodput/pollux 0.933 against 0.968 at 1.0x (every run
+lower), 0.928 against 0.942 at 2.0x (every run lower); at 1.5x no GPU was
+spare and nothing changed. On untouched workloads 5-8 at 1.0x (5 orders)
+0.972 [0.957, 0.986], where the policy without it was 1.019 [1.005, 1.033];
+at 2.0x (3 orders) 0.982 [0.976, 0.989] against 0.996 [0.988, 1.004]. So
+it is on by default (docs/user-guide.md, "Comparing scheduling policies",
+has every figure). Tried with it and not kept (``regrow_placed``): a job of
+known length placed over more nodes than its count packs onto sized again
+(step 2's floor) on the placement it got: worse on the tuned seeds (1.0x
+0.998 and 0.934 against 0.959 and 0.935; 2.0x 0.955 and 0.936 against
+0.937 and 0.903).
 
 Tried and not kept (issue 22, point 5). Where the fit mispredicts the best
 batch: after one report, at one per-replica batch, Pollux's prior takes half
