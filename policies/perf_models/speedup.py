@@ -105,6 +105,7 @@ class RemainingTime:
         self.gpus_per_node = gpus_per_node
         self.searches_batch = searches_batch(job, adapt_batch)
         self._cache: dict[int, tuple[float, int | None]] = {}
+        self._placed: dict[tuple[int, ...], float] = {}  # time_on, by placement
         # What a user declares is work (steps); it ranks a job only once a measured step time turns it into
         # seconds. Before that, and once the job has run past its declared total (told 0 left, still
         # running: it was wrong by an unknown amount), the job is guessed like one that declared nothing:
@@ -158,6 +159,22 @@ class RemainingTime:
 
     def time(self, gpus: int) -> float:
         return math.inf if gpus <= 0 else self._solve(gpus)[0]
+
+    def time_on(self, placement: tuple[int, ...]) -> float:
+        """Seconds left on ``placement`` (GPUs per node, any order), as :meth:`time` on a packed one: at the
+        best batch there, or the job's own. The same as ``time(n)`` where ``placement`` is packed."""
+        gpus = sum(placement)
+        if gpus <= 0:
+            return math.inf
+        if len(placement) <= len(packed_placement(gpus, self.gpus_per_node)):
+            return self.time(gpus)
+        shape = tuple(sorted(placement, reverse=True))
+        if shape not in self._placed:
+            model, own = self.job.model, self.job.batch_size
+            assert model is not None
+            rate = model.best_batch(shape)[1] if self.searches_batch or own is None else model.goodput(shape, own)
+            self._placed[shape] = self.work / rate if rate > 0 else math.inf
+        return self._placed[shape]
 
     def batch(self, gpus: int) -> int | None:
         return self._solve(gpus)[1] if gpus > 0 else None
