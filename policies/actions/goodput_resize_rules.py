@@ -162,6 +162,15 @@ def _figures(scaled: ScaledJob, before: int, after: int) -> str:
     return text
 
 
+def _valued_where(alloc: Allocation | None, policy: Policy) -> str:
+    """What a policy that values a job's GPUs where they are (goodput's ``place_aware``) judged its size on:
+    the nodes of the placement it decided, not a packed one (the saving above is the packed estimate)."""
+    if alloc is None or not alloc.placement or not getattr(policy, "place_aware", False):
+        return ""
+    spans = len(alloc.placement)
+    return f"; its GPUs valued where they are: on {spans} node{'s' if spans != 1 else ''}"
+
+
 def _batch_at(scaled: ScaledJob, decision: Decision, nodes: int, policy: Policy) -> tuple[int | None, int | None, str]:
     """(global batch, micro-steps per step, words) the policy picked for a job that lets dlsub choose. A
     policy that tunes the batch on the nodes a job was placed on (goodput's ``batch_on_placement``) says so:
@@ -287,7 +296,8 @@ def resizes_from(jobs: Sequence[ScaledJob], settled: Sequence[ScaledJob], decisi
                                   partition=room.name, node=placed.node, batch_size=batch,
                                   accumulation_steps=micro, reason=(
                                       f"growing to {_size_text(job, size)} ({policy.name} policy): "
-                                      f"{_figures(scaled, job.members_now, size)}{words}; {placed.why}; released "
+                                      f"{_figures(scaled, job.members_now, size)}{words}"
+                                      f"{_valued_where(decision.get(job.dlsub_id), policy)}; {placed.why}; released "
                                       f"worker {worker.handle} there to join the group")))
     # Workers already leaving give their GPUs back soon: not one more shrink for the same want.
     for scaled in jobs:

@@ -252,5 +252,8 @@ def test_a_batch_tuned_on_the_placement_says_so_in_the_reason() -> None:
 
     tuned = grow(POLICY)  # the option is goodput's default
     assert "micro-step(s) of" in tuned and "the best its model rates on the 2 nodes it was placed on" in tuned
-    plain = grow(GoodputPolicy(restart_penalty_s=20.0, restart_weight=1.0, batch_on_placement=False))
-    assert "micro-step(s) of" in plain and "it was placed on" not in plain
+    # place_aware (the default too): the reason says where the GPUs were valued
+    assert "its GPUs valued where they are: on 2 nodes" in tuned
+    plain = grow(GoodputPolicy(restart_penalty_s=20.0, restart_weight=1.0, batch_on_placement=False,
+                               place_aware=False))
+    assert "micro-step(s) of" in plain and "it was placed on" not in plain and "valued where" not in plain
