@@ -304,13 +304,20 @@ class GoodputPolicy:
         arrivals jittered by up to 120 s (seed 1), from 1.025 to 1.005 and
         0.988 to 0.984; weights between (power 0.7) and flatter (0.3, 0.4)
         were within the noise of it."""
-        if not curve.guessed and not self.spare_by_remaining:
+        weight = self._speedup_weight(curve)
+        if weight is None:
             return lambda n: -curve.time(n)
-        # Guessed remaining work is about the work done (level_guess), so both weights are the remaining work's.
-        remaining = curve.service_s if curve.guessed else curve.time(1)
-        weight = UNKNOWN_WORK_S / math.sqrt(1.0 + remaining / UNKNOWN_WORK_S)
         changed = 1.0 - self.restart_share
         return lambda n: weight * curve.speedup(n) * (1.0 if n == current else changed)
+
+    def _speedup_weight(self, curve: RemainingTime) -> float | None:
+        """How :meth:`_value` weighs a job's speed-up; None for a job valued by minus its time left (known
+        length, ``spare_by_remaining`` off)."""
+        if not curve.guessed and not self.spare_by_remaining:
+            return None
+        # Guessed remaining work is about the work done (level_guess), so both weights are the remaining work's.
+        remaining = curve.service_s if curve.guessed else curve.time(1)
+        return UNKNOWN_WORK_S / math.sqrt(1.0 + remaining / UNKNOWN_WORK_S)
 
     def _offer(self, job: JobView, curve: RemainingTime, value: Callable[[int], float], n: int, hi: int, left: int,
                per_node: int, min_gain: float) -> tuple[float, int]:
@@ -446,14 +453,15 @@ class GoodputPolicy:
             return Counter({node: free[node] for node in sorted(roomy.union(own), key=index.index.__getitem__)})
 
         def value_on(name: str, nodes: tuple[str, ...]) -> float:
-            curve, n = curves[name], len(nodes)
-            if not curve.guessed and not self.spare_by_remaining:
-                return -curve.time_on(tuple(Counter(nodes).values()))
+            """:meth:`_value` of the job on these nodes (one entry a GPU), not on a packed placement."""
+            curve = curves[name]
+            time = curve.time_on(tuple(Counter(nodes).values()))
+            weight = self._speedup_weight(curve)
+            if weight is None:
+                return -time
             one = curve.time(1)
-            speedup = one / curve.time_on(tuple(Counter(nodes).values())) if 0.0 < one < math.inf else 0.0
-            remaining = curve.service_s if curve.guessed else one
-            weight = UNKNOWN_WORK_S / math.sqrt(1.0 + remaining / UNKNOWN_WORK_S)
-            return weight * speedup * (1.0 if n == currents.get(name, 0) else 1.0 - self.restart_share)
+            speedup = one / time if 0.0 < one < math.inf else 0.0
+            return weight * speedup * (1.0 if len(nodes) == currents.get(name, 0) else 1.0 - self.restart_share)
 
         def where(name: str, count: int) -> tuple[str, ...] | None:
             own = nodes_of[name]
