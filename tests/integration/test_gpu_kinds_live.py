@@ -101,21 +101,16 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
     try:
         # Earlier runs of each command on its fast kind (all of the other node held): what the agent bootstraps
         # the other kind from.
-        holds.append(hold_gpus(user, KIND_NODE["a100"], 4))
-        earlier = user.submit(*SHAPE, *SLOW_ON_A100, cwd=workdir)
-        jobs.append(earlier)
-        measured_on(earlier, "v100")
-        read_by_agent(user, earlier)
-        cancel(earlier)
-        user.wait_until_ended(earlier["id"])
-        holds.append(hold_gpus(user, KIND_NODE["v100"], 4))
-        subprocess.run(["scancel", str(holds.pop(0))], check=True)
-        earlier = user.submit(*SHAPE, *SLOW_ON_V100, cwd=workdir)
-        jobs.append(earlier)
-        measured_on(earlier, "a100")
-        read_by_agent(user, earlier)
-        cancel(earlier)
-        user.wait_until_ended(earlier["id"])
+        for command, fast, slow in ((SLOW_ON_A100, "v100", "a100"), (SLOW_ON_V100, "a100", "v100")):
+            holds.append(hold_gpus(user, KIND_NODE[slow], 4))
+            if len(holds) > 1:
+                subprocess.run(["scancel", str(holds.pop(0))], check=True)  # the previous run's
+            earlier = user.submit(*SHAPE, *command, cwd=workdir)
+            jobs.append(earlier)
+            measured_on(earlier, fast)
+            read_by_agent(user, earlier)
+            cancel(earlier)
+            user.wait_until_ended(earlier["id"])
         # The two jobs, each on its slow kind: the first on gpu1's one free GPU (gpu2 still held), the second
         # waiting until gpu2's hold goes.
         holds.append(hold_gpus(user, KIND_NODE["a100"], 3))
