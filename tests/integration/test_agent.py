@@ -58,8 +58,12 @@ def test_immediate_mode_starts_on_cpu_and_moves_to_gpu_when_it_frees(
     subprocess.run(["scancel", *map(str, gpus_busy)], check=True)
 
     def on_gpu() -> dict | None:
+        # Slurm says RUNNING on gpu before the batch script has written its start record; the status's GPU type is
+        # that record's, so wait for it too (not only for Slurm's state and the earlier attempt's step).
+        started_on_gpu = any(a["event"] == "start" and a["partition"] == "gpu" for a in attempts(job["job_dir"]))
         status = user.status(job["id"])
-        return status if status["partition"] == "gpu" and status["state"] == "RUNNING" and status["step"] else None
+        running = status["partition"] == "gpu" and status["state"] == "RUNNING" and status["step"]
+        return status if running and started_on_gpu else None
 
     moved = wait_for("the job to run on gpu", on_gpu, timeout=120)
     assert moved["slurm_job_id"] == job["slurm_job_id"], "a move is the same Slurm job, requeued"
