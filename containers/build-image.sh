@@ -8,8 +8,9 @@
 #   3. podman build the Containerfile with the wheels bind-mounted.
 # Each step is skipped when its result is already there and the recipe has
 # not changed. Usage: build-image.sh [--wheels-only] USER [IMAGE]
-#   --wheels-only: step 2 alone, on a host that reaches the package registries, for a build host that
-#   does not (the testbed's login host has no route out: testbed/up.sh downloads on the host first).
+#   --wheels-only: the downloads alone (step 2 and step 1's debootstrap), on a host that reaches the package
+#   registries, for a build host that does not (the testbed's login host has no route out: testbed/up.sh
+#   downloads on the host first).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 wheels_only=0
@@ -64,6 +65,19 @@ if [ "$(cat "$ctx/wheels/requirements.txt" 2>/dev/null)" != "$requirements" ]; t
         -d "$ctx/wheels" -r "$ctx/requirements.part"
     mv "$ctx/requirements.part" "$ctx/wheels/requirements.txt"
 fi
+# The base system, debootstrapped from Debian's mirror: a download too, so it is made here with the wheels
+# (a build host with no route out, the testbed's login host, finds it made).
+if [ ! -s "$cache/rootfs.tar" ]; then
+    say "debootstrap bookworm (minbase + python3)"
+    rm -rf "$cache/rootfs"
+    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+        bookworm "$cache/rootfs" >"$cache/debootstrap.log" 2>&1 \
+        || { tail -20 "$cache/debootstrap.log" >&2; exit 1; }
+    rm -rf "$cache/rootfs/var/cache/apt/archives/"*.deb "$cache/rootfs/var/lib/apt/lists/"*
+    tar -C "$cache/rootfs" -cf "$cache/rootfs.tar.part" .
+    mv "$cache/rootfs.tar.part" "$cache/rootfs.tar"
+    rm -rf "$cache/rootfs"
+fi
 [ "$wheels_only" -eq 1 ] && exit 0
 
 recipe="$(cat "$here/Containerfile" "$0" | sha256sum | cut -c1-16)"
@@ -74,17 +88,7 @@ if as_user podman image exists "$image" \
 fi
 
 if ! as_user podman image exists "$base"; then
-    if [ ! -s "$cache/rootfs.tar" ]; then
-        say "debootstrap bookworm (minbase + python3)"
-        rm -rf "$cache/rootfs"
-        debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
-            bookworm "$cache/rootfs" >"$cache/debootstrap.log" 2>&1 \
-            || { tail -20 "$cache/debootstrap.log" >&2; exit 1; }
-        rm -rf "$cache/rootfs/var/cache/apt/archives/"*.deb "$cache/rootfs/var/lib/apt/lists/"*
-        tar -C "$cache/rootfs" -cf "$cache/rootfs.tar.part" .
-        mv "$cache/rootfs.tar.part" "$cache/rootfs.tar"
-        rm -rf "$cache/rootfs"
-    fi
+    [ -s "$cache/rootfs.tar" ] || { say "no $cache/rootfs.tar: run build-image.sh --wheels-only first"; exit 1; }
     chmod 644 "$cache/rootfs.tar"
     say "importing $base"
     as_user podman import --quiet "$cache/rootfs.tar" "$base" >/dev/null
