@@ -135,7 +135,8 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
         else:
             followed.append(seen)
     observed, skipped, late = _observe_followed(ctx, followed, moves, known, now, writes, deadline)
-    pending_gpus, pending_per_node = _waiting(ctx.rules, slurm_jobs, moves, queue.worker_ids, known)
+    waiting = _waiting(ctx.rules, slurm_jobs, moves, queue.worker_ids, known)
+    pending_gpus = waiting.gpus
     parts = [PartitionInfo(
         name=p.name, role=ctx.policy.role_of(p.name), speed=ctx.policy.speed_of(p.name),
         nodes=_idle_nodes(p),
@@ -149,8 +150,7 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
     mains = [s for s in followed if s.request.elastic_main]
     elastic_progress = {s.request.dlsub_id: (s.row.data.progress or ProgressSummary()).progress() for s in mains}
     elastic_dirs = {s.request.dlsub_id: s.row.data.job_dir for s in mains if s.row.data.job_dir}
-    rooms = [Room(p.name, _idle_nodes(p), pending_gpus.get(p.name, 0), pending_per_node.get(p.name, 0))
-             for p in partitions]
+    rooms = [waiting.room(p) for p in partitions]
     return Observation(infos, parts, window_at(ctx.policy, now), queue.usage, skipped, late, elastic,
                        rooms, elastic_progress, elastic_dirs, {s.job.job_id: s for s in observed},
                        forgotten_rows(rows, slurm_jobs, moves, queue.workers), node_types)
@@ -276,12 +276,26 @@ def _observe_followed(ctx: ObserveWith, followed: list[Seen], moves: dict[tuple[
     return observed, skipped + unread, late
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """What jobs waiting for nodes want, per partition: GPUs in all, the most on one node, and of those GPUs,
+    the ones asked for as one kind (``gres:gpu:KIND:N``), per kind."""
+
+    gpus: dict[str, int]
+    per_node: dict[str, int]
+    by_kind: dict[str, dict[str, int]]
+
+    def room(self, partition: Partition) -> Room:
+        name = partition.name
+        return Room(name, _idle_nodes(partition), self.gpus.get(name, 0), self.per_node.get(name, 0),
+                    tuple(sorted(self.by_kind.get(name, {}).items())))
+
+
 def _waiting(rules: Rules, slurm_jobs: list[SlurmJob], moves: dict[tuple[int, int], MoveRow],
-             worker_ids: set[int], known: dict[str, Partition]) -> tuple[dict[str, int], dict[str, int]]:
-    """What jobs waiting for nodes want, per partition: GPUs in all, and the most on one node. One user
-    counts for at most the per-user GPU limit, so that a user's queue of jobs cannot shrink (or keep
-    from growing) everybody else's."""
-    by_user: dict[tuple[str, int], int] = {}
+             worker_ids: set[int], known: dict[str, Partition]) -> Waiting:
+    """What jobs waiting for nodes want (:class:`Waiting`). One user counts for at most the per-user GPU
+    limit, so that a user's queue of jobs cannot shrink (or keep from growing) everybody else's."""
+    by_user: dict[tuple[str, int, str], int] = {}  # (partition, uid, kind asked for or "")
     pending_per_node: dict[str, int] = {}
     for job in slurm_jobs:
         if (job.state == "PENDING" and not job.held and job.gpus_per_node and job.user_id is not None
@@ -289,12 +303,22 @@ def _waiting(rules: Rules, slurm_jobs: list[SlurmJob], moves: dict[tuple[int, in
                 and job.reason in _WAITING_FOR_NODES and _could_run(job, known)):
             wanted = job.gpus_per_node * max(1, job.node_count)
             for name in job.partition.split(","):
-                by_user[(name, job.user_id)] = by_user.get((name, job.user_id), 0) + wanted
+                key = (name, job.user_id, job.gpu_type_asked or "")
+                by_user[key] = by_user.get(key, 0) + wanted
                 pending_per_node[name] = max(pending_per_node.get(name, 0), job.gpus_per_node)
+    per_user: dict[tuple[str, int], int] = {}
+    by_kind: dict[str, dict[str, int]] = {}
+    # The per-user limit, typed requests first: a user's GPUs counted past it are none of any kind.
+    for (name, uid, kind), wanted in sorted(by_user.items(), key=lambda item: item[0][2] == ""):
+        counted = min(wanted, rules.max_gpus_per_user - per_user.get((name, uid), 0))
+        per_user[(name, uid)] = per_user.get((name, uid), 0) + counted
+        if kind and counted > 0:
+            kinds = by_kind.setdefault(name, {})
+            kinds[kind] = kinds.get(kind, 0) + counted
     pending_gpus: dict[str, int] = {}
-    for (name, _), wanted in by_user.items():
-        pending_gpus[name] = pending_gpus.get(name, 0) + min(wanted, rules.max_gpus_per_user)
-    return pending_gpus, pending_per_node
+    for (name, _), counted in per_user.items():
+        pending_gpus[name] = pending_gpus.get(name, 0) + counted
+    return Waiting(pending_gpus, pending_per_node, by_kind)
 
 
 def _price(policy: AgentPolicy, partition: str) -> float:
@@ -353,10 +377,11 @@ def _one_kind(nodes: tuple[str, ...], node_types: dict[str, str]) -> str | None:
 
 def _could_run(job: SlurmJob, known: dict[str, Partition]) -> bool:
     """Whether some partition the job names has enough up nodes with as many GPUs as it wants per node."""
+    kind = job.gpu_type_asked
     for name in job.partition.split(","):
         part = known.get(name)
-        if part is not None and sum(1 for n in part.nodes if n.usable and n.gpus >= job.gpus_per_node) \
-                >= max(1, job.node_count):
+        if part is not None and sum(1 for n in part.nodes if n.usable and n.gpus >= job.gpus_per_node
+                                    and (kind is None or n.gpu_type == kind)) >= max(1, job.node_count):
             return True
     return False
 

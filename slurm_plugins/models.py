@@ -121,6 +121,12 @@ class SlurmJob:
         return JobState.from_slurm(self.state)
 
     @property
+    def gpu_type_asked(self) -> str | None:
+        """The one kind of GPU the job asks for (``gres:gpu:a100:1``), as Slurm holds its request; None: any
+        kind, or none."""
+        return gpu_type_in_gres(str(self.extra.get("tres_per_node") or ""))
+
+    @property
     def held(self) -> bool:
         """Held by a user or an admin (priority 0): it will not start until released."""
         return is_held(self.state, self.reason)

@@ -151,10 +151,17 @@ class Room:
     nodes: tuple[IdleNode, ...]
     waiting_gpus: int = 0  # GPUs wanted by jobs waiting there (not held, not ours to overtake)
     waiting_per_node: int = 0  # the most GPUs on one node that one of them wants
+    # Of waiting_gpus, what the jobs that ask for one kind of GPU (gres:gpu:KIND:N) want, per kind: only GPUs
+    # of that kind can start them, so only those are worth freeing or keeping for them.
+    waiting_by_kind: tuple[tuple[str, int], ...] = ()
 
     @property
     def idle_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes)
+
+    def _idle(self, freed: dict[str, int] | None) -> list[tuple[IdleNode, int]]:
+        back = freed or {}
+        return [(n, n.gpus + back.get(n.name, 0)) for n in self.nodes]
 
     def short_of_gpus(self, freed: dict[str, int] | None = None) -> bool:
         """Whether jobs wait here that the idle GPUs cannot start: too few in all, or none on one node.
@@ -163,10 +170,22 @@ class Room:
         """
         if self.waiting_gpus <= 0:
             return False
-        back = freed or {}
-        idle = [(n.name, n.gpus + back.get(n.name, 0)) for n in self.nodes]
+        idle = self._idle(freed)
         return (self.waiting_gpus > sum(g for _, g in idle)
                 or not any(g >= self.waiting_per_node for _, g in idle))
+
+    def untyped_waiting(self) -> int:
+        """The waiting GPUs of jobs that take any kind."""
+        return max(0, self.waiting_gpus - sum(g for _, g in self.waiting_by_kind))
+
+    def short_for(self, kind: str | None, freed: dict[str, int] | None = None) -> bool:
+        """Whether GPUs freed on a node of ``kind`` would start a waiting job: some wait for any kind and the
+        idle GPUs cannot start them all (:meth:`short_of_gpus`), or some wait for this kind and more than its
+        idle GPUs."""
+        if self.untyped_waiting() > 0 and self.short_of_gpus(freed):
+            return True
+        wanted = sum(g for k, g in self.waiting_by_kind if k == kind)
+        return wanted > 0 and wanted > sum(g for n, g in self._idle(freed) if n.gpu_type == kind)
 
 
 class Capacity:
@@ -178,11 +197,20 @@ class Capacity:
         # same_kind: a job's workers go only to nodes of its own GPU kind (where it and they have one), so that
         # a group sized on one kind is never spread over two (the agent's sizing across GPU kinds).
         self.same_kind = same_kind
-        self.nodes: dict[str, IdleNode] = {}
-        # Jobs waiting there keep first claim on idle GPUs: those of the first nodes are theirs.
+        self.nodes: dict[str, IdleNode] = {n.name: n for n in room.nodes}
+        # Jobs waiting there keep first claim on idle GPUs: those that ask for a kind, on nodes of that kind;
+        # the rest, those of the first nodes.
+        typed = dict(room.waiting_by_kind)
         for node in room.nodes:
+            claim = min(reserve_gpus, node.gpus, typed.get(node.gpu_type or "", 0))
+            if claim > 0:
+                self.nodes[node.name] = node.less(claim)
+                typed[node.gpu_type or ""] -= claim
+                reserve_gpus -= claim
+        reserve_gpus -= min(reserve_gpus, sum(typed.values()))  # what no node of its kind has idle for them
+        for name, node in self.nodes.items():
             claim = min(reserve_gpus, node.gpus)
-            self.nodes[node.name] = node.less(claim)
+            self.nodes[name] = node.less(claim)
             reserve_gpus -= claim
 
     def _fits(self, node: IdleNode, job: ElasticJob) -> bool:
@@ -289,10 +317,12 @@ def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int], hel
     for worker in _staying(job):
         for room in rooms.values():
             idle = {n.name: n.gpus for n in room.nodes}
-            # Only a node that the waiting jobs could then use is worth freeing.
+            kinds = {n.name: n.gpu_type for n in room.nodes}
+            # Only a node that the waiting jobs could then use is worth freeing: one with room for the most
+            # one of them wants on a node, whose kind of GPU one of them waits for and its idle GPUs lack.
             helps = any(n in idle and idle[n] + freed.get(n, 0) + held.get(n, 0) >= room.waiting_per_node
-                        for n in worker.nodes)
-            if helps and room.short_of_gpus(freed):
+                        and room.short_for(kinds[n], freed) for n in worker.nodes)
+            if helps:
                 for node in worker.nodes:
                     freed[node] = freed.get(node, 0) + each
                     held[node] -= each

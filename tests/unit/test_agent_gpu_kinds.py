@@ -126,6 +126,21 @@ def test_observation_has_node_kinds_and_each_jobs_throughput_per_kind(tmp_path: 
     assert set(seen.elastic_progress[B].measured_by_type) == {"v100"}
 
 
+def test_jobs_waiting_for_one_kind_are_counted_for_that_kind(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: the room's waiting GPUs, and of them those asked for as one kind, per kind
+    (``--gres=gpu:a100:1``); a job asking for a kind no node of the partition has waits for nothing here."""
+    world = typed(World(tmp_path))
+    elastic(world, A, "gpu1", workers=0)
+    world.submit("0000c100", uid=ME + 1, user="carol", comment="", partition="gpu", gres="gpu:a100:1",
+                 start_on=None)
+    world.submit("0000d100", uid=ME + 2, user="dave", comment="", partition="gpu", gres="gpu:2", start_on=None)
+    world.submit("0000e100", uid=ME + 3, user="erin", comment="", partition="gpu", gres="gpu:t4:1", start_on=None)
+    agent = world.agent()
+    seen = observe(agent.observing, NOW, world.client.jobs(), world.client.partitions(), Writes(), 1e18)
+    (room,) = [r for r in seen.rooms if r.name == "gpu"]
+    assert (room.waiting_gpus, room.waiting_by_kind, room.untyped_waiting()) == (3, (("a100", 1),), 2)
+
+
 def test_untyped_nodes_and_reports_leave_no_kinds(tmp_path: Path) -> None:
     """Unit with the fake Slurm: today's untyped cluster: no node kinds, no job kind, nothing per kind."""
     world = World(tmp_path)

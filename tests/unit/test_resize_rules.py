@@ -138,3 +138,36 @@ def test_two_jobs_one_gpu_worker_each_both_leave_for_a_job_that_needs_two_on_the
                           worker_arrays=(800,))
     (action,) = plan_resizes([old, one_leaving], [full])
     assert action.worker == "900_0", "the next tick: the other leaves too, the first already on its way"
+
+
+# ---------------------------------------------------------------- jobs waiting for one kind of GPU
+A100, V100 = "a100", "v100"
+
+
+def test_a_job_waiting_for_one_kind_shrinks_a_worker_on_that_kind_not_the_newest_jobs_on_another() -> None:
+    """A job asks for gres:gpu:a100:1. Newest first would send away the v100 job's worker, whose GPU it cannot
+    use (and nobody may grow onto while it waits): the older job's worker on a100 leaves instead."""
+    older = elastic((running("900_0", "gpu1"),), dlsub_id="0000a100", submit_time=10.0, gpus_per_node=1,
+                    gpu_type=A100)
+    newer = elastic((running("800_0", "gpu2"),), dlsub_id="0000b100", slurm_job_id=801, worker_arrays=(800,),
+                    submit_time=20.0, gpus_per_node=1, gpu_type=V100)
+    full = (IdleNode("gpu1", 0, gpu_type=A100), IdleNode("gpu2", 0, gpu_type=V100))
+    (action,) = plan_resizes([older, newer], [Room("gpu", full, 1, 1, ((A100, 1),))])
+    assert (action.kind, action.dlsub_id, action.worker) == (K.SHRINK, "0000a100", "900_0")
+    untyped = plan_resizes([older, newer], [Room("gpu", full, 1, 1)])
+    assert [(a.kind, a.dlsub_id) for a in untyped] == [(K.SHRINK, "0000b100")], "any kind: newest first, as before"
+
+
+def test_idle_gpus_of_another_kind_neither_count_for_a_typed_waiting_job_nor_are_kept_for_it() -> None:
+    """v100 GPUs are idle and the waiting job wants an a100: the a100 worker still leaves for it, and the v100
+    job may grow onto the idle v100 (they are nobody's), but never onto an idle a100 it waits for."""
+    on_a100 = elastic((running("900_0", "gpu1"),), dlsub_id="0000a100", gpus_per_node=1, gpu_type=A100)
+    room = Room("gpu", (IdleNode("gpu1", 0, gpu_type=A100), IdleNode("gpu2", 2, gpu_type=V100)), 1, 1, ((A100, 1),))
+    (action,) = plan_resizes([on_a100], [room])
+    assert (action.kind, action.worker) == (K.SHRINK, "900_0")
+    grower = elastic(pool(), dlsub_id="0000b100", slurm_job_id=801, gpus_per_node=1, gpu_type=V100,
+                     worker_gpus=1, main_nodes=("gpu2",))
+    (grow,) = plan_resizes([grower], [room])
+    assert (grow.kind, grow.node) == (K.GROW, "gpu2")
+    kept = Room("gpu", (IdleNode("gpu1", 1, gpu_type=A100), IdleNode("gpu2", 0, gpu_type=V100)), 1, 1, ((A100, 1),))
+    assert plan_resizes([grower], [kept]) == [], "the idle a100 is the waiting job's"
