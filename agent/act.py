@@ -246,6 +246,13 @@ def _prepare_backfill(seen: Observation, action: Action, now: float, writes: Wri
     return True
 
 
+def _prepare_place(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
+    followed = seen.followed[action.slurm_job_id]
+    writes.decide(now, followed.row.uid, followed.row.dlsub_id, followed.job.job_id, followed.row.user, "place",
+                  action.reason, action.details)
+    return True
+
+
 def _prepare_resize(seen: Observation, resize: Resize, now: float, writes: Writes) -> bool:
     job = _elastic_job(seen, resize)
     writes.decide(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, resize.kind, resize.reason,
@@ -275,6 +282,8 @@ STEPS: dict[K, Step] = {
     K.FINISH_MOVE: Step(_prepare_end_move),
     K.ABANDON_MOVE: Step(_prepare_end_move),
     K.NOTE: Step(_prepare_note),
+    # Not a move: no record, no phase. Decided again each tick from Slurm's request, and asking twice is harmless.
+    K.PLACE: Step(_prepare_place, _retarget),
     K.GROW: Step(_prepare_resize, _grow, ResizePhase.ENDED, before="grow-planned",
                  sent="grow-released", after="grow-recorded"),
     K.SHRINK: Step(_prepare_resize, lambda c, r: c.signal_task(_handle(r), MOVE_SIGNAL), ResizePhase.LEAVING,

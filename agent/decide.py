@@ -15,7 +15,7 @@ from dlsub.agent.records import ResizePhase
 from dlsub.job_progress import Progress
 from dlsub.policies.actions import resize_rules
 from dlsub.policies.actions.goodput_resize_rules import plan_by_policy
-from dlsub.policies.actions.gpu_kind_rules import plan_across_kinds, room_kinds
+from dlsub.policies.actions.gpu_kind_rules import place_waiting, plan_across_kinds, retype_waiting, room_kinds
 from dlsub.policies.actions.kinds import ActionKind
 from dlsub.policies.actions.move_views import Action, Rules
 from dlsub.policies.actions.resize_rules import ElasticJob, Resize, Room
@@ -162,6 +162,39 @@ def _size_by_policy(seen: Observation, rules: Rules, models: LiveModels, policy:
             log.exception("sizing the elastic jobs of %s failed; no resizes there this tick", room.name)
             return []
     return size
+
+
+def place_waiting_jobs(seen: Observation, rules: Rules, models: LiveModels, policy: Policy, now: float) -> list[Action]:
+    """Where the site sizes elastic jobs across GPU kinds (``[goodput] across_gpu_types``): the kind each elastic
+    job waiting in a partition of two or more kinds is asked for as (:func:`place_waiting`); ``seen.rooms``
+    then count their waiting GPUs against those kinds. A job that never ran is known by its command (the
+    ``app=`` its submit named): what its user's earlier runs of it measured on each kind."""
+    limit = rules.max_gpus_per_user
+    headroom = {uid: max(0, limit - usage.gpus) for uid, usage in seen.usage.items()}
+    placed: list[Action] = []
+    for index, room in enumerate(seen.rooms):
+        kinds = room_kinds(room)
+        jobs = [j for j in seen.elastic if j.partition == room.name and not j.ended and not j.moving]
+        if len(kinds) < 2 or not any(j.waiting for j in jobs):
+            continue
+        scaled = []
+        for job in jobs:
+            progress = seen.elastic_progress.get(job.dlsub_id) or Progress()
+            if progress.application is None and job.application is not None:
+                progress = dataclasses.replace(progress, application=job.application)
+            try:
+                scaled.append(models.scaled(job, progress, now, headroom.get(job.uid, limit), kinds))
+            except Exception:  # one job's reports cost that job its placing, never the others'
+                log.exception("job %s: no model from its reports this tick", job.dlsub_id)
+        try:
+            actions = place_waiting([s for s in scaled if s.job.waiting],
+                                    [s for s in scaled if s.job.state == "RUNNING"], room, policy, now)
+        except Exception:  # a bad model costs this partition its placing this tick, never the tick
+            log.exception("placing the waiting elastic jobs of %s failed; none placed this tick", room.name)
+            continue
+        seen.rooms[index] = retype_waiting(room, actions, {j.dlsub_id: j for j in jobs})
+        placed += actions
+    return placed
 
 
 def _checkpointed(seen: Observation) -> frozenset[str]:

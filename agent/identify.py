@@ -61,12 +61,14 @@ def _request_from_record(job: SlurmJob, uid: int) -> TrustedRequest | None:
     tags = record.tags
     return TrustedRequest("record", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus or record.gpus_per_node,
                    record.partition, record.time_limit_min, tags.role,
-                   (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step, tags.plain)
+                   (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step, tags.plain, tags.application,
+                   record.gpu_type)
 
 
 def _request_from_tags(job: SlurmJob, tags: Tags) -> TrustedRequest:
     return TrustedRequest("comment", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus, job.partition, job.time_limit_min,
-                   tags.role, (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step, tags.plain)
+                   tags.role, (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step, tags.plain,
+                   tags.application, job.gpu_type_asked)
 
 
 def worker_request(job: SlurmJob, uid: int) -> TrustedRequest | None:

@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlsub.contract import valid_application, valid_gpu_type
 from dlsub.job_progress import AttemptsSummary, ProgressSummary
 from dlsub.jobdir import Cursor
 
@@ -46,6 +47,10 @@ class TrustedRequest:
     members: tuple[int, int] | None = None
     step: int = 0  # GPUs of each worker of a job elastic in GPUs (0: whole nodes)
     plain: bool = False  # submit tagged its script as one that uses no dlsub library (Tags.plain)
+    application: str | None = None  # the command it trains, as submit named it (Tags.application)
+    # The one kind of GPU it asked for itself (SubmitRecord.gpu_type; where it has no record, the kind Slurm's
+    # request named when the agent first saw it): the agent never changes a kind its user chose.
+    gpu_type: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrustedRequest:
@@ -54,7 +59,7 @@ class TrustedRequest:
         return cls(str(d.get("source") or ""), str(d.get("dlsub_id") or ""), d.get("mode"), d.get("ideal"),
                    d.get("gpus"), d.get("partition"), d.get("time_limit_min"), d.get("role", "main"),
                    (int(members[0]), int(members[1])) if members else None, int(d.get("step") or 0),
-                   d.get("plain") is True)
+                   d.get("plain") is True, valid_application(d.get("application")), valid_gpu_type(d.get("gpu_type")))
 
     def to_dict(self) -> dict[str, Any]:
         """As the row keeps it (JSON)."""
@@ -62,7 +67,9 @@ class TrustedRequest:
                 "gpus": self.gpus, "partition": self.partition, "time_limit_min": self.time_limit_min,
                 "role": self.role, "nodes": list(self.members) if self.members else None, "step": self.step,
                 # Only when set: a request stored before the tag existed is written back as it was.
-                **({"plain": True} if self.plain else {})}
+                **({"plain": True} if self.plain else {}),
+                **({"application": self.application} if self.application else {}),
+                **({"gpu_type": self.gpu_type} if self.gpu_type else {})}
 
     @property
     def elastic_main(self) -> bool:

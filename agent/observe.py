@@ -353,7 +353,10 @@ def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[Work
             submit_time=float(job.submit_time), worker_arrays=tuple(sorted(arrays)),
             workers=tasks, moving=seen.row.key() in moves, cpus_per_node=job.cpus_per_node,
             memory_per_node_mb=job.memory_per_node_mb, worker_gpus=step, main_nodes=nodes_of(job),
-            gpu_type=_one_kind(nodes_of(job), node_types), start_time=float(job.start_time)))
+            gpu_type=_one_kind(nodes_of(job), node_types), start_time=float(job.start_time),
+            waiting=job.state == "PENDING" and not job.held and job.reason in _WAITING_FOR_NODES,
+            asked_gpu_type=job.gpu_type_asked, user_gpu_type=seen.request.gpu_type,
+            application=seen.request.application))
     ended = {(r.uid, r.dlsub_id): r for r in rows.values()
              if r.state is not None and r.state.terminal and not r.data.ignored}
     for key, orphans in workers.items():

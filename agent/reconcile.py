@@ -34,7 +34,7 @@ from dlsub.agent import failpoints
 from dlsub.agent.act import STEPS, Item, act, prepare
 from dlsub.agent.agent_store import AgentStore, Writes
 from dlsub.agent.budget_watch import BudgetWatch
-from dlsub.agent.decide import TAKES_GPUS, plan_resizes, reserve_gpus, rules_from
+from dlsub.agent.decide import TAKES_GPUS, place_waiting_jobs, plan_resizes, reserve_gpus, rules_from
 from dlsub.agent.live_models import LiveModels, sizing_policy
 from dlsub.agent.observe import Observation, ObserveWith, observe
 from dlsub.policies.actions import move_rules
@@ -101,6 +101,11 @@ class Agent:
         # GPUs this tick's moves and backfills are about to take are not idle for growth.
         seen.rooms = reserve_gpus(seen.rooms, [(a.partition, a.gpus, a.gpu_type) for a in actions
                                                      if a.kind in TAKES_GPUS])
+        if self.policy.goodput.across_gpu_types and self._sizing_policy is not None:
+            # Before the resizes: the workers that leave for a job that waits are those of the kind it waits for.
+            for action in place_waiting_jobs(seen, self.rules, self.memory.models, self._sizing_policy, now):
+                if action.slurm_job_id in seen.followed and action.slurm_job_id not in {a.slurm_job_id for a in todo}:
+                    (todo if prepare(action, seen, now, writes) else done).append(action)
         kind_moves: list[Action] = []  # elastic jobs moved to another GPU kind ([goodput] across_gpu_types)
         resumed, planned = plan_resizes(seen, self.store, self.policy, self.rules, self.memory.models,
                                         self._sizing_policy, now, writes, kind_moves)

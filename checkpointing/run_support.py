@@ -158,16 +158,12 @@ def end_process_group_at_exit() -> None:
         _ending_at_exit = True
 
 
-#: A script bigger than this is not read to name its command (a Python script is kilobytes).
-MAX_SCRIPT_BYTES = 16 << 20
-
-
 def application() -> dict[str, str]:
     """The start event's digest of the command this process runs (none when its script cannot be read):
     the agent sizes the next run of the same command on what this one measured."""
     try:
         script = Path(sys.argv[0])
-        if not script.is_file() or script.stat().st_size > MAX_SCRIPT_BYTES:
+        if not script.is_file() or script.stat().st_size > contract.MAX_SCRIPT_BYTES:
             return {}
         return {contract.APPLICATION_FIELD: contract.application_digest(script.read_bytes(), sys.argv[1:])}
     except (OSError, IndexError, ValueError):

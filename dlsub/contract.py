@@ -224,6 +224,10 @@ APPLICATION_FIELD = "application"
 _APPLICATION_DIGEST = re.compile(r"^[0-9a-f]{32}\Z")
 
 
+#: A script bigger than this is not read to name its command (a Python script is kilobytes).
+MAX_SCRIPT_BYTES = 16 << 20
+
+
 def application_digest(script: bytes, args: Sequence[str]) -> str:
     """Which command a training is: its script's bytes and its arguments (a
     different model or batch size is another command), as 32 hex digits."""
@@ -326,7 +330,7 @@ MODES = ("immediate", "ideal")
 ROLES = ("main", "worker")
 _PARTITION = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 _TAG = re.compile(r"^([a-z_]{1,32})=([A-Za-z0-9._-]{0,64})\Z")
-_TAG_KEYS = ("mode", "ideal", "gpus", "role", "nodes", "step", "script")
+_TAG_KEYS = ("mode", "ideal", "gpus", "role", "nodes", "step", "script", "app")
 #: Most GPUs a tag may ask for; the admin's policy caps it further.
 MAX_GPUS = 1024
 #: Most nodes an elastic range may name.
@@ -361,6 +365,10 @@ class Tags:
     # from scratch on its GPUs, once its attempt also runs without the library's start event. A job without
     # the tag (submitted by hand, or by a dlsub before it) is never restarted so.
     plain: bool = False
+    # The command it trains (application_digest of its script and arguments, as submit read them): before its
+    # first start event says so, what lets the agent weigh an elastic job that waits by what its user's earlier
+    # runs of the same command measured (``app=``). None: not said.
+    application: str | None = None
 
     def __post_init__(self) -> None:
         if not DLSUB_ID.match(self.dlsub_id):
@@ -378,6 +386,8 @@ class Tags:
                                 f"1 <= MIN < MAX <= {MAX_NODES}")
         if not 0 <= self.step <= MAX_GPUS or (self.step and self.nodes is None):
             raise ContractError(f"step={self.step}: a GPU step 1..{MAX_GPUS} of an elastic range")
+        if self.application is not None and valid_application(self.application) is None:
+            raise ContractError(f"app={self.application!r} is not an application digest (32 hex digits)")
 
     def comment(self) -> str:
         parts = [f"{COMMENT_PREFIX}{self.dlsub_id}", f"mode={self.mode}"]
@@ -392,6 +402,8 @@ class Tags:
             parts.append(f"step={self.step}")
         if self.plain:
             parts.append("script=plain")
+        if self.application:
+            parts.append(f"app={self.application}")
         return ";".join(parts)
 
     @classmethod
@@ -424,7 +436,7 @@ class Tags:
             return None
         try:
             return cls(head, values.get("mode", "ideal"), values.get("ideal") or None, int(gpus),
-                       values.get("role", "main"), nodes, int(step), "script" in values)
+                       values.get("role", "main"), nodes, int(step), "script" in values, values.get("app"))
         except ContractError:
             return None
 
@@ -453,6 +465,7 @@ class SubmitRecord:
     time_limit_min: int | None
     gpus_per_node: int  # from Slurm's own TresPerNode at submit
     tags: Tags  # the comment as it was at submit
+    gpu_type: str | None = None  # the one kind of GPU its TresPerNode named at submit (gres:gpu:a100:1); None: any
 
     @classmethod
     def parse(cls, admin_comment: str | None) -> SubmitRecord | None:
@@ -474,7 +487,7 @@ class SubmitRecord:
         if partition is not None and not all(_PARTITION.match(p) for p in partition.split(",")):
             return None
         return cls(int(uid), partition, int(time_text) if time_text else None,
-                   gpus_in_tres(values.get("tres", "")), tags)
+                   gpus_in_tres(values.get("tres", "")), tags, gpu_type_in_gres(values.get("tres", "")))
 
 
 def gpus_in_tres(tres: str | None) -> int:

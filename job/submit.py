@@ -17,7 +17,7 @@ from pathlib import Path
 import dlsub
 from dlsub.containers.mounts import ORIGIN_USER, Mount, MountError, MountRequest, resolve_mount
 from dlsub.containers.podman import ContainerSpec, check_image, check_mount_path
-from dlsub.contract import BATCH_SCRIPT, WORKER_SCRIPT
+from dlsub.contract import BATCH_SCRIPT, MAX_SCRIPT_BYTES, WORKER_SCRIPT, application_digest
 from dlsub.job.partition_choice import Choice, Request, choose_partition
 from dlsub.job.private_files import AgentAccess, blocked_ancestor, make_job_dir
 from dlsub.job.script_library import script_uses_library
@@ -152,7 +152,7 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         time_limit_min=req.time_limit_min,
         signal_grace_s=settings.signal_grace_s,
         dlsub_version=dlsub.__version__,
-        tags=_agent_tags(req, choice, plain),
+        tags=_agent_tags(req, choice, plain, _application(script, req)),
         max_continuations=max(0, req.max_continuations),
         elastic=(req.nodes, req.max_members) if req.max_members is not None else None,
     )
@@ -287,17 +287,33 @@ def _container_spec(req: SubmitRequest, settings: Settings, script: Path, image:
     )
 
 
-def _agent_tags(req: SubmitRequest, choice: Choice, plain: bool) -> tuple[tuple[str, str], ...]:
+def _agent_tags(req: SubmitRequest, choice: Choice, plain: bool,
+                application: str | None = None) -> tuple[tuple[str, str], ...]:
     """The ``--comment`` tags the agent acts on: the mode, where the job ideally runs, the GPUs and
-    an elastic job's node range it asked for (the start may differ from all of them), and whether its
-    script reads as one that uses no dlsub library (the agent may then restart it from scratch)."""
+    an elastic job's node range it asked for (the start may differ from all of them), whether its
+    script reads as one that uses no dlsub library (the agent may then restart it from scratch), and an
+    elastic job's command (``application``: what its user's earlier runs of it measured place it while it
+    waits)."""
     elastic: tuple[tuple[str, str], ...] = ()
     if req.max_members is not None:
         elastic = (("nodes", f"{req.nodes}-{req.max_members}"),)
     if req.max_members is not None and req.worker_gpus:
         elastic += (("step", str(req.worker_gpus)),)  # elastic in GPUs: each worker adds this many
+    if req.max_members is not None and application:
+        elastic += (("app", application),)
     return (("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus_per_node)),
             *elastic, *((("script", "plain"),) if plain else ()))
+
+
+def _application(script: Path, req: SubmitRequest) -> str | None:
+    """The digest of the command the job trains (:func:`dlsub.contract.application_digest`), as the training's
+    start event will name it: its script's bytes and its arguments. None for a script too big to read."""
+    try:
+        if script.stat().st_size > MAX_SCRIPT_BYTES:
+            return None
+        return application_digest(script.read_bytes(), list(req.args))
+    except OSError:
+        return None
 
 
 def _worker_array(batch: BatchSpec, gpus: int) -> BatchSpec | None:

@@ -235,3 +235,83 @@ def _move_or_note(scaled: ScaledJob, view: JobView, target: str, capacity: Capac
             f"it); moved: checkpointing, then requeued onto gpu:{target}:{job.gpus_per_node} ({','.join(nodes)} "
             "idle), its workers back to the held pool until it grows there"),
         partition=job.partition, gpus=job.gpus_per_node, gpu_type=target, details=details)
+
+
+def _could_be_freed(job: ElasticJob, room: Room, running: Sequence[ScaledJob], kind: str) -> bool:
+    """Whether a node of ``kind`` has the GPUs the job's main job needs on one node idle, or held by elastic
+    workers (those leave for a job that waits there: :func:`~.resize_rules.plan_resizes`)."""
+    held: Counter[str] = Counter()
+    for other in running:
+        for worker in other.job.workers:
+            if worker.state == "RUNNING" and not worker.leaving:
+                held.update({n: other.job.gpus_per_worker for n in worker.nodes})
+    return any(n.gpu_type == kind and n.gpus + held[n.name] >= job.gpus_per_node for n in room.nodes)
+
+
+def place_waiting(waiting: Sequence[ScaledJob], running: Sequence[ScaledJob], room: Room, policy: Policy,
+                  now: float) -> list[Action]:
+    """The kind of GPU each elastic job that waits in ``room`` is asked for as (``PLACE`` actions).
+
+    The typed policy is asked about the partition's elastic jobs, the waiting ones with none of its GPUs: a
+    waiting job it puts on one kind is asked for as that kind (``gres:gpu:KIND:N``), when all of these hold:
+    its user asked for no kind (a user's choice is never changed); by what it measured, or its user's earlier
+    runs of the same command measured, on one GPU of each kind, that kind is the fastest; and a node of that
+    kind has its main job's GPUs idle or held by elastic workers, which leave for a job waiting there (jobs
+    waiting for a kind are counted against that kind's GPUs). A job placed so, or moved to a kind, that waits
+    for a kind no node of which can be freed for it any more is asked for as any kind again. Only the waiting
+    job's own figures place it: it then waits as it would had its user asked for that kind."""
+    if not waiting:
+        return []
+    kinds = room_kinds(room)
+    node_kinds = {n.name: n.gpu_type for n in room.nodes}
+    capacity, settled, held = settled_and_held(running, room, same_kind=True)
+    views = {v.name: v for v in policy_views(settled)}
+    views.update({v.name: dataclasses.replace(v, gpus=0) for v in policy_views(waiting)})
+    decision = policy.decide(list(views.values()), typed_view(room, capacity, held), now, held)
+    actions: list[Action] = []
+    for scaled in waiting:
+        job = scaled.job
+        if job.user_gpu_type is not None or "," in job.partition:
+            continue
+        # Its one-GPU rates as the policy has them: at the batch it is guessed to run until it reports its own,
+        # so only their ratios are told.
+        rates = {k: r for k in kinds if (r := (views[job.dlsub_id].type_rates or {}).get(k, 0.0)) > 0}
+        target = _kind_of(decision.get(job.dlsub_id), node_kinds)
+        faster = target in rates and all(rates[target] > r for k, r in rates.items() if k != target) and len(rates) > 1
+        slowest = min(rates.values(), default=1.0)
+        figures = ", ".join(f"{k} {rates[k] / slowest:.2f}x" for k in sorted(rates, key=lambda k: -rates[k]))
+        words = f"{policy.name} policy across GPU kinds"
+        details: dict[str, float | str | int | None] = {f"rate_{k}": round(r, 3) for k, r in rates.items()}
+        if target is not None and faster and _could_be_freed(job, room, running, target):
+            if job.asked_gpu_type != target:
+                details["to_gpu_type"] = target
+                actions.append(Action(
+                    ActionKind.PLACE, job.dlsub_id, job.slurm_job_id, (
+                        f"waiting for {target} ({words}): its speed on one GPU of each kind, against the slowest, "
+                        f"predicted from what it or its user's earlier runs of the same command measured there: "
+                        f"{figures}; asked for as gres:gpu:{target}:"
+                        f"{job.gpus_per_node}, and an elastic worker on {target} leaves for it if none is idle"),
+                    partition=job.partition, gpus=job.gpus_per_node, gpu_type=target, details=details))
+        elif job.asked_gpu_type is not None and not _could_be_freed(job, room, running, job.asked_gpu_type):
+            details["from_gpu_type"] = job.asked_gpu_type
+            actions.append(Action(
+                ActionKind.PLACE, job.dlsub_id, job.slurm_job_id, (
+                    f"waiting for any kind of GPU again ({words}): no node of {job.asked_gpu_type} has "
+                    f"{_gpus_text(job.gpus_per_node)} idle or held by elastic workers for it"),
+                partition=job.partition, gpus=job.gpus_per_node, gpu_type="", details=details))
+    return actions
+
+
+def retype_waiting(room: Room, placed: Sequence[Action], jobs: Mapping[str, ElasticJob]) -> Room:
+    """The room with the waiting GPUs of the jobs ``placed`` this tick counted against their new kind (Slurm's
+    queue, read before, still has them as they were)."""
+    by_kind: Counter[str] = Counter(dict(room.waiting_by_kind))
+    for action in placed:
+        job = jobs.get(action.dlsub_id)
+        if job is None or job.partition != room.name:
+            continue
+        if job.asked_gpu_type:
+            by_kind[job.asked_gpu_type] -= job.main_gpus
+        if action.gpu_type:
+            by_kind[action.gpu_type] += job.main_gpus
+    return dataclasses.replace(room, waiting_by_kind=tuple(sorted((k, g) for k, g in by_kind.items() if g > 0)))

@@ -17,6 +17,8 @@ A backfill: BACKFILL (a pending job pointed at an idle dev partition).
 An elastic job: GROW (release a held worker task), SHRINK (tell a running
 one to leave), END_WORKERS (cancel the workers of an ended job).
 NOTE changes nothing in Slurm: a decision worth telling the user, once.
+PLACE: an elastic job that waits, asked for as the kind of GPU the typed policy places it on (or any kind
+again, where that kind can no longer be freed for it).
 
 :class:`MoveKind` says what a move in flight is for: onto the partition the
 job wants (``move``), back out of a backfill window (``return``), onto it
@@ -42,6 +44,7 @@ class ActionKind(StrEnum):
     GROW = "grow"  # release one held worker task (it joins the group's rendezvous)
     SHRINK = "shrink"  # MOVE_SIGNAL to one running worker: checkpoint, leave, requeue held
     END_WORKERS = "end-workers"  # cancel the worker array of an ended job
+    PLACE = "place"  # scontrol update TresPerNode=gres:gpu:KIND:N of a waiting elastic job ("": any kind again)
 
 
 class MoveKind(StrEnum):

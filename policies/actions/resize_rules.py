@@ -99,6 +99,12 @@ class ElasticJob:
     gpu_type: str | None = None
     # When its main job last started (Slurm's start time, which a job cannot write; 0: unknown).
     start_time: float = 0.0
+    # Its main job waits for nodes (pending, not held, for resources or priority): the agent may place it on a
+    # kind of GPU (policies.actions.gpu_kind_rules.place_waiting).
+    waiting: bool = False
+    asked_gpu_type: str | None = None  # the one kind of GPU Slurm's request for its main job names now (None: any)
+    user_gpu_type: str | None = None  # the kind its user asked for at submit (None: any): never changed
+    application: str | None = None  # the command it trains, as submit named it (Tags.application)
 
     @property
     def members_now(self) -> int:

@@ -380,3 +380,85 @@ def test_a_job_moves_only_when_its_gain_beats_the_restart_by_the_policys_own_rul
     world.agent().tick(NOW)
     assert (world.fake.jobs[main].signals == ["USR2"]) is moves
     assert bool(decisions(world, A, "move")) is moves
+
+
+# ---------------------------------------------------------------- elastic jobs that wait, placed on a kind
+APP = "0123456789abcdef0123456789abcdef"
+
+
+def earlier_runs(world: World) -> tuple[int, Path]:
+    """Alice's running job of the command APP, on v100, which measured it 4x as fast on v100 as on a100."""
+    main, _, job_dir = elastic(world, "000f1257", "gpu2", workers=1)
+    reports(job_dir, main, [("a100", 1, 2.0), ("v100", 1, 8.0)], start={"application": APP})
+    return main, job_dir
+
+
+def waiting_job(world: World, dlsub_id: str, gres: str = "gpu:1", app: str = APP) -> int:
+    """An elastic job of the command ``app`` that waits for a GPU (``--gpus 1:2``)."""
+    array, job_dir = world.worker_array(dlsub_id, tags(dlsub_id, 2), tasks=1, gpus_per_node=1)
+    comment = f"{tags(dlsub_id, 2)};app={app}"
+    main, _ = world.submit(dlsub_id, comment=comment, partition="gpu", gres=gres, start_on=None, job_dir=job_dir)
+    world.fake.jobs[main].reason = "Resources"
+    return main
+
+
+def test_a_waiting_elastic_job_is_asked_for_as_the_kind_its_commands_earlier_runs_were_fastest_on(
+        tmp_path: Path) -> None:
+    """Unit with the fake Slurm: Alice's waiting job names the command (submit's ``app=``) her running job
+    measured 4x as fast on v100: the typed policy places it on v100, and its request becomes
+    gres:gpu:v100:1; `dlsub why` says why, with the figures. The same job with the key off is left as it is."""
+    for key in (True, False):
+        world = typed(World(tmp_path / str(key), across() if key else policy(policy="goodput")))
+        earlier_runs(world)
+        main = waiting_job(world, "0000f0a1")
+        agent = world.agent()
+        agent.tick(NOW)
+        agent.tick(NOW + 5)
+        asked = world.fake.jobs[main].options.get("gres")
+        assert asked == ("gpu:v100:1" if key else "gpu:1"), asked
+        placed = decisions(world, "0000f0a1", "place")
+        assert bool(placed) is key
+
+
+def test_the_placing_is_said_with_its_figures(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: the place decision's words, once (asked for as v100 on the first tick)."""
+    world = typed(World(tmp_path, across()))
+    earlier_runs(world)
+    waiting_job(world, "0000f0a1")
+    agent = world.agent()
+    agent.tick(NOW)
+    agent.tick(NOW + 5)
+    (why,) = decisions(world, "0000f0a1", "place")
+    assert why.startswith("waiting for v100 (goodput policy across GPU kinds): its speed on one GPU of each kind, "
+                          "against the slowest, predicted from what it or its user's earlier runs of the same command "
+                          "measured there: v100 4.00x, a100 1.00x; asked for as gres:gpu:v100:1"), why
+
+
+def test_a_kind_its_user_asked_for_is_never_changed(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: the same waiting job, its user having asked for an a100 (--gres=gpu:a100:1,
+    in its submit record): it keeps it, though its command runs 4x as fast on v100."""
+    world = typed(World(tmp_path, across()))
+    earlier_runs(world)
+    main = waiting_job(world, "0000f0a1", gres="gpu:a100:1")
+    world.agent().tick(NOW)
+    assert world.fake.jobs[main].options.get("gres") == "gpu:a100:1"
+    assert decisions(world, "0000f0a1", "place") == []
+
+
+def test_a_job_waiting_for_a_kind_no_node_of_which_can_be_freed_is_asked_for_as_any_kind_again(
+        tmp_path: Path) -> None:
+    """Unit with the fake Slurm: a job the agent asked for as v100 (its submit record names no kind) waits while
+    another user's rigid job holds all four v100 GPUs: it is asked for as any kind again, with the reason.
+    A command nothing is known of is not placed at all."""
+    world = typed(World(tmp_path, across()))
+    world.submit("0000b0b0", uid=ME + 1, user="bob", comment="", partition="gpu", gres="gpu:v100:4",
+                 start_on="gpu2")
+    main = waiting_job(world, "0000f0a1")
+    world.fake.jobs[main].options["gres"] = "gpu:v100:1"  # as the agent's place left it
+    unknown = waiting_job(world, "0000f0a2", app="f" * 32)
+    world.agent().tick(NOW)
+    assert world.fake.jobs[main].options.get("gres") == "gpu:1"
+    (why,) = decisions(world, "0000f0a1", "place")
+    assert why.startswith("waiting for any kind of GPU again (goodput policy across GPU kinds): no node of v100 "
+                          "has 1 GPU idle or held by elastic workers for it"), why
+    assert world.fake.jobs[unknown].options.get("gres") == "gpu:1" and decisions(world, "0000f0a2", "place") == []

@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from dlsub.checkpointing.launch import ENTRY_POINT
+from dlsub.checkpointing.run_support import application
 from dlsub.cli.main import main
 from dlsub.contract import BATCH_SCRIPT, Tags
 from dlsub.job.settings import load_settings
@@ -57,6 +58,9 @@ def test_the_step_tag_round_trips_and_needs_an_elastic_range() -> None:
     assert tags.comment().endswith(";nodes=1-4;step=1") and Tags.parse(tags.comment()) == tags
     assert Tags.parse("dlsub:0123abcd;gpus=1;step=1") is None, "a step without a range is not trusted"
     assert Tags.parse("dlsub:0123abcd;gpus=1;nodes=1-4;step=x") is None
+    named = Tags("0123abcd", gpus=1, nodes=(1, 4), step=1, application="0" * 32)
+    assert named.comment().endswith(";app=" + "0" * 32) and Tags.parse(named.comment()) == named
+    assert Tags.parse("dlsub:0123abcd;gpus=1;nodes=1-4;app=xyz") is None, "an app that is no digest: no tags"
 
 
 # ---------------------------------------------------------------- submitting (fake Slurm)
@@ -78,6 +82,23 @@ def test_dlsub_gpus_1_4_submits_one_gpu_and_three_held_one_gpu_workers(cli_env: 
     status = CliRunner().invoke(main, ["status", "--json", out["id"]], catch_exceptions=False)
     row = json.loads(status.stdout)
     assert (row["min_gpus"], row["max_gpus"]) == (1, 4), "dlsub status says its range in GPUs"
+
+
+def test_an_elastic_job_names_its_command_as_its_training_will(cli_env: FakeSlurm, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake Slurm: the main job's comment carries ``app=``, the digest the library's start event will give the
+    same script and arguments (the agent places a job that waits by what earlier runs of it measured); a
+    fixed-size job's does not."""
+    script = tmp_path / "my train.py"
+    script.write_text("print('training')\n")
+    result = CliRunner().invoke(main, ["--json", "--gpus", "1:2", str(script), "--lr", "0.1"],
+                                catch_exceptions=False)
+    out = json.loads(result.stdout)
+    tags = Tags.parse(cli_env.jobs[out["slurm_job_id"]].options["comment"])
+    monkeypatch.setattr(sys, "argv", [str(script), "--lr", "0.1"])
+    assert tags is not None and tags.application == application()["application"]
+    fixed = json.loads(CliRunner().invoke(main, ["--json", "--gpus", "1", str(script)], catch_exceptions=False).stdout)
+    assert "app=" not in cli_env.jobs[fixed["slurm_job_id"]].options["comment"]
 
 
 def test_more_gpus_than_the_partition_has_is_refused_before_anything_is_written(

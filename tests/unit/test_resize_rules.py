@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from dlsub.policies.actions.gpu_kind_rules import retype_waiting
 from dlsub.policies.actions.kinds import ActionKind as K
+from dlsub.policies.actions.move_views import Action
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask, plan_resizes
 from dlsub.policies.api import IdleNode
 
@@ -171,3 +175,22 @@ def test_idle_gpus_of_another_kind_neither_count_for_a_typed_waiting_job_nor_are
     assert (grow.kind, grow.node) == (K.GROW, "gpu2")
     kept = Room("gpu", (IdleNode("gpu1", 1, gpu_type=A100), IdleNode("gpu2", 0, gpu_type=V100)), 1, 1, ((A100, 1),))
     assert plan_resizes([grower], [kept]) == [], "the idle a100 is the waiting job's"
+
+
+def test_a_job_placed_on_a_kind_this_tick_counts_against_that_kind_in_the_same_tick() -> None:
+    """The waiting job was read untyped; once placed on v100 its GPU is v100's, so the v100 worker leaves for it
+    (not the newer a100 job's); placed back on any kind, it is untyped again."""
+    waiting = elastic((), dlsub_id="0000c100", state="PENDING", gpus_per_node=1, waiting=True)
+    on_v100 = elastic((running("900_0", "gpu2"),), dlsub_id="0000a100", submit_time=10.0, gpus_per_node=1,
+                      gpu_type=V100)
+    on_a100 = elastic((running("800_0", "gpu1"),), dlsub_id="0000b100", slurm_job_id=801, worker_arrays=(800,),
+                      submit_time=20.0, gpus_per_node=1, gpu_type=A100)
+    room = Room("gpu", (IdleNode("gpu1", 0, gpu_type=A100), IdleNode("gpu2", 0, gpu_type=V100)), 1, 1)
+    place = Action(K.PLACE, "0000c100", 901, "placed", partition="gpu", gpus=1, gpu_type=V100)
+    placed = retype_waiting(room, [place], {"0000c100": waiting})
+    assert placed.waiting_by_kind == ((V100, 1),)
+    (action,) = plan_resizes([on_v100, on_a100], [placed])
+    assert (action.kind, action.dlsub_id) == (K.SHRINK, "0000a100")
+    pinned = dataclasses.replace(waiting, asked_gpu_type=V100)
+    unplace = dataclasses.replace(place, gpu_type="")
+    assert retype_waiting(placed, [unplace], {"0000c100": pinned}).waiting_by_kind == ()
