@@ -14,7 +14,8 @@ from dlsub.cli.errors import fail
 from dlsub.containers.mounts import MountRequest
 from dlsub.containers.podman import ImageError
 from dlsub.estimate.estimator import EstimateRequest, Estimator, fmt_s, normalize_batch_arg
-from dlsub.estimate.recommend import Horizon
+from dlsub.estimate.gpu_kinds import parse_gpu_types
+from dlsub.estimate.recommend import Horizon, where
 from dlsub.job.budget_check import check_budget
 from dlsub.job.partition_choice import PlanningError
 from dlsub.job.settings import load_settings
@@ -38,11 +39,16 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
 
 
 def render_estimate(payload: dict[str, Any]) -> str:
-    """The iScheduler-style table: partition × batch size -> memory, walltime, cost, start, finish, feasible."""
-    header = ["#", "PARTITION", "BATCH", "MEMORY", "WALLTIME", "COST", "EST.START", "EST.FINISH", "FEASIBLE"]
+    """The iScheduler-style table: partition (× GPU type) × batch size -> memory, walltime, cost, start,
+    finish, feasible. The GPU column and the profiling costs appear only where some partition's GPUs have a
+    kind (an untyped cluster's table is as it was)."""
+    typed = any(r.get("gpu_type") for r in payload["rows"])
+    header = ["#", "PARTITION", *(["GPU"] if typed else []), "BATCH", "MEMORY", "WALLTIME", "COST", "EST.START",
+              "EST.FINISH", "FEASIBLE"]
     body = []
     for r in payload["rows"]:
-        body.append([str(r["choice"]), r["partition"], str(r["batch_size"]) + ("" if r["profiled"] else "*"),
+        body.append([str(r["choice"]), r["partition"], *([r.get("gpu_type") or "-"] if typed else []),
+                     str(r["batch_size"]) + ("" if r["profiled"] else "*"),
                      "-" if r["memory_mb"] is None else f"{r['memory_mb']} MB", fmt_s(r["walltime_s"]),
                      "-" if r["cost"] is None else f"{r['cost']:.3f}",
                      "now" if r["start_s"] is not None and r["start_s"] < 1 else fmt_s(r["start_s"]),
@@ -50,15 +56,23 @@ def render_estimate(payload: dict[str, Any]) -> str:
     widths = [max(len(x) for x in col) for col in zip(header, *body, strict=True)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [header, *body]]
     lines.append("(* predicted from the batch sizes profiled; times from now, h:mm:ss; cost at the site's "
-                 "cost_per_node_hour)")
+                 "cost_per_node_hour" + (", or the GPU type's cost_per_gpu_hour where it prices the type; each "
+                                         "type's rows from its own profiles" if typed else "") + ")")
+    for spent in payload.get("profiling", []):
+        lines.append(f"profiling {spent['gpu_type']} (on {spent['partition']}, for "
+                     f"{', '.join(spent['stands_for'])}): {spent['measured']} of {spent['runs']} run(s) measured "
+                     f"now, {spent['from_cache']} from cache; about {fmt_s(spent['seconds'])} on "
+                     f"{payload['nodes']} node(s) x {payload['gpus']} GPU(s), {spent['gpu_hours']:.4f} GPU-hours, "
+                     f"cost {spent['cost']:.3f}")
     rec = payload["recommendation"]
     ideal, immediate = rec.get("ideal"), rec.get("immediate")
     if ideal:
-        lines.append(f"ideal:     wait for {ideal['partition']} (row {ideal['choice']}): starts in "
+        lines.append(f"ideal:     wait for {where(ideal)} (row {ideal['choice']}): starts in "
                      f"{fmt_s(ideal['start_s'])}, finishes in {fmt_s(ideal['finish_s'])}")
     if immediate:
-        lines.append(f"immediate: start now on {immediate['partition']} (row {immediate['choice']}), move to "
-                     f"{immediate['move_to']} when it frees up: finishes in {fmt_s(immediate['finish_s'])}")
+        move_to = where({"partition": immediate["move_to"], "gpu_type": immediate.get("move_to_gpu_type")})
+        lines.append(f"immediate: start now on {where(immediate)} (row {immediate['choice']}), move to "
+                     f"{move_to} when it frees up: finishes in {fmt_s(immediate['finish_s'])}")
     if rec.get("choice") is not None:
         lines.append(f"recommended: row {rec['choice']} ({rec['mode']}): {rec['reason']}")
         lines.append(f"submit it:   dlsub submit --from-estimate {payload['id']} --choice {rec['choice']}")
@@ -84,6 +98,9 @@ def render_estimate(payload: dict[str, Any]) -> str:
               help="A directory or file the profiling runs see, read-only, as for submit; repeatable.")
 @click.option("--mount-rw", "mount_rw", multiple=True, metavar="PATH",
               help="As --mount, read-write; repeatable.")
+@click.option("--gpu-type", "gpu_type", default=None, metavar="KIND[,KIND]",
+              help="On partitions whose GPUs have kinds (Slurm GRES types, e.g. gpu:a100:4): profile and predict "
+                   "only these kinds [default: each kind, one profile per kind].")
 @click.option("--batch-arg", default="--batch-size", show_default=True,
               help="The script's batch-size flag ('none': pass no argument, the script reads run.batch_size).")
 @click.option("--no-cache", is_flag=True, help="Profile again even where a cached profile exists.")
@@ -95,10 +112,10 @@ def render_estimate(payload: dict[str, Any]) -> str:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, gpus: int, nodes: int,
              cpus: int | None, mem: str | None, partition: str | None, image: str | None,
-             mount: tuple[str, ...], mount_rw: tuple[str, ...], batch_arg: str,
+             mount: tuple[str, ...], mount_rw: tuple[str, ...], gpu_type: str | None, batch_arg: str,
              no_cache: bool, parallel: bool, as_json: bool, script: Path, args: tuple[str, ...]) -> None:
     """Profile SCRIPT briefly through Slurm; predict memory, walltime, cost, start and finish per partition
-    and batch size, and recommend where to run.
+    (and kind of GPU, where Slurm's GRES or the site names kinds) and batch size, and recommend where to run.
 
     Options go before SCRIPT; everything after it is the script's. --epochs and
     --target-loss are the horizon of the prediction and are not passed to the script.
@@ -112,6 +129,9 @@ def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, 
             raise SubmitError(f"--epochs must be positive, not {epochs:g}")
         if gpus < 0 or nodes < 1 or (cpus is not None and cpus < 1):
             raise SubmitError("--gpus must be 0 or more, --nodes and --cpus 1 or more")
+        kinds = parse_gpu_types(gpu_type)
+        if kinds and gpus < 1:
+            raise SubmitError("--gpu-type goes with --gpus N: a job without GPUs runs on no kind of GPU")
         try:
             mem_mb = parse_mem(mem) if mem is not None else None
         except click.BadParameter as exc:
@@ -127,7 +147,7 @@ def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, 
             script=script, args=tuple(args), batch_sizes=parse_batch_sizes(batch_sizes),
             horizon=Horizon(epochs=epochs, target_loss=target_loss), workdir=Path.cwd(), gpus=gpus, nodes=nodes,
             cpus=cpus, mem_mb=mem_mb, image=image, partition=partition, batch_arg=normalize_batch_arg(batch_arg),
-            use_cache=not no_cache, one_at_a_time=not parallel,
+            use_cache=not no_cache, one_at_a_time=not parallel, gpu_types=kinds,
             mounts=(*(MountRequest(p, True) for p in mount), *(MountRequest(p, False) for p in mount_rw)))
         estimator = Estimator(settings, client, JobStore(settings.db_path), policy,
                               say=lambda msg: click.echo(f"dlsub: {msg}", err=True))

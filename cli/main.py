@@ -32,7 +32,7 @@ from dlsub.cli.usage_commands import usage
 from dlsub.containers.mounts import MountError, MountRequest, resolve_mount
 from dlsub.containers.podman import ImageError
 from dlsub.contract import CHECKPOINT_SIGNAL, ENV_TARGET_LOSS, JobState
-from dlsub.estimate.apply_choice import chosen_row, submit_options, with_env
+from dlsub.estimate.apply_choice import FromEstimate, chosen_row, submit_options, with_env
 from dlsub.job.budget_check import check_budget, extra_for
 from dlsub.job.directives import Directive, DirectiveError, read_directives
 from dlsub.job.output_files import OutputFiles
@@ -194,6 +194,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
         socket_ifname=policy.containers.socket_ifname,
         plain_scripts=policy.moves.plain_scripts,
         restart_plain_max_s=policy.moves.restart_plain_max_s,
+        gpu_type=_row_gpu_type(picked, options.partition, shape.gpus_per_node),
     )
     plan = plan_job(request, settings, client)
     for warning in plan.warnings:
@@ -210,7 +211,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
         return
     check_budget(policy, client, getpass.getuser(),
                  extra_for(policy, plan.choice.partition, request.nodes, request.time_limit_min,
-                           request.gpus_per_node * request.nodes))
+                           request.gpus_per_node * request.nodes, plan.batch.gpu_type))
     submitted = submit_plan(plan, settings, client, store, agent_user=policy.agent_user)
     for warning in submitted.warnings:
         click.echo(f"dlsub: warning: {warning}", err=True)
@@ -231,6 +232,18 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
                if record.max_nodes else "")
             + f"dlsub: follow it with `dlsub status {record.id}` and `dlsub logs -f {record.id}`"
         )
+
+
+def _row_gpu_type(picked: FromEstimate | None, partition: str | None, gpus_per_node: int) -> str:
+    """The kind of GPU an estimate's row asks for, unless the user's own --partition or --gpus 0 asks for
+    something else (the user's options win, as with the rest of the row)."""
+    if picked is None or not picked.gpu_type:
+        return ""
+    if partition != picked.partition or gpus_per_node < 1:
+        click.echo(f"dlsub: note: the row was profiled on {picked.gpu_type} GPUs of {picked.partition}; "
+                   f"with your --partition/--gpus this job asks for no kind", err=True)
+        return ""
+    return picked.gpu_type
 
 
 _SENTINEL = "dlsub-directive-placeholder-script"

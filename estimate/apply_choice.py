@@ -2,7 +2,8 @@
 
 ``dlsub submit --from-estimate ID --choice N`` takes row N of a saved
 estimate: its script, arguments (with the batch-size argument), partition,
-GPUs and nodes, and, where the user gave none, ``--mem`` and ``--time``
+GPUs and nodes, the kind of GPU the row was profiled on (asked of Slurm as
+``--gres=gpu:KIND:N`` where its GRES names the kind), and, where the user gave none, ``--mem`` and ``--time``
 from the profile with a stated safety margin.
 """
 
@@ -13,7 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dlsub.contract import ENV_BATCH_SIZE
+from dlsub.contract import ENV_BATCH_SIZE, valid_gpu_type
+from dlsub.estimate.recommend import where
 from dlsub.job.submit import Plan
 from dlsub.slurm_plugins.sbatch import render_sbatch
 
@@ -49,6 +51,8 @@ class FromEstimate:
     time_limit_min: int | None
     env: dict[str, str]
     note: str
+    # The kind of GPU to ask Slurm for (the row's, where Slurm's GRES names it); "": any kind.
+    gpu_type: str = ""
 
 
 def from_estimate(estimate: dict[str, Any], choice: int | None) -> FromEstimate:
@@ -63,7 +67,7 @@ def from_estimate(estimate: dict[str, Any], choice: int | None) -> FromEstimate:
         raise LookupError(f"--choice {choice}: estimate {estimate.get('id')} has rows 1 to {len(rows)}")
     row = rows[choice - 1]
     if not row.get("feasible"):
-        raise LookupError(f"row {choice} ({row['partition']}, batch size {row['batch_size']}) is not feasible: "
+        raise LookupError(f"row {choice} ({where(row)}, batch size {row['batch_size']}) is not feasible: "
                           f"{row.get('why') or 'no prediction'}; pick a feasible row")
     bs = int(row["batch_size"])
     args = tuple(str(a) for a in estimate.get("args", []))
@@ -79,13 +83,19 @@ def from_estimate(estimate: dict[str, Any], choice: int | None) -> FromEstimate:
         limit = int(math.ceil(per_attempt * TIME_MARGIN / 60.0)) + TIME_SLACK_MIN
         if row.get("max_time_min"):
             limit = min(limit, int(row["max_time_min"]))
-    note = (f"from estimate {estimate.get('id')} row {choice}: {row['partition']}, batch size {bs}"
+    kind = str(row["gpu_type"]) if row.get("gpu_type") and row.get("gpu_type_from") == "gres" else ""
+    if kind and valid_gpu_type(kind) is None:
+        raise LookupError(f"estimate {estimate.get('id')} row {choice}: GPU type {kind!r} is not a GRES type's "
+                          f"name; run `dlsub estimate` again")
+    note = (f"from estimate {estimate.get('id')} row {choice}: {where(row)}, batch size {bs}"
+            + (f"; on {kind} GPUs (--gres=gpu:{kind}:{int(estimate.get('gpus', 0))}), the kind it was profiled on"
+               if kind else "")
             + (f"; --mem {mem}M (predicted {row['memory_mb']} MB × {MEM_MARGIN} + {MEM_FLOOR_MB} MB)" if mem else "")
             + (f"; --time {limit} min (predicted {float(row['walltime_s']):.0f} s × {TIME_MARGIN} + "
                f"{TIME_SLACK_MIN} min)" if limit else ""))
     return FromEstimate(str(estimate["script"]), args, str(row["partition"]), int(estimate.get("gpus", 0)),
                         int(estimate.get("nodes", 1)), estimate.get("image"), mem, limit,
-                        {ENV_BATCH_SIZE: str(bs)}, note)
+                        {ENV_BATCH_SIZE: str(bs)}, note, kind)
 
 
 def chosen_row(home: Any, estimate_id: str, choice: int | None) -> FromEstimate:

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from dlsub.contract import valid_gpu_type
+
 #: Reports at or below this share of a profile's steps are warm-up (first
 #: iterations allocate, JIT and fill caches); at least the first report is dropped.
 WARMUP_SHARE = 0.2
@@ -50,13 +52,24 @@ class ProfileRun:
     cuda_memory_mb: float | None = None
     losses: tuple[tuple[int, float], ...] = ()  # (step, loss), for a --target-loss horizon
     declared_epochs: int | None = None  # the script's own init(total_epochs=)
+    # The kind of GPU it ran on (its attempt's start record, else the kind its job asked Slurm for); None:
+    # untyped GPUs, or none.
+    gpu_type: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"partition": self.partition, "batch_size": self.batch_size, "step_s": self.step_s,
-                "memory_mb": self.memory_mb, "steps_per_epoch": self.steps_per_epoch,
-                "startup_s": self.startup_s, "teardown_s": self.teardown_s, "steps": self.steps,
-                "cuda_memory_mb": self.cuda_memory_mb, "losses": [list(p) for p in self.losses],
-                "declared_epochs": self.declared_epochs}
+        out = {"partition": self.partition, "batch_size": self.batch_size, "step_s": self.step_s,
+               "memory_mb": self.memory_mb, "steps_per_epoch": self.steps_per_epoch,
+               "startup_s": self.startup_s, "teardown_s": self.teardown_s, "steps": self.steps,
+               "cuda_memory_mb": self.cuda_memory_mb, "losses": [list(p) for p in self.losses],
+               "declared_epochs": self.declared_epochs}
+        if self.gpu_type is not None:  # untyped profiles keep the shape they had
+            out["gpu_type"] = self.gpu_type
+        return out
+
+    @property
+    def run_s(self) -> float:
+        """About how long the profiling job ran: its start-up, its steps and its end."""
+        return self.startup_s + self.steps * self.step_s + self.teardown_s
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> ProfileRun:
@@ -65,7 +78,8 @@ class ProfileRun:
                    float(raw["startup_s"]), float(raw["teardown_s"]), int(raw["steps"]),
                    None if raw.get("cuda_memory_mb") is None else float(raw["cuda_memory_mb"]),
                    tuple((int(s), float(v)) for s, v in raw.get("losses") or ()),
-                   None if raw.get("declared_epochs") is None else int(raw["declared_epochs"]))
+                   None if raw.get("declared_epochs") is None else int(raw["declared_epochs"]),
+                   valid_gpu_type(raw.get("gpu_type")))
 
 
 def _num(value: Any) -> float | None:
@@ -138,9 +152,12 @@ def profile_from_events(partition: str, batch_size: int, progress: Sequence[dict
     teardown = (ends[-1] - last_time) if ends else 0.0
     losses = tuple((int(e["step"]), float(e["loss"])) for e in reports if _num(e.get("loss")) is not None)
     declared = [int(v) for e in reports if (v := _num(e.get("total_epochs"))) is not None and v >= 1]
+    kinds = {k for a in attempts if a.get("event") == "start" for k in str(a.get("gpu_type") or "").split(",") if k}
+    if len(kinds) > 1:
+        raise FitError(f"it ran on GPUs of several kinds ({', '.join(sorted(kinds))}); profile one kind at a time")
     return ProfileRun(partition, batch_size, step_s, memory, spe[-1] if spe else None, max(0.0, startup),
                    max(0.0, teardown), max(s for s, _ in points), max(cuda) if cuda else None, losses,
-                   declared[-1] if declared else None)
+                   declared[-1] if declared else None, valid_gpu_type(kinds.pop()) if kinds else None)
 
 
 @dataclass(frozen=True)
@@ -217,6 +234,11 @@ def fit_partition(profiles: Sequence[ProfileRun]) -> PartitionFit:
     names = {p.partition for p in profiles}
     if len(names) != 1:
         raise FitError(f"profiles of several partitions ({', '.join(sorted(names))}) fitted together")
+    kinds = {p.gpu_type for p in profiles}
+    if len(kinds) != 1:
+        # One kind's step times never stand for another's.
+        raise FitError(f"profiles of several GPU types ({', '.join(sorted(k or 'untyped' for k in kinds))}) "
+                       "fitted together")
     sizes = [p.batch_size for p in profiles]
     epochs = [p.steps_per_epoch * p.batch_size for p in profiles if p.steps_per_epoch]
     return PartitionFit(

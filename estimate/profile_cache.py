@@ -2,7 +2,7 @@
 
 A profile is keyed by the sha256 of what decides it: the script's content,
 its arguments (the batch-size argument included), the image, the
-partition, the batch size, GPUs and nodes, and the profiling rule. Change
+partition and the kind of GPU, the batch size, GPUs and nodes, and the profiling rule. Change
 any and the profile is measured again. Saved estimates are what ``dlsub
 submit --from-estimate ID`` reads back.
 """
@@ -25,11 +25,15 @@ _ESTIMATE_ID = re.compile(r"^[0-9a-f]{8}\Z")
 
 
 def profile_key(script_text: bytes, args: Sequence[str], image: str, partition: str, batch_size: int, *,
-                gpus: int = 0, nodes: int = 1, rule: str = "") -> str:
-    """The cache key of one profile: sha256 over everything that decides it."""
-    parts = {"v": CACHE_VERSION, "script": hashlib.sha256(script_text).hexdigest(), "args": list(args),
-             "image": image, "partition": partition, "batch_size": int(batch_size), "gpus": int(gpus),
-             "nodes": int(nodes), "rule": rule}
+                gpus: int = 0, nodes: int = 1, rule: str = "", gpu_type: str = "") -> str:
+    """The cache key of one profile: sha256 over everything that decides it (the kind of GPU too, where one
+    is named; an untyped profile keeps the key it had)."""
+    parts: dict[str, object] = {
+        "v": CACHE_VERSION, "script": hashlib.sha256(script_text).hexdigest(), "args": list(args),
+        "image": image, "partition": partition, "batch_size": int(batch_size), "gpus": int(gpus),
+        "nodes": int(nodes), "rule": rule}
+    if gpu_type:
+        parts["gpu_type"] = gpu_type
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

@@ -1,6 +1,7 @@
 """The rows and the recommendation of ``dlsub estimate`` (pure: fits and cluster facts in, a table out).
 
-One row per (partition, batch size): memory per node, walltime (with the
+One row per (partition, kind of GPU, batch size; the kind only where the
+partition's GPUs have one, see :mod:`dlsub.estimate.gpu_kinds`): memory per node, walltime (with the
 continuations the partition's MaxTime forces), node-hours and cost, when
 Slurm would start it (``sbatch --test-only``), when it would finish, and
 whether it can run at all (memory and GPUs per node, continuations).
@@ -40,6 +41,13 @@ class PartitionFacts:
     node_gpus: int
     cost_per_node_hour: float
     start_in_s: float | None  # from sbatch --test-only; None: Slurm cannot place it
+    # The kind of GPU the row runs on (None: untyped, or no GPUs asked for) and where the kind was read:
+    # "gres" (Slurm's GRES type, asked for in --gres) or "policy" (the partition's declared gpu_type).
+    gpu_type: str | None = None
+    gpu_type_from: str = ""
+    # policy.toml [gpu_types.KIND] cost_per_gpu_hour, where it prices the kind: its GPUs cost that instead
+    # of the node-hour price, as dlsub's cost of a job counts them.
+    cost_per_gpu_hour: float | None = None
 
 
 @dataclass(frozen=True)
@@ -88,16 +96,22 @@ def _steps(fit: PartitionFit, batch_size: int, horizon: Horizon) -> tuple[float 
 def build_rows(fits: Mapping[str, PartitionFit], facts: Mapping[str, PartitionFacts],
                batch_sizes: Sequence[int], horizon: Horizon, knobs: Knobs,
                failed: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """One row per (partition, batch size), numbered from 1 (``dlsub submit --choice N``)."""
+    """One row per (partition, kind of GPU, batch size), numbered from 1 (``dlsub submit --choice N``).
+
+    ``fits``, ``facts`` and ``failed`` are keyed alike: by partition, or by ``partition/kind`` where the
+    partition's GPUs have a kind (:attr:`dlsub.estimate.gpu_kinds.Target.key`).
+    """
     rows: list[dict[str, Any]] = []
     for name, fact in facts.items():
         fit = fits.get(name)
         for bs in batch_sizes:
-            row: dict[str, Any] = {"choice": len(rows) + 1, "partition": name, "role": fact.role, "batch_size": bs,
+            row: dict[str, Any] = {"choice": len(rows) + 1, "partition": fact.name, "role": fact.role, "batch_size": bs,
                                    "memory_mb": None, "walltime_s": None, "node_hours": None, "cost": None,
                                    "start_s": fact.start_in_s, "finish_s": None, "feasible": False,
                                    "profiled": bool(fit and bs in fit.measured), "why": "",
                                    "max_time_min": None if fact.max_time_s is None else int(fact.max_time_s // 60)}
+            if fact.gpu_type is not None:  # untyped rows keep the fields they had
+                row.update(gpu_type=fact.gpu_type, gpu_type_from=fact.gpu_type_from)
             rows.append(row)
             if fit is None:
                 row["why"] = (failed or {}).get(name, "not profiled")
@@ -132,12 +146,33 @@ def build_rows(fits: Mapping[str, PartitionFit], facts: Mapping[str, PartitionFa
             if math.isfinite(wt.seconds):
                 row["walltime_s"] = round(wt.seconds, 1)
                 row["node_hours"] = round(node_hours(wt.seconds, knobs.nodes), 4)
-                row["cost"] = round(cost(wt.seconds, knobs.nodes, fact.cost_per_node_hour), 4)
+                row["cost"] = round(_cost(wt.seconds, knobs, fact), 4)
                 if fact.start_in_s is not None:
                     row["finish_s"] = round(fact.start_in_s + wt.seconds, 1)
             row["feasible"] = not problems
             row["why"] = "; ".join(problems)
     return rows
+
+
+def _cost(seconds: float, knobs: Knobs, fact: PartitionFacts) -> float:
+    """The row's cost: its GPUs at their kind's price per GPU-hour where the policy prices the kind, else its
+    nodes at the partition's node-hour price (:meth:`dlsub.site_config.cost.Prices.hourly`'s rule)."""
+    gpus = knobs.gpus * knobs.nodes if fact.node_gpus else 0
+    if gpus > 0 and fact.cost_per_gpu_hour is not None:
+        return seconds / 3600.0 * gpus * fact.cost_per_gpu_hour
+    return cost(seconds, knobs.nodes, fact.cost_per_node_hour)
+
+
+def where(row: Mapping[str, Any]) -> str:
+    """A row's partition, with its kind of GPU where it has one: ``gpu (a100)``."""
+    kind = row.get("gpu_type")
+    return f"{row['partition']} ({kind})" if kind else str(row["partition"])
+
+
+def _with_kind(summary: dict[str, Any], row: Mapping[str, Any], key: str = "gpu_type") -> dict[str, Any]:
+    if row.get("gpu_type"):
+        summary[key] = row["gpu_type"]
+    return summary
 
 
 def _immediate_finish(now_row: dict[str, Any], ideal: dict[str, Any], knobs: Knobs) -> float:
@@ -160,26 +195,28 @@ def recommend(rows: Sequence[dict[str, Any]], knobs: Knobs) -> dict[str, Any]:
     gpu_rows = [r for r in feasible if r["role"] == "gpu"] or feasible
     ideal = min(gpu_rows, key=lambda r: (r["finish_s"], r["cost"]))
     result: dict[str, Any] = {
-        "ideal": {"choice": ideal["choice"], "partition": ideal["partition"], "batch_size": ideal["batch_size"],
-                  "start_s": ideal["start_s"], "finish_s": ideal["finish_s"]},
+        "ideal": _with_kind({"choice": ideal["choice"], "partition": ideal["partition"],
+                             "batch_size": ideal["batch_size"], "start_s": ideal["start_s"],
+                             "finish_s": ideal["finish_s"]}, ideal),
         "choice": ideal["choice"], "mode": "ideal",
     }
     now_rows = [r for r in feasible if r["batch_size"] == ideal["batch_size"] and r["start_s"] <= STARTS_NOW_S
                 and r["partition"] != ideal["partition"]]
     if ideal["start_s"] <= STARTS_NOW_S or not now_rows:
         result["immediate"] = None
-        result["reason"] = (f"{ideal['partition']} can start now: nothing to gain by starting elsewhere"
+        result["reason"] = (f"{where(ideal)} can start now: nothing to gain by starting elsewhere"
                             if ideal["start_s"] <= STARTS_NOW_S else "no other partition can start it now")
         return result
     best_now = min(now_rows, key=lambda r: _immediate_finish(r, ideal, knobs))
     finish = _immediate_finish(best_now, ideal, knobs)
-    result["immediate"] = {"choice": best_now["choice"], "partition": best_now["partition"],
-                           "batch_size": best_now["batch_size"], "start_s": best_now["start_s"],
-                           "move_to": ideal["partition"], "finish_s": round(finish, 1)}
+    immediate = _with_kind({"choice": best_now["choice"], "partition": best_now["partition"],
+                            "batch_size": best_now["batch_size"], "start_s": best_now["start_s"],
+                            "move_to": ideal["partition"], "finish_s": round(finish, 1)}, best_now)
+    result["immediate"] = _with_kind(immediate, ideal, "move_to_gpu_type")
     if finish + knobs.min_saving_s < float(ideal["finish_s"]):
         result.update(choice=best_now["choice"], mode="immediate",
-                      reason=f"starting now on {best_now['partition']} and moving to {ideal['partition']} "
+                      reason=f"starting now on {where(best_now)} and moving to {where(ideal)} "
                              f"finishes {float(ideal['finish_s']) - finish:.0f} s earlier than waiting")
     else:
-        result["reason"] = f"waiting for {ideal['partition']} finishes no later than starting elsewhere now"
+        result["reason"] = f"waiting for {where(ideal)} finishes no later than starting elsewhere now"
     return result

@@ -20,13 +20,17 @@ class OverBudget(SubmitError):
     """The job would take the user or their account past its budget; the message says what is left."""
 
 
-def extra_for(policy: AgentPolicy, partition: str, nodes: int, time_limit_min: int | None, gpus: int = 0) -> Spend:
+def extra_for(policy: AgentPolicy, partition: str, nodes: int, time_limit_min: int | None, gpus: int = 0,
+              gpu_type: str = "") -> Spend:
     """The most a job may use: its time limit at the price of its allocation (0 without a limit). Its GPUs
-    cost their kind's price where the policy prices kinds; before Slurm places it, its kind is the
-    partition's declared one, or else the dearest kind it may get (a job on a cpu-role partition has none)."""
+    cost their kind's price where the policy prices kinds; before Slurm places it, its kind is the one it
+    asks for (``gpu_type``), else the partition's declared one, or else the dearest kind it may get (a job
+    on a cpu-role partition has none)."""
     table = policy.prices()
     kinds = [""]
-    if gpus > 0 and policy.role_of(partition) != "cpu":
+    if gpus > 0 and gpu_type:
+        kinds = [gpu_type]
+    elif gpus > 0 and policy.role_of(partition) != "cpu":
         declared = table.gpu_type(partition)
         kinds = [declared] if declared else ["", *table.gpu_hour]
     hourly = max(table.hourly(partition, nodes, gpus, kind) for kind in kinds)

@@ -17,7 +17,7 @@ from pathlib import Path
 import dlsub
 from dlsub.containers.mounts import ORIGIN_USER, Mount, MountError, MountRequest, resolve_mount
 from dlsub.containers.podman import ContainerSpec, check_image, check_mount_path
-from dlsub.contract import BATCH_SCRIPT, MAX_SCRIPT_BYTES, WORKER_SCRIPT, application_digest
+from dlsub.contract import BATCH_SCRIPT, MAX_SCRIPT_BYTES, WORKER_SCRIPT, application_digest, valid_gpu_type
 from dlsub.job.partition_choice import Choice, Request, choose_partition
 from dlsub.job.private_files import AgentAccess, blocked_ancestor, make_job_dir
 from dlsub.job.script_library import script_uses_library
@@ -69,6 +69,9 @@ class SubmitRequest:
     # or "wait" (never started on CPUs: it waits for its GPU partition).
     plain_scripts: str = "restart"
     restart_plain_max_s: float = 600.0
+    # The kind of GPU to run on, as Slurm's GRES names it (``--gres=gpu:a100:N``; a row of ``dlsub estimate``
+    # profiled on that kind); "": any kind the partition has.
+    gpu_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -128,6 +131,7 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     _check_paths(script, req.workdir, settings.jobs_dir)
     mounts, warnings = check_mounts(req.mounts, req.workdir)
     choice = _choose_partition(client, req, cpus, mem_mb)
+    _check_gpu_type(client, req, choice)
     if waits:
         choice = dataclasses.replace(choice, reason="its script uses no dlsub library, so it waits for GPUs "
                                      "rather than start on CPUs (the site's policy.toml [moves] plain_scripts = "
@@ -155,6 +159,8 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         tags=_agent_tags(req, choice, plain, _application(script, req)),
         max_continuations=max(0, req.max_continuations),
         elastic=(req.nodes, req.max_members) if req.max_members is not None else None,
+        # Named only where the job gets GPUs now (an immediate start on CPU nodes asks for none).
+        gpu_type=req.gpu_type if choice.gpus_now is None else "",
     )
     if req.cpu_nodes:
         batch = dataclasses.replace(batch, cpu_nodes=req.cpu_nodes, cpu_cpus=cpus, cpu_mem_mb=mem_mb,
@@ -268,6 +274,25 @@ def _choose_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb
         raise SubmitError(f"--nodes {req.nodes}:{req.max_members}: partition {choice.partition} has only "
                           f"{len(chosen.nodes)} nodes; ask for at most {len(chosen.nodes)}")
     return choice
+
+
+def _check_gpu_type(client: SlurmClient, req: SubmitRequest, choice: Choice) -> None:
+    """Refuse a GPU type that is not a GRES type's name, asks for no GPUs, or that the partition's nodes do
+    not have in the number asked (sbatch would refuse it with a less helpful message)."""
+    if not req.gpu_type:
+        return
+    if valid_gpu_type(req.gpu_type) is None:
+        raise SubmitError(f"GPU type {req.gpu_type!r}: name it as Slurm's GRES does (letters, digits, '_', '.', "
+                          "'-'; e.g. a100)")
+    if req.gpus_per_node < 1:
+        raise SubmitError(f"GPU type {req.gpu_type}: the job asks for no GPUs; give --gpus N")
+    where = choice.ideal_partition or choice.partition
+    nodes = [n for p in client.partitions() if p.name == where for n in p.nodes]
+    fit = [n for n in nodes if n.gpu_type == req.gpu_type and n.gpus >= req.gpus_per_node]
+    if len(fit) < req.nodes:
+        kinds = sorted({n.gpu_type for n in nodes if n.gpu_type})
+        raise SubmitError(f"partition {where} has {len(fit)} node(s) with {req.gpus_per_node} {req.gpu_type} "
+                          f"GPU(s), the job needs {req.nodes} (GPU types there: {', '.join(kinds) or 'none named'})")
 
 
 def _container_spec(req: SubmitRequest, settings: Settings, script: Path, image: str, job_dir: Path) -> ContainerSpec:

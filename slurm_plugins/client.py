@@ -358,18 +358,22 @@ class SlurmClient:
 
     # ------------------------------------------------------------------ estimates and accounting
     def start_estimate(self, partition: str, *, cpus: int, mem_mb: int, gpus_per_node: int = 0, nodes: int = 1,
-                       time_limit_min: int | None = None) -> float | None:
+                       time_limit_min: int | None = None, gpu_type: str = "") -> float | None:
         """When Slurm would start such a job on ``partition`` now (``sbatch --test-only``), epoch seconds.
 
         None when Slurm gives no time (it cannot place the job). The request
-        travels as ``#SBATCH`` lines of a throw-away script, as dlsub's own jobs do.
+        travels as ``#SBATCH`` lines of a throw-away script, as dlsub's own jobs do;
+        ``gpu_type`` names the kind of its GPUs as Slurm's GRES does (``gpu:a100:4``; "": any kind).
         """
         import tempfile
+
+        if gpu_type and valid_gpu_type(gpu_type) is None:
+            raise ValueError(f"{gpu_type!r} is not a GPU type's name (letters, digits, '_', '.', '-')")
 
         lines = ["#!/bin/sh", f"#SBATCH --partition={partition}", f"#SBATCH --nodes={int(nodes)}",
                  f"#SBATCH --cpus-per-task={int(cpus)}", f"#SBATCH --mem={int(mem_mb)}M"]
         if gpus_per_node:
-            lines.append(f"#SBATCH --gres=gpu:{int(gpus_per_node)}")
+            lines.append(f"#SBATCH --gres=gpu:{gpu_type + ':' if gpu_type else ''}{int(gpus_per_node)}")
         if time_limit_min is not None:
             lines.append(f"#SBATCH --time={int(time_limit_min)}")
         with tempfile.TemporaryDirectory(prefix="dlsub-test-only-") as tmp:

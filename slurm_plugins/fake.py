@@ -204,6 +204,12 @@ class FakeSlurm:
             return self._done(argv, 1, "", "sbatch: error: invalid partition specified: " + partition)
         requested = options.get("partition", "")
         options["partition"] = partition
+        kind = re.fullmatch(r"gpu:([^:]+):\d+", options.get("gres", ""))
+        if kind is not None and not any(self.nodes[n].gpu_type == kind.group(1)
+                                        for n in self.partitions[partition].nodes if n in self.nodes):
+            # Slurm refuses a GRES type no node of the partition has.
+            return self._done(argv, 1, "", "sbatch: error: Batch job submission failed: Invalid generic resource "
+                                           "(gres) specification")
         if "--test-only" in argv:
             return self._done(argv, 0, "", "sbatch: Job 0 to start at 2026-01-01T00:00:00 using 1 processors on nodes "
                               f"{self.partitions[partition].nodes[0]} in partition {partition}")

@@ -80,6 +80,8 @@ class BatchSpec:
     cpu_partition: str = ""
     cpu_cpus: int = 2
     cpu_mem_mb: int = 4096
+    # The kind of GPU asked for, as Slurm's GRES names it (``--gres=gpu:a100:4``); "": any kind (``gpu:4``).
+    gpu_type: str = ""
 
     @property
     def gang(self) -> bool:
@@ -170,6 +172,8 @@ def _check_spec(spec: BatchSpec) -> None:
         raise ValueError(f"elastic range {spec.elastic} is not MIN < MAX")
     if spec.role == "worker" and (spec.elastic is None or spec.nodes != 1):
         raise ValueError("a worker script belongs to an elastic job and runs on one node")
+    if spec.gpu_type and contract.valid_gpu_type(spec.gpu_type) is None:
+        raise ValueError(f"GPU type {spec.gpu_type!r}: letters, digits, '_', '.', '-' only (as Slurm's GRES names it)")
     if spec.cpu_nodes and (spec.elastic is not None or not spec.cpu_partition):
         raise ValueError("a CPU component needs its partition, and an elastic job cannot have one "
                          "(Slurm's heterogeneous jobs cannot be job arrays)")
@@ -217,7 +221,8 @@ def _resource_directives(spec: BatchSpec) -> list[str]:
     if spec.time_limit_min is not None:
         directives.append(f"--time={format_minutes(spec.time_limit_min)}")
     if spec.gpus_per_node:
-        directives.append(f"--gres=gpu:{spec.gpus_per_node}")
+        kind = f"{spec.gpu_type}:" if spec.gpu_type else ""
+        directives.append(f"--gres=gpu:{kind}{spec.gpus_per_node}")
     return directives
 
 

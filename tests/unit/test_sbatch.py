@@ -60,6 +60,18 @@ def test_golden_batch_script() -> None:
     assert text == GOLDEN.read_text(), "rendered script changed; review it, then DLSUB_UPDATE_GOLDEN=1 pytest"
 
 
+def test_a_kind_of_gpu_is_asked_for_in_the_gres_line_and_checked() -> None:
+    """Pure rendering: ``gpu_type`` names the kind in --gres; nothing else of the script changes; a name that
+    is not a GRES type's (it would break the directive) is refused."""
+    base = spec(Path("/golden"), Path("/home/alice/proj/train.py"), gpus=2)
+    typed = render_sbatch(dataclasses.replace(base, gpu_type="a100"))
+    assert "#SBATCH --gres=gpu:a100:2\n" in typed
+    assert typed.replace("--gres=gpu:a100:2", "--gres=gpu:2") == render_sbatch(base)
+    for bad in ("a100 --wrap=id", "a100:4", "a\nb"):
+        with pytest.raises(ValueError, match="GPU type"):
+            render_sbatch(dataclasses.replace(base, gpu_type=bad))
+
+
 def _stub(bin_dir: Path, name: str, body: str) -> None:
     path = bin_dir / name
     path.write_text("#!/bin/bash\n" + body)
