@@ -327,8 +327,10 @@ def cli_avg_jct(folder: Path, live_name: str, args: argparse.Namespace) -> float
 
 
 def sacct_times(slurm_job_id: int) -> tuple[float | None, float | None]:
-    """(Submit, End) of a Slurm job from accounting, as epoch seconds (None where not known yet)."""
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(slurm_job_id), "-o", "Submit,End"],
+    """(Submit, End) of a Slurm job from accounting, as epoch seconds (None where not known yet): its first
+    record's Submit and its last's End (-D: a job requeued, as a move to another GPU kind does, has a record per
+    run, and a new Submit at each requeue)."""
+    out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", str(slurm_job_id), "-o", "Submit,End"],
                          capture_output=True, text=True).stdout.strip().splitlines()
 
     def stamp(text: str) -> float | None:
@@ -337,10 +339,11 @@ def sacct_times(slurm_job_id: int) -> tuple[float | None, float | None]:
         except ValueError:
             return None  # "Unknown"
 
-    if not out:
+    runs = sorted(((stamp(submit), stamp(end)) for submit, end, *_ in (line.split("|") for line in out)),
+                  key=lambda run: run[0] or 0.0)
+    if not runs or runs[0][0] is None:
         return None, None
-    submit, end = out[0].split("|")[:2]
-    return stamp(submit), stamp(end)
+    return runs[0][0], runs[-1][1]
 
 
 def _step_samples(job_dir: str) -> dict[tuple[str, int], list[float]]:
