@@ -695,6 +695,8 @@ def report(out: Mapping[str, Any], jobs: Sequence[JobSpec], args: argparse.Names
             s = sims[spec.name]
             live_text = (f"{fmt(row['jct_s'])} s ({fmt(row['first_start_s'], '4.1f')} s, {row['resizes']}, "
                          f"{row['world_sizes']})" if row else "-")
+            if row and row["state"] != "COMPLETED":
+                live_text += f" {row['state']}"  # its JCT is still to its end, but say it did not complete
             start = None if s["start_s"] is None else s["start_s"] - s["arrival_s"]
             print(f"  {name:<8} {spec.name:<8} live {live_text:<36} sim {fmt(s['jct_s'])} s "
                   f"({fmt(start, '4.1f')} s, {s['restarts']})")
