@@ -17,6 +17,7 @@ from types import ModuleType
 import pytest
 
 from dlsub.policies.goodput import GoodputPolicy
+from dlsub.policies.goodput_types import TypedGoodputPolicy
 from dlsub.sim.apps import Application
 from dlsub.sim.engine import SimConfig, make_jobs
 
@@ -68,3 +69,35 @@ def test_goodput_in_the_sim_has_the_agents_restart_margin(bench: ModuleType) -> 
     assert isinstance(policy, GoodputPolicy)
     assert policy.restart_penalty_s * policy.restart_weight == 20
     assert bench.sim_policy("fifo", REPO / "etc" / "testbed" / "policy.toml").name == "efifo"
+
+
+def test_two_kinds_traces_give_back_each_kinds_slowdown(bench: ModuleType, tmp_path: Path) -> None:
+    """--two-kinds: an application --kind-slowdown times slower on one kind has that kind's traces that much
+    slower (train_digits multiplies both throttles on it), and the other kind's as without a slowdown."""
+    app = bench.Emulated("a100-fast", per_sample=0.012, slowdown=(("v100", 3.0),))
+    assert app.args()[-1] == "--gpu-slowdown=v100=3"
+
+    def model(emulated: object, world: int, batch: int) -> float:
+        assert isinstance(emulated, bench.Emulated)
+        return float(emulated.step_s(world, batch, 0.02))
+
+    traces = bench.write_traces(tmp_path / "traces", [app], 12, model, ("a100", "v100"))
+    assert not (traces / app.name / "placements.csv").exists(), "Sia's layout: per-kind files only"
+    for kind, one, four in (("a100", 0.788, 0.212), ("v100", 0.012 * 3 * 64 + 0.02, 0.012 * 3 * 16 + 0.02)):
+        on = Application(traces / app.name, gpu_type=kind)
+        assert on.step_time((1,), on.batch_config(1, 64)) == pytest.approx(one)
+        assert on.step_time((4,), on.batch_config(4, 64)) == pytest.approx(four)
+        assert list(on.epoch_end[:2]) == [22, 44]
+    cluster = bench.load_cluster(bench.write_cluster(tmp_path / "cluster.toml", ("a100", "v100")))
+    assert [(n.gpus, n.gpu_type) for n in cluster.nodes] == [(4, "a100"), (4, "v100")]
+
+
+def test_two_kinds_goodput_is_the_agents_typed_policy(bench: ModuleType, tmp_path: Path) -> None:
+    """The simulator runs the object the agent builds with across_gpu_types (the testbed's file says fifo and
+    has no [goodput] table), with the same margin; the log of kinds decides nothing."""
+    policy = bench.sim_policy("goodput", REPO / "etc" / "testbed" / "policy.toml", across_kinds=True)
+    assert isinstance(policy, TypedGoodputPolicy)
+    assert policy.restart_penalty_s * policy.restart_weight == 20
+    cluster = bench.load_cluster(bench.write_cluster(tmp_path / "cluster.toml", ("a100", "v100")))
+    logged = bench.KindLog(policy, cluster)
+    assert logged.type_aware and logged.profiles_types and logged.name == "goodput"
