@@ -212,6 +212,7 @@ def main() -> None:
     offset = sum(share[:rank])
     noise = GradientNoise(args.batch_size) if args.adaptive_batch else None
     started = time.time()
+    loss: torch.Tensor | None = None
     while epoch < args.epochs:
         # Same shuffle for an epoch on every attempt: resuming mid-epoch skips exactly the samples done.
         order = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
@@ -266,7 +267,9 @@ def main() -> None:
     model.eval()
     with torch.no_grad():
         accuracy = (model(test_x).argmax(1) == test_y).float().mean().item()
-    run.report(step=step, epoch=epoch, loss=loss.item(), samples=seen, test_accuracy=accuracy)
+    # Resumed from a checkpoint at its last step, it trained no step in this attempt: no loss to report.
+    run.report(step=step, epoch=epoch, loss=loss.item() if loss is not None else None, samples=seen,
+               test_accuracy=accuracy)
     run.finish()
     if rank == 0:
         print(f"done: {step} steps in {time.time() - started:.1f} s this attempt, test accuracy {accuracy:.3f}",

@@ -1,9 +1,13 @@
-"""Unit (the example's own argument parsing, no training): examples/train_digits.py emulates a GPU type's speed
-on the testbed's fake GPUs with --gpu-slowdown TYPE=FACTOR, read against DLSUB_GPU_TYPE."""
+"""Unit: examples/train_digits.py emulates a GPU type's speed on the testbed's fake GPUs with --gpu-slowdown
+TYPE=FACTOR, read against DLSUB_GPU_TYPE (its argument parsing, no training); and it ends cleanly when resumed
+from a checkpoint at its last step (a real run, on CPU)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -39,3 +43,15 @@ def test_a_malformed_gpu_slowdown_is_refused_saying_what_to_write(monkeypatch: p
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "--gpu-slowdown takes TYPE=FACTOR, a positive factor, e.g. --gpu-slowdown v100=2.5" in err
+
+
+def test_resumed_from_a_checkpoint_at_its_last_step_it_finishes_without_training(tmp_path: Path) -> None:
+    """A group restarted (by a resize, a move) after its last step's checkpoint trains no step: it reports and
+    finishes all the same (it crashed once on the loss it never computed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DLSUB_", "WORLD_SIZE", "RANK"))}
+    env["PYTHONPATH"] = str(REPO)
+    for attempt in ("first", "again"):
+        done = subprocess.run([sys.executable, str(REPO / "examples" / "train_digits.py"), "--epochs", "1"],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and "done:" in done.stdout, (attempt, done.stderr)
+    assert "resumed from step 22 (epoch 1, sample 0)" in done.stdout, done.stdout
