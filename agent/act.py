@@ -56,6 +56,16 @@ def _retarget(client: SlurmClient, a: Action) -> None:
     client.retarget(a.slurm_job_id, a.partition or "", a.gpus or 0, a.time_limit_min, a.gpu_type)
 
 
+def _place(client: SlurmClient, a: Action) -> None:
+    """A waiting job's kind of GPU. One that Slurm started since the tick read the queue has nothing to place."""
+    try:
+        _retarget(client, a)
+    except SlurmError as exc:
+        if "no longer pending" not in str(exc):
+            raise
+        log.info("job %s started before it was placed: %s", a.slurm_job_id, exc)
+
+
 def _handle(r: Resize) -> str:
     assert r.worker is not None, f"a {r.kind} names its worker task"
     return r.worker
@@ -283,7 +293,7 @@ STEPS: dict[K, Step] = {
     K.ABANDON_MOVE: Step(_prepare_end_move),
     K.NOTE: Step(_prepare_note),
     # Not a move: no record, no phase. Decided again each tick from Slurm's request, and asking twice is harmless.
-    K.PLACE: Step(_prepare_place, _retarget),
+    K.PLACE: Step(_prepare_place, _place),
     K.GROW: Step(_prepare_resize, _grow, ResizePhase.ENDED, before="grow-planned",
                  sent="grow-released", after="grow-recorded"),
     K.SHRINK: Step(_prepare_resize, lambda c, r: c.signal_task(_handle(r), MOVE_SIGNAL), ResizePhase.LEAVING,

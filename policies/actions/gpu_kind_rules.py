@@ -239,13 +239,19 @@ def _move_or_note(scaled: ScaledJob, view: JobView, target: str, capacity: Capac
 
 def _could_be_freed(job: ElasticJob, room: Room, running: Sequence[ScaledJob], kind: str) -> bool:
     """Whether a node of ``kind`` has the GPUs the job's main job needs on one node idle, or held by elastic
-    workers (those leave for a job that waits there: :func:`~.resize_rules.plan_resizes`)."""
+    workers (those leave for a job that waits there: :func:`~.resize_rules.plan_resizes`; one leaving already
+    counts, its GPUs are on their way)."""
     held: Counter[str] = Counter()
     for other in running:
         for worker in other.job.workers:
-            if worker.state == "RUNNING" and not worker.leaving:
+            if worker.state == "RUNNING":
                 held.update({n: other.job.gpus_per_worker for n in worker.nodes})
     return any(n.gpu_type == kind and n.gpus + held[n.name] >= job.gpus_per_node for n in room.nodes)
+
+
+def _idle_elsewhere(job: ElasticJob, room: Room, kind: str) -> str | None:
+    """A node of another kind than ``kind`` with the job's main job's GPUs idle now (None: none)."""
+    return next((n.name for n in room.nodes if n.gpu_type != kind and n.gpus >= job.gpus_per_node), None)
 
 
 def place_waiting(waiting: Sequence[ScaledJob], running: Sequence[ScaledJob], room: Room, policy: Policy,
@@ -258,8 +264,10 @@ def place_waiting(waiting: Sequence[ScaledJob], running: Sequence[ScaledJob], ro
     runs of the same command measured, on one GPU of each kind, that kind is the fastest; and a node of that
     kind has its main job's GPUs idle or held by elastic workers, which leave for a job waiting there (jobs
     waiting for a kind are counted against that kind's GPUs). A job placed so, or moved to a kind, that waits
-    for a kind no node of which can be freed for it any more is asked for as any kind again. Only the waiting
-    job's own figures place it: it then waits as it would had its user asked for that kind."""
+    for a kind no node of which can be freed for it any more, while a node of another kind has its GPUs idle,
+    is asked for as any kind again (it then starts there: a snapshot in which a freed GPU was just taken never
+    unplaces it). Only the waiting job's own figures place it: it then waits as it would had its user asked
+    for that kind."""
     if not waiting:
         return []
     kinds = room_kinds(room)
@@ -292,12 +300,14 @@ def place_waiting(waiting: Sequence[ScaledJob], running: Sequence[ScaledJob], ro
                         f"{figures}; asked for as gres:gpu:{target}:"
                         f"{job.gpus_per_node}, and an elastic worker on {target} leaves for it if none is idle"),
                     partition=job.partition, gpus=job.gpus_per_node, gpu_type=target, details=details))
-        elif job.asked_gpu_type is not None and not _could_be_freed(job, room, running, job.asked_gpu_type):
+        elif (job.asked_gpu_type is not None and not _could_be_freed(job, room, running, job.asked_gpu_type)
+              and (idle := _idle_elsewhere(job, room, job.asked_gpu_type)) is not None):
             details["from_gpu_type"] = job.asked_gpu_type
             actions.append(Action(
                 ActionKind.PLACE, job.dlsub_id, job.slurm_job_id, (
                     f"waiting for any kind of GPU again ({words}): no node of {job.asked_gpu_type} has "
-                    f"{_gpus_text(job.gpus_per_node)} idle or held by elastic workers for it"),
+                    f"{_gpus_text(job.gpus_per_node)} idle or held by elastic workers for it, and {idle} has them "
+                    "idle"),
                 partition=job.partition, gpus=job.gpus_per_node, gpu_type="", details=details))
     return actions
 

@@ -15,6 +15,12 @@ cannot grow there), the second waits until gpu2's blocker goes. Once the last bl
 each job to its fast kind (checkpoint, requeue held onto ``gres:gpu:KIND:1``, release): a move is observed
 in each job's attempts, training resumes from its checkpoint on the new kind, and ``dlsub why`` gives the
 measured and predicted figures. Short: the jobs are cancelled once they train on their new kind.
+
+Then a waiting job is placed: with every GPU taken (an older elastic job of an even command at two GPUs of
+v100, a newer one at two of a100, blockers on the rest), a third run of the first command waits; the agent
+asks for it as v100 (``dlsub why``: placed, with its speed per kind against the slowest), and the elastic
+worker that leaves for it is the older job's on v100, not the newest job's on a100 (as it would be for a job
+that takes any kind): it starts on v100, its first attempt there.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ SHAPE = ("--gpus", "1:2", "--cpus", "1", "--mem", "1G")
 SLOW_ON_A100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "a100=4")
 SLOW_ON_V100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "v100=4")
 KIND_NODE = {kind: node for node, kind in GPU_TYPES.items()}
+EVEN = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004")  # as fast on either kind
 
 
 @pytest.fixture
@@ -58,6 +65,11 @@ def typed_goodput_agent() -> Iterator[None]:
 def kind_now(job: dict[str, Any]) -> str | None:
     starts = progress_events(job["job_dir"], "start")
     return starts[-1].get("gpu_type") if starts else None
+
+
+def world_size(job: dict[str, Any]) -> int | None:
+    starts = progress_events(job["job_dir"], "start")
+    return starts[-1].get("world_size") if starts else None
 
 
 def reports_on(job: dict[str, Any], kind: str) -> int:
@@ -138,6 +150,34 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
                              rf"on {slow} \(\d GPUs?\), predicted [\d.]+ samples/s on {fast} \(\d GPUs?; "
                              r"bootstrapped", why), why
             assert "moved" in why, why
+        # A third run of the first command, submitted while every GPU is taken: the agent places it on v100,
+        # where its command ran fastest, and the elastic worker that leaves for it is the older job's on v100,
+        # not the newest job's on a100 (which it would be for a job that takes any kind).
+        cancel(first, second)
+        for job in (first, second):
+            user.wait_until_ended(job["id"])
+        holds += [hold_gpus(user, "gpu1", 4), hold_gpus(user, "gpu2", 2)]
+        older = user.submit(*SHAPE, *EVEN, cwd=workdir)
+        jobs.append(older)
+        wait_for(f"job {older['id']} training", lambda: reports_on(older, "v100") >= 1, timeout=180)
+        subprocess.run(["scancel", str(holds.pop(-2))], check=True)  # gpu1's four
+        holds.append(hold_gpus(user, "gpu1", 2))
+        newer = user.submit(*SHAPE, *EVEN, cwd=workdir)
+        jobs.append(newer)
+        for job, kind in ((older, "v100"), (newer, "a100")):
+            wait_for(f"job {job['id']} grown to 2 GPUs of {kind}",
+                     lambda job=job, kind=kind: kind_now(job) == kind and world_size(job) == 2, timeout=240)
+        third = user.submit(*SHAPE, *SLOW_ON_A100, cwd=workdir)
+        jobs.append(third)
+        wait_for(f"job {third['id']} training", lambda: kind_now(third) is not None, timeout=240)
+        runs = attempts(third["job_dir"])
+        assert [a["gpu_type"] for a in runs if a["event"] == "start"] == ["v100"], runs
+        why = user.dlsub("why", third["id"]).stdout
+        placed = r"waiting for v100 \(goodput policy across GPU kinds\): .*: v100 [\d.]+x, a100 1\.00x"
+        assert re.search(placed, why), why
+        assert "error" not in why, why
+        assert "shrinking" in user.dlsub("why", older["id"]).stdout
+        assert world_size(newer) == 2, "the newer job on a100 kept its GPUs"
     finally:
         subprocess.run(["scancel", *map(str, holds)], check=False)
         cancel(*jobs)

@@ -134,7 +134,9 @@ def test_jobs_waiting_for_one_kind_are_counted_for_that_kind(tmp_path: Path) -> 
     world.submit("0000c100", uid=ME + 1, user="carol", comment="", partition="gpu", gres="gpu:a100:1",
                  start_on=None)
     world.submit("0000d100", uid=ME + 2, user="dave", comment="", partition="gpu", gres="gpu:2", start_on=None)
-    world.submit("0000e100", uid=ME + 3, user="erin", comment="", partition="gpu", gres="gpu:t4:1", start_on=None)
+    t4, _ = world.submit("0000e100", uid=ME + 3, user="erin", comment="", partition="gpu", gres="gpu:1",
+                         start_on=None)
+    world.fake.jobs[t4].options["gres"] = "gpu:t4:1"  # Slurm refuses the kind at submit; a node may go since
     agent = world.agent()
     seen = observe(agent.observing, NOW, world.client.jobs(), world.client.partitions(), Writes(), 1e18)
     (room,) = [r for r in seen.rooms if r.name == "gpu"]
@@ -460,5 +462,39 @@ def test_a_job_waiting_for_a_kind_no_node_of_which_can_be_freed_is_asked_for_as_
     assert world.fake.jobs[main].options.get("gres") == "gpu:1"
     (why,) = decisions(world, "0000f0a1", "place")
     assert why.startswith("waiting for any kind of GPU again (goodput policy across GPU kinds): no node of v100 "
-                          "has 1 GPU idle or held by elastic workers for it"), why
+                          "has 1 GPU idle or held by elastic workers for it, and gpu1 has them idle"), why
     assert world.fake.jobs[unknown].options.get("gres") == "gpu:1" and decisions(world, "0000f0a2", "place") == []
+
+
+def test_a_placed_job_keeps_its_kind_while_no_other_kind_is_idle(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: the same job, v100 held by Bob and a100 by Carol: asked for as any kind it
+    would start no sooner, and a snapshot in which a GPU freed for it was just taken must not unplace it."""
+    world = typed(World(tmp_path, across()))
+    world.submit("0000b0b0", uid=ME + 1, user="bob", comment="", partition="gpu", gres="gpu:v100:4",
+                 start_on="gpu2")
+    world.submit("0000c0c0", uid=ME + 2, user="carol", comment="", partition="gpu", gres="gpu:a100:4",
+                 start_on="gpu1")
+    main = waiting_job(world, "0000f0a1")
+    world.fake.jobs[main].options["gres"] = "gpu:v100:1"
+    world.agent().tick(NOW)
+    assert world.fake.jobs[main].options.get("gres") == "gpu:v100:1"
+    assert decisions(world, "0000f0a1", "place") == []
+
+
+def test_placing_a_job_that_slurm_started_meanwhile_is_no_error(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: Slurm starts the job between the tick's read of the queue and its placing:
+    scontrol says it is no longer pending, and nothing is recorded as failed."""
+    world = typed(World(tmp_path, across()))
+    earlier_runs(world)
+    main = waiting_job(world, "0000f0a1")
+    real = world.fake.__call__
+
+    def start_first(argv: Any) -> Any:
+        if list(argv[:2]) == ["scontrol", "update"] and f"jobid={main}" in argv:
+            world.fake.start(main, "gpu1", int(NOW))
+        return real(argv)
+
+    world.client._runner = start_first
+    world.agent().tick(NOW)
+    assert world.fake.jobs[main].state == "RUNNING", "setup: Slurm started it as it was being placed"
+    assert decisions(world, "0000f0a1", "place") and decisions(world, "0000f0a1", "error") == []
