@@ -356,7 +356,8 @@ def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[Work
             gpu_type=_one_kind(nodes_of(job), node_types), start_time=float(job.start_time),
             waiting=job.state == "PENDING" and not job.held and job.reason in _WAITING_FOR_NODES,
             asked_gpu_type=job.gpu_type_asked, user_gpu_type=seen.request.gpu_type,
-            application=seen.request.application))
+            application=seen.request.application,
+            finished=bool(seen.row.data.progress and seen.row.data.progress.finished)))
     ended = {(r.uid, r.dlsub_id): r for r in rows.values()
              if r.state is not None and r.state.terminal and not r.data.ignored}
     for key, orphans in workers.items():

@@ -279,7 +279,7 @@ def resizes_from(jobs: Sequence[ScaledJob], settled: Sequence[ScaledJob], decisi
     for scaled in order:
         job = scaled.job
         want = target[job.dlsub_id] - job.members_now
-        if want <= 0:
+        if want <= 0 or job.finished:  # a finished training's group is on its way out: nothing to grow
             continue
         if job.uid in left:
             want = min(want, left[job.uid] // job.gpus_per_worker)

@@ -105,6 +105,9 @@ class ElasticJob:
     asked_gpu_type: str | None = None  # the one kind of GPU Slurm's request for its main job names now (None: any)
     user_gpu_type: str | None = None  # the kind its user asked for at submit (None: any): never changed
     application: str | None = None  # the command it trains, as submit named it (Tags.application)
+    # Its training said it finished (its last step is done; the group is on its way out): a grow would only
+    # restart the group to train nothing.
+    finished: bool = False
 
     @property
     def members_now(self) -> int:
@@ -407,7 +410,7 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
             actions.append(action)
             shrinking.add(job.dlsub_id)
     # Growth: idle nodes nobody waits for, per partition, to the jobs the policy picks.
-    growers = [j for j in live if j.dlsub_id not in shrinking and j.members_now < j.max_members
+    growers = [j for j in live if j.dlsub_id not in shrinking and j.members_now < j.max_members and not j.finished
                and any(usable_worker(w, j) for w in j.workers)]
     by_partition: dict[str, list[ElasticJob]] = {}
     for job in growers:

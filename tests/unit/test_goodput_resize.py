@@ -257,3 +257,13 @@ def test_a_batch_tuned_on_the_placement_says_so_in_the_reason() -> None:
     plain = grow(GoodputPolicy(restart_penalty_s=20.0, restart_weight=1.0, batch_on_placement=False,
                                place_aware=False))
     assert "micro-step(s) of" in plain and "it was placed on" not in plain and "valued where" not in plain
+
+
+def test_the_policy_grows_no_job_whose_training_finished() -> None:
+    """The same good scaler and spare node, its training finished (its group is on its way out): no grow."""
+    models = LiveModels()
+    done = dataclasses.replace(job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), finished=True)
+    room = Room("gpu", (IdleNode("gpu2", 2),))
+    assert plan_by_policy([scaled(models, done, {1: 2.0})], room, POLICY, NOW) == []
+    going = job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300)
+    assert plan_by_policy([scaled(models, going, {1: 2.0})], room, POLICY, NOW) != []

@@ -194,3 +194,10 @@ def test_a_job_placed_on_a_kind_this_tick_counts_against_that_kind_in_the_same_t
     pinned = dataclasses.replace(waiting, asked_gpu_type=V100)
     unplace = dataclasses.replace(place, gpu_type="")
     assert retype_waiting(placed, [unplace], {"0000c100": pinned}).waiting_by_kind == ()
+
+
+def test_a_job_whose_training_finished_is_not_grown() -> None:
+    """Its training wrote its finished event; its container is still exiting. A grow would restart the group
+    to train nothing (a live run's job was grown so, resumed at its last step and failed four times)."""
+    assert plan_resizes([elastic(pool(), finished=True)], [GPU]) == []
+    assert plan_resizes([elastic(pool())], [GPU]) != []
