@@ -14,13 +14,13 @@ GPUs of one node), never by pinning dlsub's jobs: the first job starts on the on
 cannot grow there), the second waits until gpu2's blocker goes. Once the last blocker goes, the agent moves
 each job to its fast kind (checkpoint, requeue held onto ``gres:gpu:KIND:1``, release): a move is observed
 in each job's attempts, training resumes from its checkpoint on the new kind, and ``dlsub why`` gives the
-measured and predicted figures. Short: the jobs are cancelled once they train on their new kind.
+measured and predicted figures.
 
-Then a waiting job is placed: with every GPU taken (an older elastic job of an even command at two GPUs of
-v100, a newer one at two of a100, blockers on the rest), a third run of the first command waits; the agent
-asks for it as v100 (``dlsub why``: placed, with its speed per kind against the slowest), and the elastic
-worker that leaves for it is the older job's on v100, not the newest job's on a100 (as it would be for a job
-that takes any kind): it starts on v100, its first attempt there.
+Then a waiting job is placed: with every GPU taken (the two jobs at two GPUs each of their fast kinds,
+blockers on the rest), a third run of the first command waits; the agent asks for it as v100 (``dlsub why``:
+placed, with its speed per kind against the slowest), and the elastic worker that leaves for it is the first
+job's on v100, not the newer second job's on a100 (as it would be for a job that takes any kind): it starts
+on v100, its first attempt there.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ SHAPE = ("--gpus", "1:2", "--cpus", "1", "--mem", "1G")
 SLOW_ON_A100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "a100=4")
 SLOW_ON_V100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "v100=4")
 KIND_NODE = {kind: node for node, kind in GPU_TYPES.items()}
-EVEN = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004")  # as fast on either kind
 
 
 @pytest.fixture
@@ -150,21 +149,12 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
                              rf"on {slow} \(\d GPUs?\), predicted [\d.]+ samples/s on {fast} \(\d GPUs?; "
                              r"bootstrapped", why), why
             assert "moved" in why, why
-        # A third run of the first command, submitted while every GPU is taken: the agent places it on v100,
-        # where its command ran fastest, and the elastic worker that leaves for it is the older job's on v100,
-        # not the newest job's on a100 (which it would be for a job that takes any kind).
-        cancel(first, second)
-        for job in (first, second):
-            user.wait_until_ended(job["id"])
-        holds += [hold_gpus(user, "gpu1", 4), hold_gpus(user, "gpu2", 2)]
-        older = user.submit(*SHAPE, *EVEN, cwd=workdir)
-        jobs.append(older)
-        wait_for(f"job {older['id']} training", lambda: reports_on(older, "v100") >= 1, timeout=180)
-        subprocess.run(["scancel", str(holds.pop(-2))], check=True)  # gpu1's four
-        holds.append(hold_gpus(user, "gpu1", 2))
-        newer = user.submit(*SHAPE, *EVEN, cwd=workdir)
-        jobs.append(newer)
-        for job, kind in ((older, "v100"), (newer, "a100")):
+        # A third run of the first command, submitted while every GPU is taken (each job at two GPUs of its fast
+        # kind, blockers on the rest): the agent places it on v100, where its command ran fastest, and the
+        # elastic worker that leaves for it is the first job's on v100, not the newer second job's on a100
+        # (which it would be for a job that takes any kind).
+        holds += [hold_gpus(user, "gpu1", 2), hold_gpus(user, "gpu2", 2)]
+        for job, kind in ((first, "v100"), (second, "a100")):
             wait_for(f"job {job['id']} grown to 2 GPUs of {kind}",
                      lambda job=job, kind=kind: kind_now(job) == kind and world_size(job) == 2, timeout=240)
         third = user.submit(*SHAPE, *SLOW_ON_A100, cwd=workdir)
@@ -176,8 +166,8 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
         placed = r"waiting for v100 \(goodput policy across GPU kinds\): .*: v100 [\d.]+x, a100 1\.00x"
         assert re.search(placed, why), why
         assert "error" not in why, why
-        assert "shrinking" in user.dlsub("why", older["id"]).stdout
-        assert world_size(newer) == 2, "the newer job on a100 kept its GPUs"
+        assert "shrinking" in user.dlsub("why", first["id"]).stdout
+        assert world_size(second) == 2, "the newer job on a100 kept its GPUs"
     finally:
         subprocess.run(["scancel", *map(str, holds)], check=False)
         cancel(*jobs)
