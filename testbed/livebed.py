@@ -9,7 +9,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -208,13 +208,17 @@ POLICY_FILE = Path("/etc/dlsub/policy.toml")
 
 
 @contextmanager
-def agent_policy(name: str, tables: str = "") -> Iterator[None]:
+def agent_policy(name: str, tables: str = "", values: Mapping[str, str] | None = None) -> Iterator[None]:
     """The agent service restarted under ``policy = NAME`` (and ``tables``, TOML appended to the file, e.g.
-    ``[goodput]`` ``across_gpu_types = true``); the file restored and the agent restarted after (also for
+    ``[goodput]`` ``across_gpu_types = true``; ``values``: keys the file sets once, set to these TOML values
+    instead, e.g. ``{"restart_cost_s": "5"}``); the file restored and the agent restarted after (also for
     "fifo", so that every run starts from a fresh agent)."""
     original = POLICY_FILE.read_text()
     assert 'policy = "fifo"' in original, f"{POLICY_FILE} is not the testbed's fifo file: is another run using it?"
     changed = original.replace('policy = "fifo"', f'policy = "{name}"', 1)
+    for key, value in (values or {}).items():
+        changed, count = re.subn(rf"^{re.escape(key)} = .*$", f"{key} = {value}", changed, flags=re.MULTILINE)
+        assert count == 1, f"{POLICY_FILE} sets {key} {count} times, not once"
     POLICY_FILE.write_text(changed + (f"\n{tables}\n" if tables else ""))
     agent_service("restart")
     try:
