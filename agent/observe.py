@@ -461,6 +461,7 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
         # files were not read keeps the benefit of the doubt.
         library_started=not (read and not unread and data.progress is not None and not data.progress.started),
         plain_script=request.plain,
+        gpu_type=request.gpu_type,
     )
     data.partition = job.partition
     if job.state == "RUNNING" and data.attempt_seen != job.restart_count:

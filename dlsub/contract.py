@@ -330,7 +330,7 @@ MODES = ("immediate", "ideal")
 ROLES = ("main", "worker")
 _PARTITION = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 _TAG = re.compile(r"^([a-z_]{1,32})=([A-Za-z0-9._-]{0,64})\Z")
-_TAG_KEYS = ("mode", "ideal", "gpus", "role", "nodes", "step", "script", "app")
+_TAG_KEYS = ("mode", "ideal", "gpus", "role", "nodes", "step", "script", "app", "gpu_type")
 #: Most GPUs a tag may ask for; the admin's policy caps it further.
 MAX_GPUS = 1024
 #: Most nodes an elastic range may name.
@@ -369,6 +369,9 @@ class Tags:
     # first start event says so, what lets the agent weigh an elastic job that waits by what its user's earlier
     # runs of the same command measured (``app=``). None: not said.
     application: str | None = None
+    # The kind of GPU it asked for (``gpu_type=a100``), where it starts without it (immediate mode, on CPUs):
+    # the agent's move onto its GPUs asks for that kind. None: any kind.
+    gpu_type: str | None = None
 
     def __post_init__(self) -> None:
         if not DLSUB_ID.match(self.dlsub_id):
@@ -388,6 +391,8 @@ class Tags:
             raise ContractError(f"step={self.step}: a GPU step 1..{MAX_GPUS} of an elastic range")
         if self.application is not None and valid_application(self.application) is None:
             raise ContractError(f"app={self.application!r} is not an application digest (32 hex digits)")
+        if self.gpu_type is not None and valid_gpu_type(self.gpu_type) is None:
+            raise ContractError(f"gpu_type={self.gpu_type!r} is not a GPU type's name")
 
     def comment(self) -> str:
         parts = [f"{COMMENT_PREFIX}{self.dlsub_id}", f"mode={self.mode}"]
@@ -404,6 +409,8 @@ class Tags:
             parts.append("script=plain")
         if self.application:
             parts.append(f"app={self.application}")
+        if self.gpu_type:
+            parts.append(f"gpu_type={self.gpu_type}")
         return ";".join(parts)
 
     @classmethod
@@ -436,7 +443,8 @@ class Tags:
             return None
         try:
             return cls(head, values.get("mode", "ideal"), values.get("ideal") or None, int(gpus),
-                       values.get("role", "main"), nodes, int(step), "script" in values, values.get("app"))
+                       values.get("role", "main"), nodes, int(step), "script" in values, values.get("app"),
+                       values.get("gpu_type"))
         except ContractError:
             return None
 

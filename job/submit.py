@@ -326,8 +326,10 @@ def _agent_tags(req: SubmitRequest, choice: Choice, plain: bool,
         elastic += (("step", str(req.worker_gpus)),)  # elastic in GPUs: each worker adds this many
     if req.max_members is not None and application:
         elastic += (("app", application),)
+    # The kind it asked for: a job that starts without it (immediate mode, on CPUs) is moved onto that kind.
+    kind = (("gpu_type", req.gpu_type),) if req.gpu_type else ()
     return (("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus_per_node)),
-            *elastic, *((("script", "plain"),) if plain else ()))
+            *elastic, *((("script", "plain"),) if plain else ()), *kind)
 
 
 def _application(script: Path, req: SubmitRequest) -> str | None:

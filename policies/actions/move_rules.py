@@ -338,7 +338,7 @@ def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[i
             take = min(spare, node.gpus)
             spare -= take
             if node.gpus - take > 0:
-                nodes.append(Node(node.name, node.gpus - take, partition=name))
+                nodes.append(Node(node.name, node.gpus - take, partition=name, gpu_type=node.gpu_type or ""))
         if not nodes:
             continue
         views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=min(j.gpus_wanted, rules.max_gpus_per_job),
@@ -350,6 +350,8 @@ def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[i
             gpus = min(job.gpus_wanted, rules.max_gpus_per_job)
             if alloc is None or alloc.gpus < gpus:
                 continue
+            if job.gpu_type and not any(n.gpu_type == job.gpu_type and n.gpus >= gpus for n in nodes):
+                continue  # it asked for a kind none of whose nodes has its GPUs idle
             over = _over_limit(job, max(0, gpus - job.gpus_now), usage, rules)
             if over:
                 actions.append(Action(K.NOTE, job.dlsub_id, job.slurm_job_id, f"not moved to {name}: {over}"))
@@ -376,7 +378,7 @@ def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[i
                 f"moving to {name}: {ideal.idle_gpus} GPU(s) idle"
                 + (f", checkpoint {_hours(age)} old" if age is not None else "")
                 + f", est. {_hours(saved)} saved" + (f" ({basis})" if basis else ""),
-                partition=name, gpus=gpus,
+                partition=name, gpus=gpus, gpu_type=job.gpu_type or "",
                 details={"saved_s": round(saved), "idle_gpus": ideal.idle_gpus, "eta_s": round(eta or 0.0),
                          "checkpoint_age_s": round(age) if age is not None else None,
                          "eta_basis": basis or None},
@@ -393,7 +395,7 @@ def _restart(job: JobInfo, here: PartitionInfo | None, ideal: PartitionInfo, gpu
         K.RESTART, job.dlsub_id, job.slurm_job_id,
         f"restarting on {ideal.name} from scratch: {NO_LIBRARY}; {_hours(lost)} of work {where}lost, redone "
         f"there in about {_hours(redo)}; {ideal.idle_gpus} GPU(s) idle",
-        partition=ideal.name, gpus=gpus, move_kind=MoveKind.RESTART,
+        partition=ideal.name, gpus=gpus, move_kind=MoveKind.RESTART, gpu_type=job.gpu_type or "",
         details={"lost_s": round(lost), "redo_s": round(redo), "idle_gpus": ideal.idle_gpus},
     )
 
@@ -471,7 +473,8 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
                 for part in partitions.values():
                     if part.role not in rules.backfill_roles or part.name == job.partition:
                         continue
-                    free_nodes = [n.name for n in part.nodes if n.fits(gpus, rules.job_cpus)]
+                    free_nodes = [n.name for n in part.nodes if n.fits(gpus, rules.job_cpus)
+                                  and (not job.gpu_type or n.gpu_type == job.gpu_type)]
                     if len(free_nodes) <= taken.get(part.name, 0):
                         continue
                     # Never above the limit it was submitted with; cut to the partition's MaxTime.
@@ -490,6 +493,7 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
                                           f"off-hours window '{window.name}' is open and {part.name} is idle: "
                                           f"starting there instead of waiting for {job.partition}",
                                           partition=part.name, gpus=gpus, time_limit_min=limit,
+                                          gpu_type=job.gpu_type or "",
                                           details={"from": job.partition, "limit_min": job.time_limit_min}))
                     break
                 else:
@@ -506,7 +510,8 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rul
             actions.append(Action(K.SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
                                   f"{why}: checkpointing and moving back to {job.backfilled_from}",
                                   partition=job.backfilled_from, gpus=job.gpus_wanted,
-                                  move_kind=MoveKind.RETURN, time_limit_min=job.backfilled_limit_min))
+                                  move_kind=MoveKind.RETURN, time_limit_min=job.backfilled_limit_min,
+                                  gpu_type=job.gpu_type or ""))
     return actions
 
 

@@ -74,6 +74,7 @@ class JobInfo:
     continuations: int = 0
     backfilled_from: str | None = None  # the partition it waited in before a backfill
     backfilled_limit_min: int | None = None  # its own time limit, restored when it goes back
+    gpu_type: str | None = None  # the kind of GPU its user asked for (None: any): a move onto GPUs asks for it
     time_limit_min: int | None = None  # the limit it was submitted with (never raised beyond it)
     move: MoveView | None = None
     uid: int = 0  # Slurm's user_id of the job: limits are per uid

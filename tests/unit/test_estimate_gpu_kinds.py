@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from dlsub.cli.estimate_commands import render_estimate
 from dlsub.cli.main import main
+from dlsub.contract import Tags
 from dlsub.estimate.apply_choice import from_estimate
 from dlsub.estimate.estimator import EstimateRequest, Estimator
 from dlsub.estimate.gpu_kinds import Target, parse_gpu_types, partition_targets
@@ -330,6 +331,8 @@ def test_submit_from_a_typed_row_asks_slurm_for_that_kind(cli_env: FakeSlurm, tm
     assert result.exit_code == 0, result.output
     (job,) = cli_env.submitted()
     assert job.options["gres"] == "gpu:v100:1" and job.options["partition"] == "gpu"
+    tags = Tags.parse(job.options["comment"])
+    assert tags is not None and tags.gpu_type == "v100", "the kind is in its tags: a move onto GPUs asks for it"
     # The user's own --partition wins over the row's, and then no kind is asked for.
     result = CliRunner().invoke(main, ["submit", "--from-estimate", "0123abcd", "-p", "gpu-dev", "--dry-run"])
     assert result.exit_code == 0 and "#SBATCH --gres=gpu:1" in result.output and "asks for no kind" in result.output

@@ -223,3 +223,18 @@ def test_a_released_move_stays_in_flight_through_slurms_requeue_wait() -> None:
     assert kinds(done) == [K.FINISH_MOVE] and done[0].reason == "running on gpu"
     queued = replace(waiting, reason="Resources")
     assert kinds(m.plan([queued], parts(), RULES, NOW)) == [K.FINISH_MOVE]
+
+
+def test_a_job_that_asked_for_a_kind_of_gpu_moves_onto_that_kind_only() -> None:
+    """Immediate mode, started on CPUs, asked for an a100 (an estimate's typed row: its comment's gpu_type): its
+    move asks for gres:gpu:a100:1, and idle GPUs of another kind do not move it."""
+    typed = [PartitionInfo("gpu", "gpu", 1.0, (IdleNode("gpu1", 0, 4, gpu_type="a100"),
+                                                IdleNode("gpu2", 4, 4, gpu_type="v100"))),
+             PartitionInfo("cpu", "cpu", 0.1, (IdleNode("cpu1", 0, 4),))]
+    assert m.plan([job(gpu_type="a100")], typed, RULES, NOW) == []
+    (untyped,) = m.plan([job()], typed, RULES, NOW)
+    assert untyped.kind == K.SIGNAL_MOVE and untyped.gpu_type == "", "a job that asked for any kind takes v100"
+    free = [replace(typed[0], nodes=(IdleNode("gpu1", 2, 4, gpu_type="a100"), IdleNode("gpu2", 4, 4, gpu_type="v100"))),
+            typed[1]]
+    (move,) = m.plan([job(gpu_type="a100")], free, RULES, NOW)
+    assert (move.kind, move.partition, move.gpu_type) == (K.SIGNAL_MOVE, "gpu", "a100")
