@@ -249,8 +249,10 @@ def test_lightning_and_hugging_face_jobs_grow_and_shrink_resuming_at_the_step_th
     """Each framework job elastic in GPUs (``--gpus 1:2``) starts at one process, grows to two when a GPU frees
     (torchrun re-forms the group: the framework's Trainer starts again in new processes and the adapter
     restores the checkpoint it saved on torchrun's stop) and shrinks back to one for another user's job."""
-    # gpu2 busy throughout, two of gpu1's GPUs held: each job starts on one of gpu1's other two.
-    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 2)]
+    # gpu2 busy throughout, two of gpu1's GPUs held: each job starts on one of gpu1's other two. Those two are
+    # held too until both jobs wait, then freed at once: a job that started while the other was still being
+    # submitted grew onto the GPU meant for it (a CI run; nobody waited for it yet).
+    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 2), hold_gpus(user, "gpu1", 2)]
     other = None
     try:
         jobs = {}
@@ -260,6 +262,7 @@ def test_lightning_and_hugging_face_jobs_grow_and_shrink_resuming_at_the_step_th
             jobs[name] = user.submit("--gpus", "1:2", "--gpus-step", "1", "--cpus", "1", "--mem", "1500M",
                                      str(script), throttle, "--max-steps", "260", cwd=workdir)
             assert jobs[name]["worker_gpus"] == 1 and jobs[name]["gpus_per_node"] == 1, (name, jobs[name])
+        subprocess.run(["scancel", str(held.pop())], check=True)
         for name, job in jobs.items():
             wait_for(f"the {name} job training at one process", lambda job=job: world_sizes(job["job_dir"]) == [1]
                      and len(progress_events(job["job_dir"], "progress")) >= 5, timeout=180)
