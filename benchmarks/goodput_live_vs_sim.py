@@ -136,7 +136,7 @@ from dlsub.sim.cluster_file import load_cluster
 from dlsub.sim.engine import SimConfig, SimResult, simulate
 from dlsub.sim.workload import read_workload
 from dlsub.site_config.policy_file import load_policy
-from livebed import GPU_TYPES, USER, TestbedUser, agent_policy, attempts, slurm_job, wait_for
+from livebed import GPU_TYPES, USER, TestbedUser, agent_policy, attempts, reports_on, slurm_job, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = 64  # train_digits' global batch (its default)
@@ -442,8 +442,8 @@ def _profile_round(user: TestbedUser, runs: Sequence[tuple[Emulated, str]], args
             wait_for(f"{app.name}'s profile job to run", functools.partial(running, int(job["slurm_job_id"])),
                      timeout=60, interval=0.5)
         for job, kind in jobs:
-            wait_for(f"job {job['id']}: three reports on {kind}", functools.partial(reports_on, job, kind, 3),
-                     timeout=240)
+            wait_for(f"job {job['id']}: three reports on {kind}",
+                     lambda job=job, kind=kind: reports_on(job["job_dir"], kind) >= 3, timeout=240)
         newest = max(float(e["time"]) for job, _ in jobs for e in events(job["job_dir"], "progress"))
         wait_for("a tick of the agent after the profiles' reports", lambda: agent_tick_after(user, newest), timeout=60)
     finally:
@@ -453,17 +453,6 @@ def _profile_round(user: TestbedUser, runs: Sequence[tuple[Emulated, str]], args
             user.wait_until_ended(job["id"])
         scancel(*holds.values())
         wait_for("the profile holds gone", lambda: gone(*holds.values()), timeout=60, interval=0.5)
-
-
-def reports_on(job: Mapping[str, Any], kind: str, least: int) -> bool:
-    """Whether the training last started on ``kind`` and has made ``least`` progress reports since."""
-    count, current = 0, None
-    for event in events(job["job_dir"]):
-        if event.get("event") == "start":
-            current, count = event.get("gpu_type"), 0
-        elif event.get("event") == "progress" and current == kind:
-            count += 1
-    return count >= least
 
 
 def running(slurm_job_id: int) -> bool:

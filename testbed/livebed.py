@@ -285,6 +285,17 @@ def progress_events(job_dir: str, kind: str | None = None) -> list[dict[str, Any
     return [e for e in found if kind is None or e.get("event") == kind]
 
 
+def reports_on(job_dir: str, gpu_type: str) -> int:
+    """Progress reports since the training last started on GPUs of ``gpu_type`` (0: it did not start there last)."""
+    count, current = 0, None
+    for event in progress_events(job_dir):
+        if event.get("event") == "start":
+            current, count = event.get("gpu_type"), 0
+        elif event.get("event") == "progress" and current == gpu_type:
+            count += 1
+    return count
+
+
 def job_output(job_dir: str) -> str:
     """The job's Slurm output files (every attempt's, its workers'), in name order."""
     return "".join(p.read_text(errors="replace") for p in sorted(Path(job_dir).glob("slurm-*.out")))

@@ -43,6 +43,7 @@ from livebed import (
     hold_gpus,
     job_output,
     progress_events,
+    reports_on,
     wait_for,
 )
 
@@ -74,19 +75,8 @@ def world_size(job: dict[str, Any]) -> int | None:
     return starts[-1].get("world_size") if starts else None
 
 
-def reports_on(job: dict[str, Any], kind: str) -> int:
-    """Progress reports since the training last started on ``kind``."""
-    count, current = 0, None
-    for event in progress_events(job["job_dir"]):
-        if event.get("event") == "start":
-            current, count = event.get("gpu_type"), 0
-        elif event.get("event") == "progress" and current == kind:
-            count += 1
-    return count
-
-
 def measured_on(job: dict[str, Any], kind: str) -> None:
-    wait_for(f"job {job['id']} training on {kind}", lambda: reports_on(job, kind) >= 3, timeout=180)
+    wait_for(f"job {job['id']} training on {kind}", lambda: reports_on(job["job_dir"], kind) >= 3, timeout=180)
     assert kind_now(job) == kind, f"setup: job {job['id']} started on {kind_now(job)}, not {kind}"
 
 
@@ -138,7 +128,8 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
         subprocess.run(["scancel", str(holds.pop(0))], check=True)  # gpu1's: room on both kinds now
         for job, fast in ((first, "v100"), (second, "a100")):
             wait_for(f"job {job['id']} moved to {fast} and training there",
-                     lambda job=job, fast=fast: kind_now(job) == fast and reports_on(job, fast) >= 2, timeout=300)
+                     lambda job=job, fast=fast: kind_now(job) == fast and reports_on(job["job_dir"], fast) >= 2,
+                     timeout=300)
         for job, slow, fast in ((first, "a100", "v100"), (second, "v100", "a100")):
             runs = attempts(job["job_dir"])
             assert "move" in [a.get("action") for a in runs if a["event"] == "end"], runs
