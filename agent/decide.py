@@ -14,7 +14,7 @@ from dlsub.agent.observe import Observation
 from dlsub.agent.records import ResizePhase
 from dlsub.job_progress import Progress
 from dlsub.policies.actions import resize_rules
-from dlsub.policies.actions.goodput_resize_rules import plan_by_policy
+from dlsub.policies.actions.goodput_resize_rules import ScaledJob, plan_by_policy
 from dlsub.policies.actions.gpu_kind_rules import place_waiting, plan_across_kinds, retype_waiting, room_kinds
 from dlsub.policies.actions.kinds import ActionKind
 from dlsub.policies.actions.move_views import Action, Rules
@@ -139,19 +139,12 @@ def _size_by_policy(seen: Observation, rules: Rules, models: LiveModels, policy:
     partition whose nodes name two or more kinds is sized by :func:`plan_across_kinds`, whose moves and
     notes go there."""
     models.forget_except({j.dlsub_id for j in seen.elastic})
-    limit = rules.max_gpus_per_user
-    headroom = {uid: max(0, limit - usage.gpus) for uid, usage in seen.usage.items()}
+    headroom = _headroom(seen, rules)
 
     def size(jobs: Sequence[ElasticJob], room: Room) -> list[Resize]:
         kinds = room_kinds(room) if kind_moves is not None else []
         typed = len(kinds) >= 2
-        scaled = []
-        for job in jobs:
-            try:
-                scaled.append(models.scaled(job, seen.elastic_progress.get(job.dlsub_id) or Progress(), now,
-                                            headroom.get(job.uid, limit), kinds if typed else ()))
-            except Exception:  # one job's reports cost that job its resizes, never the others'
-                log.exception("job %s: no model from its reports this tick; it keeps its size", job.dlsub_id)
+        scaled = _scaled(seen, models, jobs, now, rules, kinds if typed else ())
         try:
             if typed and kind_moves is not None:
                 resizes, moves = plan_across_kinds(scaled, room, policy, now, headroom, _checkpointed(seen))
@@ -169,23 +162,13 @@ def place_waiting_jobs(seen: Observation, rules: Rules, models: LiveModels, poli
     job waiting in a partition of two or more kinds is asked for as (:func:`place_waiting`); ``seen.rooms``
     then count their waiting GPUs against those kinds. A job that never ran is known by its command (the
     ``app=`` its submit named): what its user's earlier runs of it measured on each kind."""
-    limit = rules.max_gpus_per_user
-    headroom = {uid: max(0, limit - usage.gpus) for uid, usage in seen.usage.items()}
     placed: list[Action] = []
     for index, room in enumerate(seen.rooms):
         kinds = room_kinds(room)
         jobs = [j for j in seen.elastic if j.partition == room.name and not j.ended and not j.moving]
         if len(kinds) < 2 or not any(j.waiting for j in jobs):
             continue
-        scaled = []
-        for job in jobs:
-            progress = seen.elastic_progress.get(job.dlsub_id) or Progress()
-            if progress.application is None and job.application is not None:
-                progress = dataclasses.replace(progress, application=job.application)
-            try:
-                scaled.append(models.scaled(job, progress, now, headroom.get(job.uid, limit), kinds))
-            except Exception:  # one job's reports cost that job its placing, never the others'
-                log.exception("job %s: no model from its reports this tick", job.dlsub_id)
+        scaled = _scaled(seen, models, jobs, now, rules, kinds, by_command=True)
         try:
             actions = place_waiting([s for s in scaled if s.job.waiting],
                                     [s for s in scaled if s.job.state == "RUNNING"], room, policy, now)
@@ -195,6 +178,29 @@ def place_waiting_jobs(seen: Observation, rules: Rules, models: LiveModels, poli
         seen.rooms[index] = retype_waiting(room, actions, {j.dlsub_id: j for j in jobs})
         placed += actions
     return placed
+
+
+def _headroom(seen: Observation, rules: Rules) -> dict[int, int]:
+    """The GPUs each user may still add (the per-user limit less what Slurm shows them holding)."""
+    return {uid: max(0, rules.max_gpus_per_user - usage.gpus) for uid, usage in seen.usage.items()}
+
+
+def _scaled(seen: Observation, models: LiveModels, jobs: Sequence[ElasticJob], now: float, rules: Rules,
+            kinds: Sequence[str], by_command: bool = False) -> list[ScaledJob]:
+    """The jobs as the policy sees them, on each of ``kinds`` where there are two or more. ``by_command``: a job
+    whose training has not named its command yet is known by the one its submit named (``app=``). A job whose
+    model cannot be made is left out: its reports cost it its resizes and placing, never the others'."""
+    headroom = _headroom(seen, rules)
+    out = []
+    for job in jobs:
+        progress = seen.elastic_progress.get(job.dlsub_id) or Progress()
+        if by_command and progress.application is None and job.application is not None:
+            progress = dataclasses.replace(progress, application=job.application)
+        try:
+            out.append(models.scaled(job, progress, now, headroom.get(job.uid, rules.max_gpus_per_user), kinds))
+        except Exception:
+            log.exception("job %s: no model from its reports this tick; it keeps its size and kind", job.dlsub_id)
+    return out
 
 
 def _checkpointed(seen: Observation) -> frozenset[str]:
