@@ -20,11 +20,14 @@ keeps of Sia:
   first runs). Each row is normalised so that its least goodput is 1.
 - **How wide**: at most twice the most GPUs the job has reported on, on
   any type (``share_max_replicas``), and its own maximum.
-- **Restart factor** (Pollux's): every configuration but the job's
-  current one is scaled by ``max(age - restarts x R, 0) / (age + R)``
-  (1 while the job is younger than R), R the job's restart cost when its
-  view says it (``JobView.restart_s``; the artifact's table per
-  application in Sia's setting), else 30 s.
+- **Restart factor** (Pollux's): for a job that holds GPUs, every
+  configuration but its current one is scaled by
+  ``max(age - restarts x R, 0) / (age + R)`` (1 while the job is younger
+  than R), R the job's restart cost when its view says it
+  (``JobView.restart_s``; the artifact's table per application in Sia's
+  setting), else 30 s. A waiting job (never started, or preempted) is not
+  scaled: the artifact scales only the rows of jobs with a previous
+  configuration (``sia.py``, ``__solve_mip_rescaled``).
 - **A job in the middle of a restart** (``JobView.restarting_s`` > 0)
   keeps its allocation, as the artifact's ``preserve_ckpt_allocs``.
 - **Integer program**: with ``A = round(speedup ** p, 2)`` (clipped at
@@ -258,7 +261,9 @@ class SiaPolicy:
         def candidates(job: JobView, prev_key: tuple[int, int] | None) -> Iterable[tuple[int, int, float]]:
             penalty = self.restart_penalty_s if job.restart_s is None else job.restart_s
             factor = 1.0
-            if now - job.arrival_s >= penalty:
+            # Only a job that holds GPUs now pays for moving: one waiting (never started, or preempted) starts
+            # at no discount, as the artifact scales only the rows of jobs with a previous configuration.
+            if prev_key is not None and now - job.arrival_s >= penalty:
                 factor = restart_factor(job, now, penalty)
             for i, count, speedup in self.goodputs(job, shapes, memo):  # in (type, GPUs) order already
                 if (i, count) != prev_key:

@@ -182,3 +182,13 @@ def test_config_rates_judge_a_fixed_batch_at_that_batch() -> None:
     assert len(memo) == 2
     assert own == [(n, 3.0 * n ** 0.5) for n in (1, 2, 4, 8)]
     assert best == [(n, 6.0 * n ** 0.5) for n in (1, 2, 4, 8)]
+
+
+def test_a_waiting_job_is_placed_at_no_discount_for_a_restart() -> None:
+    """Unit: the restart factor discounts only a job that holds GPUs (the artifact scales the rows of the
+    jobs with a previous configuration). Waiting since 100 s and restarted twice, a job that has reported
+    nothing still gets its GPU: A = 1 < lambda_n; discounted as a move, (100 - 60) / (100 + 30) = 0.31 of its
+    speed-up, A would be 1.8 and leaving it out cheaper."""
+    c = cluster(("t", 1, 4))
+    waiting = job("w", arrival_s=0.0, restarts=2)
+    assert types_of(SiaPolicy().decide([waiting], c, 100.0, {}), c) == {"w": ("t", 1)}
