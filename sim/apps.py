@@ -26,7 +26,9 @@ from dlsub.batch_split import BatchLimits, split_batch
 # Epochs each application trains for (README: "A job finishes after a fixed
 # number of epochs").
 EPOCHS = {"bert": 2, "cifar10": 100, "deepspeech2": 80, "imagenet": 90, "ncf": 10, "yolov3": 50}
-# Local batch limits that the traces do not show (README: "yolov3: max local 8").
+# Local batch limits that Pollux's traces do not show (README: "yolov3: max local 8"); Pollux's (untyped)
+# traces only. Sia's artifact (applications.py) sets none for its per-type traces: each type's largest
+# profiled local batch is its limit there (yolov3: 16 on aws, 8 on rtx, 32 on dgx-ext).
 MAX_LOCAL_BATCH = {"yolov3": 8}
 # Per GPU type (Sia's artifact, applications.py: deepspeech2 on the 2080 Ti's 11 GB).
 MAX_LOCAL_BATCH_ON_TYPE = {("deepspeech2", "rtx"): 57}
@@ -97,7 +99,8 @@ class Application:
         placements = _read_csv(trace_dir / f"placements{suffix}.csv")
         self.min_local_bsz = int(placements["local_bsz"].min())
         self.max_local_bsz = int(max_local_bsz or MAX_LOCAL_BATCH_ON_TYPE.get((self.name, gpu_type))
-                                 or MAX_LOCAL_BATCH.get(self.name) or placements["local_bsz"].max())
+                                 or (None if gpu_type else MAX_LOCAL_BATCH.get(self.name))
+                                 or placements["local_bsz"].max())
         # Samples per second on one GPU at the largest local batch profiled there: what
         # a short profile on one GPU of this type measures (Sia's bootstrapping).
         one = placements["placement"] == 1

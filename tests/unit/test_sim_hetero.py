@@ -216,3 +216,19 @@ def test_goodput_pays_for_the_profile_of_every_type_it_reads(typed_traces: Path)
     assert {name: j.profile_s for name, j in charged.items()} == {"goodput": 45.0, "sia": 0.0, "pollux": 0.0}
     one_type = ClusterView((Node("f0", 4, gpu_type="fast"),))
     assert make_jobs(spec, typed_traces, get_policy("goodput"), SimConfig(), one_type)[0].profile_s == 0.0
+
+
+def test_yolov3s_local_batch_of_8_holds_for_pollux_traces_not_for_a_typed_profile(tmp_path: Path) -> None:
+    """Unit: Pollux's yolov3 runs at most 8 samples a GPU (its README), whatever its placements show; Sia's
+    artifact sets no such limit on its per-type traces: each type's largest profiled local batch is its."""
+    source = POLLUX_DIR / "traces" / "yolov3"
+    app = tmp_path / "yolov3"
+    app.mkdir()
+    for path in source.glob("validation-*.csv"):
+        shutil.copy(path, app / path.name)
+    for kind in ("placements", "scalability"):
+        shutil.copy(source / f"{kind}.csv", app / f"{kind}-aws.csv")
+    largest = max(int(float(row["local_bsz"])) for row in csv.DictReader((source / "placements.csv").open()))
+    assert largest > 8
+    assert load_application(source).max_local_bsz == 8
+    assert load_application(app, "aws").max_local_bsz == largest
