@@ -2,7 +2,8 @@
 
 Time moves in scheduling intervals (60 s). Inside an interval a job runs
 at the goodput of its placement and batch size, crossing epoch boundaries
-at the exact second; a job whose GPUs change pays the restart penalty
+at the exact second (an adaptive job re-tunes its batch size between epochs,
+and in Sia's setting after every interval); a job whose GPUs change pays the restart penalty
 (30 s without progress) first, its first start included. A job holding
 fewer GPUs than it needs to run (a partial gang) holds them and makes no
 progress.
@@ -43,7 +44,8 @@ class SimConfig:
     # Stop when nothing has progressed for this long while jobs wait (a deadlock).
     stall_limit_s: float = 6 * 3600.0
     max_time_s: float = 60 * 24 * 3600.0
-    # "sia": Sia's per-application slowdowns and restart penalties (see sia_setting).
+    # "sia": Sia's per-application slowdowns and restart penalties, and batch sizes re-tuned every interval
+    # (see sia_setting).
     calibration: str = "none"
     # On a cluster of several GPU types, what a policy that reads each job's one-GPU profile of every type
     # (``profiles_types``: goodput) charges the job for it: its first start waits this much longer,
@@ -324,6 +326,19 @@ def one_type(alloc: Allocation, type_of: dict[str, str], job: SimJob) -> tuple[A
     return Allocation(tuple(node for node in alloc.nodes if type_of[node] == kept), alloc.batch_size), kept
 
 
+def run_interval(job: SimJob, start: float, seconds: float, retune: bool = False) -> bool:
+    """Run the job one interval from ``start`` and take its report; True when it progressed. ``retune``:
+    an adaptive job that progressed then picks its batch size again, on what it has reported so far (Sia's
+    artifact, ``job.py``: ``step`` ends each pass with ``update_local_bsz``); else only between epochs and
+    when its GPUs change."""
+    if not job.advance(start, seconds):
+        return False
+    job.info.observe(job)
+    if retune and job.adaptive and not job.done:
+        job._choose_config()
+    return True
+
+
 ProgressFn = Callable[[int, int], None]
 
 
@@ -345,6 +360,7 @@ def simulate(
     type_of = cluster.type_of()
     typed = bool(cluster.gpu_types())
     splits_types = getattr(policy, "splits_types", False)
+    retunes = sia_setting.retunes_each_interval(config.calibration)
     for job in jobs:
         if job.lo > cluster.total_gpus:
             raise WorkloadError(f"job {job.name} needs {job.lo} GPUs; the cluster has {cluster.total_gpus}")
@@ -356,9 +372,8 @@ def simulate(
     while not all(job.done for job in jobs):
         moved = False
         for job in jobs:
-            if job.advance(now, config.interval_s):
+            if run_interval(job, now, config.interval_s, retunes):
                 moved = True
-                job.info.observe(job)
         now += config.interval_s
         active = [job for job in jobs if job.arrival_s <= now and not job.done]
         if moved or not any(job.alloc for job in active):

@@ -10,6 +10,9 @@ cluster whose groups name GPU types) applies them:
   jobs' own reports (what a policy fits) stay the traces' times.
 - **Restart penalties**: seconds without progress after a (re)start, per
   application, measured on its physical cluster.
+- **Batch size re-tuned every interval**: each adaptive job picks its batch size again at the end of
+  every interval it ran (``job.py``: ``step`` ends with ``update_local_bsz``), on the model its reports
+  so far fit; not only between epochs and when its GPUs change.
 - **What Sia's policy is told a restart costs** (its restart factor):
   another table per application, measured on the physical cluster
   (``sia.py``'s ``get_restart_penalty``); 30 s for any other.
@@ -28,6 +31,12 @@ RESTART_S = {"cifar10": 50, "deepspeech2": 25, "bert": 120, "yolov3": 80, "image
 DEFAULT_RESTART_S = 30
 POLICY_RESTART_S = {"deepspeech2": 25, "imagenet": 250, "cifar10": 30, "bert": 120, "yolov3": 45}
 CALIBRATIONS = ("none", "sia")
+
+
+def retunes_each_interval(calibration: str) -> bool:
+    """Whether an adaptive job re-tunes its batch size after every interval it ran (Sia's artifact), not
+    only between epochs and when its GPUs change."""
+    return calibration == "sia"
 
 
 def slowdown(calibration: str, application: str) -> float:

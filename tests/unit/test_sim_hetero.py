@@ -18,9 +18,10 @@ from click.testing import CliRunner
 from dlsub.cli.main import main
 from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, Node
 from dlsub.policies.registry import get_policy
+from dlsub.sim import sia_setting
 from dlsub.sim.apps import TraceError, load_application, profiled_types
 from dlsub.sim.cluster_file import ClusterFileError, load_cluster
-from dlsub.sim.engine import SimConfig, make_jobs, simulate
+from dlsub.sim.engine import SimConfig, make_jobs, run_interval, simulate
 from dlsub.sim.workload import POLLUX_DIR, WorkloadError, WorkloadJob, read_workload
 
 CIFAR = POLLUX_DIR / "traces" / "cifar10"
@@ -216,6 +217,24 @@ def test_goodput_pays_for_the_profile_of_every_type_it_reads(typed_traces: Path)
     assert {name: j.profile_s for name, j in charged.items()} == {"goodput": 45.0, "sia": 0.0, "pollux": 0.0}
     one_type = ClusterView((Node("f0", 4, gpu_type="fast"),))
     assert make_jobs(spec, typed_traces, get_policy("goodput"), SimConfig(), one_type)[0].profile_s == 0.0
+
+
+def test_in_sias_setting_an_adaptive_job_re_tunes_its_batch_after_every_interval(typed_traces: Path) -> None:
+    """Unit: Sia's artifact has every adaptive job pick its batch size again after each interval it ran, on
+    what it has reported; elsewhere the batch waits for the epoch's end (or a change of GPUs)."""
+    assert sia_setting.retunes_each_interval("sia") and not sia_setting.retunes_each_interval("none")
+    spec = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)]
+    totals = {}
+    for retune in (False, True):
+        job = make_jobs(spec, typed_traces, get_policy("sia"), SimConfig(), two_types())[0]
+        job.epoch, job.progress = 20, job.app.progress_at(20)  # resumed at epoch 20, where noise favours more
+        job.reallocate(Allocation(("f0", "f0")), 0.0, 0.0, "fast")
+        assert job.config is not None and job.config.total(2) == 128  # nothing reported: the smallest batch
+        assert run_interval(job, 0.0, 5.0, retune) and job.epoch == 20  # 5 s: inside the epoch
+        assert job.config is not None
+        totals[retune] = job.config.total(2)
+    # Its first report (gradient noise, step time) makes a larger batch worth it at once, or at the epoch's end.
+    assert totals[False] == 128 and totals[True] > 128
 
 
 def test_yolov3s_local_batch_of_8_holds_for_pollux_traces_not_for_a_typed_profile(tmp_path: Path) -> None:
