@@ -10,8 +10,12 @@ keeps of Sia:
   job may get 1, 2, 4, ... GPUs on one node (the powers of two below
   ``g``) or ``k`` whole nodes (``g``, ``2g``, ... ``ng``), at most 64.
 - **Goodput matrix**: a job's goodput in every configuration of every
-  type, at the best batch size there, from its model on that type (fitted
-  to its own reports on that type). A type it has not run on is
+  type, at the best batch size there no larger than the job's own (the
+  workload's; a configuration whose least batch exceeds it at that least
+  one), as the artifact's speed-up functions stop at the workload's batch
+  size (``job.py``, ``get_speedup_fn``: ``target_batch_size``) while the
+  job runs at the best batch up to its application's largest; from its
+  model on that type (fitted to its own reports on that type). A type it has not run on is
   bootstrapped from a type it has (the first in the cluster's order), its
   goodput scaled by the ratio of the application's one-GPU throughputs on
   the two types (``JobView.type_rates``, a short profile). A job that has
@@ -168,13 +172,25 @@ RateMemo = ModelMemo[list[tuple[int, float]]]
 
 
 def config_rates(model: PerformanceModel, shape: TypeShape, per_node: int, lo: int, hi: int, batch: int | None,
-                 memo: RateMemo | None = None) -> list[tuple[int, float]]:
+                 memo: RateMemo | None = None, cap: int | None = None) -> list[tuple[int, float]]:
     """(GPUs, goodput) on each of the type's configurations from ``lo`` to ``hi`` GPUs, packed on nodes of
     ``per_node`` GPUs, at the best batch (``batch`` None) or at ``batch``; memoised for one decision in
-    ``memo`` (:func:`~dlsub.policies.perf_models.speedup.per_model`)."""
-    return per_model(memo, model, (shape.name, per_node, lo, hi, batch), lambda: [
-        (count, goodput_at(model, packed_placement(count, per_node), batch))
-        for count in shape.configs if lo <= count <= hi])
+    ``memo`` (:func:`~dlsub.policies.perf_models.speedup.per_model`).
+
+    ``cap`` (with ``batch`` None): the best batch is sought no larger than ``cap`` (where one replica's
+    least batch on the configuration exceeds it, at that least batch), as the artifact values a job
+    (``job.py``, ``get_speedup_fn``: its speed-up function's largest batch is the workload's batch size,
+    ``target_batch_size``) while the job itself runs at the best batch up to its application's largest.
+    A model that cannot search below its own largest batch (no ``batch_capped``) is judged uncapped."""
+    def rate(count: int) -> float:
+        placement = packed_placement(count, per_node)
+        capped = getattr(model, "batch_capped", None)
+        if batch is None and cap is not None and capped is not None:
+            return float(capped(cap, count).best_batch(placement)[1])
+        return goodput_at(model, placement, batch)
+
+    return per_model(memo, model, (shape.name, per_node, lo, hi, batch, cap), lambda: [
+        (count, rate(count)) for count in shape.configs if lo <= count <= hi])
 
 
 class SiaPolicy:
@@ -188,7 +204,7 @@ class SiaPolicy:
     type_aware: ClassVar[bool] = True
 
     def __init__(self, p: float = -0.5, lambda_n: float = 1.1, lambda_a: float = 0.01,
-                 restart_penalty_s: float = 30.0, trust_factor: int = 2) -> None:
+                 restart_penalty_s: float = 30.0, trust_factor: int = 2, value_at_own_batch: bool = True) -> None:
         if p == 0:
             raise PolicyError("sia: p must not be 0")
         self.p = p
@@ -196,6 +212,9 @@ class SiaPolicy:
         self.lambda_a = lambda_a  # read, never used: see the module's doc
         self.restart_penalty_s = restart_penalty_s
         self.trust_factor = trust_factor
+        # Judge each configuration at batches up to the job's own (the artifact's speed-up functions); False:
+        # up to its application's largest, at which it runs.
+        self.value_at_own_batch = value_at_own_batch
 
     # -- the goodput matrix ------------------------------------------------
 
@@ -234,7 +253,8 @@ class SiaPolicy:
                 if here <= 0 or there <= 0:
                     continue
                 model, scale, per_node = models[source.name], here / there, source.per_node
-            for count, rate in config_rates(model, shape, per_node, lo, hi, batch, memo):
+            for count, rate in config_rates(model, shape, per_node, lo, hi, batch, memo,
+                                            cap=job.batch_size if self.value_at_own_batch else None):
                 value = rate * scale
                 if value > 0:
                     rows.append((i, count, value))

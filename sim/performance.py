@@ -43,6 +43,13 @@ class AppPerformance:
         grid.update(replicas * k for k in (app.min_local_bsz, app.max_local_bsz) if lo <= replicas * k <= hi)
         return sorted(grid)
 
+    def batch_capped(self, cap: int, replicas: int) -> AppPerformance:
+        """This model with its batch search on ``replicas`` ending at ``cap`` (at the replicas' least
+        batch where that exceeds ``cap``): itself when ``cap`` does not bind."""
+        app = self.app
+        top = max(cap, app.init_batch_size, app.min_local_bsz * replicas)
+        return self if top >= self.max_batch_size else performance_at(app, self.epoch, top)
+
     def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
         key = tuple(sorted(placement))
         if key not in self._best:

@@ -17,7 +17,7 @@ runs too.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -128,6 +128,7 @@ class FittedPerformance:
         self.limits = limits
         self.grads = grads
         self._best: dict[tuple[int, int], tuple[int, float]] = {}
+        self._capped: dict[int, FittedPerformance] = {}
 
     @property
     def trusted_gpus(self) -> int:
@@ -166,6 +167,18 @@ class FittedPerformance:
         if key not in self._best:
             search_batches([self], [placement])
         return self._best[key]
+
+    def batch_capped(self, cap: int, replicas: int) -> FittedPerformance:
+        """This model with its batch search on ``replicas`` ending at ``cap`` (at the replicas' least
+        batch where that exceeds ``cap``): itself when ``cap`` does not bind. Kept, so its searches are."""
+        limits = self.limits
+        top = max(cap, limits.init_batch, limits.min_local * replicas)
+        if top >= limits.max_batch:
+            return self
+        found = self._capped.get(top)
+        if found is None:
+            found = self._capped[top] = FittedPerformance(self.fitted, replace(limits, max_batch=top), self.grads)
+        return found
 
 
 def search_batches(models: Iterable[object], placements: Sequence[tuple[int, ...]]) -> None:

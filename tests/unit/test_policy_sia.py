@@ -15,8 +15,12 @@ from dataclasses import replace
 import pytest
 from typed_jobs import Linear, cluster, job, types_of
 
+from dlsub.batch_split import BatchLimits
 from dlsub.policies.api import Allocation, check_decision
+from dlsub.policies.perf_models.fitted_model import FittedPerformance, GradientStats
 from dlsub.policies.perf_models.speedup import fixed_batch
+from dlsub.policies.perf_models.throughput_fit import StepReport, fit
+from dlsub.policies.placement import packed_placement
 from dlsub.policies.sia import RateMemo, SiaPolicy, TypeShape, config_rates, type_shapes
 
 
@@ -192,3 +196,42 @@ def test_a_waiting_job_is_placed_at_no_discount_for_a_restart() -> None:
     c = cluster(("t", 1, 4))
     waiting = job("w", arrival_s=0.0, restarts=2)
     assert types_of(SiaPolicy().decide([waiting], c, 100.0, {}), c) == {"w": ("t", 1)}
+
+
+def _fitted(max_batch: int = 4096) -> FittedPerformance:
+    """A model fitted to one report (one GPU, 64 a step in 0.1 s), whose gradient noise favours large
+    batches; init 64, at most ``max_batch``, 16 to 256 a GPU."""
+    return FittedPerformance(fit([StepReport(1, 1, 64, 0, 0.1)]), BatchLimits(64, max_batch, 16, 256),
+                             GradientStats(sqr=1.0, var=1000.0))
+
+
+def test_a_capped_model_searches_batches_up_to_the_cap_or_a_replicas_least() -> None:
+    """Unit: FittedPerformance.batch_capped(cap, replicas) searches no batch above ``cap``; where the
+    replicas' least batch (16 each) exceeds it, that least one; a cap that does not bind leaves the model."""
+    model = _fitted()
+    assert model.best_batch((4,))[0] > 128
+    capped = model.batch_capped(128, 4)
+    assert capped.best_batch((4,))[0] <= 128 < model.best_batch((4,))[0]
+    assert capped.best_batch((4,))[1] < model.best_batch((4,))[1]
+    assert model.batch_capped(128, 16).best_batch((4, 4, 4, 4))[0] == 256  # 16 GPUs x 16 > 128
+    assert model.batch_capped(4096, 4) is model and model.batch_capped(128, 4) is capped  # kept
+
+
+def test_sia_values_a_job_at_batches_up_to_its_own_as_the_artifact_does() -> None:
+    """Unit: the artifact's speed-up function stops at the workload's batch size (job.py, get_speedup_fn);
+    sia's goodput matrix does likewise (config_rates with cap), while the job runs at the best batch of all."""
+    shape = type_shapes(cluster(("aws", 2, 4)))[0]
+    model = _fitted()
+    uncapped = dict(config_rates(model, shape, 4, 1, 8, None))
+    capped = dict(config_rates(model, shape, 4, 1, 8, None, cap=128))
+    for n in (1, 2, 4, 8):
+        assert capped[n] == pytest.approx(model.batch_capped(128, n).best_batch(packed_placement(n, 4))[1])
+        assert capped[n] <= uncapped[n]
+    assert capped[8] < uncapped[8]
+    j = job("a", hi=8, type_models={"aws": model})  # its own batch: 64
+    rows = {n: v for _, n, v in SiaPolicy().goodputs(j, [shape])}
+    least = min(dict(config_rates(model, shape, 4, 1, 2, None, cap=64)).values())
+    assert rows[2] == pytest.approx(dict(config_rates(model, shape, 4, 1, 2, None, cap=64))[2] / least)
+    # Told not to (value_at_own_batch=False), it judges them up to the application's largest batch.
+    free = {n: v for _, n, v in SiaPolicy(value_at_own_batch=False).goodputs(j, [shape])}
+    assert free[2] == pytest.approx(uncapped[2] / uncapped[1]) and free[2] > rows[2]

@@ -22,6 +22,7 @@ from dlsub.sim import sia_setting
 from dlsub.sim.apps import TraceError, load_application, profiled_types
 from dlsub.sim.cluster_file import ClusterFileError, load_cluster
 from dlsub.sim.engine import SimConfig, make_jobs, run_interval, simulate
+from dlsub.sim.performance import performance_at
 from dlsub.sim.workload import POLLUX_DIR, WorkloadError, WorkloadJob, read_workload
 
 CIFAR = POLLUX_DIR / "traces" / "cifar10"
@@ -251,3 +252,15 @@ def test_yolov3s_local_batch_of_8_holds_for_pollux_traces_not_for_a_typed_profil
     assert largest > 8
     assert load_application(source).max_local_bsz == 8
     assert load_application(app, "aws").max_local_bsz == largest
+
+
+def test_the_oracles_model_capped_searches_batches_up_to_the_cap_or_a_replicas_least() -> None:
+    """Unit: AppPerformance.batch_capped, the oracle's side of sia's valuation at the job's own batch."""
+    app = load_application(CIFAR)
+    model = performance_at(app, 10)
+    assert model.best_batch((4,))[0] > app.init_batch_size
+    capped = model.batch_capped(app.init_batch_size, 4)
+    assert capped.best_batch((4,))[0] == app.init_batch_size
+    least = app.min_local_bsz * 16
+    assert least > app.init_batch_size and model.batch_capped(app.init_batch_size, 16).best_batch((4,) * 4)[0] == least
+    assert model.batch_capped(app.max_batch_size, 4) is model
