@@ -144,21 +144,25 @@ def typed_program(jobs: Jobs, shapes: Sequence[TypeShape], previous_keys: Sequen
     type cost no more: an optimum needs neither, and dropping them keeps the program small)."""
     program = TypedProgram({}, [], [], [], [], [])
     held = [0] * len(shapes)
+    add_job, add_type, add_gpus, add_cost = (program.var_job.append, program.var_type.append,
+                                             program.var_gpus.append, program.cost.append)
     for j, job in enumerate(jobs):
         prev_key = previous_keys[j]
         if prev_key is not None and job.restarting_s > 0:
             program.fixed[j] = prev_key
             held[prev_key[0]] += prev_key[1]
             continue
-        best_below: dict[int, float] = {}  # per type, the least cost of fewer GPUs there
+        # Per type, the least cost of fewer GPUs there, or 0 (what it costs to leave the job out): every
+        # cost kept is below 0.
+        best_below: dict[int, float] = {}
         for i, count, c in candidates(job, prev_key):
-            if c >= min(0.0, best_below.get(i, 0.0)):
+            if c >= best_below.get(i, 0.0):
                 continue
             best_below[i] = c
-            program.var_job.append(j)
-            program.var_type.append(i)
-            program.var_gpus.append(count)
-            program.cost.append(c)
+            add_job(j)
+            add_type(i)
+            add_gpus(count)
+            add_cost(c)
     program.free.extend(shape.total - h for shape, h in zip(shapes, held, strict=True))
     return program
 
@@ -354,11 +358,13 @@ class SiaPolicy:
             factor = 1.0
             if now - job.arrival_s >= penalty:
                 factor = restart_factor(job, now, penalty)
-            for i, count, speedup in self.goodputs(job, shapes, memo):  # in (type, GPUs) order already
-                if (i, count) != prev_key:
-                    speedup *= factor
-                a = CLIP if speedup <= 0 else min(round(speedup ** self.p, 2), CLIP)
-                yield i, count, sign * (a - self.lambda_n)
+            rows = self.goodputs(job, shapes, memo)  # in (type, GPUs) order already
+            if factor != 1.0:
+                rows = [(i, count, speedup if (i, count) == prev_key else speedup * factor)
+                        for i, count, speedup in rows]
+            p, lambda_n = self.p, self.lambda_n
+            return [(i, count, sign * ((CLIP if speedup <= 0 else min(round(speedup ** p, 2), CLIP)) - lambda_n))
+                    for i, count, speedup in rows]
 
         program = typed_program(jobs, shapes, [previous_key(job) for job in jobs], candidates)
         chosen = self.solve(len(jobs), program.free, program.var_job, program.var_type, program.var_gpus,
