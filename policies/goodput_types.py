@@ -144,19 +144,18 @@ class TypedGoodputPolicy(GoodputPolicy):
         memo: RateMemo = {}
 
         def candidates(job: JobView, prev_key: tuple[int, int] | None) -> Iterable[tuple[int, int, float]]:
-            rows = type_rates(job, shapes, memo)
+            rows = type_rates(job, shapes, memo)  # in (type, GPUs) order already
             if not rows:
-                return
+                return []
             least = min(rate for _, _, rate in rows)
-            weight = self.weight(job)
-            keep = self.keep_share(job, now) if prev_key is not None else 1.0
-            for i, count, rate in rows:  # in (type, GPUs) order already
-                speedup = rate / least
-                if prev_key is not None and (i, count) != prev_key:
-                    speedup *= keep
-                # Its cost is minus its value: more GPUs of one type must be worth more than fewer (else an
-                # optimum never takes them; typed_program drops them).
-                yield i, count, -(weight * (self.admit_value + speedup ** self.speedup_power))
+            weight, admit, power = self.weight(job), self.admit_value, self.speedup_power
+            speedups = [(i, count, rate / least) for i, count, rate in rows]
+            if prev_key is not None:
+                keep = self.keep_share(job, now)
+                speedups = [(i, count, s if (i, count) == prev_key else s * keep) for i, count, s in speedups]
+            # Its cost is minus its value: more GPUs of one type must be worth more than fewer (else an
+            # optimum never takes them; typed_program drops them).
+            return [(i, count, -(weight * (admit + s ** power))) for i, count, s in speedups]
 
         program = typed_program(jobs, shapes, [_key_of(previous.get(job.name), type_index) for job in jobs],
                                 candidates)

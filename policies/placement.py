@@ -144,3 +144,12 @@ class FreeIndex:
                 if len(nodes) == count:
                     return tuple(nodes)
         return None
+
+    def take(self, count: int, capacity: int) -> tuple[str, ...] | None:
+        """:func:`pack` of ``count`` GPUs with ``capacity`` GPUs on every node (an empty node before a shared
+        one), and taken off ``free``; None, changing nothing, when there are too few."""
+        empty = self.buckets.get(capacity)
+        nodes = (self.names[empty[0]],) * count if empty and 0 < count <= capacity else self.pack(count)
+        for node, taken in Counter(nodes or ()).items():
+            self.change(node, -taken)
+        return nodes

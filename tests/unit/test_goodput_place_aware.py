@@ -106,3 +106,20 @@ def test_the_free_index_places_as_pack_does_over_every_node() -> None:
         room.update(Counter(own))
         assert index.pack(count, own) == pack(room, count)
         assert index.total == sum(free.values())
+
+
+def test_the_free_index_takes_as_pack_does_with_every_node_of_one_capacity() -> None:
+    """FreeIndex.take (sia's placements on a large cluster) against pack with every node's capacity the same,
+    over a run of takes on seeded random clusters: the same nodes, the same free GPUs left."""
+    rnd = random.Random(11)
+    for _ in range(300):
+        capacity = rnd.choice([2, 4, 8])
+        names = [f"n{i}" for i in range(rnd.randint(1, 12))]
+        free = Counter({node: rnd.choice([capacity, rnd.randint(0, capacity)]) for node in names})
+        reference = free.copy()
+        index = FreeIndex(free, names)
+        for _ in range(6):
+            count = rnd.randint(0, 2 * capacity + 1)
+            assert index.take(count, capacity) == pack(reference, count,
+                                                       capacity={node: capacity for node in names})
+            assert free == reference and index.total == sum(free.values())
