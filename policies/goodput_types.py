@@ -32,8 +32,11 @@ that jobs are started before others grow (goodput's "every job its minimum first
 attained-service weight (the job's GPU-seconds), which favours young, likely short, jobs (Tiresias's LAS).
 ``q`` (``speedup_power``, 0.5) makes a job's worth grow ever more slowly with its speed-up, so spare GPUs
 go where they add most in proportion (Pollux's and Sia's p < 0 do that too); chosen on Philly workload 1
-(order 1: average JCT 0.548 h against 0.595 h with q = 1, sia 0.553 h). Sia's ``lambda_n`` plays the role
-of ``admit`` there, without the service weight.
+(order 1, jitter 120 s: average JCT 0.549 h against 0.585 h with q = 1, sia 0.551 h, in the simulator as
+corrected on 28 Nov 2026; before those fidelity fixes 0.548 h against 0.595 h, sia 0.553 h).
+Sia's ``lambda_n`` plays the role of ``admit`` there, without the service weight. On workloads 5-8, not
+used to choose any constant here (``benchmarks/goodput_vs_sia.py``, 5 orders): average JCT 0.689 h against
+sia's 0.693 h, goodput/sia 0.993 [0.984, 1.002], goodput/pollux 0.660 [0.626, 0.694].
 
 **Moving a running job** (another type, or another count) costs its restart: every configuration but
 its current one has its speed-up scaled by ``(1 - restart / age) x (1 - move_margin)``, the job's age
