@@ -40,9 +40,10 @@ go where they add most in proportion (Pollux's and Sia's p < 0 do that too); cho
 (order 1, jitter 120 s: average JCT 0.549 h against 0.585 h with q = 1, sia 0.551 h, in the simulator as
 corrected on 28 Nov 2026; before those fidelity fixes 0.548 h against 0.595 h, sia 0.553 h).
 Sia's ``lambda_n`` plays the role of ``admit`` there, without the service weight. On workloads 5-8, not
-used to choose any constant here (``benchmarks/goodput_vs_sia.py``, 5 orders), before ``k`` and ``r``
-below (k = 0, r = 0.5): average JCT 0.689 h against sia's 0.693 h, goodput/sia 0.993 [0.984, 1.002],
-goodput/pollux 0.660 [0.626, 0.694].
+used to choose any constant here (``benchmarks/goodput_vs_sia.py``, 5 orders, run once after choosing):
+average JCT 0.632 h against sia's 0.693 h and pollux's 1.047 h, goodput/sia 0.911 [0.905, 0.916],
+goodput/pollux 0.604 [0.577, 0.632]; GPU-hours a job 4.48 (sia 3.85), restarts 451 a workload (sia 709).
+Before ``k`` and ``r`` below (k = 0, r = 0.5): 0.689 h, goodput/sia 0.993 [0.984, 1.002].
 
 **Moving a running job** (another type, or another count) costs its restart: every configuration but
 its current one has its speed-up scaled by ``(1 - (1 + k x restarts) x restart / age) x (1 - move_margin)``,
