@@ -102,6 +102,24 @@ def test_a_running_job_moves_type_only_when_the_gain_beats_the_restart() -> None
     assert types_of(TypedGoodputPolicy().decide([b], c, 1e6, on_slow), c) == {"a": ("slow", 1)}
 
 
+def test_a_job_that_has_restarted_often_is_moved_less() -> None:
+    # Pure policy, no Slurm. As above, 2000 s old, the fast type 2x; but each restart it has had already
+    # counts (restart_count) against moving it again, as Sia's restart factor counts them.
+    c = cluster(("slow", 1, 1), ("fast", 1, 1))
+    on_slow = {"a": Allocation(("slow0",))}
+    fresh = job("a", hi=1, restart_s=120.0, restarts=0,
+                type_models={"slow": Linear(1.0), "fast": Linear(2.0)}, running_since_s=0.0)
+    policy = TypedGoodputPolicy(restart_count=3.0)
+    # Never restarted: 2 x (1 - 120/2000) x 0.95 = 1.79 > 1, it moves.
+    assert types_of(policy.decide([fresh], c, 2000.0, on_slow), c) == {"a": ("fast", 1)}
+    # Restarted 4 times: 2 x (1 - 120 x (1 + 3 x 4)/2000) x 0.95 = 0.42 < 1, it stays.
+    churned = replace(fresh, restarts=4)
+    assert types_of(policy.decide([churned], c, 2000.0, on_slow), c) == {"a": ("slow", 1)}
+    # Without the count (restart_count 0) it would move all the same.
+    assert types_of(TypedGoodputPolicy(restart_count=0.0).decide([churned], c, 2000.0, on_slow), c) == {
+        "a": ("fast", 1)}
+
+
 def test_a_job_in_the_middle_of_a_restart_keeps_its_gpus() -> None:
     c = cluster(("slow", 1, 1), ("fast", 1, 1))
     a = job("a", hi=1, restarting_s=20.0, type_models={"slow": Linear(1.0), "fast": Linear(5.0)})
