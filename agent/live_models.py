@@ -214,7 +214,7 @@ class LiveModels:
             name=job.dlsub_id, arrival_s=job.submit_time, gpus=current,
             min_gpus=job.main_gpus, max_gpus=max(most, job.main_gpus),
             batch_size=batch, adaptive_batch=limits is not None, attained_gpu_s=ran * current,
-            remaining=remaining, progress=float(progress.step or 0),
+            remaining=remaining, progress=float(progress.step or 0), restarts=progress.restarts,
             model=model, type_models=type_models, type_rates=type_rates,
         )
         return ScaledJob(job, view, progress.measured, batch if samples_known else None, limits,

@@ -77,6 +77,15 @@ class Progress:
     grads: tuple[float, float] | None = None  # its last gradient noise report (grad_sqr, grad_var)
     application: str | None = None  # its command's digest (contract.application_digest), as it said
     gpu_type: str | None = None  # the kind of GPU it trains on now, as its latest start event said
+    # Its training's (re)starts seen: every attempt, and every re-forming of an elastic group, writes one.
+    starts: int = 0
+
+    @property
+    def restarts(self) -> int:
+        """Times its training restarted after its first start (a resize, a move, a requeue): what the
+        simulator counts for the policies as re-allocations (pollux's restart factor; goodput across kinds
+        counts them against moving the job again)."""
+        return max(self.starts - 1, 0)
 
     @property
     def configs_here(self) -> tuple[MeasuredConfig, ...]:
@@ -155,6 +164,8 @@ class ProgressSummary:
     # Its latest start said it saves whenever dlsub asks (a framework adapter: contract.SAVES_ON_REQUEST): it
     # may be moved or continued before its first checkpoint.
     saves_on_request: bool = False
+    # Start events folded (Progress.starts). A summary folded before it was kept counts from where it was.
+    starts: int = 0
 
     def _measure(self, event: dict[str, Any]) -> None:
         """Fold one start or progress event into the rates measured at the job's current size and batch."""
@@ -195,6 +206,7 @@ class ProgressSummary:
         kind = event["event"]
         if kind == EVENT_START:
             self.started = True
+            self.starts += 1
             self.saves_on_request = event.get("saves") == SAVES_ON_REQUEST
         if kind in (EVENT_START, EVENT_PROGRESS):
             self._measure(event)
@@ -222,7 +234,7 @@ class ProgressSummary:
             return Progress(finished=self.finished, checkpoints=self.checkpoints,
                             last_checkpoint_step=self.checkpoint_step, last_checkpoint_time=self.checkpoint_time,
                             first_time=self.first_time, latest_time=self.latest_time, application=self.application,
-                            gpu_type=self.gpu_type)
+                            gpu_type=self.gpu_type, starts=self.starts)
         first = self.window[0] if self.window else last
         several = len(self.window) > 1
         return Progress(
@@ -234,7 +246,7 @@ class ProgressSummary:
             last_checkpoint_time=self.checkpoint_time, finished=self.finished, checkpoints=self.checkpoints,
             first_time=self.first_time, latest_time=self.latest_time, configs=self.measured_configs(),
             batch_limits=self.batch_limits, grads=None if self.grads is None else (self.grads[0], self.grads[1]),
-            application=self.application, gpu_type=self.gpu_type,
+            application=self.application, gpu_type=self.gpu_type, starts=self.starts,
         )
 
     def measured_configs(self) -> tuple[MeasuredConfig, ...]:
@@ -255,7 +267,8 @@ class ProgressSummary:
                 "finished": self.finished, "first_time": self.first_time, "latest_time": self.latest_time,
                 "bad_events": self.bad_events, "segment": self.segment, "measured": self.measured,
                 "batch_limits": self.batch_limits, "grads": self.grads, "application": self.application,
-                "started": self.started, "saves_on_request": self.saves_on_request, "gpu_type": self.gpu_type}
+                "started": self.started, "saves_on_request": self.saves_on_request, "gpu_type": self.gpu_type,
+                "starts": self.starts}
 
     @classmethod
     def from_dict(cls, raw: Any) -> ProgressSummary:

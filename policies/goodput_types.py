@@ -45,17 +45,18 @@ average JCT 0.632 h against sia's 0.693 h and pollux's 1.047 h, goodput/sia 0.91
 goodput/pollux 0.604 [0.577, 0.632]; GPU-hours a job 4.48 (sia 3.85), restarts 451 a workload (sia 709).
 Before ``k`` and ``r`` below (k = 0, r = 0.5): 0.689 h, goodput/sia 0.993 [0.984, 1.002].
 
-**Moving a running job** (another type, or another count) costs its restart: every configuration but
-its current one has its speed-up scaled by ``(1 - (1 + k x restarts) x restart / age) x (1 - move_margin)``,
-the job's age standing for the work it has left (as goodput guesses it: about as much again as it has
-done), so a job moves when what the faster configuration saves over that horizon beats the seconds the
-restart loses. ``restarts`` is how often it has restarted already and ``k`` (``restart_count``, 3) what
-each counts: without it (k = 0) a long job thrashed. On Philly workload 2 (order 1) an imagenet job
-changed type or size 74 times, often as soon as its 250 s restart had ended (most moves between types,
-which its models there, bootstrapped from one-GPU profiles, rated better): over 5 of its 13.9 h went to
-restarts (sia, whose restart factor counts restarts too:
-11.0 h). With k = 3 a job that has spent a quarter of its age restarting (k + 1 = 4 restarts' worth
-a restart) is hardly moved. A job in the middle of a restart keeps its GPUs, as Sia's do.
+**Moving a running job** (another type, or another count) costs its restart: every configuration but its
+current one has its speed-up scaled by ``(1 - (1 + k x restarts) x restart / age) x (1 - move_margin)``, the
+job's age standing for the work it has left (as goodput guesses it: about as much again as it has done), so a
+job moves when what the faster configuration saves over that horizon beats the seconds the restart loses.
+``restarts`` is how often it has restarted already (the simulator's re-allocations; the live agent's count of
+the job's start events after its first, each resize, move or requeue writing one) and ``k``
+(``restart_count``, 3) what each counts: without it (k = 0) a long job thrashed. On Philly workload 2 (order
+1) an imagenet job changed type or size 74 times, often as soon as its 250 s restart had ended (most moves
+between types, which its models there, bootstrapped from one-GPU profiles, rated better): over 5 of its 13.9 h
+went to restarts (sia, whose restart factor counts restarts too: 11.0 h). With k = 3 a job that has spent a
+quarter of its age restarting (k + 1 = 4 restarts' worth a restart) is hardly moved. A job in the middle of a
+restart keeps its GPUs, as Sia's do.
 
 Chosen on Philly workloads 1-4, orders 1 and 2 (``goodput_vs_sia.py --workloads 1,2,3,4 --orders 2
 --variant K=V``; goodput/sia average JCT, mean of the two orders; 0.985 with k = 0, r = 0.5): k 1 0.935,

@@ -147,11 +147,14 @@ def test_a_job_row_written_before_the_typed_record_loads_and_is_written_back_the
     # Written back the same, but for what later summaries keep: a progress summary folded before it kept
     # whether the training wrote its start event had one, since it had events (its first_time); whether that
     # start said it saves on request is not known, so it did not (a framework adapter's job is then moved only
-    # once it has checkpointed, as any job was); nor the kind of GPU it ran on (none: untyped, as all were).
+    # once it has checkpointed, as any job was); nor the kind of GPU it ran on (none: untyped, as all were);
+    # nor its starts (none counted: its restarts count from the next start on).
     assert data.progress.started and not data.progress.saves_on_request and data.progress.gpu_type is None
+    assert data.progress.starts == 0
     old = json.loads(_OLD_ROW)
     assert json.loads(data.to_json()) == {**old, "progress": {**old["progress"], "started": True,
-                                                              "saves_on_request": False, "gpu_type": None}}
+                                                              "saves_on_request": False, "gpu_type": None,
+                                                              "starts": 0}}
     assert rows[(ME, 1002)].data == JobData(ignored=True) and rows[(ME, 1002)].state == JobState.PENDING
 
 

@@ -76,6 +76,15 @@ def test_a_node_is_taken_from_a_poor_scaler_only_to_give_it_to_a_better_one() ->
     assert "measured 1 node" in actions[0].reason
 
 
+def test_the_policy_is_told_the_restarts_the_jobs_start_events_count() -> None:
+    models = LiveModels()
+    j = job("j", uid=1, nodes=1, max_members=2, submit=NOW - 300)
+    progress = Progress(step=100, total_steps=5000, configs=measured({1: 2.0}), first_time=NOW - 300,
+                        latest_time=NOW, starts=4)
+    assert models.scaled(j, progress, NOW, None).view.restarts == 3, "three restarts after its first start"
+    assert scaled(models, j, {1: 2.0}).view.restarts == 0
+
+
 def test_another_users_reported_throughput_never_shrinks_my_job() -> None:
     """Its reports are its own word (it could inflate them): my node is not taken for it."""
     models = LiveModels()

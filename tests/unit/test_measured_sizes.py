@@ -87,3 +87,19 @@ def test_a_gpu_type_that_is_not_a_name_counts_as_none() -> None:
     progress = summary.progress()
     assert progress.gpu_type is None and [c.gpu_type for c in progress.configs] == [None]
     assert progress.measured == {(1, 2): (2.0, 64.0)}
+
+
+def test_each_start_after_the_first_is_a_restart_and_the_count_survives_the_store() -> None:
+    """Every attempt and every re-forming of an elastic group writes a start event: the policies are told the
+    restarts after the first start (pollux's restart factor; goodput across kinds moves a job that has
+    restarted often less readily). A summary stored before it counted starts loads with none."""
+    summary = ProgressSummary()
+    assert summary.progress().restarts == 0
+    summary.feed(start(0, 2, 1))
+    assert summary.progress().restarts == 0, "its first start is no restart"
+    for event in [report(10, 10), start(20, 4, 2), report(30, 20), start(40, 2, 1, attempt="7-1")]:
+        summary.feed(event)
+    stored = ProgressSummary.from_dict(summary.to_dict())
+    assert stored.progress().starts == 3 and stored.progress().restarts == 2
+    older = {k: v for k, v in summary.to_dict().items() if k != "starts"}
+    assert ProgressSummary.from_dict(older).progress().restarts == 0
