@@ -8,7 +8,7 @@ import functools
 
 import numpy as np
 
-from dlsub.sim.apps import Application
+from dlsub.sim.apps import Application, normalise
 
 
 class AppPerformance:
@@ -28,20 +28,8 @@ class AppPerformance:
         return self.app.goodput(placement, config, self.epoch)
 
     def batch_candidates(self, replicas: int) -> list[int]:
-        """Batch sizes worth trying on ``replicas``: from each replica's
-        minimum up to the largest measured, on a geometric grid plus the
-        measured sizes, so that a search is a few dozen evaluations."""
-        app = self.app
-        lo = max(app.init_batch_size, app.min_local_bsz * replicas)
-        hi = self.max_batch_size
-        if lo >= hi:
-            return [hi]
-        steps = 12
-        grid = {int(round(lo * (hi / lo) ** (i / steps))) for i in range(steps + 1)}
-        grid.update(int(b) for b in app.batch_sizes if lo <= b <= hi)
-        # Multiples of the replica count split evenly.
-        grid.update(replicas * k for k in (app.min_local_bsz, app.max_local_bsz) if lo <= replicas * k <= hi)
-        return sorted(grid)
+        """Batch sizes worth trying on ``replicas`` (:func:`batch_candidates`)."""
+        return batch_candidates(self.app, self.max_batch_size, replicas)
 
     def batch_capped(self, cap: int, replicas: int) -> AppPerformance:
         """This model with its batch search on ``replicas`` ending at ``cap`` (at the replicas' least
@@ -53,15 +41,41 @@ class AppPerformance:
     def best_batch(self, placement: tuple[int, ...]) -> tuple[int, float]:
         key = tuple(sorted(placement))
         if key not in self._best:
-            replicas = sum(placement)
-            candidates = self.batch_candidates(replicas)
-            configs = [self.app.batch_config(replicas, batch) for batch in candidates]
-            totals = np.array([config.total(replicas) for config in configs], dtype=float)
-            steps = np.array([self.app.step_time(placement, config) for config in configs])
+            candidates, totals, steps = search_grid(self.app, self.max_batch_size, normalise(placement))
             rates = self.app.efficiencies(totals, self.epoch) / steps
             best = int(np.argmax(rates))
             self._best[key] = (candidates[best], float(rates[best]))
         return self._best[key]
+
+
+def batch_candidates(app: Application, max_batch_size: int, replicas: int) -> list[int]:
+    """Batch sizes worth trying on ``replicas``: from each replica's minimum up to ``max_batch_size``, on a
+    geometric grid plus the measured sizes, so that a search is a few dozen evaluations."""
+    lo = max(app.init_batch_size, app.min_local_bsz * replicas)
+    hi = max_batch_size
+    if lo >= hi:
+        return [hi]
+    steps = 12
+    grid = {int(round(lo * (hi / lo) ** (i / steps))) for i in range(steps + 1)}
+    grid.update(int(b) for b in app.batch_sizes if lo <= b <= hi)
+    # Multiples of the replica count split evenly.
+    grid.update(replicas * k for k in (app.min_local_bsz, app.max_local_bsz) if lo <= replicas * k <= hi)
+    return sorted(grid)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def search_grid(app: Application, max_batch_size: int,
+                placement: tuple[int, ...]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The batch search's candidates on ``placement`` (normalised), their total batch sizes and their step
+    times: the same at every epoch of the application (only the statistical efficiency changes with the
+    epoch), so computed once for all of them; a decision over thousands of jobs at a few hundred epochs
+    otherwise repeats them at each (1.5 s of pollux's 1.9 s at 5,000 jobs on 10,000 GPUs)."""
+    replicas = sum(placement)
+    candidates = batch_candidates(app, max_batch_size, replicas)
+    configs = [app.batch_config(replicas, batch) for batch in candidates]
+    totals = np.array([config.total(replicas) for config in configs], dtype=float)
+    steps = np.array([app.step_time(placement, config) for config in configs])
+    return candidates, totals, steps
 
 
 @functools.lru_cache(maxsize=4096)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
@@ -12,8 +13,21 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import dlsub.policies.pollux as pollux_module
 from dlsub.policies.api import Allocation, ClusterView, JobView, check_decision
-from dlsub.policies.pollux import PolluxPolicy, SpeedupMemo, minimise, place_pollux, restart_factor
+from dlsub.policies.pollux import (
+    EPSILON,
+    PolluxPolicy,
+    SpeedupMemo,
+    TightestFit,
+    choose_counts,
+    fill_idle,
+    grant,
+    minimise,
+    minimise_relaxed,
+    place_pollux,
+    restart_factor,
+)
 from dlsub.policies.registry import get_policy
 from dlsub.sim.performance import performance_at
 from dlsub.sim.workload import POLLUX_DIR
@@ -257,3 +271,134 @@ def test_speedups_are_shared_by_jobs_on_one_model_within_a_decision_and_kept_apa
     assert list(policy.speedups(fixed, 8, 2, 4, memo)) == list(policy.speedups(fixed, 8, 2, 4))
     assert len(shared.asked) == asked and len(memo) == 3
     assert list(first) == list(policy.speedups(job("a", shared), 8, 2, 4))
+
+
+def test_minimise_relaxed_is_within_one_jobs_change_of_exact_and_fits() -> None:
+    """The price-a-GPU knapsack (pollux above EXACT_CELLS) against the exact one, on costs shaped as
+    pollux's are (1 / (speed-up + epsilon), speed-ups concave in GPUs, some jobs needing a minimum)."""
+    rng = random.Random(11)
+    for _ in range(60):
+        costs = []
+        for _ in range(rng.randint(1, 40)):
+            power, hi, lo = rng.uniform(0.3, 1.0), rng.randint(1, 16), rng.choice([1, 1, 1, 2, 4])
+            cost = np.array([1000.0] + [1.0 / (n ** power + 1e-3) for n in range(1, hi + 1)])
+            cost[1:lo] = math.inf
+            costs.append(cost)
+        capacity = rng.randint(0, 120)
+        exact, relaxed = minimise(costs, capacity), minimise_relaxed(costs, capacity)
+        assert sum(relaxed) <= capacity
+        assert all(n == 0 or math.isfinite(cost[n]) for cost, n in zip(costs, relaxed, strict=True))
+        exact_total, relaxed_total = (sum(cost[n] for cost, n in zip(costs, counts, strict=True))
+                                      for counts in (exact, relaxed))
+        # Optimal but for the jobs the price leaves between two counts: within one job's largest change.
+        spread = max(cost[0] - min(cost) for cost in costs)
+        assert exact_total <= relaxed_total + 1e-9 <= exact_total + spread + 1e-9
+        if sum(int(np.argmin(cost)) for cost in costs) <= capacity:
+            assert relaxed == [int(np.argmin(cost)) for cost in costs]  # nothing binds: each at its best
+
+
+def test_minimise_relaxed_on_convex_costs_is_exact() -> None:
+    """Where every job's cost falls ever more slowly with its GPUs, the price-a-GPU optimum is the exact one."""
+    rng = random.Random(5)
+    for _ in range(40):
+        offsets = [rng.uniform(0.1, 2.0) for _ in range(rng.randint(1, 30))]
+        costs = [np.array([1.0 / (n + offset) for n in range(rng.randint(2, 9))]) for offset in offsets]
+        capacity = rng.randint(0, 100)
+        exact, relaxed = minimise(costs, capacity), minimise_relaxed(costs, capacity)
+        assert sum(c[n] for c, n in zip(costs, relaxed, strict=True)) == pytest.approx(
+            sum(c[n] for c, n in zip(costs, exact, strict=True)), rel=1e-12)
+
+
+def test_choose_counts_is_exact_below_the_limit_and_relaxed_above(monkeypatch: pytest.MonkeyPatch) -> None:
+    costs = [np.array([3.0, 1.0, 0.9, 0.2]), np.array([3.0, 0.5, 0.4, 0.1])]
+    assert choose_counts(costs, 3) == minimise(costs, 3)
+    monkeypatch.setattr(pollux_module, "EXACT_CELLS", 1)
+    called = []
+    monkeypatch.setattr(pollux_module, "minimise_relaxed", lambda c, k: called.append(k) or [0, 0])
+    assert choose_counts(costs, 3) == [0, 0] and called == [3]
+
+
+def _fill_by_every_node(decision: dict[str, Allocation], free: dict[str, int], jobs: dict[str, JobView],
+                        cost_at: Callable[[str, tuple[str, ...]], float],
+                        caps: dict[str, int]) -> dict[str, Allocation]:
+    """The idle-GPU fill as it was written first, trying every node for every job: the reference that
+    fill_idle must match exactly."""
+    while True:
+        best: tuple[float, str, tuple[str, ...]] | None = None
+        for node in (node for node in free if free[node] > 0):
+            for name in jobs:
+                held = decision[name].nodes if name in decision else ()
+                if set(held) - {node}:
+                    continue
+                before = cost_at(name, held)
+                for extra in range(1, min(free[node], caps[name] - len(held)) + 1):
+                    gain = before - cost_at(name, held + (node,) * extra)
+                    if gain > 0 and (best is None or gain > best[0]):
+                        best = (gain, name, held + (node,) * extra)
+        if best is None:
+            return decision
+        grant(decision, free, jobs, best[1], best[2])
+
+
+def _pollux_cost(jobs: dict[str, JobView], previous: dict[str, Allocation]) -> Callable[[str, tuple[str, ...]], float]:
+    """Pollux's cost of a job on nodes at 300 s (fair share 2), as its decision gives place_pollux."""
+    policy = PolluxPolicy()
+
+    def cost_at(name: str, placed: tuple[str, ...]) -> float:
+        scaled = policy.speedup(jobs[name], tuple(Counter(placed).values()), 2) if placed else 0.0
+        had = previous.get(name)
+        if had is None or Counter(had.nodes) != Counter(placed):
+            scaled *= restart_factor(jobs[name], 300.0, 30.0)
+        return 1.0 / (scaled + EPSILON)
+
+    return cost_at
+
+
+def test_fill_idle_matches_trying_every_node() -> None:
+    """Pollux's own cost (speed-up where the GPUs are, restart factor unless they are the job's old ones)
+    on random clusters: the same grants as the search over every node, ties included."""
+    rng = random.Random(7)
+    for _ in range(150):
+        cluster = ClusterView.uniform(rng.randint(1, 5), rng.choice([2, 4]))
+        names = [f"j{i}" for i in range(rng.randint(1, 6))]
+        jobs = {name: job(name, Scaling(power=rng.choice([0.5, 0.9, 1.0])), arrival=rng.choice([0.0, 500.0]))
+                for name in names}
+        nodes = [node.name for node in cluster.nodes]
+        previous = {name: Allocation((rng.choice(nodes),) * rng.randint(1, 2)) for name in names
+                    if rng.random() < 0.5}
+        decision: dict[str, Allocation] = {}
+        free = dict(cluster.capacity())
+        for name in names:  # some jobs already placed on one node, or two
+            if rng.random() < 0.5:
+                room = [node for node in nodes if free[node] > 0]
+                if room:
+                    picked = tuple(rng.choice(room) for _ in range(rng.randint(1, 2)))
+                    if all(free[node] >= picked.count(node) for node in picked):
+                        decision[name] = Allocation(picked)
+                        for node in picked:
+                            free[node] -= 1
+        caps = {name: rng.randint(1, 6) for name in names}
+        cost_at = _pollux_cost(jobs, previous)
+        want = _fill_by_every_node(dict(decision), dict(free), jobs, cost_at, caps)
+        assert fill_idle(dict(decision), dict(free), jobs, previous, cost_at, caps) == want
+
+
+def test_tightest_fit_agrees_with_a_scan() -> None:
+    rng = random.Random(2)
+    free = {f"n{i}": rng.randint(0, 8) for i in range(40)}
+    tightest = TightestFit(free)
+    for _ in range(200):
+        most = max(free.values())
+        assert tightest.most() == most
+        if most == 0:
+            break
+        want = rng.randint(1, most)
+        node = tightest.node(want)
+        assert node == min((n for n in free if free[n] >= want), key=free.__getitem__)
+        free[node] -= rng.randint(1, want)
+        tightest.changed({node})
+
+
+def test_minimise_relaxed_leaves_jobs_that_cannot_go_without_to_the_table() -> None:
+    costs = [np.array([math.inf, 2.0, 1.0]), np.array([5.0, 1.0, 0.5])]
+    assert minimise_relaxed(costs, 2) == minimise(costs, 2) == [1, 1]
