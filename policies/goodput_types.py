@@ -62,6 +62,10 @@ Chosen on Philly workloads 1-4, orders 1 and 2 (``goodput_vs_sia.py --workloads 
 --variant K=V``; goodput/sia average JCT, mean of the two orders; 0.985 with k = 0, r = 0.5): k 1 0.935,
 k 3 0.922, k 10 0.945 (r 0.5); k 3 with r 0.25 0.908, GPU-hours a job 3.94 (4.73 before, sia's 3.34),
 restarts 455 a workload (871 before, sia's 686). Against k = 0, r = 0.5 run by run: 0.922 [0.907, 0.937].
+Tried after, one knob at a time on the same half (these constants 0.908; none 0.01 below, so none kept and
+5-8 not run again): q 0.35 0.908, q 0.7 0.911; margin 0 0.906, 0.15 0.918; admit 30 or 300 0.908 (each run
+as with 100: admission never binds on this cluster); with margin 0, k 2 0.910, k 5 0.914; k counted against moves
+between types only, a resize paying its one restart, 0.954 (resizes thrash: 650 restarts a workload).
 """
 
 from __future__ import annotations
