@@ -13,7 +13,9 @@ goodput/pollux (ratio of average JCTs, averaged over the workloads of each order
 and its 95% interval (Student's t), and the sentence those figures support.
 
 goodput's constants were chosen on workloads 1-4 (:data:`TUNED_ON`): run 5-8 to see them on workloads
-they were not tuned on; a run of 1-4 is the tuned half, and its claim sentence says so. (``--tuned-on`` is
+they were not tuned on; a run of 1-4 is the tuned half, and its claim sentence says so. With --variant
+the constants are the run's own (a tuning try, or the reverse split's, chosen on 5-8), and the claim
+sentence says it cannot tell which workloads they were chosen on. (``--tuned-on`` is
 still accepted, as an old note used it, but changes nothing: which half the constants were chosen on is a
 fact about the code, not a choice of the run.) Sia's other traces (Helios, newTrace) are an acceptance set and
 are never run here. --raw FILE keeps every run as a line of JSON; a run already there is not run again.
@@ -109,7 +111,11 @@ def main() -> None:
     if args.tuned_on != "1-4":
         print(f"--tuned-on {args.tuned_on} ignored: goodput's constants were chosen on Philly workloads 1-4.")
     tuned = set(numbers) & TUNED_ON
-    half = ("untouched: goodput's constants were chosen on workloads 1-4" if not tuned
+    # With --variant the constants are the run's own (tuning, or the reverse split's, chosen on 5-8): which
+    # workloads they were chosen on is not the code's fact then, and the run must say it.
+    half = ("goodput's constants from --variant, which workloads they were chosen on not known here; "
+            "the defaults' were chosen on 1-4" if variant
+            else "untouched: goodput's constants were chosen on workloads 1-4" if not tuned
             else "the tuned half: goodput's constants were chosen on these workloads, so this is no test of them"
             if set(numbers) <= TUNED_ON
             else f"mixed: goodput's constants were chosen on {','.join(map(str, sorted(tuned)))} of them")
