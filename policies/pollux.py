@@ -240,9 +240,12 @@ class PolluxPolicy:
 
         return per_model(memo, job.model, (fixed_batch(job), hi, fair, per_node), row)
 
-    def speedup(self, job: JobView, placement: tuple[int, ...], fair: int) -> float:
-        """Speed-up over the fair share (``fair`` GPUs on one node) on ``placement``."""
-        return self._over(job, placement, fair, self._base(job, fair))
+    def speedup(self, job: JobView, placement: tuple[int, ...], fair: int,
+                bases: ModelMemo[float | None] | None = None) -> float:
+        """Speed-up over the fair share (``fair`` GPUs on one node) on ``placement``; ``bases`` keeps each
+        model's goodput on the fair share for one decision."""
+        base = per_model(bases, job.model, (fixed_batch(job), fair), lambda: self._base(job, fair))
+        return self._over(job, placement, fair, base)
 
     def _base(self, job: JobView, fair: int) -> float | None:
         """The job's goodput on its fair share; None when nothing is measured yet (linear speed-ups, as
@@ -299,8 +302,7 @@ class PolluxPolicy:
             job = by_name[name]
             if len(nodes) < los[name]:
                 return math.inf if nodes else 1.0 / EPSILON
-            base = per_model(bases, job.model, (fixed_batch(job), fair), lambda: self._base(job, fair))
-            scaled = scale * self._over(job, tuple(Counter(nodes).values()), fair, base)
+            scaled = scale * self.speedup(job, tuple(Counter(nodes).values()), fair, bases)
             alloc = previous.get(name)
             if alloc is None or Counter(alloc.nodes) != Counter(nodes):
                 scaled *= restart_factor(job, now, self.restart_penalty_s)
