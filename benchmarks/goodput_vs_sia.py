@@ -2,7 +2,8 @@
 
     nice -n 19 python benchmarks/goodput_vs_sia.py [--data ../shared/data/sia] [--orders 5] [--jitter 120]
         [--workloads 5,6,7,8] [--policies goodput,sia,pollux] [--variant K=V,...]
-        [--raw FILE]
+        [--raw FILE] [--profile before|beside|history] [--profile-s S] [--no-profile-report]
+        [--history none|one-user]
 
 Each Philly workload (``DATA/workloads-philly/workload-N.csv``) on Sia's cluster (aws 6x4, dgx-ext 2x8,
 rtx 3x8: ``sim/scenarios/sia-cluster.toml``) with Sia's calibration, online (each job knows only what it
@@ -19,6 +20,10 @@ sentence says it cannot tell which workloads they were chosen on. (``--tuned-on`
 still accepted, as an old note used it, but changes nothing: which half the constants were chosen on is a
 fact about the code, not a choice of the run.) Sia's other traces (Helios, newTrace) are an acceptance set and
 are never run here. --raw FILE keeps every run as a line of JSON; a run already there is not run again.
+--profile, --profile-s, --no-profile-report and --history change how goodput's one-GPU profiles are run,
+paid for and used, and what every policy's jobs learn from earlier runs of their command
+(``dlsub.sim.engine.PROFILE_MODES``, ``dlsub.sim.information``): what the profiles cost goodput, measured
+(policies/goodput_types.py).
 One simulation at a time (the machine is shared).
 """
 
@@ -34,7 +39,7 @@ from sia_fidelity import interval  # this folder: the script's own, first on sys
 
 from dlsub.policies.registry import POLICIES
 from dlsub.sim.cluster_file import load_cluster
-from dlsub.sim.engine import SimConfig, simulate
+from dlsub.sim.engine import PROFILE_MODES, SimConfig, simulate
 from dlsub.sim.workload import SCENARIOS_DIR, read_workload
 
 CLAIM_GOAL = 0.90  # issue 33: goodput's average JCT at most this times sia's
@@ -53,14 +58,19 @@ def parse_variant(text: str) -> dict[str, float]:
 
 
 def run_one(data: Path, cluster_file: Path, policy: str, workload: int, seed: int, jitter: float,
-            variant: dict[str, float]) -> dict[str, Any]:
-    config = SimConfig(information="online", calibration="sia", seed=seed, arrival_jitter_s=jitter)
+            variant: dict[str, float], profile: str = SimConfig.profile,
+            profile_s: float = SimConfig.profile_s, history: str = SimConfig.history,
+            profile_report: bool = SimConfig.profile_report) -> dict[str, Any]:
+    config = SimConfig(information="online", calibration="sia", seed=seed, arrival_jitter_s=jitter,
+                       profile=profile, profile_s=profile_s, history=history, profile_report=profile_report)
     jobs = read_workload(data / "workloads-philly" / f"workload-{workload}.csv")
     made = POLICIES[policy](**variant) if variant else POLICIES[policy]()
     result = simulate(jobs, data / "traces", made, load_cluster(cluster_file), config)
     s = result.summary()
     return {"policy": policy, "workload": workload, "seed": seed, "jitter": jitter, "variant": variant,
             "profile_s": config.profile_s if policy == "goodput" else 0.0,
+            "profile": config.profile if policy == "goodput" else "", "history": history,
+            "profile_report": config.profile_report if policy == "goodput" else False,
             "avg_jct_s": s["avg_jct_s"], "p99_jct_s": s["p99_jct_s"], "gpu_h_per_job": s["gpu_h_per_job"],
             "restarts": s["restarts"], "stalled": s["stalled"], "wall_s": s["wall_s"]}
 
@@ -77,6 +87,16 @@ def main() -> None:
     parser.add_argument("--policies", default="goodput,sia,pollux")
     parser.add_argument("--variant", default="", help="goodput's constructor arguments, K=V,...")
     parser.add_argument("--raw", type=Path, help="JSON lines of every run; runs already there are reused")
+    parser.add_argument("--profile", default=SimConfig.profile, choices=PROFILE_MODES,
+                        help="when goodput's one-GPU profiles run (dlsub.sim.engine.PROFILE_MODES)")
+    parser.add_argument("--profile-s", type=float, default=SimConfig.profile_s,
+                        help="seconds one profile takes (0: free, the bound on what profiling costs)")
+    parser.add_argument("--no-profile-report", dest="profile_report", action="store_false",
+                        help="goodput's profile before the job is not kept as its first report (as before 28 Nov "
+                             "2026: SimConfig.profile_report)")
+    parser.add_argument("--history", default=SimConfig.history, choices=["none", "one-user"],
+                        help="every policy's jobs also learn from earlier runs of their command (one-user: a "
+                             "command is a row's application and batch size; an assumption, so labelled)")
     args = parser.parse_args()
     numbers = [int(w) for w in args.workloads.split(",")]
     policies = args.policies.split(",")
@@ -91,9 +111,14 @@ def main() -> None:
 
     def find(policy: str, workload: int, seed: int) -> dict[str, Any] | None:
         want = variant if policy == "goodput" else {}
+        # A goodput run is also told apart by how its profiles were charged (rows before the option: before).
+        charge = (args.profile, args.profile_s, args.profile_report) if policy == "goodput" else ("", 0.0, False)
         for row in rows:
             if (row["policy"], row["workload"], row["seed"], row["jitter"], row["variant"]) == (
-                    policy, workload, seed, args.jitter, want):
+                    policy, workload, seed, args.jitter, want) and (
+                    row.get("profile", "before" if policy == "goodput" else ""), row["profile_s"],
+                    row.get("profile_report", False)) == charge \
+                    and row.get("history", "none") == args.history:
                 return row
         return None
 
@@ -102,7 +127,8 @@ def main() -> None:
             for policy in policies:
                 if find(policy, w, seed) is None:
                     row = run_one(args.data, args.cluster, policy, w, seed, args.jitter,
-                                  variant if policy == "goodput" else {})
+                                  variant if policy == "goodput" else {}, args.profile, args.profile_s,
+                                  args.history, args.profile_report)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     if args.raw:
@@ -121,7 +147,10 @@ def main() -> None:
             else f"mixed: goodput's constants were chosen on {','.join(map(str, sorted(tuned)))} of them")
     print(f"\nSia's setting (64 GPUs: aws 6x4, dgx-ext 2x8, rtx 3x8), online, Philly workloads "
           f"{args.workloads} ({half}), {len(seeds)} arrival orders "
-          f"(jitter up to {args.jitter:g} s); goodput variant {variant or 'default'}")
+          f"(jitter up to {args.jitter:g} s); goodput variant {variant or 'default'}, its one-GPU profiles "
+          f"{args.profile} the job, {args.profile_s:g} s each"
+          + (f"; every policy's jobs learn from earlier runs of their command ({args.history}: assumed)"
+             if args.history != "none" else ""))
     print(f"{'policy':>8} {'avg JCT h':>10} {'p99 JCT h':>10} {'GPU h/job':>10} {'restarts':>9}")
     for policy in policies:
         got = [r for s in seeds for w in numbers if (r := find(policy, w, s)) is not None]
@@ -129,6 +158,12 @@ def main() -> None:
               f"{statistics.fmean(r['p99_jct_s'] for r in got) / 3600:>10.2f} "
               f"{statistics.fmean(r['gpu_h_per_job'] for r in got):>10.2f} "
               f"{statistics.fmean(r['restarts'] for r in got):>9.0f}")
+    # A run off the defaults says so in its claim: the goal is judged as the defaults run.
+    changed = [f"goodput's profiles {args.profile} the job, {args.profile_s:g} s each"
+               if (args.profile, args.profile_s) != (SimConfig.profile, SimConfig.profile_s) else "",
+               "its profile not kept as a report" if not args.profile_report else "",
+               f"with history ({args.history}, assumed)" if args.history != "none" else ""]
+    setting = "".join(f", {c}" for c in changed if c)
     claims = []
     for base in ("sia", "pollux"):
         if "goodput" not in policies or base not in policies:
@@ -155,7 +190,7 @@ def main() -> None:
         if base == "sia":
             goal = (f"; the goal of <= {CLAIM_GOAL:.2f}x sia is "
                     + ("met" if hi <= CLAIM_GOAL else "not met" if lo > CLAIM_GOAL else "not shown either way"))
-        print(f"Claim: on Philly workloads {args.workloads} ({half}), online, goodput's average JCT is "
+        print(f"Claim: on Philly workloads {args.workloads} ({half}), online{setting}, goodput's average JCT is "
               f"{verdict}{goal}.")
 
 

@@ -12,7 +12,9 @@ What it knows of a job is what a live agent can know:
   type, as Sia bootstraps its throughput models from one-GPU runs and as ``dlsub estimate`` profiles
   per partition. The simulator charges it to the job (``SimConfig.profile_s``: the job's first start
   waits that long more, holding its GPUs, counted in its GPU-hours) because this policy says it uses it
-  (``profiles_types``).
+  (``profiles_types``). The profile's step on the type where the job runs fastest is a measurement like
+  any other: the simulator keeps it as the job's first report there (``SimConfig.profile_report``), so
+  the job has a model there before its first start (below).
 
 A type the job has reports from is judged on its model there; a type it has not run on, on the model of
 the type it has run widest on, scaled by the ratio of the two types' one-GPU profiles (Sia's bootstrap);
@@ -40,10 +42,12 @@ go where they add most in proportion (Pollux's and Sia's p < 0 do that too); cho
 (order 1, jitter 120 s: average JCT 0.549 h against 0.585 h with q = 1, sia 0.551 h, in the simulator as
 corrected on 28 Nov 2026; before those fidelity fixes 0.548 h against 0.595 h, sia 0.553 h).
 Sia's ``lambda_n`` plays the role of ``admit`` there, without the service weight. On workloads 5-8, not
-used to choose any constant here (``benchmarks/goodput_vs_sia.py``, 5 orders, run once after choosing):
-average JCT 0.632 h against sia's 0.693 h and pollux's 1.047 h, goodput/sia 0.911 [0.905, 0.916],
-goodput/pollux 0.604 [0.577, 0.632]; GPU-hours a job 4.48 (sia 3.85), restarts 451 a workload (sia 709).
-Before ``k`` and ``r`` below (k = 0, r = 0.5): 0.689 h, goodput/sia 0.993 [0.984, 1.002].
+used to choose any constant here (``benchmarks/goodput_vs_sia.py``, 5 orders, run after each change kept):
+average JCT 0.627 h against sia's 0.693 h and pollux's 1.047 h, goodput/sia 0.903 [0.902, 0.905],
+goodput/pollux 0.600 [0.572, 0.628]; GPU-hours a job 4.61 (sia 3.85), restarts 407 a workload (sia 709).
+Before the profile was kept as a report (below): 0.632 h, goodput/sia 0.911 [0.905, 0.916], 4.48 GPU-hours
+a job, 451 restarts; before ``k`` and ``r`` (k = 0, r = 0.5): 0.689 h, goodput/sia 0.993 [0.984, 1.002].
+5-8 has now been run three times, once after each change kept; each change was chosen on 1-4 alone.
 
 **Moving a running job** (another type, or another count) costs its restart: every configuration but its
 current one has its speed-up scaled by ``(1 - (1 + k x restarts) x restart / age) x (1 - move_margin)``, the
@@ -66,10 +70,37 @@ Tried after, one knob at a time on the same half (these constants 0.908; none 0.
 5-8 not run again): q 0.35 0.908, q 0.7 0.911; margin 0 0.906, 0.15 0.918; admit 30 or 300 0.908 (each run
 as with 100: admission never binds on this cluster); with margin 0, k 2 0.910, k 5 0.914; k counted against moves
 between types only, a resize paying its one restart, 0.954 (resizes thrash: 650 restarts a workload).
+
+**The profile as the job's first report** (same half, same rule; ``SimConfig.profile_report``, kept).
+With its one-GPU step on its fastest type kept as a report there, a job's model there vouches for four
+GPUs before its first start, so it may start on up to four where it had started on one and grown an interval
+or two later (a restart each): goodput/sia 0.892 (orders 0.894, 0.890) against 0.908 without
+(``--no-profile-report``), GPU-hours a job 4.12 against 3.94, restarts 400 a workload against 455. Kept, so
+5-8 was run again (the figures at the top of this docstring). Every type's step kept as a report there
+instead gave 0.906 (order 1): each type then had a model of its own from one step, which the comparative
+advantage read as measured.
+
+**What the profiles cost, and running them beside the job** (same half, same rule; tried before the
+profile was kept as a report, so against 0.908). Profiled before its
+first start (the simulator's default, ``SimConfig.profile`` "before") a job waits 60 s, and so grows an
+interval later: free profiles (``--profile-s 0``, a bound, not a way to run) give 0.874, so the charge costs
+goodput about 4% of its average JCT (sia is charged nothing for the same profiles, as Sia's artifact ran it).
+Run beside the job instead (``--profile beside``: each on a GPU of its type the decision left idle, the job
+never waiting), the profiles a job lacks are the ones it most needs: goodput keeps the cluster's GPUs busy, so
+types without an idle GPU stay unprofiled, and a job that then knew only its own type stayed there (1.335,
+far worse). With each missing type guessed from the other jobs' profiles (:func:`type_speeds`,
+``--variant guess_types=1``): 0.908, no
+better than profiling first, so "before" stays the default and 5-8 was not run. Learning a type as the
+live agent does, from the earlier runs of the job's command (``--profile history --history one-user
+--variant guess_types=1``, free;
+one-user is an assumption, as Philly's rows name no user or command): 0.883 against sia as the paper ran it,
+but sia told the same history gains as much (its average JCT 0.956 of its own without it), and goodput/sia
+with both told it is 0.924: history is no advantage of goodput's, so it is not a way to the goal either.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -90,7 +121,41 @@ def _trusted(job: JobView, model: PerformanceModel) -> int:
     return job.hi if not isinstance(trusted, int) else min(job.hi, trusted)
 
 
-def type_rates(job: JobView, shapes: Sequence[TypeShape], memo: RateMemo | None = None) -> list[Row]:
+def type_speeds(jobs: Jobs) -> dict[tuple[str, str], float]:
+    """How much faster one GPU of type ``a`` is than one of ``b``, judged by the jobs whose one-GPU profiles
+    have both (geometric mean of their ratios): what a job not yet profiled on ``a`` is guessed to gain
+    there. A pair no job has both of is left out."""
+    logs: dict[tuple[str, str], list[float]] = {}
+    for job in jobs:
+        rates = {t: r for t, r in (job.type_rates or {}).items() if r > 0}
+        for a in rates:
+            for b in rates:
+                if a != b:
+                    logs.setdefault((a, b), []).append(math.log(rates[a] / rates[b]))
+    return {pair: math.exp(sum(v) / len(v)) for pair, v in logs.items()}
+
+
+def guessed_profile(job: JobView, shapes: Sequence[TypeShape],
+                    speeds: Mapping[tuple[str, str], float] | None) -> dict[str, float]:
+    """The job's one-GPU profiles, with each type it has none of guessed from a type it has (the fastest
+    it has, by the other jobs' ratios between the two: :func:`type_speeds`); none guessed without
+    ``speeds``, or where no job has profiled both."""
+    profile = {t: r for t, r in (job.type_rates or {}).items() if r > 0}
+    if speeds is None or job.type_rates is None:
+        return profile
+    if not profile:  # profiled nowhere yet: only the types' relative speeds matter
+        first = shapes[0].name
+        guess = {first: 1.0, **{s.name: speeds[(s.name, first)] for s in shapes if (s.name, first) in speeds}}
+        return guess if len(guess) == len(shapes) else {}
+    known = max(profile, key=lambda t: profile[t])
+    for shape in shapes:
+        if shape.name not in profile and (shape.name, known) in speeds:
+            profile[shape.name] = profile[known] * speeds[(shape.name, known)]
+    return profile
+
+
+def type_rates(job: JobView, shapes: Sequence[TypeShape], memo: RateMemo | None = None,
+               speeds: Mapping[tuple[str, str], float] | None = None) -> list[Row]:
     """Every configuration the job may get, with its goodput there (in one unit per job), in (type, GPUs)
     order; at the best batch there (or at the job's own batch, when it cannot change it). ``memo`` (see
     :func:`~dlsub.policies.sia.config_rates`) shares the work between the jobs of one decision.
@@ -101,7 +166,7 @@ def type_rates(job: JobView, shapes: Sequence[TypeShape], memo: RateMemo | None 
     out."""
     lo = max(job.lo, 1)
     models = {s.name: job.type_models[s.name] for s in shapes if job.type_models and s.name in job.type_models}
-    profile = job.type_rates or {}
+    profile = guessed_profile(job, shapes, speeds)
     if not models:
         rows = []
         for i, shape in enumerate(shapes):
@@ -138,7 +203,7 @@ class TypedGoodputPolicy(GoodputPolicy):
     profiles_types: ClassVar[bool] = True
 
     def __init__(self, admit_value: float = 100.0, move_margin: float = 0.05, speedup_power: float = 0.5,
-                 restart_count: float = 3.0, service_power: float = 0.25,
+                 restart_count: float = 3.0, service_power: float = 0.25, guess_types: bool = False,
                  **goodput: Any) -> None:
         super().__init__(**goodput)
         self.admit_value = admit_value
@@ -149,6 +214,10 @@ class TypedGoodputPolicy(GoodputPolicy):
         self.restart_count = restart_count
         # The attained-service weight's exponent (module docstring); 0.25 chosen on Philly workloads 1-4.
         self.service_power = service_power
+        # Whether a type a job has no profile of is guessed from the other jobs' profiles (type_speeds) rather
+        # than left out. Off: tried with profiles run beside the job and learnt from history, it gained
+        # nothing (module docstring), and the live agent leaves a kind it knows nothing of out.
+        self.guess_types = bool(guess_types)
 
     def decide(self, jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations) -> Decision:
         if len(cluster.gpu_types()) < 2:
@@ -175,9 +244,10 @@ class TypedGoodputPolicy(GoodputPolicy):
         type_index = {name: i for i, shape in enumerate(shapes) for name in shape.nodes}
 
         memo: RateMemo = {}
+        speeds = type_speeds(jobs) if self.guess_types else None
 
         def candidates(job: JobView, prev_key: tuple[int, int] | None) -> Iterable[tuple[int, int, float]]:
-            rows = type_rates(job, shapes, memo)  # in (type, GPUs) order already
+            rows = type_rates(job, shapes, memo, speeds)  # in (type, GPUs) order already
             if not rows:
                 return []
             least = min(rate for _, _, rate in rows)

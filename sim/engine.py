@@ -21,7 +21,7 @@ from pathlib import Path
 from dlsub.policies.api import Allocation, ClusterView, JobView, Policy, check_decision
 from dlsub.sim import sia_setting
 from dlsub.sim.apps import Application, BatchConfig, TraceError, load_application
-from dlsub.sim.information import Information, OracleInformation, information_for
+from dlsub.sim.information import Information, OracleInformation, command_of, information_for
 from dlsub.sim.workload import WorkloadError, WorkloadJob
 
 # Pollux ran ncf at a fixed batch size of 32768 on one GPU.
@@ -48,9 +48,30 @@ class SimConfig:
     # (see sia_setting).
     calibration: str = "none"
     # On a cluster of several GPU types, what a policy that reads each job's one-GPU profile of every type
-    # (``profiles_types``: goodput) charges the job for it: its first start waits this much longer,
-    # holding its GPUs (counted in its GPU-hours). A short run of a few steps on one GPU of each type.
+    # (``profiles_types``: goodput) pays for it. ``profile_s``: how long one profile runs, a few steps on one
+    # GPU of a type. ``profile``: when it runs (PROFILE_MODES).
     profile_s: float = 60.0
+    profile: str = "before"
+    # "before" only: the profile's step on the type where the job runs fastest is kept as its first report
+    # there (one GPU, its first batch), so that its model there exists at its first start, which may then be
+    # wider than one GPU; the other types are bootstrapped from it, as after any run. (False: the profiles'
+    # throughputs alone, the first start on one GPU.)
+    profile_report: bool = True
+
+
+# When a job's one-GPU profiles of the GPU types run, for a policy that reads them (SimConfig.profile):
+# - "before": all of them before its first start, which waits profile_s longer holding its GPUs (counted in
+#   its GPU-hours); the policy knows every type's profile from the job's arrival.
+# - "beside": each on one GPU of its type left idle by a decision, while the job waits or runs (a live agent
+#   submits the profile as a short job of its own on that type's partition, as `dlsub estimate` profiles a
+#   partition). The job never waits for it; each profile's GPU-seconds are counted in its GPU-hours; the
+#   policy knows a type's profile from the next decision on (profile_s is at most one interval, so the
+#   profile's GPU is free again by then: no other job is placed on it meanwhile). A type with no idle GPU is
+#   profiled at a later decision; the type a job first starts on needs none (its own first run measures it).
+# - "history": none runs; a type is known to a job once it, or an earlier run of its command (SimConfig.history
+#   says whose runs those are), has run there: what the live agent does (agent/live_models.py, per_kind), at
+#   no cost. A job of a command new to the cluster knows only the types it has run on.
+PROFILE_MODES = ("before", "beside", "history")
 
 
 @dataclass
@@ -82,6 +103,9 @@ class SimJob:
     restart_s: float | None = None  # its own restart penalty, when the setting has one per application
     told_restart_s: float | None = None  # what a policy is told a restart costs it (the setting's)
     profile_s: float = 0.0  # added to its first start: its profile of every GPU type (SimConfig.profile_s)
+    # The types whose one-GPU profile the policy is told (None: every type's; SimConfig.profile "beside" or "history").
+    profiled: frozenset[str] | None = None
+    profile_reported: bool = False  # SimConfig.profile_report: its profile is among its reports already
 
     @property
     def name(self) -> str:
@@ -131,6 +155,8 @@ class SimJob:
         self.starts += 1
         if self.first_start_s is None:
             self.first_start_s = now
+        if self.profiled is not None:
+            self.profiled |= {self.gpu_type}  # its run there measures it
         self.running_since_s, self.waiting_since_s = now, None
 
     def advance(self, start: float, seconds: float) -> bool:
@@ -266,7 +292,9 @@ def make_jobs(
         type_cap = min(sum(node.gpus for node in cluster.nodes if node.gpu_type == t) for t in gpu_types)
     elastic = getattr(policy, "elastic", False)
     adapts = getattr(policy, "adapts_batch", False)
-    profile_s = config.profile_s if len(gpu_types) > 1 and getattr(policy, "profiles_types", False) else 0.0
+    profiles = len(gpu_types) > 1 and getattr(policy, "profiles_types", False)
+    profile_s = config.profile_s if profiles and config.profile == "before" else 0.0
+    profiled = frozenset[str]() if profiles and config.profile in ("beside", "history") else None
     rng = random.Random(config.seed)
     info = information_for(config.information, policy, config.history)
     if config.history == "columns" and not any(spec.user and spec.command for spec in workload):
@@ -309,7 +337,7 @@ def make_jobs(
                      restart_s=(sia_setting.restart_s(config.calibration, app.name, config.restart_penalty_s)
                                 if config.calibration != "none" else None),
                      told_restart_s=sia_setting.told_restart_s(config.calibration, app.name),
-                     profile_s=profile_s)
+                     profile_s=profile_s, profiled=profiled)
         jobs.append(job)
     return jobs
 
@@ -324,6 +352,40 @@ def one_type(alloc: Allocation, type_of: dict[str, str], job: SimJob) -> tuple[A
         return alloc, next(iter(counts))
     kept = max(counts, key=lambda t: (counts[t], job.apps[t].one_gpu_throughput if t in job.apps else 0.0))
     return Allocation(tuple(node for node in alloc.nodes if type_of[node] == kept), alloc.batch_size), kept
+
+
+def start_profiles(jobs: Sequence[SimJob], cluster: ClusterView, type_of: dict[str, str], profile_s: float) -> None:
+    """SimConfig.profile "beside": after a decision, each job (in arrival order) still owed the profile of a
+    type gets it on one GPU of that type the decision left idle, if there is one; its GPU-seconds are the
+    job's. The policy is told the profile from the next decision on."""
+    idle: dict[str, int] = {}
+    for node in cluster.nodes:
+        idle[node.gpu_type] = idle.get(node.gpu_type, 0) + node.gpus
+    for job in jobs:
+        for name in job.alloc.nodes if job.alloc is not None else ():
+            idle[type_of[name]] -= 1
+    for job in sorted(jobs, key=lambda j: j.arrival_s):
+        if job.profiled is None:
+            continue
+        for gpu_type in sorted(set(job.apps) - job.profiled):
+            if idle.get(gpu_type, 0) > 0:
+                idle[gpu_type] -= 1
+                job.profiled |= {gpu_type}
+                job.attained_gpu_s += profile_s
+
+
+def share_profiles(jobs: Sequence[SimJob], ran_on: dict[tuple[str, ...], set[str]], history: str) -> None:
+    """SimConfig.profile "history": after a decision, each job is told the types its command's runs had run
+    on before it (told from the next decision on, once they have reported); then this decision's starts are
+    added to what its command has run on."""
+    for job in jobs:
+        command = command_of(job, history)
+        if job.profiled is not None and command is not None and command in ran_on:
+            job.profiled |= ran_on[command]
+    for job in jobs:
+        command = command_of(job, history)
+        if job.alloc is not None and command is not None:
+            ran_on.setdefault(command, set()).add(job.gpu_type)
 
 
 def run_interval(job: SimJob, start: float, seconds: float, retune: bool = False) -> bool:
@@ -356,7 +418,16 @@ def simulate(
     if config.calibration not in sia_setting.CALIBRATIONS:
         raise WorkloadError(f"unknown calibration {config.calibration!r}; valid: "
                             f"{', '.join(sia_setting.CALIBRATIONS)}")
+    if config.profile not in PROFILE_MODES:
+        raise WorkloadError(f"unknown profile mode {config.profile!r}; valid: {', '.join(PROFILE_MODES)}")
+    if config.profile == "beside" and not 0 <= config.profile_s <= config.interval_s:
+        raise WorkloadError(f"a profile run beside the job takes at most one interval ({config.interval_s} s), "
+                            f"so that its GPU is free by the next decision; got {config.profile_s} s")
+    if config.profile == "history" and config.history == "none":
+        raise WorkloadError("profile mode 'history' learns a type from earlier runs of a job's command: it needs "
+                            "a history source (SimConfig.history 'columns' or 'one-user')")
     jobs = make_jobs(workload, traces_dir, policy, config, cluster)
+    ran_on: dict[tuple[str, ...], set[str]] = {}  # SimConfig.profile "history": the types each command ran on
     type_of = cluster.type_of()
     typed = bool(cluster.gpu_types())
     splits_types = getattr(policy, "splits_types", False)
@@ -387,6 +458,11 @@ def simulate(
         for job in active:
             if job.waiting_since_s is None and job.alloc is None:
                 job.waiting_since_s = job.arrival_s
+        if config.profile == "before" and config.profile_report:
+            for job in active:
+                if job.profile_s > 0 and not job.profile_reported:
+                    job.info.observe_profile(job)
+                    job.profile_reported = True
         views = [job.view() for job in active]
         previous = {job.name: job.alloc for job in active if job.alloc is not None}
         decision = policy.decide(views, cluster, now, previous)
@@ -411,6 +487,10 @@ def simulate(
                     job.config = job.app.batch_config(new.gpus, new.batch_size)
                 continue
             job.reallocate(new, now, config.restart_penalty_s, gpu_type)
+        if config.profile == "beside" and typed:
+            start_profiles(active, cluster, type_of, config.profile_s)
+        elif config.profile == "history" and typed:
+            share_profiles(active, ran_on, config.history)
         result.timeline.append(
             Sample(
                 now,

@@ -58,7 +58,7 @@ from dlsub.policies.api import JobView, PerformanceModel
 from dlsub.policies.perf_models.fitted_model import NO_GAIN, BatchLimits, FittedPerformance, GradientStats
 from dlsub.policies.perf_models.scaling_history import ScalingHistory
 from dlsub.policies.perf_models.throughput_fit import StepReport, ThroughputFit, fit
-from dlsub.sim.apps import normalise
+from dlsub.sim.apps import Application, BatchConfig, normalise
 
 if TYPE_CHECKING:
     from dlsub.sim.engine import SimJob
@@ -78,6 +78,9 @@ class Information(Protocol):
 
     def observe(self, job: SimJob) -> None:
         """The job ran this interval: take its report."""
+
+    def observe_profile(self, job: SimJob) -> None:
+        """Its one-GPU profile before its first start: keep the step on its fastest type as a report."""
         ...
 
 
@@ -101,7 +104,8 @@ def _view(job: SimJob, model: PerformanceModel, remaining: float | None,
         restarting_s=job.penalty_left if job.alloc is not None else 0.0,
         model=model,
         type_models=type_models,
-        type_rates={t: app.one_gpu_throughput for t, app in job.apps.items()} if job.apps else None,
+        type_rates={t: app.one_gpu_throughput for t, app in job.apps.items()
+                    if job.profiled is None or t in job.profiled} if job.apps else None,
     )
 
 
@@ -124,6 +128,9 @@ class OracleInformation:
 
     def observe(self, job: SimJob) -> None:
         pass
+
+    def observe_profile(self, job: SimJob) -> None:
+        pass  # the oracle tells every type's model already
 
 
 @dataclass
@@ -156,10 +163,24 @@ class OnlineInformation:
     def observe(self, job: SimJob) -> None:
         if job.alloc is None or job.config is None:
             return
-        reports = self._jobs.setdefault(self._key(job, job.gpu_type), _Reports())
-        placement = normalise(job.placement)
-        config = job.config
-        app = job.app
+        self._record(job, job.gpu_type, job.app, normalise(job.placement), job.config)
+
+    def observe_profile(self, job: SimJob) -> None:
+        """The job's one-GPU profile before its first start (SimConfig.profile_report): its step on the type
+        where it runs fastest, at its first batch, kept as its report there (only where reports are kept per
+        type). The other types' profiles stay throughputs (JobView.type_rates): taken as reports too, each
+        type would have a model of one step, and goodput did worse (module docstring of
+        policies/goodput_types.py)."""
+        if not self.by_type:
+            return
+        gpu_type = max(job.apps, key=lambda t: job.apps[t].one_gpu_throughput)
+        app = job.apps[gpu_type]
+        batch = app.init_batch_size if job.adaptive else job.batch_size
+        self._record(job, gpu_type, app, (1,), app.batch_config(1, batch))
+
+    def _record(self, job: SimJob, gpu_type: str, app: Application, placement: tuple[int, ...],
+                config: BatchConfig) -> None:
+        reports = self._jobs.setdefault(self._key(job, gpu_type), _Reports())
         # What the job's timers measure: its optimiser step, and a
         # compute-only micro-step when it accumulates gradients.
         step = app.step_time(placement, config)
@@ -170,7 +191,7 @@ class OnlineInformation:
                                         else None)
         sqr, var = app.grad_stats(config.total(sum(placement)), job.epoch)
         grads = GradientStats(sqr, var)
-        command = self._command(job, job.gpu_type)
+        command = self._command(job, gpu_type)
         if command is not None:
             self._history.record(command, job.name, [reports.steps[key]], grads)
         self._grads[job.name] = grads
@@ -184,14 +205,7 @@ class OnlineInformation:
         return command + (gpu_type,) if command is not None and self.by_type else command
 
     def _command_of(self, job: SimJob) -> tuple[str, ...] | None:
-        """The key earlier runs are shared under (the agent's uid and command digest), or None: no history."""
-        if self.history == "columns":
-            spec = job.spec
-            return (spec.user, spec.command) if spec.user and spec.command else None
-        if self.history == "one-user":
-            # Assumed: the script (the application) and its arguments (the row's batch size), one user's.
-            return job.app.name, str(job.spec.batch_size)
-        return None
+        return command_of(job, self.history)
 
     def _limits(self, job: SimJob, gpu_type: str = "") -> BatchLimits:
         app = job.apps.get(gpu_type, job.app)
@@ -227,6 +241,18 @@ class OnlineInformation:
             types = {t: self.model_on(job, t) for t in job.apps
                      if self._jobs.get(self._key(job, t)) is not None and self._jobs[self._key(job, t)].steps}
         return _view(job, self.model(job), told_remaining(job), types)
+
+
+def command_of(job: SimJob, history: str) -> tuple[str, ...] | None:
+    """The key a job's earlier runs are shared under (the agent's uid and command digest), from the history
+    source ``history``; None: no history."""
+    if history == "columns":
+        spec = job.spec
+        return (spec.user, spec.command) if spec.user and spec.command else None
+    if history == "one-user":
+        # Assumed: the script (the application) and its arguments (the row's batch size), one user's.
+        return job.app.name, str(job.spec.batch_size)
+    return None
 
 
 def told_remaining(job: SimJob) -> float | None:

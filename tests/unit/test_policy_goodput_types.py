@@ -146,3 +146,26 @@ def test_the_simulator_charges_the_profile_to_a_policy_that_reads_it() -> None:
     assert sim_job.penalty_left == 75.0  # its first start: the restart and the profile
     sim_job.reallocate(Allocation(("n000", "n000")), 60.0, 30.0)
     assert sim_job.penalty_left == 30.0  # later starts: the restart alone
+
+
+def test_a_type_a_job_has_no_profile_of_is_guessed_from_the_other_jobs_profiles() -> None:
+    """Pure: with profiles run beside the job (SimConfig.profile "beside") a job may have none of a type yet.
+    Its rate there is guessed from the types' ratio over the jobs that have both (geometric mean); with no
+    such job the type is left out, as before; a job profiled nowhere is judged on the ratios alone."""
+    from dlsub.policies.goodput_types import guessed_profile, type_speeds
+
+    c = cluster(("fast", 1, 4), ("slow", 1, 4))
+    shapes = type_shapes(c)
+    others = [job("x", type_rates={"fast": 8.0, "slow": 2.0}), job("y", type_rates={"fast": 2.0, "slow": 2.0})]
+    speeds = type_speeds(others)
+    assert speeds[("fast", "slow")] == pytest.approx(2.0) and speeds[("slow", "fast")] == pytest.approx(0.5)
+    partial = job("p", type_rates={"slow": 3.0})
+    assert guessed_profile(partial, shapes, speeds) == pytest.approx({"slow": 3.0, "fast": 6.0})
+    assert guessed_profile(partial, shapes, {}) == {"slow": 3.0}  # no job has both: fast left out
+    assert {t for t, _, _ in type_rates(partial, shapes)} == {shapes.index(next(s for s in shapes
+                                                                                 if s.name == "slow"))}
+    assert len({t for t, _, _ in type_rates(partial, shapes, speeds=speeds)}) == 2
+    nowhere = job("n", type_rates={})
+    assert guessed_profile(nowhere, shapes, speeds) == pytest.approx(
+        {shapes[0].name: 1.0, shapes[1].name: speeds[(shapes[1].name, shapes[0].name)]})
+    assert guessed_profile(job("o"), shapes, speeds) == {}  # told no profiles at all (an untyped view)

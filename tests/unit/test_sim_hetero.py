@@ -210,14 +210,115 @@ def test_native_writes_to_stdout_go_to_stderr_while_simulating() -> None:
 
 
 def test_goodput_pays_for_the_profile_of_every_type_it_reads(typed_traces: Path) -> None:
-    """goodput reads each job's one-GPU profile of every type (type_rates): its jobs' first start waits
-    SimConfig.profile_s longer; sia and pollux are charged nothing (as Sia's artifact charges nothing)."""
+    """Unit: goodput reads each job's one-GPU profile of every type (type_rates). Profiled "before" its first
+    start (the default), that start waits SimConfig.profile_s longer; profiled "beside", no start waits and
+    the profiles are still owed. sia and pollux are charged nothing (as Sia's artifact charges nothing)."""
     spec = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)]
-    charged = {name: make_jobs(spec, typed_traces, get_policy(name), SimConfig(profile_s=45.0), two_types())[0]
+    before = SimConfig(profile_s=45.0)
+    charged = {name: make_jobs(spec, typed_traces, get_policy(name), before, two_types())[0]
                for name in ("goodput", "sia", "pollux")}
     assert {name: j.profile_s for name, j in charged.items()} == {"goodput": 45.0, "sia": 0.0, "pollux": 0.0}
+    assert all(j.profiled is None for j in charged.values())  # every type's profile known from arrival
+    beside = {name: make_jobs(spec, typed_traces, get_policy(name), SimConfig(profile_s=45.0, profile="beside"),
+                              two_types())[0]
+              for name in ("goodput", "sia")}
+    assert beside["goodput"].profile_s == 0.0 and beside["goodput"].profiled == frozenset()
+    assert beside["goodput"].view().type_rates == {}  # told no type's profile yet
+    assert beside["sia"].profiled is None and set(beside["sia"].view().type_rates or {}) == {"fast", "slow"}
     one_type = ClusterView((Node("f0", 4, gpu_type="fast"),))
-    assert make_jobs(spec, typed_traces, get_policy("goodput"), SimConfig(), one_type)[0].profile_s == 0.0
+    assert make_jobs(spec, typed_traces, get_policy("goodput"), before, one_type)[0].profile_s == 0.0
+    assert make_jobs(spec, typed_traces, get_policy("goodput"), SimConfig(profile="beside"), one_type)[0].profiled \
+        is None
+
+
+def test_a_profile_beside_the_job_takes_an_idle_gpu_of_its_type_and_never_delays_the_job(
+        typed_traces: Path) -> None:
+    """Unit: SimConfig.profile "beside". The type a job starts on is its own first run; another type is
+    profiled on one of its GPUs the decision left idle (its GPU-seconds the job's), and told from the next
+    decision on; a type with no idle GPU waits for a decision that leaves one."""
+    from dlsub.sim.engine import start_profiles
+
+    cluster = two_types(per_node=2)
+    spec = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128), WorkloadJob("cifar10-1", 1.0, "cifar10", 1, 128),
+            WorkloadJob("cifar10-2", 2.0, "cifar10", 1, 128)]
+    beside = SimConfig(profile_s=45.0, profile="beside")
+    first, second, third = make_jobs(spec, typed_traces, get_policy("goodput"), beside, cluster)
+    first.reallocate(Allocation(("f0",)), 0.0, 30.0, "fast")
+    assert first.penalty_left == 30.0  # the restart alone: no profile to wait for
+    assert first.profiled == {"fast"}
+    second.reallocate(Allocation(("s0", "s0")), 0.0, 30.0, "slow")  # every slow GPU taken
+    start_profiles([first, second, third], cluster, cluster.type_of(), 45.0)
+    assert first.profiled == {"fast"} and first.attained_gpu_s == 0.0  # no idle slow GPU: not yet
+    assert second.profiled == {"fast", "slow"} and second.attained_gpu_s == 45.0
+    assert third.profiled == frozenset() and third.view().type_rates == {}  # the one idle fast GPU went to second
+    second.reallocate(None, 60.0, 30.0)
+    start_profiles([first, second, third], cluster, cluster.type_of(), 45.0)
+    assert first.profiled == {"fast", "slow"} and first.attained_gpu_s == 45.0
+    assert third.profiled == {"fast", "slow"} and third.attained_gpu_s == 90.0
+    assert set(third.view().type_rates or {}) == {"fast", "slow"}
+
+
+def test_profiles_from_history_are_the_types_a_commands_earlier_runs_ran_on(typed_traces: Path) -> None:
+    """Unit: SimConfig.profile "history", as the live agent learns a kind: a job is told a type's profile once
+    it, or an earlier run of its command, ran there (from the decision after); nothing is charged; a job of
+    another command learns nothing from them."""
+    from dlsub.sim.engine import share_profiles
+
+    spec = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128), WorkloadJob("cifar10-1", 1.0, "cifar10", 1, 128),
+            WorkloadJob("cifar10-2", 2.0, "cifar10", 1, 64)]  # one-user: another batch is another command
+    config = SimConfig(profile="history", history="one-user")
+    first, second, other = make_jobs(spec, typed_traces, get_policy("goodput"), config, two_types())
+    assert first.profile_s == 0.0 and first.profiled == frozenset()
+    ran_on: dict[tuple[str, ...], set[str]] = {}
+    first.reallocate(Allocation(("s0",)), 0.0, 30.0, "slow")
+    share_profiles([first, second, other], ran_on, "one-user")
+    assert first.profiled == {"slow"} and second.profiled == frozenset()  # told from the next decision on
+    share_profiles([first, second, other], ran_on, "one-user")
+    assert second.profiled == {"slow"} and set(second.view().type_rates or {}) == {"slow"}
+    assert other.profiled == frozenset()
+    assert first.attained_gpu_s == second.attained_gpu_s == 0.0
+    with pytest.raises(WorkloadError, match="needs a history source"):
+        simulate(spec, typed_traces, get_policy("goodput"), two_types(), SimConfig(profile="history"))
+
+
+def test_the_profile_on_the_fastest_type_is_the_jobs_first_report_there(typed_traces: Path) -> None:
+    """Unit: SimConfig.profile_report (profiled "before", the default). The profile's one-GPU step on the type
+    where the job runs fastest is kept as its report there before its first start, so goodput may start it
+    on more than one GPU; without it the first start is on one GPU, as a job with no reports gets."""
+    spec = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)]
+    job = make_jobs(spec, typed_traces, get_policy("goodput"), SimConfig(information="online"), two_types())[0]
+    assert job.view().type_models == {}
+    job.info.observe_profile(job)
+    assert set(job.view().type_models or {}) == {"fast"}  # the slow type stays a throughput (type_rates)
+    first: dict[bool, int] = {}
+    for kept in (True, False):
+        policy = get_policy("goodput")
+        decide = policy.decide
+        seen: list[int] = []
+
+        def record(jobs: Jobs, cluster: ClusterView, now: float, previous: Allocations,
+                   decide: object = decide, seen: list[int] = seen) -> Decision:
+            decision = decide(jobs, cluster, now, previous)  # type: ignore[operator]
+            if not seen and decision.get("cifar10-0") is not None:
+                seen.append(decision["cifar10-0"].gpus)
+            return decision
+
+        policy.decide = record  # type: ignore[method-assign]
+        result = simulate(spec, typed_traces, policy, two_types(),
+                          SimConfig(information="online", profile_report=kept))
+        assert result.jobs[0].completion_s is not None
+        first[kept] = seen[0]
+    assert first[False] == 1 and first[True] > 1
+
+
+def test_a_profile_beside_the_job_must_end_by_the_next_decision(typed_traces: Path) -> None:
+    """Unit: a profile longer than an interval would hold a GPU the next decision hands out; refused, as is
+    a mode the simulator does not know."""
+    spec = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)]
+    with pytest.raises(WorkloadError, match="at most one interval"):
+        simulate(spec, typed_traces, get_policy("goodput"), two_types(), SimConfig(profile_s=90.0, profile="beside"))
+    with pytest.raises(WorkloadError, match="unknown profile mode 'after'"):
+        simulate(spec, typed_traces, get_policy("goodput"), two_types(), SimConfig(profile="after"))
 
 
 def test_in_sias_setting_an_adaptive_job_re_tunes_its_batch_after_every_interval(typed_traces: Path) -> None:
