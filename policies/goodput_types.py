@@ -71,31 +71,30 @@ Tried after, one knob at a time on the same half (these constants 0.908; none 0.
 as with 100: admission never binds on this cluster); with margin 0, k 2 0.910, k 5 0.914; k counted against moves
 between types only, a resize paying its one restart, 0.954 (resizes thrash: 650 restarts a workload).
 
-**The profile as the job's first report** (same half, same rule; ``SimConfig.profile_report``, kept).
-With its one-GPU step on its fastest type kept as a report there, a job's model there vouches for four
-GPUs before its first start, so it may start on up to four where it had started on one and grown an interval
-or two later (a restart each): goodput/sia 0.892 (orders 0.894, 0.890) against 0.908 without
-(``--no-profile-report``), GPU-hours a job 4.12 against 3.94, restarts 400 a workload against 455. Kept, so
-5-8 was run again (the figures at the top of this docstring); 1-4 with 5 orders: 0.897 [0.887, 0.907]. Every type's step kept as a report there
-instead gave 0.906 (order 1): each type then had a model of its own from one step, which the comparative
-advantage read as measured.
+**The profile as the job's first report** (same half, same rule; ``SimConfig.profile_report``, kept). With its
+one-GPU step on its fastest type kept as a report there, a job's model there vouches for four GPUs before its
+first start, so it may start on up to four where it had started on one and grown an interval or two later (a
+restart each): goodput/sia 0.892 (orders 0.894, 0.890) against 0.908 without (``--no-profile-report``),
+GPU-hours a job 4.12 against 3.94, restarts 400 a workload against 455. Kept, so 5-8 was run again (the
+figures at the top of this docstring); 1-4 with 5 orders: 0.897 [0.887, 0.907]. Every type's step kept as a
+report there instead gave 0.906 (order 1): each type then had a model of its own from one step, which the
+comparative advantage read as measured.
 
-**What the profiles cost, and running them beside the job** (same half, same rule; tried before the
-profile was kept as a report, so against 0.908). Profiled before its
-first start (the simulator's default, ``SimConfig.profile`` "before") a job waits 60 s, and so grows an
-interval later: free profiles (``--profile-s 0``, a bound, not a way to run) give 0.874, so the charge costs
-goodput about 4% of its average JCT (sia is charged nothing for the same profiles, as Sia's artifact ran it).
-Run beside the job instead (``--profile beside``: each on a GPU of its type the decision left idle, the job
-never waiting), the profiles a job lacks are the ones it most needs: goodput keeps the cluster's GPUs busy, so
-types without an idle GPU stay unprofiled, and a job that then knew only its own type stayed there (1.335,
-far worse). With each missing type guessed from the other jobs' profiles (:func:`type_speeds`,
-``--variant guess_types=1``): 0.908, no
-better than profiling first, so "before" stays the default and 5-8 was not run. Learning a type as the
-live agent does, from the earlier runs of the job's command (``--profile history --history one-user
---variant guess_types=1``, free;
-one-user is an assumption, as Philly's rows name no user or command): 0.883 against sia as the paper ran it,
-but sia told the same history gains as much (its average JCT 0.956 of its own without it), and goodput/sia
-with both told it is 0.924: history is no advantage of goodput's, so it is not a way to the goal either.
+**What the profiles cost, and running them beside the job** (same half, same rule; tried before the profile
+was kept as a report, so against 0.908). Profiled before its first start (the simulator's default,
+``SimConfig.profile`` "before") a job waits 60 s, and so grows an interval later: free profiles
+(``--profile-s 0``, a bound, not a way to run) give 0.874, so the charge costs goodput about 4% of its average
+JCT (sia is charged nothing for the same profiles, as Sia's artifact ran it). Run beside the job instead
+(``--profile beside``: each on a GPU of its type the decision left idle, the job never waiting), the profiles
+a job lacks are the ones it most needs: goodput keeps the cluster's GPUs busy, so types without an idle GPU
+stay unprofiled, and a job that then knew only its own type stayed there (1.335, far worse). With each missing
+type guessed from the other jobs' profiles (:func:`type_speeds`, ``--variant guess_types=1``): 0.908, no
+better than profiling first, so "before" stays the default and 5-8 was not run. Learning a type as the live
+agent does, from the earlier runs of the job's command
+(``--profile history --history one-user --variant guess_types=1``, free; one-user is an assumption, as
+Philly's rows name no user or command): 0.883 against sia as the paper ran it, but sia told the same history
+gains more (its average JCT 0.956 of its own without it, goodput's 0.973), and goodput/sia with both told it
+is 0.924: history is no advantage of goodput's, so it is not a way to the goal either.
 """
 
 from __future__ import annotations
