@@ -139,9 +139,9 @@ def guessed_profile(job: JobView, shapes: Sequence[TypeShape],
     """The job's one-GPU profiles, with each type it has none of guessed from a type it has (the fastest
     it has, by the other jobs' ratios between the two: :func:`type_speeds`); none guessed without
     ``speeds``, or where no job has profiled both."""
-    profile = {t: r for t, r in (job.type_rates or {}).items() if r > 0}
     if speeds is None or job.type_rates is None:
-        return profile
+        return dict(job.type_rates or {})  # as told: type_rates reads a missing or zero rate as no profile
+    profile = {t: r for t, r in job.type_rates.items() if r > 0}
     if not profile:  # profiled nowhere yet: only the types' relative speeds matter
         first = shapes[0].name
         guess = {first: 1.0, **{s.name: speeds[(s.name, first)] for s in shapes if (s.name, first) in speeds}}

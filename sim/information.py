@@ -78,6 +78,7 @@ class Information(Protocol):
 
     def observe(self, job: SimJob) -> None:
         """The job ran this interval: take its report."""
+        ...
 
     def observe_profile(self, job: SimJob) -> None:
         """Its one-GPU profile before its first start: keep the step on its fastest type as a report."""
@@ -200,12 +201,9 @@ class OnlineInformation:
         return job.name, gpu_type if self.by_type else ""
 
     def _command(self, job: SimJob, gpu_type: str = "") -> tuple[str, ...] | None:
-        command = self._command_of(job)
+        command = command_of(job, self.history)
         # Kept per type, earlier runs say what a command does on the type they ran on.
         return command + (gpu_type,) if command is not None and self.by_type else command
-
-    def _command_of(self, job: SimJob) -> tuple[str, ...] | None:
-        return command_of(job, self.history)
 
     def _limits(self, job: SimJob, gpu_type: str = "") -> BatchLimits:
         app = job.apps.get(gpu_type, job.app)
