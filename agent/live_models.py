@@ -35,6 +35,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from dlsub.agent.observe import KindRun
 from dlsub.batch_split import BatchLimits
 from dlsub.job_progress import MeasuredConfig, Progress
 from dlsub.policies.actions.goodput_resize_rules import ScaledJob
@@ -131,6 +132,20 @@ class LiveModels:
             cached = (key, FittedPerformance(fitted, limits or fixed, grads))
             self._fits[dlsub_id] = cached
         return cached[1]
+
+    def learn(self, runs: Sequence[KindRun]) -> None:
+        """Take what followed jobs that are not elastic measured on each named kind (``Observation.kind_runs``)
+        into their users' histories, as an elastic job's runs are taken: a `dlsub estimate` profile of a
+        partition's kinds (the same command, arguments and batch as ``dlsub submit --from-estimate`` runs) is
+        then what the command's elastic jobs are told of a kind they have not run on (:meth:`per_kind`), the
+        one-GPU profile the typed policy bootstraps that kind from, and where a waiting one is placed."""
+        for run in runs:
+            batch = config_batch(run.configs[-1]) or NOMINAL_BATCH
+            grads = None if run.grads is None else GradientStats(*run.grads)
+            for kind in dict.fromkeys(c.gpu_type for c in run.configs if c.gpu_type):
+                reports = step_reports([c for c in run.configs if c.gpu_type == kind], batch)
+                self.history(run.uid).record((run.uid, run.partition, run.application, kind), run.dlsub_id,
+                                             reports, grads)
 
     def forget_except(self, live: set[str]) -> None:
         # A job's models per kind are kept as "<dlsub id>@<kind>" (per_kind).

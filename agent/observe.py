@@ -30,7 +30,7 @@ from dlsub.agent.identify import (
 from dlsub.agent.job_data import JobData
 from dlsub.agent.records import MoveRow
 from dlsub.contract import IllegalTransition, JobState
-from dlsub.job_progress import Progress, ProgressSummary
+from dlsub.job_progress import MeasuredConfig, Progress, ProgressSummary
 from dlsub.policies.actions.move_views import JobInfo, PartitionInfo, Rules, Usage, WindowState
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
 from dlsub.policies.api import IdleNode
@@ -67,6 +67,40 @@ class Observation:
     # The kind of GPU of each node whose GRES names one kind (``gpu:a100:4``), by node name; untyped nodes
     # are not in it.
     node_types: dict[str, str] = field(default_factory=dict)
+    # What the followed jobs that are not elastic measured on a named kind of GPU (:func:`kind_runs`).
+    kind_runs: list[KindRun] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class KindRun:
+    """What one followed job that is not elastic measured on GPUs of a named kind: a `dlsub estimate`
+    profiling run of a partition's kind, or any fixed-size run. Its command's later elastic jobs learn a kind
+    from it as from an earlier elastic run (:meth:`~dlsub.agent.live_models.LiveModels.learn`)."""
+
+    uid: int
+    partition: str
+    dlsub_id: str
+    application: str  # the command's digest, from its start event
+    configs: tuple[MeasuredConfig, ...]  # the configurations it measured on a named kind only
+    grads: tuple[float, float] | None
+
+
+def kind_runs(followed: list[Seen]) -> list[KindRun]:
+    """The followed jobs that are not elastic and measured something on a named kind of GPU, with their
+    command (what their start event digested). Untyped runs are left out: a fixed-size run lends only to the
+    kinds a typed policy chooses among."""
+    out = []
+    for seen in followed:
+        summary = seen.row.data.progress
+        if (seen.request.elastic_main or seen.request.role != "main" or summary is None
+                or summary.application is None or not any("@" in key for key in summary.measured)):
+            continue  # the cheap checks first: this runs for every followed job each tick
+        configs = tuple(c for c in summary.measured_configs() if c.gpu_type)
+        grads = None if summary.grads is None else (summary.grads[0], summary.grads[1])
+        if configs and seen.job.partition:
+            out.append(KindRun(seen.row.uid, seen.job.partition, seen.request.dlsub_id, summary.application,
+                               configs, grads))
+    return out
 
 
 @dataclass(frozen=True, order=True)
@@ -153,7 +187,7 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
     rooms = [waiting.room(p) for p in partitions]
     return Observation(infos, parts, window_at(ctx.policy, now), queue.usage, skipped, late, elastic,
                        rooms, elastic_progress, elastic_dirs, {s.job.job_id: s for s in observed},
-                       forgotten_rows(rows, slurm_jobs, moves, queue.workers), node_types)
+                       forgotten_rows(rows, slurm_jobs, moves, queue.workers), node_types, kind_runs(followed))
 
 
 def forgotten_rows(rows: dict[tuple[int, int], JobRow], slurm_jobs: list[SlurmJob],

@@ -101,6 +101,10 @@ class Agent:
         # GPUs this tick's moves and backfills are about to take are not idle for growth.
         seen.rooms = reserve_gpus(seen.rooms, [(a.partition, a.gpus, a.gpu_type) for a in actions
                                                      if a.kind in TAKES_GPUS])
+        if self._sizing_policy is not None:
+            # What jobs that are not elastic measured on each kind (a `dlsub estimate` profile among them):
+            # learnt before any elastic job of the same command is sized or placed this tick.
+            self.memory.models.learn(seen.kind_runs)
         if self.policy.goodput.across_gpu_types and self._sizing_policy is not None:
             # Before the resizes: the workers that leave for a job that waits are those of the kind it waits for.
             for action in place_waiting_jobs(seen, self.rules, self.memory.models, self._sizing_policy, now):

@@ -9,7 +9,9 @@ each job emulates its speed per kind with train_digits' ``--gpu-slowdown KIND=FA
 A kind a job has not run on is known to the agent only from what earlier runs of the same command measured
 there (the one-GPU profile the typed policy bootstraps from, as Sia does; the agent keeps it in memory, so
 the service is not restarted in between). So each command first runs briefly on its fast kind, then the two
-jobs are started each on its slow kind. Placements are made certain with blockers (plain jobs holding the
+jobs are started each on its slow kind. The first command's earlier run is of a fixed size (one GPU, not
+elastic), as `dlsub estimate`'s profiling runs of a kind are; the second's is elastic: the agent learns a kind
+from either. Placements are made certain with blockers (plain jobs holding the
 GPUs of one node), never by pinning dlsub's jobs: the first job starts on the one GPU left of gpu1 (so it
 cannot grow there), the second waits until gpu2's blocker goes. Once the last blocker goes, the agent moves
 each job to its fast kind (checkpoint, requeue held onto ``gres:gpu:KIND:1``, release): a move is observed
@@ -50,6 +52,7 @@ from livebed import (
 TRAIN = str(EXAMPLES / "train_digits.py")
 # Elastic in GPUs, one to two, one CPU and 1 GB: the main job takes one GPU.
 SHAPE = ("--gpus", "1:2", "--cpus", "1", "--mem", "1G")
+FIXED = ("--gpus", "1", "--cpus", "1", "--mem", "1G")  # as `dlsub estimate` profiles a kind: not elastic
 SLOW_ON_A100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "a100=4")
 SLOW_ON_V100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "v100=4")
 KIND_NODE = {kind: node for node, kind in GPU_TYPES.items()}
@@ -109,7 +112,8 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
             holds.append(hold_gpus(user, KIND_NODE[slow], 4))
             if len(holds) > 1:
                 subprocess.run(["scancel", str(holds.pop(0))], check=True)  # the previous run's
-            earlier = user.submit(*SHAPE, *command, cwd=workdir)
+            shape = FIXED if command is SLOW_ON_A100 else SHAPE
+            earlier = user.submit(*shape, *command, cwd=workdir)
             jobs.append(earlier)
             measured_on(earlier, fast)
             read_by_agent(user, earlier)

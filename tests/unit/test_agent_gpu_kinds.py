@@ -498,3 +498,96 @@ def test_placing_a_job_that_slurm_started_meanwhile_is_no_error(tmp_path: Path) 
     world.agent().tick(NOW)
     assert world.fake.jobs[main].state == "RUNNING", "setup: Slurm started it as it was being placed"
     assert decisions(world, "0000f0a1", "place") and decisions(world, "0000f0a1", "error") == []
+
+
+# ---------------------------------------------------------------- what jobs that are not elastic measured
+def fixed_run(world: World, dlsub_id: str, kind_rates: list[tuple[str, float]], *, uid: int = ME,
+              user: str = "alice", app: str = APP) -> int:
+    """A job of ``app`` that is not elastic, of 1 GPU, as `dlsub estimate` submits its profiling runs (mode
+    ideal, --gres=gpu:KIND:1), which measured each (kind, steps/s) of ``kind_rates`` in turn; it runs on the
+    last kind's node (gpu1: a100, gpu2: v100)."""
+    kind = kind_rates[-1][0]
+    node = "gpu1" if kind == "a100" else "gpu2"
+    job_dir = world.tmp / f"home-{uid}" / dlsub_id
+    job_dir.mkdir(parents=True)
+    if uid != os.getuid():
+        if os.getuid() != 0:
+            pytest.skip("giving a job directory to another uid needs root")
+        os.chown(job_dir.parent, uid, uid)
+        os.chown(job_dir, uid, uid)
+    main, _ = world.submit(dlsub_id, uid=uid, user=user, comment=f"dlsub:{dlsub_id};mode=ideal;ideal=gpu;gpus=1",
+                           partition="gpu", gres=f"gpu:{kind}:1", start_on=node, job_dir=job_dir)
+    for path in job_dir.iterdir():
+        os.chown(path, uid, uid)
+    reports(job_dir, main, [(k, 1, rate) for k, rate in kind_rates], start={"application": app})
+    return main
+
+
+@pytest.mark.parametrize("whose", ["alice", "bob", "another command", "none"])
+def test_a_profile_of_a_kind_by_a_job_that_is_not_elastic_is_what_the_commands_elastic_jobs_learn_it_from(
+        tmp_path: Path, whose: str) -> None:
+    """Unit with the fake Slurm, two users: a job that is not elastic (a `dlsub estimate` profiling run: the
+    same command, arguments and batch as `dlsub submit --from-estimate` runs) measured the command APP at
+    8 steps/s on one v100. Alice's elastic job of APP runs on a100 at 2 steps/s and has never run on v100.
+    Her own profile is what the typed policy bootstraps v100 from: the job moves there, and `dlsub why` says
+    from what. Bob's profile of the same command, a profile of another command, or none leave her job as it
+    is (the policy knows nothing of v100 for it); Bob's own elastic job of APP moves on his profile."""
+    world = typed(World(tmp_path, across()))
+    bob = ME + 4242
+    main, _, job_dir = elastic(world, A, "gpu1", workers=1)
+    reports(job_dir, main, [("a100", 1, 2.0)], start={"application": APP})
+    checkpointed(job_dir, main)
+    if whose == "bob":
+        bobs, _, bob_dir = elastic(world, B, "gpu1", uid=bob, user="bob", workers=1)
+        reports(bob_dir, bobs, [("a100", 1, 2.0)], start={"application": APP})
+        checkpointed(bob_dir, bobs)
+    if whose != "none":
+        fixed_run(world, "0000e571", [("v100", 8.0)], uid=bob if whose == "bob" else ME,
+                  user="bob" if whose == "bob" else "alice",
+                  app=APP if whose != "another command" else "f" * 32)
+    agent = world.agent()
+    agent.tick(NOW)
+    agent.tick(NOW + 5)
+    moved = world.fake.jobs[main].signals == ["USR2"]
+    assert moved is (whose == "alice"), (whose, decisions(world, A))
+    if whose == "alice":
+        (why,) = decisions(world, A, "move")
+        assert "predicted 512 samples/s on v100 (1 GPU; bootstrapped: its a100 model x 4.00, the one-GPU rate " \
+            "earlier runs of its command measured on v100" in why, why
+    if whose == "bob":
+        assert world.fake.jobs[bobs].signals == ["USR2"], "Bob's profile is read, and used for his own job"
+
+
+def test_a_waiting_elastic_job_is_placed_on_the_kind_its_profiles_measured_fastest(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: a `dlsub estimate` profile of both kinds (a100 2 steps/s, then v100 8), by a
+    job that is not elastic and has ended its profile of a100; Alice's elastic job of the same command waits,
+    having never run: it is asked for as v100, the kind its profiles measured fastest."""
+    world = typed(World(tmp_path, across()))
+    fixed_run(world, "0000e571", [("a100", 2.0), ("v100", 8.0)])
+    main = waiting_job(world, "0000f0a1")
+    agent = world.agent()
+    agent.tick(NOW)
+    agent.tick(NOW + 5)
+    assert world.fake.jobs[main].options.get("gres") == "gpu:v100:1"
+    (why,) = decisions(world, "0000f0a1", "place")
+    assert "v100 4.00x, a100 1.00x" in why, why
+
+
+def test_kind_runs_are_of_jobs_that_are_not_elastic_on_named_kinds_only(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: the observation's kind runs are the fixed-size job's typed configurations with
+    its command; an elastic job's are not among them (its own view has them), nor an untyped run's."""
+    world = typed(World(tmp_path, across()))
+    main, _, job_dir = elastic(world, A, "gpu1", workers=1)
+    reports(job_dir, main, [("a100", 1, 2.0)], start={"application": APP})
+    fixed_run(world, "0000e571", [("v100", 8.0)])
+    untyped_dir = world.tmp / f"home-{ME}" / "0000e572"
+    untyped_dir.mkdir()
+    untyped, _ = world.submit("0000e572", comment="dlsub:0000e572;mode=ideal;ideal=gpu;gpus=1", partition="gpu",
+                              gres="gpu:1", start_on="gpu2", job_dir=untyped_dir)
+    reports(untyped_dir, untyped, [("", 1, 8.0)], start={"application": APP})
+    seen = observe(world.agent().observing, NOW, world.client.jobs(), world.client.partitions(), Writes(), 1e18)
+    (run,) = seen.kind_runs
+    assert (run.uid, run.partition, run.dlsub_id, run.application) == (ME, "gpu", "0000e571", APP)
+    (config,) = run.configs
+    assert (config.gpu_type, config.replicas) == ("v100", 1)
+    assert config.steps_per_s == pytest.approx(8.0, rel=0.05)
