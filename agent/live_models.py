@@ -140,10 +140,11 @@ class LiveModels:
         then what the command's elastic jobs are told of a kind they have not run on (:meth:`per_kind`), the
         one-GPU profile the typed policy bootstraps that kind from, and where a waiting one is placed."""
         for run in runs:
-            batch = config_batch(run.configs[-1]) or NOMINAL_BATCH
             grads = None if run.grads is None else GradientStats(*run.grads)
             for kind in dict.fromkeys(c.gpu_type for c in run.configs if c.gpu_type):
-                reports = step_reports([c for c in run.configs if c.gpu_type == kind], batch)
+                configs = [c for c in run.configs if c.gpu_type == kind]
+                # The batch it ran there, as an elastic job's own reports are read (LiveModels.scaled).
+                reports = step_reports(configs, config_batch(configs[-1]) or NOMINAL_BATCH)
                 self.history(run.uid).record((run.uid, run.partition, run.application, kind), run.dlsub_id,
                                              reports, grads)
 

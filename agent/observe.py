@@ -31,6 +31,7 @@ from dlsub.agent.job_data import JobData
 from dlsub.agent.records import MoveRow
 from dlsub.contract import IllegalTransition, JobState
 from dlsub.job_progress import MeasuredConfig, Progress, ProgressSummary
+from dlsub.policies.actions.gpu_kind_rules import room_kinds
 from dlsub.policies.actions.move_views import JobInfo, PartitionInfo, Rules, Usage, WindowState
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
 from dlsub.policies.api import IdleNode
@@ -85,19 +86,21 @@ class KindRun:
     grads: tuple[float, float] | None
 
 
-def kind_runs(followed: list[Seen]) -> list[KindRun]:
-    """The followed jobs that are not elastic and measured something on a named kind of GPU, with their
-    command (what their start event digested). Untyped runs are left out: a fixed-size run lends only to the
-    kinds a typed policy chooses among."""
+def kind_runs(followed: list[Seen], typed_partitions: set[str]) -> list[KindRun]:
+    """The followed jobs that are not elastic and measured something on a named kind of GPU in one of
+    ``typed_partitions`` (those whose nodes name two or more kinds), with their command (what their start
+    event digested). Untyped runs, and runs elsewhere, are left out: a fixed-size run lends only to the kinds
+    a typed policy chooses among."""
     out = []
     for seen in followed:
         summary = seen.row.data.progress
-        if (seen.request.elastic_main or seen.request.role != "main" or summary is None
-                or summary.application is None or not any("@" in key for key in summary.measured)):
+        if (seen.job.partition not in typed_partitions or seen.request.elastic_main or seen.request.role != "main"
+                or summary is None or summary.application is None
+                or not any("@" in key for key in summary.measured)):
             continue  # the cheap checks first: this runs for every followed job each tick
         configs = tuple(c for c in summary.measured_configs() if c.gpu_type)
         grads = None if summary.grads is None else (summary.grads[0], summary.grads[1])
-        if configs and seen.job.partition:
+        if configs:
             out.append(KindRun(seen.row.uid, seen.job.partition, seen.request.dlsub_id, summary.application,
                                configs, grads))
     return out
@@ -185,9 +188,11 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
     elastic_progress = {s.request.dlsub_id: (s.row.data.progress or ProgressSummary()).progress() for s in mains}
     elastic_dirs = {s.request.dlsub_id: s.row.data.job_dir for s in mains if s.row.data.job_dir}
     rooms = [waiting.room(p) for p in partitions]
+    # Only where the site sizes jobs across kinds is what fixed-size runs measured on a kind of any use.
+    typed = {r.name for r in rooms if len(room_kinds(r)) >= 2} if ctx.policy.goodput.across_gpu_types else set()
     return Observation(infos, parts, window_at(ctx.policy, now), queue.usage, skipped, late, elastic,
                        rooms, elastic_progress, elastic_dirs, {s.job.job_id: s for s in observed},
-                       forgotten_rows(rows, slurm_jobs, moves, queue.workers), node_types, kind_runs(followed))
+                       forgotten_rows(rows, slurm_jobs, moves, queue.workers), node_types, kind_runs(followed, typed))
 
 
 def forgotten_rows(rows: dict[tuple[int, int], JobRow], slurm_jobs: list[SlurmJob],
@@ -456,6 +461,10 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
         _changed(row, before, writes)
         return None, False
     if new_state.terminal and move_row is None:
+        if read and (before[1] is None or not before[1].terminal):
+            # Its files once more as it ends: what it reported since the last tick (a `dlsub estimate` profile
+            # of a few seconds may start and end between two ticks) is what its command's later jobs learn.
+            read_files(row, job, request.dlsub_id, now, writes)
         _changed(row, before, writes)
         return None, False
     unread = read and not read_files(row, job, request.dlsub_id, now, writes)

@@ -101,11 +101,13 @@ class Agent:
         # GPUs this tick's moves and backfills are about to take are not idle for growth.
         seen.rooms = reserve_gpus(seen.rooms, [(a.partition, a.gpus, a.gpu_type) for a in actions
                                                      if a.kind in TAKES_GPUS])
-        if self._sizing_policy is not None:
-            # What jobs that are not elastic measured on each kind (a `dlsub estimate` profile among them):
-            # learnt before any elastic job of the same command is sized or placed this tick.
-            self.memory.models.learn(seen.kind_runs)
         if self.policy.goodput.across_gpu_types and self._sizing_policy is not None:
+            try:
+                # What jobs that are not elastic measured on each kind (a `dlsub estimate` profile among
+                # them): learnt before any elastic job of the same command is sized or placed this tick.
+                self.memory.models.learn(seen.kind_runs)
+            except Exception:  # what was learnt costs the jobs it would have informed, never the tick
+                log.exception("learning the kinds fixed-size runs measured failed; not learnt this tick")
             # Before the resizes: the workers that leave for a job that waits are those of the kind it waits for.
             for action in place_waiting_jobs(seen, self.rules, self.memory.models, self._sizing_policy, now):
                 if action.slurm_job_id in seen.followed and action.slurm_job_id not in {a.slurm_job_id for a in todo}:

@@ -50,12 +50,12 @@ CLAIM_GOAL = 0.90  # issue 33: goodput's average JCT at most this times sia's
 TUNED_ON = frozenset({1, 2, 3, 4})
 
 
-def parse_variant(text: str) -> dict[str, float]:
+def parse_variant(text: str, flag: str = "--variant") -> dict[str, float]:
     out: dict[str, float] = {}
     for item in filter(None, text.split(",")):
         key, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--variant: {item!r} is not K=V (e.g. speedup_power=0.5)")
+            raise SystemExit(f"{flag}: {item!r} is not K=V (e.g. speedup_power=0.5)")
         out[key.strip()] = float(value)
     return out
 
@@ -109,7 +109,7 @@ def main() -> None:
         if name not in POLICIES:
             raise SystemExit(f"unknown policy {name!r}; valid: {', '.join(sorted(POLICIES))}")
     variant = parse_variant(args.variant)
-    sia_variant = parse_variant(args.sia_variant)
+    sia_variant = parse_variant(args.sia_variant, "--sia-variant")
     variants = {"goodput": variant, "sia": sia_variant}
     seeds = list(range(1, args.orders + 1))
     rows: list[dict[str, Any]] = []

@@ -62,6 +62,9 @@ class ScalingHistory:
         self.max_configs = max_configs
         self._jobs: OrderedDict[Hashable, OrderedDict[Hashable, dict[Config, StepReport]]] = OrderedDict()
         self._version: dict[Hashable, int] = {}
+        # Versions come from one counter, so an application dropped and recorded again never repeats a version
+        # an answer was cached under (_merged).
+        self._clock = 0
         self._grads: dict[Hashable, GradientStats] = {}
         # (application, job) -> (version, own reports, merged): a job asks each decision, the answer
         # changes only when its application's history or its own reports do.
@@ -98,7 +101,8 @@ class ScalingHistory:
         while len(steps) > self.max_configs:
             del steps[next(iter(steps))]
         if changed:
-            self._version[key] = self._version.get(key, 0) + 1
+            self._clock += 1
+            self._version[key] = self._clock
         if grads is not None:
             self._grads.setdefault(key, grads)
 

@@ -591,3 +591,32 @@ def test_kind_runs_are_of_jobs_that_are_not_elastic_on_named_kinds_only(tmp_path
     (config,) = run.configs
     assert (config.gpu_type, config.replicas) == ("v100", 1)
     assert config.steps_per_s == pytest.approx(8.0, rel=0.05)
+
+
+def test_a_profile_that_ended_between_two_ticks_is_read_once_as_it_ends_and_learnt(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: `dlsub estimate`'s profiling run of v100 (a few seconds) started and ended
+    between two ticks: the agent first sees it COMPLETED. Its files are read once as it ends, so Alice's
+    elastic job of the same command learns v100 from it and moves there."""
+    world = typed(World(tmp_path, across()))
+    main, _, job_dir = elastic(world, A, "gpu1", workers=1)
+    reports(job_dir, main, [("a100", 1, 2.0)], start={"application": APP})
+    checkpointed(job_dir, main)
+    profile = fixed_run(world, "0000e571", [("v100", 8.0)])
+    world.fake.set_job_state(profile, "COMPLETED")
+    agent = world.agent()
+    agent.tick(NOW)
+    agent.tick(NOW + 5)
+    assert world.fake.jobs[main].signals == ["USR2"], decisions(world, A)
+
+
+def test_fixed_size_runs_are_learnt_only_where_the_site_sizes_jobs_across_kinds(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: with goodput but without [goodput] across_gpu_types, the observation has no
+    kind runs (nothing would use them: the partition's GPUs are one pool)."""
+    world = typed(World(tmp_path, policy(policy="goodput")))
+    fixed_run(world, "0000e571", [("v100", 8.0)])
+    seen = observe(world.agent().observing, NOW, world.client.jobs(), world.client.partitions(), Writes(), 1e18)
+    assert seen.kind_runs == []
+    world = typed(World(tmp_path / "across", across()))
+    fixed_run(world, "0000e571", [("v100", 8.0)])
+    seen = observe(world.agent().observing, NOW, world.client.jobs(), world.client.partitions(), Writes(), 1e18)
+    assert [r.dlsub_id for r in seen.kind_runs] == ["0000e571"]

@@ -63,6 +63,17 @@ def test_the_latest_word_per_configuration_is_kept_and_the_history_is_bounded() 
     assert history.reports_for("b", "new", []) and history.reports_for("c", "new", [])
 
 
+def test_an_application_dropped_and_recorded_again_is_never_answered_from_before() -> None:
+    """The answer a job got is cached by its application's version: an application pushed out and recorded
+    anew must not reach the version it had, or the job would be told what the dropped history said."""
+    history = ScalingHistory(max_keys=1)
+    history.record("a", "earlier", [measured(1, 4)])
+    assert history.reports_for("a", "new", []) == [measured(1, 4)]
+    history.record("b", "earlier", [measured(1, 1)])  # "a" pushed out
+    history.record("a", "other", [measured(2, 8)])  # "a" again, one change: as many as before
+    assert history.reports_for("a", "new", []) == [measured(2, 8)]
+
+
 def test_a_new_job_of_an_application_that_scales_starts_at_the_size_it_scales_to() -> None:
     """Without history a new job is trusted with one GPU; with its application's, it is sized at once."""
     history = ScalingHistory()
