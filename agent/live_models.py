@@ -101,6 +101,12 @@ def _rounded(x: float) -> float:
 HISTORY_COMMANDS_PER_USER = 64
 
 
+def command_key(uid: int, partition: str, application: str, kind: str | None) -> Hashable:
+    """Where a user's runs of one command on one partition and kind of GPU are kept in their history: the one
+    key every run is recorded under and every job looks up, elastic or not."""
+    return (uid, partition, application, kind)
+
+
 class LiveModels:
     """Fitted models of the elastic jobs the agent follows, by dlsub id, refitted when their rates change."""
 
@@ -145,8 +151,8 @@ class LiveModels:
                 configs = [c for c in run.configs if c.gpu_type == kind]
                 # The batch it ran there, as an elastic job's own reports are read (LiveModels.scaled).
                 reports = step_reports(configs, config_batch(configs[-1]) or NOMINAL_BATCH)
-                self.history(run.uid).record((run.uid, run.partition, run.application, kind), run.dlsub_id,
-                                             reports, grads)
+                self.history(run.uid).record(command_key(run.uid, run.partition, run.application, kind),
+                                             run.dlsub_id, reports, grads)
 
     def forget_except(self, live: set[str]) -> None:
         # A job's models per kind are kept as "<dlsub id>@<kind>" (per_kind).
@@ -171,7 +177,7 @@ class LiveModels:
             own = step_reports([c for c in progress.configs if c.gpu_type == kind], batch)
             reports = own
             if progress.application is not None:
-                application = (job.uid, job.partition, progress.application, kind)
+                application = command_key(job.uid, job.partition, progress.application, kind)
                 reports = self.history(job.uid).reports_for(application, job.dlsub_id, own)
                 if own:
                     self.history(job.uid).record(application, job.dlsub_id, own, None)
@@ -217,7 +223,7 @@ class LiveModels:
             # until the job reports its gradient noise, the noise they reported first (the same training's start).
             # The kind is Slurm's where its GRES names one (the start event's is the job's word).
             kind = job.gpu_type if job.gpu_type is not None else progress.gpu_type
-            application = (job.uid, job.partition, progress.application, kind)
+            application = command_key(job.uid, job.partition, progress.application, kind)
             history = self.history(job.uid)
             reports = history.reports_for(application, job.dlsub_id, own)
             history.record(application, job.dlsub_id, own, None if progress.grads is None else grads)

@@ -195,14 +195,13 @@ def main() -> None:
             verdict = f"higher than {base}'s by {mean - 1:.0%} (interval [{lo:.3f}, {hi:.3f}] above 1)"
         else:
             verdict = f"not shown to differ from {base}'s (interval [{lo:.3f}, {hi:.3f}] holds 1)"
-        goal = ""
+        goal, against = "", ""
         if base == "sia" and sia_variant:
             goal = f"; the goal of <= {CLAIM_GOAL:.2f}x sia is judged against the artifact's sia, not this one"
+            against = f", against sia off the artifact's settings ({args.sia_variant})"
         elif base == "sia":
             goal = (f"; the goal of <= {CLAIM_GOAL:.2f}x sia is "
                     + ("met" if hi <= CLAIM_GOAL else "not met" if lo > CLAIM_GOAL else "not shown either way"))
-        against = f", against sia off the artifact's settings ({args.sia_variant})" if base == "sia" and sia_variant \
-            else ""
         print(f"Claim: on Philly workloads {args.workloads} ({half}), online{setting}{against}, goodput's average "
               f"JCT is {verdict}{goal}.")
 
