@@ -8,15 +8,17 @@ each job emulates its speed per kind with train_digits' ``--gpu-slowdown KIND=FA
 
 A kind a job has not run on is known to the agent only from what earlier runs of the same command measured
 there (the one-GPU profile the typed policy bootstraps from, as Sia does; the agent keeps it in memory, so
-the service is not restarted in between). So each command first runs briefly on its fast kind, then the two
-jobs are started each on its slow kind. The first command's earlier run is of a fixed size (one GPU, not
-elastic), as `dlsub estimate`'s profiling runs of a kind are; the second's is elastic: the agent learns a kind
-from either. Placements are made certain with blockers (plain jobs holding the
-GPUs of one node), never by pinning dlsub's jobs: the first job starts on the one GPU left of gpu1 (so it
-cannot grow there), the second waits until gpu2's blocker goes. Once the last blocker goes, the agent moves
-each job to its fast kind (checkpoint, requeue held onto ``gres:gpu:KIND:1``, release): a move is observed
-in each job's attempts, training resumes from its checkpoint on the new kind, and ``dlsub why`` gives the
-measured and predicted figures.
+the service is not restarted in between). So each command is first measured on its fast kind, then the two
+jobs are started each on its slow kind. The first command is measured by ``dlsub estimate``, as a user would
+before submitting: its profiling runs (one GPU of each kind) are fixed-size jobs the agent reads as they end.
+The second is measured by an earlier elastic run on its fast kind. The agent learns a kind from either. An
+estimate profiles the script with its arguments and the batch size, so the first command's jobs name the batch
+size the estimate profiled, as ``dlsub submit --from-estimate`` does. Placements are made certain with
+blockers (plain jobs holding the GPUs of one node), never by pinning dlsub's jobs: the first job starts on the
+one GPU left of gpu1 (so it cannot grow there), the second waits until gpu2's blocker goes. Once the last
+blocker goes, the agent moves each job to its fast kind (checkpoint, requeue held onto ``gres:gpu:KIND:1``,
+release): a move is observed in each job's attempts, training resumes from its checkpoint on the new kind, and
+``dlsub why`` gives the measured and predicted figures.
 
 Then a waiting job is placed: with every GPU taken (the two jobs at two GPUs each of their fast kinds,
 blockers on the rest), a third run of the first command waits; the agent asks for it as v100 (``dlsub why``:
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,8 +55,9 @@ from livebed import (
 TRAIN = str(EXAMPLES / "train_digits.py")
 # Elastic in GPUs, one to two, one CPU and 1 GB: the main job takes one GPU.
 SHAPE = ("--gpus", "1:2", "--cpus", "1", "--mem", "1G")
-FIXED = ("--gpus", "1", "--cpus", "1", "--mem", "1G")  # as `dlsub estimate` profiles a kind: not elastic
-SLOW_ON_A100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "a100=4")
+# The first command's arguments, as `dlsub estimate` is given them: it appends the batch size it profiles.
+A100_ARGS = ("--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "a100=4")
+SLOW_ON_A100 = (TRAIN, *A100_ARGS, "--batch-size", "64")
 SLOW_ON_V100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "v100=4")
 KIND_NODE = {kind: node for node, kind in GPU_TYPES.items()}
 
@@ -83,15 +87,20 @@ def measured_on(job: dict[str, Any], kind: str) -> None:
     assert kind_now(job) == kind, f"setup: job {job['id']} started on {kind_now(job)}, not {kind}"
 
 
-def read_by_agent(user: TestbedUser, job: dict[str, Any]) -> None:
-    """Until a tick of the agent has begun after the job's newest report: the agent has read it."""
-    newest = max(float(e["time"]) for e in progress_events(job["job_dir"], "progress"))
+def read_after(user: TestbedUser, when: float, what: str) -> None:
+    """Until a tick of the agent has begun after ``when`` (epoch seconds): the agent has read ``what``."""
 
     def last_tick() -> float:
         status = json.loads(user.run("dlsub", "agent", "status", "--json", timeout=60).stdout)
         return float(status.get("last_tick") or 0.0)
 
-    wait_for(f"a tick of the agent after job {job['id']}'s reports", lambda: last_tick() > newest, timeout=60)
+    wait_for(f"a tick of the agent after {what}", lambda: last_tick() > when, timeout=60)
+
+
+def read_by_agent(user: TestbedUser, job: dict[str, Any]) -> None:
+    """Until a tick of the agent has begun after the job's newest report: the agent has read it."""
+    newest = max(float(e["time"]) for e in progress_events(job["job_dir"], "progress"))
+    read_after(user, newest, f"job {job['id']}'s reports")
 
 
 def cancel(*jobs: dict[str, Any]) -> None:
@@ -106,19 +115,26 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
     jobs: list[dict[str, Any]] = []
     holds: list[int] = []
     try:
-        # Earlier runs of each command on its fast kind (all of the other node held): what the agent bootstraps
-        # the other kind from.
-        for command, fast, slow in ((SLOW_ON_A100, "v100", "a100"), (SLOW_ON_V100, "a100", "v100")):
-            holds.append(hold_gpus(user, KIND_NODE[slow], 4))
-            if len(holds) > 1:
-                subprocess.run(["scancel", str(holds.pop(0))], check=True)  # the previous run's
-            shape = FIXED if command is SLOW_ON_A100 else SHAPE
-            earlier = user.submit(*shape, *command, cwd=workdir)
-            jobs.append(earlier)
-            measured_on(earlier, fast)
-            read_by_agent(user, earlier)
-            cancel(earlier)
-            user.wait_until_ended(earlier["id"])
+        # What the agent bootstraps the other kind from. The first command: `dlsub estimate` of the gpu
+        # partition on one GPU, both kinds profiled at once (--parallel); --no-cache, since a profile from an
+        # earlier run's cache runs no job and teaches the agent nothing. (With another batch size in the jobs
+        # below, so another command, the first job never moved: timed out after 300 s.)
+        estimated = user.run("dlsub", "estimate", "-p", "gpu", "--gpus", "1", "--cpus", "1", "--mem", "1G",
+                             "--batch-sizes", "64", "--parallel", "--no-cache", "--json", TRAIN, *A100_ARGS,
+                             cwd=workdir, timeout=300)
+        assert estimated.returncode == 0, estimated.stderr
+        est = json.loads(estimated.stdout)
+        assert {(r["partition"], r["gpu_type"]) for r in est["rows"]} == {("gpu", "a100"), ("gpu", "v100")}, est
+        assert est["profiled_now"] == 2, est
+        read_after(user, time.time(), "the estimate's profiling runs")
+        # The second command: an earlier elastic run on a100 (all of v100's node held).
+        holds.append(hold_gpus(user, KIND_NODE["v100"], 4))
+        earlier = user.submit(*SHAPE, *SLOW_ON_V100, cwd=workdir)
+        jobs.append(earlier)
+        measured_on(earlier, "a100")
+        read_by_agent(user, earlier)
+        cancel(earlier)
+        user.wait_until_ended(earlier["id"])
         # The two jobs, each on its slow kind: the first on gpu1's one free GPU (gpu2 still held), the second
         # waiting until gpu2's hold goes.
         holds.append(hold_gpus(user, KIND_NODE["a100"], 3))
@@ -167,5 +183,6 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
         assert "shrinking" in user.dlsub("why", first["id"]).stdout
         assert world_size(second) == 2, "the newer job on a100 kept its GPUs"
     finally:
-        subprocess.run(["scancel", *map(str, holds)], check=False)
+        if holds:
+            subprocess.run(["scancel", *map(str, holds)], check=False)
         cancel(*jobs)
