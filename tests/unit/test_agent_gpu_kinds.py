@@ -502,10 +502,10 @@ def test_placing_a_job_that_slurm_started_meanwhile_is_no_error(tmp_path: Path) 
 
 # ---------------------------------------------------------------- what jobs that are not elastic measured
 def fixed_run(world: World, dlsub_id: str, kind_rates: list[tuple[str, float]], *, uid: int = ME,
-              user: str = "alice", app: str = APP) -> int:
+              user: str = "alice", app: str = APP, partition: str = "gpu") -> int:
     """A job of ``app`` that is not elastic, of 1 GPU, as `dlsub estimate` submits its profiling runs (mode
     ideal, --gres=gpu:KIND:1), which measured each (kind, steps/s) of ``kind_rates`` in turn; it runs on the
-    last kind's node (gpu1: a100, gpu2: v100)."""
+    last kind's node (gpu1: a100, gpu2: v100) in ``partition`` (gpu-dev has the same two nodes)."""
     kind = kind_rates[-1][0]
     node = "gpu1" if kind == "a100" else "gpu2"
     job_dir = world.tmp / f"home-{uid}" / dlsub_id
@@ -515,15 +515,16 @@ def fixed_run(world: World, dlsub_id: str, kind_rates: list[tuple[str, float]], 
             pytest.skip("giving a job directory to another uid needs root")
         os.chown(job_dir.parent, uid, uid)
         os.chown(job_dir, uid, uid)
-    main, _ = world.submit(dlsub_id, uid=uid, user=user, comment=f"dlsub:{dlsub_id};mode=ideal;ideal=gpu;gpus=1",
-                           partition="gpu", gres=f"gpu:{kind}:1", start_on=node, job_dir=job_dir)
+    main, _ = world.submit(dlsub_id, uid=uid, user=user,
+                           comment=f"dlsub:{dlsub_id};mode=ideal;ideal={partition};gpus=1", partition=partition,
+                           gres=f"gpu:{kind}:1", start_on=node, job_dir=job_dir)
     for path in job_dir.iterdir():
         os.chown(path, uid, uid)
     reports(job_dir, main, [(k, 1, rate) for k, rate in kind_rates], start={"application": app})
     return main
 
 
-@pytest.mark.parametrize("whose", ["alice", "bob", "another command", "none"])
+@pytest.mark.parametrize("whose", ["alice", "bob", "another command", "another partition", "none"])
 def test_a_profile_of_a_kind_by_a_job_that_is_not_elastic_is_what_the_commands_elastic_jobs_learn_it_from(
         tmp_path: Path, whose: str) -> None:
     """Unit with the fake Slurm, two users: a job that is not elastic (a `dlsub estimate` profiling run: the
@@ -531,7 +532,9 @@ def test_a_profile_of_a_kind_by_a_job_that_is_not_elastic_is_what_the_commands_e
     8 steps/s on one v100. Alice's elastic job of APP runs on a100 at 2 steps/s and has never run on v100.
     Her own profile is what the typed policy bootstraps v100 from: the job moves there, and `dlsub why` says
     from what. Bob's profile of the same command, a profile of another command, or none leave her job as it
-    is (the policy knows nothing of v100 for it); Bob's own elastic job of APP moves on his profile."""
+    is (the policy knows nothing of v100 for it), as does her own profile on gpu-dev (the same nodes, but
+    another partition: a site may give it other limits, so its runs stand only for its own jobs); Bob's own
+    elastic job of APP moves on his profile."""
     world = typed(World(tmp_path, across()))
     bob = ME + 4242
     main, _, job_dir = elastic(world, A, "gpu1", workers=1)
@@ -544,7 +547,8 @@ def test_a_profile_of_a_kind_by_a_job_that_is_not_elastic_is_what_the_commands_e
     if whose != "none":
         fixed_run(world, "0000e571", [("v100", 8.0)], uid=bob if whose == "bob" else ME,
                   user="bob" if whose == "bob" else "alice",
-                  app=APP if whose != "another command" else "f" * 32)
+                  app=APP if whose != "another command" else "f" * 32,
+                  partition="gpu-dev" if whose == "another partition" else "gpu")
     agent = world.agent()
     agent.tick(NOW)
     agent.tick(NOW + 5)
