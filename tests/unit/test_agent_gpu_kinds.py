@@ -624,3 +624,26 @@ def test_fixed_size_runs_are_learnt_only_where_the_site_sizes_jobs_across_kinds(
     fixed_run(world, "0000e571", [("v100", 8.0)])
     seen = observe(world.agent().observing, NOW, world.client.jobs(), world.client.partitions(), Writes(), 1e18)
     assert [r.dlsub_id for r in seen.kind_runs] == ["0000e571"]
+
+
+def test_a_moved_job_that_slurm_requeues_while_its_kind_is_taken_is_asked_for_as_any_kind_again(
+        tmp_path: Path) -> None:
+    """Unit with the fake Slurm: Alice's elastic job (submitted for any kind) ran on a100 and then on v100, where
+    the agent's move left it asking for gres:gpu:v100:1. Slurm requeues it (say its node failed) while Bob's
+    rigid job holds all four v100 GPUs and gpu1 is idle: the kind is the agent's, not hers, so it is asked for
+    as any kind again rather than waiting for v100."""
+    world = typed(World(tmp_path, across()))
+    world.submit("0000b0b0", uid=ME + 1, user="bob", comment="", partition="gpu", gres="gpu:v100:4",
+                 start_on="gpu2")
+    main, _, job_dir = elastic(world, A, "gpu1", workers=1)
+    reports(job_dir, main, [("a100", 1, 2.0), ("v100", 1, 8.0)], start={"application": APP})
+    agent = world.agent()
+    agent.tick(NOW)  # first seen as it runs: its request names no kind
+    job = world.fake.jobs[main]
+    world.fake.requeue_held(main)
+    job.reason = "Resources"  # requeued by Slurm, not held
+    job.options["gres"] = "gpu:v100:1"  # as the move left it
+    agent.tick(NOW + 30)
+    assert job.options.get("gres") == "gpu:1", decisions(world, A)
+    assert any(d.startswith("waiting for any kind of GPU again") for d in decisions(world, A, "place")), \
+        decisions(world, A)
