@@ -15,7 +15,12 @@ from dlsub.agent.records import ResizePhase
 from dlsub.job_progress import Progress
 from dlsub.policies.actions import resize_rules
 from dlsub.policies.actions.goodput_resize_rules import ScaledJob, plan_by_policy
-from dlsub.policies.actions.gpu_kind_rules import place_waiting, plan_across_kinds, retype_waiting, room_kinds
+from dlsub.policies.actions.gpu_kind_rules import (
+    kinds_to_choose,
+    place_waiting,
+    plan_across_kinds,
+    retype_waiting,
+)
 from dlsub.policies.actions.kinds import ActionKind
 from dlsub.policies.actions.move_views import Action, Rules
 from dlsub.policies.actions.resize_rules import ElasticJob, Resize, Room
@@ -142,11 +147,10 @@ def _size_by_policy(seen: Observation, rules: Rules, models: LiveModels, policy:
     headroom = _headroom(seen, rules)
 
     def size(jobs: Sequence[ElasticJob], room: Room) -> list[Resize]:
-        kinds = room_kinds(room) if kind_moves is not None else []
-        typed = len(kinds) >= 2
-        scaled = _scaled(seen, models, jobs, now, rules, kinds if typed else ())
+        kinds = kinds_to_choose(room) if kind_moves is not None else []
+        scaled = _scaled(seen, models, jobs, now, rules, kinds)
         try:
-            if typed and kind_moves is not None:
+            if kinds and kind_moves is not None:
                 resizes, moves = plan_across_kinds(scaled, room, policy, now, headroom, _checkpointed(seen))
                 kind_moves.extend(moves)
                 return resizes
@@ -164,9 +168,9 @@ def place_waiting_jobs(seen: Observation, rules: Rules, models: LiveModels, poli
     ``app=`` its submit named): what its user's earlier runs of it measured on each kind."""
     placed: list[Action] = []
     for index, room in enumerate(seen.rooms):
-        kinds = room_kinds(room)
+        kinds = kinds_to_choose(room)
         jobs = [j for j in seen.elastic if j.partition == room.name and not j.ended and not j.moving]
-        if len(kinds) < 2 or not any(j.waiting for j in jobs):
+        if not kinds or not any(j.waiting for j in jobs):
             continue
         scaled = _scaled(seen, models, jobs, now, rules, kinds, by_command=True)
         try:

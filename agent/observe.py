@@ -31,7 +31,7 @@ from dlsub.agent.job_data import JobData
 from dlsub.agent.records import MoveRow
 from dlsub.contract import IllegalTransition, JobState
 from dlsub.job_progress import MeasuredConfig, Progress, ProgressSummary
-from dlsub.policies.actions.gpu_kind_rules import room_kinds
+from dlsub.policies.actions.gpu_kind_rules import kinds_to_choose
 from dlsub.policies.actions.move_views import JobInfo, PartitionInfo, Rules, Usage, WindowState
 from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
 from dlsub.policies.api import IdleNode
@@ -189,7 +189,7 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
     elastic_dirs = {s.request.dlsub_id: s.row.data.job_dir for s in mains if s.row.data.job_dir}
     rooms = [waiting.room(p) for p in partitions]
     # Only where the site sizes jobs across kinds is what fixed-size runs measured on a kind of any use.
-    typed = {r.name for r in rooms if len(room_kinds(r)) >= 2} if ctx.policy.goodput.across_gpu_types else set()
+    typed = {r.name for r in rooms if kinds_to_choose(r)} if ctx.policy.goodput.across_gpu_types else set()
     return Observation(infos, parts, window_at(ctx.policy, now), queue.usage, skipped, late, elastic,
                        rooms, elastic_progress, elastic_dirs, {s.job.job_id: s for s in observed},
                        forgotten_rows(rows, slurm_jobs, moves, queue.workers), node_types, kind_runs(followed, typed))

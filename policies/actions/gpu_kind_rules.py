@@ -52,6 +52,14 @@ def room_kinds(room: Room) -> list[str]:
     return list(dict.fromkeys(n.gpu_type for n in room.nodes if n.gpu_type))
 
 
+def kinds_to_choose(room: Room) -> list[str]:
+    """The kinds a typed policy chooses among in the room: its nodes' kinds where they are two or more, else
+    none (one kind, or none named, is one pool). The one rule for where jobs are sized and placed across
+    kinds, and so where what fixed-size runs measured on a kind is learnt."""
+    kinds = room_kinds(room)
+    return kinds if len(kinds) >= 2 else []
+
+
 def typed_view(room: Room, capacity: Capacity, holding: Mapping[str, Allocation]) -> ClusterView:
     """The GPUs the policy may hand out, node by node with its kind: those idle after waiting jobs' claims and
     those the jobs being sized hold. A node whose kind is not known is left out (nothing can be said of its
