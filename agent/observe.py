@@ -190,6 +190,7 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
     rooms = [waiting.room(p) for p in partitions]
     # Only where the site sizes jobs across kinds is what fixed-size runs measured on a kind of any use.
     typed = {r.name for r in rooms if kinds_to_choose(r)} if ctx.policy.goodput.across_gpu_types else set()
+    _mark_lost(rows, slurm_jobs, moves, queue.workers, writes)
     return Observation(infos, parts, window_at(ctx.policy, now), queue.usage, skipped, late, elastic,
                        rooms, elastic_progress, elastic_dirs, {s.job.job_id: s for s in observed},
                        forgotten_rows(rows, slurm_jobs, moves, queue.workers), node_types, kind_runs(followed, typed))
@@ -208,6 +209,18 @@ def forgotten_rows(rows: dict[tuple[int, int], JobRow], slurm_jobs: list[SlurmJo
     return [key for key, row in rows.items()
             if row.state is not None and row.state.terminal and key not in listed and key not in moves
             and (row.uid, row.dlsub_id) not in workers]
+
+
+def _mark_lost(rows: dict[tuple[int, int], JobRow], slurm_jobs: list[SlurmJob], moves: dict[tuple[int, int], MoveRow],
+               workers: dict[tuple[int, str], list[WorkerTask]], writes: Writes) -> None:
+    """Rows last seen live whose job Slurm no longer lists under any user (the agent was down longer than
+    MinJobAge, or the job ran and was purged between two ticks) become UNKNOWN: the metrics and pages
+    count them so, not as the PENDING or RUNNING of their last sight. Kept, as forgotten_rows says."""
+    listed = {job.job_id for job in slurm_jobs}
+    for key, row in rows.items():
+        if (row.state is not None and row.state.live and row.slurm_job_id not in listed and key not in moves
+                and (row.uid, row.dlsub_id) not in workers):
+            writes.jobs[key] = JobRow(row.uid, row.slurm_job_id, row.dlsub_id, row.user, JobState.UNKNOWN, row.data)
 
 
 def _idle_nodes(partition: Partition) -> tuple[IdleNode, ...]:

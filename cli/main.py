@@ -8,7 +8,6 @@ submitted and nothing is left behind.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import getpass
 import json
@@ -39,12 +38,11 @@ from dlsub.job.output_files import OutputFiles
 from dlsub.job.output_lines import LogPrinter, Selection
 from dlsub.job.partition_choice import PlanningError
 from dlsub.job.settings import Settings, load_settings
-from dlsub.job.status import JobStatus, describe_mounts, job_status, render_table
+from dlsub.job.status import JobStatus, SlurmView, describe_mounts, render_table
 from dlsub.job.submit import SubmitError, SubmitRequest, plan_job, submit_plan
 from dlsub.job.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.site_config.policy_file import AgentPolicy, PolicyFileError, load_policy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError, SlurmUnreachable
-from dlsub.slurm_plugins.models import SlurmJob
 from dlsub.slurm_plugins.timespec import TimeSpecError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -301,28 +299,9 @@ def options_from_directives(ctx: click.Context, script: Path) -> dict[str, Any]:
 
 
 def _statuses(client: SlurmClient, store: JobStore, records: list[JobRecord]) -> list[JobStatus]:
-    """One squeue call for all the jobs; sacct for those Slurm no longer lists (purged after MinJobAge).
-
-    Each state seen is recorded in the store, which keeps a final state
-    final: a job once seen COMPLETED is not shown UNKNOWN after Slurm forgets it.
-    """
-    ids = {r.slurm_job_id for r in records if r.slurm_job_id is not None}
-    arrays = {r.worker_array_id for r in records if r.worker_array_id is not None}
-    listed = client.jobs_by_id(ids | arrays) if ids else []
-    slurm = {j.job_id: j for j in listed if j.job_id in ids}
-    workers: dict[int, list[SlurmJob]] = {}
-    for job in listed:
-        if job.array_job_id in arrays:
-            workers.setdefault(job.array_job_id or 0, []).append(job)
-    gone = sorted(ids - set(slurm))
-    if gone:
-        slurm.update({j.job_id: j for j in client.accounting(gone)})
-    rows = []
-    for record in records:
-        row = job_status(record, slurm.get(record.slurm_job_id or -1), workers.get(record.worker_array_id or -1))
-        shown = store.observed(record.id, row.state)
-        rows.append(row if shown.value == row.state else dataclasses.replace(row, state=shown.value))
-    return rows
+    """Each record's status, from one read of Slurm for all; each state seen recorded in the store."""
+    view = SlurmView.read(client, records)
+    return [view.status(record, store) for record in records]
 
 
 @main.command()

@@ -34,7 +34,7 @@ from dlsub.contract import (
 from dlsub.job.agent_client import AgentEndpoint, AgentUnavailable, ask
 from dlsub.job.output_files import worker_output_files
 from dlsub.job.settings import Settings, store_of
-from dlsub.job.status import JobStatus, job_status
+from dlsub.job.status import JobStatus, SlurmView
 from dlsub.job.status_window import ended_at, fraction_done, is_ended
 from dlsub.job.user_store import JobRecord, JobStore, UnknownJob, read_only_records
 from dlsub.job_progress import read_attempts, read_events, summarize_progress
@@ -149,24 +149,13 @@ class Dashboard:
         return found
 
     # ---------------------------------------------------------------- jobs
-    def _slurm_view(self, client: SlurmClient, records: list[JobRecord]) -> dict[int, SlurmJob]:
-        """One squeue for all, sacct for those Slurm no longer lists (as `dlsub status`)."""
-        ids = {r.slurm_job_id for r in records if r.slurm_job_id is not None}
-        if not ids:
-            return {}
-        slurm = {j.job_id: j for j in client.jobs_by_id(ids) if j.job_id in ids}
-        gone = sorted(ids - set(slurm))
-        if gone:
-            slurm.update({j.job_id: j for j in client.accounting(gone)})
-        return slurm
-
-    def _status(self, record: JobRecord, slurm: SlurmJob | None, store: JobStore | None) -> JobStatus:
-        row = job_status(record, slurm)
-        if store is not None:
-            shown = store.observed(record.id, row.state)  # a final state stays final, as in `dlsub status`
-            if shown.value != row.state:
-                row = dataclasses.replace(row, state=shown.value)
-        return row
+    def _slurm_view(self, records: list[JobRecord]) -> SlurmView:
+        """One read of Slurm for these records, as `dlsub status` reads it; Slurm down: an empty view (the
+        job directories still say a lot)."""
+        try:
+            return SlurmView.read(self.client_factory(), records)
+        except SlurmError:
+            return SlurmView()
 
     def _view(self, row: JobStatus, owner: str, why: str = "") -> JobOnPage:
         fraction = fraction_done(summarize_progress(Path(row.job_dir))) if row.state != "PENDING" else None
@@ -178,13 +167,10 @@ class Dashboard:
         if since is not None:
             found = [(r, o, s) for r, o, s in found if not is_ended(r.state) or
                      max(r.state_at or 0.0, r.submitted_at) >= since]
-        try:
-            slurm = self._slurm_view(self.client_factory(), [r for r, _, _ in found])
-        except SlurmError:
-            slurm = {}  # Slurm down: the job directories still say a lot
+        slurm = self._slurm_view([r for r, _, _ in found])
         views = []
         for record, owner, store in found:
-            row = self._status(record, slurm.get(record.slurm_job_id or -1), store)
+            row = slurm.status(record, store)
             if since is not None and is_ended(row.state) and ended_at(record, read_attempts(Path(row.job_dir))) < since:
                 continue
             views.append((row, owner))
@@ -217,11 +203,7 @@ class Dashboard:
         if found is None:
             return None
         record, owner, store = found
-        try:
-            slurm = self._slurm_view(self.client_factory(), [record])
-        except SlurmError:
-            slurm = {}
-        row = self._status(record, slurm.get(record.slurm_job_id or -1), store)
+        row = self._slurm_view([record]).status(record, store)
         job_dir = Path(record.job_dir)
         detail = JobDetail(self._view(row, owner), record)
         detail.loss, detail.throughput, detail.throughput_unit = curves(

@@ -7,7 +7,7 @@ freezes at submit time, the environment the batch script gives the
 container, the container's roles and labels, the files of a job directory
 and the schema of their events, the exit code that means "checkpointed,
 resume me", what each signal asks for, and the one job-state model with
-its legal transitions. (The batch script, bash, keeps its own literals; a
+what one look at a job may show after another. (The batch script, bash, keeps its own literals; a
 unit test checks that every DLSUB_ variable it uses is named here.)
 
 Standard library only: the training library imports it inside containers
@@ -536,17 +536,21 @@ class JobState(StrEnum):
     ::
 
         PENDING ──► RUNNING ──► COMPLETED | FAILED | CANCELLED | TIMEOUT | PREEMPTED
-           ▲  │        │ ▲
-           │  │        ▼ │
-           └──┼──── REQUEUED        (checkpointed: time limit, dlsub requeue,
-              │                      a move, a node failure; same Slurm job)
+           ▲  │        │ ▲                         │
+           │  │        ▼ │                         │ scontrol requeue of an ended batch job
+           └──┼──── REQUEUED ◄─────────────────────┘
+              │          (checkpointed: time limit, dlsub requeue, a move, a node failure; same Slurm job)
               └──► CANCELLED | FAILED   (ended before it ever ran)
 
+    That is how a job moves in Slurm. What dlsub *sees* of it are samples
+    (``dlsub status`` when the user looks, the agent every tick): a job may
+    run and end between two looks, so a PENDING job is next seen COMPLETED,
+    a REQUEUED one TIMEOUT. :func:`check_transition` therefore connects any
+    live state to any other state; see there for what it still refuses.
+
     ``UNKNOWN`` is "cannot tell now" (Slurm has forgotten the job and it
-    left no end record): reachable from any live state, and any state may
-    follow it. The five final states never change again; the stores refuse
-    to leave them. ``PREEMPTED`` is final: Slurm shows it only for a job it
-    ended by preemption; a job Slurm requeues on preemption shows
+    left no end record). ``PREEMPTED`` is final: Slurm shows it only for a
+    job it ended by preemption; a job Slurm requeues on preemption shows
     ``REQUEUED``/``PENDING`` instead and carries on.
     """
 
@@ -564,8 +568,9 @@ class JobState(StrEnum):
     def terminal(self) -> bool:
         return self in FINAL_STATES
 
-    def may_become(self, new: JobState) -> bool:
-        return new == self or new in _NEXT[self]
+    @property
+    def live(self) -> bool:
+        return self in _LIVE
 
     @classmethod
     def from_slurm(cls, slurm_state: str) -> JobState:
@@ -576,22 +581,36 @@ class JobState(StrEnum):
 
 FINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT,
                           JobState.PREEMPTED})
-_LIVE = (JobState.PENDING, JobState.RUNNING, JobState.REQUEUED)
-_NEXT: dict[JobState, frozenset[JobState]] = {
-    JobState.PENDING: frozenset({JobState.RUNNING, JobState.REQUEUED, JobState.CANCELLED, JobState.FAILED,
-                                 JobState.UNKNOWN}),
-    JobState.RUNNING: frozenset({JobState.PENDING, JobState.REQUEUED, JobState.UNKNOWN, *FINAL_STATES}),
-    JobState.REQUEUED: frozenset({JobState.PENDING, JobState.RUNNING, JobState.CANCELLED, JobState.FAILED,
-                                  JobState.UNKNOWN}),
-    JobState.UNKNOWN: frozenset({*_LIVE, *FINAL_STATES}),
-    **{s: frozenset() for s in FINAL_STATES},
-}
+_LIVE = frozenset({JobState.PENDING, JobState.RUNNING, JobState.REQUEUED})
+
+
+class StateSource(StrEnum):
+    """Where a job's state was seen. Only slurmctld knows a job's present; the others can only lag it."""
+
+    #: slurmctld lists the job (``squeue``, ``scontrol``): its state now, requeues included.
+    CONTROLLER = "controller"
+    #: slurmdbd's record (``sacct``), read once slurmctld has forgotten the job (MinJobAge): it lags the
+    #: controller (a job's end reaches it late, or not yet when slurmdbd was down) and never goes back.
+    ACCOUNTING = "accounting"
+    #: Slurm tells nothing: what the job's own directory says (its end records). dlsub's inference.
+    JOB_FILES = "job files"
+
+
+_WAITING = frozenset({JobState.PENDING, JobState.REQUEUED})
+
+
+def _behind(current: JobState, new: JobState) -> bool:
+    """Whether ``new`` is an earlier point of a job's life than ``current``, as one attempt runs: waiting,
+    then running, then ended. Only a requeue goes back, and only slurmctld sees one."""
+    order = {**dict.fromkeys(_WAITING, 0), JobState.RUNNING: 1, **dict.fromkeys(FINAL_STATES, 2)}
+    return new in order and current in order and order[new] < order[current]
+
 
 _FROM_SLURM = {
-    **dict.fromkeys(("PENDING", "CONFIGURING"), JobState.PENDING),
+    **dict.fromkeys(("PENDING", "CONFIGURING", "RESV_DEL_HOLD"), JobState.PENDING),
     **dict.fromkeys(("RUNNING", "COMPLETING", "SUSPENDED", "STOPPED", "RESIZING", "SIGNALING", "STAGE_OUT"),
                     JobState.RUNNING),
-    **dict.fromkeys(("REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"), JobState.REQUEUED),
+    **dict.fromkeys(("REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT"), JobState.REQUEUED),
     "COMPLETED": JobState.COMPLETED,
     "CANCELLED": JobState.CANCELLED,
     **dict.fromkeys(("TIMEOUT", "DEADLINE"), JobState.TIMEOUT),
@@ -601,16 +620,42 @@ _FROM_SLURM = {
 
 
 class IllegalTransition(ContractError):
-    """A store was asked to move a job between states the model does not connect."""
+    """A store was asked to record a state that cannot follow the one it holds, given where it was seen."""
 
 
-def check_transition(old: JobState | str | None, new: JobState | str) -> JobState:
-    """``new`` as a JobState, if a job in ``old`` (None: never seen) may be in it next; else raise."""
+def check_transition(old: JobState | str | None, new: JobState | str,
+                     source: StateSource = StateSource.CONTROLLER) -> JobState:
+    """``new`` as a JobState, if a job recorded ``old`` (None: never seen) may be seen in it next; else raise.
+
+    Observed states are samples, so any live state may be followed by any other: a job seen PENDING may
+    have run and ended before the next look (the user who submits, looks once and comes back an hour
+    later). What this guards, and all it guards, is that nothing *less* informed than what was already
+    seen replaces it:
+
+    - an ended job is never shown UNKNOWN once Slurm forgets it (its final state stands);
+    - only slurmctld itself can show a job going back: an ended job listed live again (``scontrol
+      requeue`` of a finished batch job, a requeue dlsub did not see happen), or a running one waiting
+      again. Slurm's accounting and the job's files only lag the controller, so from them an earlier
+      point of the job's life than the recorded one is their lag, not the job's news;
+    - the job's own files never overrule the final state Slurm gave (files say FAILED for what Slurm
+      called TIMEOUT); Slurm's accounting may (it holds the last attempt's end).
+    """
     target = JobState(new)
     if old is None:
         return target
     current = JobState(old)
-    if not current.may_become(target):
-        raise IllegalTransition(f"a {current.value} job cannot become {target.value}"
-                                + (" (final states never change)" if current.terminal else ""))
+    seen = StateSource(source)
+    if target == current or not current.terminal and seen == StateSource.CONTROLLER:
+        return target
+    if target == JobState.UNKNOWN:
+        if current.terminal:
+            raise IllegalTransition(f"a {current.value} job is not shown UNKNOWN when Slurm forgets it "
+                                    "(final states stand)")
+        return target
+    if seen != StateSource.CONTROLLER and _behind(current, target):
+        raise IllegalTransition(f"{seen.value} showing {target.value} lags the {current.value} slurmctld "
+                                "showed (only slurmctld sees a job go back)")
+    if current.terminal and target.terminal and seen == StateSource.JOB_FILES:
+        raise IllegalTransition(f"the job's files do not overrule the {current.value} Slurm gave it "
+                                "(final states stand)")
     return target

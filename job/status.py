@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE, EVENT_END, EVENT_START, JobState
+from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE, EVENT_END, EVENT_START, JobState, StateSource
 from dlsub.job.status_extra import job_extra
-from dlsub.job.user_store import JobRecord
+from dlsub.job.user_store import JobRecord, JobStore
 from dlsub.job_progress import Progress, read_attempts, read_progress_events, summarize_progress
 from dlsub.slurm_plugins.models import SlurmJob, expand_nodes
+
+if TYPE_CHECKING:
+    from dlsub.slurm_plugins.client import SlurmClient
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,51 @@ def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob
         uses_library=uses_library,
         gpu_type=gpu_type_of(attempts),
     )
+
+
+@dataclass(frozen=True)
+class SlurmView:
+    """What Slurm says of some of a user's jobs, read once for all of them (:meth:`read`)."""
+
+    jobs: dict[int, SlurmJob] = field(default_factory=dict)
+    workers: dict[int, list[SlurmJob]] = field(default_factory=dict)  # by an elastic job's worker array id
+
+    @classmethod
+    def read(cls, client: SlurmClient, records: list[JobRecord]) -> SlurmView:
+        """One squeue call for the jobs and their worker arrays; sacct for those squeue no longer lists
+        (purged after MinJobAge). A Slurm job of another user under one of these ids (Slurm reuses ids,
+        e.g. after losing its state) is not the record's job, and is left out."""
+        owners = {r.slurm_job_id: r.user for r in records if r.slurm_job_id is not None}
+        arrays = {r.worker_array_id for r in records if r.worker_array_id is not None}
+        if not owners:
+            return cls()
+
+        def owned(job: SlurmJob) -> bool:
+            owner = owners.get(job.job_id)
+            return owner is not None and (not owner or not job.user or job.user == owner)
+
+        listed = client.jobs_by_id(set(owners) | arrays)
+        jobs = {j.job_id: j for j in listed if owned(j)}
+        workers: dict[int, list[SlurmJob]] = {}
+        for job in listed:
+            if job.array_job_id in arrays:
+                workers.setdefault(job.array_job_id or 0, []).append(job)
+        gone = sorted(set(owners) - set(jobs))
+        if gone:
+            jobs.update({j.job_id: j for j in client.accounting(gone) if owned(j)})
+        return cls(jobs, workers)
+
+    def status(self, record: JobRecord, store: JobStore | None) -> JobStatus:
+        """The record's status, its state recorded in ``store`` (None: not the viewer's store, not
+        recorded) and shown as the store allows: a state seen is a sample (a job may run and end between
+        two looks), but an ended job is never shown UNKNOWN once Slurm forgets it, nor a lagging record's
+        older state (:func:`dlsub.contract.check_transition`)."""
+        slurm = self.jobs.get(record.slurm_job_id or -1)
+        row = job_status(record, slurm, self.workers.get(record.worker_array_id or -1))
+        if store is None:
+            return row
+        shown = store.observed(record.id, row.state, slurm.seen_by if slurm is not None else StateSource.JOB_FILES)
+        return row if shown.value == row.state else dataclasses.replace(row, state=shown.value)
 
 
 def describe_mounts(row: JobStatus) -> str:

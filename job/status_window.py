@@ -50,8 +50,10 @@ def is_ended(state: str | None) -> bool:
 def maybe_in_window(record: JobRecord, since: float) -> bool:
     """Before asking Slurm: False only for a job the store already knows ended before ``since``.
 
-    A final state never changes (the store refuses it), so such a job
-    needs no squeue or sacct call and no job-directory read.
+    An ended job changes state again only if slurmctld requeues it
+    (``scontrol requeue`` of a finished batch job, an admin's rare act), so
+    such a job needs no squeue or sacct call and no job-directory read;
+    one requeued after the window is shown by name or with ``--all``.
     """
     if not is_ended(record.state):
         return True

@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlite_utils
 
-from dlsub.contract import IllegalTransition, JobState, check_transition
+from dlsub.contract import IllegalTransition, JobState, StateSource, check_transition
 
 
 @dataclass
@@ -142,18 +142,22 @@ class JobStore:
             raise ValueError("a job's state changes through observe(), which checks the transition")
         self.jobs.update(job_id, fields)
 
-    def observe(self, job_id: str, state: JobState | str, now: float | None = None) -> JobState:
-        """Record that the job was seen in ``state``; raise IllegalTransition if the model forbids it."""
+    def observe(self, job_id: str, state: JobState | str, now: float | None = None,
+                source: StateSource = StateSource.CONTROLLER) -> JobState:
+        """Record that the job was seen in ``state`` (by ``source``); raise IllegalTransition if that cannot
+        follow the recorded state (:func:`dlsub.contract.check_transition`)."""
         current = self.jobs.get(job_id).get("state")
-        new = check_transition(current, state)
+        new = check_transition(current, state, source)
         if current != new.value:
             self.jobs.update(job_id, {"state": new.value, "state_at": time.time() if now is None else now})
         return new
 
-    def observed(self, job_id: str, state: JobState | str) -> JobState:
-        """What to show for a job seen in ``state``: that, unless the model forbids it (then the recorded state)."""
+    def observed(self, job_id: str, state: JobState | str,
+                 source: StateSource = StateSource.CONTROLLER) -> JobState:
+        """What to show for a job seen in ``state`` (by ``source``): that, unless it cannot follow the
+        recorded state (then the recorded one: an ended job is not shown UNKNOWN, nor a lagging record's)."""
         try:
-            return self.observe(job_id, state)
+            return self.observe(job_id, state, source=source)
         except IllegalTransition:
             return JobState(self.jobs.get(job_id)["state"])
 

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlsub.contract import JobState, SubmitRecord, Tags, gpu_type_in_gres, is_held
+from dlsub.contract import JobState, StateSource, SubmitRecord, Tags, gpu_type_in_gres, is_held
 from dlsub.contract import gpus_in_tres as _gpus_in
 from dlsub.hostlist import MAX_HOSTLIST as MAX_HOSTLIST  # re-exported: Slurm's records use them
 from dlsub.hostlist import expand_nodes as expand_nodes
@@ -99,6 +99,8 @@ class SlurmJob:
     exit_code: int | None
     gpus_per_node: int = 0
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: Who told: slurmctld (squeue) knows the job's present; sacct's record lags it.
+    seen_by: StateSource = StateSource.CONTROLLER
 
     @property
     def tags(self) -> Tags | None:
@@ -202,6 +204,7 @@ class SlurmJob:
             partition=partition, nodes=nodes if nodes != "None assigned" else "", comment=comment,
             restart_count=0, reason="", time_limit_min=None,
             start_time=0, submit_time=0, exit_code=int(code) if code.isdigit() else None,
+            seen_by=StateSource.ACCOUNTING,
         )
 
     @classmethod

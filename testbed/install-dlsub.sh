@@ -23,9 +23,10 @@ fi
 has() {  # module...
     "$venv/bin/python" -c 'import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) is None for m in sys.argv[1:]))' "$@" 2>/dev/null
 }
-if ! has torch numpy scipy matplotlib apscheduler pytest click sqlite_utils; then
-    say "installing torch==2.13.0, numpy, scipy, matplotlib, apscheduler, pytest into $venv"
-    "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" numpy "scipy>=1.10" "matplotlib>=3.7" "apscheduler>=3.10,<4" pytest "click>=8.1" "sqlite-utils>=3.35"
+if ! has torch numpy scipy matplotlib apscheduler pytest hypothesis click sqlite_utils; then
+    say "installing torch==2.13.0, numpy, scipy, matplotlib, apscheduler, pytest, hypothesis into $venv"
+    "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" numpy "scipy>=1.10" "matplotlib>=3.7" "apscheduler>=3.10,<4" pytest \
+        "hypothesis>=6.80" "click>=8.1" "sqlite-utils>=3.35"
 fi
 # The dashboard (FastAPI, uvicorn, Jinja2), the agent's metrics (prometheus-client), and the
 # dashboard's tests (httpx for FastAPI's test client; Playwright, which drives Debian's chromium).

@@ -75,6 +75,13 @@ while True:
     time.sleep(1)
 """
 
+SHORT = """
+from dlsub import checkpointing
+run = checkpointing.init()
+run.report(step=1, loss=1.0)
+run.finish()
+"""
+
 
 @pytest.fixture
 def two_gpus_held_on_gpu1(user2: TestbedUser) -> Iterator[int]:
@@ -132,15 +139,28 @@ def test_a_job_past_its_memory_is_stopped_by_slurm_and_status_says_so(user: Test
              timeout=60)
 
 
-def test_a_job_at_its_time_limit_leaves_no_process_on_its_node(user: TestbedUser, workdir: Path) -> None:
-    """Slurm's time limit (1 minute, its least) on training that ignores every stop signal: Slurm kills the
-    job's cgroup, the container's processes with it, and nothing of the job is left."""
+def test_jobs_seen_waiting_then_ended_unobserved_show_slurms_end_and_leave_no_process(
+        user: TestbedUser, workdir: Path, submitted: list[int]) -> None:
+    """Two jobs looked at once while they wait (both cpu nodes held), then left alone until Slurm ends them:
+    a short one COMPLETED, and training that ignores every stop signal at Slurm's time limit (1 minute, its
+    least), TIMEOUT. `dlsub status` then shows Slurm's end (a job that runs and ends between two looks was
+    shown PENDING for ever), and Slurm's kill of the timed-out job's cgroup left nothing of it."""
+    holder = user.run("sbatch", "--parsable", "-p", "cpu", "-N", "2", "--exclusive", "--mem=100", "--time=10",
+                      "-J", "cpu-holder", "--wrap", "sleep 600", check=True)
+    submitted.append(int(holder.stdout.strip().split(";")[0]))
     script = put(user, workdir / "stubborn.py", STUBBORN)
+    short = put(user, workdir / "short.py", SHORT)
     job = user.submit("--time", "1", "-p", "cpu", str(script), cwd=workdir)
+    quick = user.submit("-p", "cpu", str(short), cwd=workdir)
     slurm_id = job["slurm_job_id"]
+    assert [user.status(j["id"])["state"] for j in (job, quick)] == ["PENDING", "PENDING"]
+    subprocess.run(["scancel", str(submitted[-1])], check=True)
+    # From here on only Slurm is asked until both have ended: dlsub status does not look.
     wait_for("the job's processes", lambda: len(processes_of_job(slurm_id)) > 2, timeout=120)
-    done = wait_for("the time limit", lambda: (s := user.status(job["id"]))["state"] == "TIMEOUT" and s,
-                    timeout=180, interval=2)
-    assert (slurm_job(slurm_id) or {}).get("job_state") == "TIMEOUT", (done, slurm_job(slurm_id))
+    wait_for("Slurm to end both", lambda: [(slurm_job(j["slurm_job_id"]) or {}).get("job_state")
+                                            for j in (job, quick)] == ["TIMEOUT", "COMPLETED"],
+             timeout=180, interval=2)
+    assert user.status(job["id"])["state"] == "TIMEOUT"
+    assert user.status(quick["id"])["state"] == "COMPLETED"
     wait_for("no process of the job left on its node", lambda: processes_of_job(slurm_id) == [], timeout=60)
     assert user.containers(f"dlsub.slurm_job_id={slurm_id}") == [], "and no container"

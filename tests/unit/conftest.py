@@ -3,6 +3,7 @@ group on loopback (the checkpointing library's collective calls)."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import socket
 import subprocess
@@ -61,6 +62,8 @@ def cli_env(tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setenv("DLSUB_HOME", str(tmp_path / "dlsub-home"))
     monkeypatch.setattr(cli, "SlurmClient", lambda: SlurmClient(runner=fake_slurm))
+    # sbatch runs as the caller: Slurm's job is the caller's (`dlsub status` takes no other user's job for it).
+    fake_slurm.submit_uid, fake_slurm.submit_user = os.getuid(), getpass.getuser()
 
     def check_image(image: str) -> None:
         if image != "localhost/dlsub-torch:2.13.0-cpu":

@@ -26,6 +26,7 @@ from dlsub.contract import (
     PROGRESS_FILE,
     IllegalTransition,
     JobState,
+    StateSource,
 )
 from dlsub.job.user_store import JobRecord, JobStore, UnknownJob
 from dlsub.slurm_plugins.fake import FakeSlurm
@@ -213,14 +214,16 @@ def _record(job_id: str = "0123abcd") -> JobRecord:
                      gpus_per_node=0, nodes=1, cpus=1, mem_mb=100, time_limit_min=None, image="i")
 
 
-def test_store_records_states_and_refuses_to_leave_a_final_one(tmp_path: Path) -> None:
+def test_store_records_states_and_keeps_a_final_one_from_unknown_and_lag(tmp_path: Path) -> None:
     store = JobStore(tmp_path / "dlsub.db")
     store.add(_record())
     assert store.observe("0123abcd", "PENDING") is JobState.PENDING
     assert store.observe("0123abcd", JobState.RUNNING) is JobState.RUNNING
     assert store.observe("0123abcd", JobState.PREEMPTED) is JobState.PREEMPTED
     with pytest.raises(IllegalTransition, match="final"):
-        store.observe("0123abcd", JobState.RUNNING)
+        store.observe("0123abcd", JobState.UNKNOWN)
+    with pytest.raises(IllegalTransition, match="lags"):
+        store.observe("0123abcd", JobState.RUNNING, source=StateSource.ACCOUNTING)
     assert store.observed("0123abcd", JobState.UNKNOWN) is JobState.PREEMPTED
     assert store.get("0123abcd").state == "PREEMPTED"
     with pytest.raises(ValueError, match="observe"):
