@@ -3,409 +3,46 @@
 # @SBATCH_DIRECTIVES@
 #
 # Rendered from the template slurm_plugins/batch.sh by slurm_plugins/sbatch.py:
-# each placeholder (a name between two at signs) there becomes a name, code or
-# signal from dlsub.contract, or a user string quoted with shlex.quote. The
-# template is valid bash; shellcheck checks it and a rendered copy.
+# each placeholder (a name between two at signs) there becomes a name or number
+# from dlsub.contract, or a user string quoted with shlex.quote. The template is
+# valid bash; shellcheck checks it and a rendered copy.
 #
-# One script, three parts, by role:
-#   main    the batch script of the job: runs the container on its node (one
-#           node), or one per node through srun (a gang: `bash job.sbatch node`
-#           on each), and requeues, moves or ends the job;
-#   node    one node of a main gang (srun's task): runs its container, no more;
-#   worker  a task of an elastic job's worker array: one node that joins the
-#           running main job's rendezvous, and goes back to the held pool
-#           (requeuehold) whenever it leaves the group before training ends.
+# The job's side is Python: this script execs dlsub's batch launcher
+# (slurm_plugins/launcher/, with the Python of the dlsub that rendered it) in
+# its role: main (the batch step), node (one node of a gang: srun runs
+# `bash job.sbatch node` on each) or worker (a task of an elastic job's worker
+# array). The launcher runs the container of its node through the `container`
+# part below, forwards signals to it, and requeues, moves or ends the job.
 set -uo pipefail
 
-export DLSUB_JOB_ID=@DLSUB_ID@
-export DLSUB_JOB_DIR=@JOB_DIR@
-role=@ROLE@
-[ "${1:-}" = node ] && role=node
-# 1: torchrun forms its group through a c10d rendezvous on the main job's
-# first node (several nodes, or an elastic range); 0: --standalone.
-gang=@GANG@
-# The main job's held worker array (elastic jobs), ended with the job.
-worker_array=@WORKER_ARRAY@
-# 1: a heterogeneous job, GPU trainers (component 0) and a CPU component (1).
-het=@HET@
-RESUME_EXIT_CODE=@RESUME_EXIT_CODE@
-# Time limit near, dlsub requeue: checkpoint and resume here.
-checkpoint_signal=@CHECKPOINT_SIGNAL@
-# From the agent: checkpoint, and requeue held to be moved (a worker: leave the group).
-move_signal=@MOVE_SIGNAL@
-# scancel, preemption: Slurm decides what follows.
-stop_signal_name=@STOP_SIGNAL@
-# Resume-requeues this job may make (the site's time_limits.max_continuations,
-# 0 when continuation is off); requeues for a move do not count.
-max_continuations=@MAX_CONTINUATIONS@
-job_script="$DLSUB_JOB_DIR"/@BATCH_SCRIPT@
-attempts_file="$DLSUB_JOB_DIR"/@ATTEMPTS_FILE@
-markers_dir="$DLSUB_JOB_DIR"/@MARKERS_DIR@
-requeue_count_file="$markers_dir"/@REQUEUE_COUNT_FILE@
-rendezvous_file="$markers_dir"/@RENDEZVOUS_FILE@
-# The installed dlsub package the container mounts (the submitting dlsub's): every node needs it at this path.
-library_dir=@LIBRARY_DIR@
-node_index="${SLURM_NODEID:-0}"
-container="dlsub-${DLSUB_JOB_ID}-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}-${DLSUB_ROLE:-trainer}${node_index}"
-# The container's launcher records its exit status here (podman can lose it: recorded_exit).
-export DLSUB_CONTAINER="$container"
-exit_record="$markers_dir/$container.exit"
-mkdir -p "$markers_dir"
-
-log_attempt() {  # event, then extra JSON fields
-    printf '{"event":"%s","time":%s,"slurm_job_id":%s,"restart":%s,"node":"%s","partition":"%s","role":"%s"%s}\n' \
-        "$1" "$(date +%s.%N)" "$SLURM_JOB_ID" "${SLURM_RESTART_COUNT:-0}" "${SLURMD_NODENAME:-$(hostname -s)}" \
-        "${SLURM_JOB_PARTITION:-}" "$role" "${2:-}" >> "$attempts_file"
-}
-
-# The gang's attempt (DLSUB_ATTEMPT: resume markers are the group's, not one
-# node's) and its rendezvous. The main job picks a free port on its first node
-# (the kernel's choice, so no other job on the node has it) and writes both for
-# late joiners; its srun tasks inherit them. A worker reads them.
-if [ "$role" = main ]; then
-    export DLSUB_ATTEMPT="${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}"
-    if [ "$gang" = 1 ]; then
-        rdzv_port="$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')"
-        DLSUB_RDZV_ENDPOINT="$(hostname):${rdzv_port}"
-        export DLSUB_RDZV_ENDPOINT
-        printf '%s %s %s\n' "$DLSUB_RDZV_ENDPOINT" "$DLSUB_ATTEMPT" "$SLURM_JOB_ID" > "$rendezvous_file.tmp" \
-            && mv -f "$rendezvous_file.tmp" "$rendezvous_file"
+# This node's container of the attempt, as the launcher starts it (slurm_plugins/launcher/container.py):
+#   bash SCRIPT container NPROC RDZV_CONF CUDA_DEVICES [--device CDI_DEVICE]...
+# with the container's name in DLSUB_CONTAINER. One training process per GPU Slurm gave the node (one on a CPU
+# node), the rendezvous settings, the GPUs the container sees, and Podman's devices for them.
+# shellcheck disable=SC2034  # used by the podman lines
+if [ "${1:-}" = container ]; then
+    container="$DLSUB_CONTAINER" nproc="$2" rdzv_conf="$3" container_cuda_devices="$4"
+    gpu_args=("${@:5}")
+    if [ "${DLSUB_ROLE:-trainer}" = cpu ]; then
+        @PODMAN_RUN_CPU@
     fi
-elif [ "$role" = worker ]; then
-    # This task alone, by its array handle: the task that started last carries the array's own job id, and
-    # `scontrol requeuehold <array id>` would requeue every task of the array (the whole group would leave).
-    self_task="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
-    main_job_id=""
-    read -r DLSUB_RDZV_ENDPOINT DLSUB_ATTEMPT main_job_id < "$rendezvous_file" 2>/dev/null
-    if ! [[ "${DLSUB_RDZV_ENDPOINT:-}" =~ ^[A-Za-z0-9._-]+:[0-9]+$ && "${DLSUB_ATTEMPT:-}" =~ ^[0-9]+-[0-9]+$ \
-            && "${main_job_id:-}" =~ ^[0-9]+$ ]] \
-        || [ "$(squeue -h -j "$main_job_id" -o %T 2>/dev/null)" != RUNNING ]; then
-        echo "dlsub: worker $SLURM_JOB_ID: the main job of $DLSUB_JOB_ID is not running; back to the held pool" >&2
-        scontrol requeuehold "$self_task"
-        exit 0
-    fi
-    export DLSUB_RDZV_ENDPOINT DLSUB_ATTEMPT
+    @PODMAN_RUN@
 fi
-# The interface gloo and NCCL open their sockets on: the site's (policy.toml [containers] socket_ifname), else
-# the one holding this node's own address (what its name resolves to, as the rendezvous endpoint does), so the
-# members of a gang reach each other on the network Slurm knows the nodes by. A user's own, set at submit,
-# wins (Slurm passes the submit environment to the job).
-socket_ifname=@SOCKET_IFNAME@
-if [ -z "$socket_ifname" ]; then
-    node_addr="$(getent ahostsv4 "$(hostname)" 2>/dev/null | awk 'NR == 1 {print $1}')"
-    socket_ifname="$(ip -o -4 addr show 2>/dev/null \
-        | awk -v a="$node_addr" '{split($4, p, "/")} p[1] == a {print $2; exit}')"
-fi
-if [ -n "$socket_ifname" ]; then
-    export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$socket_ifname}" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-$socket_ifname}"
-fi
-# The c10d store lives with the main job's first node, which stays for the
-# whole attempt: nodes that leave (workers) never take the group down.
-rdzv_is_host=0
-[ "$role" != worker ] && [ "$node_index" = 0 ] && rdzv_is_host=1
-# shellcheck disable=SC2034  # used by the podman line below
-rdzv_conf="is_host=${rdzv_is_host},join_timeout=600,last_call_timeout=3"
 
-# Rootless Podman needs a runtime directory; Slurm jobs get none from logind.
-# The fallback in /tmp could have been made by someone else first: use it
-# only if it is a real directory of ours that nobody else can enter.
-setup_runtime_dir() {
-    if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -w "${XDG_RUNTIME_DIR}" ]; then
-        XDG_RUNTIME_DIR="/run/user/$(id -u)"
-        if [ ! -w "$XDG_RUNTIME_DIR" ]; then
-            XDG_RUNTIME_DIR="/tmp/dlsub-xdg-$(id -u)"
-            mkdir -m 700 "$XDG_RUNTIME_DIR" 2>/dev/null
-            if [ -L "$XDG_RUNTIME_DIR" ] || [ ! -d "$XDG_RUNTIME_DIR" ] \
-                || [ "$(stat -c '%u %a' "$XDG_RUNTIME_DIR")" != "$(id -u) 700" ]; then
-                echo "dlsub: error: $XDG_RUNTIME_DIR, Podman's runtime directory, is not a directory of yours with mode 700" \
-                    "(someone else may have made it); remove it, or set XDG_RUNTIME_DIR to a private directory, and resubmit" >&2
-                exit 1
-            fi
-        fi
-        export XDG_RUNTIME_DIR
-    fi
-}
-
-# GPUs. Slurm's ids for this node's GPUs are global on the node: SLURM_STEP_GPUS
-# in an srun step (a gang's node), SLURM_JOB_GPUS in the batch step.
-# CUDA_VISIBLE_DEVICES holds the same ids, unless Slurm constrains devices
-# (task/cgroup with ConstrainDevices=yes), where it counts 0..n-1 within the job.
-# A CDI spec names a node's GPUs by that global index (`nvidia-ctk cdi generate`'s
-# default, nvidia.com/gpu=N), so the devices asked of Podman come from Slurm's
-# ids, never from CUDA_VISIBLE_DEVICES (under the constraint "0" is another
-# job's GPU); in the container they are its only GPUs, numbered from 0. Without
-# a CDI spec CUDA_VISIBLE_DEVICES goes in as Slurm set it.
-# Both from dlsub.contract (CDI_SPEC_DIRS, CDI_GPU_KIND), which `dlsub doctor` checks a GPU node against.
-cdi_spec_dirs=(@CDI_SPEC_DIRS@)
-gpu_args=()
-container_cuda_devices="${CUDA_VISIBLE_DEVICES:-}"
-# One training process per GPU Slurm gave this node, one on a CPU node.
-nproc=1
-node_has_cdi_gpus() {
-    local dir
-    for dir in "${cdi_spec_dirs[@]}"; do
-        grep -qsF @CDI_GPU_KIND@ "$dir"/*.yaml "$dir"/*.json && return 0
-    done
-    return 1
-}
-slurm_gpu_ids() {  # Slurm's global ids of this step's GPUs; CUDA_VISIBLE_DEVICES where Slurm sets no other
-    local ids="${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}"
-    [[ "$ids" =~ ^[0-9]+(,[0-9]+)*$ ]] || ids="${CUDA_VISIBLE_DEVICES:-}"
-    echo "$ids"
-}
-# The type Slurm gives this node's GPUs: its GRES, gpu:TYPE:N (gpu:a100:4), as a site names the kinds of GPU it
-# has; empty for untyped GPUs or none. A node with several types gives them all, comma-separated. The attempt's
-# start record keeps it (dlsub status shows it) and the training sees it as DLSUB_GPU_TYPE. Only names of
-# letters, digits, '.', '_' and '-' pass (the record is JSON written by printf): contract.GPU_TYPE_PATTERN.
-node_gpu_type() {
-    [ -n "$(slurm_gpu_ids)" ] || return 0
-    local gres item items=() types=() pattern=@GPU_GRES_PATTERN@
-    gres="$(scontrol -o show node "${SLURMD_NODENAME:-$(hostname -s)}" 2>/dev/null \
-        | tr ' ' '\n' | sed -n 's/^Gres=//p' | head -n 1)"
-    IFS=, read -ra items <<< "$gres"
-    for item in "${items[@]}"; do
-        item="${item%%(*}"
-        if [[ "$item" =~ $pattern ]] && [[ " ${types[*]} " != *" ${BASH_REMATCH[1]} "* ]]; then
-            types+=("${BASH_REMATCH[1]}")
-        fi
-    done
-    (IFS=,; echo "${types[*]}")
-}
-DLSUB_GPU_TYPE="$(node_gpu_type)"
-export DLSUB_GPU_TYPE
-setup_gpus() {
-    [ -n "${CUDA_VISIBLE_DEVICES:-}" ] || return 0
-    IFS=, read -ra visible_gpus <<< "$CUDA_VISIBLE_DEVICES"
-    # shellcheck disable=SC2034  # used by the podman line
-    nproc="${#visible_gpus[@]}"
-    if node_has_cdi_gpus; then
-        IFS=, read -ra slurm_gpus <<< "$(slurm_gpu_ids)"
-        renumbered=()
-        for i in "${!slurm_gpus[@]}"; do
-            gpu_args+=(--device "@CDI_GPU_KIND@=${slurm_gpus[$i]}")
-            renumbered+=("$i")
-        done
-        # shellcheck disable=SC2034  # used by the podman line
-        container_cuda_devices="$(IFS=,; echo "${renumbered[*]}")"
-    fi
-}
-
-requeues_used() {  # the count file is the user's own; anything but digits reads as 0
-    local count
-    count="$(head -c 20 "$requeue_count_file" 2>/dev/null | tr -d '[:space:]')"
-    case "$count" in
-        '' | *[!0-9]*) count=0 ;;
-    esac
-    echo "$count"
-}
-
-stop_signal=""
-child=""
-# Where the container runs: here (1), or on the gang's nodes through srun (0).
-local_container=1
-# shellcheck disable=SC2317  # the trap handlers below are called through traps
-forward() {
-    stop_signal="$1"
-    echo "dlsub: received SIG$1: asking the training to checkpoint and stop" >&2
-    if [ -n "$child" ]; then
-        # srun hands the signal on to the task on every node.
-        kill -s "$1" "$child" 2>/dev/null
-        # Say it to the container directly too: podman run's signal proxy can
-        # lose a signal when scancel's SIGTERM also hits its helper processes.
-        if [ "$local_container" = 1 ]; then
-            podman kill --signal "$1" "$container" >/dev/null 2>&1 || true
-        fi
-    fi
-}
-move_requested=""
-# shellcheck disable=SC2317
-on_move() {
-    move_requested=1
-    forward "$checkpoint_signal"
-}
-trap 'forward "$checkpoint_signal"' "$checkpoint_signal"
-trap on_move "$move_signal"
-trap 'forward "$stop_signal_name"' "$stop_signal_name"
-# shellcheck disable=SC2317
-cleanup() { podman rm -f -t 5 --ignore "$container" >/dev/null 2>&1 || true; }
-
-# Run the child in the background and wait for it; wait returns early (status
-# > 128) whenever a trapped signal arrives. Sets rc.
-wait_child() {
-    child=$!
-    while :; do
-        wait "$child"
-        rc=$?
-        if [ "$rc" -gt 128 ]; then
-            if kill -0 "$child" 2>/dev/null; then
-                continue
-            fi
-            # The child ended while a trap ran: that wait reported the trap;
-            # a second one gives the child's own status (127: already taken).
-            wait "$child"
-            local status=$?
-            if [ "$status" -ne 127 ]; then
-                rc=$status
-            fi
-        fi
-        break
-    done
-    child=""
-    # Nothing is left to checkpoint: a checkpoint or move request from now on
-    # (the agent asking again after a restart) is ignored. Handled here, it
-    # would also reach, through `scancel --batch`, the short-lived children of
-    # this script's command substitutions, and kill them mid-record.
-    trap '' "$checkpoint_signal" "$move_signal"
-}
-
-# Without the package the launcher cannot start in the container: say why here, not as Python's import error.
-library_present() {
-    [ -r "$library_dir/checkpointing/launch.py" ] && return 0
-    echo "dlsub: error: dlsub's package $library_dir, which the container mounts, is not on node" \
+# The installed dlsub the job runs (the submitting dlsub's): every node needs it at these paths. Without its
+# Python the launcher cannot start: say why here, not as the shell's "No such file".
+python=@PYTHON@
+if [ ! -x "$python" ]; then
+    echo "dlsub: error: $python, the Python of dlsub's installation that runs this job's launcher, is not on node" \
         "${SLURMD_NODENAME:-$(hostname -s)}; the site installs dlsub on a shared software path, or at this same" \
         "path on every node (\`dlsub doctor\` on a node checks it)" >&2
-    return 1
-}
-
-# podman run exits 125-127 for its own errors, and also when a signal it proxies meets the container's exit
-# ("container has already been removed": a second stop request while the training leaves with 85). And
-# `scancel --batch` signals the batch shell's children too: a second move signal just as the container ends
-# kills podman run itself (128 + the signal: 140 for USR2), as the agent's repeated request after a restart
-# did in a live test. The container's launcher wrote its own status before it exited: that one counts then,
-# digits only.
-recorded_exit() {
-    local status
-    if [ "$rc" -ge 125 ] && [ -f "$exit_record" ]; then
-        status="$(head -c 8 "$exit_record" 2>/dev/null | tr -d '[:space:]')"
-        case "$status" in
-            '' | *[!0-9]*) ;;
-            *)
-                echo "dlsub: podman lost the container's exit status (it said $rc); its launcher recorded $status" >&2
-                rc="$status"
-                ;;
-        esac
-    fi
-    rm -f "$exit_record"
-}
-
-run_container() {  # this node's container of the attempt; sets rc
-    setup_runtime_dir
-    setup_gpus
-    if ! library_present; then
-        rc=1
-        return
-    fi
-    trap cleanup EXIT
-    rm -f "$exit_record"
-    if [ "${DLSUB_ROLE:-trainer}" = cpu ]; then
-        @PODMAN_RUN_CPU@ &
-    else
-        @PODMAN_RUN@ &
-    fi
-    wait_child
-    recorded_exit
-}
-
-# ------------------------------------------------------------------ node: one node of a gang
-if [ "$role" = node ]; then
-    run_container
-    exit "$rc"
+    exit 1
 fi
 
-# ------------------------------------------------------------------ worker: joins, leaves, returns to the pool
-if [ "$role" = worker ]; then
-    log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"$(slurm_gpu_ids)\",\"gpu_type\":\"$DLSUB_GPU_TYPE\",\"main\":\"$main_job_id\""
-    echo "dlsub: job $DLSUB_JOB_ID worker $SLURM_JOB_ID on ${SLURMD_NODENAME:-$(hostname -s)} joins the group of" \
-        "attempt $DLSUB_ATTEMPT at $DLSUB_RDZV_ENDPOINT" >&2
-    run_container
-    if [ "$stop_signal" = "$stop_signal_name" ]; then
-        log_attempt @EVENT_END@ ",\"rc\":$rc,\"signal\":\"$stop_signal\""
-        exit "$rc"  # cancelled (the job, or this worker): Slurm ends it
-    fi
-    # Done only when the training says so: the launcher exits 0 only when its group's rank 0 recorded this
-    # attempt's training as finished (a group that stopped or re-formed without this worker exits 85).
-    if [ "$rc" -eq 0 ] && [ -z "$move_requested" ] && [ -z "$stop_signal" ]; then
-        log_attempt @EVENT_END@ ",\"rc\":0"
-        exit 0  # training finished with the group
-    fi
-    # Asked to leave (shrink), or the group stopped or broke: back to the held
-    # pool, whence the agent may release it again.
-    log_attempt @EVENT_END@ ",\"rc\":$rc,\"action\":\"@ACTION_LEAVE@\""
-    echo "dlsub: worker $SLURM_JOB_ID left the group (exit $rc); requeued held, back in the pool" >&2
-    trap 'exit 0' "$stop_signal_name"
-    scontrol requeuehold "$self_task" || exit "$rc"
-    exit 0
-fi
-
-# ------------------------------------------------------------------ main
-end_workers() {  # the job has ended for good: its worker array ends with it
-    if [ -n "$worker_array" ]; then
-        scancel "$worker_array" 2>/dev/null || true
-    fi
-}
-
-log_attempt @EVENT_START@ ",\"nodes\":\"${SLURM_JOB_NODELIST:-}\",\"gpus\":\"$(slurm_gpu_ids)\",\"gpu_type\":\"$DLSUB_GPU_TYPE\",\"nnodes\":${SLURM_NNODES:-1}"
-echo "dlsub: job $DLSUB_JOB_ID attempt $DLSUB_ATTEMPT on ${SLURM_JOB_NODELIST:-$(hostname -s)} (partition ${SLURM_JOB_PARTITION:-?})" >&2
-cpu_part=""
-if [ "$het" = 1 ]; then
-    # Both parts were allocated together (one heterogeneous job). The CPU
-    # component runs beside the trainers and is stopped when they end.
-    local_container=0
-    export DLSUB_TRAINER_NODES="${SLURM_JOB_NODELIST_HET_GROUP_0:-}" DLSUB_CPU_NODES="${SLURM_JOB_NODELIST_HET_GROUP_1:-}"
-    # The batch shell runs in the GPU component: its GPU variables are not the CPU part's.
-    env -u CUDA_VISIBLE_DEVICES -u SLURM_JOB_GPUS -u GPU_DEVICE_ORDINAL DLSUB_ROLE=cpu \
-        srun --het-group=1 --kill-on-bad-exit=0 bash "$job_script" node &
-    cpu_part=$!
-    DLSUB_ROLE=trainer srun --het-group=0 --kill-on-bad-exit=0 bash "$job_script" node &
-    wait_child
-    kill -s "$stop_signal_name" "$cpu_part" 2>/dev/null
-    wait "$cpu_part"
-elif [ "${SLURM_NNODES:-1}" -gt 1 ]; then
-    # One task per node, each running this script's node part; a node whose
-    # task fails does not kill the others (an elastic group re-forms).
-    # srun forwards each node's output a line at a time (its default; never
-    # --unbuffered), so the nodes' labelled lines do not cut into each other.
-    local_container=0
-    srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0 \
-        bash "$job_script" node &
-    wait_child
-else
-    run_container
-fi
-
-if [ "$rc" -eq "$RESUME_EXIT_CODE" ] && [ "$stop_signal" != "$stop_signal_name" ] && [ -n "$move_requested" ]; then
-    log_attempt @EVENT_END@ ",\"rc\":$rc,\"action\":\"@ACTION_MOVE@\""
-    echo "dlsub: checkpointed for a move; requeueing Slurm job $SLURM_JOB_ID held for the agent" >&2
-    trap 'exit 0' "$stop_signal_name"  # the requeue ends this attempt; there is nothing left to forward
-    if scontrol requeuehold "$SLURM_JOB_ID"; then
-        exit 0
-    fi
-    echo "dlsub: scontrol requeuehold failed; requeueing where it was" >&2
-fi
-if [ "$rc" -eq "$RESUME_EXIT_CODE" ] && [ "$stop_signal" != "$stop_signal_name" ]; then
-    used="$(requeues_used)"
-    if [ "$used" -ge "$max_continuations" ]; then
-        log_attempt @EVENT_END@ ",\"rc\":$rc,\"signal\":\"$stop_signal\""
-        echo "dlsub: the training checkpointed and asked to be resumed, but job $DLSUB_JOB_ID used its" \
-            "$max_continuations continuations (the site's time_limits.max_continuations); it ends here," \
-            "and its checkpoint stays in $DLSUB_JOB_DIR" >&2
-        end_workers
-        exit "$rc"
-    fi
-    printf '%s\n' "$((used + 1))" > "$requeue_count_file.tmp" && mv -f "$requeue_count_file.tmp" "$requeue_count_file"
-    log_attempt @EVENT_END@ ",\"rc\":$rc,\"action\":\"@ACTION_REQUEUE@\""
-    echo "dlsub: checkpointed; requeueing Slurm job $SLURM_JOB_ID to resume (continuation $((used + 1)) of $max_continuations)" >&2
-    trap 'exit 0' "$stop_signal_name"
-    if scontrol requeue "$SLURM_JOB_ID"; then
-        exit 0
-    fi
-    echo "dlsub: scontrol requeue failed; the job ends here and its checkpoint stays in $DLSUB_JOB_DIR" >&2
-fi
-log_attempt @EVENT_END@ ",\"rc\":$rc,\"signal\":\"$stop_signal\""
-# After SIGTERM Slurm decides (a cancel ends the job, a preemption may requeue
-# it): the workers leave the broken group and wait held; the agent cancels
-# them once the job has ended. Any other end here is final.
-if [ "$stop_signal" != "$stop_signal_name" ]; then
-    end_workers
-fi
-exit "$rc"
+role=@ROLE@
+[ "${1:-}" = node ] && role=node
+# -I: the job's own PYTHONPATH and files in its submit directory never stand in for dlsub's modules.
+exec "$python" -I -m dlsub.slurm_plugins.launcher "$role" --script "$0" \
+    --dlsub-id @DLSUB_ID@ --job-dir @JOB_DIR@ --library-dir @LIBRARY_DIR@ \
+    --gang @GANG@ --het @HET@ --worker-array @WORKER_ARRAY@ \
+    --max-continuations @MAX_CONTINUATIONS@ --socket-ifname @SOCKET_IFNAME@

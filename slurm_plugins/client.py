@@ -279,6 +279,15 @@ class SlurmClient:
             return []
         return [job for line in result.stdout.splitlines() if (job := SlurmJob.from_sacct(line)) is not None]
 
+    def job_state(self, job_id: int) -> str:
+        """One job's state as squeue prints it (``RUNNING``); "" when squeue lists it not (or fails). The batch
+        launcher's one look at the queue, where ``squeue --json`` of 22.05 would print every job."""
+        return self._run(["squeue", "-h", "-j", str(int(job_id)), "-o", "%T"], check=False).stdout.rstrip("\n")
+
+    def node_show(self, node: str) -> str:
+        """``scontrol -o show node NODE``'s line ("" when it fails): the batch launcher reads the node's GRES."""
+        return self._run(["scontrol", "-o", "show", "node", node], check=False).stdout
+
     def job(self, job_id: int) -> SlurmJob | None:
         found = [j for j in self.jobs(job_ids=[job_id]) if j.job_id == job_id]
         return found[0] if found else None
@@ -310,11 +319,12 @@ class SlurmClient:
     def requeue(self, job_id: int) -> None:
         self._run(["scontrol", "requeue", str(int(job_id))])
 
-    def requeue_held(self, job_id: int) -> None:
-        """Requeue a running job and hold it (``scontrol requeuehold``): Slurm ends its attempt and keeps it
-        pending, held as the user's hold is, until released. The agent's restart of a job that does not
-        checkpoint (the batch script makes the same call itself after a move's checkpoint)."""
-        self._run(["scontrol", "requeuehold", str(int(job_id))])
+    def requeue_held(self, job_id: int | str) -> None:
+        """Requeue a running job (or one array task, ``<array>_<task>``) and hold it (``scontrol requeuehold``):
+        Slurm ends its attempt and keeps it pending, held as the user's hold is, until released. The agent's
+        restart of a job that does not checkpoint; the batch launcher's after a move's checkpoint, and a
+        worker's going back to its held pool."""
+        self._run(["scontrol", "requeuehold", _job_handle(job_id)])
 
     def update_job(self, job_id: int, **fields: str) -> None:
         """``scontrol update jobid=N Key=Value ...`` (e.g. ``Partition="gpu"``)."""

@@ -5,7 +5,8 @@ it is made with (``FakeSlurm(..., version="24.11.5")``; 22.05 by default:
 ``scontrol --version``, ``sbatch --parsable``, ``squeue --json``, ``sinfo --json``
 on 22.05 and ``scontrol show nodes --json`` after,
 ``scontrol show partition --oneliner``, ``scancel``, ``scontrol requeue`` (and ``requeuehold``),
-``scontrol update/hold/release``, ``scontrol ping``) and keeps jobs in memory
+``scontrol update/hold/release``, ``scontrol ping``; for the batch launcher
+``squeue -h -j ID -o %T`` and ``scontrol -o show node NODE``) and keeps jobs in memory
 so a test can move them through states with :meth:`FakeSlurm.set_job_state`,
 as submitit's MockedSubprocess does.
 
@@ -297,6 +298,11 @@ class FakeSlurm:
             flat.get("partition", ""), flat.get("node_count") or 1, gres or "N/A", submitted))
 
     def _squeue(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        if argv[1:3] == ["-h", "-j"] and argv[4:] == ["-o", "%T"]:  # one job's state (the batch launcher's)
+            found = self._matching(argv[3])
+            if not found:
+                return self._invalid(argv, argv[3])
+            return self._done(argv, 0, "".join(f"{j.state}\n" for j in found))
         jobs = list(self.jobs.values())
         raw = list(self._raw.values())
         if "--json" in argv and not self._data_parser:
@@ -407,6 +413,14 @@ class FakeSlurm:
             return self._done(argv, 0, f"slurm-wlm {self.version}\n")
         if argv[1:4] == ["show", "nodes", "--json"] and self._data_parser:
             return self._done(argv, 0, json.dumps({"meta": {}, "errors": [], "nodes": self._node_records()}))
+        if argv[1:4] == ["-o", "show", "node"]:
+            node = self.nodes.get(argv[4])
+            if node is None:
+                return self._done(argv, 1, "", f"Node {argv[4]} not found")
+            kind = f"{node.gpu_type}:" if node.gpu_type else ""
+            gres = f"gpu:{kind}{node.gpus}(S:0)" if node.gpus else "(null)"
+            return self._done(argv, 0, f"NodeName={node.name} Arch=x86_64 CPUTot={node.cpus} Gres={gres} "
+                                       f"State={node.state.upper()} Partitions={','.join(node.partitions)}\n")
         if argv[1:2] == ["ping"]:
             return self._done(argv, 0, "Slurmctld(primary) at localhost is UP\n")
         if argv[1:3] == ["show", "partition"]:
@@ -420,15 +434,17 @@ class FakeSlurm:
         if argv[1:2] in (["requeue"], ["requeuehold"], ["release"], ["hold"]) and not self._matching(argv[2]):
             return self._invalid(argv, argv[2])
         if argv[1:2] == ["requeue"]:
-            job = self.jobs[int(argv[2])]
-            job.state = "PENDING"
-            job.restart_cnt += 1
+            for job in self._matching(argv[2]):
+                job.state = "PENDING"
+                job.restart_cnt += 1
             return self._done(argv, 0, "")
         if argv[1:2] == ["requeuehold"]:
-            job = self.jobs[int(argv[2])]
-            if job.state != "RUNNING":
-                return self._done(argv, 1, "", f"Requeue of JobId={job.job_id} failed: Job is pending execution")
-            self.requeue_held(job.job_id)
+            jobs = self._matching(argv[2])
+            for job in jobs:
+                if job.state != "RUNNING":
+                    return self._done(argv, 1, "", f"Requeue of JobId={job.job_id} failed: Job is pending execution")
+            for job in jobs:
+                self.requeue_held(job.job_id)
             return self._done(argv, 0, "")
         if argv[1:2] == ["update"]:
             fields = dict(a.split("=", 1) for a in argv[2:])

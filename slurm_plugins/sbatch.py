@@ -1,33 +1,34 @@
 """Render the batch script for a dlsub job (pure: a spec in, a string out).
 
-The script runs one container per attempt under ``torchrun`` and carries the
-whole resume protocol, so no daemon is needed for it:
+The script is the packaged template ``batch.sh`` (valid bash, checked by
+shellcheck): Slurm's ``#SBATCH`` lines, the ``podman run`` line of the job's
+container, and an ``exec`` of dlsub's batch launcher
+(``slurm_plugins/launcher/``) with the job's settings. The launcher carries the
+resume protocol, so no daemon is needed for it:
 
-* ``#SBATCH --signal=B:USR1@GRACE``: Slurm signals the batch shell GRACE
+* ``#SBATCH --signal=B:USR1@GRACE``: Slurm signals the batch step GRACE
   seconds before the time limit; ``dlsub requeue`` sends the same signal.
-  The trap forwards it to ``podman run``, which proxies it to the launcher
+  The launcher forwards it to ``podman run``, which proxies it to the launcher
   in the container, which asks the training processes to checkpoint.
 * SIGTERM (scancel, preemption) is forwarded the same way, but the job is not
-  requeued by the script: Slurm decides (cancel, or requeue on preemption).
+  requeued by the launcher: Slurm decides (cancel, or requeue on preemption).
 * When the container exits with RESUME_EXIT_CODE after anything but SIGTERM,
-  the script runs ``scontrol requeue``; the next attempt restores the checkpoint.
+  the launcher runs ``scontrol requeue``; the next attempt restores the checkpoint.
 * SIGUSR2 is the agent's "checkpoint for a move": the training is asked to
   checkpoint (SIGUSR1 to the container) and the job is requeued *held*
   (``scontrol requeuehold``), so that the agent can change its partition and
   GPUs before releasing it; the next attempt resumes there.
-* The EXIT trap removes the attempt's container; the TaskEpilog in etc/slurm
-  catches what a trap cannot (SIGKILL after KillWait).
-
+* The launcher removes the attempt's container when it ends; the TaskEpilog in
+  etc/slurm catches what it cannot (SIGKILL after KillWait).
 * Resume-requeues are bounded by the site's ``max_continuations``, counted
   in the job directory (``contract.MARKERS_DIR/REQUEUE_COUNT_FILE``); moves
   do not count.
 
-The script is the packaged template ``batch.sh`` (valid bash, checked by
-shellcheck). Its ``@NAME@`` placeholders take contract constants (checked to
-be plain words) and user strings quoted with :func:`shlex.quote`; the only
-unquoted words of the ``podman run`` line are
-:class:`~dlsub.containers.podman.Raw` templates. A ``# @NAME@`` line takes
-whole lines (the ``#SBATCH`` directives).
+Its ``@NAME@`` placeholders take contract constants (checked to be plain
+words) and user strings quoted with :func:`shlex.quote`; the only unquoted
+words of the ``podman run`` line are :class:`~dlsub.containers.podman.Raw`
+templates, the node's values the launcher hands the script's ``container``
+part. A ``# @NAME@`` line takes whole lines (the ``#SBATCH`` directives).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 from dlsub import contract
@@ -82,6 +84,9 @@ class BatchSpec:
     cpu_mem_mb: int = 4096
     # The kind of GPU asked for, as Slurm's GRES names it (``--gres=gpu:a100:4``); "": any kind (``gpu:4``).
     gpu_type: str = ""
+    # The Python of the dlsub installation that renders the script (its venv's, beside ``container.library_dir``):
+    # it runs the batch launcher on every node, so every node needs it at this path.
+    python: str = field(default_factory=lambda: sys.executable)
 
     @property
     def gang(self) -> bool:
@@ -138,13 +143,6 @@ def _word(value: object) -> str:
     return text
 
 
-def _path_word(value: str) -> str:
-    """A contract path or CDI kind as a bare shell word (it also goes inside double quotes): ``/`` allowed."""
-    if not all(_WORD.match(part) for part in value.strip("/").split("/")):
-        raise ValueError(f"{value!r} is not a plain path; contract paths must be")
-    return value
-
-
 def render_sbatch(spec: BatchSpec) -> str:
     """The batch script for ``spec``: ``#SBATCH`` lines, then the template with its placeholders filled.
 
@@ -174,6 +172,8 @@ def _check_spec(spec: BatchSpec) -> None:
         raise ValueError("a worker script belongs to an elastic job and runs on one node")
     if spec.gpu_type and contract.valid_gpu_type(spec.gpu_type) is None:
         raise ValueError(f"GPU type {spec.gpu_type!r}: letters, digits, '_', '.', '-' only (as Slurm's GRES names it)")
+    if not spec.python.startswith("/"):
+        raise ValueError(f"the launcher's Python {spec.python!r} is not an absolute path")
     if spec.cpu_nodes and (spec.elastic is not None or not spec.cpu_partition):
         raise ValueError("a CPU component needs its partition, and an elastic job cannot have one "
                          "(Slurm's heterogeneous jobs cannot be job arrays)")
@@ -258,23 +258,24 @@ def _container_labels(spec: BatchSpec) -> list[str]:
 
 
 def _podman_commands(spec: BatchSpec, container: ContainerSpec) -> tuple[str, str]:
-    """The trainers' ``podman run`` command and the CPU component's; without a CPU component the
+    """The trainers' ``exec podman run`` command and the CPU component's; without a CPU component the
     template's CPU branch gets ``exit 2``, so a stray ``DLSUB_ROLE=cpu`` fails instead of training."""
     labels = _container_labels(spec)
-    podman = lines_to_shell(podman_run_lines(container, Raw('"$container"'), Raw('"${gpu_args[@]}"'), labels))
+    podman = "exec " + lines_to_shell(podman_run_lines(container, Raw('"$container"'), Raw('"${gpu_args[@]}"'),
+                                                        labels), indent="        ")
     if not spec.cpu_nodes:
         return podman, "exit 2"
     # The CPU component's container runs the script itself, no torchrun: one process, role "cpu".
     cpu_container = dataclasses.replace(container, nnodes=None, plain=True,
                                         env=(*container.env, (contract.ENV_ROLE, contract.ROLE_CPU)))
-    podman_cpu = lines_to_shell(podman_run_lines(cpu_container, Raw('"$container"'), Raw('"${gpu_args[@]}"'),
-                                                 labels))
+    podman_cpu = "exec " + lines_to_shell(podman_run_lines(cpu_container, Raw('"$container"'),
+                                                           Raw('"${gpu_args[@]}"'), labels), indent="            ")
     return podman, podman_cpu
 
 
 def _template_words(spec: BatchSpec, container: ContainerSpec, podman: str, podman_cpu: str) -> dict[str, str]:
-    """The template's ``@NAME@`` values: contract names as checked plain words, the job directory
-    quoted, and the ``podman run`` commands (already quoted word by word)."""
+    """The template's ``@NAME@`` values: the job's settings as checked plain words, its paths quoted, and the
+    ``podman run`` commands (already quoted word by word)."""
     return {
         "DLSUB_VERSION": _word(spec.dlsub_version or "unknown"),
         "DLSUB_ID": _word(spec.dlsub_id),
@@ -283,26 +284,10 @@ def _template_words(spec: BatchSpec, container: ContainerSpec, podman: str, podm
         "HET": "1" if spec.cpu_nodes else "0",
         "PODMAN_RUN_CPU": podman_cpu,
         "WORKER_ARRAY": _word(spec.worker_array) if spec.worker_array is not None else "''",
-        "CDI_SPEC_DIRS": " ".join(_path_word(d) for d in contract.CDI_SPEC_DIRS),
-        "CDI_GPU_KIND": _path_word(contract.CDI_GPU_KIND),
-        "GPU_GRES_PATTERN": shlex.quote(f"^gpu:({contract.GPU_TYPE_PATTERN}):[0-9]+$"),
-        "BATCH_SCRIPT": _word(contract.BATCH_SCRIPT),
-        "RENDEZVOUS_FILE": _word(contract.RENDEZVOUS_FILE),
-        "ACTION_LEAVE": _word(contract.ACTION_LEAVE),
         "JOB_DIR": shlex.quote(str(container.job_dir)),
         "LIBRARY_DIR": shlex.quote(str(container.library_dir)),
-        "RESUME_EXIT_CODE": _word(contract.RESUME_EXIT_CODE),
-        "CHECKPOINT_SIGNAL": _word(contract.CHECKPOINT_SIGNAL),
-        "MOVE_SIGNAL": _word(contract.MOVE_SIGNAL),
-        "STOP_SIGNAL": _word(contract.STOP_SIGNAL),
+        "PYTHON": shlex.quote(spec.python),
         "MAX_CONTINUATIONS": _word(int(spec.max_continuations)),
         "SOCKET_IFNAME": shlex.quote(container.socket_ifname),
-        "ATTEMPTS_FILE": _word(contract.ATTEMPTS_FILE),
-        "MARKERS_DIR": _word(contract.MARKERS_DIR),
-        "REQUEUE_COUNT_FILE": _word(contract.REQUEUE_COUNT_FILE),
-        "EVENT_START": _word(contract.EVENT_START),
-        "EVENT_END": _word(contract.EVENT_END),
-        "ACTION_MOVE": _word(contract.ACTION_MOVE),
-        "ACTION_REQUEUE": _word(contract.ACTION_REQUEUE),
         "PODMAN_RUN": podman,
     }

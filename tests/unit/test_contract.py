@@ -96,7 +96,7 @@ def test_the_contract_imports_nothing_but_the_standard_library() -> None:
 
 # ---------------------------------------------------------------- the bash side of the contract
 # The batch script and the TaskEpilog are bash: they cannot import the contract, so their literals are
-# checked against it here.
+# checked against it here. (The batch launcher they exec, slurm_plugins/launcher/, imports it.)
 
 _REPO = Path(__file__).resolve().parents[2]
 _BASH = (_REPO / "slurm_plugins" / "batch.sh", _REPO / "etc" / "slurm" / "taskepilog.sh")
@@ -110,16 +110,13 @@ def test_every_dlsub_variable_the_bash_templates_use_is_the_contracts() -> None:
         unknown = names - set(contract.CONTAINER_ENV)
         assert not unknown, f"{path.name} uses DLSUB_ variables the contract does not name: {sorted(unknown)}"
     batch = _BASH[0].read_text()
-    assert {contract.ENV_JOB_ID, contract.ENV_JOB_DIR, contract.ENV_ATTEMPT, contract.ENV_ROLE,
-            contract.ENV_RDZV_ENDPOINT} <= set(re.findall(r"DLSUB_[A-Z_]+", batch))
+    assert {contract.ENV_CONTAINER, contract.ENV_ROLE} <= set(re.findall(r"DLSUB_[A-Z_]+", batch))
 
 
 def test_the_bash_templates_use_the_contracts_roles_label_and_runtime_directory() -> None:
     batch, epilog = (p.read_text() for p in _BASH)
-    for role in contract.CONTAINER_ROLES:
-        assert f"DLSUB_ROLE={role}" in batch
-    assert f"${{DLSUB_ROLE:-{contract.ROLE_TRAINER}}}" in batch
+    assert f'"${{DLSUB_ROLE:-{contract.ROLE_TRAINER}}}" = {contract.ROLE_CPU}' in batch
     fallback = '"' + contract.RUNTIME_DIR_FALLBACK.format(uid="$(id -u)") + '"'
-    assert fallback in batch and fallback in epilog
+    assert fallback in epilog
     assert f'"label={contract.LABEL_SLURM_JOB_ID}=${{SLURM_JOB_ID}}"' in epilog
     assert str(contract.runtime_dir_fallback(1234)) == "/tmp/dlsub-xdg-1234"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import pwd
@@ -26,6 +27,7 @@ from dlsub.slurm_plugins.client import SlurmClient, parse_config
 from dlsub.slurm_plugins.dialects import SlurmVersion
 from dlsub.slurm_plugins.fake import FakeSlurm
 from dlsub.slurm_plugins.fake import testbed_cluster as cluster
+from dlsub.slurm_plugins.launcher.gpus import node_has_cdi_gpus
 from dlsub.slurm_plugins.sbatch import template_text
 
 POLICY = parse_policy({"policy": "fifo", "partitions": {"gpu": {"role": "gpu"}, "gpu-dev": {"role": "dev"},
@@ -412,10 +414,11 @@ def test_the_cdi_check_without_slurm_is_a_problem_of_its_own(tmp_path: Path) -> 
 
 
 def test_doctor_and_the_batch_script_read_the_same_cdi_directories_and_kind(tmp_path: Path) -> None:
-    """One source of truth: the template is filled from the contract constants doctor defaults to."""
+    """One source of truth: the batch launcher reads the contract constants doctor defaults to."""
     assert doctor_module.CDI_DIRS == tuple(Path(d) for d in CDI_SPEC_DIRS)
+    defaults = inspect.signature(node_has_cdi_gpus).parameters
+    assert defaults["spec_dirs"].default == CDI_SPEC_DIRS and defaults["kind"].default == CDI_GPU_KIND
     template = template_text()
-    assert "cdi_spec_dirs=(@CDI_SPEC_DIRS@)" in template and "grep -qsF @CDI_GPU_KIND@" in template
     code = [line for line in template.splitlines() if not line.lstrip().startswith("#")]
     assert not [line for line in code if "nvidia.com" in line or "/etc/cdi" in line]  # no literal of its own
     dirs = cdi_dirs(tmp_path)

@@ -25,7 +25,7 @@ def invoke(*args: str):  # type: ignore[no-untyped-def]
 def _volumes(fake: FakeSlurm) -> list[str]:
     """The --volume values of the submitted job's podman line, as bash would split them."""
     (job,) = fake.submitted()
-    words = shlex.split(Path(job.script).read_text().split("podman --cgroup-manager", 1)[1].split(" &\n", 1)[0]
+    words = shlex.split(Path(job.script).read_text().split("podman --cgroup-manager", 1)[1].split("\nfi\n", 1)[0]
                         .replace("\\\n", " "))
     return [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--volume"]
 
@@ -215,7 +215,7 @@ def test_the_sites_socket_interface_reaches_the_batch_script_and_a_bad_one_is_re
     _site(tmp_path, monkeypatch, '[containers]\nsocket_ifname = "ib0"\n')
     assert invoke("train.py").exit_code == 0
     (job,) = cli_env.submitted()
-    assert "\nsocket_ifname=ib0\n" in Path(job.script).read_text()
+    assert " --socket-ifname ib0\n" in Path(job.script).read_text()
     cli_env.jobs.clear()
     # A broken policy file is reported and set aside, as for any of its keys: the value never reaches a script.
     _site(tmp_path, monkeypatch, '[containers]\nsocket_ifname = "ib0; touch /tmp/x"\n')

@@ -14,6 +14,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,10 +24,14 @@ from dlsub import contract
 from dlsub.containers.mounts import ORIGIN_SITE, Mount
 from dlsub.containers.podman import ContainerSpec
 from dlsub.slurm_plugins import sbatch
+from dlsub.slurm_plugins.launcher import host
+from dlsub.slurm_plugins.launcher.container import ContainerRun, podman_argv
+from dlsub.slurm_plugins.launcher.gpus import gpu_setup
 from dlsub.slurm_plugins.sbatch import BatchSpec, fill_template, render_sbatch
 
 GOLDEN = Path(__file__).parent / "golden" / "train.sbatch"
 LIBRARY = Path("/opt/dlsub/venv/lib/python3.11/site-packages/dlsub")
+PYTHON = "/opt/dlsub/venv/bin/python"
 NASTY_ARGS = ("--lr", "0.1", "a b", "it's", 'say "hi"', "x; touch /tmp/dlsub-pwned", "$(id)", "`id`", "*")
 
 
@@ -45,11 +50,12 @@ def spec(tmp: Path, script: Path, args: tuple[str, ...] = ("--epochs", "3"), gpu
         dlsub_id="0123abcd", job_name="train", partition="gpu", container=container,
         gpus_per_node=gpus, cpus_per_task=2, mem_mb=4096, time_limit_min=90, signal_grace_s=60,
         dlsub_version="0.1.0", max_continuations=max_continuations,
+        python=sys.executable,  # the launcher the rendered script execs: this dlsub's (test_golden names a site's)
     )
 
 
 def test_golden_batch_script() -> None:
-    base = spec(Path("/golden"), Path("/home/alice/proj/train.py"), gpus=2)
+    base = dataclasses.replace(spec(Path("/golden"), Path("/home/alice/proj/train.py"), gpus=2), python=PYTHON)
     # A site's read-write scratch behind a symbolic link, and a user's read-only data folder.
     mounts = (Mount(Path("/lustre/scratch"), Path("/scratch"), read_only=False, origin=ORIGIN_SITE),
               Mount(Path("/projects/alice/data"), Path("/projects/alice/data")))
@@ -81,7 +87,7 @@ def _stub(bin_dir: Path, name: str, body: str) -> None:
 def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_rc: int, *,
                 max_continuations: int = 20, env_extra: dict[str, str] | None = None,
                 podman_body: str | None = None, after_start: object | None = None,
-                text: str | None = None, scontrol_body: str = "exit 0\n") -> tuple[int, Path]:
+                text: str | None = None, scontrol_body: str = "exit 0\n", scontrol_first: str = "") -> tuple[int, Path]:
     """Run the batch script rendered for ``script`` (or ``text``, a rendered one) under bash, with stand-in
     ``podman`` and ``scontrol`` that record their argv; its exit status and the record."""
     bin_dir = tmp_path / "bin"
@@ -91,16 +97,14 @@ def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_r
     record = f'python3 -c \'import json,sys; print(json.dumps(sys.argv[1:]))\' "$(basename "$0")" "$@" >> {log}\n'
     _stub(bin_dir, "podman",
           record + 'case "$1" in rm | kill) exit 0 ;; esac\n' + (podman_body or f"exit {container_rc}\n"))
-    _stub(bin_dir, "scontrol", record + scontrol_body)
+    _stub(bin_dir, "scontrol", scontrol_first + record + scontrol_body)
     if text is None:
         text = render_sbatch(spec(tmp_path, script, args, max_continuations=max_continuations))
-    # The fallback runtime directory, under tmp_path rather than the shared /tmp.
-    text = text.replace('"/tmp/dlsub-xdg-$(id -u)"', f'"{tmp_path}/xdg-fallback-$(id -u)"')
     # dlsub's package, which the container mounts, as a node has it (unless the test took it away).
     library = tmp_path / "site-packages" / "dlsub"
     (library / "checkpointing").mkdir(parents=True, exist_ok=True)
     (library / "checkpointing" / "launch.py").touch()
-    text = text.replace(f"library_dir={LIBRARY}\n", f"library_dir={shlex.quote(str(library))}\n")
+    text = text.replace(f"--library-dir {LIBRARY} ", f"--library-dir {shlex.quote(str(library))} ")
     batch = tmp_path / "job.sbatch"
     batch.write_text(text)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="77", SLURM_RESTART_COUNT="0",
@@ -140,8 +144,8 @@ def test_a_node_without_dlsubs_package_fails_the_attempt_saying_how_a_site_provi
     script = tmp_path / "train.py"
     script.write_text("")
     missing = tmp_path / "not here"
-    text = render_sbatch(spec(tmp_path, script, ())).replace(f"library_dir={LIBRARY}\n",
-                                                             f"library_dir={shlex.quote(str(missing))}\n")
+    text = render_sbatch(spec(tmp_path, script, ())).replace(f"--library-dir {LIBRARY} ",
+                                                             f"--library-dir {shlex.quote(str(missing))} ")
     rc, log = _run_script(tmp_path, script, (), 0, text=text)
     assert rc == 1
     assert not log.exists(), "neither podman nor scontrol ran"
@@ -198,14 +202,34 @@ def test_failure_exit_code_is_kept_and_not_requeued(tmp_path: Path) -> None:
 
 
 def test_a_gang_runs_one_task_per_node_under_one_rendezvous(tmp_path: Path) -> None:
-    s = spec(tmp_path, tmp_path / "t.py")
+    """Unit (the batch script under bash, its launcher, a stand-in srun): a job of two nodes renders one
+    rendezvous for torchrun, and its batch step runs the script's node part once per node through srun,
+    publishing the rendezvous for late joiners."""
+    script = tmp_path / "t.py"
+    script.write_text("")
+    s = spec(tmp_path, script, ())
     text = render_sbatch(BatchSpec(**{**s.__dict__, "nodes": 2, "gpus_per_node": 2}))
     assert "#SBATCH --nodes=2" in text and "#SBATCH --gres=gpu:2" in text
-    assert "gang=1" in text and "torchrun --standalone" not in text
+    assert "--gang 1" in text and "torchrun --standalone" not in text
     assert "torchrun --nnodes 2 --nproc-per-node" in text
     assert "--rdzv-backend c10d --rdzv-endpoint \"${DLSUB_RDZV_ENDPOINT}\" --rdzv-id 0123abcd" in text
     assert "--max-restarts 0" in text and "--elastic" not in text
-    assert 'srun --nodes="$SLURM_NNODES"' in text
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    seen = tmp_path / "srun-env"
+    calls = tmp_path / "calls.jsonl"
+    record = f'python3 -c \'import json,sys; print(json.dumps(sys.argv[1:]))\' srun "$@" >> {calls}\n'
+    _stub(bin_dir, "srun", f'echo "$DLSUB_RDZV_ENDPOINT $DLSUB_ATTEMPT" > {seen}\n' + record)
+    rc, log = _run_script(tmp_path, script, (), 0, text=text, env_extra={"SLURM_NNODES": "2"})
+    assert rc == 0, (tmp_path / "stderr.txt").read_text()
+    job_dir = s.container.job_dir
+    assert ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "bash",
+            str(job_dir / contract.BATCH_SCRIPT), "node"] in _calls(log)
+    assert not any(c[:1] == ["podman"] and "run" in c for c in _calls(log)), "the nodes run the containers"
+    endpoint, attempt = seen.read_text().split()
+    assert attempt == "77-0" and endpoint.rsplit(":", 1)[1].isdigit()
+    rendezvous = (job_dir / contract.MARKERS_DIR / contract.RENDEZVOUS_FILE).read_text()
+    assert rendezvous == f"{endpoint} 77-0 77\n"
 
 
 def test_an_elastic_job_renders_a_main_and_a_held_worker_array(tmp_path: Path) -> None:
@@ -213,7 +237,7 @@ def test_an_elastic_job_renders_a_main_and_a_held_worker_array(tmp_path: Path) -
     main = render_sbatch(BatchSpec(**{**s.__dict__, "elastic": (1, 3), "worker_array": 4242}))
     assert "#SBATCH --nodes=1" in main and "torchrun --nnodes 1:3" in main and "--max-restarts 3" in main
     assert "dlsub.checkpointing.launch --grace" in main and "--elastic --" in main
-    assert "worker_array=4242" in main and "#SBATCH --array" not in main
+    assert "--worker-array 4242" in main and "#SBATCH --array" not in main
     worker = render_sbatch(BatchSpec(**{**s.__dict__, "elastic": (1, 3), "role": "worker"}))
     assert "#SBATCH --array=0-1" in worker and "#SBATCH --hold" in worker and "role=worker" in worker
     assert "--elastic --follow" in worker and "--follow" not in main, "a worker re-forms only with its main job"
@@ -248,11 +272,11 @@ def test_every_placeholder_is_filled_and_every_value_used() -> None:
 
 
 def test_contract_names_reach_the_script(tmp_path: Path) -> None:
+    """The script's own words from the contract; the launcher imports the rest (exit code, files, events)."""
     text = render_sbatch(spec(tmp_path, tmp_path / "t.py", max_continuations=7))
-    assert f"RESUME_EXIT_CODE={contract.RESUME_EXIT_CODE}" in text
     assert f"--signal=B:{contract.CHECKPOINT_SIGNAL}@60" in text
-    assert "max_continuations=7" in text
-    assert f"/{contract.MARKERS_DIR}" in text and f"/{contract.REQUEUE_COUNT_FILE}" in text
+    assert "--max-continuations 7" in text
+    assert f"/{contract.OUTPUT_PATTERN}" in text
 
 
 def _counter(tmp_path: Path) -> Path:
@@ -320,21 +344,20 @@ def test_a_move_requeues_held_and_does_not_count(tmp_path: Path) -> None:
 
 
 def test_a_move_signal_sent_again_after_the_container_ended_changes_nothing(tmp_path: Path) -> None:
-    """Unit (the batch script under bash; stand-ins for podman, scontrol and date): the move signal arrives a
-    second time just after the container checkpointed and ended, while the script writes the attempt's end
-    record, as when the agent restarts and asks again. `scancel --batch` signals the batch shell and its
-    children, so the stand-in `date` of that record's command substitution sends it to both. The attempt
-    still ends as a move, with a whole record, and is requeued held."""
+    """Unit (the batch script under bash and its launcher; stand-ins for podman and scontrol): the move signal
+    arrives a second time after the container checkpointed and ended, while the launcher requeues the job, as
+    when the agent restarts and asks again. `scancel --batch` signals the batch step and its children, so the
+    stand-in `scontrol requeuehold` sends it to both. The attempt still ends as a move, with whole records,
+    and is requeued held (the request is ignored by the launcher and, inherited, by scontrol)."""
     script = tmp_path / "train.py"
     script.write_text("")
     ended = tmp_path / "container-ended"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _stub(bin_dir, "date", f'[ -e {ended} ] && kill -s USR2 "$PPID" "$$"\nexec {shutil.which("date")} "$@"\n')
     body = (f"sleep 20 &\npid=$!\ntrap 'kill $pid; touch {ended}; exit 85' USR1\n"
             f"touch {tmp_path / 'container-ready'}\nwait $pid\nexit 0\n")
+    again = f'[ "$1" = requeuehold ] && [ -e {ended} ] && kill -s USR2 "$PPID" "$$"\n'
     rc, log = _run_script(tmp_path, script, (), container_rc=0, max_continuations=0, podman_body=body,
-                          after_start=_send_when_started(signal.SIGUSR2))
+                          after_start=_send_when_started(signal.SIGUSR2), scontrol_body="exit 0\n",
+                          scontrol_first=again)
     err = (tmp_path / "stderr.txt").read_text()
     assert rc == 0, err
     assert ["scontrol", "requeuehold", "77"] in _calls(log), err
@@ -342,48 +365,63 @@ def test_a_move_signal_sent_again_after_the_container_ended_changes_nothing(tmp_
     records = [json.loads(line) for line in attempts.read_text().splitlines()]
     assert [r["event"] for r in records] == [contract.EVENT_START, contract.EVENT_END], records
     assert records[-1]["action"] == contract.ACTION_MOVE and records[-1]["rc"] == 85, records
+    assert err.count("received SIGUSR1") == 1, err
 
 
 def test_a_squatted_runtime_directory_is_refused_before_podman(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text("")
+    """Unit (the launcher's runtime directory, real directories): with no usable XDG_RUNTIME_DIR and no
+    /run/user/UID, a fallback another user could have made (a symbolic link to theirs) is refused, and the
+    message says what to do."""
+    uid = os.getuid()
+    if os.access(f"/run/user/{uid}", os.W_OK):
+        pytest.skip(f"/run/user/{uid} exists here, so the fallback is not used")
     elsewhere = tmp_path / "attacker"
     elsewhere.mkdir(mode=0o777)
-    uid = os.getuid()
-    (tmp_path / f"xdg-fallback-{uid}").symlink_to(elsewhere)
-    # No usable XDG_RUNTIME_DIR and /run/user/<uid> not writable: the fallback is taken.
-    rc, log = _run_script(tmp_path, script, (), container_rc=0,
-                          env_extra={"XDG_RUNTIME_DIR": ""})
-    if Path(f"/run/user/{uid}").exists():
-        pytest.skip(f"/run/user/{uid} exists here, so the fallback is not used")
-    assert rc != 0
-    assert "is not a directory of yours with mode 700" in (tmp_path / "stderr.txt").read_text()
-    assert not log.exists() or not any(c[:1] == ["podman"] for c in _calls(log)), "podman never ran"
+    fallback = tmp_path / f"xdg-fallback-{uid}"
+    fallback.symlink_to(elsewhere)
+    with pytest.raises(host.RuntimeDirRefused, match="is not a directory of yours with mode 700"):
+        host.runtime_dir({"XDG_RUNTIME_DIR": ""}, uid, fallback)
+    assert host.runtime_dir({"XDG_RUNTIME_DIR": str(elsewhere)}, uid, fallback) is None, "the job's own wins"
 
 
 def test_the_runtime_directory_fallback_is_made_private(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text("")
     uid = os.getuid()
-    if Path(f"/run/user/{uid}").exists():
+    if os.access(f"/run/user/{uid}", os.W_OK):
         pytest.skip(f"/run/user/{uid} exists here, so the fallback is not used")
-    rc, _ = _run_script(tmp_path, script, (), container_rc=0, env_extra={"XDG_RUNTIME_DIR": ""})
-    assert rc == 0, (tmp_path / "stderr.txt").read_text()
-    made = (tmp_path / f"xdg-fallback-{uid}").lstat()
+    fallback = tmp_path / f"xdg-fallback-{uid}"
+    old = os.umask(0o277)  # even a umask that takes the owner's bits: `mkdir -m 700`
+    try:
+        assert host.runtime_dir({}, uid, fallback) == str(fallback)
+    finally:
+        os.umask(old)
+    made = fallback.lstat()
     assert stat.S_ISDIR(made.st_mode) and made.st_mode & 0o777 == 0o700 and made.st_uid == uid
 
 
 def test_a_cpu_component_makes_one_heterogeneous_job(tmp_path: Path) -> None:
-    s = spec(tmp_path, tmp_path / "t.py")
+    """Rendering, then the batch script under bash with its launcher and a stand-in srun: the two parts start
+    together, the CPU part without the GPU component's GPU variables and as role cpu."""
+    script = tmp_path / "t.py"
+    script.write_text("")
+    s = spec(tmp_path, script, ())
     text = render_sbatch(BatchSpec(**{**s.__dict__, "gpus_per_node": 2, "cpu_nodes": 1, "cpu_partition": "cpu"}))
     head = text.split("#SBATCH hetjob", 1)
     assert len(head) == 2, "sbatch's separator between the two components"
     assert "#SBATCH --gres=gpu:2" in head[0] and "#SBATCH --partition=cpu" in head[1]
     assert "--gres" not in head[1].split("\n\n")[0], "the CPU component asks for no GPUs"
-    assert "het=1" in text and "srun --het-group=1" in text and "srun --het-group=0" in text
-    assert "DLSUB_ROLE=cpu" in text and "python3 /" in text, "the CPU part runs the script without torchrun"
+    assert "--het 1" in text and "DLSUB_ROLE=cpu" in text and "python3 /" in text, "the CPU part runs the script "
     with pytest.raises(ValueError, match="cannot be job arrays"):
         render_sbatch(BatchSpec(**{**s.__dict__, "cpu_nodes": 1, "cpu_partition": "cpu", "elastic": (1, 2)}))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _stub(bin_dir, "srun", f'echo "$1 ${{DLSUB_ROLE-}} ${{CUDA_VISIBLE_DEVICES-unset}} $DLSUB_TRAINER_NODES '
+                           f'$DLSUB_CPU_NODES" >> {tmp_path / "parts"}\n')
+    parts_env = {"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_NODELIST_HET_GROUP_0": "gpu1",
+                 "SLURM_JOB_NODELIST_HET_GROUP_1": "cpu1"}
+    rc, log = _run_script(tmp_path, script, (), 0, text=text, env_extra=parts_env)
+    assert rc == 0, (tmp_path / "stderr.txt").read_text()
+    parts = sorted((tmp_path / "parts").read_text().splitlines())
+    assert parts == ["--het-group=0 trainer 0,1 gpu1 cpu1", "--het-group=1 cpu unset gpu1 cpu1"]
 
 
 @pytest.mark.parametrize(("env", "devices", "inside"), [
@@ -455,20 +493,26 @@ def test_mounts_with_spaces_quotes_and_semicolons_reach_podman_as_one_word_each(
 
 
 def _podman_run_with_gpus(tmp_path: Path, env: dict[str, str], cdi: bool) -> list[str]:
-    specs = tmp_path / "cdi"
-    specs.mkdir()
-    if cdi:  # as `nvidia-ctk cdi generate` writes it (abridged)
-        (specs / "nvidia.yaml").write_text('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\ndevices:\n- name: "0"\n')
+    """Unit (the launcher's GPU setup, then the rendered script's container part under bash, a stand-in
+    podman): the ``podman run`` argv for a node with Slurm's GPU variables ``env``, with or without a CDI
+    spec for its GPUs (gpus.node_has_cdi_gpus, tested apart)."""
     script = tmp_path / "train.py"
     script.write_text("")
     base = spec(tmp_path, script, ())
     # The count of processes left to the script, as for a job that may move between CPU and GPU nodes.
     text = render_sbatch(dataclasses.replace(base, container=dataclasses.replace(base.container, nproc_per_node=0)))
-    assert "cdi_spec_dirs=(/etc/cdi /var/run/cdi)" in text
-    text = text.replace("cdi_spec_dirs=(/etc/cdi /var/run/cdi)", f"cdi_spec_dirs=({specs})")
-    rc, log = _run_script(tmp_path, script, (), 0, env_extra=env, text=text)
-    assert rc == 0, (tmp_path / "stderr.txt").read_text()
-    return next(c for c in _calls(log) if c[:1] == ["podman"] and "run" in c)
+    batch = tmp_path / "job.sbatch"
+    batch.write_text(text)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.jsonl"
+    _stub(bin_dir, "podman", f'python3 -c \'import json,sys; print(json.dumps(sys.argv[1:]))\' podman "$@" >> {log}\n')
+    run = ContainerRun(batch, "dlsub-0123abcd-77-0-trainer0", tmp_path / "exit", LIBRARY, "is_host=1")
+    argv = podman_argv(run, gpu_setup(env, has_cdi=lambda: cdi))
+    child_env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SLURM_JOB_ID="77",
+                     DLSUB_CONTAINER="dlsub-0123abcd-77-0-trainer0")
+    subprocess.run(argv, env=child_env, check=True)
+    return _calls(log)[0]
 
 
 def _values(argv: list[str], option: str) -> list[str]:

@@ -55,18 +55,18 @@ def test_flags_after_the_script_are_the_scripts(cli_env: FakeSlurm, script: Path
     result = invoke(str(script), "--dry-run", "--json")
     assert result.exit_code == 0, result.output
     assert len(cli_env.submitted()) == 1, "dlsub SCRIPT --dry-run submits: --dry-run is the script's"
-    assert f"{script} --dry-run --json &" in _script_words(cli_env)
+    assert f"{script} --dry-run --json\n" in _script_words(cli_env)
     assert "submitted job" in result.stdout, "--json after SCRIPT is not dlsub's"
 
 
 def test_a_third_party_script_keeps_its_own_dry_run(cli_env: FakeSlurm, script: Path) -> None:
     assert invoke(str(script), "--epochs", "1", "--dry-run").exit_code == 0
-    assert f"{script} --epochs 1 --dry-run &" in _script_words(cli_env)
+    assert f"{script} --epochs 1 --dry-run\n" in _script_words(cli_env)
 
 
 def test_a_double_dash_after_the_script_is_passed_literally(cli_env: FakeSlurm, script: Path) -> None:
     assert invoke("--json", str(script), "a", "--", "--json").exit_code == 0
-    assert f"{script} a -- --json &" in _script_words(cli_env)
+    assert f"{script} a -- --json\n" in _script_words(cli_env)
 
 
 def test_options_before_the_script_are_dlsubs(cli_env: FakeSlurm, script: Path) -> None:
