@@ -18,6 +18,12 @@ user's and a command is an application and batch size; the Pollux
 workloads state neither) and pollux left as Pollux ran (no history), and
 the paired change history makes, with its interval.
 
+Beside the average JCT, each policy's p99 JCT and GPU-hours per job, and
+goodput/pollux of each, with the same intervals (``dlsub.sim.compare``);
+the claim sentence names the JCT ratio and the GPU-hours ratio together
+(issue 54: a lead bought with GPU-hours is no lead). Runs kept in --raw
+before p99 JCT and GPU-hours were are run again.
+
 pollux's own average JCT in these runs is printed beside Pollux's
 published figure (1.0x and 0.5x, no jitter in the paper).
 
@@ -39,17 +45,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from scipy import stats
-
 from dlsub.policies.api import ClusterView, Policy
 from dlsub.policies.registry import get_policy
+from dlsub.sim.compare import METRICS, Lookup, claim, figures, interval, per_order, table, verdict
 from dlsub.sim.engine import SimConfig, simulate
 from dlsub.sim.generate import Statements, TraceJob, generate, read_philly
 from dlsub.sim.published import LOAD_DIRS, PUBLISHED_AVG_JCT_S
@@ -58,6 +62,8 @@ from dlsub.sim.workload import POLLUX_DIR, WorkloadJob, read_workload
 HALVES = {"tuned (1-4)": (1, 2, 3, 4), "untouched (5-8)": (5, 6, 7, 8)}
 REVERSED = {"tuned (5-8)": (5, 6, 7, 8), "untouched (1-4)": (1, 2, 3, 4)}
 Task = tuple[str, int, int, str, str]  # load, workload, seed, policy, history
+# Issue 54: goodput's average JCT at most this times pollux's, at no more GPU-hours per job.
+CLAIM_GOAL = 0.90
 PHILLY = Path(__file__).resolve().parents[1].parent / "shared/data/pollux/traces/philly.csv"
 
 
@@ -92,7 +98,8 @@ def run(task: Task, jitter: float, source: Source) -> dict[str, object]:
     summary = simulate(jobs, POLLUX_DIR / "traces", policy_of(policy), ClusterView.uniform(16, 4), config).summary()
     return {"load": load, "workload": workload, "seed": seed, "policy": policy, "history": history,
             "jitter": jitter, "source": source.label_for(policy), "avg_jct_s": summary["avg_jct_s"],
-            "stalled": summary["stalled"], "wall_s": summary["wall_s"]}
+            "p99_jct_s": summary["p99_jct_s"], "gpu_h_per_job": summary["gpu_h_per_job"],
+            "restarts": summary["restarts"], "stalled": summary["stalled"], "wall_s": summary["wall_s"]}
 
 
 def policy_of(label: str) -> Policy:
@@ -107,26 +114,23 @@ def _key(row: dict[str, object]) -> Task:
             str(row["policy"]), str(row["history"]))
 
 
-def interval(values: list[float]) -> tuple[float, float, float]:
-    """Mean and 95% interval of the mean (Student's t)."""
-    mean = statistics.mean(values)
-    if len(values) < 2:
-        return mean, math.nan, math.nan
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, mean - half, mean + half
+def figures_of(row: Mapping[str, object]) -> dict[str, float] | None:
+    """A run's figures (:data:`~dlsub.sim.compare.METRICS`); None for a row kept before p99 JCT and GPU-hours
+    were (it is run again)."""
+    if any(row.get(metric) is None for metric in METRICS):
+        return None
+    return {metric: float(row[metric]) for metric in METRICS}  # type: ignore[arg-type]
 
 
-def verdict(lo: float, hi: float, null: float) -> str:
-    if math.isnan(lo):
-        return "one order: no interval"
-    if lo <= null <= hi:
-        return f"{null:g} inside the interval: no difference shown"
-    return f"{null:g} outside the interval: all of it " + ("below" if hi < null else "above")
+Results = dict[Task, dict[str, float]]
 
 
-def report(results: dict[Task, float], loads: list[str], seeds: list[int], workloads: list[int],
+def report(results: Results, loads: list[str], seeds: list[int], workloads: list[int],
            histories: list[str], goodput: str = "goodput", halves: Mapping[str, tuple[int, ...]] = HALVES,
            paired: bool = False, generated: bool = False) -> None:
+    def lookup(load: str, policy: str, history: str) -> Lookup:
+        return lambda w, s: results.get((load, w, s, policy, history))
+
     for load in loads:
         print(f"\n== {load}x load, {len(seeds)} arrival orders (seeds {seeds[0]}..{seeds[-1]}) ==")
         published = PUBLISHED_AVG_JCT_S.get(load, {}).get("pollux") if not generated else None
@@ -134,7 +138,7 @@ def report(results: dict[Task, float], loads: list[str], seeds: list[int], workl
             ws = [w for w in members if w in workloads]
             if not ws:
                 continue
-            ours = [statistics.mean(results[(load, w, s, "pollux", "none")] for s in seeds) for w in ws]
+            ours = [statistics.mean(results[(load, w, s, "pollux", "none")]["avg_jct_s"] for s in seeds) for w in ws]
             print(f"\n{half}: workloads {','.join(map(str, ws))}")
             if published is not None:
                 print("  pollux avg JCT, mean over orders (published):  "
@@ -146,31 +150,35 @@ def report(results: dict[Task, float], loads: list[str], seeds: list[int], workl
                       + f"  mean {statistics.mean(ours):.0f}"
                       + (f" (Pollux published, artifact's workloads: mean {statistics.mean(artifact):.0f})"
                          if artifact else ""))
-            per_order: dict[str, list[float]] = {}
+            rows = {"pollux": figures(lookup(load, "pollux", "none"), None, ws, seeds)}
+            rows.update({f"{goodput}, {h}" if len(histories) > 1 else goodput:
+                         figures(lookup(load, goodput, h), None, ws, seeds) for h in histories})
+            print("\n".join("  " + line for line in table(rows)))
+            per_order_jct: dict[str, list[float]] = {}
             for history in histories:
-                per_order[history] = [
-                    statistics.mean(results[(load, w, s, goodput, history)] / results[(load, w, s, "pollux", "none")]
-                                    for w in ws)
-                    for s in seeds
-                ]
-                mean, lo, hi = interval(per_order[history])
+                base = lookup(load, "pollux", "none")
+                ratios = figures(lookup(load, goodput, history), base, ws, seeds)
+                per_order_jct[history] = per_order(lookup(load, goodput, history), base, "avg_jct_s", ws, seeds)
                 label = "online, no history" if history == "none" else f"online, history {history} (assumed source)"
-                print(f"  {goodput}/pollux, {label:<45} {mean:.3f}  95% [{lo:.3f}, {hi:.3f}]  "
-                      f"{verdict(lo, hi, 1.0)}")
+                for metric, name in METRICS.items():
+                    print(f"  {goodput}/pollux {name:<9}, {label:<45} {ratios[metric].text()}  "
+                          f"{verdict(ratios[metric])}")
+                print("  " + claim(goodput, "pollux", ratios, CLAIM_GOAL, f"at {load}x load, {half}, {label}"))
             for history in histories:
-                if history == "none" or "none" not in per_order:
+                if history == "none" or "none" not in per_order_jct:
                     continue
-                diffs = [a - b for a, b in zip(per_order[history], per_order["none"], strict=True)]
-                mean, lo, hi = interval(diffs)
-                print(f"  change from history {history} (paired):{'':<19} {mean:+.3f}  95% [{lo:+.3f}, {hi:+.3f}]  "
-                      f"{verdict(lo, hi, 0.0)}")
+                diffs = [a - b for a, b in zip(per_order_jct[history], per_order_jct["none"], strict=True)]
+                change = interval(diffs)
+                print(f"  change in avg JCT ratio from history {history} (paired):{'':<6} {change.text()}  "
+                      f"{verdict(change, 0.0)}")
             for history in histories if paired else []:
-                diffs = [statistics.mean((results[(load, w, s, goodput, history)]
-                                          - results[(load, w, s, "goodput", history)])
-                                         / results[(load, w, s, "pollux", "none")] for w in ws) for s in seeds]
-                mean, lo, hi = interval(diffs)
-                print(f"  change from {goodput} over goodput, history {history} (paired): {mean:+.3f}  "
-                      f"95% [{lo:+.3f}, {hi:+.3f}]  {verdict(lo, hi, 0.0)}")
+                diffs = [statistics.mean((results[(load, w, s, goodput, history)]["avg_jct_s"]
+                                          - results[(load, w, s, "goodput", history)]["avg_jct_s"])
+                                         / results[(load, w, s, "pollux", "none")]["avg_jct_s"] for w in ws)
+                         for s in seeds]
+                change = interval(diffs)
+                print(f"  change from {goodput} over goodput, history {history} (paired): {change.text()}  "
+                      f"{verdict(change, 0.0)}")
 
 
 def main() -> None:
@@ -208,12 +216,13 @@ def main() -> None:
     goodput = f"goodput:{args.variant}" if args.variant else "goodput"
     policy_of(goodput)  # a bad --variant fails here, before any run
     goodputs = [goodput, "goodput"] if args.paired and args.variant else [goodput]
-    results: dict[Task, float] = {}
+    results: Results = {}
     if args.raw is not None and args.raw.exists():
         for line in args.raw.read_text().splitlines():
             row = json.loads(line)
-            if row["jitter"] == args.jitter and row.get("source", "artifact") == source.label_for(row["policy"]):
-                results[_key(row)] = float(row["avg_jct_s"])
+            if (row["jitter"] == args.jitter and row.get("source", "artifact") == source.label_for(row["policy"])
+                    and (kept := figures_of(row)) is not None):
+                results[_key(row)] = kept
     tasks: list[Task] = []
     for load in loads:
         for seed in seeds:
@@ -225,7 +234,7 @@ def main() -> None:
         for row in pool.map(run, todo, [args.jitter] * len(todo), [source] * len(todo)):
             if row["stalled"]:
                 print(f"warning: stalled: {row}")
-            results[_key(row)] = float(row["avg_jct_s"])  # type: ignore[arg-type]
+            results[_key(row)] = figures_of(row) or {}
             if args.raw is not None:
                 with args.raw.open("a") as fh:
                     fh.write(json.dumps(row) + "\n")

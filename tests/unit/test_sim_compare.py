@@ -1,0 +1,144 @@
+"""Unit (no Slurm): the comparison arithmetic (dlsub.sim.compare) and the benchmarks that print it beside
+average JCT: p99 JCT and GPU-hours per job with the same intervals, and a claim that names both (issue 54)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from dlsub.sim.compare import Estimate, claim, figures, goal_met, interval, per_order, table
+
+REPO = Path(__file__).resolve().parents[2]
+# Two workloads, two orders: (workload, order) -> figures.
+OURS = {(1, 1): {"avg_jct_s": 900.0, "p99_jct_s": 9000.0, "gpu_h_per_job": 4.4},
+        (2, 1): {"avg_jct_s": 800.0, "p99_jct_s": 7000.0, "gpu_h_per_job": 2.0},
+        (1, 2): {"avg_jct_s": 850.0, "p99_jct_s": 8000.0, "gpu_h_per_job": 4.0},
+        (2, 2): {"avg_jct_s": 900.0, "p99_jct_s": 9000.0, "gpu_h_per_job": 2.2}}
+BASE = {key: {"avg_jct_s": 1000.0, "p99_jct_s": 10000.0, "gpu_h_per_job": 4.0 if key[0] == 1 else 2.0}
+        for key in OURS}
+
+
+@pytest.fixture(scope="module")
+def benchmarks() -> None:
+    folder = str(REPO / "benchmarks")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+def test_per_order_is_the_mean_over_workloads_of_the_ratio_on_the_same_jobs() -> None:
+    jct = per_order(lambda w, s: OURS[(w, s)], lambda w, s: BASE[(w, s)], "avg_jct_s", [1, 2], [1, 2])
+    assert jct == pytest.approx([(0.9 + 0.8) / 2, (0.85 + 0.9) / 2])
+    gpu_h = per_order(lambda w, s: OURS[(w, s)], lambda w, s: BASE[(w, s)], "gpu_h_per_job", [1, 2], [1, 2])
+    assert gpu_h == pytest.approx([(1.1 + 1.0) / 2, (1.0 + 1.1) / 2])
+    absolute = per_order(lambda w, s: OURS[(w, s)], None, "gpu_h_per_job", [1, 2], [1, 2])
+    assert absolute == pytest.approx([3.2, 3.1])
+
+
+def test_a_run_missing_on_either_side_is_left_out_of_its_order() -> None:
+    base = {key: value for key, value in BASE.items() if key != (2, 1)}
+    got = per_order(lambda w, s: OURS[(w, s)], lambda w, s: base.get((w, s)), "avg_jct_s", [1, 2], [1, 2])
+    assert got == pytest.approx([0.9, 0.875])
+
+
+def test_every_metric_gets_the_same_interval_over_orders() -> None:
+    ratios = figures(lambda w, s: OURS[(w, s)], lambda w, s: BASE[(w, s)], [1, 2], [1, 2])
+    assert set(ratios) == {"avg_jct_s", "p99_jct_s", "gpu_h_per_job"}
+    # Two orders: t(0.975, 1) = 12.706, stdev of (0.85, 0.875) = 0.01768, half = 12.706 * 0.01768 / sqrt(2).
+    jct = ratios["avg_jct_s"]
+    assert jct.mean == pytest.approx(0.8625)
+    assert jct.hi - jct.mean == pytest.approx(12.7062 * 0.0176777 / math.sqrt(2), rel=1e-4)
+    assert ratios["gpu_h_per_job"].mean == pytest.approx(1.05)
+    assert ratios["gpu_h_per_job"].lo == pytest.approx(1.05) and ratios["gpu_h_per_job"].hi == pytest.approx(1.05)
+
+
+def test_one_order_has_no_interval() -> None:
+    one = interval([0.8])
+    assert one.mean == 0.8 and not one.shown
+    assert "no interval" in one.text()
+
+
+@pytest.mark.parametrize(("jct", "gpu_h", "want"), [
+    (Estimate(0.85, 0.84, 0.86), Estimate(0.95, 0.93, 0.97), "met"),
+    # A lead bought with GPU-hours is no lead: the JCT alone would meet the goal.
+    (Estimate(0.85, 0.84, 0.86), Estimate(1.10, 1.05, 1.15), "not met"),
+    (Estimate(0.95, 0.94, 0.96), Estimate(0.90, 0.88, 0.92), "not met"),
+    (Estimate(0.85, 0.84, 0.86), Estimate(1.00, 0.97, 1.03), "not shown either way"),
+    (Estimate(0.90, 0.88, 0.92), Estimate(0.90, 0.88, 0.92), "not shown either way"),
+])
+def test_the_goal_needs_both_the_jct_and_the_gpu_hours(jct: Estimate, gpu_h: Estimate, want: str) -> None:
+    assert goal_met(jct, gpu_h, 0.90) == want
+
+
+def test_the_claim_names_the_jct_and_the_gpu_hours() -> None:
+    text = claim("goodput", "sia", {"avg_jct_s": Estimate(0.85, 0.84, 0.86),
+                                    "gpu_h_per_job": Estimate(1.2, 1.18, 1.22)}, 0.90, "on Philly 5-8")
+    assert "average JCT is 0.850 [0.840, 0.860] x sia's (15% less)" in text
+    assert "1.200 [1.180, 1.220] x its GPU-hours per job (20% more)" in text
+    assert text.endswith("is not met.")
+
+
+def test_the_table_gives_hours_for_the_jcts_and_gpu_hours_as_they_are() -> None:
+    rows = {"goodput": figures(lambda w, s: OURS[(w, s)], None, [1, 2], [1, 2])}
+    line = table(rows)[1]
+    assert line.split()[0] == "goodput"
+    assert "0.240 [" in line  # (850 + 875) / 2 / 3600 h: the orders' means
+    assert "3.150 [" in line
+
+
+def test_goodput_vs_pollux_prints_every_figure_and_the_claim(benchmarks: None,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    bench: ModuleType = importlib.import_module("goodput_vs_pollux")
+    results = {}
+    for (w, s), figs in OURS.items():
+        results[("1.0", w + 4, s, "goodput", "none")] = figs
+        results[("1.0", w + 4, s, "pollux", "none")] = BASE[(w, s)]
+    bench.report(results, ["1.0"], [1, 2], [5, 6], ["none"], generated=True)
+    out = capsys.readouterr().out
+    assert "goodput/pollux GPU-h/job" in out and "goodput/pollux p99 JCT" in out
+    assert "1.050 [1.050, 1.050]" in out  # the GPU-hours ratio, both orders alike
+    assert "Claim: at 1.0x load, untouched (5-8), online, no history, goodput's average JCT is 0.863" in out
+    assert "x its GPU-hours per job (5% more); the goal of <= 0.90x at no more GPU-hours is not met." in out
+
+
+def test_goodput_vs_pollux_runs_again_a_kept_row_without_gpu_hours(benchmarks: None) -> None:
+    bench: ModuleType = importlib.import_module("goodput_vs_pollux")
+    assert bench.figures_of({"avg_jct_s": 1.0}) is None
+    assert bench.figures_of({"avg_jct_s": 1.0, "p99_jct_s": 2.0, "gpu_h_per_job": 3.0}) == {
+        "avg_jct_s": 1.0, "p99_jct_s": 2.0, "gpu_h_per_job": 3.0}
+
+
+def test_goodput_vs_sia_prints_every_figure_and_the_claim_from_kept_runs(
+        benchmarks: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    bench: ModuleType = importlib.import_module("goodput_vs_sia")
+    raw = tmp_path / "raw.jsonl"
+    rows = []
+    for (w, s), figs in OURS.items():
+        for policy, f in (("goodput", figs), ("sia", BASE[(w, s)])):
+            charged = policy == "goodput"
+            rows.append({"policy": policy, "workload": w + 4, "seed": s, "jitter": 120.0, "variant": {},
+                         "profile": "before" if charged else "", "profile_s": 60.0 if charged else 0.0,
+                         "profile_report": charged, "history": "none", "restarts": 10, **f,
+                         "by_app": {"bert": [2, f["avg_jct_s"] * 2, f["gpu_h_per_job"] * 2 * 3600, 1]}})
+    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(sys, "argv", ["goodput_vs_sia.py", "--workloads", "5,6", "--orders", "2", "--policies",
+                                      "goodput,sia", "--raw", str(raw), "--by-app"])
+
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("every run is kept: none runs")
+
+    monkeypatch.setattr(bench, "run_one", no_run)
+    bench.main()
+    out = capsys.readouterr().out
+    assert "goodput/sia GPU-h/job, per order: 1.050 1.050; mean 1.050 [1.050, 1.050]" in out
+    assert "goodput/sia p99 JCT, per order: 0.800 0.850" in out
+    assert ("Claim: on Philly workloads 5,6 (untouched: goodput's constants were chosen on workloads 1-4), online, "
+            "goodput's average JCT is 0.863") in out
+    assert "(5% more); the goal of <= 0.90x at no more GPU-hours is not met." in out
+    by_app = [line.split() for line in out.splitlines() if line.split()[:2] in (["goodput", "bert"], ["sia", "bert"])]
+    assert by_app == [["goodput", "bert", "8", "0.240", "3.15", "0.50"], ["sia", "bert", "8", "0.278", "3.00", "0.50"]]
