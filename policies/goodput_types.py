@@ -191,6 +191,38 @@ def type_rates(job: JobView, shapes: Sequence[TypeShape], memo: RateMemo | None 
     return rows
 
 
+def within_floor(rows: Sequence[Row], floor: float, current: tuple[int, int] | None = None) -> list[Row]:
+    """The rows whose last GPUs still pay: on each type, a configuration is kept only while what its GPUs add
+    over the next smaller one kept, per GPU, is at least ``floor`` of what the type's smallest configuration
+    gives per GPU; the first that falls short ends the type's list (larger ones are wider steps on a flatter
+    curve). A GPU given at a marginal efficiency below the floor buys a job little time and the site a whole
+    GPU-hour: goodput's long jobs ran wide on spare GPUs at poor scaling (issue 54). 0 keeps every row.
+
+    ``current`` (type index, GPUs), the job's configuration now, is kept whatever its step gives: its model
+    moves as it reports, and a floor that dropped where it runs would restart it for that alone (leaving it
+    is weighed as every change is, ``keep_share``)."""
+    if floor <= 0:
+        return list(rows)
+    kept: list[Row] = []
+    by_type: dict[int, list[Row]] = {}
+    for row in rows:
+        by_type.setdefault(row[0], []).append(row)
+    for group in by_type.values():
+        group.sort(key=lambda row: row[1])
+        first = group[0]
+        per_gpu = first[2] / first[1]
+        last = first
+        kept.append(first)
+        for row in group[1:]:
+            if (row[2] - last[2]) / (row[1] - last[1]) < floor * per_gpu:
+                kept.extend(r for r in group if (r[0], r[1]) == current and r[1] > last[1])
+                break
+            kept.append(row)
+            last = row
+    kept.sort(key=lambda row: (row[0], row[1]))
+    return kept
+
+
 class TypedGoodputPolicy(GoodputPolicy):
     """``goodput``: on one GPU type the homogeneous policy, on several the program above."""
 
@@ -203,8 +235,11 @@ class TypedGoodputPolicy(GoodputPolicy):
 
     def __init__(self, admit_value: float = 100.0, move_margin: float = 0.05, speedup_power: float = 0.5,
                  restart_count: float = 3.0, service_power: float = 0.25, guess_types: bool = False,
-                 **goodput: Any) -> None:
+                 marginal_floor: float = 0.0, **goodput: Any) -> None:
         super().__init__(**goodput)
+        # A configuration whose added GPUs each give less than this share of a GPU of its type's smallest
+        # configuration is never offered (within_floor; issue 54). 0: off.
+        self.marginal_floor = marginal_floor
         self.admit_value = admit_value
         self.move_margin = move_margin
         self.speedup_power = speedup_power
@@ -246,7 +281,7 @@ class TypedGoodputPolicy(GoodputPolicy):
         speeds = type_speeds(jobs) if self.guess_types else None
 
         def candidates(job: JobView, prev_key: tuple[int, int] | None) -> Iterable[tuple[int, int, float]]:
-            rows = type_rates(job, shapes, memo, speeds)  # in (type, GPUs) order already
+            rows = within_floor(type_rates(job, shapes, memo, speeds), self.marginal_floor, prev_key)
             if not rows:
                 return []
             least = min(rate for _, _, rate in rows)

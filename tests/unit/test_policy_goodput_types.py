@@ -14,7 +14,7 @@ from typed_jobs import Linear, cluster, job, types_of
 
 from dlsub.policies.api import Allocation, ClusterView, check_decision
 from dlsub.policies.goodput import GoodputPolicy
-from dlsub.policies.goodput_types import TypedGoodputPolicy, type_rates
+from dlsub.policies.goodput_types import TypedGoodputPolicy, type_rates, within_floor
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sia import type_shapes
 from dlsub.sim.engine import SimConfig, make_jobs, simulate
@@ -169,3 +169,35 @@ def test_a_type_a_job_has_no_profile_of_is_guessed_from_the_other_jobs_profiles(
     assert guessed_profile(nowhere, shapes, speeds) == pytest.approx(
         {shapes[0].name: 1.0, shapes[1].name: speeds[(shapes[1].name, shapes[0].name)]})
     assert guessed_profile(job("o"), shapes, speeds) == {}  # told no profiles at all (an untyped view)
+
+
+# -- the marginal-GPU floor (issue 54) ---------------------------------------------------------------
+
+
+def test_within_floor_ends_a_types_list_at_the_first_step_whose_gpus_pay_too_little() -> None:
+    # Type 0: goodput 1, 1.6, 2.0, 2.2 on 1, 2, 4, 8 GPUs: the steps add 0.6, 0.2 and 0.05 a GPU of 1.
+    rows = [(0, 1, 1.0), (0, 2, 1.6), (0, 4, 2.0), (0, 8, 2.2), (1, 2, 4.0), (1, 4, 7.0)]
+    assert within_floor(rows, 0.0) == rows
+    assert within_floor(rows, 0.5) == [(0, 1, 1.0), (0, 2, 1.6), (1, 2, 4.0), (1, 4, 7.0)]
+    # Type 1's smallest is 2 GPUs (2.0 a GPU): 4 adds 1.5 a GPU, 0.75 of it.
+    assert within_floor(rows, 0.8) == [(0, 1, 1.0), (1, 2, 4.0)]
+    assert within_floor(rows, 0.1) == rows[:3] + rows[4:]
+
+
+@pytest.mark.parametrize(("floor", "want"), [(0.0, 8), (0.25, 4), (0.5, 1)])
+def test_a_job_that_scales_poorly_is_not_given_spare_gpus_below_the_floor(floor: float, want: int) -> None:
+    # Alone on two 8-GPU types, goodput GPUs ** 0.5: a GPU added from 1 gives 0.41 of the first, from 2 0.29,
+    # from 4 0.21. Without the floor every spare GPU of its type is its (the speed-up still grows).
+    c = cluster(("a", 1, 8), ("b", 1, 8))
+    poor = job("p", hi=8, type_models={"a": Linear(2.0, 0.5), "b": Linear(1.0, 0.5)})
+    linear = job("l", hi=8, type_models={"a": Linear(1.0), "b": Linear(2.0)})
+    decision = TypedGoodputPolicy(marginal_floor=floor).decide([poor, linear], c, 0.0, {})
+    check_decision(decision, [poor, linear], c)
+    assert types_of(decision, c) == {"p": ("a", want), "l": ("b", 8)}
+
+
+def test_within_floor_keeps_where_the_job_runs_now() -> None:
+    # Running on 8 of type 0, below the floor: kept (leaving it is weighed as any change), 4 still dropped.
+    rows = [(0, 1, 1.0), (0, 2, 1.6), (0, 4, 2.0), (0, 8, 2.2), (1, 2, 4.0)]
+    assert within_floor(rows, 0.5, current=(0, 8)) == [(0, 1, 1.0), (0, 2, 1.6), (0, 8, 2.2), (1, 2, 4.0)]
+    assert within_floor(rows, 0.5, current=(1, 2)) == within_floor(rows, 0.5)
