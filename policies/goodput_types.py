@@ -95,6 +95,26 @@ agent does, from the earlier runs of the job's command
 Philly's rows name no user or command): 0.883 against sia as the paper ran it, but sia told the same history
 gains more (its average JCT 0.956 of its own without it, goodput's 0.973), and goodput/sia with both told it
 is 0.924: history is no advantage of goodput's, so it is not a way to the goal either.
+
+**Where the lead cost GPU-hours, and the marginal-GPU floor** (issue 54; ``marginal_floor``,
+``floor_across_types``, :func:`within_floor`). With the constants above goodput's average JCT was 0.894 of
+sia's on workloads 1-4 (order 1, jitter 120 s; per workload 0.879 0.876 0.928 0.895) at 1.249 times its
+GPU-hours a job (1.261 1.254 1.207 1.274): 4.16 against 3.32. Per job (``goodput_vs_sia.py --by-app``), the
+excess was imagenet's (115.8 GPU-hours a job against 84.2, 65% of it) and yolov3's (21.4 against 15.7, 32%),
+each run wide on spare GPUs of its slowest-scaling configurations for 7% and 17% less JCT; not restarts
+(goodput restarted every application less than sia) nor profiles (60 s on at most four GPUs: under 0.07
+GPU-hours a job). On workload 4 imagenet spent 116 GPU-hours a job against 91 for a longer JCT (11.05 h
+against 10.87), and a floor on each type's own first GPU left it at 127.6: the waste was not only a flat
+curve on one type but GPUs of a type slow for the job (the program values speed-up over the job's slowest
+configuration, so a slow type's GPUs look as good as a fast one's).
+So a configuration is now offered only while each GPU its step adds gives at least 0.25 of what a GPU gives
+the job where one gives it most, on any type (the job's current configuration always offered). Tried on 1-4,
+order 1 (goodput/sia average JCT, GPU-hours): the share of the type's own first GPU, 0.5 on workload 1
+1.032, 1.046 (before the current configuration was kept: 1.079, 0.966); 0.25 on 1-4 0.952, 1.068 (workload 4
+still 1.233: its imagenet on the slow type); across types, 0.25, 0.970 (0.983 0.923 0.998 0.977) and 0.959
+(0.967 0.997 0.906 0.966): below sia on both in every workload, where before the lead was bought. One value
+tried across types, none chosen between: the tuned half shows the trade, not a tuned optimum. Figures on 5-8
+(untouched): ``docs/user-guide.md``, "GPUs of several kinds".
 """
 
 from __future__ import annotations
@@ -191,7 +211,8 @@ def type_rates(job: JobView, shapes: Sequence[TypeShape], memo: RateMemo | None 
     return rows
 
 
-def within_floor(rows: Sequence[Row], floor: float, current: tuple[int, int] | None = None) -> list[Row]:
+def within_floor(rows: Sequence[Row], floor: float, current: tuple[int, int] | None = None,
+                 across_types: bool = False) -> list[Row]:
     """The rows whose last GPUs still pay: on each type, a configuration is kept only while what its GPUs add
     over the next smaller one kept, per GPU, is at least ``floor`` of what the type's smallest configuration
     gives per GPU; the first that falls short ends the type's list (larger ones are wider steps on a flatter
@@ -200,17 +221,21 @@ def within_floor(rows: Sequence[Row], floor: float, current: tuple[int, int] | N
 
     ``current`` (type index, GPUs), the job's configuration now, is kept whatever its step gives: its model
     moves as it reports, and a floor that dropped where it runs would restart it for that alone (leaving it
-    is weighed as every change is, ``keep_share``)."""
+    is weighed as every change is, ``keep_share``).
+
+    ``across_types``: the share is of what a GPU gives the job where one gives it most, on any type (its
+    smallest configuration there), not on this type: a slow type's GPUs then pay for growth only where they
+    add as much as the fast type's would (GPU-hours count alike whatever the type)."""
     if floor <= 0:
         return list(rows)
     kept: list[Row] = []
     by_type: dict[int, list[Row]] = {}
-    for row in rows:
+    for row in sorted(rows, key=lambda row: row[1]):
         by_type.setdefault(row[0], []).append(row)
+    best = max(group[0][2] / group[0][1] for group in by_type.values()) if by_type else 0.0
     for group in by_type.values():
-        group.sort(key=lambda row: row[1])
         first = group[0]
-        per_gpu = first[2] / first[1]
+        per_gpu = best if across_types else first[2] / first[1]
         last = first
         kept.append(first)
         for row in group[1:]:
@@ -235,11 +260,13 @@ class TypedGoodputPolicy(GoodputPolicy):
 
     def __init__(self, admit_value: float = 100.0, move_margin: float = 0.05, speedup_power: float = 0.5,
                  restart_count: float = 3.0, service_power: float = 0.25, guess_types: bool = False,
-                 marginal_floor: float = 0.0, **goodput: Any) -> None:
+                 marginal_floor: float = 0.25, floor_across_types: bool = True, **goodput: Any) -> None:
         super().__init__(**goodput)
         # A configuration whose added GPUs each give less than this share of a GPU of its type's smallest
         # configuration is never offered (within_floor; issue 54). 0: off.
         self.marginal_floor = marginal_floor
+        # Whether that share is of a GPU where one gives the job most, on any type (within_floor).
+        self.floor_across_types = bool(floor_across_types)
         self.admit_value = admit_value
         self.move_margin = move_margin
         self.speedup_power = speedup_power
@@ -281,7 +308,8 @@ class TypedGoodputPolicy(GoodputPolicy):
         speeds = type_speeds(jobs) if self.guess_types else None
 
         def candidates(job: JobView, prev_key: tuple[int, int] | None) -> Iterable[tuple[int, int, float]]:
-            rows = within_floor(type_rates(job, shapes, memo, speeds), self.marginal_floor, prev_key)
+            rows = within_floor(type_rates(job, shapes, memo, speeds), self.marginal_floor, prev_key,
+                                self.floor_across_types)
             if not rows:
                 return []
             least = min(rate for _, _, rate in rows)

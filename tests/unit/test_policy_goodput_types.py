@@ -184,14 +184,16 @@ def test_within_floor_ends_a_types_list_at_the_first_step_whose_gpus_pay_too_lit
     assert within_floor(rows, 0.1) == rows[:3] + rows[4:]
 
 
-@pytest.mark.parametrize(("floor", "want"), [(0.0, 8), (0.25, 4), (0.5, 1)])
-def test_a_job_that_scales_poorly_is_not_given_spare_gpus_below_the_floor(floor: float, want: int) -> None:
+@pytest.mark.parametrize(("floor", "want"), [(0.0, 8), (0.25, 4), (0.5, 1), (None, 4)])
+def test_a_job_that_scales_poorly_is_not_given_spare_gpus_below_the_floor(floor: float | None, want: int) -> None:
     # Alone on two 8-GPU types, goodput GPUs ** 0.5: a GPU added from 1 gives 0.41 of the first, from 2 0.29,
     # from 4 0.21. Without the floor every spare GPU of its type is its (the speed-up still grows).
     c = cluster(("a", 1, 8), ("b", 1, 8))
     poor = job("p", hi=8, type_models={"a": Linear(2.0, 0.5), "b": Linear(1.0, 0.5)})
     linear = job("l", hi=8, type_models={"a": Linear(1.0), "b": Linear(2.0)})
-    decision = TypedGoodputPolicy(marginal_floor=floor).decide([poor, linear], c, 0.0, {})
+    # None: the policy's default (0.25, across types; issue 54).
+    policy = TypedGoodputPolicy() if floor is None else TypedGoodputPolicy(marginal_floor=floor)
+    decision = policy.decide([poor, linear], c, 0.0, {})
     check_decision(decision, [poor, linear], c)
     assert types_of(decision, c) == {"p": ("a", want), "l": ("b", 8)}
 
@@ -201,3 +203,11 @@ def test_within_floor_keeps_where_the_job_runs_now() -> None:
     rows = [(0, 1, 1.0), (0, 2, 1.6), (0, 4, 2.0), (0, 8, 2.2), (1, 2, 4.0)]
     assert within_floor(rows, 0.5, current=(0, 8)) == [(0, 1, 1.0), (0, 2, 1.6), (0, 8, 2.2), (1, 2, 4.0)]
     assert within_floor(rows, 0.5, current=(1, 2)) == within_floor(rows, 0.5)
+
+
+def test_within_floor_across_types_judges_a_slow_types_gpus_against_the_fast_types() -> None:
+    # Type 0 gives 4 a GPU, 3 more for a second; type 1 scales perfectly, at 1 a GPU: a quarter of type 0's.
+    rows = [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 1.0), (1, 2, 2.0), (1, 4, 4.0)]
+    assert within_floor(rows, 0.5) == rows
+    assert within_floor(rows, 0.5, across_types=True) == [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 1.0)]
+    assert within_floor(rows, 0.25, across_types=True) == rows
