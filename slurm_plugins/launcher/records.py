@@ -61,14 +61,19 @@ def attempt_line(event: str, step: SlurmStep, role: Role, extra: Sequence[Field]
     return "{" + ",".join(words) + "}\n"
 
 
+def _write_once(path: Path, text: str, flags: int) -> None:
+    """``text`` in one write(2), mode 0666 less the umask, as the shell's redirections create files."""
+    fd = os.open(path, os.O_WRONLY | flags, 0o666)
+    try:
+        os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
 def append_line(path: Path, line: str) -> None:
     """Append ``line`` in one write (O_APPEND), creating the file as the shell's ``>>`` does."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        try:
-            os.write(fd, line.encode("utf-8"))
-        finally:
-            os.close(fd)
+        _write_once(path, line, os.O_APPEND | os.O_CREAT)
     except OSError as exc:
         say(f"dlsub: cannot write {path}: {exc.strerror}")
 
@@ -77,11 +82,7 @@ def write_whole(path: Path, text: str) -> None:
     """Write ``text`` under a temporary name, then rename it over ``path`` (readers see all or nothing)."""
     partial = path.with_name(path.name + ".tmp")
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            os.write(fd, text.encode("utf-8"))
-        finally:
-            os.close(fd)
+        _write_once(partial, text, os.O_CREAT | os.O_TRUNC)
         os.replace(partial, path)
     except OSError as exc:
         say(f"dlsub: cannot write {path}: {exc.strerror}")
