@@ -10,13 +10,16 @@ called where the README prints ``...``. About two minutes each.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from livebed import REPO, TestbedUser, attempts, progress_events, put, wait_for
+from livebed import REPO, TestbedUser, attempts, progress_events, put, slurm_jobs, wait_for
 
 #: (document, the heading the loop follows, "" for the first loop of the page)
 LOOPS = {"README": ("README.md", ""), "guide": ("docs/user-guide.md", "## Writing the training script")}
@@ -69,3 +72,21 @@ def test_the_printed_loop_moves_from_cpu_to_a_gpu_and_completes_there_past_step_
     assert re.search(r"moving to gpu: \d+ GPU\(s\) idle, est\. .* saved", why), why
     assert progress_events(job["job_dir"])[-1]["event"] == "finished"
 
+
+
+def test_a_script_in_the_login_hosts_tmp_is_refused_before_slurm_sees_it(user: TestbedUser) -> None:
+    """The login host's /tmp is its own (testbed/hosts.sh): a job from there would fail on its node ("couldn't
+    change working dir"). Submit refuses it, exit 2, naming the path, and no Slurm job is made."""
+    folder = Path(tempfile.mkdtemp(prefix="dlsub-it-tmp-", dir="/tmp"))
+    try:
+        os.chown(folder, user.uid, user.gid)
+        script = put(user, folder / "train.py", "print('never runs')\n")
+        os.chown(script, user.uid, user.gid)
+        before = {j["job_id"] for j in slurm_jobs()}
+        refused = user.dlsub("--mode", "immediate", "--gpus", "1", str(script), cwd=folder, check=False)
+        assert refused.returncode == 2, (refused.stdout, refused.stderr)
+        assert f"the script ({str(script)!r}) is in /tmp" in refused.stderr, refused.stderr
+        assert "node-local" in refused.stderr and "shared" in refused.stderr, refused.stderr
+        assert {j["job_id"] for j in slurm_jobs()} == before, "no Slurm job was made"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
