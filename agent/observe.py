@@ -503,7 +503,8 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
         ideal_partition=ideal_name, gpus_wanted=gpus_wanted, gpus_now=job.gpus_per_node,
         submit_time=float(job.submit_time), start_time=float(job.start_time),
         end_time=float(job.end_time) if job.state == "RUNNING" else 0.0, held=job.held,
-        # A framework adapter saves whenever asked: it need not have checkpointed yet to be moved or continued.
+        # A loop that polls should_stop(), or a framework adapter, saves whenever asked: it need not have
+        # checkpointed yet to be moved or continued.
         checkpointable=progress.checkpoints > 0 or bool(data.progress and data.progress.saves_on_request),
         last_checkpoint_time=progress.last_checkpoint_time,
         eta_s=progress.eta_s(), finished=bool(progress.finished and job.state != "RUNNING"),

@@ -5,10 +5,10 @@
     run = checkpointing.init()
     state = run.restore() or {"step": 0}
     for step in range(state["step"], 1000):
-        ...
-        run.report(step=step, loss=loss, samples=seen)
-        if run.should_stop():           # SIGUSR1 before the time limit, SIGTERM, dlsub requeue
-            run.save({"step": step + 1, ...})   # recorded at the last report()'s step
+        loss = train_step()
+        run.report(step=step + 1, loss=loss)   # optional: without it each should_stop() counts a step
+        if run.should_stop():           # SIGUSR1 before the time limit, SIGTERM, a move, dlsub requeue
+            run.save({"step": step + 1})        # recorded at the last report()'s step
             run.exit_for_resume()       # exits 85: "checkpointed, resume me"
     run.finish()
 

@@ -29,6 +29,12 @@ class Adapter:
         if self.run.is_main:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
 
+    @property
+    def owner(self) -> str:
+        """Whose checkpoints these are, as their seals say: the job's directory (``$DLSUB_JOB_DIR``, one per
+        dlsub job; off-cluster the local ``./dlsub-run``), so that a folder two jobs share is told apart."""
+        return str(self.run.job_dir)
+
     def resume_candidate(self, candidates: list[tuple[int, Path]]) -> Path | None:
         """The newest of ``(step, checkpoint)`` that is sealed and verifies, the same on every rank (None when
         there is none); recorded as the run's restore."""
@@ -55,7 +61,7 @@ class Adapter:
         barrier()
         run = self.run
         if run.is_main:
-            seal(checkpoint, step=step, world_size=run.world_size, **meta)
+            seal(checkpoint, step=step, world_size=run.world_size, job=self.owner, **meta)
             run._last_step = step
             run._event(contract.EVENT_CHECKPOINT, step=step, path=str(checkpoint), seq=step)
             for old in list(older)[max(self.keep - 1, 0):]:

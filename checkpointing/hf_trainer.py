@@ -29,6 +29,7 @@ the previous checkpoint before dlsub has sealed the new one.
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,22 @@ from dlsub.checkpointing.frameworks import Adapter
 from dlsub.checkpointing.sealed import manifest
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def _own(found: list[tuple[int, Path]], owner: str) -> list[tuple[int, Path]]:
+    """The checkpoints of ``found`` this job may resume: those its seal says it wrote, and unsealed ones (passed
+    over later, with why). A checkpoint another job sealed (an ``output_dir`` two jobs share) is never
+    resumed, nor one whose seal names no job (an older dlsub's: whose it was cannot be told)."""
+    own = []
+    for step, path in found:
+        seal = manifest(path)
+        if seal.get("files") and seal.get("job") != owner:
+            print(f"dlsub: passed over {path}: not this job's (sealed by "
+                  f"{'another job' if seal.get('job') else 'no job named'}); "
+                  "give each job an output_dir of its own ($DLSUB_JOB_DIR)", file=sys.stderr, flush=True)
+            continue
+        own.append((step, path))
+    return own
 
 
 class DlsubCallback(TrainerCallback):
@@ -68,7 +85,7 @@ class DlsubCallback(TrainerCallback):
         folder = Path(output_dir)
         found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir()] \
             if folder.is_dir() else []
-        chosen = adapter.resume_candidate(found)
+        chosen = adapter.resume_candidate(_own(found, adapter.owner))
         if chosen is None:
             return None
         samples = manifest(chosen).get("samples")

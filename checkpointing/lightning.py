@@ -63,23 +63,66 @@ def _launcher_world() -> tuple[int, int] | None:
         return None
 
 
-def trainer_args() -> dict[str, int]:
-    """``devices`` and ``num_nodes`` for ``Trainer(...)``: the world torchrun started this process in.
+#: What a script may give ``devices`` that means "as many as there are": torchrun's count is taken.
+_ANY_DEVICES = (None, "auto", -1, "-1")
 
-    Lightning under torchrun (its TorchElasticEnvironment) trains data-parallel only when these match the
-    launcher's; an elastic job's world changes from one group to the next, so a script cannot write them
-    down. Outside torchrun, ``{}`` (the Trainer's own defaults)::
+
+def trainer_args(**given: Any) -> dict[str, Any]:
+    """The Trainer's keyword arguments with ``devices`` and ``num_nodes`` those of the world torchrun started
+    this process in. Lightning under torchrun (its TorchElasticEnvironment) trains data-parallel only when
+    they match the launcher's; an elastic job's world changes from one group to the next, so a script cannot
+    write them down::
 
         trainer = Trainer(max_steps=1000, callbacks=[DlsubCallback()], **trainer_args())
+        trainer = Trainer(**trainer_args(devices=4, max_steps=1000, callbacks=[DlsubCallback()]))
+
+    A script that sets ``devices`` or ``num_nodes`` itself passes them here (in the Trainer's call beside
+    ``**trainer_args()`` Python refuses the keyword twice). Outside torchrun what it set is kept, as it is
+    (``{}`` when it set nothing: the Trainer's defaults). Under torchrun a value that says the same
+    (``devices="auto"`` or ``-1``, the same count, a list of as many devices) is kept; one that does not
+    raises ValueError naming the clash: Lightning would train each process apart, all writing one checkpoint.
     """
     world = _launcher_world()
     if world is None:
-        return {}
+        return dict(given)
     local, total = world
     if local < 1 or total < local or total % local:
         raise ValueError(f"torchrun's environment is not a world Lightning can run: LOCAL_WORLD_SIZE={local}, "
                          f"WORLD_SIZE={total}")
-    return {"devices": local, "num_nodes": total // local}
+    nodes = total // local
+    out = dict(given)
+    devices = given.get("devices")
+    if devices in _ANY_DEVICES:
+        out["devices"] = local
+    elif _count(devices) != local:
+        raise ValueError(f"Trainer(devices={devices!r}) clashes with the {local} process(es) dlsub started on "
+                         f"this node (torchrun's LOCAL_WORLD_SIZE={local}): leave devices to trainer_args(), or "
+                         f"submit with as many GPUs per node as devices says (dlsub --gpus-per-node)")
+    num_nodes = given.get("num_nodes")
+    if num_nodes is None:
+        out["num_nodes"] = nodes
+    elif num_nodes != nodes:
+        raise ValueError(f"Trainer(num_nodes={num_nodes!r}) clashes with the {nodes} node(s) of processes dlsub "
+                         f"started (torchrun's WORLD_SIZE={total} / LOCAL_WORLD_SIZE={local}): leave num_nodes to "
+                         "trainer_args(), or submit with as many nodes (dlsub --nodes)")
+    return out
+
+
+def _count(devices: Any) -> int | None:
+    """How many devices a Trainer's ``devices`` names (an int, its digits, a list; "0,1": two), or None."""
+    if isinstance(devices, bool):
+        return None
+    if isinstance(devices, int):
+        return devices
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, str):
+        text = devices.strip()
+        if text.isdigit():
+            return int(text)
+        ids = [part for part in text.split(",") if part.strip()]
+        return len(ids) if ids and all(p.strip().isdigit() for p in ids) else None
+    return None
 
 
 class DlsubCallback(Callback):

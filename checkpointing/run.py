@@ -97,6 +97,11 @@ def finished_in(job_dir: Path, attempt: str) -> bool:
     return False
 
 
+#: How often a loop that never calls ``report()`` has its steps recorded for it (seconds): a step is one call of
+#: ``should_stop()``, which the loop makes once a step. What the agent knows of such a job's progress (how long
+#: it has run, at what rate) comes from these.
+COUNTED_REPORT_S = 5.0
+
 #: A stop reason: another member's torchrun stopped its processes (SIGTERM), which it does to restart the
 #: group when a member joins. This process's own torchrun restarts it as well once it sees the member.
 STOP_PEER_RESTART = "peer-restart"
@@ -156,6 +161,12 @@ class Run:
         self.batch_sizes = batch_sizes
         self._batch: BatchChoice | None = None
         self._sharded: Any = None  # sharded.Sharded, made at the first sharded save or restore
+        # Calls of should_stop() in this process. A loop that never calls report() has its steps counted by
+        # them (each call ends a step), recorded every COUNTED_REPORT_S; a framework adapter counts its own.
+        self._polls = 0
+        self._counts_steps = True
+        self._saves_declared = False  # init(saves_on_request=True): its start event said so already
+        self._counted_at = 0.0
 
     # ------------------------------------------------------------------ identity
     @property
@@ -214,7 +225,12 @@ class Run:
         all-reduce), so all ranks leave the loop at the same step. A rank
         stopped by another's request gets the reason ``"peer"``, or
         :data:`STOP_PEER_RESTART` when that request was torchrun's SIGTERM.
+
+        The first call records that the loop listens (:data:`contract.EVENT_POLLS`: the agent takes it as saving
+        whenever asked). In a loop that never calls :meth:`report`, each call counts a step: the step a
+        checkpoint is recorded at, and a progress event every :data:`COUNTED_REPORT_S` seconds.
         """
+        self._poll()
         local = self.stop_reason is not None
         dist = initialized_dist()
         if dist is None:
@@ -229,6 +245,25 @@ class Run:
         if flag.item() and not local:
             self.stop_reason = STOP_PEER_RESTART if flag.item() == 2 else "peer"
         return bool(flag.item())
+
+    def _poll(self) -> None:
+        self._polls += 1
+        now = time.monotonic()
+        if self._polls == 1:
+            self._counted_at = now
+            if not self._saves_declared:
+                self._event(contract.EVENT_POLLS)
+        if not self._counts_steps:
+            return
+        # Steps done: counted on from the restored checkpoint's (or a save(step=)'s).
+        self._last_step = (self._last_step or 0) + 1
+        if now - self._counted_at >= COUNTED_REPORT_S:
+            self._counted_at = now
+            self._event(contract.EVENT_PROGRESS, step=self._last_step, **self._count_fields())
+
+    def _count_fields(self) -> dict[str, Any]:
+        return {k: v for k, v in (("total_steps", self.total_steps), ("total_epochs", self.total_epochs))
+                if v is not None}
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, state: dict[str, Any], step: int | None = None) -> Path | None:
@@ -354,6 +389,7 @@ class Run:
         its covariance); with them the agent can tell whether a bigger batch
         gains anything. Values that are not finite and >= 0 are left out.
         """
+        self._counts_steps = False  # the loop reports its own steps
         as_int = as_step(step)
         if as_int is not None:
             self._last_step = as_int
@@ -568,7 +604,8 @@ def init(
     under torch.distributed, call ``init_process_group`` first so every rank
     takes rank 0's choice. ``saves_on_request``: the caller saves whenever
     dlsub asks, inside its own loop (the framework adapters do), so dlsub may
-    move or continue the job before its first checkpoint.
+    move or continue the job before its first checkpoint; a plain loop need
+    not say so: its first :meth:`Run.should_stop` call does.
     """
     if batch_size is not None and not isinstance(batch_size, BatchSizes):
         raise TypeError(f"init(batch_size=...) takes dlsub.checkpointing.BatchSizes(init=, max=, local_max=), "
@@ -576,6 +613,9 @@ def init(
     directory = Path(job_dir or os.environ.get(contract.ENV_JOB_DIR) or "dlsub-run").resolve()
     run = Run(directory, keep=keep, total_steps=total_steps, total_epochs=total_epochs, target_loss=target_loss,
               steps_per_epoch=steps_per_epoch, batch_sizes=batch_size)
+    # A framework adapter declares that it saves when asked, and reports the framework's steps itself.
+    run._saves_declared = saves_on_request
+    run._counts_steps = not saves_on_request
     run._choose_batch()
     # A process that exits with its group alive can die of SIGABRT at exit (end_process_group says why).
     end_process_group_at_exit()

@@ -193,6 +193,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
         plain_scripts=policy.moves.plain_scripts,
         restart_plain_max_s=policy.moves.restart_plain_max_s,
         gpu_type=_row_gpu_type(picked, options.partition, shape.gpus_per_node),
+        site_paths=policy.site,
     )
     plan = plan_job(request, settings, client)
     for warning in plan.warnings:

@@ -217,6 +217,10 @@ EVENT_RESTORE = "restore"
 EVENT_EXIT_FOR_RESUME = "exit_for_resume"
 EVENT_FINISHED = "finished"
 EVENT_END = "end"
+#: The training asked ``should_stop()`` for the first time since its start: its loop handles dlsub's stop, and
+#: the documented loops save when it says so. The agent takes it, as a framework adapter's ``saves`` on its
+#: start event, as saving whenever asked: such a job is moved or continued before its first checkpoint.
+EVENT_POLLS = "polls"
 #: In a start event: :func:`application_digest` of the training's command. The
 #: agent keeps what a user's runs of one command measured (their throughput
 #: at each size), so that the next run starts at the size it scales to.
@@ -267,7 +271,7 @@ ATTEMPT_ACTIONS = (ACTION_REQUEUE, ACTION_MOVE, ACTION_LEAVE)
 # event against it and drops any that does not fit).
 #: The events of a progress file and of an attempts file.
 PROGRESS_EVENTS = (EVENT_START, EVENT_PROGRESS, EVENT_CHECKPOINT, EVENT_RESTORE, EVENT_EXIT_FOR_RESUME,
-                   EVENT_FINISHED)
+                   EVENT_FINISHED, EVENT_POLLS)
 ATTEMPT_EVENTS = (EVENT_START, EVENT_END)
 #: Sane bounds for the fields of an event.
 MIN_TIME, MAX_TIME = 946_684_800.0, 4_102_444_800.0  # 2000-01-01 .. 2100-01-01

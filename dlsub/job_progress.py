@@ -20,6 +20,7 @@ from dlsub.contract import (
     EVENT_CHECKPOINT,
     EVENT_END,
     EVENT_FINISHED,
+    EVENT_POLLS,
     EVENT_PROGRESS,
     EVENT_START,
     PROGRESS_FILE,
@@ -161,8 +162,9 @@ class ProgressSummary:
     # Its training wrote a start event (``checkpointing.init()`` does, and each adapter through it): it uses
     # dlsub's library. Never one: a script that uses no library (the agent's only sign of it).
     started: bool = False
-    # Its latest start said it saves whenever dlsub asks (a framework adapter: contract.SAVES_ON_REQUEST): it
-    # may be moved or continued before its first checkpoint.
+    # Since its latest start it saves whenever dlsub asks: the start said so (a framework adapter:
+    # contract.SAVES_ON_REQUEST), or its loop has polled should_stop() since (contract.EVENT_POLLS). It may be
+    # moved or continued before its first checkpoint.
     saves_on_request: bool = False
     # Start events folded (Progress.starts). A summary folded before it was kept counts from where it was.
     starts: int = 0
@@ -208,6 +210,8 @@ class ProgressSummary:
             self.started = True
             self.starts += 1
             self.saves_on_request = event.get("saves") == SAVES_ON_REQUEST
+        elif kind == EVENT_POLLS:
+            self.saves_on_request = True
         if kind in (EVENT_START, EVENT_PROGRESS):
             self._measure(event)
         if kind == EVENT_PROGRESS:

@@ -236,7 +236,8 @@ class Estimator:
                     mem_mb=req.mem_mb, time_limit_min=_limit_min(p), partition=part, image=image, name=name,
                     workdir=req.workdir, mode="ideal", max_continuations=0,
                     mounts=(*self.policy.containers.mount_requests(), *req.mounts),
-                    runtime=self.policy.containers.runtime or None, gpu_type=target.gres_type)
+                    runtime=self.policy.containers.runtime or None, gpu_type=target.gres_type,
+                    site_paths=self.policy.site)
                 plan = with_env(plan_job(request, self.settings, self.client, check_images=not runs),
                                 {**env, ENV_BATCH_SIZE: str(bs)})
                 submitted = submit_plan(plan, self.settings, self.client, self.store,

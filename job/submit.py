@@ -23,6 +23,7 @@ from dlsub.job.private_files import AgentAccess, blocked_ancestor, make_job_dir
 from dlsub.job.script_library import script_uses_library
 from dlsub.job.settings import Settings
 from dlsub.job.user_store import JobRecord, JobStore
+from dlsub.site_config.policy_file import SitePaths
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.sbatch import BatchSpec, render_sbatch, safe_job_name
 
@@ -72,6 +73,9 @@ class SubmitRequest:
     # The kind of GPU to run on, as Slurm's GRES names it (``--gres=gpu:a100:N``; a row of ``dlsub estimate``
     # profiled on that kind); "": any kind the partition has.
     gpu_type: str = ""
+    # Where the site's hosts see the same files (policy.toml [site]): the job's paths must be there. None: not
+    # checked (a request made without the site's policy).
+    site_paths: SitePaths | None = None
 
 
 @dataclass(frozen=True)
@@ -130,13 +134,17 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     mem_mb = req.mem_mb or settings.mem_mb
     _check_paths(script, req.workdir, settings.jobs_dir)
     mounts, warnings = check_mounts(req.mounts, req.workdir)
+    if req.site_paths is not None:
+        _check_seen_by_nodes(req.site_paths, script, req.workdir, settings.jobs_dir, mounts)
     choice = _choose_partition(client, req, cpus, mem_mb)
     _check_gpu_type(client, req, choice)
     if waits:
         choice = dataclasses.replace(choice, reason="its script uses no dlsub library, so it waits for GPUs "
                                      "rather than start on CPUs (the site's policy.toml [moves] plain_scripts = "
                                      f"\"wait\"): {choice.reason}")
-    notes = (plain_script_note(script, req, choice, waits),) if plain else ()
+    notes: tuple[str, ...] = (plain_script_note(script, req, choice, waits),) if plain else ()
+    if choice.ideal_partition is not None and req.gpus_per_node > 0:
+        notes += (immediate_cpu_note(req, choice, cpus, mem_mb),)
     if check_images:
         check_image(image)
 
@@ -196,6 +204,19 @@ def plain_script_note(script: Path, req: SubmitRequest, choice: Choice, waits: b
     return f"{what}; {fix}"
 
 
+def _memory(mem_mb: int) -> str:
+    return f"{mem_mb // 1024} GB" if mem_mb % 1024 == 0 else f"{mem_mb} MB"
+
+
+def immediate_cpu_note(req: SubmitRequest, choice: Choice, cpus: int, mem_mb: int) -> str:
+    """One line: what a GPU job started on CPUs in immediate mode gets there, and what its script must bear."""
+    gpus = req.gpus_per_node * req.nodes
+    return (f"--gpus {gpus} starts on {choice.partition} now (immediate mode) as 1 training process with "
+            f"{cpus} CPU{'s' if cpus != 1 else ''}, {_memory(mem_mb)} and no GPU, until the agent moves it to "
+            f"{choice.ideal_partition}: the script must run without CUDA there (torch.cuda.is_available() is "
+            f"False, .cuda() fails); --mode ideal waits for {choice.ideal_partition}'s GPUs instead")
+
+
 def check_mounts(requests: tuple[MountRequest, ...], workdir: Path) -> tuple[tuple[Mount, ...], tuple[str, ...]]:
     """The mounts checked on this host, and warnings. A user's path that cannot be mounted stops the submit;
     a site's shared file system missing here is left out with a warning (a job that needs it fails to find
@@ -249,6 +270,32 @@ def _check_paths(script: Path, workdir: Path, jobs_dir: Path) -> None:
         # The job directory is in #SBATCH --output=, one line of the batch script.
         raise SubmitError(f"the job directories' folder {str(jobs_dir)!r} has a line break, which "
                           "Slurm's #SBATCH --output cannot carry; set DLSUB_HOME to a path without one")
+
+
+def _check_seen_by_nodes(site: SitePaths, script: Path, workdir: Path, jobs_dir: Path,
+                         mounts: tuple[Mount, ...]) -> None:
+    """Refuse a job whose files its nodes would not see (a login node's /tmp is its own), naming the path and the
+    file systems the site shares: accepted, it would fail on its node ("couldn't change working dir")."""
+    paths = [("the script", script), ("the folder you submit from", workdir.resolve()),
+             ("dlsub's job directories ($DLSUB_HOME)", jobs_dir.resolve())]
+    paths += [(f"--mount{'' if m.read_only else '-rw'} {str(m.target)!r}", m.source)
+              for m in mounts if m.origin == ORIGIN_USER]
+    shared = ", ".join(site.shared_paths)
+    for what, path in paths:
+        local = site.unseen_by_nodes(path)
+        if local is None:
+            continue
+        if local:
+            where = (f"is in {local}, which each host of the cluster has of its own (node-local): the job's node "
+                     "would not find it there")
+        else:
+            where = "is on none of the file systems the cluster's nodes share: the job's node would not find it"
+        if shared:
+            use = f"put it on a shared file system ({shared}: policy.toml [site] shared_paths)"
+        else:
+            use = (f"put it on a file system the nodes share, such as your home directory ({Path.home()}); "
+                   "this site's policy.toml names none ([site] shared_paths)")
+        raise SubmitError(f"{what} ({str(path)!r}) {where}; {use}, and submit from there")
 
 
 def _choose_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb: int) -> Choice:

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from dlsub.containers.mounts import ORIGIN_SITE, MountError, MountRequest, check_path_text
@@ -174,6 +174,44 @@ class ContainerSite:
                 *(MountRequest(p, False, ORIGIN_SITE) for p in self.shared_mounts_rw))
 
 
+#: Folders that are each host's own on a cluster (a login node's ``/tmp`` is not a compute node's): a job whose
+#: script, submit directory, job directories or ``--mount`` lie there would not find them on its node.
+NODE_LOCAL_PATHS = ("/tmp", "/var/tmp", "/dev/shm", "/run")
+
+
+def _under(path: PurePosixPath, folder: str) -> bool:
+    root = PurePosixPath(folder)
+    return path == root or root in path.parents
+
+
+@dataclass(frozen=True)
+class SitePaths:
+    """Where this site's hosts see the same files (the ``[site]`` table): a job's files must be there."""
+
+    # File systems every login and compute node mounts at the same path ("/home", "/scratch"). Named: a job's
+    # paths must lie on one of them. Empty: any path that is not node-local is taken as shared.
+    shared_paths: tuple[str, ...] = ()
+    # Folders each host has of its own; None: NODE_LOCAL_PATHS. A shared path inside one (a site's
+    # "/tmp/shared") is named in shared_paths: the nearer folder decides.
+    node_local_paths: tuple[str, ...] | None = None
+
+    @property
+    def node_local(self) -> tuple[str, ...]:
+        return NODE_LOCAL_PATHS if self.node_local_paths is None else self.node_local_paths
+
+    def unseen_by_nodes(self, path: Path) -> str | None:
+        """Why a job's nodes would not see the absolute ``path`` (None: they do): the node-local folder it lies
+        in, or "" when the site names its shared file systems and it lies on none."""
+        where = PurePosixPath(path)
+        local = max((f for f in self.node_local if _under(where, f)), key=len, default=None)
+        shared = max((f for f in self.shared_paths if _under(where, f)), key=len, default=None)
+        if local is not None and (shared is None or len(shared) <= len(local)):
+            return local
+        if self.shared_paths and shared is None:
+            return ""
+        return None
+
+
 @dataclass(frozen=True)
 class AgentPolicy:
     policy: str = "fifo"
@@ -206,6 +244,7 @@ class AgentPolicy:
     budgets: Budgets = Budgets()
     metrics: MetricsPolicy = MetricsPolicy()
     containers: ContainerSite = ContainerSite()
+    site: SitePaths = SitePaths()
 
     def is_admin(self, user: str) -> bool:
         return user == "root" or user in self.admins
@@ -367,6 +406,20 @@ def _containers(where: str, table: Any) -> ContainerSite:
     return site
 
 
+def _site(where: str, table: Any) -> SitePaths:
+    site: SitePaths = _simple(where, SitePaths, table)
+    for key in ("shared_paths", "node_local_paths"):
+        for path in getattr(site, key) or ():
+            try:
+                check_path_text(path, "path")
+            except MountError as exc:
+                raise PolicyFileError(f"{where}.{key}: {exc}") from None
+            if not path.startswith("/") or PurePosixPath(path) != PurePosixPath(os.path.normpath(path)):
+                raise PolicyFileError(f"{where}.{key}: {path!r}: expected an absolute, normal path, e.g. "
+                                      "\"/scratch\"")
+    return site
+
+
 def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolicy:
     top = [f.name for f in fields(AgentPolicy)]
     _check_keys(where, data, top)
@@ -460,6 +513,8 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
             raise PolicyFileError(f"{where}.metrics.port: {values['metrics'].port} is not a port (1-65535, 0: off)")
     if "containers" in data:
         values["containers"] = _containers(f"{where}.containers", data["containers"])
+    if "site" in data:
+        values["site"] = _site(f"{where}.site", data["site"])
     if "backfill" in data:
         table = data["backfill"]
         if not isinstance(table, dict):

@@ -7,7 +7,9 @@ Slurm or reads files, so every rule is tested with a fake clock.
 Rules, checked for each job every tick:
 
 * **Move** (immediate mode): a job running on a CPU or dev partition while
-  its ideal GPU partition has room moves there, if it checkpoints, the
+  its ideal GPU partition has room moves there, if it saves when asked
+  (``JobInfo.checkpointable``: it has checkpointed, its loop polls
+  ``run.should_stop()``, or a framework adapter said so at its start), the
   policy allows moving its owner's jobs, the owner stays within the GPU
   limit, and the time it is expected to save (from its ETA and the
   partitions' relative speeds) beats the restart cost by the margin. When
@@ -225,7 +227,8 @@ def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInf
             continue
         if not job.checkpointable:
             notes.append(Action(K.NOTE, reason=f"not moved to {ideal.name}: the job has not written a checkpoint "
-                                "yet (only jobs that checkpoint are moved)", **common))
+                                "yet, nor asked run.should_stop() (only jobs that save when asked are moved)",
+                                **common))
             continue
         eta, basis = remaining_s(job)
         if eta is None:

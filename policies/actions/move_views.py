@@ -66,6 +66,8 @@ class JobInfo:
     start_time: float
     end_time: float  # when the current allocation's time limit ends (0: none known)
     held: bool = False
+    # It saves when asked: it has checkpointed, or since its latest start its loop has polled should_stop()
+    # (contract.EVENT_POLLS) or a framework adapter declared it (contract.SAVES_ON_REQUEST).
     checkpointable: bool = False
     last_checkpoint_time: float | None = None
     eta_s: float | None = None

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dlsub.job.settings import Settings
+from dlsub.site_config import policy_file
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm, testbed_cluster
 
@@ -36,6 +37,18 @@ def run_ranks(script: str, args: list[str], env_by_rank: list[dict[str, str]], t
             p.kill()
     assert [p.returncode for p in procs] == [0] * len(procs), outs
     return [out.strip().splitlines()[-1] for out in outs]
+
+
+#: dlsub's node-local folders, as it ships them (before the fixture below takes /tmp out).
+NODE_LOCAL_AS_SHIPPED = policy_file.NODE_LOCAL_PATHS
+
+
+@pytest.fixture(autouse=True)
+def tmp_is_seen_by_the_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest's tmp_path lies in /tmp, which dlsub takes as each host's own and submit refuses (a job's node
+    would not see it); here the fake Slurm's nodes are this host, and they do. test_shared_paths.py puts
+    NODE_LOCAL_AS_SHIPPED back to test that refusal."""
+    monkeypatch.setattr(policy_file, "NODE_LOCAL_PATHS", tuple(p for p in NODE_LOCAL_AS_SHIPPED if p != "/tmp"))
 
 
 @pytest.fixture

@@ -75,3 +75,41 @@ def test_stopped_trainer_resumes_at_its_step_on_the_same_loss_curve(tmp_path: Pa
         f.write(b"\0" if f.read(1) != b"\0" else b"\1")
     callback = DlsubCallback(job_dir=stopped, handle_signals=False)
     assert callback.resume_checkpoint(output) == str(output / "checkpoint-5")
+
+
+_SHARED_OUTPUT = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, os.path.join(os.environ["REPO"], "examples"))
+    from transformers import TrainerCallback
+    import hf_trainer_train
+
+    class SignalAt(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 5:
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    hf_trainer_train.main(["--max-steps", "8", "--output-dir", sys.argv[1]], callbacks=[SignalAt()])
+""")
+_RESUME = "import sys\nfrom dlsub.checkpointing.hf_trainer import DlsubCallback\n" \
+          "print(DlsubCallback().resume_checkpoint(sys.argv[1]))\n"
+
+
+def test_an_output_dir_two_jobs_share_never_hands_one_the_others_checkpoint(tmp_path: Path) -> None:
+    """Two jobs submitted from one folder with the example's relative output_dir: job A's sealed checkpoint-5
+    is resumed by A's next attempt, never by B (which starts afresh and says why)."""
+    shared = tmp_path / "hf-out"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "REPO": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    first = subprocess.run([sys.executable, "-c", _SHARED_OUTPUT, str(shared)], capture_output=True, text=True,
+                           timeout=120, env={**env, "DLSUB_JOB_DIR": str(tmp_path / "job-a")})
+    assert first.returncode == RESUME_EXIT_CODE, first.stderr[-3000:]
+    assert (shared / "checkpoint-5").is_dir()
+
+    def resume(job: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", _RESUME, str(shared)], capture_output=True, text=True,
+                              timeout=120, env={**env, "DLSUB_JOB_DIR": str(tmp_path / job)})
+
+    other = resume("job-b")
+    assert other.stdout.strip() == "None", other.stderr[-3000:]
+    assert "passed over" in other.stderr and "not this job's" in other.stderr, other.stderr
+    own = resume("job-a")
+    assert own.stdout.strip() == str(shared / "checkpoint-5"), own.stderr[-3000:]

@@ -162,3 +162,29 @@ def test_trainer_args_are_torchrun_s_world(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE=2, WORLD_SIZE=3"):
         trainer_args()
+
+
+def test_trainer_args_merge_with_the_devices_and_num_nodes_a_script_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script that sets devices or num_nodes passes them to trainer_args() (beside **trainer_args() Python
+    refuses the keyword twice): outside torchrun they stand; under it, what says the same stands and a clash is
+    an error naming it."""
+    from dlsub.checkpointing.lightning import trainer_args
+
+    for name in ("LOCAL_WORLD_SIZE", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    given = {"devices": 4, "num_nodes": 1, "max_steps": 5}
+    assert trainer_args(**given) == given, "outside torchrun: what the script set"
+    import lightning as L
+
+    trainer = L.Trainer(**trainer_args(devices=1, accelerator="cpu", max_steps=1, logger=False))
+    assert trainer.num_devices == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert trainer_args(devices="auto", max_steps=5) == {"devices": 2, "num_nodes": 2, "max_steps": 5}
+    assert trainer_args(devices=-1)["devices"] == 2
+    assert trainer_args(devices=[0, 1], num_nodes=2) == {"devices": [0, 1], "num_nodes": 2}
+    assert trainer_args(devices="0,1")["devices"] == "0,1"
+    with pytest.raises(ValueError, match=r"Trainer\(devices=4\) clashes with the 2 process\(es\) dlsub started"):
+        trainer_args(devices=4)
+    with pytest.raises(ValueError, match=r"Trainer\(num_nodes=1\) clashes with the 2 node\(s\)"):
+        trainer_args(devices=2, num_nodes=1)

@@ -86,7 +86,8 @@ def test_a_plain_script_started_on_cpus_is_told_what_dlsub_can_do(gpus_busy: Fak
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
     assert out["partition"] == "cpu" and out["ideal_partition"] == "gpu" and out["mode"] == "immediate"
-    [note] = notes(result)
+    note, cpus_note = notes(result)
+    assert "starts on cpu now (immediate mode)" in cpus_note
     assert note.startswith("dlsub: note: train.py uses no dlsub library (no `from dlsub import checkpointing`")
     assert "no move, continuation past a time limit or resize keeps its progress" in note
     assert "restarted from scratch on gpu if GPUs free up within 10 min of its start" in note
@@ -100,7 +101,7 @@ def test_a_library_script_gets_no_note(gpus_busy: FakeSlurm, tmp_path: Path) -> 
     result = submit(policy_file(tmp_path), "--gpus", "1", str(REPO / "examples" / "train_digits.py"))
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout)
-    assert out["partition"] == "cpu" and notes(result) == []
+    assert out["partition"] == "cpu" and [n for n in notes(result) if "dlsub library" in n] == []
     assert "script=" not in gpus_busy.jobs[out["slurm_job_id"]].options["comment"]
 
 
@@ -145,3 +146,18 @@ def test_status_says_a_running_plain_script_never_checkpoints(gpus_busy: FakeSlu
     table = CliRunner().invoke(main, ["status"]).stdout
     said = [line for line in table.splitlines() if "uses no dlsub library" in line]
     assert said == [f"{plain['id']}: {PLAIN_NOTE}"]
+
+
+def test_a_gpu_job_started_on_cpus_is_told_in_one_line_what_it_gets_there(gpus_busy: FakeSlurm,
+                                                                         tmp_path: Path) -> None:
+    """Immediate mode (issue 49 item 5): processes, CPUs, memory on the CPU partition, and no CUDA there."""
+    result = submit(policy_file(tmp_path), "--gpus", "2", "--cpus", "3", "--mem", "6G",
+                    str(REPO / "examples" / "train_digits.py"))
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["partition"] == "cpu"
+    assert notes(result) == [
+        "dlsub: note: --gpus 2 starts on cpu now (immediate mode) as 1 training process with 3 CPUs, 6 GB and no "
+        "GPU, until the agent moves it to gpu: the script must run without CUDA there (torch.cuda.is_available() "
+        "is False, .cuda() fails); --mode ideal waits for gpu's GPUs instead"]
+    ideal = submit(policy_file(tmp_path), "--mode", "ideal", "--gpus", "1", str(REPO / "examples" / "train_digits.py"))
+    assert json.loads(ideal.stdout)["partition"] == "gpu" and notes(ideal) == []
