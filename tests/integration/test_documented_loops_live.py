@@ -5,7 +5,7 @@ Each starts on cpu in immediate mode with every GPU held, is moved onto a GPU on
 ever checkpointed: its ``should_stop()`` calls are what says it saves when asked), resumes there past step 0
 and completes. The one thing put into the printed text is the training step the documents leave to the
 reader: a ``train_step()`` of 0.3 s on cpu (0.01 s after the move, so the test need not wait out 1,000 steps),
-called where the README prints ``...``. About two minutes each.
+called where the README prints ``...``. About two minutes for both, side by side.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-
-import pytest
 
 from livebed import REPO, TestbedUser, attempts, progress_events, put, slurm_jobs, wait_for
 
@@ -47,31 +45,35 @@ def printed_loop(name: str) -> str:
     return re.sub(r"^([ \t]+)\.\.\.", r"\1train_step()", loop, flags=re.M)
 
 
-@pytest.mark.parametrize("name", list(LOOPS))
-def test_the_printed_loop_moves_from_cpu_to_a_gpu_and_completes_there_past_step_0(
-    name: str, user: TestbedUser, workdir: Path, gpus_busy: list[int], service_agent: None
+def test_the_printed_loops_move_from_cpu_to_a_gpu_and_complete_there_past_step_0(
+    user: TestbedUser, workdir: Path, gpus_busy: list[int], service_agent: None
 ) -> None:
-    script = put(user, workdir / f"{name.lower()}_loop.py", TRAIN_STEP + printed_loop(name))
-    job = user.submit("--mode", "immediate", "--gpus", "1", str(script), cwd=workdir)
-    assert job["partition"] == "cpu" and job["ideal_partition"] == "gpu", job
+    """Both printed loops side by side (one wait for the GPUs, not two)."""
+    jobs = {}
+    for name in LOOPS:
+        script = put(user, workdir / f"{name.lower()}_loop.py", TRAIN_STEP + printed_loop(name))
+        jobs[name] = user.submit("--mode", "immediate", "--gpus", "1", str(script), cwd=workdir)
+        assert jobs[name]["partition"] == "cpu" and jobs[name]["ideal_partition"] == "gpu", jobs[name]
     # The move needs no checkpoint, only the loop's first should_stop() and about 30 s of steps on cpu
     # (etc/testbed/policy.toml: cpu at a quarter of a GPU's speed, a restart costing 15 s).
-    wait_for("the loop to poll should_stop() on cpu", lambda: progress_events(job["job_dir"], "polls"), timeout=90)
-    wait_for("30 s of steps on cpu", lambda: (user.status(job["id"])["step"] or 0) >= 100, timeout=90)
-    assert not progress_events(job["job_dir"], "checkpoint"), "no checkpoint before the move"
+    for job in jobs.values():
+        wait_for("the loop to poll should_stop() on cpu", lambda j=job: progress_events(j["job_dir"], "polls"),
+                 timeout=90)
+        wait_for("30 s of steps on cpu", lambda j=job: (user.status(j["id"])["step"] or 0) >= 100, timeout=90)
+        assert not progress_events(job["job_dir"], "checkpoint"), "no checkpoint before the move"
     subprocess.run(["scancel", *map(str, gpus_busy)], check=True)
-    final = user.wait_until_ended(job["id"], "the moved loop to complete", timeout=240)
-    assert final["state"] == "COMPLETED" and final["partition"] == "gpu" and final["attempts"] == 2, final
-    runs = attempts(job["job_dir"])
-    assert [a["partition"] for a in runs if a["event"] == "start"] == ["cpu", "gpu"], runs
-    assert [a.get("action") for a in runs if a["event"] == "end"][0] == "move", runs
-    saved = [e["step"] for e in progress_events(job["job_dir"], "checkpoint")]
-    restored = [e["step"] for e in progress_events(job["job_dir"], "restore")]
-    assert len(saved) == 1 and saved[0] >= 100 and restored == saved, (saved, restored)
-    why = user.dlsub("why", job["id"]).stdout
-    assert re.search(r"moving to gpu: \d+ GPU\(s\) idle, est\. .* saved", why), why
-    assert progress_events(job["job_dir"])[-1]["event"] == "finished"
-
+    for name, job in jobs.items():
+        final = user.wait_until_ended(job["id"], f"the moved {name} loop to complete", timeout=240)
+        assert final["state"] == "COMPLETED" and final["partition"] == "gpu" and final["attempts"] == 2, final
+        runs = attempts(job["job_dir"])
+        assert [a["partition"] for a in runs if a["event"] == "start"] == ["cpu", "gpu"], runs
+        assert [a.get("action") for a in runs if a["event"] == "end"][0] == "move", runs
+        saved = [e["step"] for e in progress_events(job["job_dir"], "checkpoint")]
+        restored = [e["step"] for e in progress_events(job["job_dir"], "restore")]
+        assert len(saved) == 1 and saved[0] >= 100 and restored == saved, (name, saved, restored)
+        why = user.dlsub("why", job["id"]).stdout
+        assert re.search(r"moving to gpu: \d+ GPU\(s\) idle, est\. .* saved", why), why
+        assert progress_events(job["job_dir"])[-1]["event"] == "finished"
 
 
 def test_a_script_in_the_login_hosts_tmp_is_refused_before_slurm_sees_it(user: TestbedUser) -> None:
