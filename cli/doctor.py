@@ -7,6 +7,8 @@ failing probe stop the others: a probe that fails is its own check's problem.
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import pwd
 import shutil
@@ -26,7 +28,7 @@ from dlsub.job.submit import library_dir
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmConfig, SlurmError
 from dlsub.slurm_plugins.dialects import OLDEST_SUPPORTED, TESTED_VERSIONS, SlurmVersion
-from dlsub.slurm_plugins.models import SlurmNode
+from dlsub.slurm_plugins.models import SlurmJob, SlurmNode
 
 OK, WARN, PROBLEM, SKIPPED = "ok", "warn", "problem", "skipped"
 #: Clocks further apart than this make ETAs, move timing and the agent's deadlines wrong.
@@ -366,6 +368,41 @@ def check_image(user: pwd.struct_passwd, image: str, result: subprocess.Complete
                    "see `podman info` as that user (subuid/subgid, runtime directory, runc)")
 
 
+def image_of(job: SlurmJob) -> str | None:
+    """The image a job runs (its ID's first 12 hex digits), from the tags its submit record froze (the comment's
+    when the site has no job_submit.lua); None for a job that names none (not dlsub's, or an older dlsub's)."""
+    record = job.submit_record
+    tags = record.tags if record is not None else job.tags
+    return tags.image if tags is not None else None
+
+
+def check_site_images(listing: subprocess.CompletedProcess[str], jobs: Sequence[SlurmJob]) -> Finding:
+    """The site's read-only images as a user's Podman sees them, each with the jobs Slurm holds that still run
+    it: an older version of a name stays until none does (a requeue or a move runs the image a job was
+    submitted with), and is then removed with the fix's command."""
+    name = "site images"
+    try:
+        images = [i for i in json.loads(listing.stdout or "[]") if isinstance(i, dict) and i.get("ReadOnly")]
+    except ValueError:
+        images = []
+    if listing.returncode != 0 or not images:
+        return Finding(name, SKIPPED, "no read-only (site) image store in this user's Podman",
+                       "see docs/admin-guide.md, \"The training image on every node\"")
+    in_use = collections.Counter(tag for job in jobs if not job.terminal and (tag := image_of(job)) is not None)
+    parts, unused = [], []
+    for image in sorted(images, key=lambda i: -int(i.get("Created") or 0)):
+        short = str(image.get("Id", ""))[:12]
+        names = [str(n) for n in image.get("Names") or []]
+        users = in_use.get(short, 0)
+        parts.append(f"{short} {', '.join(names) or '(an older version, untagged)'}: "
+                     f"{users} job{'' if users == 1 else 's'} in Slurm run it")
+        if not names and not users:
+            unused.append(short)
+    fix = (f"as root, on each node's store: containers/site-image-store.sh remove {' '.join(unused)}"
+           if unused else "")
+    return Finding(name, OK, "; ".join(parts), fix)
+
+
 #: What each container runs from the mounted package (python3 -m dlsub.checkpointing.launch).
 LIBRARY_ENTRY = Path("checkpointing") / "launch.py"
 
@@ -626,6 +663,10 @@ def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: st
                                          for path in (*site.shared_mounts, *site.shared_mounts_rw)}))
     findings.append(cdi)
     findings.extend(_podman_checks(host, user, image, here, compute_node=this_node is not None))
+    entry = host.user(user) if user is not None else None
+    if entry is not None:
+        probe("site images", slurm_fix, lambda: check_site_images(
+            host.run_as(entry, ["podman", "images", "--format", "json"]), client.jobs()))
     return findings
 
 

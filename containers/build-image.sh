@@ -7,18 +7,21 @@
 #      lightning, transformers, accelerate);
 #   3. podman build the Containerfile with the wheels bind-mounted.
 # Each step is skipped when its result is already there and the recipe has
-# not changed. Usage: build-image.sh [--wheels-only] USER [IMAGE]
+# not changed. Usage: build-image.sh [--wheels-only | --publish] USER [IMAGE]
 #   --wheels-only: the downloads alone (step 2 and step 1's debootstrap), on a host that reaches the package
 #   registries, for a build host that does not (the testbed's login host has no route out: testbed/up.sh
 #   downloads on the host first).
+#   --publish (as root, after a build): the built image into the site's read-only image store
+#   (DLSUB_SITE_IMAGE_STORE, containers/site-image-store.sh), through an archive USER saves; nothing when the
+#   store already holds that image under that name.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-wheels_only=0
-if [ "${1:-}" = "--wheels-only" ]; then
-    wheels_only=1
-    shift
-fi
-user="${1:?usage: build-image.sh [--wheels-only] USER [IMAGE]}"
+wheels_only=0 publish=0
+case "${1:-}" in
+    --wheels-only) wheels_only=1; shift ;;
+    --publish) publish=1; shift ;;
+esac
+user="${1:?usage: build-image.sh [--wheels-only | --publish] USER [IMAGE]}"
 image="${2:-${DLSUB_IMAGE:-localhost/dlsub-torch:2.13.0-cpu}}"
 base="localhost/dlsub-base:bookworm"
 cache="${DLSUB_IMAGE_CACHE:-/var/cache/dlsub-image}"
@@ -80,6 +83,22 @@ if [ ! -s "$cache/rootfs.tar" ]; then
 fi
 [ "$wheels_only" -eq 1 ] && exit 0
 
+if [ "$publish" -eq 1 ]; then
+    site="${DLSUB_SITE_IMAGE_STORE:?--publish needs DLSUB_SITE_IMAGE_STORE, the site image store}"
+    id="$(as_user podman image inspect --format '{{.Id}}' "$image")"
+    if bash "$here/site-image-store.sh" --store "$site" list 2>/dev/null | grep -qF "${id:0:12}  ${image}  "; then
+        say "$image (${id:0:12}) is in the site store $site"
+        exit 0
+    fi
+    install -d -m 700 -o "$user" -g "$user" "$cache/archives"
+    archive="$cache/archives/${id:0:12}.tar"
+    say "saving $image (${id:0:12}) for the site store"
+    as_user podman save -q -o "$archive" "$image"
+    bash "$here/site-image-store.sh" --store "$site" add "$archive"
+    rm -f "$archive"
+    exit 0
+fi
+
 recipe="$(cat "$here/Containerfile" "$0" | sha256sum | cut -c1-16)"
 if as_user podman image exists "$image" \
    && [ "$(as_user podman image inspect --format '{{ index .Labels "dlsub.recipe" }}' "$image")" = "$recipe" ]; then
@@ -98,7 +117,4 @@ cp "$here/Containerfile" "$ctx/Containerfile"
 chmod -R a+rX "$ctx"
 say "building $image"
 as_user podman build --quiet --network host --label "dlsub.recipe=$recipe" -t "$image" -f "$ctx/Containerfile" "$ctx" >/dev/null
-# The first --userns keep-id container of an image pays a one-off ID-mapping
-# copy (~10 s here); pay it now rather than in the user's first job.
-as_user podman run --rm --network host --userns keep-id "$image" true
 say "built $image"

@@ -8,7 +8,9 @@ device arguments). User-supplied paths and arguments are never Raw.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 import subprocess
 from collections.abc import Sequence
@@ -112,6 +114,9 @@ class ContainerSpec:
     # the pool (its main job may be gone or requeued).
     reform: bool = True
     follow: bool = False
+    # The image's ID as submit found it (check_image): every attempt runs this one, whatever the name points
+    # to later (a site updating its image under the same name). None: the name (a dry run without Podman).
+    image_id: str | None = None
 
     @property
     def elastic(self) -> bool:
@@ -184,7 +189,10 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     lines += [["--env", contract.ENV_TRAINER_NODES], ["--env", contract.ENV_CPU_NODES]]
     lines += [["--env", f"{key}={value}"] for key, value in spec.env]
     lines.append([gpu_args])
-    lines.append([spec.image])
+    if spec.image_id:
+        # The name, for whoever reads `podman ps`; the ID, which it runs.
+        lines.append(["--label", f"{contract.LABEL_IMAGE}={spec.image}"])
+    lines.append([spec.image_id or spec.image])
     launch = ["python3", "-m", "dlsub.checkpointing.launch", "--grace", str(spec.grace_s)]
     if spec.elastic and spec.reform:
         launch.append("--elastic")
@@ -238,13 +246,39 @@ def local_images() -> list[str]:
     return sorted({line for line in result.stdout.split() if "<none>" not in line})
 
 
-def check_image(image: str) -> None:
-    """Raise :class:`ImageError` unless ``image`` is in this user's Podman storage."""
-    if _podman(["image", "exists", image]).returncode == 0:
-        return
+def check_image(image: str) -> str:
+    """``image``'s ID in this user's Podman (their own storage or the site's read-only image stores); raise
+    :class:`ImageError`, naming where Podman looked, when it is in neither.
+
+    A job runs the image by this ID on every attempt: a requeue or a move after the site updated the image
+    under the same name still runs the one it was submitted with (the site keeps an old version while a job
+    names it: ``dlsub doctor``)."""
+    found = _podman(["image", "inspect", "--format", "{{.Id}}", image])
+    image_id = found.stdout.strip()
+    if found.returncode == 0 and IMAGE_ID.match(image_id):
+        return image_id
     known = local_images()
     listing = ", ".join(known) if known else "none"
     raise ImageError(
-        f"image {image!r} is not in your Podman storage (images you have: {listing}); "
-        f"pass one of those with --image, or build/pull it first (podman build / podman load)"
+        f"image {image!r} is not in your Podman storage ({_stores()}; images there: {listing}); "
+        f"pass one of those with --image, or ask your site to add it to its image store "
+        f"(or build/pull it into your own: podman build / podman load)"
     )
+
+
+#: An image's ID as Podman gives it (sha256 of its config, 64 hex digits).
+IMAGE_ID = re.compile(r"^[0-9a-f]{64}\Z")
+
+
+def _stores() -> str:
+    """Where this user's Podman keeps and finds images, in words: its graph root and additional stores."""
+    info = _podman(["info", "--format", "json"])
+    try:
+        store = json.loads(info.stdout)["store"]
+        options = store.get("graphOptions") or {}
+        extra = [str(v) for k, v in options.items() if k.endswith(".imagestore")]
+        return (f"looked in {store.get('graphRoot')}"
+                + (f" and the site's read-only store {', '.join(extra)}" if extra else
+                   ", and no site image store is configured (additionalimagestores in storage.conf)"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "podman info did not say where it looks"

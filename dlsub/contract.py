@@ -103,6 +103,8 @@ LABEL_JOB_ID = "dlsub.job_id"
 LABEL_SLURM_JOB_ID = "dlsub.slurm_job_id"
 LABEL_ATTEMPT = "dlsub.attempt"
 LABEL_NODE = "dlsub.node"
+#: The image's name, beside the ID the container runs (submit records the ID: containers.podman.check_image).
+LABEL_IMAGE = "dlsub.image"
 
 #: Podman's runtime directory where the node has no ``/run/user/UID`` (batch
 #: script, TaskEpilog, dlsub): made mode 0700, refused if another user made it.
@@ -334,7 +336,9 @@ MODES = ("immediate", "ideal")
 ROLES = ("main", "worker")
 _PARTITION = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 _TAG = re.compile(r"^([a-z_]{1,32})=([A-Za-z0-9._-]{0,64})\Z")
-_TAG_KEYS = ("mode", "ideal", "gpus", "role", "nodes", "step", "script", "app", "gpu_type")
+_TAG_KEYS = ("mode", "ideal", "gpus", "role", "nodes", "step", "script", "app", "gpu_type", "image")
+#: The image a job runs, in its tags: the first 12 hex digits of its ID, as `podman images` shows it.
+_IMAGE_TAG = re.compile(r"^[0-9a-f]{12}\Z")
 #: Most GPUs a tag may ask for; the admin's policy caps it further.
 MAX_GPUS = 1024
 #: Most nodes an elastic range may name.
@@ -376,6 +380,9 @@ class Tags:
     # The kind of GPU it asked for (``gpu_type=a100``), where it starts without it (immediate mode, on CPUs):
     # the agent's move onto its GPUs asks for that kind. None: any kind.
     gpu_type: str | None = None
+    # The image it runs (``image=1673d281b98a``, its ID's first 12 hex digits, as submit found it): what
+    # `dlsub doctor` counts to tell a site which versions of its images jobs still use. None: not said.
+    image: str | None = None
 
     def __post_init__(self) -> None:
         if not DLSUB_ID.match(self.dlsub_id):
@@ -397,6 +404,8 @@ class Tags:
             raise ContractError(f"app={self.application!r} is not an application digest (32 hex digits)")
         if self.gpu_type is not None and valid_gpu_type(self.gpu_type) is None:
             raise ContractError(f"gpu_type={self.gpu_type!r} is not a GPU type's name")
+        if self.image is not None and not _IMAGE_TAG.match(self.image):
+            raise ContractError(f"image={self.image!r} is not an image ID's first 12 hex digits")
 
     def comment(self) -> str:
         parts = [f"{COMMENT_PREFIX}{self.dlsub_id}", f"mode={self.mode}"]
@@ -415,6 +424,8 @@ class Tags:
             parts.append(f"app={self.application}")
         if self.gpu_type:
             parts.append(f"gpu_type={self.gpu_type}")
+        if self.image:
+            parts.append(f"image={self.image}")
         return ";".join(parts)
 
     @classmethod
@@ -448,7 +459,7 @@ class Tags:
         try:
             return cls(head, values.get("mode", "ideal"), values.get("ideal") or None, int(gpus),
                        values.get("role", "main"), nodes, int(step), "script" in values, values.get("app"),
-                       values.get("gpu_type"))
+                       values.get("gpu_type"), values.get("image"))
         except ContractError:
             return None
 

@@ -145,12 +145,11 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     notes: tuple[str, ...] = (plain_script_note(script, req, choice, waits),) if plain else ()
     if choice.ideal_partition is not None and req.gpus_per_node > 0:
         notes += (immediate_cpu_note(req, choice, cpus, mem_mb),)
-    if check_images:
-        check_image(image)
+    image_id = check_image(image) if check_images else None
 
     dlsub_id = new_dlsub_id()
     container = dataclasses.replace(_container_spec(req, settings, script, image, settings.jobs_dir / dlsub_id),
-                                    extra_mounts=mounts)
+                                    extra_mounts=mounts, image_id=image_id)
     batch = BatchSpec(
         dlsub_id=dlsub_id,
         job_name=req.name or safe_job_name(script.stem),
@@ -164,7 +163,8 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         time_limit_min=req.time_limit_min,
         signal_grace_s=settings.signal_grace_s,
         dlsub_version=dlsub.__version__,
-        tags=_agent_tags(req, choice, plain, _application(script, req)),
+        tags=(*_agent_tags(req, choice, plain, _application(script, req)),
+              *((("image", image_id[:12]),) if image_id else ())),
         max_continuations=max(0, req.max_continuations),
         elastic=(req.nodes, req.max_members) if req.max_members is not None else None,
         # Named only where the job gets GPUs now (an immediate start on CPU nodes asks for none).
@@ -477,6 +477,7 @@ def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobS
             mem_mb=spec.mem_mb,
             time_limit_min=spec.time_limit_min,
             image=spec.container.image,
+            image_id=spec.container.image_id,
             max_nodes=spec.elastic[1] if spec.elastic else None,
             worker_gpus=plan.worker_gpus or None,
             mounts=[m.to_json() for m in spec.container.extra_mounts],

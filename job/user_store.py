@@ -50,6 +50,8 @@ class JobRecord:
     worker_gpus: int | None = None  # GPUs of each worker (None: a node's, ``gpus_per_node``; elastic in nodes)
     # The site's and the user's extra mounts, as containers.mounts.Mount.to_json gives them.
     mounts: list[dict[str, Any]] = field(default_factory=list)
+    # The image's ID at submit, which every attempt runs (None: a store made before it was kept).
+    image_id: str | None = None
 
     @property
     def worker_tasks(self) -> int:
@@ -102,7 +104,7 @@ class UnknownJob(LookupError):
 
 # Columns added since the first schema, with their types; added on open.
 _ADDED_COLUMNS = {"state": str, "state_at": float, "max_nodes": int, "worker_array_id": int, "worker_gpus": int,
-                  "mounts": str}
+                  "mounts": str, "image_id": str}
 
 
 class JobStore:

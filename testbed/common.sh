@@ -1,9 +1,14 @@
 # shellcheck shell=bash disable=SC2034
 # Shared by the testbed's scripts (sourced, not run; the variables are theirs).
-# The unprivileged job users: the first runs the tests' jobs (and has the
-# image); the second plays another user for the privacy and trust tests.
+# The unprivileged job users: the first runs the tests' jobs (and builds the
+# site's image); the second plays another user for the privacy and trust
+# tests; the third has never run Podman. Every one runs the site's image.
 TESTBED_USER="${DLSUB_TESTBED_USER:-dltest}"
 TESTBED_USER2="${DLSUB_TESTBED_USER2:-dltest2}"
+TESTBED_USER3="${DLSUB_TESTBED_USER3:-dltest3}"
+# The site's read-only image store (containers/site-image-store.sh): root's, read by every user's Podman as
+# an additional image store. One path every host sees (the machine's disk), as a shared filesystem would be.
+SITE_IMAGE_STORE=/var/lib/dlsub-images
 TESTBED_NODES="cpu1 cpu2 gpu1 gpu2"
 DLSUB_PREFIX="${DLSUB_PREFIX:-/opt/dlsub}"
 # The agent's service account (a Slurm Operator) and MariaDB's pid file.

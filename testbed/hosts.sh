@@ -110,6 +110,7 @@ host_up() {  # host
     ip -n "dlsub-$host" link set lo up
     install -d -m 1777 "$dir/tmp"
     install -d -m 755 "$dir/run-user" "$dir/run-dlsub" "$dir/var-lib-dlsub" "$dir/local" "$dir/cdi" "$dir/dev"
+    [ -d "$HOSTS_DIR/etc-containers" ] || cp -a /etc/containers "$HOSTS_DIR/etc-containers"
     touch "$NS_DIR/$host.uts" "$NS_DIR/$host.mnt"
     nsenter --net="/run/netns/dlsub-$host" -- unshare --uts="$NS_DIR/$host.uts" --mount="$NS_DIR/$host.mnt" \
         --propagation private bash "$here/hosts.sh" setup "$host" "$dir"
@@ -133,6 +134,9 @@ host_setup() {  # host dir
         mount --bind "$dir/var-lib-dlsub" /var/lib/dlsub
     fi
     mount --bind "$dir/local" "$NODE_LOCAL"
+    # The site's Podman settings (testbed/up.sh, site_containers): node-local graph roots, the site's image
+    # store. Within the hosts only: the machine's own /etc/containers stays as it is.
+    mount --bind "$HOSTS_DIR/etc-containers" /etc/containers
     minor="$(gpu_first_minor "$host")"
     if [ -n "$minor" ]; then
         # A /dev of its own: the machine's device nodes copied (same numbers), its pseudo-terminals, shared

@@ -19,6 +19,12 @@ from dlsub.slurm_plugins.client import SlurmClient
 USER = os.environ.get("DLSUB_TESTBED_USER", "dltest")
 #: A second unprivileged user: "another user" in the privacy and trust tests.
 USER2 = os.environ.get("DLSUB_TESTBED_USER2", "dltest2")
+#: A third, who has never run Podman: the site's image is all it has (testbed/up.sh).
+USER3 = os.environ.get("DLSUB_TESTBED_USER3", "dltest3")
+#: The site's read-only image store every host's Podman reads (testbed/common.sh, containers/site-image-store.sh).
+SITE_IMAGE_STORE = Path("/var/lib/dlsub-images")
+#: Each host's own disk, where each user's Podman keeps its containers (etc/testbed/storage.conf).
+NODE_LOCAL = Path("/var/lib/dlsub-local")
 EXAMPLES = Path(os.environ.get("DLSUB_PREFIX", "/opt/dlsub")) / "examples"
 #: The kind of each GPU node's GPUs, as the testbed's Slurm names them (GRES types, etc/testbed/slurm.conf).
 GPU_TYPES = {"gpu1": "a100", "gpu2": "v100"}

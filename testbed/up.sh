@@ -77,14 +77,14 @@ munge -n | unmunge >/dev/null || die "munge does not work: see /var/log/munge/mu
 hosts_up
 
 # ---------------------------------------------------------------- the job users
-# Two unprivileged users, set up alike: the second plays "another user" in the
-# privacy and trust tests. Each gets its own subordinate id range.
-# Their Podman, as a site sets it up (docs/admin-guide.md): the graph root on each host's node-local disk
-# (never the shared home, where rootless storage does not work on NFS), and the images read from a store on
-# the shared filesystem that the user builds on the login host (containers/build-image.sh), read-only on
-# every node (an additional image store).
+# Three unprivileged users, set up alike: the second plays "another user" in the privacy and trust tests, the
+# third one who has never used Podman. Each gets its own subordinate id range, a runtime directory on the
+# login hosts and a directory on each host's node-local disk (what a site's account provisioning, or a Slurm
+# Prolog, makes): nothing else. Their Podman is the site's (site_containers below): its graph root on that
+# node-local directory (never the shared home, where rootless storage does not work on NFS), and every
+# image from the site's read-only store; no user has a Podman file or an image of their own.
 job_user() {  # name first-subid
-    local name="$1" first="$2" uid home host store
+    local name="$1" first="$2" uid home host
     if ! id "$name" >/dev/null 2>&1; then
         say "creating user $name"
         useradd -m -s /bin/bash "$name"
@@ -93,14 +93,10 @@ job_user() {  # name first-subid
     grep -q "^$name:" /etc/subuid || usermod --add-subuids "$first-$((first + 65535))" "$name"
     grep -q "^$name:" /etc/subgid || usermod --add-subgids "$first-$((first + 65535))" "$name"
     home="$(getent passwd "$name" | cut -d: -f6)"
-    store="$home/$IMAGE_STORE"
-    install -d -m 755 -o "$name" -g "$name" "$home/.config" "$home/.config/containers" "$home/.local" \
-        "$home/.local/share" "$store"
-    install -m 644 -o "$name" -g "$name" "$repo/etc/testbed/containers.conf" "$home/.config/containers/containers.conf"
-    user_storage_conf "$name" "$store" | install -m 644 -o "$name" -g "$name" /dev/stdin \
-        "$home/.config/containers/storage.conf"
-    image_store_conf "$store" | install -m 644 -o "$name" -g "$name" /dev/stdin \
-        "$home/.config/containers/image-store.conf"
+    # What an earlier testbed gave each user (its own Podman files and image store in the home): gone.
+    rm -f "$home/.config/containers/storage.conf" "$home/.config/containers/image-store.conf" \
+        "$home/.config/containers/containers.conf"
+    rm -rf "$home/.local/share/dlsub-images"
     for host in $TESTBED_HOSTS; do
         install -d -m 700 -o "$name" -g "$name" "$HOSTS_DIR/$host/local/$name"
     done
@@ -138,34 +134,19 @@ reset_stale_podman() {  # name host runtime-dir
             podman system migrate
     fi
 }
-# Where a user's images live on the shared filesystem (relative to the home directory).
-IMAGE_STORE=.local/share/dlsub-images
-user_storage_conf() {  # name store
-    printf '# Rootless Podman on the dlsub testbed (testbed/up.sh writes it; a site writes its own).
-'
-    printf '[storage]
-driver = "overlay"
-'
-    printf '# Node-local on every host (%s is each host'"'"'s own disk).
-' "$NODE_LOCAL"
-    printf 'rootless_storage_path = "%s/%s/storage"
-' "$NODE_LOCAL" "$1"
-    printf '[storage.options]
-# Images: built on the login host into a store on the shared filesystem, read-only here.
-'
-    printf 'additionalimagestores = ["%s"]
-' "$2"
+# The site's Podman settings, the same on every host (testbed/hosts.sh mounts them on /etc/containers):
+# docs/admin-guide.md, "The training image on every node".
+site_containers() {
+    local dir="$HOSTS_DIR/etc-containers"
+    install -d -m 755 "$dir"
+    install -m 644 "$repo/etc/testbed/containers.conf" "$dir/containers.conf"
+    sed "s|@NODE_LOCAL@|$NODE_LOCAL|; s|@SITE_IMAGE_STORE@|$SITE_IMAGE_STORE|" "$repo/etc/testbed/storage.conf" \
+        | install -m 644 /dev/stdin "$dir/storage.conf"
 }
-image_store_conf() {  # store
-    printf '# The shared image store, as containers/build-image.sh writes into it (on the login host).
-'
-    printf '[storage]
-driver = "overlay"
-rootless_storage_path = "%s"
-' "$1"
-}
+site_containers
 job_user "$TESTBED_USER" 200000
 job_user "$TESTBED_USER2" 300000
+job_user "$TESTBED_USER3" 400000
 
 # The agent's service account: unprivileged, made a Slurm Operator below.
 if ! id "$AGENT_USER" >/dev/null 2>&1; then
@@ -232,11 +213,17 @@ wait_for_nodes
 "$here/agent.sh" restart
 
 # ---------------------------------------------------------------- the image
-# Built by the user on the login host, into the shared image store every node reads. The login host has no
-# route out (its namespace reaches only the testbed's hosts), so its wheels are downloaded here first.
+# The site's image, as an admin brings it: built by an unprivileged account (the testbed user) on the login
+# host, in a build store on that host's local disk, saved as an archive, and loaded by root into the site's
+# read-only store that every host reads (containers/site-image-store.sh). The login host has no route out
+# (its namespace reaches only the testbed's hosts), so its wheels are downloaded here first.
 "$repo/containers/build-image.sh" --wheels-only "$TESTBED_USER"
-on_host "$LOGIN_HOST" env DLSUB_IMAGE_STORE_CONF="$(getent passwd "$TESTBED_USER" | cut -d: -f6)/.config/containers/image-store.conf" \
-    "$repo/containers/build-image.sh" "$TESTBED_USER"
+build_conf="$HOSTS_DIR/build-storage.conf"
+printf '[storage]\ndriver = "overlay"\nrootless_storage_path = "%s/%s/image-build"\n' "$NODE_LOCAL" "$TESTBED_USER" \
+    | install -m 644 /dev/stdin "$build_conf"
+on_host "$LOGIN_HOST" env DLSUB_IMAGE_STORE_CONF="$build_conf" "$repo/containers/build-image.sh" "$TESTBED_USER"
+on_host "$LOGIN_HOST" env DLSUB_IMAGE_STORE_CONF="$build_conf" DLSUB_SITE_IMAGE_STORE="$SITE_IMAGE_STORE" \
+    "$repo/containers/build-image.sh" --publish "$TESTBED_USER"
 
 # The site check an admin would run, on the login host and on every compute node (there: the node's CDI
 # spec, its Podman, storage and image): nothing may block dlsub here.

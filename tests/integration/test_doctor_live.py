@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from livebed import USER, USER2, TestbedUser, agent_service, on_host
+from livebed import SITE_IMAGE_STORE, USER, USER2, TestbedUser, agent_service, on_host
 
 
 def doctor(user: str = USER, host: str | None = None,
@@ -49,8 +49,10 @@ def test_the_testbed_is_ok(user: TestbedUser) -> None:
     for name in ("agent is a Slurm Operator", "job_submit.lua", "cred_expire", "GPU gres", "policy partitions exist",
                  "agent", "clocks", f"image of {USER}", f"subordinate ids of {USER}", "job cgroups",
                  f"container storage of {USER}", "dlsub package for containers", "shared mounts",
-                 f"Podman cgroup settings of {USER}"):
+                 f"Podman cgroup settings of {USER}", "site images"):
         assert checks[name]["status"] == "ok", checks[name]
+    # The site's image, in the store every user reads (testbed/up.sh publishes it).
+    assert "localhost/dlsub-torch:2.13.0-cpu" in checks["site images"]["detail"], checks["site images"]
     # Where the tests run is not a Slurm node: no GPUs to check a CDI spec for.
     assert checks["CDI spec"]["status"] == "skipped", checks["CDI spec"]
 
@@ -139,7 +141,8 @@ def test_the_graph_root_in_the_shared_home_on_a_compute_node(user: TestbedUser, 
     root = workdir / "storage"
     conf = workdir / "storage.conf"
     conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{root}"\nrootless_storage_path = "{root}"\n'
-                    f'[storage.options]\nadditionalimagestores = ["{user.home}/.local/share/dlsub-images"]\n')
+                    f'[storage.options]\nadditionalimagestores = ["{SITE_IMAGE_STORE}"]\n'
+                    '[storage.options.overlay]\nmount_program = "/usr/bin/fuse-overlayfs"\n')
     os.chown(conf, user.uid, user.gid)
     rc, checks = doctor(host="gpu1", env={"CONTAINERS_STORAGE_CONF": str(conf)})
     assert rc == 1
@@ -149,8 +152,16 @@ def test_the_graph_root_in_the_shared_home_on_a_compute_node(user: TestbedUser, 
 
 
 def test_the_image_missing_from_a_users_storage_on_a_node(user2: TestbedUser) -> None:
-    """dltest2's image store has no image (testbed/up.sh builds the image for dltest only)."""
-    rc, checks = doctor(USER2, host="gpu1")
+    """A storage.conf without the site's image store (through CONTAINERS_STORAGE_CONF): dltest2 has no image
+    of its own, so none at all on that node."""
+    conf = Path(user2.home) / "dlsub-it-no-site-store.conf"
+    conf.write_text('[storage]\ndriver = "overlay"\n'
+                    f'rootless_storage_path = "/var/lib/dlsub-local/{USER2}/containers-no-site-store"\n')
+    os.chown(conf, user2.uid, user2.gid)
+    try:
+        rc, checks = doctor(USER2, host="gpu1", env={"CONTAINERS_STORAGE_CONF": str(conf)})
+    finally:
+        conf.unlink()
     assert rc == 1
     found = checks[f"image of {USER2}"]
     assert found["status"] == "problem" and "on gpu1" in found["detail"], found

@@ -1,0 +1,161 @@
+"""Integration (live testbed: Slurm, the agent service, rootless Podman): every user runs the site's image from
+its one read-only store (containers/site-image-store.sh; etc/testbed/storage.conf names it on every host), with
+no image and no Podman file of their own. A user who never ran Podman is moved cpu -> gpu on it; the nodes'
+per-user storage stays small however many users run; and the site updating its image while a job runs
+leaves that job on the image it was submitted with, through a move, while new jobs get the new one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from livebed import (
+    NODE_LOCAL,
+    SITE_IMAGE_STORE,
+    USER,
+    USER3,
+    TestbedUser,
+    attempts,
+    blockers,
+    job_output,
+    on_host,
+    put,
+    wait_for,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = "localhost/dlsub-torch:2.13.0-cpu"
+BUILD_CONF = Path("/var/lib/dlsub-testbed/hosts/build-storage.conf")  # testbed/up.sh: the builder's store
+STORE_TOOL = REPO / "containers" / "site-image-store.sh"
+
+#: Says which version of the site's image each attempt runs (the update below sets the variable), then trains
+#: a few checkpointed steps, slowly on CPUs, so that a move has something to carry.
+VERSION_TRAIN = """
+import os, sys, time
+from dlsub import checkpointing
+print("image version", os.environ.get("DLSUB_SITE_IMAGE_VERSION", "1"), flush=True)
+run = checkpointing.init(saves_on_request=True)
+state = run.restore() or {"step": 0}
+slow = float(sys.argv[1]) if not os.path.exists("/dev/nvidia0") else 0.01
+for step in range(state["step"], 60):
+    time.sleep(slow)
+    run.report(step=step + 1, loss=1.0 / (step + 1))
+    if run.should_stop():
+        run.save({"step": step + 1})
+        run.exit_for_resume()
+run.finish()
+"""
+
+
+@pytest.fixture(scope="module")
+def user3() -> TestbedUser:
+    try:
+        return TestbedUser(USER3)
+    except KeyError:
+        pytest.fail(f"user {USER3} does not exist: bring the testbed up with `sudo make testbed`")
+
+
+def _on(host: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*on_host(host), *argv], capture_output=True, text=True, check=False)
+
+
+def _kib(host: str, path: Path) -> int:
+    out = _on(host, "du", "-sk", str(path)).stdout.split()
+    return int(out[0]) if out else 0
+
+
+@pytest.fixture
+def gpus_held(user: TestbedUser) -> Iterator[list[int]]:
+    ids = blockers(user)
+    yield ids
+    subprocess.run(["scancel", *map(str, ids)], check=False)
+
+
+def _moved_and_completed(user: TestbedUser, job: dict, gpus_held: list[int]) -> dict:
+    wait_for("a checkpoint-ready start on cpu", lambda: (s := user.status(job["id"]))["state"] == "RUNNING"
+             and (s["step"] or 0) >= 3, timeout=180)
+    subprocess.run(["scancel", *map(str, gpus_held)], check=True)
+    done = user.wait_until_ended(job["id"], "the job to move to gpu and complete", timeout=240)
+    assert done["state"] == "COMPLETED" and done["partition"] == "gpu", done
+    starts = [a["partition"] for a in attempts(job["job_dir"]) if a["event"] == "start"]
+    assert starts[0] == "cpu" and starts[-1] == "gpu", starts
+    return done
+
+
+def test_a_user_who_never_ran_podman_is_moved_on_the_site_image_and_storage_does_not_grow(
+        user: TestbedUser, user3: TestbedUser, gpus_held: list[int], service_agent: None) -> None:
+    # No storage anywhere: none in the home, none on any host (an earlier run's is removed).
+    for host in ("login1", "cpu1", "cpu2", "gpu1", "gpu2"):
+        _on(host, "rm", "-rf", str(NODE_LOCAL / USER3 / "containers"))
+    assert not (Path(user3.home) / ".config" / "containers").exists()
+    assert not (Path(user3.home) / ".local" / "share" / "containers").exists()
+    workdir = Path(user3.home) / f"dlsub-it-site-{uuid.uuid4().hex[:8]}"
+    workdir.mkdir()
+    os.chown(workdir, user3.uid, user3.gid)
+    script = put(user3, workdir / "train.py", VERSION_TRAIN)
+    os.chown(script, user3.uid, user3.gid)
+    job = user3.submit("--mode", "immediate", "--gpus", "1", str(script), "1.5", cwd=workdir)
+    assert job["partition"] == "cpu", job
+    _moved_and_completed(user3, job, gpus_held)
+    # What each user keeps per node is their containers, not the image: the site store holds the one copy.
+    store_kib = sum(_kib("login1", SITE_IMAGE_STORE / d) for d in ("overlay",))
+    for host in ("cpu1", "cpu2", "gpu1", "gpu2"):
+        for name in (USER, USER3):
+            kept = _kib(host, NODE_LOCAL / name / "containers")
+            assert kept < 50 * 1024, (host, name, kept, store_kib)
+    assert store_kib > 500 * 1024, store_kib
+    subprocess.run(["rm", "-rf", str(workdir)], check=False)
+
+
+def _builder(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The site's image builder (the testbed user, on the login host, in its build store)."""
+    uid = TestbedUser(USER).uid
+    env = [f"HOME=/home/{USER}", f"XDG_RUNTIME_DIR=/run/user/{uid}/dlsub-image-store",
+           f"CONTAINERS_STORAGE_CONF={BUILD_CONF}"]
+    return subprocess.run([*on_host("login1"), "runuser", "-u", USER, "--", "env", *env, "podman", *argv],
+                          capture_output=True, text=True, check=True)
+
+
+def test_the_site_image_updated_while_a_job_runs(user: TestbedUser, workdir: Path, gpus_held: list[int],
+                                                 service_agent: None) -> None:
+    """Version 2 of the image, published under the same name while a job runs on version 1: the job's attempt
+    after its move to gpu still runs version 1 (submit recorded its ID); a job submitted after runs version 2;
+    doctor lists both, each with the jobs that run it. Then version 1 is the name's again (what a rollback
+    does), version 2 removed."""
+    old = _builder("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
+    script = put(user, workdir / "train.py", VERSION_TRAIN)
+    job = user.submit("--mode", "immediate", "--gpus", "1", str(script), "3", cwd=workdir)
+    context = Path(f"/home/{USER}") / f"dlsub-it-image-{uuid.uuid4().hex[:8]}"
+    context.mkdir()
+    (context / "Containerfile").write_text(f"FROM {old}\nENV DLSUB_SITE_IMAGE_VERSION=2\n")
+    subprocess.run(["chown", "-R", f"{USER}:{USER}", str(context)], check=True)
+    new = ""
+    try:
+        _builder("build", "--quiet", "-t", IMAGE, str(context))
+        new = _builder("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
+        assert new != old
+        subprocess.run([*on_host("login1"), "env", f"DLSUB_IMAGE_STORE_CONF={BUILD_CONF}",
+                        f"DLSUB_SITE_IMAGE_STORE={SITE_IMAGE_STORE}", str(REPO / "containers" / "build-image.sh"),
+                        "--publish", USER], check=True, capture_output=True, text=True)
+        fresh = user.submit("-p", "cpu", str(script), "0.01", cwd=workdir)
+        report = subprocess.run(["dlsub", "doctor", "--user", USER, "--json"], capture_output=True, text=True)
+        sites = [c for c in json.loads(report.stdout)["checks"] if c["check"] == "site images"]
+        assert sites and f"{old[:12]} (an older version, untagged): 1 job" in sites[0]["detail"], sites
+        assert f"{new[:12]} {IMAGE}" in sites[0]["detail"], sites
+        _moved_and_completed(user, job, gpus_held)
+        assert user.wait_until_ended(fresh["id"], timeout=180)["state"] == "COMPLETED"
+        assert job_output(job["job_dir"]).count("image version 1") == 2, job_output(job["job_dir"])
+        assert "image version 2" in job_output(fresh["job_dir"]), job_output(fresh["job_dir"])
+    finally:
+        subprocess.run(["bash", str(STORE_TOOL), "--store", str(SITE_IMAGE_STORE), "tag", old, IMAGE], check=False)
+        if new:
+            subprocess.run(["bash", str(STORE_TOOL), "--store", str(SITE_IMAGE_STORE), "remove", new], check=False)
+            _builder("tag", old, IMAGE)
+            _builder("rmi", new)
+        subprocess.run(["rm", "-rf", str(context)], check=False)
