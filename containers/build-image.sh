@@ -92,10 +92,11 @@ if [ "$publish" -eq 1 ]; then
     fi
     install -d -m 700 -o "$user" -g "$user" "$cache/archives"
     archive="$cache/archives/${id:0:12}.tar"
+    rm -f "$archive"  # podman save does not overwrite, and a failed run may have left one
+    trap 'rm -f "$archive"' EXIT
     say "saving $image (${id:0:12}) for the site store"
     as_user podman save -q -o "$archive" "$image"
     bash "$here/site-image-store.sh" --store "$site" add "$archive"
-    rm -f "$archive"
     exit 0
 fi
 

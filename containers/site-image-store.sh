@@ -30,10 +30,14 @@ say() { printf 'site-image-store: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 2; }
 [ "$(id -u)" -eq 0 ] || die "run as root (the store is root's, read-only to everyone else)"
 case "$store" in /*) ;; *) die "the store must be an absolute path, not $store" ;; esac
-# Its own run root: nothing shared with root's default storage, whatever /etc/containers/storage.conf says.
+# Its own run root and storage.conf: nothing shared with root's default storage, whatever the host's
+# /etc/containers/storage.conf says (a site's names the users' settings: mount_program, rootless paths).
 runroot="/run/dlsub-site-images/$(printf '%s' "$store" | sha256sum | cut -c1-12)"
+install -d -m 700 "$runroot"
+printf '[storage]\ndriver = "overlay"\ngraphroot = "%s"\nrunroot = "%s"\n' "$store" "$runroot" >"$runroot/storage.conf"
 store_podman() {
-    podman --root "$store" --runroot "$runroot" --storage-driver overlay --storage-opt overlay.mount_program= "$@"
+    CONTAINERS_STORAGE_CONF="$runroot/storage.conf" podman --root "$store" --runroot "$runroot" \
+        --storage-driver overlay "$@"
 }
 
 # What every user must be able to read for Podman to use the store (read-only: directories 755, the
@@ -55,7 +59,6 @@ case "$action" in
         archive="${2:?usage: site-image-store.sh add ARCHIVE}"
         [ -r "$archive" ] || die "no image archive at $archive (make one with: podman save -o FILE IMAGE)"
         install -d -m 755 "$store"
-        install -d -m 700 "$runroot"
         say "loading $archive into $store"
         store_podman load -q -i "$archive" >&2
         publish

@@ -79,10 +79,10 @@ hosts_up
 # ---------------------------------------------------------------- the job users
 # Three unprivileged users, set up alike: the second plays "another user" in the privacy and trust tests, the
 # third one who has never used Podman. Each gets its own subordinate id range, a runtime directory on the
-# login hosts and a directory on each host's node-local disk (what a site's account provisioning, or a Slurm
-# Prolog, makes): nothing else. Their Podman is the site's (site_containers below): its graph root on that
-# node-local directory (never the shared home, where rootless storage does not work on NFS), and every
-# image from the site's read-only store; no user has a Podman file or an image of their own.
+# login hosts, a directory on each host's node-local disk and the site's storage.conf (what a site's account
+# provisioning, or a Slurm Prolog, makes): nothing else. Their Podman is the site's (site_containers below):
+# its graph root on that node-local directory (never the shared home, where rootless storage does not work
+# on NFS), and every image from the site's read-only store; no user has an image or storage of their own.
 job_user() {  # name first-subid
     local name="$1" first="$2" uid home host
     if ! id "$name" >/dev/null 2>&1; then
@@ -93,10 +93,15 @@ job_user() {  # name first-subid
     grep -q "^$name:" /etc/subuid || usermod --add-subuids "$first-$((first + 65535))" "$name"
     grep -q "^$name:" /etc/subgid || usermod --add-subgids "$first-$((first + 65535))" "$name"
     home="$(getent passwd "$name" | cut -d: -f6)"
-    # What an earlier testbed gave each user (its own Podman files and image store in the home): gone.
-    rm -f "$home/.config/containers/storage.conf" "$home/.config/containers/image-store.conf" \
-        "$home/.config/containers/containers.conf"
+    # What an earlier testbed gave each user (its own image store in the home, Podman files of their own):
+    # gone. What the site's provisioning gives: its storage.conf, as the user's (Podman 4.3, Debian 12's,
+    # reads only the graph root and driver from /etc/containers/storage.conf for a rootless user, not the
+    # image stores or the mount program: docs/admin-guide.md, "The training image on every node").
+    rm -f "$home/.config/containers/image-store.conf" "$home/.config/containers/containers.conf"
     rm -rf "$home/.local/share/dlsub-images"
+    install -d -m 755 -o "$name" -g "$name" "$home/.config" "$home/.config/containers"
+    install -m 644 -o "$name" -g "$name" "$HOSTS_DIR/etc-containers/storage.conf" \
+        "$home/.config/containers/storage.conf"
     for host in $TESTBED_HOSTS; do
         install -d -m 700 -o "$name" -g "$name" "$HOSTS_DIR/$host/local/$name"
     done
@@ -121,9 +126,13 @@ reset_stale_podman() {  # name host runtime-dir
     # Rootless Podman joins the user's pause process, wherever it was made: one made on another host (or on
     # this machine before its hosts existed) would show this host that one's mounts (its graph root).
     pause="$(on_host "$host" cat "$runtime/libpod/tmp/pause.pid" 2>/dev/null || true)"
+    # One made before this host's site settings were mounted (an earlier testbed's host of the same name)
+    # would not see them: Podman joins it and finds no /etc/containers/storage.conf.
     if [ -n "$pause" ] && kill -0 "$pause" 2>/dev/null \
-            && [ "$(nsenter -t "$pause" --uts hostname 2>/dev/null)" != "$host" ]; then
-        say "ending $name's Podman pause process $pause, made outside $host"
+            && { [ "$(nsenter -t "$pause" --uts hostname 2>/dev/null)" != "$host" ] \
+                 || ! nsenter -t "$pause" --mount cmp -s /etc/containers/storage.conf \
+                      "$HOSTS_DIR/etc-containers/storage.conf"; }; then
+        say "ending $name's Podman pause process $pause, made outside $host or before its site settings"
         kill "$pause"
         on_host "$host" rm -f "$runtime/libpod/tmp/pause.pid"
     fi
