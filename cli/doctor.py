@@ -666,7 +666,9 @@ def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: st
     entry = host.user(user) if user is not None else None
     if entry is not None:
         probe("site images", slurm_fix, lambda: check_site_images(
-            host.run_as(entry, ["podman", "images", "--format", "json"]), client.jobs()))
+            # --all: an older version a newer one was built FROM is an intermediate image, which plain
+            # `podman images` hides, and it is the one whose jobs an admin waits for before removing it.
+            host.run_as(entry, ["podman", "images", "--all", "--format", "json"]), client.jobs()))
     return findings
 
 
