@@ -414,8 +414,13 @@ def test_a_cpu_component_makes_one_heterogeneous_job(tmp_path: Path) -> None:
         render_sbatch(BatchSpec(**{**s.__dict__, "cpu_nodes": 1, "cpu_partition": "cpu", "elastic": (1, 2)}))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    # The launcher stops the CPU part once the trainers' part ends: the trainers' stand-in ends only once the CPU
+    # part's has written its line (or after 10 s), so the test does not race the CPU part's start.
+    parts_file = tmp_path / "parts"
     _stub(bin_dir, "srun", f'echo "$1 ${{DLSUB_ROLE-}} ${{CUDA_VISIBLE_DEVICES-unset}} $DLSUB_TRAINER_NODES '
-                           f'$DLSUB_CPU_NODES" >> {tmp_path / "parts"}\n')
+                           f'$DLSUB_CPU_NODES" >> {parts_file}\n'
+                           f'if [ "$1" = --het-group=0 ]; then for _ in $(seq 200); do '
+                           f'grep -q het-group=1 {parts_file} && break; sleep 0.05; done; fi\n')
     parts_env = {"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_NODELIST_HET_GROUP_0": "gpu1",
                  "SLURM_JOB_NODELIST_HET_GROUP_1": "cpu1"}
     rc, log = _run_script(tmp_path, script, (), 0, text=text, env_extra=parts_env)
