@@ -259,7 +259,8 @@ class Run:
         self._last_step = (self._last_step or 0) + 1
         if now - self._counted_at >= COUNTED_REPORT_S:
             self._counted_at = now
-            self._event(contract.EVENT_PROGRESS, step=self._last_step, **self._count_fields())
+            self._event(contract.EVENT_PROGRESS, step=self._last_step, counted=contract.COUNTED,
+                        **self._count_fields())
 
     def _count_fields(self) -> dict[str, Any]:
         return {k: v for k, v in (("total_steps", self.total_steps), ("total_epochs", self.total_epochs))

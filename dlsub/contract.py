@@ -291,6 +291,8 @@ MAX_REPORTED_BATCH = 10**9
 #: ``BatchLimits.to_event()``).
 #: A start event's ``saves``: the training checkpoints whenever dlsub asks (its stop is handled in its loop).
 SAVES_ON_REQUEST = "on_request"
+#: A progress event's ``counted``: its step counts the loop's should_stop() calls, not a step it reported.
+COUNTED = "polls"
 PROGRESS_FIELDS: tuple[tuple[str, str, tuple[object, ...]], ...] = (
     ("step", "int", (0, MAX_STEP)),
     ("epoch", "num", (0, MAX_EPOCH)),
@@ -320,6 +322,9 @@ PROGRESS_FIELDS: tuple[tuple[str, str, tuple[object, ...]], ...] = (
     ("batch_from", "one_of", (BATCH_SOURCES,)),
     ("grad_sqr", "num", (0, float("inf"))),
     ("grad_var", "num", (0, float("inf"))),
+    # Progress events the library wrote for a loop that has not called report(): its step is a count of its
+    # should_stop() calls (COUNTED). The agent never mixes such a point with a loop's own reports in one rate.
+    ("counted", "one_of", ((COUNTED,),)),
 )
 # An attempt event (written by the batch script): ``slurm_job_id`` (required), ``restart`` (0 if absent),
 # and, at its end, ``rc``, ``action`` (one of ATTEMPT_ACTIONS), ``signal``; where it ran: ``node``,

@@ -189,8 +189,13 @@ class ProgressSummary:
             return
         if split[0] and not self.segment["split"][0]:
             self.segment["split"] = split
-        point = {k: event[k] for k in ("time", "step", "samples") if event.get(k) is not None}
-        points = self.segment["points"] = [*self.segment["points"], point][-RATE_WINDOW:]
+        point = {k: event[k] for k in ("time", "step", "samples", "counted") if event.get(k) is not None}
+        earlier = self.segment["points"]
+        if "counted" not in point:
+            # The loop reports its own steps now: the library's counts of its should_stop() calls before (a
+            # step basis of their own, and no samples) never enter a rate beside them.
+            earlier = [p for p in earlier if "counted" not in p]
+        points = self.segment["points"] = [*earlier, point][-RATE_WINDOW:]
         steps = _rate(points[0], points[-1], "step") if len(points) > 1 else None
         if steps is not None:
             key = ",".join(str(int(v)) for v in (*self.segment["size"], *self.segment["split"]))

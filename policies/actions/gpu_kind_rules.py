@@ -230,9 +230,14 @@ def _move_or_note(scaled: ScaledJob, view: JobView, target: str, capacity: Capac
         # The program placed it on the other kind to give its own GPUs to another job: never on their word.
         return note(f"stays on {job.gpu_type} ({policy_words}): {figures}; after its restart (keeping "
                     f"{keep:.0%} of the gain) it would be no faster there")
+    if here.basis != "measured":
+        # A loop that polls should_stop() may be moved from its first seconds: a move waits for what it measured
+        # where it runs, never only for what its model (earlier runs, another command's profile) says of it.
+        return note(f"not moved to {target} yet ({policy_words}): {figures}; it has not measured its rate on "
+                    f"{job.gpu_type} yet (a move is made on what it measured where it runs)")
     if job.dlsub_id not in checkpointed:
         return note(f"not moved to {target} yet ({policy_words}): {figures}; it has not written a checkpoint "
-                    "(only jobs that checkpoint are moved)")
+                    "nor asked run.should_stop() (only jobs that save when asked are moved)")
     nodes = _room_for_main(job, capacity, target)
     if not nodes:
         return note(f"not moved to {target} yet ({policy_words}): {figures}; no node of {target} has "

@@ -350,6 +350,38 @@ def test_a_kind_the_job_never_ran_on_is_bootstrapped_from_its_commands_earlier_r
         in why, why
 
 
+def test_a_job_that_polls_is_moved_across_kinds_only_once_it_has_measured_its_rate_where_it_runs(
+        tmp_path: Path) -> None:
+    """Unit with the fake Slurm: an earlier job of Alice's command measured 8 steps/s on v100. A second run of it
+    has just started on a100: a start there and its loop's first should_stop() (the "polls" event: it saves when
+    asked), no report yet. What is known of it on a100 is no measurement: it is not moved (`dlsub why` says it
+    waits for a rate measured where it runs). Three reports later it is, on its measured figure."""
+    world = typed(World(tmp_path, across()))
+    digest = {"application": "0123456789abcdef0123456789abcdef"}
+    first, _, first_dir = elastic(world, "000f1257", "gpu2", workers=1)
+    reports(first_dir, first, [("v100", 1, 8.0)], start=digest)
+    checkpointed(first_dir, first)
+    second, _, job_dir = elastic(world, "0005ec0d", "gpu1", workers=1)
+    attempt = f"{second}-0"
+    events = [{"event": "start", "time": NOW - 8, "attempt": attempt, "world_size": 1, "nodes": 1,
+               "gpu_type": "a100", **digest}, {"event": "polls", "time": NOW - 4, "attempt": attempt}]
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write("".join(json.dumps(e) + "\n" for e in events))
+    agent = world.agent()
+    agent.tick(NOW)
+    agent.tick(NOW + 1)
+    assert world.fake.jobs[second].signals == [], "not moved before it measured its rate where it runs"
+    assert not any("not measured" in r for r in decisions(world, "000f1257"))
+    with open(job_dir / "progress.jsonl", "a") as f:
+        f.write("".join(json.dumps({"event": "progress", "time": NOW + t, "attempt": attempt, "step": 2 * t,
+                                    "samples": 2 * t * 64, "total_steps": 200000}) + "\n" for t in (2, 7, 12)))
+    agent.tick(NOW + 13)
+    agent.tick(NOW + 14)
+    assert world.fake.jobs[second].signals == ["USR2"], "measured where it runs, saving when asked: moved"
+    (why,) = decisions(world, "0005ec0d", "move")
+    assert "measured 128 samples/s on a100 (1 GPU)" in why, why
+
+
 def test_the_agent_keeps_a_start_events_application_digest() -> None:
     """Unit, pure: the checked start event keeps the command's digest (earlier runs of the same command are
     found by it); one that is not a digest does not reach the summary."""

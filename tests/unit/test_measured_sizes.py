@@ -43,6 +43,30 @@ def test_a_report_naming_another_world_size_starts_a_new_size_even_without_a_sta
     assert measured[(1, 2)] == (1.0, 32.0) and measured[(1, 4)] == (2.0, 64.0)
 
 
+def counted(t: float, step: int) -> dict[str, Any]:
+    """What the library writes for a loop that has not called report(): a count of its should_stop() calls."""
+    return {"event": "progress", "time": t, "attempt": "7-0", "step": step, "counted": "polls"}
+
+
+def test_a_loop_that_never_reports_is_measured_in_steps_from_its_counted_polls() -> None:
+    summary = ProgressSummary()
+    for event in [start(0, 2, 1), counted(10, 10), counted(20, 30)]:
+        summary.feed(event)
+    assert summary.progress().measured == {(1, 2): (2.0, None)}
+
+
+def test_counted_polls_never_enter_a_rate_beside_the_loops_own_reports() -> None:
+    # A loop that reports every 10 steps: the library counted its first polls (its steps by another basis, no
+    # samples) until the first report. The rates are the reports' alone, samples/s included.
+    summary = ProgressSummary()
+    for event in [start(0, 2, 1), counted(5, 500), report(10, 10), report(20, 30)]:
+        summary.feed(event)
+    assert summary.progress().measured == {(1, 2): (2.0, 64.0)}
+    summary = ProgressSummary.from_dict(summary.to_dict())
+    summary.feed(report(30, 50))
+    assert summary.progress().measured == {(1, 2): (2.0, 64.0)}
+
+
 def test_a_file_of_made_up_sizes_keeps_only_the_newest_configurations() -> None:
     from dlsub.job_progress import MAX_CONFIGS
 
