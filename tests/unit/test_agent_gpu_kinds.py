@@ -325,6 +325,20 @@ def test_a_store_from_before_moves_named_a_kind_gains_the_column(tmp_path: Path)
     assert (row.target_partition, row.target_gpu_type) == ("gpu", "")
 
 
+DIGEST = {"application": "0123456789abcdef0123456789abcdef"}
+
+
+def two_runs_of_one_command(world: World) -> tuple[int, int, Path]:
+    """Two of Alice's elastic jobs of one command (the start events' digest): the first ran at 8 steps/s on v100
+    (gpu2) and checkpointed; the second's main job runs on a100 (gpu1) with nothing written yet. Returns (first
+    main job, second main job, the second's directory)."""
+    first, _, first_dir = elastic(world, "000f1257", "gpu2", workers=1)
+    reports(first_dir, first, [("v100", 1, 8.0)], start=DIGEST)
+    checkpointed(first_dir, first)
+    second, _, second_dir = elastic(world, "0005ec0d", "gpu1", workers=1)
+    return first, second, second_dir
+
+
 def test_a_kind_the_job_never_ran_on_is_bootstrapped_from_its_commands_earlier_runs(tmp_path: Path) -> None:
     """Unit with the fake Slurm: two of Alice's jobs run the same command (the start events' application
     digest). The first runs on v100 at 8 steps/s on one GPU; the second runs on a100 at 2 steps/s and has never
@@ -332,12 +346,8 @@ def test_a_kind_the_job_never_ran_on_is_bootstrapped_from_its_commands_earlier_r
     v100 rate is its own a100 model scaled by the one-GPU rates on the two kinds (8 / 2): it moves to v100,
     and `dlsub why` says the figure was bootstrapped and from what."""
     world = typed(World(tmp_path, across()))
-    digest = {"application": "0123456789abcdef0123456789abcdef"}
-    first, _, first_dir = elastic(world, "000f1257", "gpu2", workers=1)
-    reports(first_dir, first, [("v100", 1, 8.0)], start=digest)
-    checkpointed(first_dir, first)
-    second, _, second_dir = elastic(world, "0005ec0d", "gpu1", workers=1)
-    reports(second_dir, second, [("a100", 1, 2.0)], start=digest)
+    first, second, second_dir = two_runs_of_one_command(world)
+    reports(second_dir, second, [("a100", 1, 2.0)], start=DIGEST)
     checkpointed(second_dir, second)
     agent = world.agent()
     agent.tick(NOW)
@@ -357,14 +367,10 @@ def test_a_job_that_polls_is_moved_across_kinds_only_once_it_has_measured_its_ra
     asked), no report yet. What is known of it on a100 is no measurement: it is not moved (`dlsub why` says it
     waits for a rate measured where it runs). Three reports later it is, on its measured figure."""
     world = typed(World(tmp_path, across()))
-    digest = {"application": "0123456789abcdef0123456789abcdef"}
-    first, _, first_dir = elastic(world, "000f1257", "gpu2", workers=1)
-    reports(first_dir, first, [("v100", 1, 8.0)], start=digest)
-    checkpointed(first_dir, first)
-    second, _, job_dir = elastic(world, "0005ec0d", "gpu1", workers=1)
+    _, second, job_dir = two_runs_of_one_command(world)
     attempt = f"{second}-0"
     events = [{"event": "start", "time": NOW - 8, "attempt": attempt, "world_size": 1, "nodes": 1,
-               "gpu_type": "a100", **digest}, {"event": "polls", "time": NOW - 4, "attempt": attempt}]
+               "gpu_type": "a100", **DIGEST}, {"event": "polls", "time": NOW - 4, "attempt": attempt}]
     with open(job_dir / "progress.jsonl", "a") as f:
         f.write("".join(json.dumps(e) + "\n" for e in events))
     agent = world.agent()
