@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,7 +33,8 @@ def doctor(user: str | None, policy_path: Path | None, as_json: bool) -> None:
         policy = load_policy(policy_path)
     except PolicyFileError as exc:
         fail(str(exc))
-    findings = run_doctor(SlurmClient(), Host(), policy, user=user, image=load_settings().image,
+    image = policy.containers.image_for(None, os.environ) or load_settings().image  # the site's, unless named
+    findings = run_doctor(SlurmClient(), Host(), policy, user=user, image=image,
                           socket_path=AgentEndpoint.of(policy))
     if as_json:
         click.echo(json.dumps({"ok": not blocking(findings), "checks": [f.as_dict() for f in findings]}))

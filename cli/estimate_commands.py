@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -146,7 +147,8 @@ def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, 
         request = EstimateRequest(
             script=script, args=tuple(args), batch_sizes=parse_batch_sizes(batch_sizes),
             horizon=Horizon(epochs=epochs, target_loss=target_loss), workdir=Path.cwd(), gpus=gpus, nodes=nodes,
-            cpus=cpus, mem_mb=mem_mb, image=image, partition=partition, batch_arg=normalize_batch_arg(batch_arg),
+            cpus=cpus, mem_mb=mem_mb, image=policy.containers.image_for(image, os.environ), partition=partition,
+            batch_arg=normalize_batch_arg(batch_arg),
             use_cache=not no_cache, one_at_a_time=not parallel, gpu_types=kinds,
             mounts=(*(MountRequest(p, True) for p in mount), *(MountRequest(p, False) for p in mount_rw)))
         estimator = Estimator(settings, client, JobStore(settings.db_path), policy,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import getpass
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from dlsub.contract import CHECKPOINT_SIGNAL, ENV_TARGET_LOSS, JobState
 from dlsub.estimate.apply_choice import FromEstimate, chosen_row, submit_options, with_env
 from dlsub.job.budget_check import check_budget, extra_for
 from dlsub.job.directives import Directive, DirectiveError, read_directives
+from dlsub.job.exports import Exported, ExportError, exported, parse_exports
 from dlsub.job.output_files import OutputFiles
 from dlsub.job.output_lines import LogPrinter, Selection
 from dlsub.job.partition_choice import PlanningError
@@ -139,6 +141,11 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
                    "submit and job directories.")
 @click.option("--mount-rw", "mount_rw", multiple=True, metavar="PATH",
               help="As --mount, but the job may write there (its outputs); repeatable.")
+@click.option("--export", "export", default=None, metavar="NONE|ALL|[ALL,]NAME[=value],...",
+              help="What of your shell's environment enters the container, as sbatch's --export: NONE (nothing: "
+                   "the image's environment and dlsub's), ALL (all but the host's, Slurm's and dlsub's: PATH, "
+                   "LD_*, SLURM_*, ...), or the variables named (NAME as your shell has it, NAME=value set). Your "
+                   "PYTHONPATH's entries on mounted paths follow dlsub's library [default: NONE].")
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "slurm_job_id": ...}.')
 @click.option("--from-estimate", "from_estimate", default=None, metavar="ID",
@@ -183,7 +190,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
         worker_gpus=shape.worker_gpus,
         cpus=resources.cpus, cpu_nodes=options.cpu_nodes or 0, cpu_partition=options.cpu_partition,
         mem_mb=resources.mem_mb, time_limit_min=resources.time_limit_min, partition=options.partition,
-        image=options.image, name=options.name, workdir=Path.cwd(),
+        image=policy.containers.image_for(options.image, os.environ), name=options.name, workdir=Path.cwd(),
         mode=options.mode or policy.default_mode,
         max_continuations=policy.time_limits.max_continuations if policy.time_limits.continue_jobs else 0,
         mounts=(*policy.containers.mount_requests(), *(MountRequest(p, True) for p in options.mount),
@@ -194,6 +201,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
         restart_plain_max_s=policy.moves.restart_plain_max_s,
         gpu_type=_row_gpu_type(picked, options.partition, shape.gpus_per_node),
         site_paths=policy.site,
+        exports=_exports(options.export),
     )
     plan = plan_job(request, settings, client)
     for warning in plan.warnings:
@@ -231,6 +239,14 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
                if record.max_nodes else "")
             + f"dlsub: follow it with `dlsub status {record.id}` and `dlsub logs -f {record.id}`"
         )
+
+
+def _exports(text: str | None) -> Exported:
+    """--export read against this shell's environment, as sbatch reads it at submit."""
+    try:
+        return exported(parse_exports(text), os.environ)
+    except ExportError as exc:
+        raise SubmitError(str(exc)) from exc
 
 
 def _row_gpu_type(picked: FromEstimate | None, partition: str | None, gpus_per_node: int) -> str:
@@ -278,7 +294,8 @@ def _parse_directive(ctx: click.Context, script: Path, directive: Directive) -> 
         for read_only, name in ((True, "mount"), (False, "mount_rw")):
             for path in given.get(name, ()):
                 resolve_mount(MountRequest(path, read_only), Path.cwd())
-    except (SubmitError, TimeSpecError, MountError) as exc:
+        parse_exports(given.get("export"))
+    except (SubmitError, TimeSpecError, MountError, ExportError) as exc:
         raise DirectiveError(f"{where}: {exc}; fix or remove the line") from exc
     return given
 

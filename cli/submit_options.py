@@ -63,6 +63,7 @@ class SubmitOptions:
     dry_run: bool = False
     as_json: bool = False
     target_loss: float | None = None
+    export: str | None = None
 
     #: Options whose values add up over #DLSUB lines and the command line, rather than the last one's winning.
     ADDED_UP = ("mount", "mount_rw")

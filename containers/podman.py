@@ -99,6 +99,8 @@ class ContainerSpec:
     socket_ifname: str = ""
     grace_s: int = 30
     env: tuple[tuple[str, str], ...] = ()
+    # The user's PYTHONPATH entries the container sees (job.exports: on a mounted path), after dlsub's library.
+    python_path: tuple[str, ...] = ()
     # The site's shared file systems and the user's --mount/--mount-rw paths, checked (containers.mounts).
     extra_mounts: tuple[Mount, ...] = field(default_factory=tuple)
     # A gang: torchrun's --nnodes ("N", or "MIN:MAX" for an elastic job) and
@@ -172,7 +174,7 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     check_mount_path(spec.library_dir)
     lines.append(["--volume", f"{spec.library_dir}:{LIBRARY_MOUNT}/dlsub:ro"])
     lines.append(["--workdir", str(spec.workdir)])
-    lines.append(["--env", f"PYTHONPATH={LIBRARY_MOUNT}"])
+    lines.append(["--env", ":".join(("PYTHONPATH=" + str(LIBRARY_MOUNT), *spec.python_path))])
     lines += [["--env", name] for name in (contract.ENV_JOB_ID, contract.ENV_JOB_DIR, contract.ENV_ATTEMPT,
                                            contract.ENV_CONTAINER, contract.ENV_GPU_TYPE, *SLURM_ENV)]
     lines.append(["--env", Raw('CUDA_VISIBLE_DEVICES="${container_cuda_devices}"')])
@@ -264,6 +266,56 @@ def check_image(image: str) -> str:
         f"pass one of those with --image, or ask your site to add it to its image store "
         f"(or build/pull it into your own: podman build / podman load)"
     )
+
+
+#: The oldest Python dlsub's library (mounted into every job's container) runs on.
+MIN_PYTHON = (3, 11)
+#: What a job's image is asked at submit: its python3's version and torch's, without importing torch (fast).
+IMAGE_PROBE = (
+    "import json, sys\n"
+    "try:\n"
+    "    from importlib.metadata import version\n"
+    "    torch = version('torch')\n"
+    "except Exception:\n"
+    "    torch = None\n"
+    "print(json.dumps({'python': '%d.%d.%d' % tuple(sys.version_info[:3]), 'torch': torch}))\n"
+)
+
+
+def image_shortfalls(probe: subprocess.CompletedProcess[str]) -> list[str]:
+    """What an image lacks to run a dlsub job, from :data:`IMAGE_PROBE`'s run in it ([]: nothing)."""
+    try:
+        found = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else None
+    except (ValueError, IndexError):
+        found = None
+    if not isinstance(found, dict):
+        why = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or ["no output"]
+        return [f"no python3 that runs (python3 in it: {why[0][:200]})"]
+    lacks = []
+    version = tuple(int(v) for v in str(found.get("python", "0.0")).split(".")[:2] if v.isdigit())
+    if version < MIN_PYTHON:
+        lacks.append(f"Python {found.get('python')} (dlsub's library needs {'.'.join(map(str, MIN_PYTHON))} or "
+                     "newer)")
+    if not found.get("torch"):
+        lacks.append("no torch (torchrun starts every job; pip install torch in the image)")
+    return lacks
+
+
+def check_image_contents(image: str, image_id: str, checked: Path) -> None:
+    """Raise :class:`ImageError` naming what ``image`` (by its ID) lacks to run a job: a Python dlsub's library
+    runs on, torch. An ID that passed once is recorded in the folder ``checked`` and not run again (an ID is
+    its content)."""
+    mark = checked / image_id
+    if mark.exists():
+        return
+    probe = _podman(["run", "--rm", "--network", "none", "--entrypoint", "python3", image_id, "-c", IMAGE_PROBE])
+    lacks = image_shortfalls(probe)
+    if lacks:
+        raise ImageError(f"image {image!r} cannot run a dlsub job: {'; '.join(lacks)}; build yours FROM one that "
+                         f"has them (the site's, {DEFAULT_IMAGE} on the testbed), see the user guide's \"Bringing "
+                         "your own code and environment\"")
+    checked.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mark.touch()
 
 
 #: An image's ID as Podman gives it (sha256 of its config, 64 hex digits).

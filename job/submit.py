@@ -12,12 +12,13 @@ import os
 import shutil
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import dlsub
 from dlsub.containers.mounts import ORIGIN_USER, Mount, MountError, MountRequest, resolve_mount
-from dlsub.containers.podman import ContainerSpec, check_image, check_mount_path
+from dlsub.containers.podman import ContainerSpec, check_image, check_image_contents, check_mount_path
 from dlsub.contract import BATCH_SCRIPT, MAX_SCRIPT_BYTES, WORKER_SCRIPT, application_digest, valid_gpu_type
+from dlsub.job.exports import Exported, seen_entries
 from dlsub.job.partition_choice import Choice, Request, choose_partition
 from dlsub.job.private_files import AgentAccess, blocked_ancestor, make_job_dir
 from dlsub.job.script_library import script_uses_library
@@ -76,6 +77,8 @@ class SubmitRequest:
     # Where the site's hosts see the same files (policy.toml [site]): the job's paths must be there. None: not
     # checked (a request made without the site's policy).
     site_paths: SitePaths | None = None
+    # What of the submitting shell's environment enters the container (``--export``, read at submit).
+    exports: Exported = Exported()
 
 
 @dataclass(frozen=True)
@@ -146,10 +149,19 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     if choice.ideal_partition is not None and req.gpus_per_node > 0:
         notes += (immediate_cpu_note(req, choice, cpus, mem_mb),)
     image_id = check_image(image) if check_images else None
+    if image_id is not None:
+        check_image_contents(image, image_id, settings.home / "checked-images")
 
     dlsub_id = new_dlsub_id()
     container = dataclasses.replace(_container_spec(req, settings, script, image, settings.jobs_dir / dlsub_id),
-                                    extra_mounts=mounts, image_id=image_id)
+                                    extra_mounts=mounts, image_id=image_id, env=req.exports.env)
+    python_path, unseen = seen_entries(req.exports.python_path,
+                                       [PurePosixPath(m.target) for m in container.mounts()])
+    container = dataclasses.replace(container, python_path=python_path)
+    notes += req.exports.notes
+    if unseen:
+        notes += (f"PYTHONPATH: {', '.join(unseen)} left out: the container sees only the script's, submit and job "
+                  "directories and the mounted paths (--mount, the site's shared file systems)",)
     batch = BatchSpec(
         dlsub_id=dlsub_id,
         job_name=req.name or safe_job_name(script.stem),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta, timezone
 from pathlib import Path, PurePosixPath
@@ -168,6 +169,13 @@ class ContainerSite:
     # The network interface gloo and NCCL bind to (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, in NCCL's syntax:
     # "ib0", "eth0,eth1", "^docker"); "": the interface of each node's own address (what its name resolves to).
     socket_ifname: str = ""
+    # The image a job runs when its user names none (--image, $DLSUB_IMAGE): the site's training image, in its
+    # image store ("": dlsub's own, containers.podman.DEFAULT_IMAGE).
+    image: str = ""
+
+    def image_for(self, given: str | None, environ: Mapping[str, str]) -> str | None:
+        """The image a job runs: the user's --image, else their $DLSUB_IMAGE, else the site's (None: dlsub's)."""
+        return given or environ.get("DLSUB_IMAGE") or self.image or None
 
     def mount_requests(self) -> tuple[MountRequest, ...]:
         return (*(MountRequest(p, True, ORIGIN_SITE) for p in self.shared_mounts),
@@ -386,6 +394,9 @@ def _containers(where: str, table: Any) -> ContainerSite:
     if any(ch.isspace() for ch in site.runtime):
         raise PolicyFileError(f"{where}.runtime: {site.runtime!r}; name one runtime (crun, runc or a path), "
                               "or leave it out for the node's Podman default")
+    if site.image and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}", site.image):
+        raise PolicyFileError(f"{where}.image: {site.image!r}; name an image as Podman does "
+                              "(\"localhost/site-torch:2.13.0-cu128\", registry/name:tag or name@sha256:...)")
     if not re.fullmatch(r"[\^=]?[A-Za-z0-9_.:-]*(,[A-Za-z0-9_.:-]+)*", site.socket_ifname):
         raise PolicyFileError(f"{where}.socket_ifname: {site.socket_ifname!r}; name interfaces as NCCL_SOCKET_IFNAME "
                               "takes them (\"ib0\", \"eth0,eth1\", \"^docker\"), or leave it out for the interface "

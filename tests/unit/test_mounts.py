@@ -191,6 +191,8 @@ def test_the_runtime_is_podmans_default_unless_the_site_or_the_user_names_one(
     ('runtime = "crun --debug"', "name one runtime"),
     ('shared_mount = ["/s"]', "shared_mount"),
     ("shared_mounts = \"/s\"", "expected a list of strings"),
+    ('image = "site torch"', "name an image as Podman does"),
+    ('image = "-v /:/host"', "name an image as Podman does"),
 ])
 def test_a_bad_containers_table_is_refused_naming_the_key(table: str, message: str) -> None:
     import tomllib
@@ -223,3 +225,18 @@ def test_the_sites_socket_interface_reaches_the_batch_script_and_a_bad_one_is_re
     assert "socket_ifname" in result.output and "NCCL_SOCKET_IFNAME" in result.output, result.output
     (job,) = cli_env.submitted()
     assert "touch" not in Path(job.script).read_text()
+
+
+def test_the_sites_image_is_what_a_job_runs_unless_its_user_names_one(
+        cli_env: FakeSlurm, project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit (fake Slurm and image store, which holds only dlsub's own image): policy.toml [containers] image is
+    the image a job runs when its user names none; --image, then $DLSUB_IMAGE, win over it."""
+    _site(tmp_path, monkeypatch, '[containers]\nimage = "localhost/site-torch:2.13.0-cu128"\n')
+    monkeypatch.delenv("DLSUB_IMAGE", raising=False)
+    refused = invoke("train.py")
+    assert refused.exit_code == 2 and "'localhost/site-torch:2.13.0-cu128' is not in your Podman" in refused.output
+    assert cli_env.submitted() == []
+    assert invoke("--image", "localhost/dlsub-torch:2.13.0-cpu", "train.py").exit_code == 0
+    monkeypatch.setenv("DLSUB_IMAGE", "localhost/dlsub-torch:2.13.0-cpu")
+    assert invoke("train.py").exit_code == 0
+    assert len(cli_env.submitted()) == 2

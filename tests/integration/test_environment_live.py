@@ -1,0 +1,79 @@
+"""Integration (live testbed: real Slurm, rootless Podman): what of the submitting shell's environment enters a
+job's container (`dlsub submit --export`, issue 49 item 3). Two jobs from one shell, side by side on the cpu
+partition: one with ``--export ALL,SEED=3`` gets the shell's own variable, the set one, and its PYTHONPATH entry
+that lies in the (shared) submit directory, never the shell's PATH, LD_* or a PYTHONPATH entry the nodes do not
+see; one with the default gets none of the shell's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dlsub.containers.podman import DEFAULT_IMAGE
+from livebed import TestbedUser, job_output, put, slurm_jobs
+
+SHOW = '''import json
+import os
+
+import helper_mod  # from the PYTHONPATH entry in the submit directory, where --export passes it
+
+keys = ("MY_SETTING", "SEED", "LD_LIBRARY_PATH", "PYTHONPATH", "PATH")
+print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}) + " " + helper_mod.WHERE, flush=True)
+'''
+PLAIN = '''import json
+import os
+
+print("ENV " + json.dumps({k: os.environ.get(k) for k in ("MY_SETTING", "SEED")}), flush=True)
+'''
+
+
+def _env_line(job: dict[str, object]) -> dict[str, object]:
+    text = job_output(str(job["job_dir"]))
+    line = next((ln for ln in text.splitlines() if "ENV {" in ln), None)
+    assert line is not None, text
+    return json.loads(line.split("ENV ", 1)[1].rsplit("}", 1)[0] + "}")
+
+
+def test_export_passes_what_it_names_and_the_default_passes_nothing_of_the_shell(
+        user: TestbedUser, workdir: Path) -> None:
+    lib = workdir / "lib"
+    put(user, lib / "helper_mod.py", 'WHERE = "helper from the submit directory"\n')
+    shown = put(user, workdir / "show_env.py", SHOW)
+    plain = put(user, workdir / "plain_env.py", PLAIN)
+    shell = ("env", "MY_SETTING=it's $HOME; `id`", "LD_LIBRARY_PATH=/nowhere", f"PYTHONPATH={lib}:/opt/not-shared")
+    out = user.run(*shell, "dlsub", "--json", "-p", "cpu", "--export", "ALL,SEED=3", str(shown), cwd=workdir,
+                   check=True)
+    exported = json.loads(out.stdout)
+    assert "PYTHONPATH: /opt/not-shared left out" in out.stderr, out.stderr
+    default = json.loads(user.run(*shell, "dlsub", "--json", "-p", "cpu", str(plain), cwd=workdir,
+                                  check=True).stdout)
+    for job in (exported, default):
+        assert user.wait_until_ended(str(job["id"]), timeout=180)["state"] == "COMPLETED", \
+            job_output(str(job["job_dir"]))
+    env = _env_line(exported)
+    assert env["MY_SETTING"] == "it's $HOME; `id`" and env["SEED"] == "3", env
+    assert env["LD_LIBRARY_PATH"] is None and env["PATH"] != user.env["PATH"], env
+    assert str(env["PYTHONPATH"]).split(":")[1:] == [str(lib)], env
+    assert "helper from the submit directory" in job_output(str(exported["job_dir"]))
+    assert _env_line(default) == {"MY_SETTING": None, "SEED": None}
+
+
+def test_an_image_without_the_python_dlsub_needs_is_refused_at_submit_naming_what_it_lacks(
+        user: TestbedUser, workdir: Path) -> None:
+    """The user's own image, built FROM the site's with its python3 taken out: submit runs python3 in it once,
+    refuses it with exit 2 naming what it lacks, and nothing reaches Slurm."""
+    context = workdir / "no-python"
+    put(user, context / "Containerfile", f"FROM {DEFAULT_IMAGE}\n"
+        "RUN find / -xdev -path '*bin/python3*' -exec rm -f {} +\n")
+    tag = f"localhost/dlsub-it-no-python:{workdir.name[-8:].lower()}"
+    built = user.run("podman", "build", "--quiet", "-t", tag, str(context), cwd=workdir, timeout=300)
+    assert built.returncode == 0, built.stderr
+    try:
+        script = put(user, workdir / "never_runs.py", "print('never')\n")
+        before = {j["job_id"] for j in slurm_jobs()}
+        refused = user.run("dlsub", "--image", tag, "-p", "cpu", str(script), cwd=workdir)
+        assert refused.returncode == 2, (refused.stdout, refused.stderr)
+        assert f"image '{tag}' cannot run a dlsub job: no python3 that runs" in refused.stderr, refused.stderr
+        assert {j["job_id"] for j in slurm_jobs()} == before, "nothing reached Slurm"
+    finally:
+        user.run("podman", "rmi", "-f", tag)

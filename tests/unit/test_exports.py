@@ -1,0 +1,132 @@
+"""Unit: `dlsub submit --export` (issue 49, item 3): sbatch's syntax and meaning, read against the submitting
+shell's environment; pure functions first, then the command against the fake Slurm (its batch script's podman
+line, run through bash's own parser)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path, PurePosixPath
+
+import pytest
+from click.testing import CliRunner, Result
+
+from dlsub.cli.main import main
+from dlsub.job.exports import Exported, ExportError, Exports, exported, parse_exports, seen_entries
+from dlsub.slurm_plugins.fake import FakeSlurm
+
+SHELL = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PATH": "/usr/bin", "HOME": "/home/alice",
+         "LD_LIBRARY_PATH": "/nowhere/lib64", "SLURM_JOB_ID": "7", "DLSUB_HOME": "/x",
+         "PYTHONPATH": "/home/alice/lib:rel",
+         "CUDA_VISIBLE_DEVICES": "0", "XDG_RUNTIME_DIR": "/run/user/1", "TOKEN": "it's $HOME; `id`"}
+
+
+@pytest.mark.parametrize("text", [None, "", "NONE", "NIL"])
+def test_none_is_the_default_and_passes_nothing(text: str | None) -> None:
+    assert exported(parse_exports(text), SHELL) == Exported()
+
+
+def test_all_passes_the_shell_but_the_hosts_slurms_and_dlsubs_and_says_so() -> None:
+    got = exported(parse_exports("ALL"), SHELL)
+    assert dict(got.env) == {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "TOKEN": "it's $HOME; `id`"}
+    assert got.python_path == ("/home/alice/lib", "rel"), "merged by the caller, never passed as it is"
+    (note,) = got.notes
+    assert "3 variable(s)" in note and "7 left out" in note
+
+
+def test_names_and_values_as_sbatch_writes_them() -> None:
+    exports = parse_exports("ALL,WANDB_MODE=disabled,EXTRA=a=b")
+    assert exports == Exports(True, (), (("WANDB_MODE", "disabled"), ("EXTRA", "a=b")))
+    got = exported(exports, SHELL)
+    assert dict(got.env)["WANDB_MODE"] == "disabled" and dict(got.env)["EXTRA"] == "a=b", "a value set wins"
+    only = exported(parse_exports("HF_HUB_OFFLINE,SEED=3,UNSET_ONE"), SHELL)
+    assert only.env == (("HF_HUB_OFFLINE", "1"), ("SEED", "3"))
+    assert only.python_path == () and only.notes == ("--export UNSET_ONE: UNSET_ONE is not set in your shell; "
+                                                     "the job gets none",)
+    assert exported(parse_exports("PYTHONPATH"), SHELL).python_path == ("/home/alice/lib", "rel")
+    assert exported(parse_exports("PYTHONPATH=/a:/b"), SHELL).python_path == ("/a", "/b")
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("LD_PRELOAD", "LD_PRELOAD never enters the container"),
+    ("ALL,PATH=/opt/bin", "PATH never enters"),
+    ("SLURM_JOB_ID=1", "SLURM_JOB_ID never enters"),
+    ("DLSUB_JOB_DIR", "DLSUB_JOB_DIR never enters"),
+    ("1BAD", "is not NAME or NAME=value"),
+    ("A B", "is not NAME or NAME=value"),
+    ("FOO,ALL", "comes first and alone"),
+    ("FOO;rm", "is not NAME or NAME=value"),
+])
+def test_what_cannot_be_honoured_is_refused_naming_it(text: str, says: str) -> None:
+    with pytest.raises(ExportError, match=says):
+        parse_exports(text)
+
+
+def test_a_value_with_a_nul_byte_is_refused() -> None:
+    with pytest.raises(ExportError, match="NUL"):
+        exported(parse_exports("ALL"), {"BAD": "a\0b"})
+
+
+def test_only_the_pythonpath_entries_the_container_sees_are_kept() -> None:
+    mounted = [PurePosixPath("/home/alice/proj"), PurePosixPath("/scratch/alice")]
+    kept, left = seen_entries(["/home/alice/proj/src", "/scratch/alice", "/home/alice/other", "rel",
+                               "/home/alice/proj/../other"], mounted)
+    assert kept == ("/home/alice/proj/src", "/scratch/alice")
+    assert left == ("/home/alice/other", "rel", "/home/alice/proj/../other")
+
+
+# ---------------------------------------------------------------- the command, with the fake Slurm
+
+
+def _submit(*args: str) -> Result:
+    return CliRunner().invoke(main, ["submit", *args], catch_exceptions=False)
+
+
+def _podman_env(batch_text: str) -> dict[str, str]:
+    """The --env words of the batch script's podman line, as bash parses them."""
+    lines = batch_text.split("exec podman ", 1)[1].splitlines()
+    command: list[str] = []
+    for line in lines:
+        command.append(line.rstrip("\\"))
+        if not line.endswith("\\"):
+            break
+    words = shlex.split(" ".join(command))
+    pairs = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--env"]
+    return dict(p.split("=", 1) for p in pairs if "=" in p)
+
+
+def test_submit_passes_what_export_names_quoted_and_keeps_pythonpath_entries_on_mounted_paths(
+        cli_env: FakeSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    project = tmp_path / "proj"
+    (project / "src").mkdir(parents=True)
+    script = project / "train.py"
+    script.write_text("#DLSUB --export ALL,SEED=3\nprint(1)\n")
+    monkeypatch.chdir(project)
+    for name, value in SHELL.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("PYTHONPATH", f"{project / 'src'}:/nowhere/lib")
+    result = _submit("--json", str(script))
+    assert result.exit_code == 0, result.output
+    batch = Path(cli_env.submitted()[-1].script).read_text()
+    assert subprocess.run(["bash", "-n"], input=batch, text=True).returncode == 0
+    env = _podman_env(batch)
+    assert env["HF_HUB_OFFLINE"] == "1" and env["SEED"] == "3" and env["TOKEN"] == "it's $HOME; `id`"
+    assert "LD_LIBRARY_PATH" not in env and "HOME" not in env and env.get("PATH") is None
+    assert env["PYTHONPATH"].split(":")[1:] == [str(project / "src")], env["PYTHONPATH"]
+    assert "PYTHONPATH: /nowhere/lib left out" in result.stderr
+    # The default passes nothing of the shell.
+    script.write_text("print(1)\n")
+    assert _submit("--json", str(script)).exit_code == 0
+    env = _podman_env(Path(cli_env.submitted()[-1].script).read_text())
+    assert "HF_HUB_OFFLINE" not in env and "TOKEN" not in env and ":" not in env["PYTHONPATH"]
+
+
+def test_a_refused_export_submits_nothing(cli_env: FakeSlurm, tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    result = _submit("--export", "LD_PRELOAD=/x.so", str(script))
+    assert result.exit_code == 2 and "LD_PRELOAD never enters the container" in result.output
+    script.write_text("#DLSUB --export 'A B'\nprint(1)\n")
+    result = _submit(str(script))
+    assert result.exit_code == 2 and "line 1" in result.output and "is not NAME" in result.output
+    assert cli_env.submitted() == []

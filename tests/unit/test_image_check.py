@@ -1,0 +1,56 @@
+"""Unit: submit's check of what a job's image holds (issue 49, item 3: `--image` for one's own image): a Python
+dlsub's library runs on and torch, read by one run of python3 in the image, once per image ID. Podman is stubbed
+at its one seam (``containers.podman._podman``); the live test builds a real image that lacks them."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dlsub.containers import podman
+from dlsub.containers.podman import ImageError, check_image_contents, image_shortfalls
+
+ID = "ab" * 32
+
+
+def ran(stdout: str, rc: int = 0, stderr: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.CompletedProcess(["podman"], rc, stdout, stderr)
+
+
+@pytest.mark.parametrize(("probe", "lacks"), [
+    (ran('{"python": "3.11.2", "torch": "2.13.0"}\n'), []),
+    (ran('{"python": "3.13.0", "torch": "2.13.0+cu128"}\n'), []),
+    (ran('{"python": "3.9.18", "torch": "2.1.0"}\n'), ["Python 3.9.18 (dlsub's library needs 3.11 or newer)"]),
+    (ran('{"python": "3.12.1", "torch": null}\n'), ["no torch (torchrun starts every job; pip install torch in "
+                                                     "the image)"]),
+    (ran("", 127, 'Error: crun: executable file `python3` not found in $PATH: No such file or directory\n'),
+     ["no python3 that runs (python3 in it: Error: crun: executable file `python3` not found in $PATH: No such "
+      "file or directory)"]),
+    (ran("Python 2 says hello\n"), ["no python3 that runs (python3 in it: Python 2 says hello)"]),
+])
+def test_what_an_image_lacks_is_named(probe: subprocess.CompletedProcess[str], lacks: list[str]) -> None:
+    assert image_shortfalls(probe) == lacks
+
+
+def test_an_image_is_asked_once_per_id_and_a_bad_one_is_refused_every_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+    answer = ran('{"python": "3.11.2", "torch": "2.13.0"}')
+
+    def fake_podman(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        calls.append(list(argv))
+        return answer
+
+    monkeypatch.setattr(podman, "_podman", fake_podman)
+    checked = tmp_path / "checked-images"
+    check_image_contents("mine:1", ID, checked)
+    check_image_contents("mine:1", ID, checked)
+    assert len(calls) == 1 and calls[0][:6] == ["run", "--rm", "--network", "none", "--entrypoint", "python3"]
+    assert calls[0][6] == ID, "run by the ID submit records, never by a name that may move"
+    answer = ran('{"python": "3.10.4", "torch": "2.0.0"}')
+    for _ in range(2):
+        with pytest.raises(ImageError, match=r"image 'old:1' cannot run a dlsub job: Python 3\.10\.4 .*FROM"):
+            check_image_contents("old:1", "cd" * 32, checked)
+    assert len(calls) == 3 and not (checked / ("cd" * 32)).exists()
