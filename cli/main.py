@@ -146,6 +146,9 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
                    "the image's environment and dlsub's), ALL (all but the host's, Slurm's and dlsub's: PATH, "
                    "LD_*, SLURM_*, ...), or the variables named (NAME as your shell has it, NAME=value set). Your "
                    "PYTHONPATH's entries on mounted paths follow dlsub's library [default: NONE].")
+@click.option("--venv", "venv", default=None, metavar="PATH",
+              help="A virtualenv or conda environment on a shared path, made with the image's Python version: its "
+                   "packages follow dlsub's library on the job's PYTHONPATH (mounted read-only).")
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "slurm_job_id": ...}.')
 @click.option("--from-estimate", "from_estimate", default=None, metavar="ID",
@@ -201,7 +204,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
         restart_plain_max_s=policy.moves.restart_plain_max_s,
         gpu_type=_row_gpu_type(picked, options.partition, shape.gpus_per_node),
         site_paths=policy.site,
-        exports=_exports(options.export),
+        exports=_exports(options.export), venv=options.venv,
     )
     plan = plan_job(request, settings, client)
     for warning in plan.warnings:

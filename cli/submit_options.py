@@ -64,6 +64,7 @@ class SubmitOptions:
     as_json: bool = False
     target_loss: float | None = None
     export: str | None = None
+    venv: str | None = None
 
     #: Options whose values add up over #DLSUB lines and the command line, rather than the last one's winning.
     ADDED_UP = ("mount", "mount_rw")

@@ -301,21 +301,27 @@ def image_shortfalls(probe: subprocess.CompletedProcess[str]) -> list[str]:
     return lacks
 
 
-def check_image_contents(image: str, image_id: str, checked: Path) -> None:
-    """Raise :class:`ImageError` naming what ``image`` (by its ID) lacks to run a job: a Python dlsub's library
-    runs on, torch. An ID that passed once is recorded in the folder ``checked`` and not run again (an ID is
-    its content)."""
+def check_image_contents(image: str, image_id: str, checked: Path) -> str:
+    """The version of ``image``'s Python ("3.11.2"); raise :class:`ImageError` naming what the image (by its ID)
+    lacks to run a job: a Python dlsub's library runs on, torch. An ID that passed once is recorded in the
+    folder ``checked`` with its Python's version and not run again (an ID is its content)."""
     mark = checked / image_id
-    if mark.exists():
-        return
+    try:
+        known = mark.read_text().strip()
+    except OSError:
+        known = ""
+    if re.fullmatch(r"\d+\.\d+\.\d+", known):
+        return known
     probe = _podman(["run", "--rm", "--network", "none", "--entrypoint", "python3", image_id, "-c", IMAGE_PROBE])
     lacks = image_shortfalls(probe)
     if lacks:
         raise ImageError(f"image {image!r} cannot run a dlsub job: {'; '.join(lacks)}; build yours FROM one that "
                          f"has them (the site's, {DEFAULT_IMAGE} on the testbed), see the user guide's \"Bringing "
                          "your own code and environment\"")
+    version = str(json.loads(probe.stdout.strip().splitlines()[-1])["python"])
     checked.mkdir(parents=True, exist_ok=True, mode=0o700)
-    mark.touch()
+    mark.write_text(version + "\n")
+    return version
 
 
 #: An image's ID as Podman gives it (sha256 of its config, 64 hex digits).

@@ -24,6 +24,7 @@ from dlsub.job.private_files import AgentAccess, blocked_ancestor, make_job_dir
 from dlsub.job.script_library import script_uses_library
 from dlsub.job.settings import Settings
 from dlsub.job.user_store import JobRecord, JobStore
+from dlsub.job.venv import VenvError, site_packages
 from dlsub.site_config.policy_file import SitePaths
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.sbatch import BatchSpec, render_sbatch, safe_job_name
@@ -79,6 +80,8 @@ class SubmitRequest:
     site_paths: SitePaths | None = None
     # What of the submitting shell's environment enters the container (``--export``, read at submit).
     exports: Exported = Exported()
+    # --venv: a virtualenv or conda environment on a shared path whose packages the job uses (job.venv).
+    venv: str | None = None
 
 
 @dataclass(frozen=True)
@@ -149,15 +152,18 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     if choice.ideal_partition is not None and req.gpus_per_node > 0:
         notes += (immediate_cpu_note(req, choice, cpus, mem_mb),)
     image_id = check_image(image) if check_images else None
-    if image_id is not None:
-        check_image_contents(image, image_id, settings.home / "checked-images")
+    python = check_image_contents(image, image_id, settings.home / "checked-images") if image_id else None
+    venv = _venv(req, python, settings.jobs_dir)
 
     dlsub_id = new_dlsub_id()
     container = dataclasses.replace(_container_spec(req, settings, script, image, settings.jobs_dir / dlsub_id),
                                     extra_mounts=mounts, image_id=image_id, env=req.exports.env)
+    if venv is not None:
+        container = dataclasses.replace(container, extra_mounts=(*container.extra_mounts, venv[0]))
     python_path, unseen = seen_entries(req.exports.python_path,
                                        [PurePosixPath(m.target) for m in container.mounts()])
-    container = dataclasses.replace(container, python_path=python_path)
+    # The environment's packages first after dlsub's library: they are what the user asked the job to run on.
+    container = dataclasses.replace(container, python_path=(*((str(venv[1]),) if venv else ()), *python_path))
     notes += req.exports.notes
     if unseen:
         notes += (f"PYTHONPATH: {', '.join(unseen)} left out: the container sees only the script's, submit and job "
@@ -187,6 +193,21 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
                                     cpu_partition=_cpu_partition(client, req, cpus, mem_mb))
     workers = _worker_array(batch, req.worker_gpus or req.gpus_per_node)
     return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers, req.worker_gpus, warnings, notes, req.mode)
+
+
+def _venv(req: SubmitRequest, python: str | None, jobs_dir: Path) -> tuple[Mount, Path] | None:
+    """``--venv``'s environment checked: its read-only mount and the site-packages the job's PYTHONPATH gets
+    (for the image's ``python``, None: unknown); None without one."""
+    if req.venv is None:
+        return None
+    try:
+        mount = resolve_mount(MountRequest(req.venv, read_only=True), req.workdir)
+        found = site_packages(mount.target, python)
+    except (MountError, VenvError) as exc:
+        raise SubmitError(str(exc).replace("--mount ", "--venv ", 1)) from None
+    if req.site_paths is not None:
+        _check_seen_by_nodes(req.site_paths, req.script, req.workdir, jobs_dir, (mount,))
+    return mount, found
 
 
 def _waits_for_gpus(req: SubmitRequest, plain: bool) -> bool:

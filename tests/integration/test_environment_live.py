@@ -77,3 +77,19 @@ def test_an_image_without_the_python_dlsub_needs_is_refused_at_submit_naming_wha
         assert {j["job_id"] for j in slurm_jobs()} == before, "nothing reached Slurm"
     finally:
         user.run("podman", "rmi", "-f", tag)
+
+
+def test_a_venv_on_the_shared_home_gives_the_job_a_package_the_image_lacks(
+        user: TestbedUser, workdir: Path) -> None:
+    """A virtualenv made on the login host (its Python is the image's version, 3.11) with a package of its own:
+    the job imports it from there."""
+    env = workdir / "my venv"
+    made = user.run("python3", "-m", "venv", "--without-pip", str(env), cwd=workdir)
+    assert made.returncode == 0, made.stderr
+    (site,) = env.glob("lib/python3.*/site-packages")
+    put(user, site / "venv_only_pkg.py", 'WHERE = "from the venv"\n')
+    script = put(user, workdir / "uses_venv.py", "import venv_only_pkg\nprint('PKG', venv_only_pkg.WHERE)\n")
+    job = user.submit("-p", "cpu", "--venv", str(env), str(script), cwd=workdir)
+    final = user.wait_until_ended(job["id"], timeout=180)
+    assert final["state"] == "COMPLETED", job_output(job["job_dir"])
+    assert "PKG from the venv" in job_output(job["job_dir"])

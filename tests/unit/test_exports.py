@@ -1,4 +1,4 @@
-"""Unit: `dlsub submit --export` (issue 49, item 3): sbatch's syntax and meaning, read against the submitting
+"""Unit: `dlsub submit --export` and `--venv` (issue 49, item 3): sbatch's syntax and meaning, read against the
 shell's environment; pure functions first, then the command against the fake Slurm (its batch script's podman
 line, run through bash's own parser)."""
 
@@ -13,6 +13,7 @@ from click.testing import CliRunner, Result
 
 from dlsub.cli.main import main
 from dlsub.job.exports import Exported, ExportError, Exports, exported, parse_exports, seen_entries
+from dlsub.job.venv import VenvError, site_packages
 from dlsub.slurm_plugins.fake import FakeSlurm
 
 SHELL = {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "PATH": "/usr/bin", "HOME": "/home/alice",
@@ -130,3 +131,44 @@ def test_a_refused_export_submits_nothing(cli_env: FakeSlurm, tmp_path: Path) ->
     result = _submit(str(script))
     assert result.exit_code == 2 and "line 1" in result.output and "is not NAME" in result.output
     assert cli_env.submitted() == []
+
+
+# ---------------------------------------------------------------- --venv
+
+
+def _venv(root: Path, *versions: str) -> Path:
+    for version in versions:
+        (root / "lib" / f"python{version}" / "site-packages").mkdir(parents=True)
+    (root / "bin").mkdir(exist_ok=True)
+    return root
+
+
+def test_a_venvs_site_packages_are_those_of_the_images_python(tmp_path: Path) -> None:
+    env = _venv(tmp_path / "env", "3.11")
+    assert site_packages(env, "3.11.2") == env / "lib" / "python3.11" / "site-packages"
+    assert site_packages(env, None) == env / "lib" / "python3.11" / "site-packages", "unknown: its only one"
+    with pytest.raises(VenvError, match=r"for Python 3\.11, the image runs Python 3\.13: make the environment "):
+        site_packages(env, "3.13.0")
+    with pytest.raises(VenvError, match="not a virtualenv or conda environment"):
+        site_packages(tmp_path, "3.11.2")
+    two = _venv(tmp_path / "two", "3.11", "3.12")
+    assert site_packages(two, "3.12.1") == two / "lib" / "python3.12" / "site-packages"
+    with pytest.raises(VenvError, match="of a version not known here"):
+        site_packages(two, None)
+
+
+def test_submit_mounts_the_venv_read_only_and_puts_its_packages_first_on_pythonpath(
+        cli_env: FakeSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = _venv(tmp_path / "my env; it's", "3.11")
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    monkeypatch.chdir(tmp_path)
+    result = _submit("--json", "--venv", str(env), "--export", f"PYTHONPATH={tmp_path}", str(script))
+    assert result.exit_code == 0, result.output
+    batch = Path(cli_env.submitted()[-1].script).read_text()
+    assert f"--volume {shlex.quote(f'{env}:{env}:ro')}" in batch
+    assert _podman_env(batch)["PYTHONPATH"].split(":")[1:] == [str(env / "lib/python3.11/site-packages"),
+                                                               str(tmp_path)]
+    refused = _submit("--venv", str(tmp_path / "nowhere"), str(script))
+    assert refused.exit_code == 2 and f"--venv {tmp_path / 'nowhere'}" in refused.output, refused.output
+    assert len(cli_env.submitted()) == 1
