@@ -298,6 +298,8 @@ def _parse_directive(ctx: click.Context, script: Path, directive: Directive) -> 
             for path in given.get(name, ()):
                 resolve_mount(MountRequest(path, read_only), Path.cwd())
         parse_exports(given.get("export"))
+        if given.get("venv") is not None:
+            resolve_mount(MountRequest(given["venv"], True), Path.cwd())
     except (SubmitError, TimeSpecError, MountError, ExportError) as exc:
         raise DirectiveError(f"{where}: {exc}; fix or remove the line") from exc
     return given

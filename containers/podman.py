@@ -13,6 +13,7 @@ import os
 import re
 import stat
 import subprocess
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,9 @@ class ContainerSpec:
     socket_ifname: str = ""
     grace_s: int = 30
     env: tuple[tuple[str, str], ...] = ()
+    # The variables of the user's shell that --export passes (job.exports): in the job directory's
+    # contract.CONTAINER_ENV_FILE, read by podman --env-file, so that no value is on a command line (ps).
+    user_env: tuple[tuple[str, str], ...] = ()
     # The user's PYTHONPATH entries the container sees (job.exports: on a mounted path), after dlsub's library.
     python_path: tuple[str, ...] = ()
     # The site's shared file systems and the user's --mount/--mount-rw paths, checked (containers.mounts).
@@ -130,6 +134,12 @@ class ContainerSpec:
         own = [Mount(p, p, read_only=False, origin=ORIGIN_JOB)
                for p in (self.script.parent, self.workdir, self.job_dir)]
         return merge_mounts([*own, *self.extra_mounts])
+
+
+def env_file_text(pairs: Sequence[tuple[str, str]]) -> str:
+    """``podman run --env-file``'s lines: ``NAME=value``, literal (podman strips and expands nothing in a value);
+    names and values are job.exports' checked ones (no line break in either)."""
+    return "".join(f"{name}={value}\n" for name, value in pairs)
 
 
 def check_mount_path(path: Path) -> None:
@@ -174,6 +184,9 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     check_mount_path(spec.library_dir)
     lines.append(["--volume", f"{spec.library_dir}:{LIBRARY_MOUNT}/dlsub:ro"])
     lines.append(["--workdir", str(spec.workdir)])
+    if spec.user_env:
+        # Read before the --env below, which win over it (podman's order): dlsub's own are never the user's.
+        lines.append(["--env-file", str(spec.job_dir / contract.CONTAINER_ENV_FILE)])
     lines.append(["--env", ":".join(("PYTHONPATH=" + str(LIBRARY_MOUNT), *spec.python_path))])
     lines += [["--env", name] for name in (contract.ENV_JOB_ID, contract.ENV_JOB_DIR, contract.ENV_ATTEMPT,
                                            contract.ENV_CONTAINER, contract.ENV_GPU_TYPE, *SLURM_ENV)]
@@ -239,6 +252,8 @@ def _podman(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
             env["XDG_RUNTIME_DIR"] = str(private_runtime_dir(runtime_dir_fallback()))
     try:
         return subprocess.run(["podman", *argv], capture_output=True, text=True, env=env, timeout=60, check=False)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(["podman", *argv], PODMAN_TIMED_OUT, "", "podman did not answer in 60 s")
     except FileNotFoundError as exc:
         raise ImageError("podman is not installed on this host; dlsub runs jobs in rootless Podman containers") from exc
 
@@ -282,17 +297,31 @@ IMAGE_PROBE = (
 )
 
 
-def image_shortfalls(probe: subprocess.CompletedProcess[str]) -> list[str]:
-    """What an image lacks to run a dlsub job, from :data:`IMAGE_PROBE`'s run in it ([]: nothing)."""
+#: ``_podman``'s status when podman did not answer in time (timeout(1)'s); podman's own failures exit 125.
+PODMAN_TIMED_OUT = 124
+PODMAN_FAILED = 125
+
+
+def _probed(probe: subprocess.CompletedProcess[str]) -> dict[str, str | None] | None:
+    """:data:`IMAGE_PROBE`'s answer ({"python": "3.11.2", "torch": "2.13.0" or None}); None when it gave none."""
     try:
         found = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else None
     except (ValueError, IndexError):
-        found = None
-    if not isinstance(found, dict):
+        return None
+    if not isinstance(found, dict) or not re.fullmatch(r"\d+\.\d+\.\d+", str(found.get("python"))):
+        return None
+    torch = found.get("torch")
+    return {"python": str(found["python"]), "torch": str(torch) if torch else None}
+
+
+def image_shortfalls(probe: subprocess.CompletedProcess[str]) -> list[str]:
+    """What an image lacks to run a dlsub job, from :data:`IMAGE_PROBE`'s run in it ([]: nothing)."""
+    found = _probed(probe)
+    if found is None:
         why = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or ["no output"]
         return [f"no python3 that runs (python3 in it: {why[0][:200]})"]
     lacks = []
-    version = tuple(int(v) for v in str(found.get("python", "0.0")).split(".")[:2] if v.isdigit())
+    version = tuple(int(v) for v in str(found["python"]).split(".")[:2])
     if version < MIN_PYTHON:
         lacks.append(f"Python {found.get('python')} (dlsub's library needs {'.'.join(map(str, MIN_PYTHON))} or "
                      "newer)")
@@ -301,27 +330,41 @@ def image_shortfalls(probe: subprocess.CompletedProcess[str]) -> list[str]:
     return lacks
 
 
-def check_image_contents(image: str, image_id: str, checked: Path) -> str:
-    """The version of ``image``'s Python ("3.11.2"); raise :class:`ImageError` naming what the image (by its ID)
-    lacks to run a job: a Python dlsub's library runs on, torch. An ID that passed once is recorded in the
-    folder ``checked`` with its Python's version and not run again (an ID is its content)."""
+def check_image_contents(image: str, image_id: str, checked: Path,
+                         runtime: str | None = None) -> tuple[str | None, str]:
+    """The version of ``image``'s Python ("3.11.2"), and a warning ("" for none); raise :class:`ImageError`
+    naming what the image (by its ID) lacks to run a job: a Python dlsub's library runs on, torch.
+
+    The probe runs as the job's container does (its runtime, cgroupfs), once per ID: an ID that passed is
+    recorded in the folder ``checked`` with its Python's version (an ID is its content). Where this host's
+    Podman cannot start a container at all, nothing is said of the image: the version is None, and the warning
+    says the image was not checked."""
     mark = checked / image_id
     try:
         known = mark.read_text().strip()
     except OSError:
         known = ""
     if re.fullmatch(r"\d+\.\d+\.\d+", known):
-        return known
-    probe = _podman(["run", "--rm", "--network", "none", "--entrypoint", "python3", image_id, "-c", IMAGE_PROBE])
+        return known, ""
+    name = f"dlsub-image-check-{uuid.uuid4().hex[:12]}"
+    probe = _podman([*(["--runtime", runtime] if runtime else []), "--cgroup-manager", "cgroupfs", "run", "--rm",
+                     "--name", name, "--network", "none", "--entrypoint", "python3", image_id, "-c", IMAGE_PROBE])
+    if probe.returncode in (PODMAN_TIMED_OUT, PODMAN_FAILED):
+        if probe.returncode == PODMAN_TIMED_OUT:
+            _podman(["rm", "--force", "--ignore", name])
+        why = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or ["no output"]
+        return None, (f"could not start a container of {image} on this host to check what it holds ({why[0][:200]});"
+                      " it is not checked: `dlsub doctor --user $USER` checks Podman here")
     lacks = image_shortfalls(probe)
     if lacks:
         raise ImageError(f"image {image!r} cannot run a dlsub job: {'; '.join(lacks)}; build yours FROM one that "
                          f"has them (the site's, {DEFAULT_IMAGE} on the testbed), see the user guide's \"Bringing "
                          "your own code and environment\"")
-    version = str(json.loads(probe.stdout.strip().splitlines()[-1])["python"])
+    found = _probed(probe)
+    assert found is not None and found["python"] is not None  # no shortfall: it answered
     checked.mkdir(parents=True, exist_ok=True, mode=0o700)
-    mark.write_text(version + "\n")
-    return version
+    mark.write_text(found["python"] + "\n")
+    return found["python"], ""
 
 
 #: An image's ID as Podman gives it (sha256 of its config, 64 hex digits).

@@ -144,6 +144,9 @@ MARKERS_DIR = "attempts"
 REQUEUE_COUNT_FILE = "requeues"
 #: The batch script of an elastic job's worker array (role ``worker``).
 WORKER_SCRIPT = "worker.sbatch"
+#: In a job directory (mode 0600): the variables ``dlsub submit --export`` passes into the container, one
+#: ``NAME=value`` a line, read by ``podman run --env-file``: their values stay off every command line.
+CONTAINER_ENV_FILE = "container.env"
 #: In MARKERS_DIR: where a gang's rendezvous is, for the nodes that join it
 #: late (worker array tasks). One line, ``<host:port> <attempt> <slurm id>``,
 #: written by the main job's batch script at the start of each attempt.

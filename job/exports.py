@@ -1,6 +1,9 @@
 """What of the submitting shell's environment enters a job's container: ``dlsub submit --export``, with sbatch's
 meaning and syntax, read against the environment at submit time (as sbatch reads it).
 
+The values are written into the job directory's env file (private to the user) that ``podman run --env-file``
+reads, never onto a command line, where every user of the node could read them (``ps``).
+
 ``NONE`` (the default) passes nothing of the shell: the container has its image's environment and dlsub's own
 variables. ``ALL`` passes every variable but those that belong to the host, to Slurm or to dlsub (:data:`NEVER`,
 :data:`NEVER_PREFIXES`): the image's ``PATH`` and the node's ``SLURM_*`` are the container's, never the login
@@ -30,15 +33,25 @@ NEVER = frozenset({
     "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME",
     "ROLE_WORLD_SIZE", "NODE_RANK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
     "DISPLAY", "XAUTHORITY", "KRB5CCNAME", "MODULEPATH", "LOADEDMODULES", "MODULESHOME",
+    # Read by a shell or a dynamic loader in the container, or naming host paths the image does not have.
+    "BASH_ENV", "ENV", "IFS", "PS4", "PROMPT_COMMAND", "CDPATH", "GLOBIGNORE", "SHELLOPTS", "BASHOPTS", "TMP",
+    "TEMP", "CPATH", "LIBRARY_PATH", "PKG_CONFIG_PATH", "MANPATH", "INFOPATH", "CUDA_HOME", "CUDA_PATH",
+    "ZE_AFFINITY_MASK", "ONEAPI_DEVICE_SELECTOR",
 })
 #: Prefixes of the same: the dynamic loader's, Slurm's and its MPI's, dlsub's, torchrun's, the desktop session's.
 NEVER_PREFIXES = ("LD_", "SLURM_", "SLURMD_", "SBATCH_", "SRUN_", "SALLOC_", "SPANK_", "PMI_", "PMIX_", "OMPI_",
-                  "DLSUB_", "TORCHELASTIC_", "PET_", "XDG_", "SSH_", "DBUS_", "BASH_FUNC_", "__MODULES_", "_LMFILES_")
+                  "DLSUB_", "TORCHELASTIC_", "PET_", "XDG_", "SSH_", "DBUS_", "BASH_FUNC_", "__MODULES_", "_LMFILES_",
+                  "NVIDIA_", "LMOD_", "__LMOD_", "_ModuleTable")
+#: Set for the container by the batch step from the shell's own at submit (sbatch keeps it): named with --export,
+#: they are refused with that said, not as the node's.
+FROM_THE_BATCH_STEP = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 #: Merged into the container's own (see the module's doc), never passed as it is.
 MERGED = "PYTHONPATH"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
-#: The most bytes a value given or passed may have: it is written into the job's batch script.
+#: The most bytes one value, and all of them, may have (they are the container's environment, which the kernel
+#: bounds with its arguments: ARG_MAX).
 MAX_VALUE = 64 * 1024
+MAX_TOTAL = 256 * 1024
 
 
 class ExportError(ValueError):
@@ -72,7 +85,7 @@ def parse_exports(text: str | None) -> Exports:
     """sbatch's --export syntax: ``NONE``, ``NIL``, ``ALL``, or ``[ALL,]NAME[=value][,NAME[=value]...]``."""
     if text is None or text.strip() in ("", "NONE", "NIL"):
         return Exports()
-    entries = text.split(",")
+    entries = _split(text)
     everything = entries[0] == "ALL"
     names: list[str] = []
     values: list[tuple[str, str]] = []
@@ -83,21 +96,60 @@ def parse_exports(text: str | None) -> Exports:
         if not _NAME.match(name):
             raise ExportError(f"--export: {entry!r} is not NAME or NAME=value (a name is letters, digits and _, "
                               "not starting with a digit; a value cannot hold a comma)")
+        if name in FROM_THE_BATCH_STEP:
+            raise ExportError(f"--export: {name} is set in the container from your shell's own at submit (else "
+                              "the site's, else the node's interface): export it in your shell before dlsub submit "
+                              "and leave it out of --export")
         if never_passed(name):
             raise ExportError(f"--export: {name} never enters the container: the host's, Slurm's, torchrun's and "
                               "dlsub's variables are the node's (PATH is the image's); leave it out")
         if has_value:
-            _check_value(name, value)
+            value = _unquoted(value)
+            problem = _value_problem(value)
+            if problem:
+                raise ExportError(f"--export: the value of {name} {problem}")
             values.append((name, value))
         else:
             names.append(name)
     return Exports(everything, tuple(names), tuple(values))
 
 
-def _check_value(name: str, value: str) -> None:
-    if "\0" in value or len(value.encode(errors="surrogateescape")) > MAX_VALUE:
-        raise ExportError(f"--export: the value of {name} holds a NUL byte or is over {MAX_VALUE // 1024} KiB; "
-                          "put it in a file the job reads")
+def _split(text: str) -> list[str]:
+    """``text`` split at its commas, as Slurm splits --export: a value in quotes ('a,b' or "a,b") keeps its own."""
+    entries: list[str] = []
+    current = quote = ""
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"" and current.endswith("="):  # a value that opens with a quote runs to its close
+            quote = ch
+        elif ch == ",":
+            entries.append(current)
+            current = ""
+            continue
+        current += ch
+    if quote:
+        raise ExportError(f"--export {text}: a quote is not closed")
+    return [*entries, current]
+
+
+def _unquoted(value: str) -> str:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    return value
+
+
+def _value_problem(value: str) -> str:
+    """Why ``value`` cannot be passed ("" when it can): it is one line of the job's env file, UTF-8, bounded."""
+    if any(ch in value for ch in "\0\r\n"):
+        return "holds a line break or a NUL byte (each variable is one line of the job's env file)"
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return "is not UTF-8 text"
+    if size > MAX_VALUE:
+        return f"is over {MAX_VALUE // 1024} KiB"
+    return ""
 
 
 def exported(exports: Exports, environ: Mapping[str, str]) -> Exported:
@@ -105,19 +157,27 @@ def exported(exports: Exports, environ: Mapping[str, str]) -> Exported:
     env: dict[str, str] = {}
     notes: list[str] = []
     if exports.all:
-        left_out = sorted(n for n in environ if never_passed(n) and n != MERGED)
-        env.update((n, v) for n, v in environ.items() if not never_passed(n) and n != MERGED and _NAME.match(n))
-        if left_out:
-            notes.append(f"--export ALL: {len(env)} variable(s) of your shell enter the container; the host's, "
-                         f"Slurm's and dlsub's never do ({len(left_out)} left out, e.g. {', '.join(left_out[:4])})")
+        taken = {n: v for n, v in environ.items()
+                 if not never_passed(n) and n not in FROM_THE_BATCH_STEP and n != MERGED and _NAME.match(n)}
+        unfit = sorted(n for n, v in taken.items() if _value_problem(v))
+        env.update((n, v) for n, v in taken.items() if n not in unfit)
+        shown = sorted(env)
+        notes.append(f"--export ALL: {len(env)} variable(s) of your shell enter the container ("
+                     f"{', '.join(shown[:12])}{', ...' if len(shown) > 12 else ''}); the host's, Slurm's, torchrun's "
+                     f"and dlsub's never do ({sum(n not in taken and n != MERGED for n in environ)} left out)"
+                     + (f"; left out too, as no env file line can hold them: {', '.join(unfit)}" if unfit else ""))
     for name in exports.names:
         if name not in environ:
             notes.append(f"--export {name}: {name} is not set in your shell; the job gets none")
         elif name != MERGED:
+            problem = _value_problem(environ[name])
+            if problem:
+                raise ExportError(f"--export {name}: its value in your shell {problem}")
             env[name] = environ[name]
     env.update(exports.values)
-    for name, value in env.items():
-        _check_value(name, value)
+    if sum(len(n) + len(v.encode()) + 2 for n, v in env.items()) > MAX_TOTAL:
+        raise ExportError(f"--export: the variables come to over {MAX_TOTAL // 1024} KiB, more than a process's "
+                          "environment should carry; name the ones the job needs (--export NAME,...)")
     # PYTHONPATH is merged into the container's (the caller keeps the entries the container sees).
     path_text = env.pop(MERGED, None)
     if path_text is None and (exports.all or MERGED in exports.names):

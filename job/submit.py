@@ -16,8 +16,21 @@ from pathlib import Path, PurePosixPath
 
 import dlsub
 from dlsub.containers.mounts import ORIGIN_USER, Mount, MountError, MountRequest, resolve_mount
-from dlsub.containers.podman import ContainerSpec, check_image, check_image_contents, check_mount_path
-from dlsub.contract import BATCH_SCRIPT, MAX_SCRIPT_BYTES, WORKER_SCRIPT, application_digest, valid_gpu_type
+from dlsub.containers.podman import (
+    ContainerSpec,
+    check_image,
+    check_image_contents,
+    check_mount_path,
+    env_file_text,
+)
+from dlsub.contract import (
+    BATCH_SCRIPT,
+    CONTAINER_ENV_FILE,
+    MAX_SCRIPT_BYTES,
+    WORKER_SCRIPT,
+    application_digest,
+    valid_gpu_type,
+)
 from dlsub.job.exports import Exported, seen_entries
 from dlsub.job.partition_choice import Choice, Request, choose_partition
 from dlsub.job.private_files import AgentAccess, blocked_ancestor, make_job_dir
@@ -152,12 +165,15 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     if choice.ideal_partition is not None and req.gpus_per_node > 0:
         notes += (immediate_cpu_note(req, choice, cpus, mem_mb),)
     image_id = check_image(image) if check_images else None
-    python = check_image_contents(image, image_id, settings.home / "checked-images") if image_id else None
+    python, unchecked = (check_image_contents(image, image_id, settings.home / "checked-images",
+                                              settings.runtime or req.runtime or None)
+                         if image_id else (None, ""))
+    warnings += (unchecked,) if unchecked else ()
     venv = _venv(req, python, settings.jobs_dir)
 
     dlsub_id = new_dlsub_id()
     container = dataclasses.replace(_container_spec(req, settings, script, image, settings.jobs_dir / dlsub_id),
-                                    extra_mounts=mounts, image_id=image_id, env=req.exports.env)
+                                    extra_mounts=mounts, image_id=image_id, user_env=req.exports.env)
     if venv is not None:
         container = dataclasses.replace(container, extra_mounts=(*container.extra_mounts, venv[0]))
     python_path, unseen = seen_entries(req.exports.python_path,
@@ -203,10 +219,15 @@ def _venv(req: SubmitRequest, python: str | None, jobs_dir: Path) -> tuple[Mount
     try:
         mount = resolve_mount(MountRequest(req.venv, read_only=True), req.workdir)
         found = site_packages(mount.target, python)
-    except (MountError, VenvError) as exc:
+        if req.site_paths is not None:
+            _check_seen_by_nodes(req.site_paths, req.script, req.workdir, jobs_dir, (mount,))
+    except (MountError, VenvError, SubmitError) as exc:
         raise SubmitError(str(exc).replace("--mount ", "--venv ", 1)) from None
-    if req.site_paths is not None:
-        _check_seen_by_nodes(req.site_paths, req.script, req.workdir, jobs_dir, (mount,))
+    # The script's and submit directories are mounted read-write: an environment that holds them would be too.
+    for path in (req.script.resolve().parent, req.workdir.resolve()):
+        if path == mount.source or mount.source in path.parents:
+            raise SubmitError(f"--venv {req.venv}: it holds {path}, which the job writes to; keep the environment "
+                              "in a folder of its own (e.g. ./.venv) and give that")
     return mount, found
 
 
@@ -521,6 +542,8 @@ def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobS
         workers: int | None = None
         try:
             script_text = plan.script_text
+            if spec.container.user_env:
+                _write_new(job_dir / CONTAINER_ENV_FILE, env_file_text(spec.container.user_env))
             if plan.workers is not None:
                 # The held workers first, so the main job's script knows the array it ends with.
                 _write_new(job_dir / WORKER_SCRIPT, render_sbatch(plan.workers))

@@ -23,6 +23,9 @@ class VenvError(ValueError):
 def site_packages(env: Path, python: str | None) -> Path:
     """The ``site-packages`` of the environment at ``env`` (a virtualenv's or conda's ``lib/pythonX.Y``) for the
     image's ``python`` ("3.11.2"; None: unknown, then the environment's only one)."""
+    if not ((env / "pyvenv.cfg").is_file() or (env / "conda-meta").is_dir()):
+        raise VenvError(f"--venv {env}: not a virtualenv or conda environment (it has no pyvenv.cfg nor "
+                        "conda-meta); give the folder you made with python3 -m venv, virtualenv or conda create")
     if not (env / "lib").is_dir():
         raise VenvError(f"--venv {env}: not a virtualenv or conda environment (no lib/pythonX.Y/site-packages in "
                         "it); give the folder you made with python3 -m venv, virtualenv or conda create")

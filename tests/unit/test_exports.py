@@ -4,7 +4,9 @@ line, run through bash's own parser)."""
 
 from __future__ import annotations
 
+import json
 import shlex
+import stat
 import subprocess
 from pathlib import Path, PurePosixPath
 
@@ -65,7 +67,7 @@ def test_what_cannot_be_honoured_is_refused_naming_it(text: str, says: str) -> N
 
 def test_a_value_with_a_nul_byte_is_refused() -> None:
     with pytest.raises(ExportError, match="NUL"):
-        exported(parse_exports("ALL"), {"BAD": "a\0b"})
+        exported(parse_exports("BAD"), {"BAD": "a\0b"})
 
 
 def test_only_the_pythonpath_entries_the_container_sees_are_kept() -> None:
@@ -83,16 +85,24 @@ def _submit(*args: str) -> Result:
     return CliRunner().invoke(main, ["submit", *args], catch_exceptions=False)
 
 
-def _podman_env(batch_text: str) -> dict[str, str]:
-    """The --env words of the batch script's podman line, as bash parses them."""
+def _podman_words(batch_text: str) -> list[str]:
+    """The batch script's podman line, as bash parses it."""
     lines = batch_text.split("exec podman ", 1)[1].splitlines()
     command: list[str] = []
     for line in lines:
         command.append(line.rstrip("\\"))
         if not line.endswith("\\"):
             break
-    words = shlex.split(" ".join(command))
-    pairs = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--env"]
+    return shlex.split(" ".join(command))
+
+
+def _podman_env(batch_text: str) -> dict[str, str]:
+    """What the container's environment gets from the podman line: its --env-file's lines, then its --env words
+    (which win, as podman reads them after the file)."""
+    words = _podman_words(batch_text)
+    pairs = [line for i, w in enumerate(words[:-1]) if w == "--env-file"
+             for line in Path(words[i + 1]).read_text().splitlines()]
+    pairs += [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--env"]
     return dict(p.split("=", 1) for p in pairs if "=" in p)
 
 
@@ -112,14 +122,64 @@ def test_submit_passes_what_export_names_quoted_and_keeps_pythonpath_entries_on_
     assert subprocess.run(["bash", "-n"], input=batch, text=True).returncode == 0
     env = _podman_env(batch)
     assert env["HF_HUB_OFFLINE"] == "1" and env["SEED"] == "3" and env["TOKEN"] == "it's $HOME; `id`"
+    assert "TOKEN" not in batch and "offline" not in batch, "no value on the podman command line (ps shows it)"
+    env_file = Path(json.loads(result.stdout)["job_dir"]) / "container.env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
     assert "LD_LIBRARY_PATH" not in env and "HOME" not in env and env.get("PATH") is None
     assert env["PYTHONPATH"].split(":")[1:] == [str(project / "src")], env["PYTHONPATH"]
     assert "PYTHONPATH: /nowhere/lib left out" in result.stderr
     # The default passes nothing of the shell.
     script.write_text("print(1)\n")
     assert _submit("--json", str(script)).exit_code == 0
-    env = _podman_env(Path(cli_env.submitted()[-1].script).read_text())
+    batch = Path(cli_env.submitted()[-1].script).read_text()
+    env = _podman_env(batch)
     assert "HF_HUB_OFFLINE" not in env and "TOKEN" not in env and ":" not in env["PYTHONPATH"]
+    assert "--env-file" not in batch
+
+
+def test_no_name_dlsub_sets_in_the_container_can_be_exported(cli_env: FakeSlurm, tmp_path: Path) -> None:
+    """Every --env of the podman line (dlsub's, torchrun's, Slurm's) is refused by name, or comes from the
+    batch step as the user's own (the socket interfaces): a user's value never stands in for one of them."""
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    assert _submit("--nodes", "2", "--json", str(script)).exit_code == 0
+    words = _podman_words(Path(cli_env.submitted()[-1].script).read_text())
+    names = {words[i + 1].split("=", 1)[0] for i, w in enumerate(words[:-1]) if w == "--env"}
+    assert {"PYTHONPATH", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID", "DLSUB_JOB_DIR"} <= names
+    for name in names - {"PYTHONPATH"}:
+        with pytest.raises(ExportError):
+            parse_exports(f"{name}=x")
+
+
+@pytest.mark.parametrize(("text", "values"), [
+    ("MSG='hello, world',B=2", (("MSG", "hello, world"), ("B", "2"))),
+    ('MSG="a,b"', (("MSG", "a,b"),)),
+    ("MSG=it's", (("MSG", "it's"),)),
+])
+def test_a_quoted_value_keeps_its_commas_as_slurms_export_does(text: str, values: tuple[tuple[str, str]]) -> None:
+    assert parse_exports(text).values == values
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("A=x\ny", "line break"), ("A=x\ry", "line break"), ("A=" + "x" * (65 * 1024), "over 64 KiB"),
+    ("MSG='open", "quote is not closed"), ("NCCL_SOCKET_IFNAME=ib1", "from your shell's own at submit"),
+    ("NVIDIA_DRIVER_CAPABILITIES=all", "never enters"), ("BASH_ENV=/x", "never enters"),
+])
+def test_values_no_env_file_line_holds_and_the_batch_steps_names_are_refused(text: str, says: str) -> None:
+    with pytest.raises(ExportError, match=says):
+        parse_exports(text)
+
+
+def test_what_all_cannot_carry_is_left_out_and_named_and_too_much_is_refused() -> None:
+    shell = {"GOOD": "1", "LINES": "a\nb", "LATIN": "caf\udce9"}
+    got = exported(parse_exports("ALL"), shell)
+    assert got.env == (("GOOD", "1"),)
+    assert "left out too, as no env file line can hold them: LATIN, LINES" in got.notes[0]
+    with pytest.raises(ExportError, match="not UTF-8"):
+        exported(parse_exports("LATIN"), shell)
+    big = {f"V{i}": "x" * 60_000 for i in range(5)}
+    with pytest.raises(ExportError, match="over 256 KiB"):
+        exported(parse_exports("ALL"), big)
 
 
 def test_a_refused_export_submits_nothing(cli_env: FakeSlurm, tmp_path: Path) -> None:
@@ -140,6 +200,7 @@ def _venv(root: Path, *versions: str) -> Path:
     for version in versions:
         (root / "lib" / f"python{version}" / "site-packages").mkdir(parents=True)
     (root / "bin").mkdir(exist_ok=True)
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
     return root
 
 
@@ -151,6 +212,11 @@ def test_a_venvs_site_packages_are_those_of_the_images_python(tmp_path: Path) ->
         site_packages(env, "3.13.0")
     with pytest.raises(VenvError, match="not a virtualenv or conda environment"):
         site_packages(tmp_path, "3.11.2")
+    (env / "pyvenv.cfg").unlink()
+    with pytest.raises(VenvError, match="no pyvenv.cfg nor conda-meta"):
+        site_packages(env, "3.11.2")
+    (env / "conda-meta").mkdir()
+    assert site_packages(env, "3.11.2") == env / "lib" / "python3.11" / "site-packages", "conda's"
     two = _venv(tmp_path / "two", "3.11", "3.12")
     assert site_packages(two, "3.12.1") == two / "lib" / "python3.12" / "site-packages"
     with pytest.raises(VenvError, match="of a version not known here"):
@@ -171,4 +237,7 @@ def test_submit_mounts_the_venv_read_only_and_puts_its_packages_first_on_pythonp
                                                                str(tmp_path)]
     refused = _submit("--venv", str(tmp_path / "nowhere"), str(script))
     assert refused.exit_code == 2 and f"--venv {tmp_path / 'nowhere'}" in refused.output, refused.output
+    _venv(tmp_path, "3.11")  # the submit directory itself, which the job writes to
+    refused = _submit("--venv", ".", str(script))
+    assert refused.exit_code == 2 and "which the job writes to" in refused.output, refused.output
     assert len(cli_env.submitted()) == 1

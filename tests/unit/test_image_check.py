@@ -34,7 +34,7 @@ def test_what_an_image_lacks_is_named(probe: subprocess.CompletedProcess[str], l
     assert image_shortfalls(probe) == lacks
 
 
-def test_an_image_is_asked_once_per_id_and_a_bad_one_is_refused_every_time(
+def test_an_image_is_asked_once_per_id_as_the_job_runs_it_and_a_bad_one_is_refused_every_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[str]] = []
     answer = ran('{"python": "3.11.2", "torch": "2.13.0"}')
@@ -45,12 +45,35 @@ def test_an_image_is_asked_once_per_id_and_a_bad_one_is_refused_every_time(
 
     monkeypatch.setattr(podman, "_podman", fake_podman)
     checked = tmp_path / "checked-images"
-    check_image_contents("mine:1", ID, checked)
-    check_image_contents("mine:1", ID, checked)
-    assert len(calls) == 1 and calls[0][:6] == ["run", "--rm", "--network", "none", "--entrypoint", "python3"]
-    assert calls[0][6] == ID, "run by the ID submit records, never by a name that may move"
+    assert check_image_contents("mine:1", ID, checked, "runc") == ("3.11.2", "")
+    assert check_image_contents("mine:1", ID, checked, "runc") == ("3.11.2", ""), "the recorded version"
+    (argv,) = calls
+    assert argv[:5] == ["--runtime", "runc", "--cgroup-manager", "cgroupfs", "run"], "as the job's podman runs"
+    assert argv[argv.index("--entrypoint") + 1] == "python3" and argv[argv.index("--entrypoint") + 2] == ID, \
+        "run by the ID submit records, never by a name that may move"
     answer = ran('{"python": "3.10.4", "torch": "2.0.0"}')
     for _ in range(2):
         with pytest.raises(ImageError, match=r"image 'old:1' cannot run a dlsub job: Python 3\.10\.4 .*FROM"):
             check_image_contents("old:1", "cd" * 32, checked)
     assert len(calls) == 3 and not (checked / ("cd" * 32)).exists()
+    # An answer that is no version is no Python that runs (and nothing of it is recorded).
+    answer = ran('{"python": "3.11.2/../../x", "torch": "2"}')
+    with pytest.raises(ImageError, match="no python3 that runs"):
+        check_image_contents("odd:1", "ef" * 32, checked)
+
+
+@pytest.mark.parametrize("failure", [
+    ran("", 125, "Error: cannot set up namespace using newuidmap: exit status 1\n"),
+    ran("", 124, "podman did not answer in 60 s"),
+])
+def test_a_podman_that_cannot_start_a_container_here_blames_no_image_and_leaves_it_unchecked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: subprocess.CompletedProcess[str]) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(podman, "_podman", lambda argv: (calls.append(list(argv)), failure)[1])
+    python, warning = check_image_contents("site:1", ID, tmp_path / "checked")
+    assert python is None and "could not start a container of site:1 on this host" in warning
+    assert failure.stderr.strip() in warning and "dlsub doctor" in warning
+    assert not (tmp_path / "checked" / ID).exists(), "checked again next time"
+    if failure.returncode == 124:  # the probe's container, by its name, is removed
+        name = calls[0][calls[0].index("--name") + 1]
+        assert calls[-1] == ["rm", "--force", "--ignore", name]
