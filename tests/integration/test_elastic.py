@@ -78,8 +78,10 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
         assert grown["world_size"] == 8 and len(grown["node_list"]) == 2, grown
         assert grown["resizes"][-1]["world_size"] == 8 and grown["resizes"][-1]["from_world_size"] == 4
         # Another user's job needs a whole GPU node: the worker leaves, the job goes on at its minimum.
+        # It holds the GPUs 20 s: the group left takes 10 s or more to form again at the smaller size,
+        # and with a 5 s job the worker was back before it had (it formed at the larger size; a CI run).
         out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:4", "-J", "needs-a-node", "--mem=200",
-                        "--cpus-per-task=1", "--time=5", "--wrap", "sleep 5", check=True)
+                        "--cpus-per-task=1", "--time=5", "--wrap", "sleep 20", check=True)
         other = int(out.stdout.strip().split(";")[0])
         wait_for("the other user's job to start", lambda: (slurm_job(other) or {}).get("job_state") in
                  ("RUNNING", "COMPLETED", None), timeout=180)
@@ -147,8 +149,10 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
         why = user.dlsub("why", job["id"]).stdout
         assert "growing to 4 GPUs: gpu1, a node the job already runs on, has 1 idle GPU(s)" in why, why
         # Another user's 2-GPU job waits for gpu1: two workers leave, newest first; the job goes on at 2 GPUs.
+        # It holds the GPUs 20 s: the group left takes 10 s or more to form again at the smaller size,
+        # and with a 5 s job the worker was back before it had (it formed at the larger size; a CI run).
         out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:2", "-J", "needs-two", "--mem=200",
-                        "--cpus-per-task=1", "--time=5", "--wrap", "sleep 5", check=True)
+                        "--cpus-per-task=1", "--time=5", "--wrap", "sleep 20", check=True)
         other = int(out.stdout.strip().split(";")[0])
         wait_for("the other user's job to start", lambda: (slurm_job(other) or {}).get("job_state") in
                  ("RUNNING", "COMPLETED", None), timeout=180)

@@ -314,8 +314,10 @@ def test_an_fsdp_job_with_sharded_checkpoints_grows_2_to_4_and_shrinks_back_resu
         wait_for("the 4-process group to train", lambda: [
             e for e in progress_events(job["job_dir"], "progress") if e["time"] > grew_at], timeout=90)
         # Another user's 2-GPU job waits for gpu1: the worker leaves, the job goes on at 2.
+        # It holds the GPUs 20 s: the group left takes 10 s or more to form again at the smaller size,
+        # and with a 5 s job the worker was back before it had (it formed at the larger size; a CI run).
         out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:2", "-J", "needs-two", "--mem=200",
-                        "--cpus-per-task=1", "--time=5", "--wrap", "sleep 5", check=True)
+                        "--cpus-per-task=1", "--time=5", "--wrap", "sleep 20", check=True)
         other = int(out.stdout.strip().split(";")[0])
         wait_for("training on at world size 2", lambda: 2 in world_sizes(job["job_dir"])[
             world_sizes(job["job_dir"]).index(4) + 1:], timeout=120)
