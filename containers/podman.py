@@ -357,9 +357,9 @@ def check_image_contents(image: str, image_id: str, checked: Path,
                       " it is not checked: `dlsub doctor --user $USER` checks Podman here")
     lacks = image_shortfalls(probe)
     if lacks:
-        raise ImageError(f"image {image!r} cannot run a dlsub job: {'; '.join(lacks)}; build yours FROM one that "
-                         f"has them (the site's, {DEFAULT_IMAGE} on the testbed), see the user guide's \"Bringing "
-                         "your own code and environment\"")
+        raise ImageError(f"image {image!r} cannot run a dlsub job: {'; '.join(lacks)}; use an image with them "
+                         f"(the site's: {DEFAULT_IMAGE} on the testbed), or add your packages to it with --venv; see "
+                         "the user guide's \"Bringing your own code and environment\"")
     found = _probed(probe)
     assert found is not None and found["python"] is not None  # no shortfall: it answered
     checked.mkdir(parents=True, exist_ok=True, mode=0o700)

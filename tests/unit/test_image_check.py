@@ -53,7 +53,7 @@ def test_an_image_is_asked_once_per_id_as_the_job_runs_it_and_a_bad_one_is_refus
         "run by the ID submit records, never by a name that may move"
     answer = ran('{"python": "3.10.4", "torch": "2.0.0"}')
     for _ in range(2):
-        with pytest.raises(ImageError, match=r"image 'old:1' cannot run a dlsub job: Python 3\.10\.4 .*FROM"):
+        with pytest.raises(ImageError, match=r"image 'old:1' cannot run a dlsub job: Python 3\.10\.4 .*--venv"):
             check_image_contents("old:1", "cd" * 32, checked)
     assert len(calls) == 3 and not (checked / ("cd" * 32)).exists()
     # An answer that is no version is no Python that runs (and nothing of it is recorded).
