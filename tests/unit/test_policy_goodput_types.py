@@ -14,7 +14,7 @@ from typed_jobs import Linear, cluster, job, types_of
 
 from dlsub.policies.api import Allocation, ClusterView, check_decision
 from dlsub.policies.goodput import GoodputPolicy
-from dlsub.policies.goodput_types import TypedGoodputPolicy, type_rates, within_floor
+from dlsub.policies.goodput_types import TypedGoodputPolicy, priced_rows, type_rates, within_floor
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sia import type_shapes
 from dlsub.sim.engine import SimConfig, make_jobs, simulate
@@ -211,3 +211,26 @@ def test_within_floor_across_types_judges_a_slow_types_gpus_against_the_fast_typ
     assert within_floor(rows, 0.5) == rows
     assert within_floor(rows, 0.5, across_types=True) == [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 1.0)]
     assert within_floor(rows, 0.25, across_types=True) == rows
+
+
+# -- the price of a GPU (issue 54) ------------------------------------------------------------------
+
+
+def test_priced_rows_divide_each_goodput_by_one_plus_the_price_of_its_gpus() -> None:
+    rows = [(0, 1, 2.0), (0, 2, 3.0), (0, 4, 4.0), (1, 1, 1.0)]
+    assert priced_rows(rows, 0.0) == rows
+    assert priced_rows(rows, 0.5) == [(0, 1, 2.0 / 1.5), (0, 2, 1.5), (0, 4, 4.0 / 3.0), (1, 1, 1.0 / 1.5)]
+
+
+@pytest.mark.parametrize(("price", "want"), [(0.0, 8), (0.25, 4), (0.5, 2), (None, 8)])
+def test_a_priced_gpu_goes_to_a_job_only_while_its_time_saved_pays_for_it(price: float | None, want: int) -> None:
+    # goodput 2 x GPUs ** 0.5 on a: 2 sqrt(n) / (1 + price x n) is greatest at n = 1 / price. The linear job
+    # job's priced goodput 2n / (1 + price x n) still grows with every GPU: all 8 of its type whatever the price.
+    c = cluster(("a", 1, 8), ("b", 1, 8))
+    poor = job("p", hi=8, type_models={"a": Linear(2.0, 0.5), "b": Linear(1.0, 0.5)})
+    linear = job("l", hi=8, type_models={"a": Linear(1.0), "b": Linear(2.0)})
+    # None: the policy's default.
+    policy = TypedGoodputPolicy() if price is None else TypedGoodputPolicy(gpu_price=price)
+    decision = policy.decide([poor, linear], c, 0.0, {})
+    check_decision(decision, [poor, linear], c)
+    assert types_of(decision, c) == {"p": ("a", want), "l": ("b", 8)}
