@@ -297,6 +297,8 @@ IMAGE_PROBE = (
 )
 
 
+#: A Python version as the probe prints it and the check's record keeps it.
+_VERSION = re.compile(r"\d+\.\d+\.\d+")
 #: ``_podman``'s status when podman did not answer in time (timeout(1)'s); podman's own failures exit 125.
 PODMAN_TIMED_OUT = 124
 PODMAN_FAILED = 125
@@ -308,18 +310,26 @@ def _probed(probe: subprocess.CompletedProcess[str]) -> dict[str, str | None] | 
         found = json.loads(probe.stdout.strip().splitlines()[-1]) if probe.returncode == 0 else None
     except (ValueError, IndexError):
         return None
-    if not isinstance(found, dict) or not re.fullmatch(r"\d+\.\d+\.\d+", str(found.get("python"))):
+    if not isinstance(found, dict) or not _VERSION.fullmatch(str(found.get("python"))):
         return None
     torch = found.get("torch")
     return {"python": str(found["python"]), "torch": str(torch) if torch else None}
 
 
+def _last_line(result: subprocess.CompletedProcess[str]) -> str:
+    """What a failed podman command said last (its stderr, else its stdout), cut to 200 characters."""
+    lines = (result.stderr or result.stdout).strip().splitlines()
+    return lines[-1][:200] if lines else "no output"
+
+
 def image_shortfalls(probe: subprocess.CompletedProcess[str]) -> list[str]:
     """What an image lacks to run a dlsub job, from :data:`IMAGE_PROBE`'s run in it ([]: nothing)."""
-    found = _probed(probe)
+    return _shortfalls(probe, _probed(probe))
+
+
+def _shortfalls(probe: subprocess.CompletedProcess[str], found: dict[str, str | None] | None) -> list[str]:
     if found is None:
-        why = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or ["no output"]
-        return [f"no python3 that runs (python3 in it: {why[0][:200]})"]
+        return [f"no python3 that runs (python3 in it: {_last_line(probe)})"]
     lacks = []
     version = tuple(int(v) for v in str(found["python"]).split(".")[:2])
     if version < MIN_PYTHON:
@@ -344,7 +354,7 @@ def check_image_contents(image: str, image_id: str, checked: Path,
         known = mark.read_text().strip()
     except OSError:
         known = ""
-    if re.fullmatch(r"\d+\.\d+\.\d+", known):
+    if _VERSION.fullmatch(known):
         return known, ""
     name = f"dlsub-image-check-{uuid.uuid4().hex[:12]}"
     probe = _podman([*(["--runtime", runtime] if runtime else []), "--cgroup-manager", "cgroupfs", "run", "--rm",
@@ -352,15 +362,14 @@ def check_image_contents(image: str, image_id: str, checked: Path,
     if probe.returncode in (PODMAN_TIMED_OUT, PODMAN_FAILED):
         if probe.returncode == PODMAN_TIMED_OUT:
             _podman(["rm", "--force", "--ignore", name])
-        why = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or ["no output"]
-        return None, (f"could not start a container of {image} on this host to check what it holds ({why[0][:200]});"
-                      " it is not checked: `dlsub doctor --user $USER` checks Podman here")
-    lacks = image_shortfalls(probe)
+        return None, (f"could not start a container of {image} on this host to check what it holds "
+                      f"({_last_line(probe)}); it is not checked: `dlsub doctor --user $USER` checks Podman here")
+    found = _probed(probe)
+    lacks = _shortfalls(probe, found)
     if lacks:
         raise ImageError(f"image {image!r} cannot run a dlsub job: {'; '.join(lacks)}; use an image with them "
                          f"(the site's: {DEFAULT_IMAGE} on the testbed), or add your packages to it with --venv; see "
                          "the user guide's \"Bringing your own code and environment\"")
-    found = _probed(probe)
     assert found is not None and found["python"] is not None  # no shortfall: it answered
     checked.mkdir(parents=True, exist_ok=True, mode=0o700)
     mark.write_text(found["python"] + "\n")

@@ -158,7 +158,7 @@ def exported(exports: Exports, environ: Mapping[str, str]) -> Exported:
     notes: list[str] = []
     if exports.all:
         taken = {n: v for n, v in environ.items()
-                 if not never_passed(n) and n not in FROM_THE_BATCH_STEP and n != MERGED and _NAME.match(n)}
+                 if not never_passed(n) and n != MERGED and _NAME.match(n)}  # never_passed: the batch step's too
         unfit = sorted(n for n, v in taken.items() if _value_problem(v))
         env.update((n, v) for n, v in taken.items() if n not in unfit)
         shown = sorted(env)
