@@ -35,7 +35,7 @@ test: testbed
 	nice -n 19 $(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v --durations=5 $(UNIT_TESTS) > "$$unit_log" 2>&1 & \
 	unit=$$!; \
 	$(MAKE) --no-print-directory lint-installed \
-		&& $(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v --durations=15 $(LIVE_TESTS); \
+		&& $(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v --durations=40 $(LIVE_TESTS); \
 	live=$$?; \
 	wait "$$unit"; unit_rc=$$?; \
 	cat "$$unit_log"; rm -f "$$unit_log"; \
