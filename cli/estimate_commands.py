@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from dlsub.cli.errors import fail
+from dlsub.cli.submit_options import environment_options, parse_mem, read_exports
 from dlsub.containers.mounts import MountRequest
 from dlsub.containers.podman import ImageError
 from dlsub.estimate.estimator import EstimateRequest, Estimator, fmt_s, normalize_batch_arg
@@ -104,6 +105,7 @@ def render_estimate(payload: dict[str, Any]) -> str:
                    "only these kinds [default: each kind, one profile per kind].")
 @click.option("--batch-arg", default="--batch-size", show_default=True,
               help="The script's batch-size flag ('none': pass no argument, the script reads run.batch_size).")
+@environment_options
 @click.option("--no-cache", is_flag=True, help="Profile again even where a cached profile exists.")
 @click.option("--parallel", is_flag=True,
               help="Run the profiles of different partitions at once (default: one at a time, so that they "
@@ -114,15 +116,14 @@ def render_estimate(payload: dict[str, Any]) -> str:
 def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, gpus: int, nodes: int,
              cpus: int | None, mem: str | None, partition: str | None, image: str | None,
              mount: tuple[str, ...], mount_rw: tuple[str, ...], gpu_type: str | None, batch_arg: str,
-             no_cache: bool, parallel: bool, as_json: bool, script: Path, args: tuple[str, ...]) -> None:
+             export: str | None, venv: str | None, no_cache: bool, parallel: bool, as_json: bool, script: Path,
+             args: tuple[str, ...]) -> None:
     """Profile SCRIPT briefly through Slurm; predict memory, walltime, cost, start and finish per partition
     (and kind of GPU, where Slurm's GRES or the site names kinds) and batch size, and recommend where to run.
 
     Options go before SCRIPT; everything after it is the script's. --epochs and
     --target-loss are the horizon of the prediction and are not passed to the script.
     """
-    from dlsub.cli.submit_options import parse_mem
-
     try:
         if epochs is not None and target_loss is not None:
             raise SubmitError("give --epochs or --target-loss, not both")
@@ -149,7 +150,8 @@ def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, 
             horizon=Horizon(epochs=epochs, target_loss=target_loss), workdir=Path.cwd(), gpus=gpus, nodes=nodes,
             cpus=cpus, mem_mb=mem_mb, image=policy.containers.image_for(image, os.environ), partition=partition,
             batch_arg=normalize_batch_arg(batch_arg),
-            use_cache=not no_cache, one_at_a_time=not parallel, gpu_types=kinds,
+            use_cache=not no_cache, one_at_a_time=not parallel, gpu_types=kinds, exports=read_exports(export),
+            venv=venv,
             mounts=(*(MountRequest(p, True) for p in mount), *(MountRequest(p, False) for p in mount_rw)))
         estimator = Estimator(settings, client, JobStore(settings.db_path), policy,
                               say=lambda msg: click.echo(f"dlsub: {msg}", err=True))

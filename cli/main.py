@@ -27,7 +27,7 @@ from dlsub.cli.doctor_commands import doctor
 from dlsub.cli.errors import fail
 from dlsub.cli.estimate_commands import estimate
 from dlsub.cli.simulate_command import generate_workload, simulate
-from dlsub.cli.submit_options import SubmitOptions
+from dlsub.cli.submit_options import SubmitOptions, environment_options, read_exports
 from dlsub.cli.usage_commands import usage
 from dlsub.containers.mounts import MountError, MountRequest, resolve_mount
 from dlsub.containers.podman import ImageError
@@ -35,7 +35,7 @@ from dlsub.contract import CHECKPOINT_SIGNAL, ENV_TARGET_LOSS, JobState
 from dlsub.estimate.apply_choice import FromEstimate, chosen_row, submit_options, with_env
 from dlsub.job.budget_check import check_budget, extra_for
 from dlsub.job.directives import Directive, DirectiveError, read_directives
-from dlsub.job.exports import Exported, ExportError, exported, parse_exports
+from dlsub.job.exports import ExportError, parse_exports
 from dlsub.job.output_files import OutputFiles
 from dlsub.job.output_lines import LogPrinter, Selection
 from dlsub.job.partition_choice import PlanningError
@@ -141,14 +141,7 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
                    "submit and job directories.")
 @click.option("--mount-rw", "mount_rw", multiple=True, metavar="PATH",
               help="As --mount, but the job may write there (its outputs); repeatable.")
-@click.option("--export", "export", default=None, metavar="NONE|ALL|[ALL,]NAME[=value],...",
-              help="What of your shell's environment enters the container, as sbatch's --export: NONE (nothing: "
-                   "the image's environment and dlsub's), ALL (all but the host's, Slurm's and dlsub's: PATH, "
-                   "LD_*, SLURM_*, ...), or the variables named (NAME as your shell has it, NAME=value set). Your "
-                   "PYTHONPATH's entries on mounted paths follow dlsub's library [default: NONE].")
-@click.option("--venv", "venv", default=None, metavar="PATH",
-              help="A virtualenv or conda environment on a shared path, made with the image's Python version: its "
-                   "packages follow dlsub's library on the job's PYTHONPATH (mounted read-only).")
+@environment_options
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "slurm_job_id": ...}.')
 @click.option("--from-estimate", "from_estimate", default=None, metavar="ID",
@@ -204,7 +197,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
         restart_plain_max_s=policy.moves.restart_plain_max_s,
         gpu_type=_row_gpu_type(picked, options.partition, shape.gpus_per_node),
         site_paths=policy.site,
-        exports=_exports(options.export), venv=options.venv,
+        exports=read_exports(options.export), venv=options.venv,
     )
     plan = plan_job(request, settings, client)
     for warning in plan.warnings:
@@ -242,14 +235,6 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
                if record.max_nodes else "")
             + f"dlsub: follow it with `dlsub status {record.id}` and `dlsub logs -f {record.id}`"
         )
-
-
-def _exports(text: str | None) -> Exported:
-    """--export read against this shell's environment, as sbatch reads it at submit."""
-    try:
-        return exported(parse_exports(text), os.environ)
-    except ExportError as exc:
-        raise SubmitError(str(exc)) from exc
 
 
 def _row_gpu_type(picked: FromEstimate | None, partition: str | None, gpus_per_node: int) -> str:

@@ -6,13 +6,15 @@ only what the user left unset), then checked into a job's shape and resources.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
+from dlsub.job.exports import Exported, ExportError, exported, parse_exports
 from dlsub.job.shape import Shape, ShapeError, resolve_shape
 from dlsub.job.submit import SubmitError
 from dlsub.slurm_plugins.timespec import parse_time_limit
@@ -113,3 +115,31 @@ class SubmitOptions:
             return resolve_shape(self.nodes, self.gpus, self.gpus_per_node, self.gpus_step)
         except ShapeError as exc:
             raise SubmitError(str(exc)) from exc
+
+
+#: submit's and estimate's --export and --venv: what of the user's environment the job (or a profiling run) sees.
+ENVIRONMENT_OPTIONS: tuple[Callable[[Any], Any], ...] = (
+    click.option("--export", "export", default=None, metavar="NONE|ALL|[ALL,]NAME[=value],...",
+                 help="What of your shell's environment enters the container, as sbatch's --export: NONE (nothing: "
+                      "the image's environment and dlsub's), ALL (all but the host's, Slurm's and dlsub's: PATH, "
+                      "LD_*, SLURM_*, ...), or the variables named (NAME as your shell has it, NAME=value set). Your "
+                      "PYTHONPATH's entries on mounted paths follow dlsub's library [default: NONE]."),
+    click.option("--venv", "venv", default=None, metavar="PATH",
+                 help="A virtualenv or conda environment on a shared path, made with the image's Python version: its "
+                      "packages follow dlsub's library on the job's PYTHONPATH (mounted read-only)."),
+)
+
+
+def environment_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``command`` with --export and --venv, as submit takes them."""
+    for option in reversed(ENVIRONMENT_OPTIONS):
+        command = option(command)
+    return command
+
+
+def read_exports(text: str | None) -> Exported:
+    """--export read against this shell's environment, as sbatch reads it at submit."""
+    try:
+        return exported(parse_exports(text), os.environ)
+    except ExportError as exc:
+        raise SubmitError(str(exc)) from exc

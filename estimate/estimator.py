@@ -14,6 +14,7 @@ runs still queued or running.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 import uuid
@@ -36,6 +37,7 @@ from dlsub.estimate.gpu_kinds import Target, profiled_targets
 from dlsub.estimate.partition_fit import FitError, ProfileRun, fit_partition, profile_from_events
 from dlsub.estimate.profile_cache import EstimateCache, profile_key
 from dlsub.estimate.recommend import Horizon, Knobs, PartitionFacts, build_rows, recommend
+from dlsub.job.exports import Exported
 from dlsub.job.settings import Settings
 from dlsub.job.submit import SubmitError, SubmitRequest, check_script, plan_job, submit_plan
 from dlsub.job.user_store import JobStore
@@ -73,6 +75,15 @@ class EstimateRequest:
     mounts: tuple[MountRequest, ...] = ()
     # --gpu-type: profile and predict only these kinds of GPU (partitions without GPUs stay); empty: every kind.
     gpu_types: frozenset[str] = frozenset()
+    # --export and --venv, as for submit: the profiling runs see the environment the job will.
+    exports: Exported = Exported()
+    venv: str | None = None
+
+    def environment(self) -> str:
+        """What of the user's environment the runs see, for the profiles' cache key ("": none of it)."""
+        if not self.exports.env and not self.exports.python_path and self.venv is None:
+            return ""
+        return json.dumps({"env": self.exports.env, "python_path": self.exports.python_path, "venv": self.venv})
 
 
 def batch_args(args: tuple[str, ...], batch_arg: str, batch_size: int) -> tuple[str, ...]:
@@ -160,7 +171,8 @@ class Estimator:
             gpus = req.gpus if partitions[target.partition].max_gpus_per_node else 0
             for bs in req.batch_sizes:
                 key = profile_key(script_text, batch_args(req.args, req.batch_arg, bs), image, target.partition, bs,
-                                  gpus=gpus, nodes=req.nodes, rule=rule, gpu_type=target.gpu_type or "")
+                                  gpus=gpus, nodes=req.nodes, rule=rule, gpu_type=target.gpu_type or "",
+                                  environment=req.environment())
                 cached = self.cache.get(key) if req.use_cache else None
                 if cached is not None and cached.gpu_type == target.gpu_type:
                     profiles.setdefault(target.key, []).append(cached)
@@ -237,7 +249,7 @@ class Estimator:
                     workdir=req.workdir, mode="ideal", max_continuations=0,
                     mounts=(*self.policy.containers.mount_requests(), *req.mounts),
                     runtime=self.policy.containers.runtime or None, gpu_type=target.gres_type,
-                    site_paths=self.policy.site)
+                    site_paths=self.policy.site, exports=req.exports, venv=req.venv)
                 plan = with_env(plan_job(request, self.settings, self.client, check_images=not runs),
                                 {**env, ENV_BATCH_SIZE: str(bs)})
                 submitted = submit_plan(plan, self.settings, self.client, self.store,

@@ -25,15 +25,18 @@ _ESTIMATE_ID = re.compile(r"^[0-9a-f]{8}\Z")
 
 
 def profile_key(script_text: bytes, args: Sequence[str], image: str, partition: str, batch_size: int, *,
-                gpus: int = 0, nodes: int = 1, rule: str = "", gpu_type: str = "") -> str:
+                gpus: int = 0, nodes: int = 1, rule: str = "", gpu_type: str = "", environment: str = "") -> str:
     """The cache key of one profile: sha256 over everything that decides it (the kind of GPU too, where one
-    is named; an untyped profile keeps the key it had)."""
+    is named, and the user's environment, where --export or --venv give one; a profile without either keeps
+    the key it had)."""
     parts: dict[str, object] = {
         "v": CACHE_VERSION, "script": hashlib.sha256(script_text).hexdigest(), "args": list(args),
         "image": image, "partition": partition, "batch_size": int(batch_size), "gpus": int(gpus),
         "nodes": int(nodes), "rule": rule}
     if gpu_type:
         parts["gpu_type"] = gpu_type
+    if environment:
+        parts["environment"] = environment
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 

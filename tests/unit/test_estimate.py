@@ -3,6 +3,7 @@ fit, cost arithmetic, budgets, the profile cache, and submitting from an estimat
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shlex
@@ -567,3 +568,40 @@ def test_ctrl_c_cancels_the_profiling_jobs(tmp_path: Path, fake_slurm: FakeSlurm
                                       workdir=tmp_path))
     submitted = sorted(str(j.job_id) for j in fake_slurm.submitted())
     assert len(submitted) == 4 and sorted(cancelled) == submitted
+
+
+def test_profiling_runs_see_the_users_export_and_venv_and_profile_again_without_them(
+        tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit, through the fake Slurm: --export's variables reach each profiling job's container (its private env
+    file) and --venv's packages its PYTHONPATH, as for submit; profiles made with them are not the ones made
+    without (a variable can change what the script does), and an estimate without them profiles again."""
+    import dlsub.job.submit as submit
+    from dlsub.contract import CONTAINER_ENV_FILE
+    from dlsub.estimate.estimator import EstimateRequest, Estimator
+    from dlsub.job.exports import Exported
+    from dlsub.job.settings import Settings
+    from dlsub.job.user_store import JobStore
+    from dlsub.site_config.policy_file import AgentPolicy
+
+    monkeypatch.setattr(submit, "check_image", lambda image: None)
+    env = tmp_path / "envs" / "my env"
+    (env / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
+    (env / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (tmp_path / "proj").mkdir()
+    script = tmp_path / "proj" / "train.py"
+    script.write_text("print('train')\n")
+    settings = Settings(home=tmp_path / "home")
+    runner = CompletingRunner(fake_slurm)
+    estimator = Estimator(settings, SlurmClient(runner=runner), JobStore(settings.db_path), AgentPolicy(), poll_s=0)
+    request = EstimateRequest(script=script, args=(), batch_sizes=(32,), horizon=Horizon(epochs=1),
+                              workdir=tmp_path / "proj", partition="cpu",
+                              exports=Exported(env=(("HF_HUB_OFFLINE", "1"),)), venv=str(env))
+    assert estimator.run(request)["profiled_now"] == 1
+    job = fake_slurm.submitted()[-1]
+    text = Path(job.script).read_text()
+    assert str(env / "lib" / "python3.11" / "site-packages") in text and f"{env}:{env}:ro" in text
+    assert "HF_HUB_OFFLINE=1" in (Path(job.options["output"]).parent / CONTAINER_ENV_FILE).read_text()
+    assert estimator.run(request)["from_cache"] == 1, "the same environment: the cached profile"
+    plain = dataclasses.replace(request, exports=Exported(), venv=None)
+    assert estimator.run(plain)["profiled_now"] == 1, "without them: profiled again"
+    assert len(fake_slurm.submitted()) == 2

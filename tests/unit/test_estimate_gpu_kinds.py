@@ -282,9 +282,13 @@ def test_gpu_type_restricts_the_kinds_and_refuses_unknown_ones(tmp_path: Path) -
     assert parse_gpu_types("a100, v100") == {"a100", "v100"} and parse_gpu_types(None) == frozenset()
 
 
-def test_the_cli_refuses_a_bad_gpu_type_with_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_cli_refuses_a_bad_gpu_type_export_or_venv_with_exit_2(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI against the fake Slurm: exit 2, the reason, and no job."""
     import dlsub.cli.estimate_commands as commands
+    import dlsub.job.submit as submit
+
+    monkeypatch.setattr(submit, "check_image", lambda image: None)
 
     fake = typed_cluster()
     monkeypatch.setenv("DLSUB_HOME", str(tmp_path / "home"))
@@ -294,7 +298,10 @@ def test_the_cli_refuses_a_bad_gpu_type_with_exit_2(tmp_path: Path, monkeypatch:
     script.write_text("print('x')\n")
     for args, says in ((["--gpus", "1", "--gpu-type", "h100"], "no partition profiled here has GPUs of that kind"),
                        (["--gpus", "1", "--gpu-type", "a100:4"], "as Slurm's GRES names them"),
-                       (["--gpu-type", "a100"], "goes with --gpus N")):
+                       (["--gpu-type", "a100"], "goes with --gpus N"),
+                       # submit's --export and --venv, checked as submit checks them
+                       (["--export", "TOKEN=a\nb"], "holds a line break"),
+                       (["--venv", str(tmp_path / "no env")], f"--venv {tmp_path / 'no env'}")):
         result = CliRunner().invoke(main, ["estimate", *args, str(script)])
         assert result.exit_code == 2 and says in result.output, result.output
     assert fake.submitted() == []
