@@ -1,4 +1,4 @@
-# dlsub: make testbed [SLURM=V] | make demo | make test | make lint | make bench | make bench-policies
+# dlsub: make testbed [SLURM=V] | make demo | make test | make lint | make bench | make bench-policies | make image-cuda
 # testbed, demo and test need root: they install packages and start Slurm.
 SHELL := /bin/bash
 PREFIX ?= /opt/dlsub
@@ -11,7 +11,7 @@ TEST_USER ?= dltest
 SLURM ?= 24.11
 export DLSUB_SLURM := $(SLURM)
 
-.PHONY: testbed testbed-down install demo test test-compat lint lint-installed unit integration bench bench-policies gpu-check
+.PHONY: testbed testbed-down install demo test test-compat lint lint-installed unit integration bench bench-policies gpu-check image-cuda
 
 testbed:
 	bash testbed/up.sh
@@ -87,6 +87,16 @@ bench: testbed
 	$(ON_LOGIN) $(VENV)/bin/python benchmarks/immediate_vs_ideal.py
 	$(ON_LOGIN) $(VENV)/bin/python benchmarks/elastic_vs_rigid.py
 	$(ON_LOGIN) $(VENV)/bin/python benchmarks/resize_latency.py
+
+# The site's GPU image (containers/build-image.sh --cuda): the package registry's CUDA build of torch and the
+# frameworks, downloaded here, then built offline as the testbed's user on the login host, in the build store
+# up.sh made there (testbed/hosts.sh's HOSTS_DIR; a store that reads the site's images cannot build on them:
+# Podman 4.3 fails to chown their layers), and its torch.version.cuda checked. Many GB: not in make testbed or
+# CI. DLSUB_WHEEL_DIRS: wheel folders to look in before the registry (a site mirror).
+image-cuda: testbed
+	bash containers/build-image.sh --cuda --wheels-only $(TEST_USER)
+	$(ON_LOGIN) env DLSUB_IMAGE_STORE_CONF=/var/lib/dlsub-testbed/hosts/build-storage.conf \
+		bash containers/build-image.sh --cuda $(TEST_USER)
 
 # The training library on a real GPU (CUDA, NCCL, the frameworks): run on a machine with one, with its own
 # Python and torch; no Slurm, no Podman. The report goes to $(GPU_CHECK_OUT)/gpu_check.json.

@@ -7,7 +7,11 @@
 #      lightning, transformers, accelerate);
 #   3. podman build the Containerfile with the wheels bind-mounted.
 # Each step is skipped when its result is already there and the recipe has
-# not changed. Usage: build-image.sh [--wheels-only | --publish] USER [IMAGE]
+# not changed. Usage: build-image.sh [--cuda] [--wheels-only | --publish] USER [IMAGE]
+#   --cuda: the site's GPU image instead, localhost/dlsub-torch:2.14.1-cuda: torch 2.14.1 as the package
+#   registry ships it for Linux x86_64 (built with CUDA 13, the CUDA runtime, cuDNN and NCCL as nvidia-*
+#   wheels), the same frameworks; about 10 GB installed, so never in CI's path (make image-cuda builds it and
+#   checks torch.version.cuda in it). The node's driver comes in through CDI, as for any image.
 #   --wheels-only: the downloads alone (step 2 and step 1's debootstrap), on a host that reaches the package
 #   registries, for a build host that does not (the testbed's login host has no route out: testbed/up.sh
 #   downloads on the host first).
@@ -16,13 +20,25 @@
 #   store already holds that image under that name.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-wheels_only=0 publish=0
-case "${1:-}" in
-    --wheels-only) wheels_only=1; shift ;;
-    --publish) publish=1; shift ;;
-esac
-user="${1:?usage: build-image.sh [--wheels-only | --publish] USER [IMAGE]}"
-image="${2:-${DLSUB_IMAGE:-localhost/dlsub-torch:2.13.0-cpu}}"
+wheels_only=0 publish=0 cuda=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --wheels-only) wheels_only=1; shift ;;
+        --publish) publish=1; shift ;;
+        --cuda) cuda=1; shift ;;
+        *) break ;;
+    esac
+done
+user="${1:?usage: build-image.sh [--cuda] [--wheels-only | --publish] USER [IMAGE]}"
+if [ "$cuda" -eq 1 ]; then
+    image="${2:-localhost/dlsub-torch:2.14.1-cuda}"
+    torch="torch==2.14.1"
+    description="PyTorch 2.14 with CUDA 13 (runtime, cuDNN, NCCL from the nvidia-* wheels), numpy, Lightning, transformers, accelerate on Debian bookworm, for dlsub jobs on GPU nodes"
+else
+    image="${2:-${DLSUB_IMAGE:-localhost/dlsub-torch:2.13.0-cpu}}"
+    torch="torch==2.13.0"
+    description="PyTorch 2.13 CPU, numpy, Lightning, transformers, accelerate on Debian bookworm, for dlsub jobs"
+fi
 base="localhost/dlsub-base:bookworm"
 cache="${DLSUB_IMAGE_CACHE:-/var/cache/dlsub-image}"
 venv_pip="${DLSUB_PREFIX:-/opt/dlsub}/venv/bin/pip"
@@ -44,26 +60,33 @@ as_user() {
 }
 install -d -m 700 -o "$user" -g "$user" "/run/user/$uid" "$runtime"
 
+# Each variant has its own build context: podman build sends the whole context, and the CUDA wheels are GBs.
 ctx="$cache/context"
+[ "$cuda" -eq 0 ] || ctx="$cache/context-cuda"
 # What the image installs: pip download fetches these and their dependencies into wheels/, and the Containerfile
 # installs exactly these from there (--no-index), so the build needs no registry. torch is pinned (and the
 # machine's CPU wheel found first) so that nothing pulls a CUDA build. The frameworks are pyproject's lightning
 # and hf extras: jobs that train with them run in this image (tests/integration/test_frameworks_live.py).
 # Their cost, measured (2026-11): +34 MB of wheels, +241 MB installed (torch and numpy alone: 966 MB).
-requirements="torch==2.13.0
+# The CUDA variant asks for the registry's plain torch, which on Linux x86_64 is its CUDA build.
+requirements="$torch
 numpy
 lightning>=2.0
 transformers>=4.40
 accelerate>=0.30"
-mkdir -p "$cache/context/wheels"
+mkdir -p "$ctx/wheels"
 chmod 755 "$cache"
 # The list downloaded last, written once its download succeeded: a changed list downloads again (pip skips
 # the wheels already there).
 if [ "$(cat "$ctx/wheels/requirements.txt" 2>/dev/null)" != "$requirements" ]; then
     say "downloading wheels ($(tr '\n' ' ' <<<"$requirements"))"
     printf '%s\n' "$requirements" >"$ctx/requirements.part"
+    # Wheel folders already on the host are looked in first (a machine with the CPU wheel, or a site's own
+    # mirror); anything else comes from the package registry.
     find_links=()
-    [ -d /opt/wheels ] && find_links=(--find-links /opt/wheels)
+    for dir in /opt/wheels ${DLSUB_WHEEL_DIRS:-}; do
+        [ -d "$dir" ] && find_links+=(--find-links "$dir")
+    done
     "$venv_pip" download -q --disable-pip-version-check "${find_links[@]}" \
         -d "$ctx/wheels" -r "$ctx/requirements.part"
     mv "$ctx/requirements.part" "$ctx/wheels/requirements.txt"
@@ -100,10 +123,30 @@ if [ "$publish" -eq 1 ]; then
     exit 0
 fi
 
-recipe="$(cat "$here/Containerfile" "$0" | sha256sum | cut -c1-16)"
+# The CUDA image's torch, checked on every run (built now or before): a registry that handed out a CPU build
+# would give a site's GPU nodes CPU torch without a word. torch.version.cuda is what the build was compiled
+# against and needs no GPU; the libraries are loaded to read their versions (no driver needed for that).
+check_cuda() {
+    local found size
+    found="$(as_user podman run --rm --network none --entrypoint python3 "$image" -c '
+import torch
+cuda = torch.version.cuda
+if cuda is None:
+    raise SystemExit(f"torch {torch.__version__} in this image is not a CUDA build")
+nccl = ".".join(map(str, torch.cuda.nccl.version()))
+print(f"torch {torch.__version__}, CUDA {cuda}, cuDNN {torch.backends.cudnn.version()}, NCCL {nccl}, "
+      f"a GPU here: {torch.cuda.is_available()}")
+')" || { say "$image: $found"; exit 1; }
+    size="$(as_user podman image inspect --format '{{.Size}}' "$image")"
+    say "$image: $found; $((size / 1000000)) MB"
+}
+
+# The recipe: the Containerfile, this script, and the variant's list (the CPU and CUDA images share the first two).
+recipe="$({ cat "$here/Containerfile" "$0"; printf '%s\n' "$requirements"; } | sha256sum | cut -c1-16)"
 if as_user podman image exists "$image" \
    && [ "$(as_user podman image inspect --format '{{ index .Labels "dlsub.recipe" }}' "$image")" = "$recipe" ]; then
     say "$image is up to date"
+    [ "$cuda" -eq 0 ] || check_cuda
     exit 0
 fi
 
@@ -117,5 +160,10 @@ fi
 cp "$here/Containerfile" "$ctx/Containerfile"
 chmod -R a+rX "$ctx"
 say "building $image"
-as_user podman build --quiet --network host --label "dlsub.recipe=$recipe" -t "$image" -f "$ctx/Containerfile" "$ctx" >/dev/null
+# The recipe as a build argument its RUN names: Podman's layer cache keys a RUN on its text, not on what its
+# bind mount holds, so without it the CUDA build reused the CPU image's layer (torch 2.13.0+cpu, which the
+# check below caught).
+as_user podman build --quiet --network host --build-arg "DLSUB_RECIPE=$recipe" --label "dlsub.recipe=$recipe" \
+    --label "org.opencontainers.image.description=$description" -t "$image" -f "$ctx/Containerfile" "$ctx" >/dev/null
 say "built $image"
+[ "$cuda" -eq 0 ] || check_cuda
