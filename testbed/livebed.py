@@ -143,8 +143,9 @@ def _cpu_idle_ticks() -> tuple[int, int]:
     """(idle + iowait + niced ticks, all ticks) of the whole machine since boot, from /proc/stat.
 
     Niced work counts as idle: it yields to the run being measured (at nice 19 it gets about 1.5% of a core
-    a normal process wants). CI runs the unit tests so, beside the live ones; counted as busy, they kept
-    every wait here at its 90 s limit while they ran (4-5 waits in one test)."""
+    a normal process wants). CI runs the unit tests so, beside the live ones: counted as busy, they would hold
+    a wait here at its 90 s limit whenever a measurement falls while they run. (In the CI runs seen, the unit
+    tests had ended before the estimate test began: its 234-258 s are its profiling and timed runs.)"""
     ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return ticks[1] + ticks[3] + ticks[4], sum(ticks)
 
