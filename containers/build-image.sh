@@ -10,7 +10,7 @@
 # not changed. Usage: build-image.sh [--cuda] [--wheels-only | --publish] USER [IMAGE]
 #   --cuda: the site's GPU image instead, localhost/dlsub-torch:2.14.1-cuda: torch 2.14.1 as the package
 #   registry ships it for Linux x86_64 (built with CUDA 13, the CUDA runtime, cuDNN and NCCL as nvidia-*
-#   wheels), the same frameworks; about 10 GB installed, so never in CI's path (make image-cuda builds it and
+#   wheels), the same frameworks; 6.2 GB (measured), so never in CI's path (make image-cuda builds it and
 #   checks torch.version.cuda in it). The node's driver comes in through CDI, as for any image.
 #   --wheels-only: the downloads alone (step 2 and step 1's debootstrap), on a host that reaches the package
 #   registries, for a build host that does not (the testbed's login host has no route out: testbed/up.sh
@@ -136,7 +136,7 @@ if cuda is None:
 nccl = ".".join(map(str, torch.cuda.nccl.version()))
 print(f"torch {torch.__version__}, CUDA {cuda}, cuDNN {torch.backends.cudnn.version()}, NCCL {nccl}, "
       f"a GPU here: {torch.cuda.is_available()}")
-')" || { say "$image: $found"; exit 1; }
+')" || { say "$image: its torch check failed (its message above)"; exit 1; }
     size="$(as_user podman image inspect --format '{{.Size}}' "$image")"
     say "$image: $found; $((size / 1000000)) MB"
 }

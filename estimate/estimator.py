@@ -163,6 +163,7 @@ class Estimator:
                                     prices.partition_gpu_type, req.gpus, req.gpu_types)
         script_text = script.read_bytes()
         rule = f"steps={req.profile_steps};seconds={req.profile_seconds}"
+        environment = req.environment()
         estimate_id = uuid.uuid4().hex[:8]
 
         profiles: dict[str, list[ProfileRun]] = {}
@@ -172,7 +173,7 @@ class Estimator:
             for bs in req.batch_sizes:
                 key = profile_key(script_text, batch_args(req.args, req.batch_arg, bs), image, target.partition, bs,
                                   gpus=gpus, nodes=req.nodes, rule=rule, gpu_type=target.gpu_type or "",
-                                  environment=req.environment())
+                                  environment=environment)
                 cached = self.cache.get(key) if req.use_cache else None
                 if cached is not None and cached.gpu_type == target.gpu_type:
                     profiles.setdefault(target.key, []).append(cached)
