@@ -232,8 +232,8 @@ class Launcher:
         if self.output is None:
             return subprocess.Popen(argv, stdin=stdin)
         env = dict(os.environ, **{ENV_OUTPUT_SOCKET: self.output.socket_path})
-        return subprocess.Popen(argv, env=env, stdin=stdin, stdout=self.output.child_stdout,
-                                stderr=self.output.child_stderr)
+        return subprocess.Popen(argv, env=env, stdin=stdin, stdout=self.output.child_output,
+                                stderr=self.output.child_output)
 
     def _start_child(self) -> subprocess.Popen[bytes]:
         """The command, through the standby when one is ready (its arguments go to it now), else anew."""

@@ -1,9 +1,9 @@
 """Whole output lines, each labelled with where it came from, for a job with several training processes.
 
 The launcher (:mod:`dlsub.checkpointing.launch`) owns one :class:`OutputMux`
-per container. Each training process hands it its stdout and stderr as two
-pipes (:mod:`dlsub.checkpointing.rank_output`, torchrun's entry point), with
-its global rank; torchrun's own stdout and stderr are two more pipes. The mux
+per container. Each training process hands it its stdout and stderr as one
+pipe (:mod:`dlsub.checkpointing.rank_output`, torchrun's entry point), with
+its global rank; torchrun's own stdout and stderr are one more. The mux
 reads them all in one thread, cuts whole lines, puts the label in front
 (``[rank]:``, ``[node/rank]:``, ``[dlsub]:`` for the launcher and torchrun:
 :data:`dlsub.contract.OUTPUT_LABEL`) and is the only writer of the
@@ -50,7 +50,7 @@ FILE_LINE_MAX = 64 * 1024
 PIPE_LINE_MAX = 1000
 #: Most bytes one read takes from a stream, and one write hands on.
 _CHUNK = 64 * 1024
-#: The handover message of a training process: JSON ``{"rank": N}``, at most this long, with 2 fds.
+#: The handover message of a training process: JSON ``{"rank": N}``, at most this long, with 1 fd.
 HELLO_MAX = 64
 MAX_RANK = 9_999_999
 
@@ -135,7 +135,7 @@ class OutputMux:
 
     ``node`` is the node's name for a gang's labels (``[node/rank]:``),
     None on one node (``[rank]:``). Start it with :meth:`start`, give
-    torchrun :attr:`child_stdout`/:attr:`child_stderr` and
+    torchrun :attr:`child_output` (its stdout and stderr) and
     ``$DLSUB_OUTPUT_SOCKET=`` :attr:`socket_path`, end it with :meth:`close`.
     """
 
@@ -154,10 +154,9 @@ class OutputMux:
         self._wake_r, self._wake_w = os.pipe()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._streams: dict[int, _Stream] = {}
-        # torchrun's own output: the write ends stay open here across torchrun runs (an elastic group
-        # re-forms by starting it again) and are closed by close().
-        self.child_stdout = self._add_pipe(self.label(LAUNCHER_SOURCE))
-        self.child_stderr = self._add_pipe(self.label(LAUNCHER_SOURCE))
+        # torchrun's own output: the write end stays open here across torchrun runs (an elastic group
+        # re-forms by starting it again) and is closed by close().
+        self.child_output = self._add_pipe(self.label(LAUNCHER_SOURCE))
         self._closing = False
         self._abandon = False
         self._thread = threading.Thread(target=self._loop, name="dlsub-output", daemon=True)
@@ -180,8 +179,7 @@ class OutputMux:
     def close(self, drain_s: float = 5.0) -> None:
         """Stop once every stream has ended, or after ``drain_s`` (a process that outlives the training
         may hold a pipe open): partial last lines are written, with a newline."""
-        os.close(self.child_stdout)
-        os.close(self.child_stderr)
+        os.close(self.child_output)
         self._closing = True
         if not self._thread.is_alive():
             self._finish()
@@ -228,9 +226,9 @@ class OutputMux:
             conn.settimeout(1.0)  # only our entry point connects; a silent peer costs a second at most
             fds: list[int] = []
             try:
-                message, fds, _, _ = socket.recv_fds(conn, HELLO_MAX, 2, socket.MSG_CMSG_CLOEXEC)
+                message, fds, _, _ = socket.recv_fds(conn, HELLO_MAX, 1, socket.MSG_CMSG_CLOEXEC)
                 rank = json.loads(message.decode()).get("rank") if message else None
-                if not (len(fds) == 2 and type(rank) is int and 0 <= rank <= MAX_RANK):
+                if not (len(fds) == 1 and type(rank) is int and 0 <= rank <= MAX_RANK):
                     raise ValueError("not a training process's handover")
                 for fd in fds:
                     self._register(fd, self.label(rank))

@@ -1,7 +1,8 @@
 """torchrun's entry point for each training process: ``python -u -m dlsub.checkpointing.rank_output SCRIPT ARGS``.
 
 With ``$DLSUB_OUTPUT_SOCKET`` (the launcher sets it when the job has several
-processes), it hands this process's stdout and stderr, as two pipes, to the
+processes), it hands this process's stdout and stderr, one pipe for both (as
+Slurm's output file without ``--error`` has them: in the order written), to the
 launcher's :class:`~dlsub.checkpointing.output_mux.OutputMux` with the global
 rank torchrun gave it (``$RANK``), which labels each of their lines. Then,
 with or without, it runs SCRIPT with ARGS in this process, as ``python -u
@@ -37,23 +38,25 @@ HANDOVER_TIMEOUT_S = 10.0
 
 
 def hand_over_output(socket_path: str, rank: int) -> None:
-    """Make fds 1 and 2 pipes read by the launcher at ``socket_path``; raise OSError if it does not take them."""
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+    """Make fds 1 and 2 one pipe read by the launcher at ``socket_path``; raise OSError if it does not take it.
+
+    One pipe, not two: two are read apart, and a stderr line could then come out after stdout lines written
+    after it (seen in CI when the launcher was slow to read)."""
+    read_end, write_end = os.pipe()
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(HANDOVER_TIMEOUT_S)
             conn.connect(socket_path)
-            socket.send_fds(conn, [json.dumps({"rank": rank}).encode()], [out_r, err_r])
+            socket.send_fds(conn, [json.dumps({"rank": rank}).encode()], [read_end])
             if conn.recv(1) != b"k":
-                raise OSError(f"the launcher at {socket_path} did not take the output pipes")
+                raise OSError(f"the launcher at {socket_path} did not take the output pipe")
         sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
+        os.dup2(write_end, 1)
+        os.dup2(write_end, 2)
     finally:
-        for fd in (out_r, out_w, err_r, err_w):
-            os.close(fd)
+        os.close(read_end)
+        os.close(write_end)
 
 
 def main(argv: list[str]) -> NoReturn:

@@ -111,6 +111,9 @@ def check_rank_lines(lines: list[str], label: re.Pattern[str], world: int, long_
         stdout = [t for t in texts if " line " in t]
         assert stdout == [f"rank {rank} line {i} of {world}" for i in range(LINES)], f"rank {rank}'s lines"
         assert [t for t in texts if " stderr " in t] == [f"rank {rank} stderr {i}" for i in range(0, LINES, 50)]
+        # stdout and stderr in the order the process wrote them (one pipe, as Slurm's output file has them).
+        for i in range(0, LINES, 50):
+            assert texts[texts.index(f"rank {rank} line {i} of {world}") + 1] == f"rank {rank} stderr {i}"
         assert f"[{(rank + 1) % world}]:a fake label printed by rank {rank}" in texts
         # \r ends a line as torchrun's --tee has it; the pieces of a long line carry the label each.
         assert [t for t in texts if " bar " in t] == [f"rank {rank} bar {p}" for p in ("1%", "50%", "100%")]
