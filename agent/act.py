@@ -229,6 +229,20 @@ def _prepare_move(seen: Observation, action: Action, now: float, writes: Writes)
     return True
 
 
+def _prepare_send_for_gpu(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
+    """A move whose requeue its launcher made: recorded as signalled before that requeue (restart count one
+    less), so that the next tick retargets and releases it as any move; nothing to do in Slurm now."""
+    followed = seen.followed[action.slurm_job_id]
+    row, job = followed.row, followed.job
+    if followed.info is not None and followed.info.move is None:
+        writes.moves[row.key()] = MoveRow(
+            row.uid, job.job_id, row.dlsub_id, MoveKind.NEEDS_GPU, MovePhase.SIGNALLED, action.partition or "",
+            action.gpus or 0, now, 0, now, None, max(0, job.restart_count - 1), action.gpu_type)
+        writes.decide(now, row.uid, row.dlsub_id, job.job_id, row.user, MoveKind.NEEDS_GPU, action.reason,
+                      action.details)
+    return False
+
+
 def _prepare_end_move(seen: Observation, action: Action, now: float, writes: Writes) -> bool:
     followed = seen.followed[action.slurm_job_id]
     row, key = followed.row, followed.row.key()
@@ -288,6 +302,7 @@ STEPS: dict[K, Step] = {
     K.RETARGET: Step(_prepare_nothing, _retarget, MovePhase.UPDATED, before="move-retarget", sent="move-updated"),
     K.RELEASE: Step(_prepare_nothing, lambda c, a: c.release(a.slurm_job_id), MovePhase.RELEASED,
                     after="move-released"),
+    K.SEND_FOR_GPU: Step(_prepare_send_for_gpu),
     K.BACKFILL: Step(_prepare_backfill, _retarget),  # not a move: no record, no phase
     K.FINISH_MOVE: Step(_prepare_end_move),
     K.ABANDON_MOVE: Step(_prepare_end_move),

@@ -47,6 +47,7 @@ from dlsub.contract import (
     ENV_JOB_DIR,
     ENV_NNODES,
     ENV_OUTPUT_SOCKET,
+    ENV_WATCH_NO_GPU,
     RESUME_EXIT_CODE,
     STOP_SIGNUM_NAME,
     exit_record,
@@ -420,9 +421,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the command to run after --")
     gang = bool(os.environ.get(ENV_NNODES))
     # A script rendered before dlsub labelled lines runs no entry point: its processes would write into
-    # torchrun's output, and their lines pass for the launcher's. It runs as it did.
+    # torchrun's output, and their lines pass for the launcher's. It runs as it did. A process alone keeps it
+    # only where it may die for want of a GPU (the entry point notes torch's error for the batch launcher).
     if (args.nproc_per_node <= 1 and not gang) or without_entry_point(command) == command:
-        return Launcher(without_entry_point(command), args.grace, args.elastic, follow=args.follow).run()
+        alone = command if os.environ.get(ENV_WATCH_NO_GPU) == "1" else without_entry_point(command)
+        return Launcher(alone, args.grace, args.elastic, follow=args.follow).run()
     try:
         output = OutputMux(sys.stdout.fileno(), node_name() if gang else None).start()
     except OSError as exc:  # no private temporary directory for its socket: the training still runs

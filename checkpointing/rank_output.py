@@ -28,10 +28,11 @@ import os
 import runpy
 import socket
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from dlsub.checkpointing.run_support import end_process_group_at_exit
-from dlsub.contract import ENV_OUTPUT_SOCKET
+from dlsub.contract import ENV_ATTEMPT, ENV_JOB_DIR, ENV_OUTPUT_SOCKET, NO_GPU_ERRORS, no_gpu_error_marker
 
 #: How long to wait for the launcher to take the pipes.
 HANDOVER_TIMEOUT_S = 10.0
@@ -79,7 +80,26 @@ def run_script(script: str, args: list[str]) -> None:
     end_process_group_at_exit()  # registered before the script's own handlers, so it runs after them
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # what ``python SCRIPT`` puts first
-    runpy.run_path(script, run_name="__main__")
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except Exception as exc:
+        note_no_gpu_error(exc)
+        raise
+
+
+def note_no_gpu_error(exc: BaseException) -> None:
+    """If ``exc`` is torch's no-GPU error, leave the attempt's marker for the launcher (a CPU attempt of a job that
+    asked for GPUs is then sent back to wait for them). Never in the way of the error itself."""
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    job_dir, attempt = os.environ.get(ENV_JOB_DIR), os.environ.get(ENV_ATTEMPT)
+    if not (job_dir and attempt and any(error in str(exc) for error in NO_GPU_ERRORS)):
+        return
+    try:
+        marker = no_gpu_error_marker(Path(job_dir), attempt)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{type(exc).__name__}: {first}\n")
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

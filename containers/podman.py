@@ -189,7 +189,8 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
         lines.append(["--env-file", str(spec.job_dir / contract.CONTAINER_ENV_FILE)])
     lines.append(["--env", ":".join(("PYTHONPATH=" + str(LIBRARY_MOUNT), *spec.python_path))])
     lines += [["--env", name] for name in (contract.ENV_JOB_ID, contract.ENV_JOB_DIR, contract.ENV_ATTEMPT,
-                                           contract.ENV_CONTAINER, contract.ENV_GPU_TYPE, *SLURM_ENV)]
+                                           contract.ENV_CONTAINER, contract.ENV_GPU_TYPE, contract.ENV_WATCH_NO_GPU,
+                                           *SLURM_ENV)]
     lines.append(["--env", Raw('CUDA_VISIBLE_DEVICES="${container_cuda_devices}"')])
     # Where gloo and NCCL open their sockets: the batch script's choice (the node's own address's interface,
     # or the site's), unless the user's environment names one.

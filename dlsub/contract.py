@@ -87,9 +87,12 @@ ENV_BATCH_SIZE = "DLSUB_BATCH_SIZE"
 ENV_PROFILE_STEPS = "DLSUB_PROFILE_STEPS"
 ENV_PROFILE_SECONDS = "DLSUB_PROFILE_SECONDS"
 ENV_TARGET_LOSS = "DLSUB_TARGET_LOSS"
+#: "1" in a CPU attempt of a job that asked for GPUs (immediate mode): its one training process starts through
+#: dlsub's entry point too, which notes torch's no-GPU error (no_gpu_error_marker) should the script die of it.
+ENV_WATCH_NO_GPU = "DLSUB_WATCH_NO_GPU"
 CONTAINER_ENV = (ENV_JOB_ID, ENV_JOB_DIR, ENV_ATTEMPT, ENV_ROLE, ENV_CONTAINER, ENV_GPU_TYPE, ENV_RDZV_ENDPOINT,
                  ENV_NNODES, ENV_TRAINER_NODES, ENV_CPU_NODES, ENV_BATCH_SIZE, ENV_PROFILE_STEPS, ENV_PROFILE_SECONDS,
-                 ENV_TARGET_LOSS)
+                 ENV_TARGET_LOSS, ENV_WATCH_NO_GPU)
 
 #: What a container runs as (``$DLSUB_ROLE``): a training process of the group, or the one process of a
 #: heterogeneous job's CPU component (``dlsub --cpu-nodes N``). Unset means a trainer.
@@ -197,6 +200,23 @@ def exit_record(job_dir: Path, container: str) -> Path:
     return job_dir / MARKERS_DIR / f"{container}.exit"
 
 
+#: What torch says when a script asks for CUDA where there is none (torch/cuda/__init__.py: a CPU build, no driver,
+#: no device visible). A training process that dies of one of these leaves no_gpu_error_marker().
+NO_GPU_ERRORS = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver on your system",
+                 "No CUDA GPUs are available", "CUDA driver initialization failed")
+
+
+def no_gpu_error_marker(job_dir: Path, attempt: str) -> Path:
+    """Written by a training process of ``attempt`` that died of one of NO_GPU_ERRORS (its first line, at most
+    200 characters): the launcher reads it when the attempt ends (the job's own file: it only decides what the
+    job's own attempt does next)."""
+    return job_dir / MARKERS_DIR / f"{attempt}.no-gpu"
+
+
+#: Written by the launcher when it sends a job back for a GPU: never twice for one job.
+NEEDS_GPU_SENT_FILE = "needs-gpu-sent"
+
+
 def reform_marker(job_dir: Path, attempt: str) -> Path:
     """Touched by the main job's launcher each time ``attempt``'s group re-forms after a member left: the
     workers that were not asked to leave re-form with it (launch ``--follow``)."""
@@ -270,7 +290,10 @@ ACTION_MOVE = "move"
 #: A worker of an elastic job left the group (shrink, or the group stopped)
 #: and went back to its held pool.
 ACTION_LEAVE = "leave"
-ATTEMPT_ACTIONS = (ACTION_REQUEUE, ACTION_MOVE, ACTION_LEAVE)
+#: An attempt on CPUs of a job that asked for GPUs died of torch's no-GPU error (immediate mode): requeued held
+#: for the agent to send it to wait for its GPU partition, as ideal mode would have; once per job.
+ACTION_NEEDS_GPU = "needs-gpu"
+ATTEMPT_ACTIONS = (ACTION_REQUEUE, ACTION_MOVE, ACTION_LEAVE, ACTION_NEEDS_GPU)
 
 # The events' schema: what the agent accepts (dlsub/jobdir.py checks each
 # event against it and drops any that does not fit).

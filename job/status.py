@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlsub.contract import ACTION_MOVE, ACTION_REQUEUE, EVENT_END, EVENT_START, JobState, StateSource
+from dlsub.contract import ACTION_MOVE, ACTION_NEEDS_GPU, ACTION_REQUEUE, EVENT_END, EVENT_START, JobState, StateSource
 from dlsub.job.status_extra import job_extra
 from dlsub.job.user_store import JobRecord, JobStore
 from dlsub.job_progress import Progress, read_attempts, read_progress_events, summarize_progress
@@ -99,7 +99,7 @@ def _state_without_slurm(record: JobRecord, attempts: list[dict[str, Any]], prog
         last = ends[-1]
         if last.get("rc") == 0:
             return JobState.COMPLETED
-        if last.get("action") not in (ACTION_REQUEUE, ACTION_MOVE):
+        if last.get("action") not in (ACTION_REQUEUE, ACTION_MOVE, ACTION_NEEDS_GPU):
             return JobState.FAILED
     if progress.finished:
         return JobState.COMPLETED

@@ -200,6 +200,7 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         tags=(*_agent_tags(req, choice, plain, _application(script, req)),
               *((("image", image_id[:12]),) if image_id else ())),
         max_continuations=max(0, req.max_continuations),
+        gpus_wanted=req.gpus_per_node if choice.ideal_partition is not None and choice.gpus_now is not None else 0,
         elastic=(req.nodes, req.max_members) if req.max_members is not None else None,
         # Named only where the job gets GPUs now (an immediate start on CPU nodes asks for none).
         gpu_type=req.gpu_type if choice.gpus_now is None else "",
@@ -268,7 +269,8 @@ def immediate_cpu_note(req: SubmitRequest, choice: Choice, cpus: int, mem_mb: in
     return (f"--gpus {gpus} starts on {choice.partition} now (immediate mode) as 1 training process with "
             f"{cpus} CPU{'s' if cpus != 1 else ''}, {_memory(mem_mb)} and no GPU, until the agent moves it to "
             f"{choice.ideal_partition}: the script must run without CUDA there (torch.cuda.is_available() is "
-            f"False, .cuda() fails); --mode ideal waits for {choice.ideal_partition}'s GPUs instead")
+            f"False, .cuda() fails; if it dies of that, it is sent back once to wait for "
+            f"{choice.ideal_partition}'s GPUs); --mode ideal waits for them from the start")
 
 
 def check_mounts(requests: tuple[MountRequest, ...], workdir: Path) -> tuple[tuple[Mount, ...], tuple[str, ...]]:

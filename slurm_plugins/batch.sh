@@ -45,4 +45,4 @@ role=@ROLE@
 exec "$python" -I -m dlsub.slurm_plugins.launcher "$role" --script "$0" \
     --dlsub-id @DLSUB_ID@ --job-dir @JOB_DIR@ --library-dir @LIBRARY_DIR@ \
     --gang @GANG@ --het @HET@ --worker-array @WORKER_ARRAY@ \
-    --max-continuations @MAX_CONTINUATIONS@ --socket-ifname @SOCKET_IFNAME@
+    --max-continuations @MAX_CONTINUATIONS@ --gpus-wanted @GPUS_WANTED@ --socket-ifname @SOCKET_IFNAME@

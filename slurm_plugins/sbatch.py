@@ -68,6 +68,9 @@ class BatchSpec:
     tags: tuple[tuple[str, str], ...] = ()
     # Resume-requeues the script may make (policy time_limits.max_continuations; 0: none).
     max_continuations: int = 20
+    # The GPUs per node a job started on none asked for (immediate mode on CPUs); 0 otherwise. An attempt
+    # without GPUs that dies of torch's no-GPU error is then sent back, once, to wait for them.
+    gpus_wanted: int = 0
     # main | worker (a task of an elastic job's held worker array)
     role: str = "main"
     # An elastic job's node range (MIN, MAX): the main job holds MIN nodes and
@@ -289,5 +292,6 @@ def _template_words(spec: BatchSpec, container: ContainerSpec, podman: str, podm
         "PYTHON": shlex.quote(spec.python),
         "MAX_CONTINUATIONS": _word(int(spec.max_continuations)),
         "SOCKET_IFNAME": shlex.quote(container.socket_ifname),
+        "GPUS_WANTED": _word(int(spec.gpus_wanted)),
         "PODMAN_RUN": podman,
     }

@@ -13,6 +13,9 @@ A restart of a job that does not checkpoint (a script that uses no dlsub
 library) onto its GPU partition, from scratch: RESTART (the agent requeues it
 held itself: there is nothing to save), then RETARGET and RELEASE as a move.
 A continuation before a time limit: SIGNAL_CONTINUE, then FINISH_MOVE.
+A job sent back for its GPUs (its attempt on CPUs died of torch's no-GPU error, and its launcher requeued it
+held): SEND_FOR_GPU records the move as signalled (there is nothing to signal), then RETARGET and RELEASE as a
+move, and it waits for its GPUs there.
 A backfill: BACKFILL (a pending job pointed at an idle dev partition).
 An elastic job: GROW (release a held worker task), SHRINK (tell a running
 one to leave), END_WORKERS (cancel the workers of an ended job).
@@ -44,6 +47,7 @@ class ActionKind(StrEnum):
     GROW = "grow"  # release one held worker task (it joins the group's rendezvous)
     SHRINK = "shrink"  # MOVE_SIGNAL to one running worker: checkpoint, leave, requeue held
     END_WORKERS = "end-workers"  # cancel the worker array of an ended job
+    SEND_FOR_GPU = "send-for-gpu"  # no Slurm call: a move of a job whose launcher requeued it held, needing a GPU
     PLACE = "place"  # scontrol update TresPerNode=gres:gpu:KIND:N of a waiting elastic job ("": any kind again)
 
 
@@ -52,6 +56,7 @@ class MoveKind(StrEnum):
     RETURN = "return"  # out of a backfill window, back to the partition it waited in
     CONTINUE = "continue"  # checkpointed before its time limit, continued in a new attempt
     RESTART = "restart"  # a job that does not checkpoint, requeued onto the partition it wants, from scratch
+    NEEDS_GPU = "needs-gpu"  # died on CPUs for want of a GPU: sent to wait for one where it wants to run
 
 
 __all__ = ["ActionKind", "MoveKind"]

@@ -23,6 +23,10 @@ Rules, checked for each job every tick:
   ``restart_plain_max_s`` (it redoes that work in lost × speed here / speed
   there on the GPU); otherwise a note says why it stays. With ``"wait"``
   submit never starts such jobs on CPUs; one there anyway is left alone.
+* **Sent for a GPU** (immediate mode): a job whose attempt on CPUs died of
+  torch's no-GPU error is requeued held by its launcher (``needs-gpu``, once
+  per job); it is retargeted to its ideal partition and released there, to
+  wait for its GPUs as an ideal-mode job would.
 * **Continue** past a time limit: a running job whose allocation ends
   within the checkpoint grace while it still has work to do is asked to
   checkpoint and continue in a new attempt (at most N times).
@@ -65,7 +69,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypedDict
 
-from dlsub.contract import ACTION_MOVE, HELD_BY_ADMIN, HELD_BY_USER, is_held
+from dlsub.contract import ACTION_MOVE, ACTION_NEEDS_GPU, HELD_BY_ADMIN, HELD_BY_USER, is_held
 from dlsub.policies.actions.budget_gate import move_fits_budget
 from dlsub.policies.actions.kinds import ActionKind as K
 from dlsub.policies.actions.kinds import MoveKind
@@ -140,8 +144,10 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
         return []
     if job.state != "PENDING" or not requeued:
         return []
-    # A restart is requeued by the agent itself (its attempt ends on Slurm's signal, with no record of a move).
-    if move.kind != MoveKind.RESTART and job.last_attempt_action != ACTION_MOVE:
+    # A restart is requeued by the agent itself (its attempt ends on Slurm's signal, with no record of a move);
+    # a job sent back for a GPU was requeued by its launcher, which said so.
+    expected = ACTION_NEEDS_GPU if move.kind == MoveKind.NEEDS_GPU else ACTION_MOVE
+    if move.kind != MoveKind.RESTART and job.last_attempt_action != expected:
         # Requeued, but not by the move's checkpoint (node failure, the user, Slurm): not the agent's to steer.
         return [Action(K.ABANDON_MOVE, reason="it was requeued without checkpointing for the move; left as it is",
                        **common)]
@@ -161,6 +167,25 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
         return []  # Slurm's requeue wait: the move is done when the job runs there
     elif not actions:
         return [Action(K.FINISH_MOVE, reason=f"waiting to start on {move.target_partition}", **common)]
+    return actions
+
+
+def _sent_for_gpus(jobs: Sequence[JobInfo], rules: Rules) -> list[Action]:
+    """Jobs whose attempt on CPUs died for want of a GPU (immediate mode; the launcher requeued them held, saying
+    ``needs-gpu``): each is sent to wait for its GPUs on its ideal partition, as ideal mode would have placed it.
+    Its launcher does this once per job, so a script that fails there too is not sent round again."""
+    actions = []
+    for job in jobs:
+        if (job.move is None and job.state == "PENDING" and job.reason == HELD_BY_USER
+                and job.last_attempt_action == ACTION_NEEDS_GPU and job.ideal_partition
+                and job.partition != job.ideal_partition and job.gpus_wanted > 0):
+            gpus = min(job.gpus_wanted, rules.max_gpus_per_job)  # as a move asks for them
+            actions.append(Action(
+                K.SEND_FOR_GPU, job.dlsub_id, job.slurm_job_id,
+                f"its attempt on {job.partition} died for want of a GPU (torch found no CUDA device); sent to wait "
+                f"for {gpus} GPU(s) on {job.ideal_partition}",
+                partition=job.ideal_partition, gpus=gpus, move_kind=MoveKind.NEEDS_GPU,
+                gpu_type=job.gpu_type or ""))
     return actions
 
 
@@ -542,6 +567,7 @@ def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Ru
     for job in jobs:
         if job.move is not None:
             actions += _advance_move(job, now, rules)
+    actions += _sent_for_gpus(jobs, rules)
     actions += _continuations(jobs, by_name, rules, now)
     granted: Granted = {}  # budgets given this tick, shared by backfills and moves
     actions += _backfill(jobs, by_name, rules, window, now, usage, granted)

@@ -45,6 +45,9 @@ class LaunchConfig:
     max_continuations: int = 20
     #: The site's interface for gloo and NCCL ("": the one holding this node's own address).
     socket_ifname: str = ""
+    #: The GPUs per node a job started on none asked for (immediate mode on CPUs; 0: otherwise): an attempt
+    #: without GPUs that dies of torch's no-GPU error is sent back to wait for them, once.
+    gpus_wanted: int = 0
 
     @property
     def job_script(self) -> Path:
@@ -62,6 +65,10 @@ class LaunchConfig:
     @property
     def requeue_count_file(self) -> Path:
         return self.markers_dir / contract.REQUEUE_COUNT_FILE
+
+    @property
+    def needs_gpu_sent_file(self) -> Path:
+        return self.markers_dir / contract.NEEDS_GPU_SENT_FILE
 
     @property
     def rendezvous_file(self) -> Path:
@@ -82,12 +89,13 @@ def parse_args(argv: Sequence[str]) -> LaunchConfig:
     parser.add_argument("--worker-array", default="")
     parser.add_argument("--max-continuations", type=int, default=20)
     parser.add_argument("--socket-ifname", default="")
+    parser.add_argument("--gpus-wanted", type=int, default=0)
     args = parser.parse_args(list(argv))
     if args.worker_array and not args.worker_array.isdigit():
         parser.error(f"--worker-array {args.worker_array!r} is not a Slurm job id")
     return LaunchConfig(Role(args.role), args.script.absolute(), args.dlsub_id, args.job_dir, args.library_dir,
                         bool(args.gang), bool(args.het), int(args.worker_array) if args.worker_array else None,
-                        args.max_continuations, args.socket_ifname)
+                        args.max_continuations, args.socket_ifname, max(0, args.gpus_wanted))
 
 
 def short_hostname() -> str:

@@ -9,6 +9,10 @@ next when its Slurm call fails:
 2. **continue**: it checkpointed and asked to be resumed, with no stop: requeue
    it where it is, while its continuations (``max_continuations``) last;
    past them the job ends with the resume code.
+2b. **needs-gpu**: it failed, with no stop, on an attempt without GPUs of a job
+   that asked for them (immediate mode on CPUs), a training process having died
+   of torch's no-GPU error: requeue it held, for the agent to send it to wait
+   for its GPU partition, as ideal mode would have. Once per job, so no loop.
 3. **end**: anything else ends the attempt with the container's status. After
    a stop (scancel, preemption) Slurm decides what follows, so the worker
    array waits (the agent cancels it once the job has ended); any other end is
@@ -35,6 +39,7 @@ class MainEnding(StrEnum):
 
     MOVE = "move"  # requeue held for the agent (scontrol requeuehold); a failure falls through
     CONTINUE = "continue"  # requeue to resume here (scontrol requeue), if continuations are left
+    NEEDS_GPU = "needs-gpu"  # requeue held for the agent to send it to its GPU partition (scontrol requeuehold)
     END = "end"  # the attempt ends with the container's status
 
 
@@ -53,6 +58,9 @@ class Stopped:
     signal: str = ""
     #: The agent's move signal arrived (contract.MOVE_SIGNAL).
     move_requested: bool = False
+    #: A training process died of torch's no-GPU error on an attempt without GPUs of a job that asked for them,
+    #: which was never sent back for them before.
+    needs_gpu: bool = False
 
     @property
     def stopped(self) -> bool:
@@ -72,6 +80,9 @@ def main_ending(run: Stopped, failed: Sequence[MainEnding] = ()) -> MainEnding:
         return MainEnding.MOVE
     if run.resumable and MainEnding.CONTINUE not in failed:
         return MainEnding.CONTINUE
+    if (run.needs_gpu and run.rc not in (0, contract.RESUME_EXIT_CODE) and not run.stopped
+            and not run.move_requested and MainEnding.NEEDS_GPU not in failed):
+        return MainEnding.NEEDS_GPU
     return MainEnding.END
 
 

@@ -117,6 +117,8 @@ def set_up(launch: Launch) -> int | None:
         launch.main_job = group.main_job_id
     launch.export(**socket_env(socket_ifname(config.socket_ifname, launch.env), launch.env))
     launch.export(**{contract.ENV_GPU_TYPE: node_gpu_type(launch)})
+    if config.gpus_wanted > 0 and not slurm_gpu_ids(launch.env):
+        launch.export(**{contract.ENV_WATCH_NO_GPU: "1"})  # a CPU attempt of a GPU job: torch's error is noted
     return None
 
 
@@ -143,7 +145,17 @@ def _start_fields(launch: Launch) -> list[tuple[str, str | int]]:
 
 
 def _stopped(launch: Launch, rc: int) -> Stopped:
-    return Stopped(rc, launch.forwarder.signal, launch.forwarder.move_requested)
+    return Stopped(rc, launch.forwarder.signal, launch.forwarder.move_requested, bool(_no_gpu_error(launch)))
+
+
+def _no_gpu_error(launch: Launch) -> str:
+    """torch's no-GPU error a training process of this attempt died of (its first line), if the attempt has
+    no GPUs while the job asked for them and was never sent back for them; "" otherwise."""
+    config = launch.config
+    if config.gpus_wanted <= 0 or slurm_gpu_ids(launch.env) or config.needs_gpu_sent_file.exists():
+        return ""
+    text = read_head(contract.no_gpu_error_marker(config.job_dir, launch.step.attempt), 512)
+    return text.decode("utf-8", "replace").strip().splitlines()[0] if text and text.strip() else ""
 
 
 # ------------------------------------------------------------------ node: one node of a gang
@@ -240,6 +252,18 @@ def run_main(launch: Launch) -> int:
             if launch.slurm_call(lambda: launch.slurm.requeue_held(int(step.job_id)), "scontrol requeuehold"):
                 return 0
             say("dlsub: scontrol requeuehold failed; requeueing where it was")
+        elif ending is MainEnding.NEEDS_GPU:
+            error = _no_gpu_error(launch)
+            config.needs_gpu_sent_file.parent.mkdir(parents=True, exist_ok=True)
+            config.needs_gpu_sent_file.write_text(f"{step.attempt}\n")  # once per job: never sent back twice
+            launch.log.end(rc, action=contract.ACTION_NEEDS_GPU)
+            say(f"dlsub: the training needs a GPU ({error}) and this attempt on {step.partition or '?'} has none; "
+                f"requeueing Slurm job {step.job_id} held for the agent to send it to wait for its "
+                f"{config.gpus_wanted} GPU(s) (once)")
+            launch.forwarder.stop_ends_launcher()
+            if launch.slurm_call(lambda: launch.slurm.requeue_held(int(step.job_id)), "scontrol requeuehold"):
+                return 0
+            say("dlsub: scontrol requeuehold failed; the job ends here")
         elif ending is MainEnding.CONTINUE:
             used = policy.requeues_used(read_head(config.requeue_count_file, 20))
             if not policy.may_continue(used, config.max_continuations):

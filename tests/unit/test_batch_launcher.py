@@ -194,14 +194,14 @@ class World:
                     "SLURM_JOB_NODELIST": "cpu1", "XDG_RUNTIME_DIR": str(tmp_path / "xdg"), "HOME": str(tmp_path)}
 
     def run(self, role: Role, container: str, *, max_continuations: int = 20, env: dict[str, str] | None = None,
-            slurm: FakeSlurm | None = None) -> int:
+            slurm: FakeSlurm | None = None, gpus_wanted: int = 0) -> int:
         """The launcher in ``role``; ``container``: bash run as this node's container (its status counts)."""
         script = self.tmp / "job.sbatch"
         _executable(script, f'#!/bin/bash\n[ "$1" = container ] || exit 99\necho "$@" > {self.tmp / "args"}\n'
                             f"{container}\n")
         config = LaunchConfig(role, script, "0123abcd", self.job_dir, self.library,
                               worker_array=ARRAY_ID if role is Role.MAIN and self.fake.jobs.get(ARRAY_ID) else None,
-                              max_continuations=max_continuations, socket_ifname="lo")
+                              max_continuations=max_continuations, socket_ifname="lo", gpus_wanted=gpus_wanted)
         child_env = {**self.env, **(env or {})}
         podman = Podman(child_env)
         launch = Launch(config, SlurmStep.from_env(child_env), child_env, SlurmClient(slurm or self.fake), podman,
@@ -269,6 +269,47 @@ def test_main_moves_held_when_the_agent_asks_and_the_training_checkpoints(tmp_pa
     assert ["kill", "--signal", "USR1", CONTAINER] in world.podman_calls()
     assert world.attempts()[-1] == {**world.attempts()[-1], "rc": RESUME, "action": contract.ACTION_MOVE}
     assert not (world.job_dir / contract.MARKERS_DIR / contract.REQUEUE_COUNT_FILE).exists()
+
+
+def dies_needing_a_gpu(world: World, attempt: str = f"{MAIN_ID}-0") -> str:
+    """A container whose training dies of torch's no-GPU error, as dlsub's entry point records it; it notes
+    whether the launcher told it to watch for that error."""
+    marker = contract.no_gpu_error_marker(world.job_dir, attempt)
+    return (f'echo "${{{contract.ENV_WATCH_NO_GPU}:-}}" > {world.tmp / "watch"}\n'
+            f"echo 'AssertionError: Torch not compiled with CUDA enabled' > {marker}\nexit 1")
+
+
+def test_a_cpu_attempt_of_a_gpu_job_dying_for_want_of_a_gpu_is_requeued_held_once(tmp_path: Path) -> None:
+    """Unit with the fake Slurm: on CPUs (no GPU ids) a job that asked for GPUs and died of torch's no-GPU
+    error is requeued held for the agent, saying needs-gpu; its next attempt dying so ends the job."""
+    world = World(tmp_path, worker_array=True)
+    assert world.run(Role.MAIN, dies_needing_a_gpu(world), gpus_wanted=1) == 0
+    job = world.fake.jobs[MAIN_ID]
+    assert job.state == "PENDING" and job.reason == contract.HELD_BY_USER and job.restart_cnt == 1
+    assert (tmp_path / "watch").read_text() == "1\n", "the container was told to watch for the error"
+    assert world.attempts()[-1] == {**world.attempts()[-1], "rc": 1, "action": contract.ACTION_NEEDS_GPU}
+    assert world.fake.jobs[TASK_ID].state == "RUNNING", "its workers wait, as for a move"
+    # Released onto CPUs again (by hand, say) and dying the same way: never sent back twice.
+    job.state, job.reason = "RUNNING", "None"
+    assert world.run(Role.MAIN, dies_needing_a_gpu(world, f"{MAIN_ID}-1"), gpus_wanted=1,
+                     env={"SLURM_RESTART_COUNT": "1"}) == 1
+    assert job.state == "RUNNING" and world.attempts()[-1].get("action") is None
+
+
+@pytest.mark.parametrize(("gpus_wanted", "env", "container"), [
+    (0, {}, "marker"),  # a job that asked for no GPUs
+    (1, {"SLURM_JOB_GPUS": "0"}, "marker"),  # an attempt with GPUs: the error is the script's own
+    (1, {}, "exit 1"),  # another error
+])
+def test_nothing_else_is_sent_back_for_a_gpu(tmp_path: Path, gpus_wanted: int, env: dict[str, str],
+                                             container: str) -> None:
+    """Unit with the fake Slurm: the attempt ends with the container's status, and no requeue."""
+    world = World(tmp_path)
+    script = dies_needing_a_gpu(world) if container == "marker" else container
+    assert world.run(Role.MAIN, script, gpus_wanted=gpus_wanted, env=env) == 1
+    assert not world.slurm_calls("requeuehold") and world.attempts()[-1].get("action") is None
+    if (tmp_path / "watch").exists():
+        assert (tmp_path / "watch").read_text() == "\n", "told to watch only on a CPU attempt of a GPU job"
 
 
 def test_a_failed_move_requeues_where_it_was(tmp_path: Path) -> None:

@@ -158,6 +158,7 @@ def test_a_gpu_job_started_on_cpus_is_told_in_one_line_what_it_gets_there(gpus_b
     assert notes(result) == [
         "dlsub: note: --gpus 2 starts on cpu now (immediate mode) as 1 training process with 3 CPUs, 6 GB and no "
         "GPU, until the agent moves it to gpu: the script must run without CUDA there (torch.cuda.is_available() "
-        "is False, .cuda() fails); --mode ideal waits for gpu's GPUs instead"]
+        "is False, .cuda() fails; if it dies of that, it is sent back once to wait for gpu's GPUs); --mode ideal "
+        "waits for them from the start"]
     ideal = submit(policy_file(tmp_path), "--mode", "ideal", "--gpus", "1", str(REPO / "examples" / "train_digits.py"))
     assert json.loads(ideal.stdout)["partition"] == "gpu" and notes(ideal) == []
