@@ -90,10 +90,11 @@ def run_script(script: str, args: list[str]) -> None:
 def note_no_gpu_error(exc: BaseException) -> None:
     """If ``exc`` is torch's no-GPU error, leave the attempt's marker for the launcher (a CPU attempt of a job that
     asked for GPUs is then sent back to wait for them). Never in the way of the error itself."""
-    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    text = str(exc)
     job_dir, attempt = os.environ.get(ENV_JOB_DIR), os.environ.get(ENV_ATTEMPT)
-    if not (job_dir and attempt and any(error in str(exc) for error in NO_GPU_ERRORS)):
+    if not (job_dir and attempt and any(error in text for error in NO_GPU_ERRORS)):
         return
+    first = text.strip().splitlines()[0][:200]  # non-empty: it holds one of NO_GPU_ERRORS
     try:
         marker = no_gpu_error_marker(Path(job_dir), attempt)
         marker.parent.mkdir(parents=True, exist_ok=True)

@@ -144,8 +144,15 @@ def _start_fields(launch: Launch) -> list[tuple[str, str | int]]:
             ("gpu_type", launch.env.get(contract.ENV_GPU_TYPE, ""))]
 
 
-def _stopped(launch: Launch, rc: int) -> Stopped:
-    return Stopped(rc, launch.forwarder.signal, launch.forwarder.move_requested, bool(_no_gpu_error(launch)))
+def _stopped(launch: Launch, rc: int, needs_gpu: bool = False) -> Stopped:
+    return Stopped(rc, launch.forwarder.signal, launch.forwarder.move_requested, needs_gpu)
+
+
+def _requeue_held(launch: Launch) -> bool:
+    """``scontrol requeuehold`` of this job, for the agent; whether it worked. The requeue ends this attempt,
+    so nothing is left to forward."""
+    launch.forwarder.stop_ends_launcher()
+    return launch.slurm_call(lambda: launch.slurm.requeue_held(int(launch.step.job_id)), "scontrol requeuehold")
 
 
 def _no_gpu_error(launch: Launch) -> str:
@@ -240,28 +247,27 @@ def run_main(launch: Launch) -> int:
     say(f"dlsub: job {config.dlsub_id} attempt {step.attempt} on {step.nodelist or short_hostname()} "
         f"(partition {step.partition or '?'})")
     rc = run_parts(launch)
+    # Read once: only the needs-gpu step below changes what it depends on, and then it returns or ends.
+    no_gpu_error = _no_gpu_error(launch)
     failed: list[MainEnding] = []
     while True:
         # What happened is read afresh before each step, as the shell's traps changed it between them.
-        run = _stopped(launch, rc)
+        run = _stopped(launch, rc, needs_gpu=bool(no_gpu_error))
         ending = policy.main_ending(run, failed)
         if ending is MainEnding.MOVE:
             launch.log.end(rc, action=contract.ACTION_MOVE)
             say(f"dlsub: checkpointed for a move; requeueing Slurm job {step.job_id} held for the agent")
-            launch.forwarder.stop_ends_launcher()  # the requeue ends this attempt; nothing is left to forward
-            if launch.slurm_call(lambda: launch.slurm.requeue_held(int(step.job_id)), "scontrol requeuehold"):
+            if _requeue_held(launch):
                 return 0
             say("dlsub: scontrol requeuehold failed; requeueing where it was")
         elif ending is MainEnding.NEEDS_GPU:
-            error = _no_gpu_error(launch)
             config.needs_gpu_sent_file.parent.mkdir(parents=True, exist_ok=True)
             config.needs_gpu_sent_file.write_text(f"{step.attempt}\n")  # once per job: never sent back twice
             launch.log.end(rc, action=contract.ACTION_NEEDS_GPU)
-            say(f"dlsub: the training needs a GPU ({error}) and this attempt on {step.partition or '?'} has none; "
-                f"requeueing Slurm job {step.job_id} held for the agent to send it to wait for its "
+            say(f"dlsub: the training needs a GPU ({no_gpu_error}) and this attempt on {step.partition or '?'} has "
+                f"none; requeueing Slurm job {step.job_id} held for the agent to send it to wait for its "
                 f"{config.gpus_wanted} GPU(s) (once)")
-            launch.forwarder.stop_ends_launcher()
-            if launch.slurm_call(lambda: launch.slurm.requeue_held(int(step.job_id)), "scontrol requeuehold"):
+            if _requeue_held(launch):
                 return 0
             say("dlsub: scontrol requeuehold failed; the job ends here")
         elif ending is MainEnding.CONTINUE:
