@@ -15,10 +15,11 @@ The second is measured by an earlier elastic run on its fast kind. The agent lea
 estimate profiles the script with its arguments and the batch size, so the first command's jobs name the batch
 size the estimate profiled, as ``dlsub submit --from-estimate`` does. Placements are made certain with
 blockers (plain jobs holding the GPUs of one node), never by pinning dlsub's jobs: the first job starts on the
-one GPU left of gpu1 (so it cannot grow there), the second waits until gpu2's blocker goes. Once the last
-blocker goes, the agent moves each job to its fast kind (checkpoint, requeue held onto ``gres:gpu:KIND:1``,
-release): a move is observed in each job's attempts, training resumes from its checkpoint on the new kind, and
-``dlsub why`` gives the measured and predicted figures.
+one GPU left of gpu1 (so it cannot grow there), the second waits until one GPU of gpu2 is freed for it (its
+claim as a waiting job keeps the first from moving there first). Once the last blockers go, the agent moves
+each job to its fast kind (checkpoint, requeue held onto ``gres:gpu:KIND:1``, release): a move is observed in
+each job's attempts, training resumes from its checkpoint on the new kind, and ``dlsub why``
+gives the measured and predicted figures.
 
 Then a waiting job is placed: with every GPU taken (the two jobs at two GPUs each of their fast kinds,
 blockers on the rest), a third run of the first command waits; the agent asks for it as v100 (``dlsub why``:
@@ -142,8 +143,9 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
         assert {(r["partition"], r["gpu_type"]) for r in est["rows"]} == {("gpu", "a100"), ("gpu", "v100")}, est
         assert est["profiled_now"] == 2, est
         read_after(user, time.time(), "the estimate's profiling runs")
-        # The second command: an earlier elastic run on a100 (all of v100's node held).
-        holds.append(hold_gpus(user, KIND_NODE["v100"], 4))
+        # The second command: an earlier elastic run on a100 (all of v100's node held, by two blockers: the
+        # one-GPU one goes first, below).
+        holds += [hold_gpus(user, KIND_NODE["v100"], 3), hold_gpus(user, KIND_NODE["v100"], 1)]
         earlier = user.submit(*SHAPE, *SLOW_ON_V100, cwd=workdir)
         jobs.append(earlier)
         measured_on(earlier, "a100")
@@ -151,16 +153,21 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
         cancel(earlier)
         user.wait_until_ended(earlier["id"])
         # The two jobs, each on its slow kind: the first on gpu1's one free GPU (gpu2 still held), the second
-        # waiting until gpu2's hold goes.
+        # waiting until gpu2's one-GPU blocker goes. Only one GPU of gpu2 is freed, so that each job's one
+        # place is certain: the second job, waiting, has first claim on it, so the first is not moved there
+        # before Slurm starts the second (with all four freed, a tick of the agent that came first moved the
+        # first job to v100, and the second, placed on the a100 it left, never ran on v100: CI, once); then
+        # neither kind has a GPU idle for the other's move until both big blockers go.
         holds.append(hold_gpus(user, KIND_NODE["a100"], 3))
         first = user.submit(*SHAPE, *SLOW_ON_A100, cwd=workdir)
         jobs.append(first)
         measured_on(first, "a100")
         second = user.submit(*SHAPE, *SLOW_ON_V100, cwd=workdir)
         jobs.append(second)
-        subprocess.run(["scancel", str(holds.pop(0))], check=True)  # gpu2's
+        subprocess.run(["scancel", str(holds.pop(1))], check=True)  # gpu2's one-GPU blocker
         measured_on(second, "v100")
-        subprocess.run(["scancel", str(holds.pop(0))], check=True)  # gpu1's: room on both kinds now
+        subprocess.run(["scancel", *map(str, holds)], check=True)  # gpu2's and gpu1's: room on both kinds now
+        holds.clear()
         for job, fast in ((first, "v100"), (second, "a100")):
             wait_for(f"job {job['id']} moved to {fast} and training there",
                      lambda job=job, fast=fast: kind_now(job) == fast and reports_on(job["job_dir"], fast) >= 2,
