@@ -101,18 +101,19 @@ policy_option = click.option("--policy", "policy_path", type=click.Path(path_typ
 
 
 def _with_metrics(agent_obj: Agent) -> Callable[[], object]:
-    """The tick to schedule: with Prometheus metrics on 127.0.0.1 when the policy names a port."""
-    port = agent_obj.policy.metrics.port
+    """The tick to schedule: with Prometheus metrics on the policy's address and port when it names a port."""
+    port, address = agent_obj.policy.metrics.port, agent_obj.policy.metrics.address
     if not port:
         return agent_obj.tick
     from dlsub.agent.metrics import AgentMetrics
 
     metrics = AgentMetrics(per_user_labels=agent_obj.policy.metrics.per_user_labels)
+    where = f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
     try:
-        metrics.serve(port)
+        metrics.serve(port, address)
     except OSError as exc:
-        fail(f"cannot serve metrics on 127.0.0.1:{port}: {exc} (policy.toml [metrics] port)", 1)
-    logging.info("metrics on http://127.0.0.1:%d/metrics", port)
+        fail(f"cannot serve metrics on {where}: {exc} (policy.toml [metrics] address and port)", 1)
+    logging.info("metrics on http://%s/metrics", where)
     return metrics.instrumented(agent_obj)
 
 

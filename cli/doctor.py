@@ -19,12 +19,14 @@ import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from dlsub.contract import CDI_GPU_KIND, CDI_SPEC_DIRS, SUBMIT_RECORD_PREFIX
 from dlsub.job.agent_client import AgentEndpoint, AgentUnavailable, ask
 from dlsub.job.submit import library_dir
+from dlsub.site_config.policy_file import DEFAULT_PATH as DEFAULT_POLICY_PATH
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmConfig, SlurmError
 from dlsub.slurm_plugins.dialects import OLDEST_SUPPORTED, TESTED_VERSIONS, SlurmVersion
@@ -247,8 +249,31 @@ def check_gpus(config: SlurmConfig, gpu_partitions: dict[str, int]) -> Finding:
     return Finding(name, OK, ", ".join(f"{p}: {g} GPUs" for p, g in sorted(gpu_partitions.items())))
 
 
+def shipped_site_files() -> Path:
+    """Where this installation keeps the site files dlsub ships (the example policy, systemd units, TaskEpilog,
+    cron entry: the ``dlsub.etc`` package, ``etc/`` of a checkout)."""
+    return Path(str(resources.files("dlsub.etc")))
+
+
+def check_policy_file(read: Path | None, shipped: Path) -> Finding:
+    """The policy file dlsub reads here (``read``; None: none exists, so dlsub's defaults), and where the shipped
+    example and units are to start from."""
+    name = "policy file"
+    files = (f"dlsub's site files: {shipped} (policy.toml.example, systemd/, slurm/taskepilog.sh, cron.d/); "
+             "every key and its default: `python -m dlsub.site_config.policy_keys` (docs/policy-keys.md)")
+    if read is None:
+        return Finding(name, WARN, f"none at {DEFAULT_POLICY_PATH} ($DLSUB_POLICY unset): dlsub's defaults are "
+                       f"in use (no partition roles, prices or moves of the site's); {files}",
+                       f"install -m 644 {shipped / 'policy.toml.example'} {DEFAULT_POLICY_PATH}, edit it, and "
+                       f"check it with `dlsub config check {DEFAULT_POLICY_PATH}`")
+    return Finding(name, OK, f"{read}; {files}")
+
+
 def check_partitions(named: Sequence[str], existing: Sequence[str]) -> Finding:
+    """The partitions policy.toml names ([partitions], [containers] partition_images) against Slurm's: a name
+    Slurm lacks is a typo, whose jobs run elsewhere or with the default image."""
     name = "policy partitions exist"
+    named = list(dict.fromkeys(named))
     missing = sorted(set(named) - set(existing))
     if missing:
         return Finding(name, PROBLEM, f"policy.toml names {', '.join(missing)}, which Slurm does not have "
@@ -347,10 +372,11 @@ def check_runtime_dir(user: pwd.struct_passwd, st: os.stat_result | None) -> Fin
 
 
 def check_image(user: pwd.struct_passwd, image: str, result: subprocess.CompletedProcess[str],
-                host_name: str = "this host") -> Finding:
+                host_name: str = "this host", partition: str = "") -> Finding:
     """Whether ``image`` is in ``user``'s Podman storage as Podman on *this* host sees it (its graph root and
-    its additional image stores): run on a compute node, that node's view."""
-    name = f"image of {user.pw_name}"
+    its additional image stores): run on a compute node, that node's view. ``partition``: the partition whose
+    image it is (policy.toml [containers] partition_images); "": the image of the others."""
+    name = f"image of {user.pw_name}" + (f" on partition {partition}" if partition else "")
     if result.returncode == 0:
         return Finding(name, OK, f"{image}, on {host_name}")
     if result.returncode == 1 and not result.stderr.strip():
@@ -368,12 +394,15 @@ def check_image(user: pwd.struct_passwd, image: str, result: subprocess.Complete
                    "see `podman info` as that user (subuid/subgid, runtime directory, runc)")
 
 
-def image_of(job: SlurmJob) -> str | None:
-    """The image a job runs (its ID's first 12 hex digits), from the tags its submit record froze (the comment's
-    when the site has no job_submit.lua); None for a job that names none (not dlsub's, or an older dlsub's)."""
+def images_of(job: SlurmJob) -> list[str]:
+    """The images a job runs (their IDs' first 12 hex digits): its own and the site's per partition, from the
+    tags its submit record froze (the comment's when the site has no job_submit.lua); none for a job that names
+    none (not dlsub's, or an older dlsub's)."""
     record = job.submit_record
     tags = record.tags if record is not None else job.tags
-    return tags.image if tags is not None else None
+    if tags is None:
+        return []
+    return list(dict.fromkeys([*((tags.image,) if tags.image else ()), *tags.images]))
 
 
 def check_site_images(listing: subprocess.CompletedProcess[str], jobs: Sequence[SlurmJob]) -> Finding:
@@ -388,7 +417,7 @@ def check_site_images(listing: subprocess.CompletedProcess[str], jobs: Sequence[
     if listing.returncode != 0 or not images:
         return Finding(name, SKIPPED, "no read-only (site) image store in this user's Podman",
                        "see docs/admin-guide.md, \"The training image on every node\"")
-    in_use = collections.Counter(tag for job in jobs if not job.terminal and (tag := image_of(job)) is not None)
+    in_use = collections.Counter(tag for job in jobs if not job.terminal for tag in images_of(job))
     parts, unused = [], []
     for image in sorted(images, key=lambda i: -int(i.get("Created") or 0)):
         short = str(image.get("Id", ""))[:12]
@@ -642,7 +671,8 @@ def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: st
     probe("agent is a Slurm Operator", "set up Slurm accounting (slurmdbd)",
           lambda: check_operator(policy.agent_user, client.admin_level(policy.agent_user)))
     probe("policy partitions exist", slurm_fix,
-          lambda: check_partitions(list(policy.partitions), [p.name for p in client.partitions()]))
+          lambda: check_partitions([*policy.partitions, *(name for name, _ in policy.containers.partition_images)],
+                                   [p.name for p in client.partitions()]))
     # Which Slurm node this host is (none: a login or admin host): decides the CDI check, whether an agent
     # must answer here, and how a graph root in the shared home weighs.
     here = host.hostname()
@@ -662,7 +692,8 @@ def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: st
     findings.append(check_shared_mounts({path: host.stat(Path(path)) is not None
                                          for path in (*site.shared_mounts, *site.shared_mounts_rw)}))
     findings.append(cdi)
-    findings.extend(_podman_checks(host, user, image, here, compute_node=this_node is not None))
+    findings.extend(_podman_checks(host, user, image, here, compute_node=this_node is not None,
+                                   partition_images=site.partition_images_for(None, host.environ())))
     entry = host.user(user) if user is not None else None
     if entry is not None:
         probe("site images", slurm_fix, lambda: check_site_images(
@@ -687,7 +718,8 @@ def _gpu_partitions(client: SlurmClient, policy: AgentPolicy) -> dict[str, int]:
     return {name: gpus.get(name, 0) for name in policy.partitions if policy.role_of(name) in ("gpu", "dev")}
 
 
-def _podman_checks(host: Host, user: str | None, image: str, here: str, *, compute_node: bool) -> list[Finding]:
+def _podman_checks(host: Host, user: str | None, image: str, here: str, *, compute_node: bool,
+                   partition_images: Sequence[tuple[str, str]] = ()) -> list[Finding]:
     if user is None:
         return [Finding("rootless Podman", SKIPPED, "no user named", "dlsub doctor --user NAME checks one user's")]
     entry = host.user(user)
@@ -700,6 +732,8 @@ def _podman_checks(host: Host, user: str | None, image: str, here: str, *, compu
         check_cgroups(controllers, hybrid),
         check_runtime_dir(entry, host.stat(Path(f"/run/user/{entry.pw_uid}"))),
         check_image(entry, image, host.run_as(entry, ["podman", "image", "exists", image]), here),
+        *(check_image(entry, name, host.run_as(entry, ["podman", "image", "exists", name]), here, partition)
+          for partition, name in partition_images),
         _storage_check(host, entry, compute_node),
         check_podman_cgroups(entry, read_containers_conf(host, containers_conf_files(host, entry, host.environ()))),
     ]

@@ -151,7 +151,7 @@ def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, 
             cpus=cpus, mem_mb=mem_mb, image=policy.containers.image_for(image, os.environ), partition=partition,
             batch_arg=normalize_batch_arg(batch_arg),
             use_cache=not no_cache, one_at_a_time=not parallel, gpu_types=kinds, exports=read_exports(export),
-            venv=venv,
+            venv=venv, partition_images=policy.containers.partition_images_for(image, os.environ),
             mounts=(*(MountRequest(p, True) for p in mount), *(MountRequest(p, False) for p in mount_rw)))
         estimator = Estimator(settings, client, JobStore(settings.db_path), policy,
                               say=lambda msg: click.echo(f"dlsub: {msg}", err=True))

@@ -173,6 +173,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
     if script is None:
         raise SubmitError("missing SCRIPT: give the training script to submit (or --from-estimate ID)")
     options = options.changed(options_from_directives(ctx, script))
+    named_image = options.image  # the user's own (an estimate's row names the image it profiled, not theirs)
     if picked is not None:
         options = options.filled(submit_options(picked))
         click.echo(f"dlsub: {picked.note}", err=True)
@@ -198,6 +199,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
         gpu_type=_row_gpu_type(picked, options.partition, shape.gpus_per_node),
         site_paths=policy.site,
         exports=read_exports(options.export), venv=options.venv,
+        partition_images=policy.containers.partition_images_for(named_image, os.environ),
     )
     plan = plan_job(request, settings, client)
     for warning in plan.warnings:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import uuid
@@ -123,6 +124,10 @@ class ContainerSpec:
     # The image's ID as submit found it (check_image): every attempt runs this one, whatever the name points
     # to later (a site updating its image under the same name). None: the name (a dry run without Podman).
     image_id: str | None = None
+    # The site's image of each partition it names (policy.toml [containers] partition_images): (partition, name,
+    # ID as submit found it, None in a dry run). The batch script runs the one of the partition each attempt
+    # runs on (``image_choice_lines``), ``image`` elsewhere. Empty: ``image`` on every partition.
+    partition_images: tuple[tuple[str, str, str | None], ...] = ()
 
     @property
     def elastic(self) -> bool:
@@ -205,10 +210,15 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     lines += [["--env", contract.ENV_TRAINER_NODES], ["--env", contract.ENV_CPU_NODES]]
     lines += [["--env", f"{key}={value}"] for key, value in spec.env]
     lines.append([gpu_args])
-    if spec.image_id:
-        # The name, for whoever reads `podman ps`; the ID, which it runs.
-        lines.append(["--label", f"{contract.LABEL_IMAGE}={spec.image}"])
-    lines.append([spec.image_id or spec.image])
+    if spec.partition_images:
+        # The image of the attempt's partition, which the batch script chose (image_choice_lines).
+        lines.append(["--label", Raw(f'"{contract.LABEL_IMAGE}=${{image_name}}"')])
+        lines.append([Raw('"${image}"')])
+    else:
+        if spec.image_id:
+            # The name, for whoever reads `podman ps`; the ID, which it runs.
+            lines.append(["--label", f"{contract.LABEL_IMAGE}={spec.image}"])
+        lines.append([spec.image_id or spec.image])
     launch = ["python3", "-m", "dlsub.checkpointing.launch", "--grace", str(spec.grace_s)]
     if spec.elastic and spec.reform:
         launch.append("--elastic")
@@ -236,6 +246,21 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
     # to the launcher and then execs ``python -u SCRIPT ARGS`` as torchrun would
     # (the launcher's ENTRY_POINT; it drops them for a process alone).
     lines.append(["-m", "dlsub.checkpointing.rank_output", str(spec.script), *spec.script_args])
+    return lines
+
+
+def image_choice_lines(spec: ContainerSpec) -> list[str]:
+    """The batch script's lines that set ``image`` (what ``podman run`` runs: an ID, or a name in a dry run) and
+    ``image_name`` to those of the partition the attempt runs on (``$SLURM_JOB_PARTITION``), else the job's own;
+    [] when the site names no image per partition. Partition names are checked plain words (policy_file),
+    images quoted."""
+    if not spec.partition_images:
+        return []
+    lines = ['case "${SLURM_JOB_PARTITION:-}" in']
+    for partition, name, image_id in spec.partition_images:
+        lines.append(f"    {partition}) image={shlex.quote(image_id or name)} image_name={shlex.quote(name)} ;;")
+    lines.append(f"    *) image={shlex.quote(spec.image_id or spec.image)} image_name={shlex.quote(spec.image)} ;;")
+    lines.append("esac")
     return lines
 
 

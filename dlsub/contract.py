@@ -367,7 +367,7 @@ MODES = ("immediate", "ideal")
 ROLES = ("main", "worker")
 _PARTITION = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
 _TAG = re.compile(r"^([a-z_]{1,32})=([A-Za-z0-9._-]{0,64})\Z")
-_TAG_KEYS = ("mode", "ideal", "gpus", "role", "nodes", "step", "script", "app", "gpu_type", "image")
+_TAG_KEYS = ("mode", "ideal", "gpus", "role", "nodes", "step", "script", "app", "gpu_type", "image", "images")
 #: The image a job runs, in its tags: the first 12 hex digits of its ID, as `podman images` shows it.
 _IMAGE_TAG = re.compile(r"^[0-9a-f]{12}\Z")
 #: Most GPUs a tag may ask for; the admin's policy caps it further.
@@ -414,6 +414,10 @@ class Tags:
     # The image it runs (``image=1673d281b98a``, its ID's first 12 hex digits, as submit found it): what
     # `dlsub doctor` counts to tell a site which versions of its images jobs still use. None: not said.
     image: str | None = None
+    # The site's images per partition it may run (``images=1673d281b98a.88aa11bb22cc``: each ID's first 12 hex
+    # digits, joined by '.'; the site's policy.toml [containers] partition_images, at most five): counted with
+    # ``image`` by `dlsub doctor`. Empty: none.
+    images: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not DLSUB_ID.match(self.dlsub_id):
@@ -437,6 +441,8 @@ class Tags:
             raise ContractError(f"gpu_type={self.gpu_type!r} is not a GPU type's name")
         if self.image is not None and not _IMAGE_TAG.match(self.image):
             raise ContractError(f"image={self.image!r} is not an image ID's first 12 hex digits")
+        if len(self.images) > 5 or not all(_IMAGE_TAG.match(i) for i in self.images):
+            raise ContractError(f"images={'.'.join(self.images)!r} is not up to five image IDs' first 12 hex digits")
 
     def comment(self) -> str:
         parts = [f"{COMMENT_PREFIX}{self.dlsub_id}", f"mode={self.mode}"]
@@ -457,6 +463,8 @@ class Tags:
             parts.append(f"gpu_type={self.gpu_type}")
         if self.image:
             parts.append(f"image={self.image}")
+        if self.images:
+            parts.append(f"images={'.'.join(self.images)}")
         return ";".join(parts)
 
     @classmethod
@@ -490,7 +498,8 @@ class Tags:
         try:
             return cls(head, values.get("mode", "ideal"), values.get("ideal") or None, int(gpus),
                        values.get("role", "main"), nodes, int(step), "script" in values, values.get("app"),
-                       values.get("gpu_type"), values.get("image"))
+                       values.get("gpu_type"), values.get("image"),
+                       tuple(values["images"].split(".")) if values.get("images") else ())
         except ContractError:
             return None
 

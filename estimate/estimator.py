@@ -78,6 +78,13 @@ class EstimateRequest:
     # --export and --venv, as for submit: the profiling runs see the environment the job will.
     exports: Exported = Exported()
     venv: str | None = None
+    # The site's image per partition (policy.toml [containers] partition_images; none when the user names an
+    # image): each partition's runs use its own, as the job's attempts there will.
+    partition_images: tuple[tuple[str, str], ...] = ()
+
+    def image_on(self, partition: str, image: str) -> str:
+        """The image a run on ``partition`` uses: the site's for that partition, else ``image``."""
+        return dict(self.partition_images).get(partition, image)
 
     def environment(self) -> str:
         """What of the user's environment the runs see, for the profiles' cache key ("": none of it)."""
@@ -171,7 +178,8 @@ class Estimator:
         for target in sorted(set(stand_in.values()), key=lambda t: t.order):
             gpus = req.gpus if partitions[target.partition].max_gpus_per_node else 0
             for bs in req.batch_sizes:
-                key = profile_key(script_text, batch_args(req.args, req.batch_arg, bs), image, target.partition, bs,
+                key = profile_key(script_text, batch_args(req.args, req.batch_arg, bs),
+                                  req.image_on(target.partition, image), target.partition, bs,
                                   gpus=gpus, nodes=req.nodes, rule=rule, gpu_type=target.gpu_type or "",
                                   environment=environment)
                 cached = self.cache.get(key) if req.use_cache else None
@@ -250,7 +258,8 @@ class Estimator:
                     workdir=req.workdir, mode="ideal", max_continuations=0,
                     mounts=(*self.policy.containers.mount_requests(), *req.mounts),
                     runtime=self.policy.containers.runtime or None, gpu_type=target.gres_type,
-                    site_paths=self.policy.site, exports=req.exports, venv=req.venv)
+                    site_paths=self.policy.site, exports=req.exports, venv=req.venv,
+                    partition_images=req.partition_images)
                 plan = with_env(plan_job(request, self.settings, self.client, check_images=not runs),
                                 {**env, ENV_BATCH_SIZE: str(bs)})
                 submitted = submit_plan(plan, self.settings, self.client, self.store,

@@ -11,6 +11,7 @@ import getpass
 import os
 import shutil
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -18,6 +19,7 @@ import dlsub
 from dlsub.containers.mounts import ORIGIN_USER, Mount, MountError, MountRequest, resolve_mount
 from dlsub.containers.podman import (
     ContainerSpec,
+    ImageError,
     check_image,
     check_image_contents,
     check_mount_path,
@@ -95,6 +97,9 @@ class SubmitRequest:
     exports: Exported = Exported()
     # --venv: a virtualenv or conda environment on a shared path whose packages the job uses (job.venv).
     venv: str | None = None
+    # The site's image per partition (policy.toml [containers] partition_images; none when the user names an
+    # image): each is checked as ``image`` is, and each attempt runs the one of its partition.
+    partition_images: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,11 +174,14 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
                                               settings.runtime or req.runtime or None)
                          if image_id else (None, ""))
     warnings += (unchecked,) if unchecked else ()
+    by_partition, unchecked_there = _partition_images(req, settings, check_images)
+    warnings += unchecked_there
     venv = _venv(req, python, settings.jobs_dir)
 
     dlsub_id = new_dlsub_id()
     container = dataclasses.replace(_container_spec(req, settings, script, image, settings.jobs_dir / dlsub_id),
-                                    extra_mounts=mounts, image_id=image_id, user_env=req.exports.env)
+                                    extra_mounts=mounts, image_id=image_id, user_env=req.exports.env,
+                                    partition_images=by_partition)
     if venv is not None:
         container = dataclasses.replace(container, extra_mounts=(*container.extra_mounts, venv[0]))
     python_path, unseen = seen_entries(req.exports.python_path,
@@ -198,7 +206,7 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         signal_grace_s=settings.signal_grace_s,
         dlsub_version=dlsub.__version__,
         tags=(*_agent_tags(req, choice, plain, _application(script, req)),
-              *((("image", image_id[:12]),) if image_id else ())),
+              *((("image", image_id[:12]),) if image_id else ()), *_images_tag(by_partition)),
         max_continuations=max(0, req.max_continuations),
         gpus_wanted=req.gpus_per_node if choice.ideal_partition is not None and choice.gpus_now is not None else 0,
         elastic=(req.nodes, req.max_members) if req.max_members is not None else None,
@@ -210,6 +218,37 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
                                     cpu_partition=_cpu_partition(client, req, cpus, mem_mb))
     workers = _worker_array(batch, req.worker_gpus or req.gpus_per_node)
     return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers, req.worker_gpus, warnings, notes, req.mode)
+
+
+def _partition_images(req: SubmitRequest, settings: Settings,
+                      check_images: bool) -> tuple[tuple[tuple[str, str, str | None], ...], tuple[str, ...]]:
+    """The site's image of each partition it names, checked as the job's own image is (in the user's Podman,
+    then what it holds): (partition, name, ID; None unchecked), and the warnings of those Podman could not
+    start here. An image missing or unfit is refused, naming its partition: the job may run there (a move)."""
+    found: list[tuple[str, str, str | None]] = []
+    warnings: list[str] = []
+    for partition, image in req.partition_images:
+        if not check_images:
+            found.append((partition, image, None))
+            continue
+        try:
+            image_id = check_image(image)
+            _, unchecked = check_image_contents(image, image_id, settings.home / "checked-images",
+                                                settings.runtime or req.runtime or None)
+        except ImageError as exc:
+            raise ImageError(f"the site's image for partition {partition} (policy.toml [containers] "
+                             f"partition_images): {exc}; tell your site's admins (`dlsub doctor` shows it), or "
+                             "name an image for every partition with --image") from None
+        found.append((partition, image, image_id))
+        if unchecked and unchecked not in warnings:
+            warnings.append(unchecked)
+    return tuple(found), tuple(warnings)
+
+
+def _images_tag(by_partition: Sequence[tuple[str, str, str | None]]) -> tuple[tuple[str, str], ...]:
+    """The ``images=`` tag: the partition images' IDs (first 12 hex digits, each once), for `dlsub doctor`."""
+    ids = list(dict.fromkeys(image_id[:12] for _, _, image_id in by_partition if image_id))
+    return (("images", ".".join(ids)),) if ids else ()
 
 
 def _venv(req: SubmitRequest, python: str | None, jobs_dir: Path) -> tuple[Mount, Path] | None:

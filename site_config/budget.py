@@ -31,7 +31,9 @@ class BudgetError(ValueError):
 
 @dataclass(frozen=True)
 class Budget:
+    # Node-hours per period (nodes x hours, whatever the partition); none: not limited.
     node_hours: float | None = None
+    # Cost per period at the partitions' and GPU kinds' prices; none: not limited.
     cost: float | None = None
 
     def left(self, spent: Spend) -> Spend:
@@ -42,6 +44,7 @@ class Budget:
 
 @dataclass(frozen=True)
 class Budgets:
+    # The period a budget is counted over: "day", "week" or "month" (UTC).
     period: str = "month"
     users: Mapping[str, Budget] = field(default_factory=dict)
     accounts: Mapping[str, Budget] = field(default_factory=dict)

@@ -8,6 +8,8 @@ check FILE`` runs exactly this. etc/policy.toml.example documents each key.
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -33,8 +35,11 @@ class PolicyFileError(ValueError):
 
 @dataclass(frozen=True)
 class PartitionRole:
+    # What the partition is to dlsub: "gpu" (where jobs belong), "dev" (GPUs for short runs and off-hours
+    # backfill) or "cpu" (where immediate mode starts jobs that wait for GPUs).
     role: str
     speed: float = 1.0  # relative training speed of one job here (gpu = 1.0)
+    # The price of a node-hour here: `dlsub estimate`, `dlsub status` (cost so far), `dlsub usage`, budgets.
     cost_per_node_hour: float = 0.0
     # The kind of GPU the partition's nodes have, for sites that keep one kind a partition and whose GRES
     # does not name it ("": Slurm's GRES type, where it names one, is the kind).
@@ -46,6 +51,7 @@ class GpuTypePrice:
     """``[gpu_types.NAME]``: GPUs of this kind cost this per GPU-hour, on any partition (in place of the
     partition's node-hour price)."""
 
+    # The price of one GPU-hour of this kind, on any partition (in place of the partition's node-hour price).
     cost_per_gpu_hour: float = 0.0
 
 
@@ -53,8 +59,11 @@ class GpuTypePrice:
 class Window:
     """An off-hours window: opens at each ``start`` cron time, closes at the next ``end``."""
 
+    # The window's name, as `dlsub agent status` and backfill decisions give it.
     name: str
+    # When it opens: a cron expression (minute hour day month weekday), in the agent host's time zone.
     start: str
+    # When it closes: a cron expression; the first time after it opened.
     end: str
 
     def _fires(self, expr: str, since: datetime, until: datetime) -> list[datetime]:
@@ -83,6 +92,7 @@ class Window:
 
 @dataclass(frozen=True)
 class Backfill:
+    # Let waiting jobs start on idle nodes of the roles below while a window is open.
     enabled: bool = True
     # Roles whose idle nodes may take waiting jobs inside a window.
     roles: tuple[str, ...] = ("dev", "cpu")
@@ -91,6 +101,7 @@ class Backfill:
 
 @dataclass(frozen=True)
 class Moves:
+    # Move jobs from cpu/dev partitions onto GPU partitions when GPUs go idle.
     enabled: bool = True
     # Users whose jobs may be moved; "*" is everyone.
     users: tuple[str, ...] = ("*",)
@@ -103,6 +114,7 @@ class Moves:
     # when its GPUs free up, if they have run at most restart_plain_max_s there; "wait" never starts them
     # on CPUs (submit sends them to the GPU partition, where they wait).
     plain_scripts: str = "restart"
+    # The most run time (seconds on the slow partition) such a restart may throw away.
     restart_plain_max_s: float = 600.0
     # How long a running attempt may go without its training's start event (checkpointing.init() writes
     # it) before the agent takes the job for one that uses no library.
@@ -128,6 +140,7 @@ PLAIN_SCRIPTS = ("restart", "wait")
 class TimeLimits:
     # Checkpoint and continue in a new attempt before the limit cuts a job off.
     continue_jobs: bool = True
+    # At most this many continuations per job.
     max_continuations: int = 20
 
 
@@ -137,6 +150,7 @@ class Limits:
     # moves in flight and the same tick's decisions: the agent starts no move
     # or backfill that would take a user past either.
     max_jobs_per_user: int = 100
+    # The GPUs a user may hold, counted the same way.
     max_gpus_per_user: int = 64
     # The most GPUs the agent gives one job, whatever it asked for at submit.
     max_gpus_per_job: int = 8
@@ -144,15 +158,20 @@ class Limits:
 
 @dataclass(frozen=True)
 class Retention:
-    # The agent's database keeps progress samples and decisions this long.
+    # The agent's database keeps progress samples this long, in days.
     progress_days: float = 14.0
+    # The agent's database keeps its decisions (`dlsub why`'s history) this long, in days.
     decisions_days: float = 90.0
 
 
 @dataclass(frozen=True)
 class MetricsPolicy:
-    # Prometheus metrics on 127.0.0.1:port (0: none).
+    # Prometheus metrics on address:port (0: none).
     port: int = 0
+    # The address the metrics listen on: 127.0.0.1 (this host only), the agent host's address on the network
+    # the site's Prometheus scrapes from, or 0.0.0.0 (every interface). The metrics name no user unless
+    # per_user_labels; anyone who reaches the port reads them.
+    address: str = "127.0.0.1"
     # Per-user labels (jobs by user) are off unless the site allows them.
     per_user_labels: bool = False
 
@@ -165,6 +184,7 @@ class ContainerSite:
     runtime: str = ""
     # Shared file systems every job's container sees at the same path, read-only / read-write.
     shared_mounts: tuple[str, ...] = ()
+    # The same, mounted read-write (where jobs write: /scratch).
     shared_mounts_rw: tuple[str, ...] = ()
     # The network interface gloo and NCCL bind to (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, in NCCL's syntax:
     # "ib0", "eth0,eth1", "^docker"); "": the interface of each node's own address (what its name resolves to).
@@ -172,10 +192,19 @@ class ContainerSite:
     # The image a job runs when its user names none (--image, $DLSUB_IMAGE): the site's training image, in its
     # image store ("": dlsub's own, containers.podman.DEFAULT_IMAGE).
     image: str = ""
+    # The image of the jobs whose user names none, per partition (``partition_images = {gpu = "..."}``): GPU
+    # partitions a CUDA image, CPU ones a CPU image. A job that runs on another partition than it was submitted
+    # to (immediate mode's move from the CPUs onto its GPUs) runs the image of each partition it runs on.
+    # Partitions not named run ``image``.
+    partition_images: tuple[tuple[str, str], ...] = ()
 
     def image_for(self, given: str | None, environ: Mapping[str, str]) -> str | None:
         """The image a job runs: the user's --image, else their $DLSUB_IMAGE, else the site's (None: dlsub's)."""
         return given or environ.get("DLSUB_IMAGE") or self.image or None
+
+    def partition_images_for(self, given: str | None, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        """The site's image per partition for a job, none when its user names an image (theirs runs everywhere)."""
+        return () if given or environ.get("DLSUB_IMAGE") else self.partition_images
 
     def mount_requests(self) -> tuple[MountRequest, ...]:
         return (*(MountRequest(p, True, ORIGIN_SITE) for p in self.shared_mounts),
@@ -199,8 +228,8 @@ class SitePaths:
     # File systems every login and compute node mounts at the same path ("/home", "/scratch"). Named: a job's
     # paths must lie on one of them. Empty: any path that is not node-local is taken as shared.
     shared_paths: tuple[str, ...] = ()
-    # Folders each host has of its own; None: NODE_LOCAL_PATHS. A shared path inside one (a site's
-    # "/tmp/shared") is named in shared_paths: the nearer folder decides.
+    # Folders each host has of its own (None: NODE_LOCAL_PATHS, /tmp, /var/tmp, /dev/shm and /run). A shared
+    # path inside one (a site's "/tmp/shared") is named in shared_paths: the nearer folder decides.
     node_local_paths: tuple[str, ...] | None = None
 
     @property
@@ -222,12 +251,19 @@ class SitePaths:
 
 @dataclass(frozen=True)
 class AgentPolicy:
+    # Which policy (dlsub.policies) orders the jobs that want idle GPUs: fifo, rr, efifo, gang, tiresias,
+    # optimus, goodput.
     policy: str = "fifo"
+    # What `dlsub train.py` does when the ideal partition has no room now: "immediate" starts on what is free
+    # (CPU or dev nodes) and moves later, "ideal" waits. Users override it with --mode.
     default_mode: str = "immediate"
+    # How often the agent looks at the cluster, seconds (it also wakes as each backfill window opens and closes).
     tick_interval_s: float = 30.0
     # A tick that takes longer stops observing more jobs (they wait for the
     # next tick) and `dlsub agent status` shows it late.
     tick_deadline_s: float = 20.0
+    # How long a job needs to write a checkpoint and exit once asked (by the agent, or by Slurm before a time
+    # limit): the agent asks this much earlier.
     checkpoint_grace_s: float = 90.0
     # Users who see every job's decisions (root always does).
     admins: tuple[str, ...] = ()
@@ -389,14 +425,46 @@ def _window(where: str, table: Any) -> Window:
     return window
 
 
+#: An image's name as Podman takes it: ``localhost/site-torch:2.13.0-cu128``, ``name:tag``, ``name@sha256:...``.
+_IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}")
+_PARTITION_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+#: The most images partition_images may name: a job's comment records each one's ID (contract.Tags.images).
+MAX_PARTITION_IMAGES = 5
+
+
+def _image_text(where: str, image: str) -> None:
+    if not _IMAGE_NAME.fullmatch(image):
+        raise PolicyFileError(f"{where}: {image!r}; name an image as Podman does "
+                              "(\"localhost/site-torch:2.13.0-cu128\", registry/name:tag or name@sha256:...)")
+
+
+def _partition_images(where: str, table: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(table, dict):
+        raise PolicyFileError(f"{where}: expected a table of partition = \"image\", e.g. "
+                              "{ gpu = \"localhost/site-torch:2.13.0-cu128\" }")
+    for partition, image in table.items():
+        if not _PARTITION_NAME.fullmatch(str(partition)):
+            raise PolicyFileError(f"{where}: {partition!r} is not a partition's name (letters, digits, '._-')")
+        if not isinstance(image, str):
+            raise PolicyFileError(f"{where}.{partition}: expected an image's name (a string)")
+        _image_text(f"{where}.{partition}", image)
+    if len(set(table.values())) > MAX_PARTITION_IMAGES:
+        raise PolicyFileError(f"{where}: {len(set(table.values()))} images; at most {MAX_PARTITION_IMAGES} (each "
+                              "job records the ID of every one): give partitions of one kind the same image")
+    return tuple(sorted((str(k), str(v)) for k, v in table.items()))
+
+
 def _containers(where: str, table: Any) -> ContainerSite:
-    site: ContainerSite = _simple(where, ContainerSite, table)
+    rest = {k: v for k, v in table.items() if k != "partition_images"} if isinstance(table, dict) else table
+    site: ContainerSite = _simple(where, ContainerSite, rest)
+    if isinstance(table, dict) and "partition_images" in table:
+        site = dataclasses.replace(site, partition_images=_partition_images(f"{where}.partition_images",
+                                                                            table["partition_images"]))
     if any(ch.isspace() for ch in site.runtime):
         raise PolicyFileError(f"{where}.runtime: {site.runtime!r}; name one runtime (crun, runc or a path), "
                               "or leave it out for the node's Podman default")
-    if site.image and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}", site.image):
-        raise PolicyFileError(f"{where}.image: {site.image!r}; name an image as Podman does "
-                              "(\"localhost/site-torch:2.13.0-cu128\", registry/name:tag or name@sha256:...)")
+    if site.image:
+        _image_text(f"{where}.image", site.image)
     if not re.fullmatch(r"[\^=]?[A-Za-z0-9_.:-]*(,[A-Za-z0-9_.:-]+)*", site.socket_ifname):
         raise PolicyFileError(f"{where}.socket_ifname: {site.socket_ifname!r}; name interfaces as NCCL_SOCKET_IFNAME "
                               "takes them (\"ib0\", \"eth0,eth1\", \"^docker\"), or leave it out for the interface "
@@ -522,6 +590,11 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
         values["metrics"] = _simple(f"{where}.metrics", MetricsPolicy, data["metrics"])
         if values["metrics"].port > 65535:
             raise PolicyFileError(f"{where}.metrics.port: {values['metrics'].port} is not a port (1-65535, 0: off)")
+        try:
+            ipaddress.ip_address(values["metrics"].address)
+        except ValueError:
+            raise PolicyFileError(f"{where}.metrics.address: {values['metrics'].address!r} is not an IP address "
+                                  "(\"127.0.0.1\", this host's address, or \"0.0.0.0\" for every interface)") from None
     if "containers" in data:
         values["containers"] = _containers(f"{where}.containers", data["containers"])
     if "site" in data:
@@ -560,11 +633,19 @@ def parse_address(text: str, *, any_port: bool = False) -> tuple[str, int]:
     return host, int(port_text)
 
 
+def policy_path(path: Path | None = None) -> Path | None:
+    """The file :func:`load_policy` reads: ``path``, else $DLSUB_POLICY or /etc/dlsub/policy.toml where it
+    exists; None: none does (dlsub's defaults)."""
+    if path is not None:
+        return path
+    env = os.environ.get("DLSUB_POLICY")
+    found = Path(env) if env else DEFAULT_PATH
+    return found if found.exists() else None
+
+
 def load_policy(path: Path | None = None) -> AgentPolicy:
     """The policy at ``path``, $DLSUB_POLICY, or /etc/dlsub/policy.toml; defaults when none exists."""
-    if path is None:
-        env = os.environ.get("DLSUB_POLICY")
-        path = Path(env) if env else DEFAULT_PATH
-        if not path.exists():
-            return AgentPolicy()
-    return parse_policy(read_toml(path, "policy file", PolicyFileError), str(path))
+    read = policy_path(path)
+    if read is None:
+        return AgentPolicy()
+    return parse_policy(read_toml(read, "policy file", PolicyFileError), str(read))

@@ -23,6 +23,7 @@ set -uo pipefail
 if [ "${1:-}" = container ]; then
     container="$DLSUB_CONTAINER" nproc="$2" rdzv_conf="$3" container_cuda_devices="$4"
     gpu_args=("${@:5}")
+    @IMAGE_CHOICE@
     if [ "${DLSUB_ROLE:-trainer}" = cpu ]; then
         @PODMAN_RUN_CPU@
     fi

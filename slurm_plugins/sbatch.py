@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from dlsub import contract
-from dlsub.containers.podman import ContainerSpec, Raw, podman_run_lines
+from dlsub.containers.podman import ContainerSpec, Raw, image_choice_lines, podman_run_lines
 from dlsub.slurm_plugins.timespec import format_minutes
 
 TEMPLATE = "batch.sh"
@@ -175,6 +175,9 @@ def _check_spec(spec: BatchSpec) -> None:
         raise ValueError("a worker script belongs to an elastic job and runs on one node")
     if spec.gpu_type and contract.valid_gpu_type(spec.gpu_type) is None:
         raise ValueError(f"GPU type {spec.gpu_type!r}: letters, digits, '_', '.', '-' only (as Slurm's GRES names it)")
+    for partition, _, _ in spec.container.partition_images:
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", partition):
+            raise ValueError(f"partition {partition!r} of the site's partition_images: letters, digits, '._-' only")
     if not spec.python.startswith("/"):
         raise ValueError(f"the launcher's Python {spec.python!r} is not an absolute path")
     if spec.cpu_nodes and (spec.elastic is not None or not spec.cpu_partition):
@@ -253,6 +256,16 @@ def _cpu_component_directives(spec: BatchSpec) -> list[str]:
             "--ntasks-per-node=1", f"--cpus-per-task={spec.cpu_cpus}", f"--mem={spec.cpu_mem_mb}M"]
 
 
+def _image_choice(container: ContainerSpec) -> str:
+    """The container part's lines that pick the image of the attempt's partition (the site's image per
+    partition), or a comment that the podman line names the one image."""
+    lines = image_choice_lines(container)
+    if not lines:
+        return "# One image on every partition: the podman line below names it."
+    return "\n    ".join(["# The image of the partition this attempt runs on (the site's policy.toml [containers]",
+                          "# partition_images, as submit found them), else the job's own.", *lines])
+
+
 def _container_labels(spec: BatchSpec) -> list[str]:
     """The ``podman run --label`` values; the Slurm ones are expanded by the batch shell at run time."""
     return [f"{contract.LABEL_JOB_ID}={spec.dlsub_id}", Raw(f'"{contract.LABEL_SLURM_JOB_ID}=${{SLURM_JOB_ID}}"'),
@@ -294,4 +307,5 @@ def _template_words(spec: BatchSpec, container: ContainerSpec, podman: str, podm
         "SOCKET_IFNAME": shlex.quote(container.socket_ifname),
         "GPUS_WANTED": _word(int(spec.gpus_wanted)),
         "PODMAN_RUN": podman,
+        "IMAGE_CHOICE": _image_choice(container),
     }

@@ -2,7 +2,9 @@
 its one read-only store (containers/site-image-store.sh; etc/testbed/storage.conf names it on every host), with
 no image and no Podman file of their own. A user who never ran Podman is moved cpu -> gpu on it; the nodes'
 per-user storage stays small however many users run; and the site updating its image while a job runs
-leaves that job on the image it was submitted with, through a move, while new jobs get the new one."""
+leaves that job on the image it was submitted with, through a move, while new jobs get the new one. A site
+that names an image per partition (policy.toml [containers] partition_images) has each attempt run the image
+of the partition it runs on: a job moved from cpu to gpu changes image with its partition."""
 
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ import os
 import subprocess
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from livebed import (
     NODE_LOCAL,
+    POLICY_FILE,
     SITE_IMAGE_STORE,
     USER,
     USER3,
@@ -122,6 +126,27 @@ def _builder(*argv: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, check=True)
 
 
+def _build_from(base: str, name: str, version: str) -> str:
+    """A new image ``name`` (its ID): ``base`` that says it is ``version`` (DLSUB_SITE_IMAGE_VERSION), built by the
+    site's builder; one layer of metadata, no RUN, so it takes a second."""
+    context = Path(f"/home/{USER}") / f"dlsub-it-image-{uuid.uuid4().hex[:8]}"
+    context.mkdir()
+    try:
+        (context / "Containerfile").write_text(f"FROM {base}\nENV DLSUB_SITE_IMAGE_VERSION={version}\n")
+        subprocess.run(["chown", "-R", f"{USER}:{USER}", str(context)], check=True)
+        _builder("build", "--quiet", "-t", name, str(context))
+        return _builder("image", "inspect", "--format", "{{.Id}}", name).stdout.strip()
+    finally:
+        subprocess.run(["rm", "-rf", str(context)], check=False)
+
+
+def _publish(name: str) -> None:
+    """The builder's image ``name`` into the site's read-only store, as an admin publishes one."""
+    subprocess.run([*on_host("login1"), "env", f"DLSUB_IMAGE_STORE_CONF={BUILD_CONF}",
+                    f"DLSUB_SITE_IMAGE_STORE={SITE_IMAGE_STORE}", str(REPO / "containers" / "build-image.sh"),
+                    "--publish", USER, name], check=True, capture_output=True, text=True)
+
+
 def test_the_site_image_updated_while_a_job_runs(user: TestbedUser, workdir: Path, gpus_held: list[int],
                                                  service_agent: None) -> None:
     """Version 2 of the image, published under the same name while a job runs on version 1: the job's attempt
@@ -131,18 +156,11 @@ def test_the_site_image_updated_while_a_job_runs(user: TestbedUser, workdir: Pat
     old = _builder("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
     script = put(user, workdir / "train.py", VERSION_TRAIN)
     job = user.submit("--mode", "immediate", "--gpus", "1", str(script), "3", cwd=workdir)
-    context = Path(f"/home/{USER}") / f"dlsub-it-image-{uuid.uuid4().hex[:8]}"
-    context.mkdir()
-    (context / "Containerfile").write_text(f"FROM {old}\nENV DLSUB_SITE_IMAGE_VERSION=2\n")
-    subprocess.run(["chown", "-R", f"{USER}:{USER}", str(context)], check=True)
     new = ""
     try:
-        _builder("build", "--quiet", "-t", IMAGE, str(context))
-        new = _builder("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
+        new = _build_from(old, IMAGE, "2")
         assert new != old
-        subprocess.run([*on_host("login1"), "env", f"DLSUB_IMAGE_STORE_CONF={BUILD_CONF}",
-                        f"DLSUB_SITE_IMAGE_STORE={SITE_IMAGE_STORE}", str(REPO / "containers" / "build-image.sh"),
-                        "--publish", USER], check=True, capture_output=True, text=True)
+        _publish(IMAGE)
         fresh = user.submit("-p", "cpu", str(script), "0.01", cwd=workdir)
         report = subprocess.run(["dlsub", "doctor", "--user", USER, "--json"], capture_output=True, text=True)
         sites = [c for c in json.loads(report.stdout)["checks"] if c["check"] == "site images"]
@@ -158,4 +176,48 @@ def test_the_site_image_updated_while_a_job_runs(user: TestbedUser, workdir: Pat
             subprocess.run(["bash", str(STORE_TOOL), "--store", str(SITE_IMAGE_STORE), "remove", new], check=False)
             _builder("tag", old, IMAGE)
             _builder("rmi", new)
-        subprocess.run(["rm", "-rf", str(context)], check=False)
+
+
+#: A second site image, as a site's CUDA image for its GPU partition stands here: the CPU image with one more
+#: variable (the testbed's torch is CPU-only, its GPUs fake), built and published as the site publishes one.
+PARTITION_IMAGE = "localhost/dlsub-test-gpu-partition:1"
+
+
+@contextmanager
+def partition_images(table: str) -> Iterator[None]:
+    """policy.toml's ``[containers]`` with ``partition_images = TABLE`` (submit and doctor read it each run; the
+    agent does not use it); the file restored after."""
+    original = POLICY_FILE.read_text()
+    assert original.count("\n[containers]\n") == 1, f"{POLICY_FILE} has not one [containers] table"
+    POLICY_FILE.write_text(original.replace("\n[containers]\n", f"\n[containers]\npartition_images = {table}\n", 1))
+    try:
+        yield
+    finally:
+        POLICY_FILE.write_text(original)
+
+
+def test_each_attempt_runs_the_image_of_its_partition(user: TestbedUser, workdir: Path, gpus_held: list[int],
+                                                      service_agent: None) -> None:
+    """partition_images = { gpu = PARTITION_IMAGE }: a job submitted in immediate mode runs the site's image on
+    cpu, is moved, and runs the gpu partition's on gpu (it says which: the variable its image sets); its tags
+    name both images; doctor checks the partition's image for the user."""
+    old = _builder("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
+    new = ""
+    try:
+        new = _build_from(old, PARTITION_IMAGE, "gpu-partition")
+        _publish(PARTITION_IMAGE)
+        script = put(user, workdir / "train.py", VERSION_TRAIN)
+        with partition_images(f'{{ gpu = "{PARTITION_IMAGE}" }}'):
+            job = user.submit("--mode", "immediate", "--gpus", "1", str(script), "1.5", cwd=workdir)
+            assert job["partition"] == "cpu", job
+            report = subprocess.run(["dlsub", "doctor", "--user", USER, "--json"], capture_output=True, text=True)
+            checks = {c["check"]: c for c in json.loads(report.stdout)["checks"]}
+            assert checks[f"image of {USER} on partition gpu"]["status"] == "ok", checks
+            assert f"{new[:12]} {PARTITION_IMAGE}: 1 job in Slurm run it" in checks["site images"]["detail"], checks
+            _moved_and_completed(user, job, gpus_held)
+        text = job_output(job["job_dir"])
+        assert text.count("image version 1") == 1 and text.count("image version gpu-partition") == 1, text
+    finally:
+        if new:
+            subprocess.run(["bash", str(STORE_TOOL), "--store", str(SITE_IMAGE_STORE), "remove", new], check=False)
+            _builder("rmi", new)

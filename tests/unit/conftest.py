@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -102,3 +103,14 @@ def weird_dir(tmp_path: Path) -> Path:
     path = tmp_path / WEIRD_NAME
     path.mkdir()
     return path
+
+
+@pytest.fixture
+def shellcheck() -> str:
+    """shellcheck's path; CI must have it (it checks the batch script), elsewhere a test without it is skipped."""
+    checker = shutil.which("shellcheck")
+    if checker is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("shellcheck is not installed; CI checks the batch script with it (apt-get install shellcheck)")
+        pytest.skip("shellcheck is not installed")
+    return checker

@@ -130,3 +130,27 @@ def test_the_metrics_table_is_checked() -> None:
         parse_policy({"metrics": {"port": 70000}})
     with pytest.raises(PolicyFileError, match="adress"):
         parse_policy({"metrics": {"adress": "0.0.0.0"}})
+
+
+def test_the_metrics_listen_on_the_address_the_policy_names(tmp_path: Path) -> None:
+    """What the agent service runs (daemon_commands._with_metrics): the metrics on [metrics] address, here
+    127.0.0.2 (loopback, as every 127/8 address is on Linux), so that a central Prometheus can be given the
+    agent host's own address; 127.0.0.1, the default, gets nothing then."""
+    import socket
+    import urllib.error
+
+    from dlsub.cli.daemon_commands import _with_metrics
+
+    assert parse_policy({}).metrics.address == "127.0.0.1"
+    with pytest.raises(PolicyFileError, match="'login1' is not an IP address"):
+        parse_policy({"metrics": {"port": 9464, "address": "login1"}})
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.2", 0))
+        port = probe.getsockname()[1]
+    w = world(tmp_path, metrics={"port": port, "address": "127.0.0.2"})
+    tick = _with_metrics(w.agent(clock=lambda: NOW))
+    tick()
+    served = samples(urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=5).read().decode())
+    assert value(served, "dlsub_agent_ticks_total") == 1
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5)

@@ -155,6 +155,18 @@ def test_the_dashboard_unit_reads_homes_and_has_a_private_tmp_and_writes_nothing
     assert box.read_write == ()
 
 
+def test_the_dashboard_unit_lets_its_slurm_commands_reach_slurmctld_on_another_host() -> None:
+    """Its squeue, scontrol and sacct talk to slurmctld and slurmdbd, on hosts of their own at a site (and in
+    the testbed: `head`): an IPAddressDeny=any with only localhost allowed cut them off, and every page showed
+    Slurm unreachable. It still listens on 127.0.0.1 only (dlsub dashboard: cli/dashboard_command.ADDRESS)."""
+    from dlsub.cli.dashboard_command import ADDRESS
+
+    unit = service("dlsub-dashboard.service")
+    assert "IPAddressDeny" not in unit, unit.get("IPAddressDeny")
+    assert {"AF_INET", "AF_INET6", "AF_UNIX"} <= set(" ".join(unit["RestrictAddressFamilies"]).split())
+    assert ADDRESS == "127.0.0.1"
+
+
 # ---------------------------------------------------------------- the dashboard's read of a store
 
 
