@@ -19,7 +19,8 @@ JOB = ("--mem=50", "-J", "it-queue|read", "--comment=a | b")
 def test_the_brief_queue_says_what_slurms_json_says(user: TestbedUser, submitted: list[int]) -> None:
     client = SlurmClient()
     running = sbatch(user, *JOB, "-p", "cpu", "--time=5", "--wrap", "sleep 300", ids=submitted)
-    requeued = sbatch(user, *JOB, "-p", "cpu", "--time=5", "--wrap", "sleep 300", ids=submitted)
+    # --requeue: the testbed's JobRequeue=0 makes a job that does not ask for it not requeueable.
+    requeued = sbatch(user, *JOB, "-p", "cpu", "--time=5", "--requeue", "--wrap", "sleep 300", ids=submitted)
     sbatch(user, *JOB, "--hold", "-p", "cpu", "--wrap", "true", ids=submitted)
     sbatch(user, *JOB, "--hold", "-p", "gpu", "--gres=gpu:2", "--wrap", "true", ids=submitted)
     sbatch(user, *JOB, "--hold", "-p", "cpu", "--array=0-2", "--wrap", "true", ids=submitted)
