@@ -203,6 +203,13 @@ def slurm_jobs() -> list[dict[str, Any]]:
     return [dialect.job(raw) for raw in json.loads(out).get("jobs", [])]
 
 
+def jobs_made_since(before: set[int]) -> set[int]:
+    """The ids of the jobs Slurm holds now that it did not hold at ``before`` (:func:`slurm_jobs`' ids then).
+    Not ``now == before``: Slurm forgets ended jobs MinJobAge after they end, and in the full suite one of
+    them is forgotten every few seconds, so a set of all jobs can shrink between two looks (CI, once)."""
+    return {j["job_id"] for j in slurm_jobs()} - before
+
+
 def slurm_job(job_id: int) -> dict[str, Any] | None:
     """Slurm's own record of a job (see :func:`slurm_jobs`), or None once it is gone."""
     found = [j for j in slurm_jobs() if j.get("job_id") == job_id]

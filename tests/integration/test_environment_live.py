@@ -12,7 +12,7 @@ import os
 import tarfile
 from pathlib import Path
 
-from livebed import TestbedUser, job_output, put, slurm_jobs
+from livebed import TestbedUser, job_output, jobs_made_since, put, slurm_jobs
 
 SHOW = '''import json
 import os
@@ -82,7 +82,7 @@ def test_an_image_without_the_python_dlsub_needs_is_refused_at_submit_naming_wha
         refused = user.run("dlsub", "--image", tag, "-p", "cpu", str(script), cwd=workdir)
         assert refused.returncode == 2, (refused.stdout, refused.stderr)
         assert f"image '{tag}' cannot run a dlsub job: no python3 that runs" in refused.stderr, refused.stderr
-        assert {j["job_id"] for j in slurm_jobs()} == before, "nothing reached Slurm"
+        assert not jobs_made_since(before), "nothing reached Slurm"
     finally:
         user.run("podman", "rmi", "-f", tag)
 
