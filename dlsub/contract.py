@@ -366,6 +366,14 @@ COMMENT_PREFIX = "dlsub:"
 MODES = ("immediate", "ideal")
 ROLES = ("main", "worker")
 _PARTITION = re.compile(r"^[A-Za-z0-9._-]{1,64}\Z")
+#: The most images a job's ``images=`` tag records (the site's partition_images may name no more).
+MAX_PARTITION_IMAGES = 5
+
+
+def valid_partition(value: object) -> bool:
+    """Whether ``value`` is one partition's name as Slurm spells them (letters, digits, ``._-``): a plain word, safe
+    in a tag and as a shell ``case`` pattern."""
+    return isinstance(value, str) and _PARTITION.match(value) is not None
 _TAG = re.compile(r"^([a-z_]{1,32})=([A-Za-z0-9._-]{0,64})\Z")
 _TAG_KEYS = ("mode", "ideal", "gpus", "role", "nodes", "step", "script", "app", "gpu_type", "image", "images")
 #: The image a job runs, in its tags: the first 12 hex digits of its ID, as `podman images` shows it.
@@ -441,8 +449,9 @@ class Tags:
             raise ContractError(f"gpu_type={self.gpu_type!r} is not a GPU type's name")
         if self.image is not None and not _IMAGE_TAG.match(self.image):
             raise ContractError(f"image={self.image!r} is not an image ID's first 12 hex digits")
-        if len(self.images) > 5 or not all(_IMAGE_TAG.match(i) for i in self.images):
-            raise ContractError(f"images={'.'.join(self.images)!r} is not up to five image IDs' first 12 hex digits")
+        if len(self.images) > MAX_PARTITION_IMAGES or not all(_IMAGE_TAG.match(i) for i in self.images):
+            raise ContractError(f"images={'.'.join(self.images)!r} is not up to {MAX_PARTITION_IMAGES} image IDs' "
+                                "first 12 hex digits")
 
     def comment(self) -> str:
         parts = [f"{COMMENT_PREFIX}{self.dlsub_id}", f"mode={self.mode}"]

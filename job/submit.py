@@ -169,10 +169,7 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     notes: tuple[str, ...] = (plain_script_note(script, req, choice, waits),) if plain else ()
     if choice.ideal_partition is not None and req.gpus_per_node > 0:
         notes += (immediate_cpu_note(req, choice, cpus, mem_mb),)
-    image_id = check_image(image) if check_images else None
-    python, unchecked = (check_image_contents(image, image_id, settings.home / "checked-images",
-                                              settings.runtime or req.runtime or None)
-                         if image_id else (None, ""))
+    image_id, python, unchecked = _checked_image(image, req, settings) if check_images else (None, None, "")
     warnings += (unchecked,) if unchecked else ()
     by_partition, unchecked_there = _partition_images(req, settings, check_images)
     warnings += unchecked_there
@@ -220,6 +217,17 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     return Plan(dlsub_id, choice, batch, render_sbatch(batch), workers, req.worker_gpus, warnings, notes, req.mode)
 
 
+def _checked_image(image: str, req: SubmitRequest, settings: Settings) -> tuple[str, str | None, str]:
+    """``image`` as a job runs it: its ID in the user's Podman, its Python's version (None: unknown) and a warning
+    ("" for none) from what it holds (containers.podman.check_image_contents); ImageError when it cannot run one."""
+    image_id = check_image(image)
+    if not image_id:  # a stand-in for Podman that knows no IDs (unit tests' cli_env): nothing to look into
+        return image_id, None, ""
+    python, unchecked = check_image_contents(image, image_id, settings.home / "checked-images",
+                                             settings.runtime or req.runtime or None)
+    return image_id, python, unchecked
+
+
 def _partition_images(req: SubmitRequest, settings: Settings,
                       check_images: bool) -> tuple[tuple[tuple[str, str, str | None], ...], tuple[str, ...]]:
     """The site's image of each partition it names, checked as the job's own image is (in the user's Podman,
@@ -232,9 +240,7 @@ def _partition_images(req: SubmitRequest, settings: Settings,
             found.append((partition, image, None))
             continue
         try:
-            image_id = check_image(image)
-            _, unchecked = check_image_contents(image, image_id, settings.home / "checked-images",
-                                                settings.runtime or req.runtime or None)
+            image_id, _, unchecked = _checked_image(image, req, settings)
         except ImageError as exc:
             raise ImageError(f"the site's image for partition {partition} (policy.toml [containers] "
                              f"partition_images): {exc}; tell your site's admins (`dlsub doctor` shows it), or "

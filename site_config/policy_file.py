@@ -19,7 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from dlsub.containers.mounts import ORIGIN_SITE, MountError, MountRequest, check_path_text
-from dlsub.contract import valid_gpu_type
+from dlsub.contract import MAX_PARTITION_IMAGES, valid_gpu_type, valid_partition
 from dlsub.site_config.budget import BudgetError, Budgets, parse_budgets
 from dlsub.site_config.cost import Prices
 from dlsub.strict import read_toml, unknown_keys
@@ -427,9 +427,6 @@ def _window(where: str, table: Any) -> Window:
 
 #: An image's name as Podman takes it: ``localhost/site-torch:2.13.0-cu128``, ``name:tag``, ``name@sha256:...``.
 _IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,254}")
-_PARTITION_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
-#: The most images partition_images may name: a job's comment records each one's ID (contract.Tags.images).
-MAX_PARTITION_IMAGES = 5
 
 
 def _image_text(where: str, image: str) -> None:
@@ -443,7 +440,7 @@ def _partition_images(where: str, table: Any) -> tuple[tuple[str, str], ...]:
         raise PolicyFileError(f"{where}: expected a table of partition = \"image\", e.g. "
                               "{ gpu = \"localhost/site-torch:2.13.0-cu128\" }")
     for partition, image in table.items():
-        if not _PARTITION_NAME.fullmatch(str(partition)):
+        if not valid_partition(partition):
             raise PolicyFileError(f"{where}: {partition!r} is not a partition's name (letters, digits, '._-')")
         if not isinstance(image, str):
             raise PolicyFileError(f"{where}.{partition}: expected an image's name (a string)")

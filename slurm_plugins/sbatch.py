@@ -176,7 +176,7 @@ def _check_spec(spec: BatchSpec) -> None:
     if spec.gpu_type and contract.valid_gpu_type(spec.gpu_type) is None:
         raise ValueError(f"GPU type {spec.gpu_type!r}: letters, digits, '_', '.', '-' only (as Slurm's GRES names it)")
     for partition, _, _ in spec.container.partition_images:
-        if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", partition):
+        if not contract.valid_partition(partition):
             raise ValueError(f"partition {partition!r} of the site's partition_images: letters, digits, '._-' only")
     if not spec.python.startswith("/"):
         raise ValueError(f"the launcher's Python {spec.python!r} is not an absolute path")
