@@ -98,12 +98,15 @@ image-cuda: testbed
 	$(ON_LOGIN) env DLSUB_IMAGE_STORE_CONF=/var/lib/dlsub-testbed/hosts/build-storage.conf \
 		bash containers/build-image.sh --cuda $(TEST_USER)
 
-# The training library on a real GPU (CUDA, NCCL, the frameworks): run on a machine with one, with its own
-# Python and torch; no Slurm, no Podman. The report goes to $(GPU_CHECK_OUT)/gpu_check.json.
+# The training library on a real GPU (CUDA, NCCL, the frameworks), and jobs through dlsub's container launcher
+# there (a 1-GPU job; an elastic job grown 1 -> 2 processes and shrunk, with its latencies): run on a machine
+# with one, with its own Python and torch; no Slurm, no Podman. The reports go to $(GPU_CHECK_OUT)/gpu_check.json
+# and launcher_check.json.
 GPU_CHECK_PYTHON ?= python3
 GPU_CHECK_OUT ?= .
 gpu-check:
 	$(GPU_CHECK_PYTHON) tests/device/gpu_check.py --out "$(GPU_CHECK_OUT)"
+	$(GPU_CHECK_PYTHON) tests/device/launcher_check.py --out "$(GPU_CHECK_OUT)"
 
 # Policies and simulator: no testbed needed, only the virtualenv.
 bench-policies: install
