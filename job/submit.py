@@ -171,9 +171,10 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
         notes += (immediate_cpu_note(req, choice, cpus, mem_mb),)
     image_id, python, unchecked = _checked_image(image, req, settings) if check_images else (None, None, "")
     warnings += (unchecked,) if unchecked else ()
-    by_partition, unchecked_there = _partition_images(req, settings, check_images)
-    warnings += unchecked_there
-    venv = _venv(req, python, settings.jobs_dir)
+    there = _partition_images(req, settings, check_images)
+    by_partition = there.images
+    warnings += there.warnings
+    venv = _venv(req, python, settings.jobs_dir, there.pythons)
 
     dlsub_id = new_dlsub_id()
     container = dataclasses.replace(_container_spec(req, settings, script, image, settings.jobs_dir / dlsub_id),
@@ -228,27 +229,40 @@ def _checked_image(image: str, req: SubmitRequest, settings: Settings) -> tuple[
     return image_id, python, unchecked
 
 
-def _partition_images(req: SubmitRequest, settings: Settings,
-                      check_images: bool) -> tuple[tuple[tuple[str, str, str | None], ...], tuple[str, ...]]:
+@dataclasses.dataclass(frozen=True)
+class PartitionImages:
+    """The site's image of each partition it names, as submit checked them."""
+
+    #: (partition, name, ID; None unchecked), what the batch script chooses from.
+    images: tuple[tuple[str, str, str | None], ...] = ()
+    #: (partition, its image's Python version; None unknown), what --venv's environment must fit.
+    pythons: tuple[tuple[str, str | None], ...] = ()
+    #: Warnings of the images Podman could not start here.
+    warnings: tuple[str, ...] = ()
+
+
+def _partition_images(req: SubmitRequest, settings: Settings, check_images: bool) -> PartitionImages:
     """The site's image of each partition it names, checked as the job's own image is (in the user's Podman,
-    then what it holds): (partition, name, ID; None unchecked), and the warnings of those Podman could not
-    start here. An image missing or unfit is refused, naming its partition: the job may run there (a move)."""
+    then what it holds). An image missing or unfit is refused, naming its partition: the job may run there
+    (a move)."""
     found: list[tuple[str, str, str | None]] = []
+    pythons: list[tuple[str, str | None]] = []
     warnings: list[str] = []
     for partition, image in req.partition_images:
         if not check_images:
             found.append((partition, image, None))
             continue
         try:
-            image_id, _, unchecked = _checked_image(image, req, settings)
+            image_id, python, unchecked = _checked_image(image, req, settings)
         except ImageError as exc:
             raise ImageError(f"the site's image for partition {partition} (policy.toml [containers] "
                              f"partition_images): {exc}; tell your site's admins (`dlsub doctor` shows it), or "
                              "name an image for every partition with --image") from None
         found.append((partition, image, image_id))
+        pythons.append((partition, python))
         if unchecked and unchecked not in warnings:
             warnings.append(unchecked)
-    return tuple(found), tuple(warnings)
+    return PartitionImages(tuple(found), tuple(pythons), tuple(warnings))
 
 
 def _images_tag(by_partition: Sequence[tuple[str, str, str | None]]) -> tuple[tuple[str, str], ...]:
@@ -257,14 +271,24 @@ def _images_tag(by_partition: Sequence[tuple[str, str, str | None]]) -> tuple[tu
     return (("images", ".".join(ids)),) if ids else ()
 
 
-def _venv(req: SubmitRequest, python: str | None, jobs_dir: Path) -> tuple[Mount, Path] | None:
+def _venv(req: SubmitRequest, python: str | None, jobs_dir: Path,
+          partition_pythons: Sequence[tuple[str, str | None]] = ()) -> tuple[Mount, Path] | None:
     """``--venv``'s environment checked: its read-only mount and the site-packages the job's PYTHONPATH gets
-    (for the image's ``python``, None: unknown); None without one."""
+    (for the image's ``python``, None: unknown); None without one. Where the site runs another image on some
+    partitions (``partition_pythons``: each one's Python), the one site-packages must be for theirs too: the
+    job may run there."""
     if req.venv is None:
         return None
     try:
         mount = resolve_mount(MountRequest(req.venv, read_only=True), req.workdir)
         found = site_packages(mount.target, python)
+        for partition, theirs in partition_pythons:
+            if theirs is not None and python is not None and theirs.split(".")[:2] != python.split(".")[:2]:
+                raise VenvError(
+                    f"--venv {req.venv}: its packages are for the Python of your job's image ({python}), but the "
+                    f"site's image for partition {partition} runs Python {theirs}, and the job may run there "
+                    "(policy.toml [containers] partition_images): name one image for every partition with "
+                    "--image, or ask your site for images of one Python")
         if req.site_paths is not None:
             _check_seen_by_nodes(req.site_paths, req.script, req.workdir, jobs_dir, (mount,))
     except (MountError, VenvError, SubmitError) as exc:

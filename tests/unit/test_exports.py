@@ -241,3 +241,25 @@ def test_submit_mounts_the_venv_read_only_and_puts_its_packages_first_on_pythonp
     refused = _submit("--venv", ".", str(script))
     assert refused.exit_code == 2 and "which the job writes to" in refused.output, refused.output
     assert len(cli_env.submitted()) == 1
+
+
+def test_a_venv_for_the_jobs_python_is_refused_where_a_partitions_image_runs_another(tmp_path: Path) -> None:
+    """Pure (no Slurm): with the site's image per partition, the one site-packages on PYTHONPATH must fit the
+    Python of every image the job may run (a move); a partition whose Python is not known is not held against
+    it."""
+    from dlsub.job.submit import SubmitError, SubmitRequest
+    from dlsub.job.submit import _venv as checked_venv
+
+    env = _venv(tmp_path / "env", "3.11", "3.12")
+    script = tmp_path / "sub" / "train.py"
+    script.parent.mkdir()
+    script.write_text("print(1)\n")
+    req = SubmitRequest(script=script, args=(), gpus_per_node=0, nodes=1, cpus=None, mem_mb=None,
+                        time_limit_min=None, partition=None, image=None, name=None, workdir=script.parent,
+                        venv=str(env))
+    jobs = tmp_path / "jobs"
+    mount, packages = checked_venv(req, "3.11.2", jobs, [("cpu", "3.11.9"), ("gpu", None)]) or (None, None)
+    assert packages == env / "lib" / "python3.11" / "site-packages"
+    with pytest.raises(SubmitError, match=r"for the Python of your job's image \(3\.11\.2\), but the site's image "
+                                          r"for partition gpu runs Python 3\.12\.1.*--image"):
+        checked_venv(req, "3.11.2", jobs, [("cpu", "3.11.2"), ("gpu", "3.12.1")])
