@@ -1,4 +1,4 @@
-# dlsub: make testbed [SLURM=V] | make demo | make test | make lint | make bench | make bench-policies | make image-cuda
+# dlsub: make testbed [SLURM=V] | make demo | make test | make lint | make bench | make bench-policies | make image-cuda | make image-horovod
 # testbed, demo and test need root: they install packages and start Slurm.
 SHELL := /bin/bash
 PREFIX ?= /opt/dlsub
@@ -11,7 +11,7 @@ TEST_USER ?= dltest
 SLURM ?= 24.11
 export DLSUB_SLURM := $(SLURM)
 
-.PHONY: testbed testbed-down install demo test test-compat lint lint-installed unit integration bench bench-policies gpu-check image-cuda
+.PHONY: testbed testbed-down install demo test test-compat lint lint-installed unit integration bench bench-policies gpu-check image-cuda image-horovod
 
 testbed:
 	bash testbed/up.sh
@@ -97,6 +97,18 @@ image-cuda: testbed
 	bash containers/build-image.sh --cuda --wheels-only $(TEST_USER)
 	$(ON_LOGIN) env DLSUB_IMAGE_STORE_CONF=/var/lib/dlsub-testbed/hosts/build-storage.conf \
 		bash containers/build-image.sh --cuda $(TEST_USER)
+
+# The optional Horovod image (containers/build-horovod-image.sh): Horovod 0.28.1 compiled here against the CPU
+# image's torch (about 9 min at one core), then the image built offline on the testbed's login host as its user
+# and published to the site store, like the CPU image. Not in make testbed or CI;
+# tests/integration/test_horovod_live.py runs where it exists.
+image-horovod: testbed
+	bash containers/build-horovod-image.sh --wheels-only $(TEST_USER)
+	$(ON_LOGIN) env DLSUB_IMAGE_STORE_CONF=/var/lib/dlsub-testbed/hosts/build-storage.conf \
+		bash containers/build-horovod-image.sh $(TEST_USER)
+	$(ON_LOGIN) env DLSUB_IMAGE_STORE_CONF=/var/lib/dlsub-testbed/hosts/build-storage.conf \
+		DLSUB_SITE_IMAGE_STORE=/var/lib/dlsub-images \
+		bash containers/build-image.sh --publish $(TEST_USER) localhost/dlsub-torch:2.13.0-cpu-horovod
 
 # The training library on a real GPU (CUDA, NCCL, the frameworks), and jobs through dlsub's container launcher
 # there (a 1-GPU job; an elastic job grown 1 -> 2 processes and shrunk, with its latencies): run on a machine

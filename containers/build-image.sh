@@ -44,21 +44,8 @@ cache="${DLSUB_IMAGE_CACHE:-/var/cache/dlsub-image}"
 venv_pip="${DLSUB_PREFIX:-/opt/dlsub}/venv/bin/pip"
 
 say() { printf 'build-image: %s\n' "$*" >&2; }
-uid="$(id -u "$user")"
-home="$(getent passwd "$user" | cut -d: -f6)"
-# DLSUB_IMAGE_STORE_CONF: a storage.conf naming a store on the shared filesystem that every node reads as an
-# additional image store (a site's way, and the testbed's: testbed/up.sh). Podman keeps that store's state
-# apart from the user's own (its own runtime directory), so the two never share a lock or a database.
-runtime="/run/user/$uid"
-store_env=()
-if [ -n "${DLSUB_IMAGE_STORE_CONF:-}" ]; then
-    runtime="/run/user/$uid/dlsub-image-store"
-    store_env=(CONTAINERS_STORAGE_CONF="$DLSUB_IMAGE_STORE_CONF")
-fi
-as_user() {
-    (cd "$home" && runuser -u "$user" -- env HOME="$home" XDG_RUNTIME_DIR="$runtime" "${store_env[@]}" "$@")
-}
-install -d -m 700 -o "$user" -g "$user" "/run/user/$uid" "$runtime"
+# shellcheck source=containers/image-user.sh
+source "$here/image-user.sh"
 
 # Each variant has its own build context: podman build sends the whole context, and the CUDA wheels are GBs.
 ctx="$cache/context"
