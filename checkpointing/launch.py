@@ -430,7 +430,9 @@ def main(argv: list[str] | None = None) -> int:
         output = OutputMux(sys.stdout.fileno(), node_name() if gang else None).start()
     except OSError as exc:  # no private temporary directory for its socket: the training still runs
         _log(f"the output goes unlabelled: cannot set up the labelling of lines ({exc})")
-        return Launcher(without_entry_point(command), args.grace, args.elastic, follow=args.follow).run()
+        # Still through the entry point (it hands over nothing without the socket): a group's processes need
+        # it for more than labels (a Horovod script's hvd.init() joins torchrun's group there).
+        return Launcher(command, args.grace, args.elastic, follow=args.follow).run()
     try:
         return Launcher(command, args.grace, args.elastic, output, follow=args.follow).run()
     finally:

@@ -9,6 +9,8 @@ with or without, it runs SCRIPT with ARGS in this process, as ``python -u
 SCRIPT ARGS`` would (``__main__``, ``sys.argv``, ``sys.path[0]``, unbuffered:
 torchrun started it with ``-u``): the same pid, so torchrun's and the
 launcher's signals reach the training itself. Nothing is printed on the way.
+A script that imports Horovod has Horovod's variables set first, so that its
+``hvd.init()`` joins torchrun's group (:mod:`dlsub.checkpointing.horovod_env`).
 
 In this process rather than by ``exec`` so that a process group the script
 leaves alive is destroyed at exit, after the script's own exit handlers and
@@ -31,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from dlsub.checkpointing import horovod_env
 from dlsub.checkpointing.run_support import end_process_group_at_exit
 from dlsub.contract import ENV_ATTEMPT, ENV_JOB_DIR, ENV_OUTPUT_SOCKET, NO_GPU_ERRORS, no_gpu_error_marker
 
@@ -71,6 +74,11 @@ def main(argv: list[str]) -> NoReturn:
             hand_over_output(socket_path, int(rank))
         except (OSError, ValueError) as exc:
             print(f"dlsub: rank {rank}: its output goes unlabelled ({exc})", file=sys.stderr, flush=True)
+    try:
+        horovod_env.prepare(argv[0])  # a Horovod script's hvd.init() joins torchrun's group
+    except horovod_env.HorovodSetupError as exc:
+        print(f"dlsub: rank {os.environ.get('RANK', '')}: {exc}", file=sys.stderr, flush=True)
+        sys.exit(1)
     run_script(argv[0], argv[1:])
     sys.exit(0)
 

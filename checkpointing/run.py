@@ -29,12 +29,11 @@ from dlsub.checkpointing.run_support import (
     application,
     as_step,
     barrier,
-    collective_device,
+    collectives,
     cuda_peak_mb,
     end_process_group_at_exit,
     env_float,
     from_rank0,
-    initialized_dist,
     non_negative,
     peak_rss_mb,
 )
@@ -221,7 +220,7 @@ class Run:
     def should_stop(self) -> bool:
         """True once a stop was requested (SIGUSR1 before the time limit, SIGTERM, ...).
 
-        Under torch.distributed every rank gets the same answer (a one-element
+        Under torch.distributed (or Horovod) every rank gets the same answer (a one-element
         all-reduce), so all ranks leave the loop at the same step. A rank
         stopped by another's request gets the reason ``"peer"``, or
         :data:`STOP_PEER_RESTART` when that request was torchrun's SIGTERM.
@@ -232,19 +231,15 @@ class Run:
         """
         self._poll()
         local = self.stop_reason is not None
-        dist = initialized_dist()
-        if dist is None:
+        group = collectives()
+        if group is None:
             return local
-        import torch
-
         # 2: torchrun's own SIGTERM (the launcher turns every other stop into SIGUSR1); 1: any other request.
         # On the backend's device: a CPU tensor fails under NCCL (Lightning's and the Trainer's DDP on GPUs).
-        flag = torch.tensor([(2 if self.stop_reason == "SIGTERM" else 1) if local else 0], dtype=torch.int32,
-                            device=collective_device(dist))
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and not local:
-            self.stop_reason = STOP_PEER_RESTART if flag.item() == 2 else "peer"
-        return bool(flag.item())
+        flag = group.max((2 if self.stop_reason == "SIGTERM" else 1) if local else 0)
+        if flag and not local:
+            self.stop_reason = STOP_PEER_RESTART if flag == 2 else "peer"
+        return bool(flag)
 
     def _poll(self) -> None:
         self._polls += 1
@@ -299,16 +294,16 @@ class Run:
         """The newest checkpoint that verifies (falling back past corrupt ones), or None; the same one on
         every rank. Every rank calls it.
 
-        With torch.distributed set up, rank 0 picks it and tells the others which (one broadcast), and no
+        With torch.distributed (or Horovod) set up, rank 0 picks it and tells the others which (one broadcast), and no
         rank returns before every rank has read it. Picked by each rank alone, a rank that starts late
         could read a checkpoint rank 0 saved after it restored (at an epoch's end that is at once), and
         the group would train from two states and hang in mismatched collectives: seen live when a
         worker node's ranks joined a grown group later than the main node's.
         """
-        dist = initialized_dist()
-        picks = dist is None or dist.get_rank() == 0
+        group = collectives()
+        picks = group is None or group.rank == 0
         state, path, skipped = restore_latest(self.checkpoint_dir, map_location) if picks else (None, None, [])
-        if dist is not None:
+        if group is not None:
             (chosen,) = from_rank0([checkpoint_seq(path) if path is not None else -1]) or [-1]
             if not picks and chosen >= 0:
                 path = checkpoint_path(self.checkpoint_dir, chosen)
@@ -478,14 +473,8 @@ class Run:
             return False
         local = (len(self._recent_losses) >= LOSS_WINDOW
                  and sum(self._recent_losses) / len(self._recent_losses) <= self.target_loss)
-        dist = initialized_dist()
-        if dist is None:
-            return local
-        import torch
-
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=collective_device(dist))
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        group = collectives()
+        return local if group is None else bool(group.max(1 if local else 0))
 
     def _estimate_fields(self, loss: Any) -> dict[str, Any]:
         """Peak memory, steps per epoch and the loss target, for dlsub estimate and the loss-curve ETA."""

@@ -1,6 +1,6 @@
 """What :mod:`dlsub.checkpointing.run` needs around a run: the profiling budget of an estimate, memory
 peaks, checked values from the environment and the training script, and
-``torch.distributed`` when the script has set it up (never imported otherwise).
+``torch.distributed`` or Horovod when the script has set it up (never imported otherwise).
 """
 
 from __future__ import annotations
@@ -107,22 +107,77 @@ def collective_device(dist: Any) -> str:
     return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
 
 
-def from_rank0(values: list[int]) -> list[int] | None:
-    """Rank 0's ``values`` on every rank (one broadcast); None where torch.distributed is not initialized."""
-    dist = initialized_dist()
-    if dist is None:
-        return None
-    import torch
+class Collectives:
+    """The few collectives the library needs, over whichever the script set up: torch.distributed (first), or
+    Horovod (``hvd.init()`` without ``init_process_group``; :mod:`dlsub.checkpointing.horovod_env`)."""
 
-    tensor = torch.tensor(values, dtype=torch.int64, device=collective_device(dist))
-    dist.broadcast(tensor, src=0)
-    return [int(v) for v in tensor.tolist()]
+    def __init__(self, dist: Any = None, hvd: Any = None) -> None:
+        self._dist, self._hvd = dist, hvd
+        self.rank: int = int(dist.get_rank() if dist is not None else hvd.rank())
+
+    def _tensor(self, values: list[int], dtype: Any) -> Any:
+        import torch
+
+        device = collective_device(self._dist) if self._dist is not None else "cpu"  # Horovod: CPU ops on gloo
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    def max(self, value: int) -> int:
+        """The largest of every rank's ``value``."""
+        import torch
+
+        flag = self._tensor([value], torch.int32)
+        if self._dist is not None:
+            self._dist.all_reduce(flag, op=self._dist.ReduceOp.MAX)
+        else:
+            flag = self._hvd.allreduce(flag, op=self._hvd.Max, name="dlsub.max")
+        return int(flag.item())
+
+    def from_rank0(self, values: list[int]) -> list[int]:
+        """Rank 0's ``values`` on every rank (one broadcast)."""
+        import torch
+
+        tensor = self._tensor(values, torch.int64)
+        if self._dist is not None:
+            self._dist.broadcast(tensor, src=0)
+        else:
+            tensor = self._hvd.broadcast(tensor, root_rank=0, name=f"dlsub.from_rank0.{len(values)}")
+        return [int(v) for v in tensor.tolist()]
+
+    def barrier(self) -> None:
+        if self._dist is not None:
+            self._dist.barrier()
+        else:
+            self._hvd.barrier()
+
+
+def initialized_horovod() -> Any:
+    """``horovod.torch`` where the script has imported it and called ``hvd.init()``; None otherwise."""
+    hvd = sys.modules.get("horovod.torch")
+    try:
+        return hvd if hvd is not None and hvd.is_initialized() else None
+    except (AttributeError, ValueError):  # not Horovod's module as we know it; or its library not loaded
+        return None
+
+
+def collectives() -> Collectives | None:
+    """The ranks' collectives (torch.distributed's, else Horovod's); None where neither is set up."""
+    dist = initialized_dist()
+    if dist is not None:
+        return Collectives(dist=dist)
+    hvd = initialized_horovod()
+    return Collectives(hvd=hvd) if hvd is not None else None
+
+
+def from_rank0(values: list[int]) -> list[int] | None:
+    """Rank 0's ``values`` on every rank (one broadcast); None where no group is set up."""
+    group = collectives()
+    return group.from_rank0(values) if group is not None else None
 
 
 def barrier() -> None:
-    dist = initialized_dist()
-    if dist is not None:
-        dist.barrier()
+    group = collectives()
+    if group is not None:
+        group.barrier()
 
 
 def end_process_group() -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from dlsub.checkpointing.run_support import from_rank0, initialized_dist
+from dlsub.checkpointing.run_support import collectives, from_rank0
 from dlsub.checkpointing.storage import _fsync_dir, _write_atomic, file_sha256
 
 MANIFEST = "dlsub-manifest.json"
@@ -88,8 +88,8 @@ def agreed_newest(candidates: list[tuple[int, Path]]) -> tuple[int, Path | None,
     """(number, checkpoint) of :func:`newest_good` of ``(number, checkpoint)`` newest first, as rank 0 sees
     them, on every rank (one broadcast of the number; -1 and None when none verifies); and why newer ones
     were passed over (rank 0's list; empty on the others)."""
-    dist = initialized_dist()
-    picks = dist is None or dist.get_rank() == 0
+    group = collectives()
+    picks = group is None or group.rank == 0
     chosen, skipped = newest_good(path for _, path in candidates) if picks else (None, [])
     number = next((n for n, path in candidates if path == chosen), -1)
     (number,) = from_rank0([number]) or [number]

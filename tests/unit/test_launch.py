@@ -280,3 +280,32 @@ def test_torchrun_main_refuses_a_command_line_it_cannot_read() -> None:
                           input="not json\n", capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert done.returncode == 2 and "no command line came on standard input" in done.stderr
+
+
+def test_without_labels_a_group_still_runs_through_the_entry_point(monkeypatch: Any) -> None:
+    """Unit (no Slurm, no Podman): where the output's labelling cannot be set up, a job of several processes
+    keeps dlsub's entry point (unlabelled): its processes need it for more than labels (a Horovod script's
+    hvd.init() joins torchrun's group there); a process alone still runs its script directly."""
+    from dlsub.checkpointing import launch
+
+    started: list[list[str]] = []
+
+    class FakeLauncher:
+        def __init__(self, command: list[str], *args: Any, **kwargs: Any) -> None:
+            started.append(command)
+            assert len(args) < 3 and kwargs.get("output") is None
+
+        def run(self) -> int:
+            return 0
+
+    def no_socket(self: Any) -> Any:
+        raise OSError("no private temporary directory")
+
+    monkeypatch.setattr(launch, "Launcher", FakeLauncher)
+    monkeypatch.setattr(launch.OutputMux, "start", no_socket)
+    monkeypatch.delenv("DLSUB_NNODES", raising=False)
+    monkeypatch.delenv("DLSUB_WATCH_NO_GPU", raising=False)
+    command = ["torchrun", "--nproc-per-node", "2", *launch.ENTRY_POINT, "train.py"]
+    assert launch.main(["--nproc-per-node", "2", "--", *command]) == 0
+    assert launch.main(["--nproc-per-node", "1", "--", *command]) == 0
+    assert started == [command, launch.without_entry_point(command)]
