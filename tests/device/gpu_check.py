@@ -43,7 +43,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,9 +50,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # dlsub from this checkout (dlsub/__init__ finds the top-level packages)
 sys.path.insert(0, str(REPO / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from device_checks import expect, run_check  # noqa: E402
 
 from dlsub.contract import ENV_ATTEMPT, ENV_JOB_DIR, ENV_PROFILE_STEPS, PROGRESS_FILE, RESUME_EXIT_CODE  # noqa: E402
 
@@ -312,15 +313,6 @@ def tail(process: subprocess.CompletedProcess[str]) -> str:
     return (process.stdout + process.stderr)[-3000:]
 
 
-class Failed(Exception):
-    pass
-
-
-def expect(condition: bool, message: str) -> None:
-    if not condition:
-        raise Failed(message)
-
-
 def check_environment() -> dict[str, Any]:
     import importlib.metadata as md
 
@@ -529,14 +521,8 @@ def main() -> int:
                 continue
             work = Path(tmp, name)
             work.mkdir()
-            started = time.perf_counter()
-            try:
-                result: dict[str, Any] = {"passed": True, **check(work)}
-            except Exception as exc:  # noqa: BLE001 -- every check reports, whatever the one before did
-                failed += 1
-                result = {"passed": False, "error": str(exc)[-4000:],
-                          "traceback": traceback.format_exc()[-4000:] if not isinstance(exc, Failed) else None}
-            result["seconds"] = round(time.perf_counter() - started, 1)
+            result = run_check(check, work)
+            failed += not result["passed"]
             report["checks"][name] = result
             shown = {k: v for k, v in result.items() if k not in ("traceback",)}
             print(f"{'PASS' if result['passed'] else 'FAIL'} {name}: {json.dumps(shown, default=str)[:1500]}",

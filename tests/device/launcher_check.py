@@ -45,15 +45,16 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from device_checks import Failed, expect, run_check  # noqa: E402
 
 from dlsub import contract  # noqa: E402
 from dlsub.containers.podman import LIBRARY_MOUNT, ContainerSpec, Raw, podman_run_lines  # noqa: E402
@@ -62,15 +63,6 @@ TRAIN = REPO / "tests" / "device" / "gpu_train.py"
 LAUNCH = ["python3", "-m", "dlsub.checkpointing.launch"]
 #: The main's and a worker's rendezvous settings, as the batch launcher gives them (slurm_plugins/launcher/roles.py).
 RDZV_CONF = "is_host={},join_timeout=600,last_call_timeout=3"
-
-
-class Failed(Exception):
-    pass
-
-
-def expect(condition: bool, message: str) -> None:
-    if not condition:
-        raise Failed(message)
 
 
 def on_gpu() -> bool:
@@ -358,14 +350,8 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="dlsub-launcher-check."))
     bench = Bench(tmp)
     for name, check in checks.items():
-        began = time.perf_counter()
-        try:
-            result: dict[str, Any] = {"passed": True, **check(bench)}
-        except Exception as exc:  # noqa: BLE001 -- every check reports, whatever the one before did
-            failed += 1
-            result = {"passed": False, "error": str(exc)[-4000:],
-                      "traceback": None if isinstance(exc, Failed) else traceback.format_exc()[-3000:]}
-        result["seconds"] = round(time.perf_counter() - began, 1)
+        result = run_check(check, bench)
+        failed += not result["passed"]
         report["checks"][name] = result
         shown = {k: v for k, v in result.items() if k != "traceback"}
         print(f"{'PASS' if result['passed'] else 'FAIL'} {name}: {json.dumps(shown, default=str)[:2500]}", flush=True)
