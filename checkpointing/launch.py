@@ -1,6 +1,6 @@
 """The container's first process: runs torchrun and turns stop signals into checkpoints.
 
-``python3 -m dlsub.checkpointing.launch [--grace S] -- torchrun ... train.py ARGS``
+``python3 -P -m dlsub.checkpointing.launch [--grace S] -- torchrun ... train.py ARGS``
 
 Why it exists: the batch script forwards SIGUSR1 (time limit near,
 ``dlsub requeue``) and SIGTERM (scancel, preemption) into the container, but
@@ -47,6 +47,7 @@ from dlsub.contract import (
     ENV_JOB_DIR,
     ENV_NNODES,
     ENV_OUTPUT_SOCKET,
+    ENV_SAFE_PATH_SET,
     ENV_WATCH_NO_GPU,
     RESUME_EXIT_CODE,
     STOP_SIGNUM_NAME,
@@ -122,7 +123,7 @@ def via_torchrun_main(command: list[str]) -> list[str]:
     Python has torch (the image's ``torchrun`` is its script); any other command as it is."""
     if not command or os.path.basename(command[0]) != "torchrun" or importlib.util.find_spec("torch") is None:
         return command
-    return [sys.executable, "-m", TORCHRUN_MAIN, *command[1:]]
+    return [sys.executable, "-P", "-m", TORCHRUN_MAIN, *command[1:]]
 
 
 def _job_attempt() -> tuple[Path, str] | None:
@@ -230,9 +231,16 @@ class Launcher:
             self._drop_standby()
 
     def _spawn(self, argv: list[str], stdin: int | None = None) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        if os.path.basename(self.command[0]) == "torchrun" and "PYTHONSAFEPATH" not in env:
+            # torchrun starts each rank as ``python -m dlsub.checkpointing.rank_output`` in the submit directory,
+            # where a folder named dlsub would be imported instead of dlsub: no directory of the script's or the
+            # working directory's goes first on their sys.path (the entry point puts the script's back, and takes
+            # this away before the script runs).
+            env.update({"PYTHONSAFEPATH": "1", ENV_SAFE_PATH_SET: "1"})
         if self.output is None:
-            return subprocess.Popen(argv, stdin=stdin)
-        env = dict(os.environ, **{ENV_OUTPUT_SOCKET: self.output.socket_path})
+            return subprocess.Popen(argv, env=env, stdin=stdin)
+        env[ENV_OUTPUT_SOCKET] = self.output.socket_path
         return subprocess.Popen(argv, env=env, stdin=stdin, stdout=self.output.child_output,
                                 stderr=self.output.child_output)
 
@@ -273,7 +281,7 @@ class Launcher:
             return
         if reason in ("SIGTERM", STOP_PEER_RESTART):
             return
-        self.standby = self._spawn([sys.executable, "-m", TORCHRUN_MAIN, "--from-stdin"], stdin=subprocess.PIPE)
+        self.standby = self._spawn([sys.executable, "-P", "-m", TORCHRUN_MAIN, "--from-stdin"], stdin=subprocess.PIPE)
 
     @staticmethod
     def _resume_marker_path() -> Path | None:

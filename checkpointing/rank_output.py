@@ -35,7 +35,14 @@ from typing import NoReturn
 
 from dlsub.checkpointing import horovod_env
 from dlsub.checkpointing.run_support import end_process_group_at_exit
-from dlsub.contract import ENV_ATTEMPT, ENV_JOB_DIR, ENV_OUTPUT_SOCKET, NO_GPU_ERRORS, no_gpu_error_marker
+from dlsub.contract import (
+    ENV_ATTEMPT,
+    ENV_JOB_DIR,
+    ENV_OUTPUT_SOCKET,
+    ENV_SAFE_PATH_SET,
+    NO_GPU_ERRORS,
+    no_gpu_error_marker,
+)
 
 #: How long to wait for the launcher to take the pipes.
 HANDOVER_TIMEOUT_S = 10.0
@@ -87,7 +94,13 @@ def run_script(script: str, args: list[str]) -> None:
     """Run ``script`` as ``python SCRIPT ARGS`` runs it, in this process, its process group ended at exit."""
     end_process_group_at_exit()  # registered before the script's own handlers, so it runs after them
     sys.argv = [script, *args]
-    sys.path[0] = os.path.dirname(os.path.abspath(script))  # what ``python SCRIPT`` puts first
+    here = os.path.dirname(os.path.abspath(script))  # what ``python SCRIPT`` puts first
+    ours = os.environ.pop(ENV_SAFE_PATH_SET, None) == "1"
+    if ours:  # dlsub's launcher set PYTHONSAFEPATH: sys.path[0] is not the working directory but Python's own
+        os.environ.pop("PYTHONSAFEPATH", None)  # nor do the script's own subprocesses get it
+        sys.path.insert(0, here)
+    elif not getattr(sys.flags, "safe_path", False):  # the user's own PYTHONSAFEPATH: as ``python -P SCRIPT``
+        sys.path[0] = here
     try:
         runpy.run_path(script, run_name="__main__")
     except Exception as exc:

@@ -432,7 +432,7 @@ def check_site_images(listing: subprocess.CompletedProcess[str], jobs: Sequence[
     return Finding(name, OK, "; ".join(parts), fix)
 
 
-#: What each container runs from the mounted package (python3 -m dlsub.checkpointing.launch).
+#: What each container runs from the mounted package (python3 -P -m dlsub.checkpointing.launch).
 LIBRARY_ENTRY = Path("checkpointing") / "launch.py"
 
 

@@ -219,7 +219,9 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
             # The name, for whoever reads `podman ps`; the ID, which it runs.
             lines.append(["--label", f"{contract.LABEL_IMAGE}={spec.image}"])
         lines.append([spec.image_id or spec.image])
-    launch = ["python3", "-m", "dlsub.checkpointing.launch", "--grace", str(spec.grace_s)]
+    # -P: the container's working directory (the submit directory) is not searched first, so a folder named
+    # dlsub there never stands in for dlsub's launcher (Python 3.11's flag; submit checks the image's Python).
+    launch = ["python3", "-P", "-m", "dlsub.checkpointing.launch", "--grace", str(spec.grace_s)]
     if spec.elastic and spec.reform:
         launch.append("--elastic")
         if spec.follow:

@@ -90,9 +90,13 @@ ENV_TARGET_LOSS = "DLSUB_TARGET_LOSS"
 #: "1" in a CPU attempt of a job that asked for GPUs (immediate mode): its one training process starts through
 #: dlsub's entry point too, which notes torch's no-GPU error (no_gpu_error_marker) should the script die of it.
 ENV_WATCH_NO_GPU = "DLSUB_WATCH_NO_GPU"
+#: "1" where dlsub's launcher set PYTHONSAFEPATH for torchrun and the rank entry point (both ``python -m`` of
+#: dlsub's modules, from the submit directory: a ``dlsub/`` folder there would stand in for dlsub); the entry
+#: point takes both away again before the user's script runs, which sees the environment it was given.
+ENV_SAFE_PATH_SET = "DLSUB_SAFE_PATH_SET"
 CONTAINER_ENV = (ENV_JOB_ID, ENV_JOB_DIR, ENV_ATTEMPT, ENV_ROLE, ENV_CONTAINER, ENV_GPU_TYPE, ENV_RDZV_ENDPOINT,
                  ENV_NNODES, ENV_TRAINER_NODES, ENV_CPU_NODES, ENV_BATCH_SIZE, ENV_PROFILE_STEPS, ENV_PROFILE_SECONDS,
-                 ENV_TARGET_LOSS, ENV_WATCH_NO_GPU)
+                 ENV_TARGET_LOSS, ENV_WATCH_NO_GPU, ENV_SAFE_PATH_SET)
 
 #: What a container runs as (``$DLSUB_ROLE``): a training process of the group, or the one process of a
 #: heterogeneous job's CPU component (``dlsub --cpu-nodes N``). Unset means a trainer.

@@ -60,7 +60,7 @@ from dlsub import contract  # noqa: E402
 from dlsub.containers.podman import LIBRARY_MOUNT, ContainerSpec, Raw, podman_run_lines  # noqa: E402
 
 TRAIN = REPO / "tests" / "device" / "gpu_train.py"
-LAUNCH = ["python3", "-m", "dlsub.checkpointing.launch"]
+LAUNCH = ["python3", "-P", "-m", "dlsub.checkpointing.launch"]
 #: The main's and a worker's rendezvous settings, as the batch launcher gives them (slurm_plugins/launcher/roles.py).
 RDZV_CONF = "is_host={},join_timeout=600,last_call_timeout=3"
 

@@ -40,7 +40,7 @@ def spec(tmp_path: Path, **fields: object) -> ContainerSpec:
 def test_the_standalone_job_runs_the_launcher_then_torchrun_then_the_script(tmp_path: Path) -> None:
     argv, env = check.container_command(spec(tmp_path), VALUES, tmp_path / "lib",
                                         {contract.ENV_JOB_DIR: str(tmp_path), "GLOO_SOCKET_IFNAME": "lo"})
-    assert argv[:3] == [sys.executable, "-m", "dlsub.checkpointing.launch"]
+    assert argv[:4] == [sys.executable, "-P", "-m", "dlsub.checkpointing.launch"]
     torchrun = argv.index("torchrun")
     assert argv[torchrun:torchrun + 5] == ["torchrun", "--standalone", "--nnodes", "1", "--nproc-per-node"]
     assert argv[-3:] == [str(check.TRAIN), "--steps", "5"]

@@ -309,3 +309,49 @@ def test_without_labels_a_group_still_runs_through_the_entry_point(monkeypatch: 
     assert launch.main(["--nproc-per-node", "2", "--", *command]) == 0
     assert launch.main(["--nproc-per-node", "1", "--", *command]) == 0
     assert started == [command, launch.without_entry_point(command)]
+
+
+SHADOWED_RANK = textwrap.dedent(
+    """
+    import json, os, sys
+    import dlsub
+    from dlsub import checkpointing
+    run = checkpointing.init()
+    print(json.dumps({"dlsub": dlsub.__file__, "path0": sys.path[0], "cwd_first": sys.path[0] in ("", os.getcwd()),
+                      "safe": os.environ.get("PYTHONSAFEPATH"), "marker": os.environ.get("DLSUB_SAFE_PATH_SET")}))
+    run.finish()
+    """
+)
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
+                    reason="torchrun is not installed")
+def test_a_dlsub_folder_in_the_working_directory_never_stands_in_for_dlsub(tmp_path: Path) -> None:
+    """Real launcher, torchrun and entry point, no Slurm: the container starts them with ``python3 -P -m`` in the
+    submit directory; a folder named dlsub there (a clone of dlsub, a user's own package) is not imported in
+    their place. The script then runs as ``python SCRIPT`` would: its own folder first, the environment as given
+    (no PYTHONSAFEPATH of dlsub's for its subprocesses)."""
+    from dlsub.checkpointing import launch
+
+    work = tmp_path / "submit dir"
+    (work / "dlsub").mkdir(parents=True)
+    (work / "dlsub" / "__init__.py").write_text("raise ImportError('the submit directory shadowed dlsub')\n")
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    script = scripts / "rank.py"
+    script.write_text(SHADOWED_RANK)
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    env = dict(os.environ, DLSUB_JOB_DIR=str(tmp_path / "job"), SLURM_JOB_ID="5", SLURM_RESTART_COUNT="0",
+               DLSUB_ATTEMPT="5-0", PYTHONPATH=str(REPO))
+    env.pop("PYTHONSAFEPATH", None)
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "dlsub.checkpointing.launch", "--grace", "5", "--nproc-per-node", "2", "--",
+         torchrun, "--standalone", "--nnodes", "1", "--nproc-per-node", "2", *launch.ENTRY_POINT, str(script)],
+        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    seen = [json.loads(line.split(":", 1)[1]) for line in done.stdout.splitlines() if '"dlsub"' in line]
+    assert len(seen) == 2, done.stdout
+    for rank in seen:
+        assert rank["dlsub"] == str(REPO / "dlsub" / "__init__.py"), rank
+        assert rank["path0"] == str(scripts) and not rank["cwd_first"], rank
+        assert rank["safe"] is None and rank["marker"] is None, "the script's environment is the one it was given"
