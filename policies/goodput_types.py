@@ -139,6 +139,35 @@ tried, 0.05 kept for the figures, none chosen between finer. With ``gpu_price=0.
 against 0.651 h; 3.38 and 3.36 GPU-hours a job).
 A lead of about 6% at Sia's GPU-hours, not the 10% the goal asks: off by default, as the floor, until the
 live agent has run with it.
+
+**Where the rest of the gap is** (issue 54; 1-4, order 1, ``gpu_price=0.05``: goodput/sia 0.951 in average
+JCT at 1.000 of its GPU-hours a job, 0.6175 h against 0.6514 h). Per application, in hours of the average JCT
+(each application's JCTs summed over all 160 jobs): yolov3 -0.020 (at 0.85 GPU-hours a job of the workload
+against 0.74), cifar10 -0.011, bert -0.008, deepspeech2 +0.001, imagenet +0.003. Not waiting: the first start
+came 0.008 h (about half an interval) after arrival for both, and no job was stopped once started; Sia's
+cluster is lightly loaded, so a job's JCT is its run, and its run is what its model knows. Told every type's
+true model (``information="oracle"``, workload 2, order 1) goodput was 0.789 of sia at 1.039 of its
+GPU-hours, against 0.902 at 0.985 as it learns: cifar10 0.191 h against 0.230 h at the same GPU-hours (the
+oracle started it at batch 304 on 2 GPUs of dgx-ext, learning goodput at 128 on 1 or 171 on 4),
+deepspeech2 1.07 h against 1.30 h (4.7 restarts a job against 5.6).
+
+**A profile of two batch sizes** (issue 54; ``profile_batches``, read by the simulator:
+:func:`dlsub.sim.information.profile_batch_sizes`, ``SimConfig.profile_batch_s``). The profile's one step on
+the job's fastest type is its only report before its first start, and one step time says nothing of how a step
+grows with the batch: the fit's prior says it (half the step fixed), 27% off cifar10's step at the most one
+GPU holds in the unit test's traces. Timed at that batch too (20 s more of the profile, charged as the rest of
+it), the fit has its slope from the first start, as Sia bootstraps from a few batch sizes on one GPU. With
+``gpu_price=0.05``, on 1-4 (tuned; order 1, the value 2 the only one tried) goodput/sia 0.926 at 0.997 of its
+GPU-hours a job (per workload 0.936 0.862 0.971 0.935 at 1.090 0.952 0.890 1.056), against 0.951 at 1.000 with
+one batch size: cifar10 -0.008 h and imagenet -0.010 h of the average JCT, yolov3 +0.005. 5 orders
+(``goodput_vs_sia.py --variant gpu_price=0.05,profile_batches=2 --orders 5``): on 5-8 (untouched) 0.932
+[0.919, 0.944] in average JCT at 0.965 [0.934, 0.995] of sia's GPU-hours a job (0.646 h against 0.693 h; 3.72
+and 3.85 GPU-hours a job; restarts 374 a workload against 709), where one batch size gave 0.942 [0.928, 0.955]
+at 0.996 [0.963, 1.030]; on 1-4 (tuned) 0.927 [0.919, 0.936] at 0.967 [0.937, 0.997] (0.602 h against 0.651 h;
+3.28 and 3.36 GPU-hours a job), where one batch size gave 0.947 [0.938, 0.957] at 1.000 [0.971, 1.029]. A lead
+of 7% at 4% fewer GPU-hours: still short of the 10% the goal asks. Off by default (1): it says what the
+simulator's profile measures, and the live agent's (``dlsub estimate`` per partition, a kind learnt from
+earlier runs) would have to time two batch sizes too before a default could claim it.
 """
 
 from __future__ import annotations
@@ -296,8 +325,11 @@ class TypedGoodputPolicy(GoodputPolicy):
     def __init__(self, admit_value: float = 100.0, move_margin: float = 0.05, speedup_power: float = 0.5,
                  restart_count: float = 3.0, service_power: float = 0.25, guess_types: bool = False,
                  marginal_floor: float = 0.0, floor_across_types: bool = True, gpu_price: float = 0.0,
-                 **goodput: Any) -> None:
+                 profile_batches: int = 1, **goodput: Any) -> None:
         super().__init__(**goodput)
+        # How many batch sizes the one-GPU profile times on the job's fastest type, each kept as a report
+        # (dlsub.sim.information.profile_batch_sizes; read by the simulator, as times_compute is; issue 54).
+        self.profile_batches = int(profile_batches)
         # Each configuration's goodput is divided by (1 + gpu_price x its GPUs) before it is made a speed-up
         # (priced_rows): the job's time and the GPU-hours it holds weighed together (issue 54). 0: off.
         self.gpu_price = gpu_price

@@ -57,6 +57,10 @@ class SimConfig:
     # wider than one GPU; the other types are bootstrapped from it, as after any run. (False: the profiles'
     # throughputs alone, the first start on one GPU.)
     profile_report: bool = True
+    # "before" only, for a policy whose ``profile_batches`` is above 1: the seconds each batch size beyond the
+    # first adds to the profile (a few more steps of the run already started on that GPU, no new start), so
+    # the job's first start waits profile_s plus this for each.
+    profile_batch_s: float = 20.0
 
 
 # When a job's one-GPU profiles of the GPU types run, for a policy that reads them (SimConfig.profile):
@@ -276,6 +280,12 @@ def _percentile(sorted_values: Sequence[float], pct: float) -> float:
     return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (rank - lo))
 
 
+def profile_batches(policy: Policy) -> int:
+    """How many batch sizes the policy's one-GPU profile times on a job's fastest type (its
+    ``profile_batches``; 1 where it names none): SimConfig.profile_report keeps each as a report."""
+    return max(1, int(getattr(policy, "profile_batches", 1)))
+
+
 def make_jobs(
     workload: Sequence[WorkloadJob], traces_dir: Path, policy: Policy, config: SimConfig,
     cluster: ClusterView | None = None,
@@ -294,6 +304,8 @@ def make_jobs(
     adapts = getattr(policy, "adapts_batch", False)
     profiles = len(gpu_types) > 1 and getattr(policy, "profiles_types", False)
     profile_s = config.profile_s if profiles and config.profile == "before" else 0.0
+    if profile_s > 0 and config.profile_report:
+        profile_s += config.profile_batch_s * (profile_batches(policy) - 1)
     profiled = frozenset[str]() if profiles and config.profile in ("beside", "history") else None
     rng = random.Random(config.seed)
     info = information_for(config.information, policy, config.history)
@@ -461,7 +473,7 @@ def simulate(
         if config.profile == "before" and config.profile_report:
             for job in active:
                 if job.profile_s > 0 and not job.profile_reported:
-                    job.info.observe_profile(job)
+                    job.info.observe_profile(job, profile_batches(policy))
                     job.profile_reported = True
         views = [job.view() for job in active]
         previous = {job.name: job.alloc for job in active if job.alloc is not None}

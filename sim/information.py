@@ -80,9 +80,24 @@ class Information(Protocol):
         """The job ran this interval: take its report."""
         ...
 
-    def observe_profile(self, job: SimJob) -> None:
-        """Its one-GPU profile before its first start: keep the step on its fastest type as a report."""
+    def observe_profile(self, job: SimJob, batches: int = 1) -> None:
+        """Its one-GPU profile before its first start: keep the step on its fastest type as a report (at
+        ``batches`` batch sizes: :func:`profile_batch_sizes`)."""
         ...
+
+
+def profile_batch_sizes(first: int, largest: int, count: int) -> list[int]:
+    """The batch sizes a one-GPU profile times: ``first`` (the job's first batch), then up to ``count`` in all,
+    evenly spaced in logs, the last ``largest`` (the most one GPU holds). One step time tells a throughput fit
+    nothing of how a step grows with the batch, so the fit's prior says it (half the step fixed), and goodput
+    chose batches, and so sizes, off that guess until the job had run a second batch; a second size measured in
+    the profile gives the fit its slope from the start, as Sia bootstraps its models from a few batch sizes on
+    one GPU (issue 54). Fewer where ``largest`` leaves no room (repeats dropped)."""
+    if count <= 1 or largest <= first:
+        return [first]
+    ratio = largest / first
+    sizes = [round(first * ratio ** (k / (count - 1))) for k in range(count)]
+    return sorted(set(sizes))
 
 
 def _view(job: SimJob, model: PerformanceModel, remaining: float | None,
@@ -130,7 +145,7 @@ class OracleInformation:
     def observe(self, job: SimJob) -> None:
         pass
 
-    def observe_profile(self, job: SimJob) -> None:
+    def observe_profile(self, job: SimJob, batches: int = 1) -> None:
         pass  # the oracle tells every type's model already
 
 
@@ -166,18 +181,24 @@ class OnlineInformation:
             return
         self._record(job, job.gpu_type, job.app, normalise(job.placement), job.config)
 
-    def observe_profile(self, job: SimJob) -> None:
+    def observe_profile(self, job: SimJob, batches: int = 1) -> None:
         """The job's one-GPU profile before its first start (SimConfig.profile_report): its step on the type
         where it runs fastest, at its first batch, kept as its report there (only where reports are kept per
         type). The other types' profiles stay throughputs (JobView.type_rates): taken as reports too, each
         type would have a model of one step, and goodput did worse (module docstring of
-        policies/goodput_types.py)."""
+        policies/goodput_types.py). ``batches``: a job that lets the policy choose its batch is timed there at
+        that many batch sizes (:func:`profile_batch_sizes`, up to the most one GPU holds), each a report, in
+        that order (the gradient noise it is told is the last one's, the largest batch's)."""
         if not self.by_type:
             return
         gpu_type = max(job.apps, key=lambda t: job.apps[t].one_gpu_throughput)
         app = job.apps[gpu_type]
-        batch = app.init_batch_size if job.adaptive else job.batch_size
-        self._record(job, gpu_type, app, (1,), app.batch_config(1, batch))
+        if not job.adaptive:
+            self._record(job, gpu_type, app, (1,), app.batch_config(1, job.batch_size))
+            return
+        largest = min(app.max_local_bsz, app.max_batch_size)
+        for batch in profile_batch_sizes(app.init_batch_size, largest, batches):
+            self._record(job, gpu_type, app, (1,), app.batch_config(1, batch))
 
     def _record(self, job: SimJob, gpu_type: str, app: Application, placement: tuple[int, ...],
                 config: BatchConfig) -> None:

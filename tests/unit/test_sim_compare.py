@@ -142,3 +142,37 @@ def test_goodput_vs_sia_prints_every_figure_and_the_claim_from_kept_runs(
     assert "(5% more); the goal of <= 0.90x at no more GPU-hours is not met." in out
     by_app = [line.split() for line in out.splitlines() if line.split()[:2] in (["goodput", "bert"], ["sia", "bert"])]
     assert by_app == [["goodput", "bert", "8", "0.240", "3.15", "0.50"], ["sia", "bert", "8", "0.278", "3.00", "0.50"]]
+
+
+def test_goodput_vs_sia_tells_runs_apart_by_the_charge_of_a_profiles_further_batch_sizes(
+        benchmarks: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kept run of profile_batches=2 without the charge's field was charged SimConfig's 20 s: reused at the
+    default, run again at another charge (and only goodput's runs: sia's profile has no further batch)."""
+    bench: ModuleType = importlib.import_module("goodput_vs_sia")
+    raw = tmp_path / "raw.jsonl"
+    rows = []
+    for (w, s), figs in OURS.items():
+        for policy, f in (("goodput", figs), ("sia", BASE[(w, s)])):
+            charged = policy == "goodput"
+            rows.append({"policy": policy, "workload": w + 4, "seed": s, "jitter": 120.0,
+                         "variant": {"profile_batches": 2.0} if charged else {},
+                         "profile": "before" if charged else "", "profile_s": 60.0 if charged else 0.0,
+                         "profile_report": charged, "history": "none", "restarts": 10, **f})
+    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ran: list[tuple[object, ...]] = []
+
+    def run_one(*args: object) -> dict[str, object]:
+        ran.append(args)
+        w, s = int(args[3]) - 4, int(args[4])  # type: ignore[call-overload]
+        return {**rows[2 * list(OURS).index((w, s))], "profile_batch_s": args[-1]}
+
+    monkeypatch.setattr(bench, "run_one", run_one)
+    argv = ["goodput_vs_sia.py", "--workloads", "5,6", "--orders", "2", "--policies", "goodput,sia", "--raw",
+            str(raw), "--variant", "profile_batches=2"]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.main()
+    assert ran == []
+    monkeypatch.setattr(sys, "argv", [*argv, "--profile-batch-s", "60"])
+    bench.main()
+    assert [(args[2], args[-1]) for args in ran] == [("goodput", 60.0)] * 4
+    assert "each further batch size of its profile 60 s" in capsys.readouterr().out

@@ -22,6 +22,7 @@ from dlsub.sim import sia_setting
 from dlsub.sim.apps import TraceError, load_application, profiled_types
 from dlsub.sim.cluster_file import ClusterFileError, load_cluster
 from dlsub.sim.engine import SimConfig, make_jobs, run_interval, simulate
+from dlsub.sim.information import profile_batch_sizes
 from dlsub.sim.performance import performance_at
 from dlsub.sim.workload import POLLUX_DIR, WorkloadError, WorkloadJob, read_workload
 
@@ -309,6 +310,38 @@ def test_the_profile_on_the_fastest_type_is_the_jobs_first_report_there(typed_tr
         assert result.jobs[0].completion_s is not None
         first[kept] = seen[0]
     assert first[False] == 1 and first[True] > 1
+
+
+def test_profile_batch_sizes_run_from_the_first_batch_to_the_most_one_gpu_holds_evenly_in_logs() -> None:
+    assert profile_batch_sizes(128, 1024, 1) == [128]
+    assert profile_batch_sizes(128, 1024, 2) == [128, 1024]
+    assert profile_batch_sizes(128, 1024, 4) == [128, 256, 512, 1024]
+    assert profile_batch_sizes(128, 128, 3) == [128]  # no room: one
+    assert profile_batch_sizes(128, 130, 4) == [128, 129, 130]  # repeats dropped
+
+
+def test_a_profile_of_two_batch_sizes_gives_the_fit_the_step_at_the_largest_and_costs_its_steps(
+        typed_traces: Path) -> None:
+    """Unit: a policy whose profile_batches is 2 has the one-GPU profile on the job's fastest type timed at its
+    first batch and at the most one GPU holds, both kept as reports: its model there then predicts the large
+    batch's step as measured, where one report left it to the fit's prior. The job's first start waits
+    SimConfig.profile_batch_s longer for it."""
+    from dlsub.policies.goodput_types import TypedGoodputPolicy
+
+    spec = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)]
+    config = SimConfig(information="online", profile_s=60.0, profile_batch_s=20.0)
+    errors = {}
+    for batches in (1, 2):
+        policy = TypedGoodputPolicy(profile_batches=batches)
+        job = make_jobs(spec, typed_traces, policy, config, two_types())[0]
+        assert job.profile_s == 60.0 + 20.0 * (batches - 1)
+        job.info.observe_profile(job, batches)
+        app = job.apps["fast"]
+        largest = min(app.max_local_bsz, app.max_batch_size)
+        true = app.step_time((1,), app.batch_config(1, largest))
+        model = (job.view().type_models or {})["fast"]
+        errors[batches] = abs(model.step_time((1,), largest) / true - 1.0)
+    assert errors[2] < 0.02 < errors[1]
 
 
 def test_a_profile_beside_the_job_must_end_by_the_next_decision(typed_traces: Path) -> None:
