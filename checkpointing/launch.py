@@ -232,11 +232,12 @@ class Launcher:
 
     def _spawn(self, argv: list[str], stdin: int | None = None) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
-        if os.path.basename(self.command[0]) == "torchrun" and "PYTHONSAFEPATH" not in env:
+        if without_entry_point(self.command) != self.command and "PYTHONSAFEPATH" not in env:
             # torchrun starts each rank as ``python -m dlsub.checkpointing.rank_output`` in the submit directory,
-            # where a folder named dlsub would be imported instead of dlsub: no directory of the script's or the
-            # working directory's goes first on their sys.path (the entry point puts the script's back, and takes
-            # this away before the script runs).
+            # where a folder named dlsub would be imported instead of dlsub: the working directory does not go
+            # first on their sys.path (the entry point puts the script's folder first, and takes this away before
+            # the script runs). Never without the entry point: torchrun then runs the script itself, which must
+            # find its own folder's modules, as ``python SCRIPT`` does.
             env.update({"PYTHONSAFEPATH": "1", ENV_SAFE_PATH_SET: "1"})
         if self.output is None:
             return subprocess.Popen(argv, env=env, stdin=stdin)

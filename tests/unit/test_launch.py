@@ -355,3 +355,39 @@ def test_a_dlsub_folder_in_the_working_directory_never_stands_in_for_dlsub(tmp_p
         assert rank["dlsub"] == str(REPO / "dlsub" / "__init__.py"), rank
         assert rank["path0"] == str(scripts) and not rank["cwd_first"], rank
         assert rank["safe"] is None and rank["marker"] is None, "the script's environment is the one it was given"
+
+
+SIBLING_RANK = textwrap.dedent(
+    """
+    import os, sys
+    import helper_beside_me  # a module in the script's own folder, as users keep their model code
+    print("sibling", helper_beside_me.VALUE, os.environ.get("PYTHONSAFEPATH"), flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
+                    reason="torchrun is not installed")
+def test_a_process_alone_finds_the_modules_beside_its_script(tmp_path: Path) -> None:
+    """Real launcher and torchrun, no Slurm: a job of one process runs its script without dlsub's entry point
+    (torchrun starts it), in the submit directory; the script imports a module from its own folder, as
+    ``python SCRIPT`` lets it, and gets no PYTHONSAFEPATH of dlsub's."""
+    from dlsub.checkpointing import launch
+
+    work = tmp_path / "submit"
+    work.mkdir()
+    scripts = tmp_path / "code"
+    scripts.mkdir()
+    (scripts / "helper_beside_me.py").write_text("VALUE = 42\n")
+    script = scripts / "train.py"
+    script.write_text(SIBLING_RANK)
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    env = dict(os.environ, DLSUB_JOB_DIR=str(tmp_path / "job"), SLURM_JOB_ID="5", SLURM_RESTART_COUNT="0",
+               DLSUB_ATTEMPT="5-0", PYTHONPATH=str(REPO))
+    env.pop("PYTHONSAFEPATH", None)
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "dlsub.checkpointing.launch", "--grace", "5", "--nproc-per-node", "1", "--",
+         torchrun, "--standalone", "--nnodes", "1", "--nproc-per-node", "1", *launch.ENTRY_POINT, str(script)],
+        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "sibling 42 None" in done.stdout, done.stdout + done.stderr[-2000:]
