@@ -311,6 +311,23 @@ def test_without_labels_a_group_still_runs_through_the_entry_point(monkeypatch: 
     assert started == [command, launch.without_entry_point(command)]
 
 
+def _launch_as_the_container_does(tmp_path: Path, work: Path, script: Path,
+                                  nproc: int) -> subprocess.CompletedProcess[str]:
+    """The launcher as the container starts it (``python3 -P -m``, in the submit directory ``work``), over real
+    torchrun and dlsub's entry point, ``nproc`` processes; no PYTHONSAFEPATH of the caller's."""
+    from dlsub.checkpointing import launch
+
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    env = dict(os.environ, DLSUB_JOB_DIR=str(tmp_path / "job"), SLURM_JOB_ID="5", SLURM_RESTART_COUNT="0",
+               DLSUB_ATTEMPT="5-0", PYTHONPATH=str(REPO))
+    env.pop("PYTHONSAFEPATH", None)
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "dlsub.checkpointing.launch", "--grace", "5", "--nproc-per-node", str(nproc),
+         "--", torchrun, "--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc), *launch.ENTRY_POINT,
+         str(script)],
+        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+
+
 SHADOWED_RANK = textwrap.dedent(
     """
     import json, os, sys
@@ -331,8 +348,6 @@ def test_a_dlsub_folder_in_the_working_directory_never_stands_in_for_dlsub(tmp_p
     submit directory; a folder named dlsub there (a clone of dlsub, a user's own package) is not imported in
     their place. The script then runs as ``python SCRIPT`` would: its own folder first, the environment as given
     (no PYTHONSAFEPATH of dlsub's for its subprocesses)."""
-    from dlsub.checkpointing import launch
-
     work = tmp_path / "submit dir"
     (work / "dlsub").mkdir(parents=True)
     (work / "dlsub" / "__init__.py").write_text("raise ImportError('the submit directory shadowed dlsub')\n")
@@ -340,14 +355,7 @@ def test_a_dlsub_folder_in_the_working_directory_never_stands_in_for_dlsub(tmp_p
     scripts.mkdir()
     script = scripts / "rank.py"
     script.write_text(SHADOWED_RANK)
-    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
-    env = dict(os.environ, DLSUB_JOB_DIR=str(tmp_path / "job"), SLURM_JOB_ID="5", SLURM_RESTART_COUNT="0",
-               DLSUB_ATTEMPT="5-0", PYTHONPATH=str(REPO))
-    env.pop("PYTHONSAFEPATH", None)
-    done = subprocess.run(
-        [sys.executable, "-P", "-m", "dlsub.checkpointing.launch", "--grace", "5", "--nproc-per-node", "2", "--",
-         torchrun, "--standalone", "--nnodes", "1", "--nproc-per-node", "2", *launch.ENTRY_POINT, str(script)],
-        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    done = _launch_as_the_container_does(tmp_path, work, script, nproc=2)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     seen = [json.loads(line.split(":", 1)[1]) for line in done.stdout.splitlines() if '"dlsub"' in line]
     assert len(seen) == 2, done.stdout
@@ -372,8 +380,6 @@ def test_a_process_alone_finds_the_modules_beside_its_script(tmp_path: Path) -> 
     """Real launcher and torchrun, no Slurm: a job of one process runs its script without dlsub's entry point
     (torchrun starts it), in the submit directory; the script imports a module from its own folder, as
     ``python SCRIPT`` lets it, and gets no PYTHONSAFEPATH of dlsub's."""
-    from dlsub.checkpointing import launch
-
     work = tmp_path / "submit"
     work.mkdir()
     scripts = tmp_path / "code"
@@ -381,13 +387,6 @@ def test_a_process_alone_finds_the_modules_beside_its_script(tmp_path: Path) -> 
     (scripts / "helper_beside_me.py").write_text("VALUE = 42\n")
     script = scripts / "train.py"
     script.write_text(SIBLING_RANK)
-    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
-    env = dict(os.environ, DLSUB_JOB_DIR=str(tmp_path / "job"), SLURM_JOB_ID="5", SLURM_RESTART_COUNT="0",
-               DLSUB_ATTEMPT="5-0", PYTHONPATH=str(REPO))
-    env.pop("PYTHONSAFEPATH", None)
-    done = subprocess.run(
-        [sys.executable, "-P", "-m", "dlsub.checkpointing.launch", "--grace", "5", "--nproc-per-node", "1", "--",
-         torchrun, "--standalone", "--nnodes", "1", "--nproc-per-node", "1", *launch.ENTRY_POINT, str(script)],
-        cwd=work, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    done = _launch_as_the_container_does(tmp_path, work, script, nproc=1)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "sibling 42 None" in done.stdout, done.stdout + done.stderr[-2000:]

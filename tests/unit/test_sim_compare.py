@@ -9,6 +9,7 @@ import math
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -113,19 +114,29 @@ def test_goodput_vs_pollux_runs_again_a_kept_row_without_gpu_hours(benchmarks: N
         "avg_jct_s": 1.0, "p99_jct_s": 2.0, "gpu_h_per_job": 3.0}
 
 
+def _kept_runs(raw: Path, goodput_variant: dict[str, float], by_app: bool) -> list[dict[str, Any]]:
+    """goodput_vs_sia's kept runs of OURS (goodput, its variant ``goodput_variant``, charged a profile) and BASE
+    (sia) on workloads 5 and 6, written to ``raw``; the rows in the order written."""
+    rows: list[dict[str, Any]] = []
+    for (w, s), figs in OURS.items():
+        for policy, f in (("goodput", figs), ("sia", BASE[(w, s)])):
+            charged = policy == "goodput"
+            row = {"policy": policy, "workload": w + 4, "seed": s, "jitter": 120.0,
+                   "variant": goodput_variant if charged else {},
+                   "profile": "before" if charged else "", "profile_s": 60.0 if charged else 0.0,
+                   "profile_report": charged, "history": "none", "restarts": 10, **f}
+            if by_app:
+                row["by_app"] = {"bert": [2, f["avg_jct_s"] * 2, f["gpu_h_per_job"] * 2 * 3600, 1]}
+            rows.append(row)
+    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
 def test_goodput_vs_sia_prints_every_figure_and_the_claim_from_kept_runs(
         benchmarks: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     bench: ModuleType = importlib.import_module("goodput_vs_sia")
     raw = tmp_path / "raw.jsonl"
-    rows = []
-    for (w, s), figs in OURS.items():
-        for policy, f in (("goodput", figs), ("sia", BASE[(w, s)])):
-            charged = policy == "goodput"
-            rows.append({"policy": policy, "workload": w + 4, "seed": s, "jitter": 120.0, "variant": {},
-                         "profile": "before" if charged else "", "profile_s": 60.0 if charged else 0.0,
-                         "profile_report": charged, "history": "none", "restarts": 10, **f,
-                         "by_app": {"bert": [2, f["avg_jct_s"] * 2, f["gpu_h_per_job"] * 2 * 3600, 1]}})
-    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _kept_runs(raw, {}, by_app=True)
     monkeypatch.setattr(sys, "argv", ["goodput_vs_sia.py", "--workloads", "5,6", "--orders", "2", "--policies",
                                       "goodput,sia", "--raw", str(raw), "--by-app"])
 
@@ -150,15 +161,7 @@ def test_goodput_vs_sia_tells_runs_apart_by_the_charge_of_a_profiles_further_bat
     default, run again at another charge (and only goodput's runs: sia's profile has no further batch)."""
     bench: ModuleType = importlib.import_module("goodput_vs_sia")
     raw = tmp_path / "raw.jsonl"
-    rows = []
-    for (w, s), figs in OURS.items():
-        for policy, f in (("goodput", figs), ("sia", BASE[(w, s)])):
-            charged = policy == "goodput"
-            rows.append({"policy": policy, "workload": w + 4, "seed": s, "jitter": 120.0,
-                         "variant": {"profile_batches": 2.0} if charged else {},
-                         "profile": "before" if charged else "", "profile_s": 60.0 if charged else 0.0,
-                         "profile_report": charged, "history": "none", "restarts": 10, **f})
-    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rows = _kept_runs(raw, {"profile_batches": 2.0}, by_app=False)
     ran: list[tuple[object, ...]] = []
 
     def run_one(*args: object) -> dict[str, object]:
