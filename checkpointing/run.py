@@ -304,11 +304,11 @@ class Run:
         picks = group is None or group.rank == 0
         state, path, skipped = restore_latest(self.checkpoint_dir, map_location) if picks else (None, None, [])
         if group is not None:
-            (chosen,) = from_rank0([checkpoint_seq(path) if path is not None else -1]) or [-1]
+            (chosen,) = group.from_rank0([checkpoint_seq(path) if path is not None else -1])
             if not picks and chosen >= 0:
                 path = checkpoint_path(self.checkpoint_dir, chosen)
                 state = load_verified(path, map_location)  # rank 0 verified it: failing here is not silent
-            barrier()  # nobody saves (and prunes) before all have read it
+            group.barrier()  # nobody saves (and prunes) before all have read it
         for reason in skipped:
             print(f"dlsub: skipped checkpoint: {reason}", file=sys.stderr, flush=True)
         if path is not None:

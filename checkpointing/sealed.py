@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from dlsub.checkpointing.run_support import collectives, from_rank0
+from dlsub.checkpointing.run_support import collectives
 from dlsub.checkpointing.storage import _fsync_dir, _write_atomic, file_sha256
 
 MANIFEST = "dlsub-manifest.json"
@@ -92,7 +92,8 @@ def agreed_newest(candidates: list[tuple[int, Path]]) -> tuple[int, Path | None,
     picks = group is None or group.rank == 0
     chosen, skipped = newest_good(path for _, path in candidates) if picks else (None, [])
     number = next((n for n, path in candidates if path == chosen), -1)
-    (number,) = from_rank0([number]) or [number]
+    if group is not None:
+        (number,) = group.from_rank0([number])
     chosen = next((path for n, path in candidates if n == number), None)
     if number >= 0 and chosen is None:
         raise RuntimeError(f"rank 0 restores checkpoint {number}, which this rank does not see")
