@@ -28,11 +28,15 @@ from typing import Any
 
 import pytest
 
-from livebed import EXAMPLES, TestbedUser, agent_policy, slurm_job, wait_for
+from livebed import EXAMPLES, TestbedUser, agent_policy, slurm_job, wait_for, wait_until_quiet
 
 TRAIN = str(EXAMPLES / "train_digits.py")
 # Elastic, 1 to 2 nodes of 2 GPUs, 1 CPU and 1 GB each (two fit on one testbed node).
 SHAPE = ("--nodes", "1:2", "--gpus-per-node", "2", "--cpus", "1", "--mem", "1G")
+# Both jobs of the spare-node test on the gpu partition: the test is of how the goodput policy shares one
+# partition's slots; left to choose, a job that cannot start there now (a previous test's job still ending)
+# starts on gpu-dev instead, and the two never compete.
+ON_GPU = ("--partition", "gpu", *SHAPE)
 
 
 @pytest.fixture
@@ -66,6 +70,16 @@ def reports_at(job_dir: str, world: int) -> int:
     return count
 
 
+def what_the_agent_saw(user: TestbedUser, jobs: list[dict[str, Any]]) -> str:
+    """Slurm's queue and each job's `dlsub why` and starts: a failed wait says why the policy did not act."""
+    queue = subprocess.run(["squeue", "-a", "-o", "%i %u %P %T %N %b %j"], capture_output=True, text=True).stdout
+    parts = [f"squeue:\n{queue}"]
+    for job in jobs:
+        why = user.dlsub("why", job["id"], check=False)
+        parts.append(f"dlsub why {job['id']}:\n{why.stdout}{why.stderr}\nstarts: {starts(job['job_dir'])}")
+    return "\n".join(parts)
+
+
 def cancel(job: dict[str, Any]) -> None:
     subprocess.run(["scancel", str(job["slurm_job_id"]), str(job["worker_array_id"])], check=False)
 
@@ -74,20 +88,25 @@ def test_the_spare_node_goes_to_the_elastic_job_that_scales_well(
     user: TestbedUser, user2: TestbedUser, workdir: Path, goodput_agent: None
 ) -> None:
     jobs: list[dict[str, Any]] = []
+    # The slots counted below are all there: no earlier test's job still holds one.
+    assert wait_until_quiet(idle_share=0.0), subprocess.run(["squeue", "-a"], capture_output=True, text=True).stdout
     out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:2", "-J", "holds-a-slot", "--mem=100",
                     "--cpus-per-task=1", "--time=10", "--wrap", "sleep 600", check=True)
     filler = int(out.stdout.strip().split(";")[0])
     try:
         wait_for("the other user's job to hold a slot", lambda: (slurm_job(filler) or {}).get("job_state") == "RUNNING",
                  timeout=60)
-        poor = user.submit(*SHAPE, TRAIN, "--epochs", "400", "--throttle", "0.4", cwd=workdir)
+        poor = user.submit(*ON_GPU, TRAIN, "--epochs", "400", "--throttle", "0.4", cwd=workdir)
         jobs.append(poor)
         wait_for("the poor scaler grown to 2 nodes and measured there",
                  lambda: world_size(poor["job_dir"]) == 4 and reports_at(poor["job_dir"], 4) >= 3, timeout=240)
-        good = user.submit(*SHAPE, TRAIN, "--epochs", "400", "--throttle-per-sample", "0.012", cwd=workdir)
+        good = user.submit(*ON_GPU, TRAIN, "--epochs", "400", "--throttle-per-sample", "0.012", cwd=workdir)
         jobs.append(good)
-        wait_for("the poor scaler shrunk for it", lambda: world_size(poor["job_dir"]) == 2, timeout=180)
-        wait_for("the good scaler grown to 2 nodes", lambda: world_size(good["job_dir"]) == 4, timeout=300)
+        try:
+            wait_for("the poor scaler shrunk for it", lambda: world_size(poor["job_dir"]) == 2, timeout=180)
+            wait_for("the good scaler grown to 2 nodes", lambda: world_size(good["job_dir"]) == 4, timeout=300)
+        except AssertionError as error:
+            raise AssertionError(f"{error}\n{what_the_agent_saw(user, jobs)}") from None
         assert world_size(poor["job_dir"]) == 2, "the spare slot went to the good scaler, not back to the poor one"
         why_good = user.dlsub("why", good["id"]).stdout
         assert "goodput policy" in why_good and "measured 1 node (2 GPUs)" in why_good, why_good
