@@ -16,6 +16,11 @@ nobody handles is logged and otherwise ignored (the training runs on). Its exit 
 RESUME_EXIT_CODE when an attempt asked to be resumed. It also reaps orphans,
 as a container's PID 1 must. Standard library only: any image with Python works.
 
+Fencing (issue 53): every ``FENCE_CHECK_S`` it looks whether a newer attempt of the job has begun (the
+attempts file, :mod:`dlsub.checkpointing.fence`); if one has, this attempt's node was cut off or lost and
+the job runs elsewhere now, so it kills the training at once (no checkpoint: it would not be the job's) and
+exits with SUPERSEDED_EXIT_CODE.
+
 With ``--nproc-per-node`` above 1, or in a gang (``$DLSUB_NNODES``), the
 job's output is labelled: every line of a training process whole and
 starting with its rank (``[rank]:``, ``[node/rank]:`` in a gang), the
@@ -38,6 +43,7 @@ import sys
 import time
 from pathlib import Path
 
+from dlsub.checkpointing import fence
 from dlsub.checkpointing.output_mux import OutputMux
 from dlsub.checkpointing.run import STOP_PEER_RESTART, finished_in, resume_marker
 from dlsub.contract import (
@@ -51,6 +57,7 @@ from dlsub.contract import (
     ENV_WATCH_NO_GPU,
     RESUME_EXIT_CODE,
     STOP_SIGNUM_NAME,
+    SUPERSEDED_EXIT_CODE,
     exit_record,
     reform_marker,
 )
@@ -138,6 +145,8 @@ TORCHRUN_MAIN = "dlsub.checkpointing.torchrun_main"
 MAX_REFORMS = 100
 #: How long a worker whose group stopped waits for its main job to say it re-forms.
 FOLLOW_WAIT_S = 20.0
+#: How often the launcher looks whether a newer attempt of the job has begun (a stat of the attempts file).
+FENCE_CHECK_S = 2.0
 
 
 class Launcher:
@@ -163,6 +172,9 @@ class Launcher:
         # the old group exits, and is told its arguments if the group re-forms (else it is killed).
         self.standby: subprocess.Popen[bytes] | None = None
         self._marker_seen = 0.0
+        # The newer attempt that superseded this one, once seen (fencing), and when it was last looked for.
+        self.superseded: str | None = None
+        self._fence_checked = 0.0
         # Decided once: find_spec looks through sys.path, and the loop asks every 0.2 s.
         self.argv = via_torchrun_main(command)
 
@@ -217,7 +229,8 @@ class Launcher:
             while True:
                 started = time.time()
                 status = self.run_once(started)
-                if not (self.elastic and status == 0 and self.stop_signal is None and reforms < MAX_REFORMS
+                if not (self.elastic and status == 0 and self.stop_signal is None and self.superseded is None
+                        and reforms < MAX_REFORMS
                         and self._resume_requested(since=started)):
                     return self.exit_code(status)
                 if self.follow and not self._main_reforms(since=started):
@@ -370,6 +383,9 @@ class Launcher:
                 pass
             if status is not None:
                 break
+            if self._superseded_now():
+                self._kill_training()
+                continue  # reaped above on the next pass
             self._maybe_start_standby(started)
             self._announce_signal()
             if self.stop_signal:
@@ -393,8 +409,32 @@ class Launcher:
             time.sleep(0.2)
         return status
 
+    def _superseded_now(self) -> bool:
+        """Whether a newer attempt of the job has begun (looked for every FENCE_CHECK_S, once seen kept)."""
+        now = time.monotonic()
+        if self.superseded is None and now - self._fence_checked >= FENCE_CHECK_S:
+            self._fence_checked = now
+            newer = fence.newer_attempt()
+            if newer is not None:
+                self.superseded = newer[0]
+                self._log(f"attempt {newer[0]} of this job began elsewhere (this one was requeued while it ran): "
+                          "stopping this attempt's training now, without a checkpoint (it would not be the job's)")
+        return self.superseded is not None
+
+    def _kill_training(self) -> None:
+        """SIGKILL the training processes and torchrun (the descendants first: torchrun would restart them)."""
+        assert self.child is not None
+        for pid in [*_descendants(self.child.pid), self.child.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
     def exit_code(self, status: int) -> int:
         self._announce_signal()
+        if self.superseded is not None:
+            return SUPERSEDED_EXIT_CODE
         if status == RESUME_EXIT_CODE or self._resume_requested():
             self._log(f"training checkpointed and asked to be resumed (exit {RESUME_EXIT_CODE})")
             return RESUME_EXIT_CODE

@@ -21,6 +21,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from dlsub import contract
+from dlsub.checkpointing import fence
 from dlsub.checkpointing.batch import BATCH_SIZE_ENV, BatchChoice, BatchSizes, asked_batch, env_batch_size, split
 from dlsub.checkpointing.run_support import (
     LOSS_WINDOW,
@@ -512,6 +513,7 @@ class Run:
     def _event(self, kind: str, **fields: Any) -> None:
         if not self.is_main:
             return
+        fence.check(f"its {kind} record")  # a superseded attempt's progress is not the job's (issue 53)
         record = {"event": kind, "time": round(time.time(), 3), "attempt": attempt_key(), **fields}
         self.job_dir.mkdir(parents=True, exist_ok=True)
         with open(self.job_dir / PROGRESS_FILE, "a", encoding="utf-8") as f:

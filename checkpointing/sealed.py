@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from dlsub.checkpointing import fence
 from dlsub.checkpointing.run_support import collectives
 from dlsub.checkpointing.storage import _fsync_dir, _write_atomic, file_sha256
 
@@ -37,11 +38,13 @@ def _files(checkpoint: Path) -> list[Path]:
 
 
 def seal(checkpoint: Path, **meta: Any) -> None:
-    """Record ``checkpoint`` (a file or a folder the framework has finished writing) as complete. Rank 0."""
+    """Record ``checkpoint`` (a file or a folder the framework has finished writing) as complete. Rank 0.
+    Never once a newer attempt of the job has begun (:func:`fence.check`): its checkpoint stays unsealed."""
     base = checkpoint if checkpoint.is_dir() else checkpoint.parent
     files = {str(p.relative_to(base)): [p.stat().st_size, file_sha256(p)] for p in _files(checkpoint)}
     target = manifest_path(checkpoint)
-    _write_atomic(target, json.dumps({"files": files, **meta}).encode())
+    fence.check("its checkpoint's seal")
+    _write_atomic(target, json.dumps({"files": files, **meta, **fence.written_by()}).encode())
     _fsync_dir(target.parent)
 
 
@@ -56,9 +59,13 @@ def manifest(checkpoint: Path) -> dict[str, Any]:
 
 def problem(checkpoint: Path) -> str | None:
     """None when the checkpoint is sealed and every file matches its seal; else what is wrong."""
-    files = manifest(checkpoint).get("files")
+    sealed = manifest(checkpoint)
+    files = sealed.get("files")
     if not isinstance(files, dict) or not files:
         return f"{checkpoint.name}: not sealed (the save did not complete)"
+    late = fence.stale(sealed)
+    if late is not None:
+        return f"{checkpoint.name}: {late}"
     base = checkpoint if checkpoint.is_dir() else checkpoint.parent
     for name, entry in files.items():
         path = base / name

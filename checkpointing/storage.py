@@ -27,6 +27,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from dlsub.checkpointing import fence
+
 _NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
 
 
@@ -108,6 +110,10 @@ def save_checkpoint(directory: Path, seq: int, state: dict[str, Any], keep: int,
     info = dict(meta or {})
     if step is not None:
         info["step"] = int(step)
+    # Its writer (attempt, time), so that a restore can pass over a superseded attempt's late write; and
+    # nothing published once a newer attempt of the job has begun (issue 53).
+    info.update(fence.written_by())
+    fence.check("its checkpoint")
     if info:
         sidecar += json.dumps(info) + "\n"
     _write_atomic(_sidecar(path), sidecar.encode())
@@ -137,7 +143,8 @@ def verifies(path: Path) -> bool:
 
 
 def prune(directory: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints, never the newest one that verifies.
+    """Delete all but the newest ``keep`` checkpoints, never the newest one that verifies (and is the job's:
+    not a superseded attempt's late write, :func:`fence.stale`).
 
     Verifies newest-first and stops at the first good one, so the usual
     case (the checkpoint just written is good) reads one file. Returns what
@@ -146,7 +153,7 @@ def prune(directory: Path, keep: int) -> list[Path]:
     files = [p for _, p in checkpoint_files(directory)]
     kept = set(files[:max(keep, 1)])
     for path in files:
-        if verifies(path):
+        if verifies(path) and fence.stale(checkpoint_meta(path)) is None:
             kept.add(path)
             break
     deleted = []
@@ -198,6 +205,10 @@ def restore_latest(directory: Path, map_location: Any = "cpu") -> tuple[dict[str
     """
     skipped: list[str] = []
     for _, path in checkpoint_files(directory):
+        late = fence.stale(checkpoint_meta(path))
+        if late is not None:
+            skipped.append(f"{path.name}: {late}")
+            continue
         try:
             return load_verified(path, map_location), path, skipped
         except Exception as exc:  # noqa: BLE001 - any unreadable checkpoint means: try the previous one

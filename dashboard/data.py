@@ -340,7 +340,8 @@ def attempt_rows(attempts: list[dict[str, Any]], row: JobStatus, now: float) -> 
             if match:
                 action = a.get("action")
                 match[-1]["end"] = float(a["time"])
-                match[-1]["ended"] = ({"move": "moved", "requeue": "checkpointed, continued"}.get(str(action))
+                match[-1]["ended"] = ({"move": "moved", "requeue": "checkpointed, continued",
+                                                "superseded": "superseded (the job ran on elsewhere)"}.get(str(action))
                                       or (f"exit {a.get('rc')}" if a.get("rc") is not None else "ended"))
     if out and out[-1]["end"] is None:
         if row.state == JobState.RUNNING.value:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -28,6 +28,10 @@ from pathlib import Path
 #: The training exits with this after a checkpoint: "checkpointed, resume me".
 #: The batch script then requeues the job (bounded by ``max_continuations``).
 RESUME_EXIT_CODE = 85
+#: A training process or container launcher of an attempt that is no longer the job's newest exits with this
+#: (fencing: :func:`superseded_since`): a newer attempt of the job has started, and what this one would write
+#: is not the job's. Its batch launcher then touches nothing in Slurm: the job id is the newer attempt's.
+SUPERSEDED_EXIT_CODE = 86
 
 # ---------------------------------------------------------------- signals
 # Names as ``scancel --signal`` and bash's ``trap`` take them.
@@ -297,7 +301,65 @@ ACTION_LEAVE = "leave"
 #: An attempt on CPUs of a job that asked for GPUs died of torch's no-GPU error (immediate mode): requeued held
 #: for the agent to send it to wait for its GPU partition, as ideal mode would have; once per job.
 ACTION_NEEDS_GPU = "needs-gpu"
-ATTEMPT_ACTIONS = (ACTION_REQUEUE, ACTION_MOVE, ACTION_LEAVE, ACTION_NEEDS_GPU)
+#: The attempt was superseded (a newer attempt of the job started while it still ran: its node was cut off or
+#: its slurmd lost, and Slurm requeued the job elsewhere): it stopped and left Slurm alone.
+ACTION_SUPERSEDED = "superseded"
+ATTEMPT_ACTIONS = (ACTION_REQUEUE, ACTION_MOVE, ACTION_LEAVE, ACTION_NEEDS_GPU, ACTION_SUPERSEDED)
+
+# ---------------------------------------------------------------- fencing (issue 53)
+# Every attempt of a job is ``<slurm job id>-<restart count>`` (ENV_ATTEMPT), and attempts are ordered by the
+# two numbers: Slurm's ids and restart counts only grow. The batch launcher of each attempt writes its
+# ``start`` record (ATTEMPTS_FILE, role ``main``) before its container starts. An attempt that sees the start
+# of a newer one is superseded: it publishes nothing more (no checkpoint, no seal, no progress record), its
+# launcher stops its training, and its batch launcher leaves the Slurm job alone. A checkpoint records the
+# attempt that wrote it and when (``attempt``, ``time``); one written after a newer attempt began (a node cut
+# off that kept writing, a write that landed late) is never restored.
+
+_ATTEMPT = re.compile(r"\A([0-9]{1,12})-([0-9]{1,9})\Z")
+
+
+def attempt_order(attempt: object) -> tuple[int, int] | None:
+    """``(slurm job id, restart count)`` of an attempt's name, for ordering attempts; None for anything else
+    (``local``, a run outside Slurm, is never fenced)."""
+    match = _ATTEMPT.match(attempt) if isinstance(attempt, str) else None
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def superseded_since(attempt: object, records: Iterable[Mapping[str, object]]) -> tuple[str, float] | None:
+    """(the newer attempt, when it started) of the first attempt ordered after ``attempt`` among ``records``
+    (ATTEMPTS_FILE's events, as read); None while ``attempt`` is the newest, or is not an attempt's name."""
+    own = attempt_order(attempt)
+    if own is None:
+        return None
+    first: tuple[str, float] | None = None
+    for record in records:
+        if record.get("event") != EVENT_START or record.get("role") != "main":
+            continue
+        job, restart, when = (_number(record.get("slurm_job_id")), _number(record.get("restart", 0)),
+                              _number(record.get("time")))
+        if job is None or restart is None or when is None:
+            continue
+        order = (int(job), int(restart))
+        if order > own and (first is None or when < first[1]):
+            first = (f"{order[0]}-{order[1]}", when)
+    return first
+
+
+def written_after_superseded(meta: Mapping[str, object], records: Iterable[Mapping[str, object]]) -> str | None:
+    """Why a checkpoint whose record (``meta``: ``attempt``, ``time``) says it was written after a newer attempt
+    of its job began is not the job's; None when it is (or it records no attempt: written outside Slurm or by an
+    older dlsub)."""
+    when = _number(meta.get("time"))
+    newer = superseded_since(meta.get("attempt"), records) if when is not None else None
+    if when is None or newer is None or when < newer[1]:
+        return None
+    return (f"written by attempt {meta.get('attempt')} after attempt {newer[0]} began (a superseded attempt's "
+            "late write)")
+
 
 # The events' schema: what the agent accepts (dlsub/jobdir.py checks each
 # event against it and drops any that does not fit).

@@ -15,6 +15,7 @@ from typing import Any
 
 from dlsub.contract import (
     ACTION_REQUEUE,
+    ACTION_SUPERSEDED,
     APPLICATION_FIELD,
     ATTEMPTS_FILE,
     EVENT_CHECKPOINT,
@@ -305,6 +306,8 @@ class AttemptsSummary:
     def feed(self, event: dict[str, Any]) -> None:
         if event["event"] != EVENT_END or event["slurm_job_id"] != self.slurm_job_id:
             return
+        if event.get("action") == ACTION_SUPERSEDED:
+            return  # an older attempt that ended late, after a newer one began: not how the job's attempts ended
         self.last_end_action = event.get("action")
         self.last_end_restart = event["restart"]
         if event.get("action") == ACTION_REQUEUE:

@@ -9,7 +9,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlsub.contract import ACTION_MOVE, ACTION_NEEDS_GPU, ACTION_REQUEUE, EVENT_END, EVENT_START, JobState, StateSource
+from dlsub.contract import (
+    ACTION_MOVE,
+    ACTION_NEEDS_GPU,
+    ACTION_REQUEUE,
+    ACTION_SUPERSEDED,
+    EVENT_END,
+    EVENT_START,
+    JobState,
+    StateSource,
+)
 from dlsub.job.status_extra import job_extra
 from dlsub.job.user_store import JobRecord, JobStore
 from dlsub.job_progress import Progress, read_attempts, read_progress_events, summarize_progress
@@ -94,7 +103,8 @@ def _state_without_slurm(record: JobRecord, attempts: list[dict[str, Any]], prog
     """Slurm has forgotten the job (MinJobAge passed): read the job directory's record."""
     if record.cancelled_at:
         return JobState.CANCELLED
-    ends = [a for a in attempts if a.get("event") == EVENT_END]
+    # A superseded attempt's end may come last (its node came back after the newer attempt ended): not the job's.
+    ends = [a for a in attempts if a.get("event") == EVENT_END and a.get("action") != ACTION_SUPERSEDED]
     if ends:
         last = ends[-1]
         if last.get("rc") == 0:

@@ -3,6 +3,11 @@
 The main job (its batch step), in this order, each falling through to the
 next when its Slurm call fails:
 
+0. **superseded**: a newer attempt of the job began while this one ran (its
+   node was cut off or its slurmd lost, and Slurm requeued the job elsewhere):
+   the Slurm job is the newer attempt's now, so this one touches nothing in
+   Slurm (no requeue, no end of the workers) and just ends (issue 53).
+
 1. **move**: the training checkpointed (exit ``RESUME_EXIT_CODE``) after the
    agent's move signal, and no stop came: requeue the job *held*, for the
    agent to point it elsewhere. Moves do not count as continuations.
@@ -37,6 +42,7 @@ from dlsub import contract
 class MainEnding(StrEnum):
     """What the main job tries, in this order (:func:`main_ending`)."""
 
+    SUPERSEDED = "superseded"  # a newer attempt runs the job: end here, touching nothing in Slurm
     MOVE = "move"  # requeue held for the agent (scontrol requeuehold); a failure falls through
     CONTINUE = "continue"  # requeue to resume here (scontrol requeue), if continuations are left
     NEEDS_GPU = "needs-gpu"  # requeue held for the agent to send it to its GPU partition (scontrol requeuehold)
@@ -61,6 +67,9 @@ class Stopped:
     #: A training process died of torch's no-GPU error on an attempt without GPUs of a job that asked for them,
     #: which was never sent back for them before.
     needs_gpu: bool = False
+    #: A newer attempt of the job began while this one ran (the attempts file), or the container's launcher
+    #: stopped the training for one (contract.SUPERSEDED_EXIT_CODE).
+    superseded: bool = False
 
     @property
     def stopped(self) -> bool:
@@ -76,6 +85,8 @@ class Stopped:
 def main_ending(run: Stopped, failed: Sequence[MainEnding] = ()) -> MainEnding:
     """What the main job tries next after its container ended, ``failed`` having been tried (their Slurm
     calls failed). END always holds."""
+    if run.superseded:
+        return MainEnding.SUPERSEDED
     if run.resumable and run.move_requested and MainEnding.MOVE not in failed:
         return MainEnding.MOVE
     if run.resumable and MainEnding.CONTINUE not in failed:

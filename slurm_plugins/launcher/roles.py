@@ -11,6 +11,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from dlsub import contract
+from dlsub.job_progress import read_attempts
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
 from dlsub.slurm_plugins.launcher import policy
 from dlsub.slurm_plugins.launcher.config import LaunchConfig, Role, SlurmStep, parse_args, short_hostname
@@ -145,7 +146,14 @@ def _start_fields(launch: Launch) -> list[tuple[str, str | int]]:
 
 
 def _stopped(launch: Launch, rc: int, needs_gpu: bool = False) -> Stopped:
-    return Stopped(rc, launch.forwarder.signal, launch.forwarder.move_requested, needs_gpu)
+    return Stopped(rc, launch.forwarder.signal, launch.forwarder.move_requested, needs_gpu,
+                   superseded=rc == contract.SUPERSEDED_EXIT_CODE or _newer_attempt(launch) is not None)
+
+
+def _newer_attempt(launch: Launch) -> str | None:
+    """The attempt of this job that began after this one, if one has (fencing: contract.superseded_since)."""
+    newer = contract.superseded_since(launch.step.attempt, read_attempts(launch.config.job_dir))
+    return newer[0] if newer else None
 
 
 def _requeue_held(launch: Launch) -> bool:
@@ -254,6 +262,11 @@ def run_main(launch: Launch) -> int:
         # What happened is read afresh before each step, as the shell's traps changed it between them.
         run = _stopped(launch, rc, needs_gpu=bool(no_gpu_error))
         ending = policy.main_ending(run, failed)
+        if ending is MainEnding.SUPERSEDED:
+            launch.log.end(rc, action=contract.ACTION_SUPERSEDED)
+            say(f"dlsub: attempt {_newer_attempt(launch) or 'a newer one'} of job {config.dlsub_id} began while "
+                f"this attempt ({step.attempt}) ran: this one ends here and leaves Slurm job {step.job_id} to it")
+            return rc
         if ending is MainEnding.MOVE:
             launch.log.end(rc, action=contract.ACTION_MOVE)
             say(f"dlsub: checkpointed for a move; requeueing Slurm job {step.job_id} held for the agent")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from dlsub.checkpointing.storage import checkpoint_files, checkpoint_meta
 from dlsub.site_config.policy_file import load_policy
 from livebed import (
     EXAMPLES,
@@ -286,8 +287,10 @@ def test_slurmd_killed_under_a_running_job_resumes_from_its_checkpoint_elsewhere
     user: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
     """Only the node's slurmd dies; the job's processes there train on. Slurm marks the node down and requeues
-    the job, which resumes on the other node from its newest checkpoint; once the slurmd is back, Slurm ends
-    the orphaned attempt and no process of the job is left on the node (the issue's no-leftover case)."""
+    the job, which resumes on the other node from its newest checkpoint. The orphaned attempt, seeing the newer
+    attempt's start, stops its training by itself while slurmd is still gone (fencing, issue 53): its end says
+    superseded, and nothing it wrote after the newer attempt began is the job's. Once the slurmd is back, no
+    process of the job is left on the node (the issue's no-leftover case)."""
     job = user.submit("-p", "cpu", TRAIN, "--epochs", "15", "--throttle", "0.2", cwd=workdir)
     step = wait_for("a checkpoint", lambda: checkpointed(user, job["id"]), timeout=120)
     node = slurm_job(job["slurm_job_id"])["nodes"]  # type: ignore[index]
@@ -297,7 +300,10 @@ def test_slurmd_killed_under_a_running_job_resumes_from_its_checkpoint_elsewhere
         wait_for(f"Slurm to see {node} down and start the job again elsewhere",
                  lambda: (r := slurm_job(job["slurm_job_id"]) or {}).get("restart_cnt", 0) >= 1
                  and r.get("job_state") == "RUNNING" and r.get("nodes") not in (None, node), timeout=180, interval=2)
-        assert processes_of_job(job["slurm_job_id"], node), "the orphaned attempt trains on while slurmd is gone"
+        orphan_end = wait_for("the orphaned attempt to stop itself, superseded",
+                              lambda: [a for a in attempts(job["job_dir"]) if a["event"] == "end"
+                                       and a.get("restart") == 0 and a.get("action") == "superseded"], timeout=60)
+        assert orphan_end[0]["node"] == node, orphan_end
     finally:
         pidfile.unlink(missing_ok=True)
         node_back(node)
@@ -310,6 +316,13 @@ def test_slurmd_killed_under_a_running_job_resumes_from_its_checkpoint_elsewhere
     resumed = re.search(r"resumed from step (\d+)", text)
     assert resumed and int(resumed.group(1)) >= step, text
     assert final["attempts"] == 2
+    # Nothing the orphaned attempt wrote after the newer one began: no progress record, no checkpoint kept.
+    orphan, newer_began = f"{starts[0]['slurm_job_id']}-0", starts[1]["time"]
+    progress = [json.loads(line) for line in (Path(job["job_dir"]) / "progress.jsonl").read_text().splitlines()]
+    late = [e for e in progress if e.get("attempt") == orphan and e["time"] >= newer_began]
+    late += [m for _, path in checkpoint_files(Path(job["job_dir"]) / "checkpoints")
+             if (m := checkpoint_meta(path)).get("attempt") == orphan and m["time"] >= newer_began]
+    assert not late, late
     wait_for("no process and no container of the job left anywhere",
              lambda: processes_of_job(job["slurm_job_id"]) == [] and not user.containers(f"dlsub.job_id={job['id']}"),
              timeout=60, interval=2)

@@ -407,3 +407,30 @@ def test_the_gpu_type_is_slurms_and_reaches_the_container_and_the_record(tmp_pat
     assert seen.read_text() == "a100\n" and world.attempts()[0]["gpu_type"] == "a100"
     assert world.attempts()[0]["gpus"] == "0,1"
     assert (tmp_path / "args").read_text().split()[1] == "2", "one process per GPU"
+
+
+def test_a_superseded_main_attempt_touches_nothing_in_slurm(tmp_path: Path) -> None:
+    """Unit with the fake Slurm (fencing, issue 53): while this attempt ran, a newer one of the job started (its
+    start record, as a cut-off node's attempt finds when the link returns); the training then checkpointed and
+    asked to be resumed. The Slurm job is the newer attempt's: no requeue, its workers left running, and the
+    attempt's end says it was superseded. The container launcher's own exit 86 is read so too."""
+    for container in (f"exit {RESUME}", f"exit {contract.SUPERSEDED_EXIT_CODE}"):
+        world = World(tmp_path / container.split()[1], worker_array=True)
+        newer = {"event": "start", "time": 2e9, "slurm_job_id": MAIN_ID, "restart": 1, "node": "cpu2",
+                 "partition": "cpu", "role": "main"}
+        script = f"echo '{json.dumps(newer)}' >> {world.job_dir / contract.ATTEMPTS_FILE}\n{container}"
+        code = world.run(Role.MAIN, script if container.endswith(str(RESUME)) else container)
+        assert code == int(container.split()[1])
+        assert not world.slurm_calls("requeue") and not world.slurm_calls("scancel")
+        assert world.fake.jobs[TASK_ID].state == "RUNNING" and world.fake.jobs[MAIN_ID].restart_cnt == 0
+        assert world.attempts()[-1] == {**world.attempts()[-1], "event": "end", "action": contract.ACTION_SUPERSEDED}
+
+
+@pytest.mark.parametrize(("run", "expected"), [
+    (Stopped(RESUME, "USR1", move_requested=True, superseded=True), MainEnding.SUPERSEDED),
+    (Stopped(0, superseded=True), MainEnding.SUPERSEDED),
+    (Stopped(RESUME, "USR1", move_requested=True), MainEnding.MOVE),
+])
+def test_a_superseded_attempt_ends_before_anything_else_is_tried(run: Stopped, expected: MainEnding) -> None:
+    """Unit (pure)."""
+    assert policy.main_ending(run) is expected

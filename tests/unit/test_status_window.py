@@ -144,3 +144,25 @@ def test_the_gpu_type_is_the_newest_attempts(tmp_path: Path) -> None:
     (job_dir / "attempts.jsonl").write_text(json.dumps({"event": "start", "time": t0 + 100, "slurm_job_id": 9,
                                                          "node": "cpu1", "gpu_type": ""}) + "\n")
     assert job_status(record, slurm).gpu_type is None
+
+
+def test_a_superseded_attempts_late_end_does_not_fail_a_completed_job(tmp_path: Path) -> None:
+    """Pure (fencing, issue 53): Slurm has forgotten the job; its newer attempt completed, then the older
+    attempt's batch launcher, its node back, recorded its own end (exit 86, superseded). The job completed."""
+    from dlsub.contract import ACTION_SUPERSEDED, SUPERSEDED_EXIT_CODE
+    from dlsub.job.status import job_status
+    from dlsub.job.user_store import JobRecord
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    t0 = 1_790_000_000.0
+    record = JobRecord("0123abcd", "t", "me", "t.py", [], str(job_dir), "gpu", 1, 1, 2, 700, None, "img",
+                       slurm_job_id=9)
+    events = [{"event": "start", "time": t0, "restart": 0, "node": "gpu1"},
+              {"event": "start", "time": t0 + 100, "restart": 1, "node": "gpu2"},
+              {"event": "end", "time": t0 + 200, "restart": 1, "node": "gpu2", "rc": 0},
+              {"event": "end", "time": t0 + 300, "restart": 0, "node": "gpu1", "rc": SUPERSEDED_EXIT_CODE,
+               "action": ACTION_SUPERSEDED}]
+    (job_dir / "attempts.jsonl").write_text("".join(json.dumps({"slurm_job_id": 9, "partition": "gpu", "role": "main",
+                                                                **e}) + "\n" for e in events))
+    assert job_status(record, None).state == "COMPLETED"
