@@ -206,13 +206,13 @@ def test_two_attempts_writing_at_once_the_old_one_stops_and_nothing_it_wrote_aft
         assert meta["attempt"] == NEW or meta["time"] < began, (path.name, meta)
 
 
+# A rank that writes its start and then nothing (a long step, a hung collective): only its launcher stops it.
 LONG_RANK = textwrap.dedent(
     """
     import time
     from dlsub import checkpointing
     run = checkpointing.init()
-    while not run.should_stop():
-        time.sleep(0.05)
+    time.sleep(600)
     """
 )
 
@@ -252,9 +252,23 @@ def test_the_launcher_stops_a_superseded_attempts_training_within_seconds(tmp_pa
         assert took < launch.FENCE_CHECK_S + 5, took
         assert f"attempt {NEW} of this job began elsewhere" in out, out
         assert not checkpoint_files(job / contract.CHECKPOINT_DIR)
-        leftover = subprocess.run(["pgrep", "-s", str(launcher.pid)], capture_output=True, text=True).stdout.split()
-        assert not leftover, f"processes of the attempt left: {leftover}"
+        leftover = running(script)
+        assert not leftover, f"training processes of the attempt left: {leftover}"
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, 9)
         launcher.wait()
+        for pid in running(script):  # torchrun starts each rank in a session of its own: not in the group
+            os.kill(pid, 9)
+
+
+def running(script: Path) -> list[int]:
+    """The processes whose command line names ``script`` (the ranks, wherever they were reparented)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(script).encode() in (proc / "cmdline").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            continue  # ended while we looked
+    return found
