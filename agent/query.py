@@ -9,13 +9,16 @@ uid's jobs only; root, the service account and ``policy.admins`` see all.
 Users on other login hosts cannot reach that socket. When the policy names
 ``agent_address`` (``HOST:PORT``), the server also listens there on TCP; a
 client sends one line, a munge credential whose payload is its request
-(:mod:`dlsub.agent.munge_auth` decodes it with ``unmunge``), and munge, not
+(:mod:`dlsub.munge` decodes it with ``unmunge``), and munge, not
 the kernel, says who asks: the same answer, the same uid's jobs only. A
 credential that is not valid, has expired or was used before is refused
 with the reason, and the connection closed.
 
 Protocol: the client sends one JSON object on one line and reads one JSON
-object back, then the server closes the connection::
+object back, then the server closes the connection (over TCP, each inside
+a munge credential: the answer sealed for the uid that asked,
+:func:`dlsub.munge.seal`; only a refusal made before munge proved who asks,
+which says nothing of any job, comes back plain)::
 
     {"op": "status"}
     {"op": "why", "dlsub_id": "0123abcd", "slurm_job_id": 42}   (either, or both)
@@ -48,8 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from dlsub.agent.munge_auth import MAX_CREDENTIAL, MungeRefused, verify
 from dlsub.contract import DLSUB_ID
+from dlsub.munge import MAX_CREDENTIAL, MungeRefused, seal, verify
 from dlsub.site_config.policy_file import AgentPolicy, parse_address
 
 log = logging.getLogger("dlsub.agent.query")
@@ -381,8 +384,11 @@ class QueryServer:
                 reply: dict[str, Any] = {"ok": False, "error": "a request is one line of JSON"}
             else:
                 reply = self._answer(request, caller)
+            data = json.dumps(reply, default=str).encode()
+            if tcp:
+                data = self._sealed(data, caller)
             conn.settimeout(self._read_timeout_s)  # the whole reply, as for the request
-            conn.sendall(json.dumps(reply, default=str).encode() + b"\n")
+            conn.sendall(data + b"\n")
         except Exception as exc:  # noqa: BLE001 - one client's failure ends its connection, never the server
             log.debug("query from %s dropped: %s", key, exc)
         finally:
@@ -403,6 +409,17 @@ class QueryServer:
             return None
         caller = Caller.of(proven.uid, self.policy, self._service_uid, via="munge")
         return caller, proven.payload.strip()
+
+    @staticmethod
+    def _sealed(answer: bytes, caller: Caller) -> bytes:
+        """An answer over TCP, sealed for the uid munge proved (:func:`dlsub.munge.seal`): encrypted with the
+        cluster's key, decodable by that uid alone, and known by its uid to be the agent's. What cannot be
+        sealed goes back as an error that tells nothing of the jobs."""
+        try:
+            return seal(answer, caller.uid)
+        except MungeRefused as exc:
+            log.warning("query over TCP from uid %d: %s", caller.uid, exc)
+            return json.dumps({"ok": False, "error": f"the agent could not seal its answer: {exc}"}).encode()
 
     def _read_request(self, conn: socket.socket, limit: int) -> bytes | None:
         """One request line, or None when it is too big or too slow (the client is told which)."""

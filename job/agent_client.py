@@ -10,6 +10,9 @@ answer back (the protocol heads the server's module). Two ways in:
   the request travels as the payload of a **munge** credential, made here by
   ``munge`` (as Slurm's own RPCs authenticate a uid across hosts); the
   agent decodes it with ``unmunge`` and so knows the uid, as from the socket.
+  Its answer comes back sealed the same way (:func:`dlsub.munge.seal`):
+  encrypted for this uid alone, and taken only when munge says the agent's
+  account made it; a plain answer is believed only as a refusal.
 
 :func:`ask` picks: the socket when the agent's address is this host (or no
 address is set), TCP when the address names another host or there is no
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import json
+import pwd
 import socket
 import subprocess
 from collections.abc import Mapping
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dlsub.munge import MungeRefused, verify
 from dlsub.site_config.policy_file import AgentPolicy, parse_address
 
 #: The largest answer a client reads.
@@ -147,9 +152,38 @@ def _ask_tcp(endpoint: AgentEndpoint, line: bytes, timeout_s: float) -> dict[str
         raise AgentUnavailable(f"the agent at {where} cannot be reached ({exc.strerror or exc})") from None
     try:
         sock.settimeout(timeout_s)
-        return _exchange(sock, credential + b"\n", where, timeout_s)
+        answer = _exchange_bytes(sock, credential + b"\n", where, timeout_s)
     finally:
         sock.close()
+    if not answer.strip().startswith(b"MUNGE:"):
+        reply = _json_reply(answer, where)
+        if reply.get("ok") is not False:
+            raise AgentUnavailable(f"the answer on {where} was not sealed by the agent's munge credential, so it "
+                                   "is not taken: is something else listening on that port?")
+        return reply  # a refusal made before munge proved who asked: it says nothing of any job
+    return _json_reply(_unsealed(answer, endpoint, where), where)
+
+
+def account_uid(user: str) -> int:
+    """The uid of an account on this host (KeyError when it has none)."""
+    return pwd.getpwnam(user).pw_uid
+
+
+def _unsealed(answer: bytes, endpoint: AgentEndpoint, where: str) -> bytes:
+    """The payload of the agent's sealed answer, once munge says the agent's account made it for us."""
+    try:
+        agent_uid = account_uid(endpoint.agent_user)
+    except KeyError:
+        raise AgentUnavailable(f"the agent's account {endpoint.agent_user or '(agent_user unset)'} does not exist "
+                               "on this host, so its answer cannot be told from another's") from None
+    try:
+        sealed = verify(answer, max_payload=MAX_ANSWER, max_credential=2 * MAX_ANSWER)
+    except MungeRefused as exc:
+        raise AgentUnavailable(f"the agent's answer on {where} did not unseal here: {exc}") from None
+    if sealed.uid != agent_uid:
+        raise AgentUnavailable(f"the answer on {where} was sealed by uid {sealed.uid}, not by the agent's account "
+                               f"{endpoint.agent_user} (uid {agent_uid}): not taken")
+    return sealed.payload
 
 
 def munge_credential(payload: bytes, restrict_to: str, timeout_s: float) -> bytes:
@@ -176,7 +210,12 @@ def munge_credential(payload: bytes, restrict_to: str, timeout_s: float) -> byte
 
 
 def _exchange(sock: socket.socket, data: bytes, where: str, timeout_s: float) -> dict[str, Any]:
-    """Send ``data`` on a connected socket and read the agent's answer to its end."""
+    """Send ``data`` on a connected socket and read the agent's JSON answer to its end."""
+    return _json_reply(_exchange_bytes(sock, data, where, timeout_s), where)
+
+
+def _exchange_bytes(sock: socket.socket, data: bytes, where: str, timeout_s: float) -> bytes:
+    """Send ``data`` on a connected socket and read what comes back to its end."""
     try:
         try:
             sock.sendall(data)
@@ -195,8 +234,12 @@ def _exchange(sock: socket.socket, data: bytes, where: str, timeout_s: float) ->
         raise AgentUnavailable(f"the agent did not answer on {where} within {timeout_s:g} s") from None
     except OSError as exc:
         raise AgentUnavailable(f"the agent's connection {where} failed: {exc.strerror or exc}") from None
+    return b"".join(chunks)
+
+
+def _json_reply(answer: bytes, where: str) -> dict[str, Any]:
     try:
-        reply = json.loads(b"".join(chunks))
+        reply = json.loads(answer)
     except ValueError:
         raise AgentUnavailable(f"the agent's answer on {where} is not JSON") from None
     if not isinstance(reply, dict):

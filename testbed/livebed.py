@@ -388,6 +388,17 @@ def kill_slurmd(node: str) -> None:
     os.kill(int(slurmd_pidfile(node).read_text()), signal.SIGKILL)
 
 
+#: testbed/hosts.sh's namespace of the testbed's bridge; each host's link ends there as ``p-<host>``.
+FABRIC_NS = "dlsub-fabric"
+
+
+def set_link(node: str, up: bool) -> None:
+    """Cut a testbed host off the testbed's network, or join it again: its port on the bridge (the veth's end in
+    the testbed's own fabric namespace) down or up. The host and its processes run on, unreachable, as behind a
+    failed switch port; nothing outside the testbed's namespaces is touched."""
+    subprocess.run(["ip", "-n", FABRIC_NS, "link", "set", f"p-{node}", "up" if up else "down"], check=True)
+
+
 def node_back(node: str) -> None:
     """Start a node's slurmd again and return the node to service (it was marked down)."""
     # The slurmd of the Slurm version that is up (testbed/node.sh knows where it is).

@@ -13,7 +13,7 @@ import re
 import sqlite3
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from livebed import (
     kill_slurmd,
     node_back,
     processes_of_job,
+    set_link,
     slurm_job,
     slurm_jobs,
     slurmd_pidfile,
@@ -283,20 +284,19 @@ def test_agent_killed_mid_move_loses_and_duplicates_nothing(
     assert why.count("moving to gpu") == 1, why
 
 
-def test_slurmd_killed_under_a_running_job_resumes_from_its_checkpoint_elsewhere_and_leaves_nothing(
-    user: TestbedUser, workdir: Path, service_agent: None
-) -> None:
-    """Only the node's slurmd dies; the job's processes there train on. Slurm marks the node down and requeues
-    the job, which resumes on the other node from its newest checkpoint. The orphaned attempt, seeing the newer
-    attempt's start, stops its training by itself while slurmd is still gone (fencing, issue 53): its end says
-    superseded, and nothing it wrote after the newer attempt began is the job's. Once the slurmd is back, no
-    process of the job is left on the node (the issue's no-leftover case)."""
+def _lost_node_fenced_and_resumed(user: TestbedUser, workdir: Path, lose: Callable[[str], None],
+                                  bring_back: Callable[[str], None]) -> None:
+    """A job on a cpu node whose node is lost (``lose``) after its first checkpoint, the job's processes there
+    training on: Slurm marks the node down and requeues the job, which resumes on the other node from its
+    newest checkpoint. The orphaned attempt, seeing the newer attempt's start, stops its training by itself
+    while the node is still lost (fencing, issue 53): its end says superseded, and nothing it wrote after the
+    newer attempt began is the job's. Once the node is back (``bring_back``), no process of the job is left on
+    it (the no-leftover case)."""
     job = user.submit("-p", "cpu", TRAIN, "--epochs", "15", "--throttle", "0.2", cwd=workdir)
     step = wait_for("a checkpoint", lambda: checkpointed(user, job["id"]), timeout=120)
     node = slurm_job(job["slurm_job_id"])["nodes"]  # type: ignore[index]
-    pidfile = slurmd_pidfile(node)
     try:
-        kill_slurmd(node)
+        lose(node)
         wait_for(f"Slurm to see {node} down and start the job again elsewhere",
                  lambda: (r := slurm_job(job["slurm_job_id"]) or {}).get("restart_cnt", 0) >= 1
                  and r.get("job_state") == "RUNNING" and r.get("nodes") not in (None, node), timeout=180, interval=2)
@@ -305,8 +305,7 @@ def test_slurmd_killed_under_a_running_job_resumes_from_its_checkpoint_elsewhere
                                        and a.get("restart") == 0 and a.get("action") == "superseded"], timeout=60)
         assert orphan_end[0]["node"] == node, orphan_end
     finally:
-        pidfile.unlink(missing_ok=True)
-        node_back(node)
+        bring_back(node)
     wait_for(f"no process of the orphaned attempt left on {node}",
              lambda: processes_of_job(job["slurm_job_id"], node) == [], timeout=90, interval=2)
     final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s, timeout=240)
@@ -326,3 +325,31 @@ def test_slurmd_killed_under_a_running_job_resumes_from_its_checkpoint_elsewhere
     wait_for("no process and no container of the job left anywhere",
              lambda: processes_of_job(job["slurm_job_id"]) == [] and not user.containers(f"dlsub.job_id={job['id']}"),
              timeout=60, interval=2)
+
+
+def test_slurmd_killed_under_a_running_job_resumes_from_its_checkpoint_elsewhere_and_leaves_nothing(
+    user: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    """Only the node's slurmd dies (SIGKILL); the job's processes there train on (see
+    :func:`_lost_node_fenced_and_resumed`)."""
+
+    def slurmd_back(node: str) -> None:
+        slurmd_pidfile(node).unlink(missing_ok=True)
+        node_back(node)
+
+    _lost_node_fenced_and_resumed(user, workdir, kill_slurmd, slurmd_back)
+
+
+def test_a_node_cut_off_the_network_is_fenced_and_its_job_resumes_elsewhere(
+    user: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    """The node's link is cut (its port on the testbed's bridge down): its slurmd and the job's processes run
+    on, unreachable, as behind a failed switch port, and the job directory is still in reach (a shared
+    filesystem that is not the network's: this kernel has no NFS). Fenced as above; the link back, Slurm ends
+    what is left of the old attempt there (see :func:`_lost_node_fenced_and_resumed`)."""
+
+    def link_back(node: str) -> None:
+        set_link(node, up=True)
+        node_back(node)
+
+    _lost_node_fenced_and_resumed(user, workdir, lambda node: set_link(node, up=False), link_back)

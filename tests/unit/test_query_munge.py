@@ -4,9 +4,11 @@ in-test stand-in store of test_query_socket): the agent's query channel from ano
 The fakes keep munge's contract as its man pages give it: `munge` reads the payload on stdin and prints one
 `MUNGE:...:` line; `unmunge --numeric` reads the credential on stdin, prints `KEY: value` lines, a blank
 line and the payload, and exits with munge's error code (8 bad credential, 15 expired, 17 replayed). The
-uid a fake credential vouches for is $FAKE_MUNGE_UID (as if another user's process had made it); each
-credential has a nonce the fake decoder remembers, as munged's replay cache does. The last test runs the
-real munge where munged answers, to hold the parser to the real output.
+uid a fake credential vouches for is $FAKE_MUNGE_UID (as if another user's process had made it), or, for one
+restricted to a numeric uid (the agent's sealed answer), $FAKE_MUNGE_AGENT_UID (the agent's account, this
+test's own uid, unless a test plays an impostor); each credential has a nonce the fake decoder remembers, as
+munged's replay cache does. The last tests run the real munge where munged answers, to hold the parser to the
+real output.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import pytest
 from click.testing import CliRunner
 from test_query_socket import ALICE, NOBODY, StandInStore
 
-from dlsub.agent import munge_auth
+from dlsub import munge as munge_auth
 from dlsub.agent.query import QueryServer
 from dlsub.cli.agent_commands import agent, why
 from dlsub.cli.daemon_commands import backfill
@@ -37,7 +39,8 @@ FAKE_MUNGE = r'''#!PYTHON
 import base64, json, os, sys, uuid
 args = sys.argv[1:]
 restrict = args[args.index("--restrict-uid") + 1] if "--restrict-uid" in args else ""
-body = {"uid": int(os.environ.get("FAKE_MUNGE_UID", os.getuid())), "gid": 100, "nonce": uuid.uuid4().hex,
+uid_of = "FAKE_MUNGE_AGENT_UID" if restrict.isdigit() else "FAKE_MUNGE_UID"
+body = {"uid": int(os.environ.get(uid_of, os.getuid())), "gid": 100, "nonce": uuid.uuid4().hex,
         "expired": bool(os.environ.get("FAKE_MUNGE_EXPIRED")), "restrict": restrict,
         "payload": base64.b64encode(sys.stdin.buffer.read()).decode()}
 print("MUNGE:" + base64.b64encode(json.dumps(body).encode()).decode() + ":")
@@ -72,6 +75,13 @@ sys.exit(code)
 '''
 
 
+def _accounts_here(user: str) -> int:
+    """This host's accounts as the client sees them in these tests: the agent's, "dlsub", is this test's uid."""
+    if user != "dlsub":
+        raise KeyError(user)
+    return os.getuid()
+
+
 @pytest.fixture
 def fake_munge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The fake munge and unmunge first on PATH; their state (replay cache, argv log) in the returned folder."""
@@ -83,6 +93,8 @@ def fake_munge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_MUNGE_DIR", str(tmp_path))
+    # The agent's account is this test's uid: its sealed answers come from there.
+    monkeypatch.setattr(agent_client, "account_uid", _accounts_here)
     monkeypatch.setenv("DLSUB_AGENT_DB", str(tmp_path / "nowhere" / "agent.db"))
     monkeypatch.setenv("DLSUB_HOME", str(tmp_path / "home"))
     return tmp_path
@@ -109,7 +121,7 @@ def as_uid(monkeypatch: pytest.MonkeyPatch, uid: int) -> None:
     monkeypatch.setenv("FAKE_MUNGE_UID", str(uid))
 
 
-def raw(server: QueryServer, data: bytes) -> dict[str, Any]:
+def raw_bytes(server: QueryServer, data: bytes) -> bytes:
     host, port = server.tcp_address.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as s:
         try:
@@ -119,7 +131,22 @@ def raw(server: QueryServer, data: bytes) -> dict[str, Any]:
         out = b""
         while chunk := s.recv(65536):
             out += chunk
-    return json.loads(out)
+    return out
+
+
+def fake_body(credential: bytes) -> dict[str, Any]:
+    """What a fake credential holds (its uid, restriction and payload), read without unmunge."""
+    body: dict[str, Any] = json.loads(base64.b64decode(credential.strip()[6:-1]))
+    return body
+
+
+def raw(server: QueryServer, data: bytes) -> dict[str, Any]:
+    """The answer to ``data`` sent as it is: a sealed one opened (fake munge), a plain refusal as it came."""
+    out = raw_bytes(server, data)
+    if out.startswith(b"MUNGE:"):
+        out = base64.b64decode(fake_body(out)["payload"])
+    reply: dict[str, Any] = json.loads(out)
+    return reply
 
 
 def test_the_uid_munge_vouches_for_gets_its_own_job(server: QueryServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -300,3 +327,66 @@ def test_the_real_unmunge_output_is_read_and_its_replay_refused() -> None:
         munge_auth.verify(credential)
     with pytest.raises(munge_auth.MungeRefused, match="not a valid munge credential"):
         munge_auth.verify(b"MUNGE:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA:")
+
+
+def test_the_answer_is_sealed_for_the_uid_that_asked(server: QueryServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The answer over TCP is a credential restricted to the asker's uid (only it can decode it), zlib-compressed,
+    made by the agent's account; the request's is restricted to the agent's account."""
+    as_uid(monkeypatch, ALICE)
+    request = munge_credential(json.dumps({"op": "why", "dlsub_id": "0123abcd"}).encode(), "dlsub", 5.0)
+    answer = raw_bytes(server, request + b"\n")
+    body = fake_body(answer)
+    assert body["restrict"] == str(ALICE) and body["uid"] == os.getuid()
+    reply = json.loads(base64.b64decode(body["payload"]))
+    assert [d["reason"] for d in reply["decisions"]] == ["moving to gpu: alice's secret"]
+    assert b"alice's secret" not in answer  # (the fake's payload is base64; real munge encrypts it)
+
+
+def _one_answer_server(answer: bytes) -> tuple[socket.socket, str]:
+    """A listener on loopback that answers one connection with ``answer``: another process on the agent's port."""
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, f"127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_an_answer_not_sealed_by_the_agent_is_not_taken(fake_munge: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Something else on the agent's port: a plain "ok" answer, or one sealed by another uid, is refused with
+    why; a plain refusal is passed on (the agent's own, made before munge proved who asks, tells nothing)."""
+    forged = json.dumps({"ok": True, "decisions": [{"reason": "forged"}]}).encode()
+    listener, address = _one_answer_server(forged + b"\n")
+    with listener, pytest.raises(AgentUnavailable, match="not sealed by the agent's munge credential"):
+        ask(AgentEndpoint(address=address, agent_user="dlsub"), {"op": "why", "dlsub_id": "0123abcd"})
+    monkeypatch.setenv("FAKE_MUNGE_AGENT_UID", "4242")
+    impostor = munge_credential(forged, str(os.getuid()), 5.0)
+    monkeypatch.delenv("FAKE_MUNGE_AGENT_UID")
+    listener, address = _one_answer_server(impostor + b"\n")
+    with listener, pytest.raises(AgentUnavailable, match="sealed by uid 4242, not by the agent's account dlsub"):
+        ask(AgentEndpoint(address=address, agent_user="dlsub"), {"op": "status"})
+    listener, address = _one_answer_server(b'{"ok": false, "error": "refused: the credential has expired"}\n')
+    with listener:
+        assert ask(AgentEndpoint(address=address, agent_user="dlsub"), {"op": "status"})["ok"] is False
+    listener, address = _one_answer_server(munge_credential(forged, str(os.getuid()), 5.0) + b"\n")
+    with listener, pytest.raises(AgentUnavailable, match="account nobody-here does not exist on this host"):
+        ask(AgentEndpoint(address=address, agent_user="nobody-here"), {"op": "status"})
+
+
+@pytest.mark.skipif(not _real_munge_works(), reason="no munged answers on this machine")
+def test_the_real_munge_seals_an_answer_this_uid_opens() -> None:
+    """Unit test against this machine's real munged (skipped without one): a sealed answer opens for its uid with
+    the sealer's uid, its payload whole; one sealed for another uid does not open here."""
+    from dlsub.munge import seal
+
+    answer = json.dumps({"ok": True, "pad": "x" * 100_000}).encode()
+    opened = munge_auth.verify(seal(answer, os.getuid()), max_payload=1 << 20, max_credential=1 << 21)
+    assert (opened.uid, opened.payload) == (os.getuid(), answer)
+    with pytest.raises(munge_auth.MungeRefused):
+        munge_auth.verify(seal(answer, os.getuid() + 4242), max_payload=1 << 20, max_credential=1 << 21)
