@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import subprocess
 from collections.abc import Iterator
@@ -122,8 +123,10 @@ def test_the_dashboards_agent_data_from_login2(address: str, user: TestbedUser, 
     assert other["status"]["running"] is True and other["decisions"] == [] and other["note"] == ""
 
 
+# Sends stdin to the agent's port as it is and prints what comes back; a sealed answer (a munge credential)
+# opened with this user's own unmunge, as {"sealed_by": uid, "answer": ...}.
 SEND = """
-import socket, sys
+import json, socket, subprocess, sys
 host, port = sys.argv[1].rsplit(":", 1)
 data = sys.stdin.buffer.read()
 with socket.create_connection((host, int(port)), timeout=20) as s:
@@ -131,7 +134,13 @@ with socket.create_connection((host, int(port)), timeout=20) as s:
     out = b""
     while chunk := s.recv(65536):
         out += chunk
-print(out.decode())
+if out.startswith(b"MUNGE:"):
+    opened = subprocess.run(["unmunge", "--numeric", "--keys", "UID"], input=out, capture_output=True, check=True)
+    head, _, payload = opened.stdout.partition(b"\\n\\n")
+    uid = int(head.decode().split(":", 1)[1])
+    print(json.dumps({"sealed_by": uid, "answer": json.loads(payload)}))
+else:
+    print(out.decode())
 """
 
 
@@ -144,7 +153,9 @@ def test_a_replayed_or_forged_credential_from_login2_is_refused(address: str, us
         out = subprocess.run(cmd, input=data, capture_output=True, text=True, timeout=60, check=True)
         return json.loads(out.stdout)
 
-    first = send(made)
+    sealed = send(made)  # the answer sealed for this user by the agent's account (opened with its unmunge)
+    first = sealed["answer"]
+    assert sealed["sealed_by"] == pwd.getpwnam(AGENT_USER).pw_uid, sealed
     assert first["ok"] is True and first["you"]["uid"] == user.uid and first["you"]["via"] == "munge"
     assert send(made) == {"ok": False, "error": "refused: the credential was already used (replayed): every "
                                                 "request needs a fresh one"}
