@@ -93,10 +93,9 @@ def newer_attempt() -> tuple[str, float] | None:
 def check(what: str) -> None:
     """Raise :class:`Superseded` (after saying so on stderr) when a newer attempt of this job has begun:
     ``what`` (e.g. "its checkpoint") must not be published."""
-    where = _where()
-    newer = contract.superseded_since(where[1], _ATTEMPTS.records(where[0])) if where else None
-    if where is not None and newer is not None:
-        stopped = Superseded(where[1], newer[0], what)
+    newer = newer_attempt()
+    if newer is not None:
+        stopped = Superseded(os.environ.get(contract.ENV_ATTEMPT, "?"), newer[0], what)
         print(stopped.message, file=sys.stderr, flush=True)
         raise stopped
 
