@@ -11,6 +11,10 @@ TESTBED_USER3="${DLSUB_TESTBED_USER3:-dltest3}"
 SITE_IMAGE_STORE=/var/lib/dlsub-images
 TESTBED_NODES="cpu1 cpu2 gpu1 gpu2"
 DLSUB_PREFIX="${DLSUB_PREFIX:-/opt/dlsub}"
+# What the testbed is brought up for: "test" (make test, make testbed, make install: everything, with the
+# browser for the dashboard's tests, the linters and the training frameworks' packages) or "demo" (make demo:
+# what a job through dlsub needs, so that a fresh machine shows one sooner). A later make test adds the rest.
+TESTBED_FOR="${DLSUB_TESTBED_FOR:-test}"
 # The agent's service account (a Slurm Operator) and MariaDB's pid file.
 AGENT_USER="${DLSUB_AGENT_USER:-dlsub}"
 MARIADB_PIDFILE=/run/mysqld/mysqld.pid  # written by mariadbd itself, as user mysql
@@ -47,8 +51,34 @@ fi
 # Each version keeps its own state (no version reads a newer one's).
 SLURM_SPOOL="/var/spool/dlsub-testbed/$SLURM_VERSION"
 
-say() { printf 'testbed: %s\n' "$*" >&2; }
+# Each line with the time, so that a fresh machine's log (CI's) says where a testbed's minutes go.
+say() { printf 'testbed: %s %s\n' "$(date +%T)" "$*" >&2; }
 die() { printf 'testbed: error: %s\n' "$*" >&2; exit 1; }
+
+# dlsub's virtualenv, made when missing: install-dlsub.sh fills it; up.sh makes it first, so that the image's
+# wheel download (build-image.sh --wheels-only, with its pip) runs beside that install.
+ensure_venv() {
+    if [ ! -x "$DLSUB_PREFIX/venv/bin/python" ]; then
+        say "creating $DLSUB_PREFIX/venv"
+        /usr/bin/python3 -m venv "$DLSUB_PREFIX/venv"
+    fi
+}
+
+# Steps that wait on the network and the disk more than on the CPUs (a fresh machine's downloads and
+# unpacking), run at once: side_by_side starts one in the background; await_side_by_side waits for every one
+# started and stops the script at the first that failed (its own message is already in the log).
+side_pids=()
+side_by_side() {
+    "$@" &
+    side_pids+=("$!")
+}
+await_side_by_side() {
+    local pid
+    for pid in "${side_pids[@]}"; do
+        wait "$pid" || die "a step run side by side failed (its message is above)"
+    done
+    side_pids=()
+}
 
 # True when the pid file names a live process.
 pid_alive() {

@@ -14,10 +14,7 @@ pip_opts=(-q --disable-pip-version-check)
 # the CUDA build and GBs of packages.
 [ -d /opt/wheels ] && pip_opts+=(--find-links /opt/wheels)
 
-if [ ! -x "$venv/bin/python" ]; then
-    say "creating $venv"
-    /usr/bin/python3 -m venv "$venv"
-fi
+ensure_venv
 # Whether the venv has these modules, found without importing them (importing torch and the frameworks took
 # 9 s, at each of CI's three testbed runs).
 has() {  # module...
@@ -28,16 +25,20 @@ if ! has torch numpy scipy matplotlib apscheduler pytest hypothesis click sqlite
     "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" numpy "scipy>=1.10" "matplotlib>=3.7" "apscheduler>=3.10,<4" pytest \
         "hypothesis>=6.80" "click>=8.1" "sqlite-utils>=3.35"
 fi
-# The dashboard (FastAPI, uvicorn, Jinja2), the agent's metrics (prometheus-client), and the
-# dashboard's tests (httpx for FastAPI's test client; Playwright, which drives Debian's chromium).
-if ! has fastapi uvicorn jinja2 prometheus_client httpx playwright; then
-    say "installing fastapi, uvicorn, jinja2, prometheus-client, httpx, playwright into $venv"
-    "$venv/bin/pip" install "${pip_opts[@]}" "fastapi>=0.110" "uvicorn>=0.29" "jinja2>=3.1" "prometheus-client>=0.17" \
-        httpx playwright
+# The dashboard (FastAPI, uvicorn, Jinja2) and the agent's metrics (prometheus-client).
+if ! has fastapi uvicorn jinja2 prometheus_client; then
+    say "installing fastapi, uvicorn, jinja2, prometheus-client into $venv"
+    "$venv/bin/pip" install "${pip_opts[@]}" "fastapi>=0.110" "uvicorn>=0.29" "jinja2>=3.1" "prometheus-client>=0.17"
 fi
-# The training frameworks dlsub.checkpointing has adapters for (pyproject's lightning and hf extras), for their
-# unit tests and examples. torch==2.13.0 is named again so that pip keeps the CPU build installed above.
-if ! has lightning pytorch_lightning transformers accelerate; then
+# For the tests only (TESTBED_FOR, common.sh; make demo goes without): the dashboard's tests (httpx for
+# FastAPI's test client; Playwright, which drives Debian's chromium), the training frameworks
+# dlsub.checkpointing has adapters for (pyproject's lightning and hf extras: their unit tests and live tests
+# run them on the host) and the linters. torch==2.13.0 is named again so that pip keeps the CPU build.
+if [ "$TESTBED_FOR" != demo ] && ! has httpx playwright; then
+    say "installing httpx, playwright into $venv"
+    "$venv/bin/pip" install "${pip_opts[@]}" httpx playwright
+fi
+if [ "$TESTBED_FOR" != demo ] && ! has lightning pytorch_lightning transformers accelerate; then
     say "installing lightning, transformers, accelerate into $venv"
     "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" "lightning>=2.0" "transformers>=4.40" "accelerate>=0.30"
 fi
@@ -56,7 +57,7 @@ fi
 # `make lint`. (What dlsub imports ships its types, or is listed in
 # pyproject's mypy overrides: no stub packages needed.) import-linter checks
 # the layering (pyproject's [tool.importlinter]).
-if ! has mypy ruff importlinter; then
+if [ "$TESTBED_FOR" != demo ] && ! has mypy ruff importlinter; then
     say "installing mypy, ruff and import-linter into $venv"
     "$venv/bin/pip" install "${pip_opts[@]}" mypy ruff import-linter
 fi

@@ -14,14 +14,14 @@ repo="$(dirname "$here")"
 [ "$(id -u)" -eq 0 ] || die "run as root (it installs packages and starts Slurm daemons): sudo make testbed"
 
 # ---------------------------------------------------------------- packages
-# acl: job directories grant the agent's account read access (setfacl);
-# `make lint` runs shellcheck; iproute2's ss finds the slurmctld on its port; the unit tests run job_submit.lua under lua5.1 as slurmctld would.
+# acl: job directories grant the agent's account read access (setfacl); iproute2's ss finds the slurmctld on
+# its port; npm fetches htmx from the npm registry when dlsub is installed (nodejs may ship npm itself).
 packages=(slurm-wlm slurm-client slurmdbd mariadb-server munge podman runc uidmap slirp4netns fuse-overlayfs
-          debootstrap python3 python3-venv ca-certificates procps iproute2 acl shellcheck lua5.1)
-# The dashboard's browser tests drive Debian's Chromium (Playwright downloads no browser here);
-# npm fetches htmx from the npm registry when dlsub is installed (nodejs may ship npm itself).
-packages+=(chromium)
+          debootstrap python3 python3-venv ca-certificates procps iproute2 acl)
 command -v npm >/dev/null || packages+=(npm)
+# For the tests only: `make lint` runs shellcheck, the unit tests run job_submit.lua under lua5.1 as slurmctld
+# would, and the dashboard's browser tests drive Debian's Chromium (Playwright downloads no browser here).
+[ "$TESTBED_FOR" = demo ] || packages+=(shellcheck lua5.1 chromium)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -33,11 +33,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # ---------------------------------------------------------------- the Slurm version
-# A newer Slurm comes from a newer Debian release's packages (slurm-tree.sh);
+# A newer Slurm comes from a newer Debian release's packages (slurm-tree.sh, built below beside dlsub's install);
 # its clients go on every user's PATH. 22.05's are this machine's own.
-if [ "$SLURM_VERSION" != 22.05 ]; then
-    "$here/slurm-tree.sh" "$SLURM_VERSION"
-fi
 for c in $SLURM_CLIENTS; do
     link="$SLURM_CLIENT_LINKS/$c"
     if [ "$SLURM_VERSION" = 22.05 ]; then
@@ -169,8 +166,15 @@ done
 
 # ---------------------------------------------------------------- dlsub, system-wide
 # Installed under /opt (readable by every user) because CI's clone may sit
-# where the job user cannot enter.
-"$here/install-dlsub.sh"
+# where the job user cannot enter. Beside it, the two other downloads of a fresh machine: this Slurm's tree
+# and the image's wheels and base system (below: the login host that builds it has no route out). All three
+# start once the hosts are made: the hosts' mount namespaces are private, and a debootstrap's /proc mounted
+# while one is made would stay in it.
+[ "$SLURM_VERSION" = 22.05 ] || side_by_side "$here/slurm-tree.sh" "$SLURM_VERSION"
+ensure_venv
+side_by_side "$here/install-dlsub.sh"
+side_by_side "$repo/containers/build-image.sh" --wheels-only "$TESTBED_USER"
+await_side_by_side
 
 # ---------------------------------------------------------------- Slurm
 mkdir -p /etc/slurm /etc/dlsub /run/dlsub-testbed /var/log/dlsub-testbed "$SLURM_SPOOL/slurmctld"
@@ -225,8 +229,7 @@ wait_for_nodes
 # The site's image, as an admin brings it: built by an unprivileged account (the testbed user) on the login
 # host, in a build store on that host's local disk, saved as an archive, and loaded by root into the site's
 # read-only store that every host reads (containers/site-image-store.sh). The login host has no route out
-# (its namespace reaches only the testbed's hosts), so its wheels are downloaded here first.
-"$repo/containers/build-image.sh" --wheels-only "$TESTBED_USER"
+# (its namespace reaches only the testbed's hosts): its wheels were downloaded above.
 build_conf="$HOSTS_DIR/build-storage.conf"
 printf '[storage]\ndriver = "overlay"\nrootless_storage_path = "%s/%s/image-build"\n' "$NODE_LOCAL" "$TESTBED_USER" \
     | install -m 644 /dev/stdin "$build_conf"
