@@ -30,7 +30,7 @@ demo: testbed
 
 # The unit tests and the lint need no cluster: they run beside the live tests, on the other of CI's two cores
 # and niced, so the live jobs keep theirs (the unit tests so took about 5 minutes off make test in CI's
-# rehearsal; the lint, mypy's 2 minutes beside them); their output follows the live tests'. All three must pass.
+# rehearsal; the lint, mypy's minute, measured here); their output follows the live tests'. All three must pass.
 # UNIT_TESTS and LIVE_TESTS narrow the tests (pytest paths or node ids).
 UNIT_TESTS ?= tests/unit
 LIVE_TESTS ?= tests/integration

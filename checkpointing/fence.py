@@ -95,7 +95,8 @@ def check(what: str) -> None:
     ``what`` (e.g. "its checkpoint") must not be published."""
     newer = newer_attempt()
     if newer is not None:
-        stopped = Superseded(os.environ.get(contract.ENV_ATTEMPT, "?"), newer[0], what)
+        # A newer attempt is found only for a process whose attempt is in its environment (_where).
+        stopped = Superseded(os.environ[contract.ENV_ATTEMPT], newer[0], what)
         print(stopped.message, file=sys.stderr, flush=True)
         raise stopped
 

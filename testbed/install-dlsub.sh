@@ -30,17 +30,25 @@ if ! has fastapi uvicorn jinja2 prometheus_client; then
     say "installing fastapi, uvicorn, jinja2, prometheus-client into $venv"
     "$venv/bin/pip" install "${pip_opts[@]}" "fastapi>=0.110" "uvicorn>=0.29" "jinja2>=3.1" "prometheus-client>=0.17"
 fi
-# For the tests only (TESTBED_FOR, common.sh; make demo goes without): the dashboard's tests (httpx for
-# FastAPI's test client; Playwright, which drives Debian's chromium), the training frameworks
-# dlsub.checkpointing has adapters for (pyproject's lightning and hf extras: their unit tests and live tests
-# run them on the host) and the linters. torch==2.13.0 is named again so that pip keeps the CPU build.
-if [ "$TESTBED_FOR" != demo ] && ! has httpx playwright; then
-    say "installing httpx, playwright into $venv"
-    "$venv/bin/pip" install "${pip_opts[@]}" httpx playwright
-fi
-if [ "$TESTBED_FOR" != demo ] && ! has lightning pytorch_lightning transformers accelerate; then
-    say "installing lightning, transformers, accelerate into $venv"
-    "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" "lightning>=2.0" "transformers>=4.40" "accelerate>=0.30"
+# For the tests only (TESTBED_FOR, common.sh; make demo goes without them).
+if [ "$TESTBED_FOR" != demo ]; then
+    # The dashboard's tests: httpx for FastAPI's test client; Playwright, which drives Debian's chromium.
+    if ! has httpx playwright; then
+        say "installing httpx, playwright into $venv"
+        "$venv/bin/pip" install "${pip_opts[@]}" httpx playwright
+    fi
+    # The training frameworks dlsub.checkpointing has adapters for (pyproject's lightning and hf extras), for
+    # their unit tests and examples. torch==2.13.0 is named again so that pip keeps the CPU build installed above.
+    if ! has lightning pytorch_lightning transformers accelerate; then
+        say "installing lightning, transformers, accelerate into $venv"
+        "$venv/bin/pip" install "${pip_opts[@]}" "torch==2.13.0" "lightning>=2.0" "transformers>=4.40" "accelerate>=0.30"
+    fi
+    # `make lint`. (What dlsub imports ships its types, or is listed in pyproject's mypy overrides: no stub
+    # packages needed.) import-linter checks the layering (pyproject's [tool.importlinter]).
+    if ! has mypy ruff importlinter; then
+        say "installing mypy, ruff and import-linter into $venv"
+        "$venv/bin/pip" install "${pip_opts[@]}" mypy ruff import-linter
+    fi
 fi
 # htmx for the dashboard's live updates, from the npm registry (served by the dashboard itself:
 # no CDN at run time). Kept under $DLSUB_PREFIX/share so a reinstall needs no network.
@@ -53,13 +61,6 @@ if [ ! -s "$htmx" ]; then
         && tar -xzf "htmx.org-$htmx_version.tgz" package/dist/htmx.min.js)
     install -D -m 644 "$npm_dir/package/dist/htmx.min.js" "$htmx"
     rm -rf "$npm_dir"
-fi
-# `make lint`. (What dlsub imports ships its types, or is listed in
-# pyproject's mypy overrides: no stub packages needed.) import-linter checks
-# the layering (pyproject's [tool.importlinter]).
-if [ "$TESTBED_FOR" != demo ] && ! has mypy ruff importlinter; then
-    say "installing mypy, ruff and import-linter into $venv"
-    "$venv/bin/pip" install "${pip_opts[@]}" mypy ruff import-linter
 fi
 # Build from a copy so that nothing is written into the checkout.
 build="$(mktemp -d)"
