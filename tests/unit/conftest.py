@@ -20,6 +20,12 @@ from dlsub.slurm_plugins.fake import FakeSlurm, testbed_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 
+#: How long a unit test waits on a process of its own before calling it hung: a guard, not a bound on time.
+#: make test runs the unit tests niced beside the live tests, where a process may wait minutes for a core
+#: (a 5-second save once took over 60 in CI). A test that bounds elapsed seconds is marked ``wall_clock``
+#: instead, and make test runs those un-niced after the live tests.
+NO_HANG_S = 600.0
+
 
 def run_ranks(script: str, args: list[str], env_by_rank: list[dict[str, str]], timeout: float = 120) -> list[str]:
     """Run ``script`` (``python -c``) as the ranks of one torch.distributed group (gloo, on loopback), rank r

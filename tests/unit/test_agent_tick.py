@@ -199,6 +199,7 @@ def test_many_jobs_of_one_user_cannot_use_up_every_deadline(tmp_path: Path) -> N
     assert len(tried) == 30, f"only {len(tried)} of the other user's 30 jobs were read within 20 ticks"
 
 
+@pytest.mark.wall_clock
 def test_a_file_of_a_million_tiny_lines_is_read_a_bounded_slice_per_tick(tmp_path: Path) -> None:
     from dlsub.jobdir import MAX_READ_LINES, open_dir, read_new_lines
 

@@ -129,6 +129,7 @@ def _hostile(job_dir: Path, kind: str, name: str) -> None:
         path.mkdir()
 
 
+@pytest.mark.wall_clock
 @pytest.mark.parametrize("name", ["progress.jsonl", "attempts.jsonl"])
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge", "malformed", "directory"])
 def test_hostile_files_cost_only_their_job_an_observation(tmp_path: Path, kind: str, name: str) -> None:

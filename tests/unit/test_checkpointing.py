@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_ranks
+from conftest import NO_HANG_S, REPO, run_ranks
 
 from dlsub import checkpointing
 from dlsub.checkpointing.storage import checkpoint_files
@@ -111,14 +111,14 @@ def test_exit_for_resume_exits_85_and_resumes_at_saved_step(tmp_path: Path) -> N
     trainer = tmp_path / "trainer.py"
     trainer.write_text(TRAINER)
     env = dict(os.environ, JOB=str(tmp_path / "job"), SELF_SIGNAL="1")
-    first = subprocess.run([sys.executable, str(trainer)], env=env, capture_output=True, text=True, timeout=60)
+    first = subprocess.run([sys.executable, str(trainer)], env=env, capture_output=True, text=True, timeout=NO_HANG_S)
     assert first.returncode == checkpointing.RESUME_EXIT_CODE == 85
     assert first.stdout.split() == ["start", "0"]
     env.pop("SELF_SIGNAL")
     proc = subprocess.Popen([sys.executable, str(trainer)], env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().split() == ["start", "3"]
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 85
+    assert proc.wait(timeout=NO_HANG_S) == 85
 
 
 EXITING_TRAINER = textwrap.dedent(
@@ -145,7 +145,7 @@ def test_exit_for_resume_freezes_the_collector_and_keeps_the_users_exit(tmp_path
     job = tmp_path / "job"
     job.mkdir()
     done = subprocess.run([sys.executable, str(trainer)], env=dict(os.environ, JOB=str(job), PYTHONPATH=str(REPO)),
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=NO_HANG_S)
     assert done.returncode == checkpointing.RESUME_EXIT_CODE, done.stderr
     assert int((job / "atexit").read_text()) > 0  # frozen before the user's handler ran
     assert (job / "user.log").read_text() == "written before the stop"
@@ -225,7 +225,7 @@ def test_the_start_event_names_the_command_by_its_script_and_arguments(tmp_path:
 
     def started(job: str, *args: str) -> str:
         env = dict(os.environ, JOB=str(tmp_path / job))
-        subprocess.run([sys.executable, str(trainer), *args], env=env, check=True, timeout=60)
+        subprocess.run([sys.executable, str(trainer), *args], env=env, check=True, timeout=NO_HANG_S)
         events = [json.loads(line) for line in (tmp_path / job / "progress.jsonl").read_text().splitlines()]
         return str(next(e for e in events if e["event"] == "start")["application"])
 
@@ -324,4 +324,4 @@ def test_a_rank_stopped_by_a_peers_restart_leaves_on_its_own_torchruns_sigterm(t
         time.sleep(1.5)
         assert proc.poll() is None, "left before its own torchrun stopped it"
         proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=10) == checkpointing.RESUME_EXIT_CODE
+    assert proc.wait(timeout=NO_HANG_S) == checkpointing.RESUME_EXIT_CODE

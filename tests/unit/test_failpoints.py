@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+from conftest import NO_HANG_S
+
 from dlsub.agent import failpoints
 
 PROGRAM = "from dlsub.agent import failpoints; failpoints.reach('move-planned'); print('passed')"
@@ -16,7 +18,7 @@ def run(point: str | None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != failpoints.ENV}
     if point is not None:
         env[failpoints.ENV] = point
-    return subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=NO_HANG_S)
 
 
 def test_the_named_point_kills_with_sigkill() -> None:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import NO_HANG_S, REPO
 
 from dlsub import contract
 from dlsub.checkpointing import fence, sealed
@@ -184,7 +184,7 @@ def test_two_attempts_writing_at_once_the_old_one_stops_and_nothing_it_wrote_aft
         new = subprocess.Popen([sys.executable, str(script)], env=_attempt_env(job, NEW), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
         try:
-            assert old.wait(timeout=10) == contract.SUPERSEDED_EXIT_CODE
+            assert old.wait(timeout=NO_HANG_S) == contract.SUPERSEDED_EXIT_CODE
             assert new.stdout is not None
             resumed = int(new.stdout.readline().split()[1])
             assert resumed >= 5  # from a checkpoint the old attempt wrote while it was the newest
@@ -219,6 +219,7 @@ LONG_RANK = textwrap.dedent(
 
 @pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
                     reason="torchrun is not installed")
+@pytest.mark.wall_clock
 def test_the_launcher_stops_a_superseded_attempts_training_within_seconds(tmp_path: Path) -> None:
     """Unit (the container's launcher as it runs there, real torchrun and two ranks): once a newer attempt's
     start is recorded, the launcher kills the training without a checkpoint and exits 86, and no rank is
@@ -245,7 +246,7 @@ def test_the_launcher_stops_a_superseded_attempts_training_within_seconds(tmp_pa
         assert (job / contract.PROGRESS_FILE).exists(), "the ranks never started"
         record_start(job, 1)
         began = time.monotonic()
-        code = launcher.wait(timeout=30)
+        code = launcher.wait(timeout=NO_HANG_S)
         took = time.monotonic() - began
         out = launcher.stdout.read() if launcher.stdout else ""
         assert code == contract.SUPERSEDED_EXIT_CODE, out

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import NO_HANG_S
 
 from dlsub.checkpointing import horovod_env
 from dlsub.checkpointing.horovod_env import (
@@ -189,7 +190,7 @@ def test_without_horovod_installed_a_horovod_script_is_left_alone(tmp_path: Path
     ).replace("importlib.util.find_spec = ", "_find = importlib.util.find_spec\nimportlib.util.find_spec = ")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
     env.update(torchrun_env(0, 4, 2), PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=NO_HANG_S)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[] False"
 

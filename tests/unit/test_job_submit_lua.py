@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import NO_HANG_S
 
 from dlsub.contract import SubmitRecord, Tags
 
@@ -51,7 +52,7 @@ assert(slurm_job_submit(job_desc, {{}}, 0) == slurm.SUCCESS)
 assert(slurm_job_modify(job_desc, {{}}, {{}}, 0) == slurm.SUCCESS)
 if job_desc.admin_comment == nil then io.write("<nil>") else io.write(job_desc.admin_comment) end
 """
-    out = subprocess.run([lua, "-"], input=script, capture_output=True, text=True, timeout=30)
+    out = subprocess.run([lua, "-"], input=script, capture_output=True, text=True, timeout=NO_HANG_S)
     assert out.returncode == 0, out.stderr
     return None if out.stdout == "<nil>" else out.stdout
 

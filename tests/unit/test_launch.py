@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO
+from conftest import NO_HANG_S, REPO
 
 WORKER = textwrap.dedent(
     """
@@ -54,7 +54,7 @@ def test_usr1_reaches_worker_late_and_launcher_exits_85(tmp_path: Path) -> None:
     proc = _launch(tmp_path, {"DELAY_INIT": "1.5"}, sys.executable, str(worker))
     assert proc.stdout is not None and proc.stdout.readline().strip() == "started"  # the launcher runs it
     proc.send_signal(signal.SIGUSR1)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=NO_HANG_S)
     assert proc.returncode == 85, err
     assert "ready" in out
     assert (tmp_path / "job" / "attempts" / "5-0.resume").exists()
@@ -80,10 +80,11 @@ def test_the_launcher_records_its_exit_status_for_the_batch_script(tmp_path: Pat
 
 def test_exit_code_passes_through(tmp_path: Path) -> None:
     proc = _launch(tmp_path, {}, sys.executable, "-c", "raise SystemExit(3)")
-    proc.communicate(timeout=30)
+    proc.communicate(timeout=NO_HANG_S)
     assert proc.returncode == 3
 
 
+@pytest.mark.wall_clock
 def test_term_stops_unresponsive_command_after_grace(tmp_path: Path) -> None:
     # Like torchrun over a worker that installs dlsub's handler but never
     # looks at should_stop(): the command (sleep) dies of the SIGTERM.
@@ -92,12 +93,13 @@ def test_term_stops_unresponsive_command_after_grace(tmp_path: Path) -> None:
     assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert proc.wait(timeout=NO_HANG_S) == 128 + signal.SIGTERM
     assert 4.5 < time.monotonic() - started < 15, "the grace (5 s) first, then SIGTERM"
-    _, err = proc.communicate(timeout=30)  # the orphaned worker keeps the pipes for its 10 s
+    _, err = proc.communicate(timeout=NO_HANG_S)  # the orphaned worker keeps the pipes for its 10 s
     assert "did not stop within 5 s" in err
 
 
+@pytest.mark.wall_clock
 def test_term_stops_a_script_that_ignores_the_library_at_once(tmp_path: Path) -> None:
     # A plain script that never calls checkpointing.init(): nothing would use
     # the grace (5 s here, 30 s in jobs), so SIGTERM takes effect at once.
@@ -105,7 +107,7 @@ def test_term_stops_a_script_that_ignores_the_library_at_once(tmp_path: Path) ->
     assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=NO_HANG_S)
     assert proc.returncode == 128 + signal.SIGTERM
     assert time.monotonic() - started < 2, "no grace for a script that does not handle the signal"
     assert "no training process handles it" in err and "runs on" not in err
@@ -117,18 +119,19 @@ def test_term_keeps_the_grace_for_a_script_that_checkpoints(tmp_path: Path) -> N
     proc = _launch(tmp_path, {}, sys.executable, str(worker))
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=NO_HANG_S)
     assert proc.returncode == 85, err
     assert list((tmp_path / "job" / "checkpoints").glob("ckpt-*.pt"))
     assert "no training process handles" not in err, "the worker handled it, then left"
 
 
+@pytest.mark.wall_clock
 def test_unhandled_usr1_is_logged_and_ignored(tmp_path: Path) -> None:
     proc = _launch(tmp_path, {}, sys.executable, "-c",
                    "import time; print('up', flush=True); time.sleep(1.5); print('still running', flush=True)")
     assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
     proc.send_signal(signal.SIGUSR1)
-    out, err = proc.communicate(timeout=30)
+    out, err = proc.communicate(timeout=NO_HANG_S)
     assert proc.returncode == 0 and "still running" in out
     assert "no training process handles SIGUSR1" in err
 

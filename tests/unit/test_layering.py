@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import NO_HANG_S
+
 REPO = Path(__file__).resolve().parents[2]
 
 BLOCKED_RUN = r"""
@@ -54,7 +56,7 @@ print("ok", sorted(m for m in sys.modules if m.startswith("dlsub")))
 
 def test_checkpointing_imports_nothing_but_the_contract() -> None:
     done = subprocess.run([sys.executable, "-c", BLOCKED_RUN], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=NO_HANG_S)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok"), done.stdout
     loaded = done.stdout
@@ -66,7 +68,7 @@ def test_the_blocker_does_block() -> None:
     """The guard itself: importing a scheduler package under it fails (so the test above can fail)."""
     probe = BLOCKED_RUN.replace("import dlsub.checkpointing as checkpointing",
                                 "import dlsub.policies.registry\nimport dlsub.checkpointing as checkpointing")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=NO_HANG_S)
     assert done.returncode != 0
     assert "the container-side library imported dlsub.policies" in done.stderr
 

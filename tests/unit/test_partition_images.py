@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from conftest import NO_HANG_S
 
 import dlsub.job.submit as submit
 from dlsub.cli.doctor import check_image, check_partitions, check_site_images
@@ -108,7 +109,7 @@ def _podman_run_of(tmp_path: Path, text: str, partition: str | None) -> list[str
     if partition is not None:
         env["SLURM_JOB_PARTITION"] = partition
     done = subprocess.run(["bash", str(batch), "container", "1", "", ""], env=env, capture_output=True, text=True,
-                          timeout=30, check=False)
+                          timeout=NO_HANG_S, check=False)
     assert done.returncode == 0, done.stderr
     argv: list[str] = json.loads(log.read_text())
     return argv

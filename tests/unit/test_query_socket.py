@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import NO_HANG_S
 
 from dlsub.agent.query import Caller, QueryServer, agent_status, answer
 from dlsub.job.agent_client import ask
@@ -111,7 +112,7 @@ def ask_as(uid: int, path: Path, request: dict[str, Any]) -> dict[str, Any]:
     if os.geteuid() != 0:
         pytest.skip("connecting as another uid needs root")
     out = subprocess.run([sys.executable, "-I", "-c", CLIENT, str(path), json.dumps(request)], user=uid,
-                         capture_output=True, text=True, timeout=30, cwd="/")
+                         capture_output=True, text=True, timeout=NO_HANG_S, cwd="/")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -202,6 +203,7 @@ def test_oversized_request_is_dropped_and_others_are_served(server: QueryServer)
     assert ask(server.path, {"op": "status"})["ok"]
 
 
+@pytest.mark.wall_clock
 def test_unfinished_request_does_not_stall_another_client(server: QueryServer) -> None:
     stuck = [_raw(server.path, b'{"op": "stat')]  # never finished (this uid may hold 2 connections)
     started = time.monotonic()
@@ -212,6 +214,7 @@ def test_unfinished_request_does_not_stall_another_client(server: QueryServer) -
         assert b"not finished in time" in _read_all(s)
 
 
+@pytest.mark.wall_clock
 def test_bounded_connections_refuse_quickly_and_recover(server: QueryServer, store: StandInStore) -> None:
     # This uid may hold 2 connections at once: a third is refused at once, not queued.
     stuck = [_raw(server.path, b"{") for _ in range(2)]

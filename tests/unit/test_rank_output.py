@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from conftest import NO_HANG_S
 
 from dlsub.checkpointing.output_mux import PIPE_LINE_MAX
 from dlsub.containers.podman import ContainerSpec, Raw, podman_run_words
@@ -192,7 +193,7 @@ def test_one_process_alone_writes_exactly_what_its_script_writes(tmp_path: Path)
     with_dlsub = subprocess.run(container_command(spec, {}), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, timeout=120)
     plain = subprocess.run([sys.executable, "-u", str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, timeout=60)
+                           stderr=subprocess.STDOUT, timeout=NO_HANG_S)
     assert with_dlsub.returncode == 0
     assert with_dlsub.stdout == plain.stdout == b"one 1 [3]:x\nerr\na\rb\npartial"
     # A failure: torchrun's report names the script, as it did before dlsub's entry point existed.
@@ -223,7 +224,7 @@ def test_the_launcher_labels_only_several_processes_started_through_the_entry_po
 
     def launch(*argv: str) -> str:
         return subprocess.run([sys.executable, "-m", "dlsub.checkpointing.launch", *argv], cwd=tmp_path, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60).stdout
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=NO_HANG_S).stdout
 
     entry = ["-m", "dlsub.checkpointing.rank_output"]
     # One process: the entry point is dropped, the script runs as it always has.
@@ -271,5 +272,5 @@ def test_the_entry_point_runs_the_script_as_python_would_and_ends_its_group_afte
     # A script's failure is still the process's: its exception and exit status.
     script.write_text("raise SystemExit(3)\n")
     failed = subprocess.run([sys.executable, "-u", "-m", "dlsub.checkpointing.rank_output", str(script)],
-                            cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=60)
+                            cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=NO_HANG_S)
     assert failed.returncode == 3, failed.stderr

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import NO_HANG_S
 
 from dlsub import contract
 from dlsub.containers.mounts import ORIGIN_SITE, Mount
@@ -114,7 +115,7 @@ def _run_script(tmp_path: Path, script: Path, args: tuple[str, ...], container_r
                             text=True, cwd=tmp_path)
     if callable(after_start):
         after_start(proc, log)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=NO_HANG_S)
     (tmp_path / "stderr.txt").write_text(err)
     return proc.returncode, log
 

@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import torch
-from conftest import REPO, run_ranks
+from conftest import NO_HANG_S, REPO, run_ranks
 
 from dlsub import checkpointing
 from dlsub.checkpointing.sharded import MANIFEST, sharded_checkpoints
@@ -111,7 +111,7 @@ _KILLED = textwrap.dedent("""
 def test_a_save_killed_midway_leaves_the_previous_one_restored_and_the_next_save_works(tmp_path: Path) -> None:
     job = tmp_path / "job"
     proc = subprocess.run([sys.executable, "-c", _KILLED, str(job)], env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=NO_HANG_S)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     names = sorted(p.name for p in (job / "checkpoints").iterdir())
     assert names == ["dcp-00000001", "dcp-00000002.partial"], names
