@@ -5,6 +5,8 @@ PREFIX ?= /opt/dlsub
 VENV := $(PREFIX)/venv
 # Users' commands run on the testbed's login host, as on a cluster (testbed/hosts.sh, testbed/on.sh).
 ON_LOGIN := bash testbed/on.sh login1
+# pytest there, as the tests run: no cache written into the checkout.
+LOGIN_PYTEST = $(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v
 TEST_USER ?= dltest
 # Which Slurm the testbed runs: 22.05 (this machine's Debian 12), 24.11 (Debian 13's
 # packages) or 26.05 (Debian unstable's); `make testbed SLURM=24.11`, `make test SLURM=26.05`.
@@ -37,19 +39,18 @@ demo: testbed
 # (none of them selected) counts as passed for the two unit phases.
 UNIT_TESTS ?= tests/unit
 LIVE_TESTS ?= tests/integration
-UNIT_PYTEST = $(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v
 # Only the files that hold wall_clock tests, when all are asked for: collecting the rest costs 20 s.
 WALL_CLOCK_FILES = $(if $(filter tests/unit,$(UNIT_TESTS)),$(shell grep -rl --include='test_*.py' 'pytest.mark.wall_clock' tests/unit),$(UNIT_TESTS))
 test: testbed
 	@lint_log="$$(mktemp)"; unit_log="$$(mktemp)"; \
 	( nice -n 19 $(MAKE) --no-print-directory lint-installed > "$$lint_log" 2>&1; echo "$$?" > "$$lint_log.rc"; \
-	  nice -n 19 $(UNIT_PYTEST) --durations=5 -m "not wall_clock" $(UNIT_TESTS) > "$$unit_log" 2>&1 ) & \
+	  nice -n 19 $(LOGIN_PYTEST) --durations=5 -m "not wall_clock" $(UNIT_TESTS) > "$$unit_log" 2>&1 ) & \
 	side=$$!; \
-	$(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v --durations=40 $(LIVE_TESTS); \
+	$(LOGIN_PYTEST) --durations=40 $(LIVE_TESTS); \
 	live=$$?; \
 	wait "$$side"; unit_rc=$$?; [ "$$unit_rc" -eq 5 ] && unit_rc=0; lint_rc="$$(cat "$$lint_log.rc")"; \
 	cat "$$lint_log" "$$unit_log"; rm -f "$$lint_log" "$$lint_log.rc" "$$unit_log"; \
-	$(UNIT_PYTEST) -m wall_clock $(WALL_CLOCK_FILES); \
+	$(LOGIN_PYTEST) -m wall_clock $(WALL_CLOCK_FILES); \
 	clock_rc=$$?; [ "$$clock_rc" -eq 5 ] && clock_rc=0; \
 	echo "make test: live tests exit $$live, lint exit $$lint_rc, unit tests exit $$unit_rc, wall-clock unit tests exit $$clock_rc"; \
 	[ "$$live" -eq 0 ] && [ "$$lint_rc" -eq 0 ] && [ "$$unit_rc" -eq 0 ] && [ "$$clock_rc" -eq 0 ]
@@ -70,7 +71,7 @@ COMPAT_TESTS = tests/integration/test_end_to_end.py::test_submit_progress_usr1_r
 	tests/integration/test_doctor_live.py::test_the_testbed_is_ok \
 	tests/integration/test_doctor_live.py::test_the_job_submit_plugin_removed
 test-compat: testbed
-	$(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v --durations=15 $(COMPAT_TESTS)
+	$(LOGIN_PYTEST) --durations=15 $(COMPAT_TESTS)
 
 # ruff over the checkout; mypy and import-linter (the layering) over the installed
 # package (from outside the checkout, so they see what users import: the one
@@ -92,7 +93,7 @@ unit: install
 	$(VENV)/bin/pytest -p no:cacheprovider -v tests/unit
 
 integration: testbed
-	$(ON_LOGIN) $(VENV)/bin/pytest -p no:cacheprovider -v tests/integration
+	$(LOGIN_PYTEST) tests/integration
 
 bench: testbed
 	$(ON_LOGIN) $(VENV)/bin/python benchmarks/container_overhead.py
