@@ -37,7 +37,7 @@ import numpy as np
 
 from dlsub.agent.observe import KindRun
 from dlsub.batch_split import BatchLimits
-from dlsub.job_progress import MeasuredConfig, Progress
+from dlsub.job_progress import MeasuredConfig, Progress, measured_sizes
 from dlsub.policies.actions.goodput_resize_rules import ScaledJob
 from dlsub.policies.actions.resize_rules import ElasticJob
 from dlsub.policies.api import JobView, Policy
@@ -158,7 +158,7 @@ class LiveModels:
         # A job's models per kind are kept as "<dlsub id>@<kind>" (per_kind).
         self._fits = {k: v for k, v in self._fits.items() if k.partition("@")[0] in live}
 
-    def per_kind(self, job: ElasticJob, progress: Progress, kinds: Sequence[str], batch: int,
+    def per_kind(self, job: ElasticJob, progress: Progress, here: str | None, kinds: Sequence[str], batch: int,
                  limits: BatchLimits | None, grads: GradientStats,
                  current: FittedPerformance) -> tuple[dict[str, FittedPerformance], dict[str, float]]:
         """What the typed policy is told of the job on each of ``kinds``, as the simulator tells it
@@ -171,7 +171,7 @@ class LiveModels:
         models: dict[str, FittedPerformance] = {}
         profiles: dict[str, FittedPerformance] = {}
         for kind in kinds:
-            if kind == progress.gpu_type:
+            if kind == here:
                 models[kind] = current
                 continue
             own = step_reports([c for c in progress.configs if c.gpu_type == kind], batch)
@@ -202,11 +202,22 @@ class LiveModels:
         per_node = job.gpus_per_worker  # the policy sizes it in steps of one worker
         limits = BatchLimits.from_event(progress.batch_limits)
         grads = GradientStats(*progress.grads) if progress.grads is not None else NO_GAIN
-        # What it measured on the kind of GPU it trains on now (all of it on untyped GPUs): a fit across kinds
-        # would average two speeds of the same job.
-        configs = progress.configs_here
-        latest = config_batch(configs[-1]) if configs else None
-        samples_known = any(c.samples_per_s is not None or c.batch for c in configs)
+        # The kind it runs on: Slurm's where its GRES names one (the start event's is the job's word), else its
+        # latest start event's.
+        here = job.gpu_type if job.gpu_type is not None else progress.gpu_type
+        # What it measured on that kind (all of it on untyped GPUs): a fit across kinds would average two speeds
+        # of the same job. Right after a move onto another kind (requeued onto gres:gpu:KIND, its first start
+        # there not yet read) its latest start still names the kind it left: none of its reports are of this
+        # kind yet, and taking them for it would record the old kind's speed as this kind's in its command's
+        # history, what the command's next job is placed by. (A start that names no kind, an older library's, is
+        # taken to be on Slurm's.)
+        if progress.gpu_type is not None and progress.gpu_type != here:
+            configs = tuple(c for c in progress.configs if c.gpu_type == here)
+        else:
+            configs = progress.configs_here
+        # The batch it runs, wherever it last measured it: a move does not change it.
+        latest = config_batch(progress.configs_here[-1]) if progress.configs_here else None
+        samples_known = any(c.samples_per_s is not None or c.batch for c in progress.configs_here)
         batch = latest or (limits.init_batch if limits else NOMINAL_BATCH)
         current = job.gpus_now
         most = job.max_gpus
@@ -221,16 +232,14 @@ class LiveModels:
         if progress.application is not None:
             # What this user's earlier runs of the same command measured on this partition and kind of GPU;
             # until the job reports its gradient noise, the noise they reported first (the same training's start).
-            # The kind is Slurm's where its GRES names one (the start event's is the job's word).
-            kind = job.gpu_type if job.gpu_type is not None else progress.gpu_type
-            application = command_key(job.uid, job.partition, progress.application, kind)
+            application = command_key(job.uid, job.partition, progress.application, here)
             history = self.history(job.uid)
             reports = history.reports_for(application, job.dlsub_id, own)
             history.record(application, job.dlsub_id, own, None if progress.grads is None else grads)
             if progress.grads is None:
                 grads = history.first_grads(application) or NO_GAIN
         model = self.model(job.dlsub_id, reports, batch, limits, grads)
-        type_models, type_rates = self.per_kind(job, progress, kinds, batch, limits, grads, model) if kinds \
+        type_models, type_rates = self.per_kind(job, progress, here, kinds, batch, limits, grads, model) if kinds \
             else (None, None)
         view = JobView(
             name=job.dlsub_id, arrival_s=job.submit_time, gpus=current,
@@ -239,5 +248,5 @@ class LiveModels:
             remaining=remaining, progress=float(progress.step or 0), restarts=progress.restarts,
             model=model, type_models=type_models, type_rates=type_rates,
         )
-        return ScaledJob(job, view, progress.measured, batch if samples_known else None, limits,
-                         borrowed=len(reports) - len(own), gpu_type=progress.gpu_type)
+        return ScaledJob(job, view, measured_sizes(configs), batch if samples_known else None, limits,
+                         borrowed=len(reports) - len(own), gpu_type=here)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,11 @@ class MeasuredConfig:
     gpu_type: str | None = None  # the kind of GPU it ran on, as its start event said (None: untyped or CPU)
 
 
+def measured_sizes(configs: Iterable[MeasuredConfig]) -> dict[tuple[int, int], tuple[float, float | None]]:
+    """(nodes, replicas) -> (steps/s, samples/s or None) of ``configs``, the newest at each size (the last)."""
+    return {(c.nodes, c.replicas): (c.steps_per_s, c.samples_per_s) for c in configs}
+
+
 @dataclass(frozen=True)
 class Progress:
     step: int | None = None
@@ -99,7 +105,7 @@ class Progress:
     def measured(self) -> dict[tuple[int, int], tuple[float, float | None]]:
         """(nodes, replicas) -> (steps/s, samples/s or None), the newest measurement at each size, on the kind
         of GPU it trains on now."""
-        return {(c.nodes, c.replicas): (c.steps_per_s, c.samples_per_s) for c in self.configs_here}
+        return measured_sizes(self.configs_here)
 
     @property
     def measured_by_type(self) -> dict[str, dict[tuple[int, int], tuple[float, float | None]]]:

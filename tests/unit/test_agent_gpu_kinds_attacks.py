@@ -123,3 +123,23 @@ def test_another_users_jobs_never_push_out_what_a_users_earlier_runs_lend() -> N
         models.scaled(_job(f"{i:08x}", 2000), Progress(step=1, configs=_alice([1]).configs,
                                                        application=f"{i:032x}", gpu_type="a100"), 1e9, None)
     assert models.scaled(_job("0000a002", 1000), _alice([1]), 1e9, None).borrowed > 0
+
+
+def _measured(kind: str, samples_per_s: float) -> Progress:
+    """One GPU at batch 64 on ``kind`` (its latest start there), ``samples_per_s`` samples a second."""
+    return Progress(step=10, configs=(MeasuredConfig(1, 1, 64, 1, samples_per_s / 64, samples_per_s, kind),),
+                    application=DIGEST, gpu_type=kind)
+
+
+def test_a_job_moved_onto_another_kind_lends_its_next_run_nothing_of_the_old_kinds_speed_there() -> None:
+    """A move's requeue onto gres:gpu:v100 is seen before the job's first start there: its latest start still
+    names a100, and its a100 speed is not recorded as its command's speed on v100, what the command's next
+    job is placed by (CI, once: a job 4x faster on v100 was told "a100 1.00x, v100 1.00x" and placed on a100)."""
+    models = LiveModels()
+    kinds = ("a100", "v100")
+    models.scaled(_job("0000e001", 1000, gpu_type="v100"), _measured("v100", 240.0), 1e9, None, kinds)  # a profile
+    moved = models.scaled(_job("0000a001", 1000, gpu_type="v100"), _measured("a100", 60.0), 1e9, None, kinds)
+    assert moved.gpu_type == "v100" and moved.measured == {}, "nothing measured on v100 yet"
+    nothing_yet = Progress(application=DIGEST)
+    rates = models.scaled(_job("0000a002", 1000, gpu_type=None), nothing_yet, 1e9, None, kinds).view.type_rates
+    assert rates is not None and rates["v100"] > 3 * rates["a100"], rates
