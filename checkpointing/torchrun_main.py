@@ -13,6 +13,13 @@ torchrun again (:mod:`dlsub.checkpointing.launch`):
 * At exit it freezes Python's collector: its passes over torch's objects
   cost about a second of CPU, and the next torchrun cannot listen on the
   group's port before this one has exited.
+* Its training processes are forked from it, where torch is already
+  imported, rather than each a Python of its own
+  (:mod:`dlsub.checkpointing.forked_rank`, through torchrun's own
+  ``--run-path`` and ``--start-method fork``): when torchrun's command for
+  them is dlsub's entry point, where this torch has ``--run-path``, unless
+  CUDA is initialized here (a context does not survive a fork) or
+  ``$DLSUB_RANK_START`` is ``exec``.
 
 Anything the launcher could not hand over (no line, a line that is not a
 list of strings) ends it with exit code 2 before torchrun runs.
@@ -24,6 +31,11 @@ import gc
 import json
 import os
 import sys
+
+#: dlsub's entry point as torchrun's command for each training process names it (containers/podman.py).
+RANK_ENTRY = ["-m", "dlsub.checkpointing.rank_output"]
+#: ``exec`` here: the training processes start as torchrun starts them, each a Python of its own.
+ENV_RANK_START = "DLSUB_RANK_START"
 
 
 def _argv_from_stdin() -> list[str] | None:
@@ -40,6 +52,23 @@ def _argv_from_stdin() -> list[str] | None:
     return argv
 
 
+def forking(args: list[str]) -> list[str]:
+    """torchrun's arguments with the training processes forked (:mod:`dlsub.checkpointing.forked_rank`), where that
+    is safe here and the command is dlsub's entry point; otherwise ``args`` as they are."""
+    at = next((i for i in range(len(args) - 1) if args[i:i + 2] == RANK_ENTRY), None)
+    if at is None or os.environ.get(ENV_RANK_START) == "exec":
+        return args
+    import torch
+    import torch.distributed.run
+
+    if torch.cuda.is_initialized() or not hasattr(torch.distributed.run, "run_script_path"):
+        return args
+    from dlsub.checkpointing import forked_rank
+
+    return [*args[:at], "--run-path", "--start-method", "fork", os.path.abspath(forked_rank.__file__),
+            *args[at + 2:]]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     from torch.distributed.run import main as torchrun
@@ -50,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             print("dlsub: torchrun_main: no command line came on standard input", file=sys.stderr, flush=True)
             return 2
         args = handed
+    args = forking(args)
     sys.argv = ["torchrun", *args]  # torchrun's messages name itself, as from its own script
     try:
         torchrun(args)

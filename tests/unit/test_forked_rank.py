@@ -1,0 +1,102 @@
+"""Unit (real torchrun, real processes on loopback; no Slurm, no Podman): torchrun run by dlsub's torchrun_main forks
+each training process from itself (torch already imported) and the process is the one torchrun would have started:
+the script as ``__main__`` with its arguments, default signal handlers, unbuffered output, its exit handlers run, its
+exit code kept. ``DLSUB_RANK_START=exec`` starts each as a Python of its own, as torchrun does."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import NO_HANG_S, REPO
+
+from dlsub.checkpointing import forked_rank
+from dlsub.checkpointing.torchrun_main import ENV_RANK_START, RANK_ENTRY, forking
+
+pytest.importorskip("torch")
+
+SCRIPT = textwrap.dedent(
+    """
+    import atexit, json, os, signal, sys
+    torch_before = "torch" in sys.modules  # imported by the process it was forked from, or not
+    import torch
+    rank = int(os.environ["RANK"])
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = os.path.join(here, f"atexit-{rank}")
+    atexit.register(lambda: open(out, "w").write("ran"))
+    defaults = [signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGUSR1)]
+    seen = {"rank": rank, "torch_before": torch_before, "name": __name__, "argv": sys.argv,
+            "defaults": defaults, "sigint": signal.getsignal(signal.SIGINT) == signal.default_int_handler,
+            "world": os.environ["WORLD_SIZE"],
+            "threads": [os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()]}
+    open(os.path.join(here, f"rank-{rank}.json"), "w").write(json.dumps(seen))
+    print("training", rank)
+    if rank == 1 and os.environ.get("UNFLUSHED"):
+        sys.stdout.write("unflushed")  # as under python -u: in the pipe at once, with no flush and no exit
+        os._exit(3)
+    if rank == 1 and os.environ.get("EXIT_CODE"):
+        sys.exit(int(os.environ["EXIT_CODE"]))
+    """
+)
+
+
+def _torchrun(tmp_path: Path, nproc: int, **env: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "my script; 'quoted'.py"
+    script.write_text(SCRIPT)
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "dlsub.checkpointing.torchrun_main", "--standalone", "--nnodes", "1",
+         "--nproc-per-node", str(nproc), *RANK_ENTRY, str(script), "--lr", "0.1"],
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONSAFEPATH": "1", **env}, cwd=tmp_path,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=NO_HANG_S)
+
+
+def _ranks(tmp_path: Path) -> list[dict[str, object]]:
+    """What each process saw, in a file of its own (their lines on one pipe could interleave)."""
+    return [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(2)]
+
+
+def test_each_process_is_forked_with_torch_imported_and_runs_as_a_fresh_one(tmp_path: Path) -> None:
+    done = _torchrun(tmp_path, 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = _ranks(tmp_path)
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == "2" for r in ranks)
+    script = str(tmp_path / "my script; 'quoted'.py")
+    for r in ranks:
+        assert r["torch_before"] is True, "forked from torchrun, where torch was imported"
+        assert r["name"] == "__main__" and r["argv"] == [script, "--lr", "0.1"], r
+        assert r["defaults"] == [True, True] and r["sigint"], "torchrun's handlers are not the script's"
+        assert r["threads"] == ["1", 1], "torch's CPU threads as torchrun set them for several processes"
+        assert (tmp_path / f"atexit-{r['rank']}").read_text() == "ran", "the script's exit handlers ran"
+
+
+def test_output_is_unbuffered(tmp_path: Path) -> None:
+    done = _torchrun(tmp_path, 2, UNFLUSHED="1")
+    assert "exitcode: 3" in done.stderr and "unflushed" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_an_exit_code_is_the_scripts(tmp_path: Path) -> None:
+    done = _torchrun(tmp_path, 2, EXIT_CODE="85")
+    assert done.returncode != 0
+    assert "exitcode: 85" in done.stderr, done.stderr[-3000:]
+    assert (tmp_path / "atexit-1").read_text() == "ran", "exit handlers run before sys.exit's code is taken"
+
+
+def test_exec_starts_each_process_as_a_python_of_its_own(tmp_path: Path) -> None:
+    done = _torchrun(tmp_path, 2, **{ENV_RANK_START: "exec"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [r["torch_before"] for r in _ranks(tmp_path)] == [False, False]
+
+
+def test_only_dlsubs_entry_point_is_forked(monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = ["--standalone", "--nproc-per-node", "2", *RANK_ENTRY, "train.py", "-m", "x"]
+    assert forking(ours) == ["--standalone", "--nproc-per-node", "2", "--run-path", "--start-method", "fork",
+                             os.path.abspath(forked_rank.__file__), "train.py", "-m", "x"]
+    theirs = ["--standalone", "--nproc-per-node", "2", "train.py"]
+    assert forking(theirs) == theirs
+    monkeypatch.setenv(ENV_RANK_START, "exec")
+    assert forking(ours) == ours
