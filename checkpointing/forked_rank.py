@@ -16,6 +16,15 @@ then runs dlsub's entry point there:
 * standard output and error are unbuffered, as under ``python -u``;
 * torchrun's exit handlers are dropped, and the script's and the library's
   run when it ends (a forked child of multiprocessing runs none);
+* torchrun's sockets are closed in it (its rendezvous and worker stores
+  listen, and their accepted and client connections): a fresh process has
+  none, and one holding them would keep the stores' ports taken and their
+  connections open for as long as it outlives torchrun;
+* one that torchrun stopped with SIGTERM and that then ended (the training
+  took it as "checkpoint and stop") leaves at once: a forked process that
+  returns waits until torchrun has read every process's return value, which
+  torchrun closing the group never does (each grow waited out its 30 s
+  before SIGKILL); one that returns gets SIGTERM's default back;
 * its exit code is the script's: a script that ends or calls
   ``sys.exit(0)`` returns to torchrun, which takes that as success; any
   other exit leaves the process with that code, an uncaught error printed
@@ -31,6 +40,8 @@ import io
 import logging
 import os
 import signal
+import socket
+import stat
 import sys
 import traceback
 
@@ -59,7 +70,30 @@ def _threads_from_environment() -> None:
             return
 
 
+def _close_inherited_sockets() -> None:
+    """Close the internet sockets the process inherited from torchrun (standard streams, pipes and Unix sockets
+    are kept: multiprocessing's pipes to torchrun are among them). Only this process's copy of each is closed;
+    torchrun's go on."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        fd = int(name)
+        try:
+            if fd <= 2 or not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue  # the listing's own descriptor, closed since
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.close()
+        else:
+            sock.detach()
+
+
 def become_a_fresh_process() -> None:
+    _close_inherited_sockets()
     for signum in AGENT_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -97,13 +131,24 @@ def exit_code_of(argv: list[str]) -> int:
     return code & 0xFF
 
 
+def stopped_by_torchrun() -> bool:
+    """The training took a SIGTERM as "checkpoint and stop": only torchrun sends one to its processes (dlsub's
+    launcher asks with SIGUSR1), when it closes the group to re-form it or to end."""
+    run = sys.modules.get("dlsub.checkpointing.run")
+    return run is not None and signal.SIGTERM in run.STOP_SIGNALS_TAKEN
+
+
 def main() -> None:
     become_a_fresh_process()
     code = exit_code_of(sys.argv[1:])
-    if code:
+    if code or stopped_by_torchrun():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    # Returned to torchrun, which reads the return value and then lets the process exit. A SIGTERM from now on
+    # is torchrun closing the group instead (another process failed, or a member joined): it ends the process,
+    # as it would have ended one that torchrun started.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 if __name__ == "__main__":

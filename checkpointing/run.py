@@ -107,6 +107,10 @@ COUNTED_REPORT_S = 5.0
 STOP_PEER_RESTART = "peer-restart"
 #: How long a process stopped by a peer's restart waits for its own torchrun's SIGTERM before it leaves.
 OWN_RESTART_WAIT_S = 15.0
+#: The stop signals this process took (any run's handler): a training process torchrun forked and then stopped
+#: with SIGTERM leaves as soon as it has ended, since torchrun no longer reads what it returns
+#: (:mod:`dlsub.checkpointing.forked_rank`).
+STOP_SIGNALS_TAKEN: set[int] = set()
 
 
 class Run:
@@ -204,6 +208,7 @@ class Run:
     # ------------------------------------------------------------------ signals
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         # Only set a flag: the training loop checks should_stop() between steps.
+        STOP_SIGNALS_TAKEN.add(signum)
         self.stop_reason = signal.Signals(signum).name
 
     def install_signal_handlers(self) -> None:

@@ -24,6 +24,18 @@ SCRIPT = textwrap.dedent(
     """
     import atexit, json, os, signal, sys
     torch_before = "torch" in sys.modules  # imported by the process it was forked from, or not
+
+    def sockets():  # internet sockets open in this process, before it made any
+        import socket, stat
+        out = []
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            try:
+                if fd > 2 and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                    out.append(socket.socket(fileno=os.dup(fd)).family.name)
+            except OSError:
+                pass
+        return [f for f in out if f in ("AF_INET", "AF_INET6")]
+
     import torch
     rank = int(os.environ["RANK"])
     here = os.path.dirname(os.path.abspath(__file__))
@@ -32,7 +44,7 @@ SCRIPT = textwrap.dedent(
     defaults = [signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGUSR1)]
     seen = {"rank": rank, "torch_before": torch_before, "name": __name__, "argv": sys.argv,
             "defaults": defaults, "sigint": signal.getsignal(signal.SIGINT) == signal.default_int_handler,
-            "world": os.environ["WORLD_SIZE"],
+            "world": os.environ["WORLD_SIZE"], "sockets": sockets(),
             "threads": [os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()]}
     open(os.path.join(here, f"rank-{rank}.json"), "w").write(json.dumps(seen))
     print("training", rank)
@@ -71,6 +83,7 @@ def test_each_process_is_forked_with_torch_imported_and_runs_as_a_fresh_one(tmp_
         assert r["name"] == "__main__" and r["argv"] == [script, "--lr", "0.1"], r
         assert r["defaults"] == [True, True] and r["sigint"], "torchrun's handlers are not the script's"
         assert r["threads"] == ["1", 1], "torch's CPU threads as torchrun set them for several processes"
+        assert r["sockets"] == [], "none of torchrun's sockets (its stores listen): a fresh process has none"
         assert (tmp_path / f"atexit-{r['rank']}").read_text() == "ran", "the script's exit handlers ran"
 
 
@@ -100,3 +113,34 @@ def test_only_dlsubs_entry_point_is_forked(monkeypatch: pytest.MonkeyPatch) -> N
     assert forking(theirs) == theirs
     monkeypatch.setenv(ENV_RANK_START, "exec")
     assert forking(ours) == ours
+
+
+
+STOPPED_BY_TORCHRUN = textwrap.dedent(
+    """
+    import os, time
+    from dlsub import checkpointing
+    run = checkpointing.init()
+    if os.environ["RANK"] == "1":
+        time.sleep(1)
+        os._exit(3)  # a failure while the other trains: torchrun stops that one with SIGTERM
+    while not run.should_stop():
+        time.sleep(0.05)
+    print("stopped by", run.stop_reason, flush=True)
+    """
+)
+
+
+def test_a_process_torchrun_stops_with_sigterm_leaves_as_soon_as_it_has_ended(tmp_path: Path) -> None:
+    """The training takes torchrun's SIGTERM as "checkpoint and stop" and ends; forked, it then waited for torchrun to
+    read its return value, which torchrun closing the group never does, until SIGKILL 30 s on (every grow)."""
+    script = tmp_path / "trains.py"
+    script.write_text(STOPPED_BY_TORCHRUN)
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "dlsub.checkpointing.torchrun_main", "--standalone", "--nnodes", "1",
+         "--nproc-per-node", "2", *RANK_ENTRY, str(script)],
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONSAFEPATH": "1", "DLSUB_JOB_DIR": str(tmp_path / "job")},
+        cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=NO_HANG_S)
+    assert "stopped by SIGTERM" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "exitcode  : 3" in done.stderr, done.stderr[-3000:]
+    assert "SIGKILL" not in done.stderr, "it left by itself, torchrun did not have to kill it"
