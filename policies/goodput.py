@@ -228,7 +228,14 @@ class GoodputPolicy:
         spread_floor: float = 0.25,
         spare_by_remaining: bool = False,
         place_aware: bool = True,
+        spare_floor: float = 0.0,
+        las_ties: bool = False,
     ) -> None:
+        # Jobs of equal rank served least attained service first, then by arrival (issue 54); off: by arrival.
+        self.las_ties = bool(las_ties)
+        # Step 4's marginal-GPU efficiency threshold (issue 54): a spare step up of k GPUs is offered only where
+        # it adds at least spare_floor x k of one GPU's speed (see _within_spare_floor). 0: off.
+        self.spare_floor = spare_floor
         # See _spare_placed and the module's note (issue 32).
         self.place_aware = bool(place_aware)
         # See _value and the module's note (issue 32; off: not shown to help on untouched workloads).
@@ -319,6 +326,19 @@ class GoodputPolicy:
         remaining = curve.service_s if curve.guessed else curve.time(1)
         return UNKNOWN_WORK_S / math.sqrt(1.0 + remaining / UNKNOWN_WORK_S)
 
+    def _within_spare_floor(self, curve: RemainingTime, before: float, after: float, k: int) -> bool:
+        """Whether a spare step of ``k`` GPUs that takes the job from ``before`` to ``after`` seconds left adds at
+        least ``spare_floor`` of what one GPU gives it, per GPU (issue 54): below that, the GPUs are worth
+        more to a job that arrives later than the little they speed this one up, and each costs a GPU-hour an
+        hour either way."""
+        if self.spare_floor <= 0.0:
+            return True
+        one = curve.time(1)
+        if not 0.0 < one < math.inf or not 0.0 < after < math.inf:
+            return False
+        added = one / after - (one / before if 0.0 < before < math.inf else 0.0)
+        return added >= self.spare_floor * k
+
     def _offer(self, job: JobView, curve: RemainingTime, value: Callable[[int], float], n: int, hi: int, left: int,
                per_node: int, min_gain: float) -> tuple[float, int]:
         """(minus the value gained per GPU, GPUs) of the best step up from ``n``;
@@ -328,7 +348,8 @@ class GoodputPolicy:
         curve.prefetch(range(n, n + (steps[-1] if steps else 0) + 1))
         for k in steps:
             gain = value(n + k) - value(n)
-            if gain > min_gain and -gain / k < best[0]:
+            if (gain > min_gain and -gain / k < best[0]
+                    and self._within_spare_floor(curve, curve.time(n), curve.time(n + k), k)):
                 best = (-gain / k, k)
         return best
 
@@ -353,7 +374,9 @@ class GoodputPolicy:
                                           guess_remaining=True, trust_declared=self.trust_declared)
                   for job in jobs}
         his = {job.name: self._hi(job) for job in jobs}
-        order = sorted(jobs, key=lambda job: (self._rank(job, curves[job.name], previous), job.arrival_s, job.name))
+        order = sorted(jobs, key=lambda job: (self._rank(job, curves[job.name], previous),
+                                              curves[job.name].service_s if self.las_ties else 0.0,
+                                              job.arrival_s, job.name))
         keep_margin = self.restart_penalty_s * self.restart_weight
         left = cluster.total_gpus
         counts: dict[str, int] = {}
@@ -474,13 +497,16 @@ class GoodputPolicy:
             unchanged = (currents.get(name) == n and not curves[name].guessed and not self.spare_by_remaining)
             min_gain = keep_margin if unchanged else 0.0
             now = value_on(name, nodes_of[name])
+            curve = curves[name]
+            before = curve.time_on(tuple(Counter(nodes_of[name]).values())) if nodes_of[name] else math.inf
             best: tuple[float, int, str, tuple[str, ...]] = (0.0, 1, name, ())
             for k in self._steps(job, per_node, min(his[name] - n, left)):
                 nodes = where(name, n + k)
                 if nodes is None or len(nodes) != n + k:
                     continue
                 gain = value_on(name, nodes) - now
-                if gain > min_gain and -gain / k < best[0]:
+                if (gain > min_gain and -gain / k < best[0] and self._within_spare_floor(
+                        curve, before, curve.time_on(tuple(Counter(nodes).values())), k)):
                     best = (-gain / k, k, name, nodes)
             return best
 
