@@ -1,7 +1,7 @@
 """Where goodput loses to pollux on one workload: per application, from the simulator's own records.
 
     python benchmarks/goodput_loss.py --load 2.0 --seed 1 [--stated-missing 1] [--stated-error 2]
-        [--variant K=V,...] [--jitter 0]
+        [--variant K=V,...] [--jitter 0] [--artifact 0.5|1.0 --workload K]
 
 Runs pollux and goodput (online, no history) on the generated workload of
 that load and seed (``dlsub generate-workload``), recording each policy's
@@ -14,7 +14,9 @@ predicted / true goodput, the mean of the true goodput at the batch size
 given over the true goodput at the best batch size on the same GPUs
 (batch/best: what the batch choice alone lost), and each application's
 share of the difference in average JCT (goodput minus pollux, seconds
-over all jobs).
+over all jobs). ``--artifact LOAD --workload K`` reads the Pollux artifact's
+workload-K of that load instead (0.5x and 1.0x only: its other loads are the
+acceptance set); ``--seed`` is then the arrival order.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from goodput_vs_pollux import PHILLY, policy_of
+from goodput_vs_pollux import PHILLY, Source, policy_of
 
 from dlsub.policies.api import Allocations, ClusterView, Decision, Jobs, Policy
 from dlsub.sim.apps import Application, load_application
 from dlsub.sim.engine import SimConfig, SimResult, simulate
 from dlsub.sim.generate import Statements, generate, read_philly
+from dlsub.sim.published import LOAD_DIRS
 from dlsub.sim.workload import POLLUX_DIR
 
 
@@ -132,8 +135,15 @@ def main() -> None:
     parser.add_argument("--stated-missing", type=float, default=1.0)
     parser.add_argument("--stated-error", type=float, default=2.0)
     parser.add_argument("--variant", default="", help="goodput's constructor arguments, K=V,...")
+    parser.add_argument("--artifact", choices=sorted(LOAD_DIRS), default=None,
+                        help="the Pollux artifact's workloads of this load, not a generated one")
+    parser.add_argument("--workload", type=int, default=1, help="with --artifact: workload-K.csv")
     args = parser.parse_args()
-    jobs = generate(read_philly(args.philly), args.load, args.seed, Statements(args.stated_missing, args.stated_error))
+    if args.artifact is not None:
+        jobs = Source().workload(args.artifact, args.workload)
+    else:
+        jobs = generate(read_philly(args.philly), args.load, args.seed,
+                        Statements(args.stated_missing, args.stated_error))
     traces = POLLUX_DIR / "traces"
     apps = {job.name: load_application(traces / job.application) for job in jobs}
     config = SimConfig(seed=args.seed, arrival_jitter_s=args.jitter, information="online")
@@ -142,8 +152,11 @@ def main() -> None:
         recorder = Recorder(policy_of(label), apps)
         result = simulate(jobs, traces, recorder, ClusterView.uniform(16, 4), config)  # type: ignore[arg-type]
         results[label.split(":")[0]] = (result, recorder)
-    print(f"load {args.load:g}, seed {args.seed}, stated missing {args.stated_missing:g}, "
-          f"error x{args.stated_error:g}, jitter {args.jitter:g} s")
+    if args.artifact is not None:
+        print(f"artifact {args.artifact}x workload {args.workload}, order {args.seed}, jitter {args.jitter:g} s")
+    else:
+        print(f"load {args.load:g}, seed {args.seed}, stated missing {args.stated_missing:g}, "
+              f"error x{args.stated_error:g}, jitter {args.jitter:g} s")
     table(results)
 
 
