@@ -32,8 +32,6 @@ import json
 import os
 import sys
 
-#: dlsub's entry point as torchrun's command for each training process names it (containers/podman.py).
-RANK_ENTRY = ["-m", "dlsub.checkpointing.rank_output"]
 #: ``exec`` here: the training processes start as torchrun starts them, each a Python of its own.
 ENV_RANK_START = "DLSUB_RANK_START"
 
@@ -55,7 +53,9 @@ def _argv_from_stdin() -> list[str] | None:
 def forking(args: list[str]) -> list[str]:
     """torchrun's arguments with the training processes forked (:mod:`dlsub.checkpointing.forked_rank`), where that
     is safe here and the command is dlsub's entry point; otherwise ``args`` as they are."""
-    at = next((i for i in range(len(args) - 1) if args[i:i + 2] == RANK_ENTRY), None)
+    from dlsub.checkpointing.launch import ENTRY_POINT
+
+    at = next((i for i in range(len(args) - 1) if args[i:i + 2] == ENTRY_POINT), None)
     if at is None or os.environ.get(ENV_RANK_START) == "exec":
         return args
     import torch

@@ -16,7 +16,8 @@ import pytest
 from conftest import NO_HANG_S, REPO
 
 from dlsub.checkpointing import forked_rank
-from dlsub.checkpointing.torchrun_main import ENV_RANK_START, RANK_ENTRY, forking
+from dlsub.checkpointing.launch import ENTRY_POINT as RANK_ENTRY
+from dlsub.checkpointing.torchrun_main import ENV_RANK_START, forking
 
 pytest.importorskip("torch")
 
