@@ -44,9 +44,15 @@ import socket
 import stat
 import sys
 import traceback
+from collections.abc import Callable
 
 #: The signals torchrun's agent handles, which a fresh Python leaves at their defaults (SIGINT: KeyboardInterrupt).
 AGENT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+#: The exit handlers the modules torchrun imports for its processes registered (:mod:`.torchrun_main`): func, args,
+#: keyword args, in order.
+HANDLERS_OF_IMPORTS: list[tuple[Callable[..., object], tuple[object, ...], dict[str, object]]] = []
 
 
 def _unbuffered(fd: int, errors: str) -> io.TextIOWrapper:
@@ -98,6 +104,11 @@ def become_a_fresh_process() -> None:
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     atexit._clear()  # torchrun's own: its agent's, not this process's
+    # Those of the modules torchrun imported for its processes (torchrun_main), which a fresh process that imported
+    # them itself would have: this file runs as __main__, the handlers were kept on the module torchrun imported.
+    imported = sys.modules.get("dlsub.checkpointing.forked_rank")
+    for func, args, kwargs in getattr(imported, "HANDLERS_OF_IMPORTS", ()):
+        atexit.register(func, *args, **kwargs)
     sys.stdout, sys.stderr = _unbuffered(1, "strict"), _unbuffered(2, "backslashreplace")
     _threads_from_environment()
 

@@ -1,9 +1,9 @@
 """torchrun, run by dlsub's launcher: ``python3 -m dlsub.checkpointing.torchrun_main [--from-stdin] [ARGS]``.
 
 It is torchrun itself (``torch.distributed.run``'s ``main``, which the
-``torchrun`` script calls) with two differences that only change how fast
-an elastic group re-forms after a member left, when the launcher starts
-torchrun again (:mod:`dlsub.checkpointing.launch`):
+``torchrun`` script calls) with differences that only change how fast a
+group starts and re-forms (a member joined, or left and the launcher
+starts torchrun again: :mod:`dlsub.checkpointing.launch`):
 
 * ``--from-stdin``: it imports torch first and only then reads its command
   line, one JSON list of strings, from standard input. The launcher starts
@@ -19,7 +19,10 @@ torchrun again (:mod:`dlsub.checkpointing.launch`):
   ``--run-path`` and ``--start-method fork``): when torchrun's command for
   them is dlsub's entry point, where this torch has ``--run-path``, unless
   CUDA is initialized here (a context does not survive a fork) or
-  ``$DLSUB_RANK_START`` is ``exec``.
+  ``$DLSUB_RANK_START`` is ``exec``. It first imports what each would
+  import when it wraps its model in DistributedDataParallel
+  (``IMPORTS_FOR_THE_PROCESSES``; with ``--from-stdin`` before the command
+  comes, as torch).
 
 Anything the launcher could not hand over (no line, a line that is not a
 list of strings) ends it with exit code 2 before torchrun runs.
@@ -27,10 +30,13 @@ list of strings) ends it with exit code 2 before torchrun runs.
 
 from __future__ import annotations
 
+import atexit
 import gc
+import importlib
 import json
 import os
 import sys
+from collections.abc import Callable
 
 #: ``exec`` here: the training processes start as torchrun starts them, each a Python of its own.
 ENV_RANK_START = "DLSUB_RANK_START"
@@ -50,6 +56,35 @@ def _argv_from_stdin() -> list[str] | None:
     return argv
 
 
+#: What each training process would import when it wraps its model in DistributedDataParallel (torch._dynamo, and
+#: through it inductor, sympy: about 800 modules, 3 s of CPU a process, 8 s for four on a node's two cores between
+#: a re-formed group's start and its first step): imported once here, forked processes start with it.
+IMPORTS_FOR_THE_PROCESSES = ("torch._dynamo",)
+
+
+def _import_for_the_processes() -> None:
+    """Import IMPORTS_FOR_THE_PROCESSES; the exit handlers they register are kept apart
+    (:data:`dlsub.checkpointing.forked_rank.HANDLERS_OF_IMPORTS`): a forked process drops torchrun's own and
+    registers these again, as a process that imported them itself has them."""
+    from dlsub.checkpointing import forked_rank
+
+    register = atexit.register
+
+    def kept(func: Callable[..., object], *args: object, **kwargs: object) -> Callable[..., object]:
+        forked_rank.HANDLERS_OF_IMPORTS.append((func, args, kwargs))
+        return register(func, *args, **kwargs)
+
+    atexit.register = kept  # type: ignore[assignment]
+    try:
+        for name in IMPORTS_FOR_THE_PROCESSES:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - an optimisation: a torch without it, or failing to import it, runs as is
+                continue
+    finally:
+        atexit.register = register
+
+
 def forking(args: list[str]) -> list[str]:
     """torchrun's arguments with the training processes forked (:mod:`dlsub.checkpointing.forked_rank`), where that
     is safe here and the command is dlsub's entry point; otherwise ``args`` as they are."""
@@ -65,6 +100,7 @@ def forking(args: list[str]) -> list[str]:
         return args
     from dlsub.checkpointing import forked_rank
 
+    _import_for_the_processes()
     return [*args[:at], "--run-path", "--start-method", "fork", os.path.abspath(forked_rank.__file__),
             *args[at + 2:]]
 
@@ -74,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import main as torchrun
 
     if args[:1] == ["--from-stdin"]:
+        if os.environ.get(ENV_RANK_START) != "exec":
+            _import_for_the_processes()  # as torch is: while the old group stops, before the command comes
         handed = _argv_from_stdin()
         if handed is None:
             print("dlsub: torchrun_main: no command line came on standard input", file=sys.stderr, flush=True)

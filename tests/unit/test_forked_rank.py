@@ -25,6 +25,8 @@ SCRIPT = textwrap.dedent(
     """
     import atexit, json, os, signal, sys
     torch_before = "torch" in sys.modules  # imported by the process it was forked from, or not
+    dynamo_before = "torch._dynamo" in sys.modules  # what DistributedDataParallel imports, likewise
+    exit_handlers = atexit._ncallbacks()  # before the script registers any
 
     def sockets():  # internet sockets open in this process, before it made any
         import socket, stat
@@ -43,7 +45,8 @@ SCRIPT = textwrap.dedent(
     out = os.path.join(here, f"atexit-{rank}")
     atexit.register(lambda: open(out, "w").write("ran"))
     defaults = [signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGUSR1)]
-    seen = {"rank": rank, "torch_before": torch_before, "name": __name__, "argv": sys.argv,
+    seen = {"rank": rank, "torch_before": torch_before, "dynamo_before": dynamo_before, "name": __name__,
+            "argv": sys.argv, "exit_handlers": exit_handlers,
             "defaults": defaults, "sigint": signal.getsignal(signal.SIGINT) == signal.default_int_handler,
             "world": os.environ["WORLD_SIZE"], "sockets": sockets(),
             "threads": [os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()]}
@@ -81,6 +84,7 @@ def test_each_process_is_forked_with_torch_imported_and_runs_as_a_fresh_one(tmp_
     script = str(tmp_path / "my script; 'quoted'.py")
     for r in ranks:
         assert r["torch_before"] is True, "forked from torchrun, where torch was imported"
+        assert r["dynamo_before"] is True, "and what DistributedDataParallel imports"
         assert r["name"] == "__main__" and r["argv"] == [script, "--lr", "0.1"], r
         assert r["defaults"] == [True, True] and r["sigint"], "torchrun's handlers are not the script's"
         assert r["threads"] == ["1", 1], "torch's CPU threads as torchrun set them for several processes"
@@ -103,7 +107,22 @@ def test_an_exit_code_is_the_scripts(tmp_path: Path) -> None:
 def test_exec_starts_each_process_as_a_python_of_its_own(tmp_path: Path) -> None:
     done = _torchrun(tmp_path, 2, **{ENV_RANK_START: "exec"})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert [r["torch_before"] for r in _ranks(tmp_path)] == [False, False]
+    assert [(r["torch_before"], r["dynamo_before"]) for r in _ranks(tmp_path)] == [(False, False)] * 2
+
+
+def test_a_forked_process_has_the_exit_handlers_of_what_torchrun_imported_for_it(tmp_path: Path) -> None:
+    """torchrun's own exit handlers are dropped in a forked process, those of the modules it imported for the
+    processes (torch._dynamo's) are not: a process that imported them itself would have them."""
+    count = "import atexit, torch; n = atexit._ncallbacks(); import torch._dynamo; print(atexit._ncallbacks() - n)"
+    of_imports = int(subprocess.run([sys.executable, "-c", count], capture_output=True, text=True, check=True,
+                                    timeout=NO_HANG_S).stdout)
+    (tmp_path / "exec").mkdir()
+    (tmp_path / "fork").mkdir()
+    for how in ("exec", "fork"):
+        done = _torchrun(tmp_path / how, 2, **({ENV_RANK_START: "exec"} if how == "exec" else {}))
+        assert done.returncode == 0, done.stderr[-3000:]
+    fresh = [r["exit_handlers"] for r in _ranks(tmp_path / "exec")]
+    assert [r["exit_handlers"] for r in _ranks(tmp_path / "fork")] == [n + of_imports for n in fresh]
 
 
 def test_only_dlsubs_entry_point_is_forked(monkeypatch: pytest.MonkeyPatch) -> None:
