@@ -2,6 +2,9 @@
 
     python benchmarks/rank_start.py [--nproc 4] [--samples 5] [--json]
 
+(``--nproc 1``: a job's one process, which the launcher runs without dlsub's
+entry point, forked all the same.)
+
 Every restart of a job (a resize, a move, a continuation) starts all of its
 processes again. dlsub's torchrun (``dlsub.checkpointing.torchrun_main``)
 forks them from itself, where torch is already imported
@@ -62,8 +65,10 @@ def one(mode: str, nproc: int, work: Path) -> dict[str, float]:
         stale.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONSAFEPATH": "1", "DLSUB_RANK_START": mode}
     started = time.time()
+    # As the launcher runs it: a process alone without the entry point (launch.main), a group through it.
+    entry = ["-m", "dlsub.checkpointing.rank_output"] if nproc > 1 else []
     subprocess.run([sys.executable, "-P", "-c", AGENT, str(agent_ready), "--standalone", "--nnodes", "1",
-                    "--nproc-per-node", str(nproc), "-m", "dlsub.checkpointing.rank_output", str(work / "rank.py"),
+                    "--nproc-per-node", str(nproc), *entry, str(work / "rank.py"),
                     str(joined)], env=env, cwd=work, check=True, stdin=subprocess.DEVNULL,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
     ended = time.time()

@@ -40,6 +40,7 @@ from dlsub.contract import (
     ENV_JOB_DIR,
     ENV_OUTPUT_SOCKET,
     ENV_SAFE_PATH_SET,
+    ENV_WATCH_NO_GPU,
     NO_GPU_ERRORS,
     no_gpu_error_marker,
 )
@@ -110,10 +111,12 @@ def run_script(script: str, args: list[str]) -> None:
 
 def note_no_gpu_error(exc: BaseException) -> None:
     """If ``exc`` is torch's no-GPU error, leave the attempt's marker for the launcher (a CPU attempt of a job that
-    asked for GPUs is then sent back to wait for them). Never in the way of the error itself."""
+    asked for GPUs is then sent back to wait for them). Only where the batch script watches for it
+    (``$DLSUB_WATCH_NO_GPU``: such an attempt); no other attempt reads a marker. Never in the way of the error."""
     text = str(exc)
     job_dir, attempt = os.environ.get(ENV_JOB_DIR), os.environ.get(ENV_ATTEMPT)
-    if not (job_dir and attempt and any(error in text for error in NO_GPU_ERRORS)):
+    watched = os.environ.get(ENV_WATCH_NO_GPU) == "1"
+    if not (watched and job_dir and attempt and any(error in text for error in NO_GPU_ERRORS)):
         return
     first = text.strip().splitlines()[0][:200]  # non-empty: it holds one of NO_GPU_ERRORS
     try:

@@ -17,10 +17,12 @@ starts torchrun again: :mod:`dlsub.checkpointing.launch`):
   imported, rather than each a Python of its own
   (:mod:`dlsub.checkpointing.forked_rank`, through torchrun's own
   ``--run-path`` and ``--start-method fork``): when torchrun's command for
-  them is dlsub's entry point, where this torch has ``--run-path``, unless
-  CUDA is initialized here (a context does not survive a fork) or
-  ``$DLSUB_RANK_START`` is ``exec``. It first imports what each would
-  import when it wraps its model in DistributedDataParallel
+  them is dlsub's entry point, or a script that runs as one process alone
+  (the launcher leaves the entry point out there: its output needs no
+  labels), where this torch has ``--run-path``, unless CUDA is initialized
+  here (a context does not survive a fork) or ``$DLSUB_RANK_START`` is
+  ``exec``. For a group of several it first imports what each would import
+  when it wraps its model in DistributedDataParallel
   (``IMPORTS_FOR_THE_PROCESSES``; with ``--from-stdin`` before the command
   comes, as torch).
 
@@ -30,13 +32,17 @@ list of strings) ends it with exit code 2 before torchrun runs.
 
 from __future__ import annotations
 
+import argparse
 import atexit
+import contextlib
 import gc
 import importlib
+import io
 import json
 import os
 import sys
 from collections.abc import Callable
+from typing import Any
 
 #: ``exec`` here: the training processes start as torchrun starts them, each a Python of its own.
 ENV_RANK_START = "DLSUB_RANK_START"
@@ -85,13 +91,61 @@ def _import_for_the_processes() -> None:
         atexit.register = register
 
 
+def _torchrun_options(args: list[str]) -> argparse.Namespace | None:
+    """torchrun's own reading of ``args`` (None where it would refuse them: torchrun then says why itself)."""
+    from torch.distributed.run import get_args_parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return get_args_parser().parse_args(args)
+    except SystemExit:
+        return None
+
+
+def _one_process(options: argparse.Namespace) -> bool:
+    """torchrun starts one training process, and no other node's can join its group."""
+    return str(options.nproc_per_node) == "1" and str(options.nnodes) in ("1", "1:1")
+
+
+def _name_the_script(run_module: Any, script: str) -> None:
+    """torchrun names the function it runs its ``--run-path`` script with in its report of a failed process
+    ("run_script_path FAILED"); started with ``python SCRIPT``, a process alone was named by its script. The
+    function it looks up is given the script's name, so that the report names what the user ran."""
+    original = run_module.run_script_path
+
+    def run_script_path(training_script: str, *training_script_args: str) -> object:
+        return original(training_script, *training_script_args)
+
+    run_script_path.__name__ = run_script_path.__qualname__ = script
+    run_module.run_script_path = run_script_path
+
+
 def forking(args: list[str]) -> list[str]:
     """torchrun's arguments with the training processes forked (:mod:`dlsub.checkpointing.forked_rank`), where that
-    is safe here and the command is dlsub's entry point; otherwise ``args`` as they are."""
+    is safe here and the command is dlsub's entry point or one process's script; otherwise ``args`` as they are."""
     from dlsub.checkpointing.launch import ENTRY_POINT
 
+    if os.environ.get(ENV_RANK_START) == "exec":
+        return args
+    options = _torchrun_options(args)
+    if options is None or options.run_path or options.no_python:
+        return args
     at = next((i for i in range(len(args) - 1) if args[i:i + 2] == ENTRY_POINT), None)
-    if at is None or os.environ.get(ENV_RANK_START) == "exec":
+    if at is not None:
+        script_at = at + 2
+    elif not options.module and _one_process(options):
+        # A process alone runs its script without the entry point (launch.main): forked, the entry point runs it
+        # as it would have (no output socket for one process: its lines go out unlabelled, as they did).
+        script_at = len(args) - len(options.training_script_args) - 1
+        if script_at < 0 or args[script_at] != options.training_script:
+            return args
+        if "PYTHONSAFEPATH" not in os.environ:
+            from dlsub.contract import ENV_SAFE_PATH_SET
+
+            # This torchrun runs with -P; `python SCRIPT` would put the script's folder first on sys.path, and the
+            # entry point does so where it is told that the safe path is dlsub's, not the user's.
+            os.environ[ENV_SAFE_PATH_SET] = "1"
+    else:
         return args
     import torch
     import torch.distributed.run
@@ -100,9 +154,11 @@ def forking(args: list[str]) -> list[str]:
         return args
     from dlsub.checkpointing import forked_rank
 
-    _import_for_the_processes()
-    return [*args[:at], "--run-path", "--start-method", "fork", os.path.abspath(forked_rank.__file__),
-            *args[at + 2:]]
+    if not _one_process(options):  # DistributedDataParallel is for groups of several
+        _import_for_the_processes()
+    _name_the_script(torch.distributed.run, args[script_at])
+    prefix = args[:at] if at is not None else args[:script_at]
+    return [*prefix, "--run-path", "--start-method", "fork", os.path.abspath(forked_rank.__file__), *args[script_at:]]
 
 
 def main(argv: list[str] | None = None) -> int:

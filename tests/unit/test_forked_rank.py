@@ -61,19 +61,20 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _torchrun(tmp_path: Path, nproc: int, **env: str) -> subprocess.CompletedProcess[str]:
+def _torchrun(tmp_path: Path, nproc: int, entry: bool = True, **env: str) -> subprocess.CompletedProcess[str]:
+    """torchrun_main as the launcher runs it: the entry point before the script, or not (a process alone)."""
     script = tmp_path / "my script; 'quoted'.py"
     script.write_text(SCRIPT)
     return subprocess.run(
         [sys.executable, "-P", "-m", "dlsub.checkpointing.torchrun_main", "--standalone", "--nnodes", "1",
-         "--nproc-per-node", str(nproc), *RANK_ENTRY, str(script), "--lr", "0.1"],
+         "--nproc-per-node", str(nproc), *(RANK_ENTRY if entry else []), str(script), "--lr", "0.1"],
         env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONSAFEPATH": "1", **env}, cwd=tmp_path,
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=NO_HANG_S)
 
 
-def _ranks(tmp_path: Path) -> list[dict[str, object]]:
+def _ranks(tmp_path: Path, nproc: int = 2) -> list[dict[str, object]]:
     """What each process saw, in a file of its own (their lines on one pipe could interleave)."""
-    return [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(2)]
+    return [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in range(nproc)]
 
 
 def test_each_process_is_forked_with_torch_imported_and_runs_as_a_fresh_one(tmp_path: Path) -> None:
@@ -90,6 +91,47 @@ def test_each_process_is_forked_with_torch_imported_and_runs_as_a_fresh_one(tmp_
         assert r["threads"] == ["1", 1], "torch's CPU threads as torchrun set them for several processes"
         assert r["sockets"] == [], "none of torchrun's sockets (its stores listen): a fresh process has none"
         assert (tmp_path / f"atexit-{r['rank']}").read_text() == "ran", "the script's exit handlers ran"
+
+
+def test_a_process_alone_is_forked_too_and_runs_its_script_as_python_would(tmp_path: Path) -> None:
+    """One process has no entry point in its command (its output is not labelled): forked all the same, it saves
+    the interpreter's start and torch's import, and nothing of a group's (DistributedDataParallel's imports)."""
+    done = _torchrun(tmp_path, 1, entry=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (alone,) = _ranks(tmp_path, 1)
+    assert alone["torch_before"] is True and alone["dynamo_before"] is False, alone
+    assert alone["name"] == "__main__" and alone["argv"] == [str(tmp_path / "my script; 'quoted'.py"), "--lr", "0.1"]
+    assert alone["defaults"] == [True, True] and alone["sockets"] == [], alone
+    assert "training 0" in done.stdout and "[0]" not in done.stdout, "its lines unlabelled, as before"
+    assert (tmp_path / "atexit-0").read_text() == "ran"
+
+
+def test_a_process_alone_imports_the_modules_beside_its_script(tmp_path: Path) -> None:
+    """As ``python SCRIPT`` does: the script's folder first on sys.path (torchrun runs with -P, and the launcher sets
+    no PYTHONSAFEPATH for a process alone), and no PYTHONSAFEPATH of dlsub's in its environment."""
+    (tmp_path / "beside.py").write_text("VALUE = 'found beside'\n")
+    script = tmp_path / "uses it.py"
+    script.write_text("import os, beside\nprint(beside.VALUE, os.environ.get('PYTHONSAFEPATH'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONSAFEPATH"}
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "dlsub.checkpointing.torchrun_main", "--standalone", "--nnodes", "1",
+         "--nproc-per-node", "1", str(script)],
+        env={**env, "PYTHONPATH": str(REPO)}, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=NO_HANG_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "found beside None" in done.stdout
+
+
+def test_a_process_alone_exits_with_its_scripts_code(tmp_path: Path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text("import sys\nprint('about to fail')\nsys.exit(85)\n")
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "dlsub.checkpointing.torchrun_main", "--standalone", "--nnodes", "1",
+         "--nproc-per-node", "1", str(script)],
+        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONSAFEPATH": "1"}, cwd=tmp_path,
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=NO_HANG_S)
+    assert done.returncode != 0 and "exitcode: 85" in done.stderr, done.stderr[-3000:]
+    assert "about to fail" in done.stdout
 
 
 def test_output_is_unbuffered(tmp_path: Path) -> None:
@@ -131,8 +173,14 @@ def test_only_dlsubs_entry_point_is_forked(monkeypatch: pytest.MonkeyPatch) -> N
                              os.path.abspath(forked_rank.__file__), "train.py", "-m", "x"]
     theirs = ["--standalone", "--nproc-per-node", "2", "train.py"]
     assert forking(theirs) == theirs
+    alone = ["--standalone", "--nnodes", "1", "--nproc-per-node", "1", "train.py", "--nproc-per-node", "2"]
+    assert forking(alone) == [*alone[:5], "--run-path", "--start-method", "fork",
+                              os.path.abspath(forked_rank.__file__), *alone[5:]]
+    for not_a_script in (["--nproc-per-node", "1", "-m", "pkg.train"], ["--nproc-per-node", "1", "--no-python", "x"],
+                         ["--nnodes", "1:2", "--nproc-per-node", "1", "train.py"]):
+        assert forking(not_a_script) == not_a_script
     monkeypatch.setenv(ENV_RANK_START, "exec")
-    assert forking(ours) == ours
+    assert forking(ours) == ours and forking(alone) == alone
 
 
 

@@ -57,11 +57,15 @@ def test_only_a_failed_attempt_that_needs_a_gpu_is_sent_back(run: Stopped, faile
 ])
 def test_the_entry_point_marks_torchs_no_gpu_errors_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           error: Exception, marked: bool) -> None:
-    """Unit (real files): the marker names the attempt and holds the error's first line."""
+    """Unit (real files): the marker names the attempt and holds the error's first line; only an attempt the
+    batch script watches (a CPU attempt of a GPU job) leaves one."""
     monkeypatch.setenv(contract.ENV_JOB_DIR, str(tmp_path))
     monkeypatch.setenv(contract.ENV_ATTEMPT, "12-0")
-    rank_output.note_no_gpu_error(error)
     marker = contract.no_gpu_error_marker(tmp_path, "12-0")
+    rank_output.note_no_gpu_error(error)
+    assert not marker.exists(), "not watched: no marker"
+    monkeypatch.setenv(contract.ENV_WATCH_NO_GPU, "1")
+    rank_output.note_no_gpu_error(error)
     assert marker.exists() is marked
     if marked:
         assert marker.read_text() == f"{type(error).__name__}: {str(error).splitlines()[0][:200]}\n"
@@ -74,6 +78,7 @@ def test_a_script_dying_of_it_leaves_the_marker_and_its_error_goes_on(tmp_path: 
     script.write_text("raise AssertionError('Torch not compiled with CUDA enabled')\n")
     monkeypatch.setenv(contract.ENV_JOB_DIR, str(tmp_path))
     monkeypatch.setenv(contract.ENV_ATTEMPT, "7-1")
+    monkeypatch.setenv(contract.ENV_WATCH_NO_GPU, "1")
     monkeypatch.setattr(rank_output, "end_process_group_at_exit", lambda: None)
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # run_script sets both, as python SCRIPT would
     monkeypatch.setattr(sys, "path", list(sys.path))
@@ -158,7 +163,7 @@ def test_another_users_needs_gpu_record_moves_nothing_of_mine(tmp_path: Path) ->
 def test_a_process_alone_on_a_cpu_attempt_of_a_gpu_job_still_marks_the_error(tmp_path: Path, watch: bool) -> None:
     """Unit (real torchrun, real processes; no Podman): the rendered container command with one process. Told
     to watch (a CPU attempt of a GPU job), its process starts through dlsub's entry point, which leaves the
-    marker; otherwise it runs the script directly, as before, and leaves none."""
+    marker; otherwise the entry point (forked from torchrun) leaves none: no launcher would read it."""
     spec = spec_for(tmp_path, 1, ())
     spec.script.write_text("raise AssertionError('Torch not compiled with CUDA enabled')\n")
     extra = {contract.ENV_ATTEMPT: "5-0", **({contract.ENV_WATCH_NO_GPU: "1"} if watch else {})}
