@@ -128,15 +128,25 @@ def put(user: TestbedUser, path: Path, text: str) -> Path:
     return path
 
 
+#: (test, what was waited for, seconds) of every wait_for of this process: the live suite's closing summary
+#: (tests/integration/conftest.py) lists the longest, so that where CI's time goes is read, not guessed.
+WAITS: list[tuple[str, str, float]] = []
+
+
 def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 120, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
+    began = time.monotonic()
+    deadline = began + timeout
     last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+    try:
+        while time.monotonic() < deadline:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+    finally:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+        WAITS.append((test, what, time.monotonic() - began))
 
 
 def _cpu_idle_ticks() -> tuple[int, int]:

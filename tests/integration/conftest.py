@@ -19,13 +19,24 @@ import pytest
 
 # The testbed helpers the integration tests share with benchmarks/ live in testbed/livebed.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testbed"))
-from livebed import USER, USER2, TestbedUser, agent_service, blockers
+from livebed import USER, USER2, WAITS, TestbedUser, agent_service, blockers
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The longest waits of the run, each with its test: --durations says which tests are slow, this says on
+    what (a Slurm requeue, a checkpoint, a completion), which is where a shorter CI is found."""
+    longest = sorted(WAITS, key=lambda w: w[2], reverse=True)[:30]
+    if longest:
+        total = sum(w[2] for w in WAITS)
+        terminalreporter.write_sep("=", f"longest {len(longest)} waits (of {len(WAITS)}, {total:.0f} s in all)")
+        for test, what, seconds in longest:
+            terminalreporter.write_line(f"{seconds:7.1f}s {what[:70]:70}  {test.split('::')[-1][:60]}")
 
 
 @pytest.fixture(scope="session")
