@@ -44,7 +44,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from dlsub.policies.registry import POLICIES
+from dlsub.policies.registry import policy_class, policy_names
 from dlsub.sim.cluster_file import load_cluster
 from dlsub.sim.compare import METRICS, claim, figures, per_order, table
 from dlsub.sim.engine import PROFILE_MODES, SimConfig, simulate
@@ -74,7 +74,7 @@ def off_defaults(policy: str, variant: dict[str, float], flag: str) -> dict[str,
     ``--sia-variant value_at_own_batch=1``, the artifact's setting) is the default run, reused and labelled
     as such. An argument the policy does not take is refused here, before any run."""
     defaults: dict[str, Any] = {}
-    for cls in getattr(POLICIES[policy], "__mro__", (POLICIES[policy],)):
+    for cls in policy_class(policy).__mro__:
         if "__init__" in vars(cls):  # a subclass's **kwargs go on to its parent's (TypedGoodputPolicy's do)
             for name, param in inspect.signature(cls).parameters.items():
                 if param.default is not param.empty:
@@ -94,7 +94,7 @@ def run_one(data: Path, cluster_file: Path, policy: str, workload: int, seed: in
                        profile=profile, profile_s=profile_s, history=history, profile_report=profile_report,
                        profile_batch_s=profile_batch_s)
     jobs = read_workload(data / "workloads-philly" / f"workload-{workload}.csv")
-    made = POLICIES[policy](**variant) if variant else POLICIES[policy]()
+    made = policy_class(policy)(**variant) if variant else policy_class(policy)()
     result = simulate(jobs, data / "traces", made, load_cluster(cluster_file), config)
     s = result.summary()
     by_app: dict[str, list[float]] = {}  # application: [jobs, sum of JCTs (s), GPU-seconds, restarts]
@@ -147,8 +147,8 @@ def main() -> None:
     numbers = [int(w) for w in args.workloads.split(",")]
     policies = args.policies.split(",")
     for name in policies:
-        if name not in POLICIES:
-            raise SystemExit(f"unknown policy {name!r}; valid: {', '.join(sorted(POLICIES))}")
+        if name not in policy_names():
+            raise SystemExit(f"unknown policy {name!r}; valid: {', '.join(policy_names())}")
     variant = off_defaults("goodput", parse_variant(args.variant), "--variant")
     sia_variant = off_defaults("sia", parse_variant(args.sia_variant, "--sia-variant"), "--sia-variant")
     variants = {"goodput": variant, "sia": sia_variant}

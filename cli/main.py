@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import getpass
+import importlib
 import json
 import os
 import sys
@@ -21,14 +22,8 @@ from typing import Any, TypeVar
 import click
 
 import dlsub
-from dlsub.cli.agent_commands import agent, backfill, config, why
-from dlsub.cli.dashboard_command import dashboard
-from dlsub.cli.doctor_commands import doctor
 from dlsub.cli.errors import fail
-from dlsub.cli.estimate_commands import estimate
-from dlsub.cli.simulate_command import generate_workload, simulate
 from dlsub.cli.submit_options import SubmitOptions, environment_options, read_exports
-from dlsub.cli.usage_commands import usage
 from dlsub.containers.mounts import MountError, MountRequest, resolve_mount
 from dlsub.containers.podman import ImageError
 from dlsub.contract import CHECKPOINT_SIGNAL, ENV_TARGET_LOSS, JobState
@@ -68,13 +63,42 @@ def friendly_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+#: The subcommands of other modules: name -> (module, attribute), imported when run or listed (--help). The
+#: agent's, doctor's, the estimator's and the simulator's modules import the agent, SciPy and more: imported for
+#: every `dlsub status` they cost it about a second of a login node's CPU (a job's tests poll status each second).
+OTHER_COMMANDS: dict[str, tuple[str, str]] = {
+    "agent": ("dlsub.cli.agent_commands", "agent"),
+    "backfill": ("dlsub.cli.daemon_commands", "backfill"),
+    "config": ("dlsub.cli.agent_commands", "config"),
+    "dashboard": ("dlsub.cli.dashboard_command", "dashboard"),
+    "doctor": ("dlsub.cli.doctor_commands", "doctor"),
+    "estimate": ("dlsub.cli.estimate_commands", "estimate"),
+    "generate-workload": ("dlsub.cli.simulate_command", "generate_workload"),
+    "simulate": ("dlsub.cli.simulate_command", "simulate"),
+    "usage": ("dlsub.cli.usage_commands", "usage"),
+    "why": ("dlsub.cli.query_commands", "why"),
+}
+
+
 class DefaultToSubmit(click.Group):
-    """``dlsub [OPTIONS] SCRIPT [ARGS]...`` means ``dlsub submit [OPTIONS] SCRIPT [ARGS]...``."""
+    """``dlsub [OPTIONS] SCRIPT [ARGS]...`` means ``dlsub submit [OPTIONS] SCRIPT [ARGS]...``; the commands of
+    OTHER_COMMANDS are imported when asked for."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+        if args and args[0] not in self.commands and args[0] not in OTHER_COMMANDS and \
+                args[0] not in ("--help", "-h", "--version"):
             args = ["submit", *args]
         return super().parse_args(ctx, args)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *OTHER_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in OTHER_COMMANDS and cmd_name not in self.commands:
+            module, attribute = OTHER_COMMANDS[cmd_name]
+            command: click.Command = getattr(importlib.import_module(module), attribute)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
 
 
 @click.group(cls=DefaultToSubmit, context_settings={"help_option_names": ["-h", "--help"]})
@@ -472,18 +496,6 @@ def requeue(job: str) -> None:
     # The batch script's trap forwards SIGUSR1 into the container: checkpoint, exit 85, requeue.
     client.cancel(record.slurm_job_id, signal=CHECKPOINT_SIGNAL, batch=True)
     click.echo(f"dlsub: asked job {record.id} to checkpoint and continue in a new attempt")
-
-
-main.add_command(simulate)
-main.add_command(generate_workload)
-main.add_command(agent)
-main.add_command(why)
-main.add_command(backfill)
-main.add_command(config)
-main.add_command(estimate)
-main.add_command(usage)
-main.add_command(dashboard)
-main.add_command(doctor)
 
 
 if __name__ == "__main__":

@@ -3,14 +3,18 @@ synthetic clusters, and each policy's own rule."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import replace
 
 import pytest
+from conftest import REPO
 
 from dlsub.policies.api import Allocation, ClusterView, JobView, Node, PolicyError, check_decision, used_gpus
-from dlsub.policies.registry import get_policy, policy_names
+from dlsub.policies.registry import get_policy, policy_class, policy_names
 from dlsub.policies.tiresias import SIXTEEN_GPU_HOURS
 
 ALL = ["fifo", "rr", "efifo", "gang", "tiresias", "optimus", "goodput"]
@@ -238,6 +242,19 @@ def test_registry_lists_valid_names_on_error() -> None:
     for name in ALL:
         assert name in str(info.value)
     assert set(ALL) <= set(policy_names())
+
+
+def test_each_name_is_its_policys_own_and_naming_them_imports_none() -> None:
+    """Unit (no Slurm): the registry names each policy by the class's own name, and checking a name (what
+    policy.toml's reading does in every `dlsub` command) imports no policy module (SciPy behind goodput)."""
+    for name in policy_names():
+        assert policy_class(name).name == name
+    code = ("import sys; from dlsub.policies.registry import policy_names; policy_names(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('dlsub.policies.', 'scipy')) "
+            "and m not in ('dlsub.policies.registry', 'dlsub.policies.api')))")
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}).stdout.strip()
+    assert imported == "[]", imported
 
 
 def test_check_decision_catches_overcommit_and_bounds() -> None:

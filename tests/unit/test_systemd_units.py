@@ -213,7 +213,7 @@ def test_a_closed_wal_store_reads_where_its_reader_cannot_write() -> None:
         store = JobStore(home / STORE_FILE)
         store.add(JobRecord("0123abcd", "t", "alice", "t.py", [], str(home / "jobs" / "0123abcd"), "cpu", 0, 1, 2,
                             700, None, "img", slurm_job_id=7))
-        store.db.close()
+        store.close()
         assert sorted(p.name for p in home.iterdir()) == [STORE_FILE]  # the WAL files went with the last writer
         (home / STORE_FILE).chmod(0o644)
         Path(top).chmod(0o755)
