@@ -21,9 +21,9 @@ from dlsub.slurm_plugins.fake import FakeSlurm, testbed_cluster
 REPO = Path(__file__).resolve().parents[2]
 
 #: How long a unit test waits on a process of its own before calling it hung: a guard, not a bound on time.
-#: make test runs the unit tests niced beside the live tests, where a process may wait minutes for a core
-#: (a 5-second save once took over 60 in CI). A test that bounds elapsed seconds is marked ``wall_clock``
-#: instead, and make test runs those un-niced after the live tests.
+#: make test runs the unit tests beside the live tests on idle CPU only (SCHED_IDLE), where a process may wait
+#: minutes for a core (a 5-second save once took over 60 in CI). A test that bounds elapsed seconds is marked
+#: ``wall_clock`` instead, and make test runs those at normal priority after the live tests.
 NO_HANG_S = 600.0
 
 
