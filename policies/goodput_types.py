@@ -71,6 +71,15 @@ Tried after, one knob at a time on the same half (these constants 0.908; none 0.
 as with 100: admission never binds on this cluster); with margin 0, k 2 0.910, k 5 0.914; k counted against moves
 between types only, a resize paying its one restart, 0.954 (resizes thrash: 650 restarts a workload).
 
+**What a resize costs** (issue 52; ``price_resizes``, off). The simulator charges a resize in place (a change
+of count on the job's type onto a superset or subset of its GPUs) dlsub's measured 10 s, not a restart
+(``SimConfig.resize_penalty_s``), and tells it (``JobView.resize_s``). With ``price_resizes`` a change of count
+on the job's type is priced at that (``keep_share(resize=True)``) and placed in place where it fits
+(``SiaPolicy.place``'s ``in_place``); a move to another type still at the restart. Off by default: not chosen
+on 1-4. Tried once on 5-8 (order 1, untouched, so a try): average JCT 0.990x and GPU-hours a job 0.990x of
+goodput without it at the same 10 s, 518 restarts a workload against 398 (385 of them in place);
+docs/user-guide.md, "What a resize costs", has the figures with resizes at each cost.
+
 **The profile as the job's first report** (same half, same rule; ``SimConfig.profile_report``, kept). With its
 one-GPU step on its fastest type kept as a report there, a job's model there vouches for four GPUs before its
 first start, so it may start on up to four where it had started on one and grown an interval or two later (a
