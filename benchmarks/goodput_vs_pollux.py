@@ -3,7 +3,7 @@
     python benchmarks/goodput_vs_pollux.py [--loads 0.5,1.0] [--orders 5] [--jitter 120]
         [--workloads 1,2,3,4,5,6,7,8] [--history none,one-user] [--procs 2] [--raw FILE]
         [--variant K=V,...] [--paired] [--tuned-on 1-4|5-8]
-        [--generated [--stated-missing 0.5] [--stated-error 2]]
+        [--generated [--stated-missing 0.5] [--stated-error 2]] [--resize-costs restart,10,0]
 
 For each load, each arrival order (seed 1..N: every arrival delayed by up
 to --jitter seconds) and each workload, goodput and pollux run on the same
@@ -39,6 +39,18 @@ as a line of JSON; a run already in it is not run again (resume).
 runs too and the paired change the variant makes is printed. --tuned-on 5-8
 labels workloads 5-8 as the half a constant was chosen on and 1-4 as
 untouched (the reverse split).
+
+--resize-costs C,... (issue 52): what a resize in place costs in the
+simulator (``SimConfig.resize_penalty_s``): ``restart`` (a resize costs a
+restart, as every figure before issue 52 was run), seconds (10: dlsub's
+measured resize, the simulator's default; 0: free resizes, a bound). Every
+policy runs at each; each cost is reported as above (the policy alone: the
+same cost for both), then, with ``restart`` and a measured cost among them,
+the systems as systems: goodput at the first cost other than ``restart``
+and 0 (dlsub's resize) against pollux at ``restart`` (Pollux restarts on
+every change, the 30 s its simulator charged); and each policy's paired
+change from ``restart`` to each other cost (what the cheaper resize alone
+gives it). Rows of --raw kept before the option are ``restart`` rows.
 """
 
 from __future__ import annotations
@@ -46,7 +58,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,7 +73,8 @@ from dlsub.sim.workload import POLLUX_DIR, WorkloadJob, read_workload
 
 HALVES = {"tuned (1-4)": (1, 2, 3, 4), "untouched (5-8)": (5, 6, 7, 8)}
 REVERSED = {"tuned (5-8)": (5, 6, 7, 8), "untouched (1-4)": (1, 2, 3, 4)}
-Task = tuple[str, int, int, str, str]  # load, workload, seed, policy, history
+Task = tuple[str, int, int, str, str, str]  # load, workload, seed, policy, history, resize cost
+RESTART = "restart"  # --resize-costs: a resize costs a restart (SimConfig.resize_penalty_s None)
 # Issue 54: goodput's average JCT at most this times pollux's, at no more GPU-hours per job.
 CLAIM_GOAL = 0.90
 PHILLY = Path(__file__).resolve().parents[1].parent / "shared/data/pollux/traces/philly.csv"
@@ -91,15 +104,22 @@ class Source:
         return "generated" if policy == "pollux" and self.trace is not None else self.label
 
 
+def resize_penalty(cost: str) -> float | None:
+    """A --resize-costs entry as SimConfig.resize_penalty_s."""
+    return None if cost == RESTART else float(cost)
+
+
 def run(task: Task, jitter: float, source: Source) -> dict[str, object]:
-    load, workload, seed, policy, history = task
+    load, workload, seed, policy, history, resize = task
     jobs = source.workload(load, workload)
-    config = SimConfig(seed=seed, arrival_jitter_s=jitter, information="online", history=history)
+    config = SimConfig(seed=seed, arrival_jitter_s=jitter, information="online", history=history,
+                       resize_penalty_s=resize_penalty(resize))
     summary = simulate(jobs, POLLUX_DIR / "traces", policy_of(policy), ClusterView.uniform(16, 4), config).summary()
     return {"load": load, "workload": workload, "seed": seed, "policy": policy, "history": history,
-            "jitter": jitter, "source": source.label_for(policy), "avg_jct_s": summary["avg_jct_s"],
+            "resize": resize, "jitter": jitter, "source": source.label_for(policy), "avg_jct_s": summary["avg_jct_s"],
             "p99_jct_s": summary["p99_jct_s"], "gpu_h_per_job": summary["gpu_h_per_job"],
-            "restarts": summary["restarts"], "stalled": summary["stalled"], "wall_s": summary["wall_s"]}
+            "restarts": summary["restarts"], "resizes": summary["resizes"], "stalled": summary["stalled"],
+            "wall_s": summary["wall_s"]}
 
 
 def policy_of(label: str) -> Policy:
@@ -111,7 +131,12 @@ def policy_of(label: str) -> Policy:
 
 def _key(row: dict[str, object]) -> Task:
     return (str(row["load"]), int(row["workload"]), int(row["seed"]),  # type: ignore[call-overload]
-            str(row["policy"]), str(row["history"]))
+            str(row["policy"]), str(row["history"]), cost_label(row.get("resize", RESTART)))
+
+
+def cost_label(cost: object) -> str:
+    """A resize cost as runs are keyed: ``restart`` or its seconds as --resize-costs spells them (10, 0, 2.5)."""
+    return RESTART if cost in (None, RESTART) else f"{float(str(cost)):g}"
 
 
 def figures_of(row: Mapping[str, object]) -> dict[str, float] | None:
@@ -123,9 +148,36 @@ def figures_of(row: Mapping[str, object]) -> dict[str, float] | None:
 
 
 Results = dict[Task, dict[str, float]]
+Runs = dict[tuple[str, int, int, str, str], dict[str, float]]  # one resize cost's (or mix's) runs, by Task[:5]
 
 
-def report(results: Results, loads: list[str], seeds: list[int], workloads: list[int],
+def at_costs(results: Results, costs: Mapping[str, str]) -> Runs:
+    """The runs of each policy at its resize cost (``costs[policy]``, else ``costs[""]``), keyed without it."""
+    return {task[:5]: row for task, row in results.items() if task[5] == costs.get(task[3], costs[""])}
+
+
+def runs_of(results: Results, load: str, policy: str, history: str, cost: str) -> Lookup:
+    return lambda w, s: results.get((load, w, s, policy, history, cost))
+
+
+def mechanism(results: Results, loads: list[str], seeds: list[int], workloads: list[int], costs: list[str],
+              policies: list[str], history: str, halves: Mapping[str, tuple[int, ...]]) -> None:
+    """Each policy's paired change in average JCT and GPU-hours a job from a resize costing a restart to each
+    other cost: per order, the mean over the half's workloads of (run at the cost) / (run at restart)."""
+    for load in loads:
+        for half, members in halves.items():
+            ws = [w for w in members if w in workloads]
+            for policy in policies if ws else []:
+                for cost in (c for c in costs if c != RESTART):
+                    ratios = figures(runs_of(results, load, policy, history, cost),
+                                     runs_of(results, load, policy, history, RESTART), ws, seeds)
+                    if ratios:
+                        print(f"  {load}x {half}, {policy} at resize {cost} s / at restart: avg JCT "
+                              f"{ratios['avg_jct_s'].text()} {verdict(ratios['avg_jct_s'])}, GPU-h/job "
+                              f"{ratios['gpu_h_per_job'].text()} {verdict(ratios['gpu_h_per_job'])}")
+
+
+def report(results: Runs, loads: list[str], seeds: list[int], workloads: list[int],
            histories: list[str], goodput: str = "goodput", halves: Mapping[str, tuple[int, ...]] = HALVES,
            paired: bool = False, generated: bool = False) -> None:
     def lookup(load: str, policy: str, history: str) -> Lookup:
@@ -202,7 +254,11 @@ def main() -> None:
                         help="with --generated: share of jobs that state no length (1: none does)")
     parser.add_argument("--stated-error", type=float, default=2.0,
                         help="with --generated: stated lengths off by a factor in [1/E, E], log-uniform")
+    parser.add_argument("--resize-costs", default="10",
+                        help="what a resize in place costs, each run: 'restart' (as before issue 52), seconds "
+                             "(10: dlsub's measured resize, the default; 0: free, a bound)")
     args = parser.parse_args()
+    costs = [cost_label(c) for c in args.resize_costs.split(",")]
     loads = args.loads.split(",")
     source = Source()
     if args.generated:
@@ -227,21 +283,39 @@ def main() -> None:
     for load in loads:
         for seed in seeds:
             for w in workloads:
-                tasks.append((load, w, seed, "pollux", "none"))
-                tasks.extend((load, w, seed, g, h) for g in goodputs for h in histories)
+                for cost in costs:
+                    tasks.append((load, w, seed, "pollux", "none", cost))
+                    tasks.extend((load, w, seed, g, h, cost) for g in goodputs for h in histories)
     todo = [task for task in tasks if task not in results]
-    with ProcessPoolExecutor(max_workers=args.procs) as pool:
-        for row in pool.map(run, todo, [args.jitter] * len(todo), [source] * len(todo)):
-            if row["stalled"]:
-                print(f"warning: stalled: {row}")
-            results[_key(row)] = figures_of(row) or {}
-            if args.raw is not None:
-                with args.raw.open("a") as fh:
-                    fh.write(json.dumps(row) + "\n")
-    print(f"goodput vs pollux, dlsub's simulator, 16 nodes x 4 GPUs, arrivals jittered up to {args.jitter:g} s, "
-          f"workloads: {source.label}")
-    report(results, loads, seeds, workloads, histories, goodput, HALVES if args.tuned_on == "1-4" else REVERSED,
-           paired=len(goodputs) > 1, generated=args.generated)
+    rows: Iterator[dict[str, object]]
+    if args.procs == 1:  # in this process, one at a time (no pool)
+        rows = (run(task, args.jitter, source) for task in todo)
+    else:
+        pool = ProcessPoolExecutor(max_workers=args.procs)
+        rows = pool.map(run, todo, [args.jitter] * len(todo), [source] * len(todo))
+    for row in rows:
+        if row["stalled"]:
+            print(f"warning: stalled: {row}")
+        results[_key(row)] = figures_of(row) or {}
+        if args.raw is not None:
+            with args.raw.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+    halves = HALVES if args.tuned_on == "1-4" else REVERSED
+    for cost in costs:
+        print(f"\n######## every policy at resize cost {cost}{'' if cost == RESTART else ' s'} (the policy alone)")
+        print(f"goodput vs pollux, dlsub's simulator, 16 nodes x 4 GPUs, arrivals jittered up to {args.jitter:g} s, "
+              f"workloads: {source.label}")
+        report(at_costs(results, {"": cost}), loads, seeds, workloads, histories, goodput, halves,
+               paired=len(goodputs) > 1, generated=args.generated)
+    measured = [c for c in costs if c not in (RESTART, "0")]
+    if RESTART in costs and measured:
+        print(f"\n######## systems: goodput at dlsub's resize ({measured[0]} s), pollux at a restart for every change")
+        report(at_costs(results, {"": measured[0], "pollux": RESTART}), loads, seeds, workloads, histories, goodput,
+               halves, paired=False, generated=args.generated)
+    if RESTART in costs and len(costs) > 1:
+        print("\n######## the cheaper resize alone, each policy (paired against a resize costing a restart)")
+        for history in histories:
+            mechanism(results, loads, seeds, workloads, costs, ["pollux", *goodputs], history, halves)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     nice -n 19 python benchmarks/goodput_vs_sia.py [--data ../shared/data/sia] [--orders 5] [--jitter 120]
         [--workloads 5,6,7,8] [--policies goodput,sia,pollux] [--variant K=V,...] [--sia-variant K=V,...]
         [--raw FILE] [--profile before|beside|history] [--profile-s S] [--profile-batch-s S]
-        [--no-profile-report] [--history none|one-user]
+        [--no-profile-report] [--history none|one-user] [--resize-costs restart,10,0]
 
 Each Philly workload (``DATA/workloads-philly/workload-N.csv``) on Sia's cluster (aws 6x4, dgx-ext 2x8,
 rtx 3x8: ``sim/scenarios/sia-cluster.toml``) with Sia's calibration, online (each job knows only what it
@@ -32,6 +32,13 @@ profile_batches=N (N > 1) has it time N batch sizes on the job's fastest type (S
 paid for and used, and what every policy's jobs learn from earlier runs of their command
 (``dlsub.sim.engine.PROFILE_MODES``, ``dlsub.sim.information``): what the profiles cost goodput, measured
 (policies/goodput_types.py).
+--resize-costs C,... (issue 52): what a resize in place costs (``SimConfig.resize_penalty_s``): ``restart``
+(each application's restart in Sia's calibration, as every figure before issue 52 was run), seconds (10:
+dlsub's measured resize, the default, never more than the application's restart; 0: free, a bound). Every
+policy runs at each and each is reported as above (the policies alone, at one cost); then, with ``restart``
+and a measured cost among them, the systems as systems (goodput at dlsub's measured resize against sia and
+pollux at the restarts Sia's paper measured) and each policy's paired change from ``restart`` to each other
+cost. Rows of --raw kept before the option are ``restart`` rows.
 One simulation at a time (the machine is shared).
 """
 
@@ -46,7 +53,7 @@ from typing import Any
 
 from dlsub.policies.registry import policy_class, policy_names
 from dlsub.sim.cluster_file import load_cluster
-from dlsub.sim.compare import METRICS, claim, figures, per_order, table
+from dlsub.sim.compare import METRICS, Lookup, claim, figures, per_order, table
 from dlsub.sim.engine import PROFILE_MODES, SimConfig, simulate
 from dlsub.sim.workload import SCENARIOS_DIR, read_workload
 
@@ -54,6 +61,12 @@ from dlsub.sim.workload import SCENARIOS_DIR, read_workload
 CLAIM_GOAL = 0.90
 # The Philly workloads goodput's constants were chosen on (policies/goodput_types.py); the others are untouched.
 TUNED_ON = frozenset({1, 2, 3, 4})
+RESTART = "restart"  # --resize-costs: a resize costs the application's restart (SimConfig.resize_penalty_s None)
+
+
+def cost_label(cost: object) -> str:
+    """A resize cost as runs are keyed: ``restart`` or its seconds as --resize-costs spells them (10, 0, 2.5)."""
+    return RESTART if cost in (None, RESTART) else f"{float(str(cost)):g}"
 
 
 def parse_variant(text: str, flag: str = "--variant") -> dict[str, float]:
@@ -89,10 +102,10 @@ def run_one(data: Path, cluster_file: Path, policy: str, workload: int, seed: in
             variant: dict[str, float], profile: str = SimConfig.profile,
             profile_s: float = SimConfig.profile_s, history: str = SimConfig.history,
             profile_report: bool = SimConfig.profile_report,
-            profile_batch_s: float = SimConfig.profile_batch_s) -> dict[str, Any]:
+            profile_batch_s: float = SimConfig.profile_batch_s, resize: str = RESTART) -> dict[str, Any]:
     config = SimConfig(information="online", calibration="sia", seed=seed, arrival_jitter_s=jitter,
                        profile=profile, profile_s=profile_s, history=history, profile_report=profile_report,
-                       profile_batch_s=profile_batch_s)
+                       profile_batch_s=profile_batch_s, resize_penalty_s=None if resize == RESTART else float(resize))
     jobs = read_workload(data / "workloads-philly" / f"workload-{workload}.csv")
     made = policy_class(policy)(**variant) if variant else policy_class(policy)()
     result = simulate(jobs, data / "traces", made, load_cluster(cluster_file), config)
@@ -110,7 +123,8 @@ def run_one(data: Path, cluster_file: Path, policy: str, workload: int, seed: in
             "profile_report": config.profile_report if policy == "goodput" else False,
             "profile_batch_s": config.profile_batch_s if policy == "goodput" else 0.0,
             "avg_jct_s": s["avg_jct_s"], "p99_jct_s": s["p99_jct_s"], "gpu_h_per_job": s["gpu_h_per_job"],
-            "restarts": s["restarts"], "stalled": s["stalled"], "wall_s": s["wall_s"], "by_app": by_app}
+            "restarts": s["restarts"], "resizes": s["resizes"], "resize": resize, "stalled": s["stalled"],
+            "wall_s": s["wall_s"], "by_app": by_app}
 
 
 def main() -> None:
@@ -143,7 +157,11 @@ def main() -> None:
     parser.add_argument("--by-app", action="store_true",
                         help="also each policy's figures per application (runs kept in --raw before this option "
                              "have none)")
+    parser.add_argument("--resize-costs", default="10",
+                        help="what a resize in place costs, each run: 'restart' (as before issue 52), seconds "
+                             "(10: dlsub's measured resize, the default; 0: free, a bound)")
     args = parser.parse_args()
+    costs = [cost_label(c) for c in args.resize_costs.split(",")]
     numbers = [int(w) for w in args.workloads.split(",")]
     policies = args.policies.split(",")
     for name in policies:
@@ -157,7 +175,7 @@ def main() -> None:
     if args.raw and args.raw.exists():
         rows = [json.loads(line) for line in args.raw.read_text().splitlines() if line.strip()]
 
-    def find(policy: str, workload: int, seed: int) -> dict[str, Any] | None:
+    def find(policy: str, workload: int, seed: int, cost: str) -> dict[str, Any] | None:
         want = variants.get(policy, {})
         # A goodput run is also told apart by how its profiles were charged (rows before the option: before).
         charge = (args.profile, args.profile_s, args.profile_report) if policy == "goodput" else ("", 0.0, False)
@@ -170,17 +188,17 @@ def main() -> None:
                     row.get("profile", "before" if policy == "goodput" else ""), row["profile_s"],
                     row.get("profile_report", False)) == charge \
                     and (batch_s is None or row.get("profile_batch_s", SimConfig.profile_batch_s) == batch_s) \
-                    and row.get("history", "none") == args.history:
+                    and row.get("history", "none") == args.history and cost_label(row.get("resize")) == cost:
                 return row
         return None
 
     for seed in seeds:
         for w in numbers:
-            for policy in policies:
-                if find(policy, w, seed) is None:
+            for policy, cost in ((p, c) for c in costs for p in policies):
+                if find(policy, w, seed, cost) is None:
                     row = run_one(args.data, args.cluster, policy, w, seed, args.jitter,
                                   variants.get(policy, {}), args.profile, args.profile_s,
-                                  args.history, args.profile_report, args.profile_batch_s)
+                                  args.history, args.profile_report, args.profile_batch_s, resize=cost)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     if args.raw:
@@ -197,57 +215,90 @@ def main() -> None:
             else "the tuned half: goodput's constants were chosen on these workloads, so this is no test of them"
             if set(numbers) <= TUNED_ON
             else f"mixed: goodput's constants were chosen on {','.join(map(str, sorted(tuned)))} of them")
-    print(f"\nSia's setting (64 GPUs: aws 6x4, dgx-ext 2x8, rtx 3x8), online, Philly workloads "
-          f"{args.workloads} ({half}), {len(seeds)} arrival orders "
-          f"(jitter up to {args.jitter:g} s); goodput variant {variant or 'default'}"
-          + (f", sia variant {sia_variant} (off the artifact's settings)" if sia_variant else "")
-          + ", goodput's one-GPU profiles "
-          f"{args.profile} the job, {args.profile_s:g} s each"
-          + (f"; every policy's jobs learn from earlier runs of their command ({args.history}: assumed)"
-             if args.history != "none" else ""))
-    print(f"Each policy's figures: mean over the {len(seeds)} orders of the mean over the workloads [95% interval]")
-    print("\n".join(table({policy: figures(lambda w, s, p=policy: find(p, w, s), None, numbers, seeds)
-                            for policy in policies})))
-    restarts = {p: statistics.fmean(r["restarts"] for s in seeds for w in numbers if (r := find(p, w, s)))
-                for p in policies if any(find(p, w, s) for s in seeds for w in numbers)}
-    print("restarts a workload: " + ", ".join(f"{p} {n:.0f}" for p, n in restarts.items()))
-    if args.by_app:
-        for line in by_application({p: [r for s in seeds for w in numbers if (r := find(p, w, s))]
-                                    for p in policies}):
-            print(line)
-    # A run off the defaults says so in its claim: the goal is judged as the defaults run.
-    changed = [f"goodput's profiles {args.profile} the job, {args.profile_s:g} s each"
-               if (args.profile, args.profile_s) != (SimConfig.profile, SimConfig.profile_s) else "",
-               "its profile not kept as a report" if not args.profile_report else "",
-               f"each further batch size of its profile {args.profile_batch_s:g} s"
-               if args.profile_batch_s != SimConfig.profile_batch_s and variant.get("profile_batches", 1) > 1 else "",
-               f"with history ({args.history}, assumed)" if args.history != "none" else ""]
-    setting = "".join(f", {c}" for c in changed if c)
-    claims = []
-    for base in ("sia", "pollux"):
-        if "goodput" not in policies or base not in policies:
-            continue
-        ratios = figures(lambda w, s: find("goodput", w, s), lambda w, s, b=base: find(b, w, s), numbers, seeds)
-        for metric, label in METRICS.items():
-            values = per_order(lambda w, s: find("goodput", w, s), lambda w, s, b=base: find(b, w, s), metric,
-                               numbers, seeds)
-            print(f"goodput/{base} {label}, per order: " + " ".join(f"{r:.3f}" for r in values)
-                  + f"; mean {ratios[metric].text()}")
-        claims.append((base, ratios))
-    for base, ratios in claims:
-        if len(seeds) < 2:
-            print(f"Claim: none on one arrival order (goodput/{base} {ratios['avg_jct_s'].mean:.3f}, GPU-hours "
-                  f"{ratios['gpu_h_per_job'].mean:.3f}, no interval); run --orders 5.")
-            continue
-        against = ""
-        if base == "sia" and sia_variant:
-            settings = ",".join(f"{key}={value:g}" for key, value in sia_variant.items())
-            against = f", against sia off the artifact's settings ({settings})"
-        sentence = claim("goodput", base, ratios, CLAIM_GOAL,
-                         f"on Philly workloads {args.workloads} ({half}), online{setting}{against}")
-        if base == "sia" and sia_variant:
-            sentence += " (Issue 33's goal is judged against the artifact's sia, not this one.)"
-        print(sentence)
+
+    def report(cost_of: dict[str, str], title: str) -> None:
+        """The figures and claims with each policy's runs at its resize cost (``cost_of[policy]``, else
+        ``cost_of[""]``)."""
+
+        def get(policy: str, workload: int, seed: int) -> dict[str, Any] | None:
+            return find(policy, workload, seed, cost_of.get(policy, cost_of[""]))
+
+        def runs(policy: str) -> Lookup:
+            return lambda w, s: get(policy, w, s)
+
+        print(f"\n######## {title}")
+        print(f"\nSia's setting (64 GPUs: aws 6x4, dgx-ext 2x8, rtx 3x8), online, Philly workloads "
+              f"{args.workloads} ({half}), {len(seeds)} arrival orders "
+              f"(jitter up to {args.jitter:g} s); goodput variant {variant or 'default'}"
+              + (f", sia variant {sia_variant} (off the artifact's settings)" if sia_variant else "")
+              + ", goodput's one-GPU profiles "
+              f"{args.profile} the job, {args.profile_s:g} s each"
+              + (f"; every policy's jobs learn from earlier runs of their command ({args.history}: assumed)"
+                 if args.history != "none" else ""))
+        print(f"Each policy's figures: mean over the {len(seeds)} orders of the mean over the workloads [95% interval]")
+        print("\n".join(table({policy: figures(runs(policy), None, numbers, seeds) for policy in policies})))
+        restarts = {p: statistics.fmean(r["restarts"] for s in seeds for w in numbers if (r := get(p, w, s)))
+                    for p in policies if any(get(p, w, s) for s in seeds for w in numbers)}
+        resizes = {p: statistics.fmean(r.get("resizes", 0) for s in seeds for w in numbers if (r := get(p, w, s)))
+                   for p in restarts}
+        print("restarts a workload: " + ", ".join(f"{p} {n:.0f}" for p, n in restarts.items())
+              + "; of them resizes in place: " + ", ".join(f"{p} {n:.0f}" for p, n in resizes.items()))
+        if args.by_app:
+            for line in by_application({p: [r for s in seeds for w in numbers if (r := get(p, w, s))]
+                                        for p in policies}):
+                print(line)
+        # A run off the defaults says so in its claim: the goal is judged as the defaults run.
+        changed = [f"goodput's profiles {args.profile} the job, {args.profile_s:g} s each"
+                   if (args.profile, args.profile_s) != (SimConfig.profile, SimConfig.profile_s) else "",
+                   "its profile not kept as a report" if not args.profile_report else "",
+                   f"each further batch size of its profile {args.profile_batch_s:g} s"
+                   if args.profile_batch_s != SimConfig.profile_batch_s and variant.get("profile_batches", 1) > 1
+                   else "",
+                   f"with history ({args.history}, assumed)" if args.history != "none" else ""]
+        setting = "".join(f", {c}" for c in changed if c)
+        claims = []
+        for base in ("sia", "pollux"):
+            if "goodput" not in policies or base not in policies:
+                continue
+            ratios = figures(runs("goodput"), runs(base), numbers, seeds)
+            for metric, label in METRICS.items():
+                values = per_order(runs("goodput"), runs(base), metric, numbers, seeds)
+                print(f"goodput/{base} {label}, per order: " + " ".join(f"{r:.3f}" for r in values)
+                      + f"; mean {ratios[metric].text()}")
+            claims.append((base, ratios))
+        for base, ratios in claims:
+            if len(seeds) < 2:
+                print(f"Claim: none on one arrival order (goodput/{base} {ratios['avg_jct_s'].mean:.3f}, GPU-hours "
+                      f"{ratios['gpu_h_per_job'].mean:.3f}, no interval); run --orders 5.")
+                continue
+            against = ""
+            if base == "sia" and sia_variant:
+                settings = ",".join(f"{key}={value:g}" for key, value in sia_variant.items())
+                against = f", against sia off the artifact's settings ({settings})"
+            sentence = claim("goodput", base, ratios, CLAIM_GOAL,
+                             f"on Philly workloads {args.workloads} ({half}), online{setting}{against}")
+            if base == "sia" and sia_variant:
+                sentence += " (Issue 33's goal is judged against the artifact's sia, not this one.)"
+            print(sentence)
+
+    for cost in costs:
+        report({"": cost}, f"every policy at resize cost {cost}{'' if cost == RESTART else ' s'} (the policies alone)")
+    measured = [c for c in costs if c not in (RESTART, "0")]
+    if RESTART in costs and measured:
+        report({"": RESTART, "goodput": measured[0]},
+               f"systems: goodput at dlsub's measured resize ({measured[0]} s), sia and pollux at the restarts "
+               "Sia's paper measured for every change")
+    def at(policy: str, cost: str) -> Lookup:
+        return lambda w, s: find(policy, w, s, cost)
+
+    if RESTART in costs and len(costs) > 1:
+        print("\n######## the cheaper resize alone, each policy (paired against a resize costing a restart)")
+        for policy in policies:
+            for cost in (c for c in costs if c != RESTART):
+                ratios = figures(at(policy, cost), at(policy, RESTART), numbers, seeds)
+                if ratios:
+                    print(f"{policy} at resize {cost} s / at restart: avg JCT {ratios['avg_jct_s'].text()}, "
+                          f"GPU-h/job {ratios['gpu_h_per_job'].text()}")
 
 
 def by_application(runs: dict[str, list[dict[str, Any]]]) -> list[str]:

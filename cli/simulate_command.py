@@ -37,6 +37,19 @@ def _native_stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def _resize_penalty(text: str) -> float | None:
+    """--resize-penalty as SimConfig.resize_penalty_s: seconds (at least 0), or None for "restart"."""
+    if text == "restart":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also NaN
+        raise click.BadParameter(f"{text!r}: seconds (at least 0) or 'restart'", param_hint="'--resize-penalty'")
+    return seconds
+
+
 @click.command()
 @click.argument("workload", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--policy", "policy_name", default="goodput", show_default=True,
@@ -66,7 +79,12 @@ def _native_stdout_to_stderr() -> Iterator[None]:
                    "and command columns; or one-user, an assumption (the workload is one user's and a command "
                    "is an application and batch size; every job of an application is then a clone).")
 @click.option("--restart-penalty", type=click.IntRange(min=0), default=30, show_default=True,
-              help="Seconds without progress after every (re)allocation.")
+              help="Seconds without progress after every (re)allocation that is not a resize in place.")
+@click.option("--resize-penalty", default="10", show_default=True, metavar="SECONDS|restart",
+              help="Seconds without progress after a resize in place (the same kind of GPUs, grown onto more or "
+                   "shrunk onto fewer of the GPUs a job holds; never more than its restart): 10 is dlsub's "
+                   "measured resize, 0 free resizes (a bound); restart charges a resize a restart, as the "
+                   "simulator did before issue 52.")
 @click.option("--calibration", type=click.Choice(["auto", "none", "sia"]), default="auto", show_default=True,
               help="sia: Sia's per-application slowdowns and restart penalties (which replace --restart-penalty), "
                    "as its artifact calibrated them; auto: sia on a cluster with GPU types, else none.")
@@ -82,6 +100,7 @@ def simulate(
     arrival_jitter: float,
     interval: int,
     restart_penalty: int,
+    resize_penalty: str,
     information: str,
     history: str,
     calibration: str,
@@ -113,7 +132,7 @@ def simulate(
             calibration = "sia" if cluster.gpu_types() else "none"
         config = SimConfig(interval_s=interval, restart_penalty_s=restart_penalty, seed=seed,
                            arrival_jitter_s=arrival_jitter, information=information, history=history,
-                           calibration=calibration)
+                           calibration=calibration, resize_penalty_s=_resize_penalty(resize_penalty))
         with click.progressbar(length=len(jobs), label=f"{policy.name} on {workload.name}", file=sys.stderr,
                                show_pos=True) as bar:
             done = [0]

@@ -78,6 +78,9 @@ class JobView:
     progress: float = 0.0
     restarts: int = 0  # times its GPUs changed after its first start (pollux's restart penalty)
     restart_s: float | None = None  # what one restart costs it, when known (else a policy's default)
+    # What one resize in place costs it (the same kind of GPUs, grown onto more or shrunk onto fewer of the
+    # ones it holds), when it costs less than a restart and a policy is told so; None: a restart.
+    resize_s: float | None = None
     restarting_s: float = 0.0  # seconds left of the restart it is in now (checkpoint-restore under way)
     step: int = 1
     packing: int | None = None

@@ -30,7 +30,10 @@ takes under 100 ms):
    less than ``restart_penalty_s`` × ``restart_weight`` seconds (known
    length) or, for a job of unknown length, when the speed-up it would
    gain is less than ``restart_share`` of its own (Pollux's restart
-   penalty): every change costs a restart.
+   penalty): every change costs a restart. (Issue 52: the simulator now
+   charges a resize in place dlsub's measured 10 s, not a restart; this
+   policy reads no resize figure and prices every change as before.
+   Figures: docs/user-guide.md, "What a resize costs".)
 
 Without remaining work the shortest-first rule of step 2 can only rank
 on a guess, and growing jobs on that guess lost to Pollux's published

@@ -57,7 +57,7 @@ as an integer program.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import ClassVar
@@ -112,6 +112,32 @@ class TypeShape:
             c *= 2
         counts.extend(self.per_node * k for k in range(1, len(self.nodes) + 1))
         return [c for c in counts if c <= min(MAX_CONFIG_GPUS, self.total)]
+
+
+def in_place_nodes(held: Sequence[str], count: int, free: Mapping[str, int], per_node: int) -> tuple[str, ...] | None:
+    """``count`` GPUs of a job's type on a superset (grown: more GPUs of its node, or whole nodes beside its
+    own) or a subset (shrunk) of the GPUs it ``held`` (one entry a GPU), in the type's configurations (below
+    a node on one node, else whole nodes); ``free``: each node's free GPUs, the job's own counted free. None
+    where it cannot be resized in place."""
+    have = Counter(held)
+    whole = count >= per_node
+    if count == len(held) or count <= 0 or (whole and count % per_node):
+        return None
+    if count < len(held):  # shrink onto some of its GPUs
+        if not whole:
+            node = next((n for n in have if have[n] >= count and free.get(n, 0) >= count), None)
+            return None if node is None else (node,) * count
+        full = [n for n in have if have[n] == per_node and free.get(n, 0) >= per_node][:count // per_node]
+        return tuple(n for n in full for _ in range(per_node)) if len(full) * per_node == count else None
+    if not whole:  # grow on its one node
+        node = next(iter(have))
+        return (node,) * count if len(have) == 1 and free.get(node, 0) >= count else None
+    if len(have) > count // per_node or any(free.get(n, 0) < per_node for n in have):
+        return None
+    extra = [n for n, k in free.items() if n not in have and k >= per_node][:count // per_node - len(have)]
+    if len(extra) + len(have) < count // per_node:
+        return None
+    return tuple(n for n in (*have, *extra) for _ in range(per_node))
 
 
 def type_shapes(cluster: ClusterView) -> list[TypeShape]:
@@ -441,7 +467,12 @@ class SiaPolicy:
         return chosen
 
     def place(self, jobs: Jobs, shapes: Sequence[TypeShape], chosen: Mapping[int, tuple[int, int]],
-               previous: Allocations) -> Decision:
+               previous: Allocations, in_place: Container[str] = frozenset()) -> Decision:
+        """Each chosen (type, GPUs) on nodes: a job keeping its type and count keeps its GPUs; the others are
+        packed afresh, largest first. ``in_place``: jobs that, keeping their type and changing their count,
+        are grown onto a superset or shrunk onto a subset of the GPUs they hold where that fits
+        (:func:`in_place_nodes`; the simulator then charges a resize, not a restart), before the others are packed; if
+        that leaves a chosen configuration without room, every job is placed as without it."""
         decision: Decision = {}
         free: list[Counter[str]] = []
         for shape in shapes:
@@ -459,6 +490,20 @@ class SiaPolicy:
                 decision[job.name] = prev
             else:
                 pending.append((j, i, count))
+        if in_place:
+            placed = []
+            for j, i, count in pending:
+                prev = previous.get(jobs[j].name)
+                nodes = (in_place_nodes(prev.nodes, count, free[i], shapes[i].per_node)
+                         if jobs[j].name in in_place and prev is not None and prev.nodes
+                         and all(node_type.get(n) == i for n in prev.nodes) else None)
+                if nodes is not None:
+                    for n in nodes:
+                        free[i][n] -= 1
+                    decision[jobs[j].name] = Allocation(nodes, self._batch(jobs[j], shapes[i], nodes))
+                    placed.append(j)
+            if placed:
+                pending = [item for item in pending if item[0] not in placed]
         pending.sort(key=lambda item: (-item[2], jobs[item[0]].arrival_s, jobs[item[0]].name))
         # pack(free[i], count, capacity=every node's per_node) through an index of the nodes by free GPUs
         # (each call of pack looks at every node of the type: 0.2 s a decision at 10,000 GPUs).
@@ -466,7 +511,9 @@ class SiaPolicy:
         for j, i, count in pending:
             job = jobs[j]
             nodes = indices[i].take(count, shapes[i].per_node)
-            if nodes is None:  # cannot happen: the program kept each type within its GPUs
+            if nodes is None:  # the program kept each type within its GPUs: only resizes in place can do that
+                if in_place:
+                    return self.place(jobs, shapes, chosen, previous)
                 continue
             decision[job.name] = Allocation(nodes, self._batch(job, shapes[i], nodes))
         return decision

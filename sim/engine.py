@@ -4,7 +4,9 @@ Time moves in scheduling intervals (60 s). Inside an interval a job runs
 at the goodput of its placement and batch size, crossing epoch boundaries
 at the exact second (an adaptive job re-tunes its batch size between epochs,
 and in Sia's setting after every interval); a job whose GPUs change pays the restart penalty
-(30 s without progress) first, its first start included. A job holding
+(30 s without progress) first, its first start included, unless the change is a resize in place
+(:func:`resized_in_place`: the same kind of GPUs, grown onto a superset or shrunk onto a subset of the
+GPUs per node it held), which pays the resize penalty (``SimConfig.resize_penalty_s``, measured). A job holding
 fewer GPUs than it needs to run (a partial gang) holds them and makes no
 progress.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +36,15 @@ MAX_REPLICAS = 64
 class SimConfig:
     interval_s: int = 60
     restart_penalty_s: int = 30
+    # Seconds without progress after a resize in place (resized_in_place); any other change of GPUs (a move
+    # to other nodes or another GPU kind, a start after waiting) pays a restart, the first start included.
+    # 10: dlsub's resize as measured on the testbed, 30 Nov 2026 (issue 52), decision -> first step at the
+    # new size through the checkpoint-restart path with forked training processes
+    # (`benchmarks/resize_latency.py --within-node --samples 3`): grow 9.8 s median (9.8, 10.7, 9.8), shrink
+    # 9.2 s (8.8, 9.5, 9.2). None: a resize costs a restart, as before issue 52 (the figures published
+    # before then; `--resize-penalty restart`). 0: free resizes, a bound. Never more than the job's restart:
+    # a resize is that restart's path without the move.
+    resize_penalty_s: float | None = 10.0
     seed: int = 0
     arrival_jitter_s: float = 0.0
     # What a policy that learns is told: "online" (only what the live agent
@@ -106,6 +118,9 @@ class SimJob:
     slowdown: float = 1.0  # progress runs this many times slower than the traces (calibration)
     restart_s: float | None = None  # its own restart penalty, when the setting has one per application
     told_restart_s: float | None = None  # what a policy is told a restart costs it (the setting's)
+    resize_s: float | None = None  # what a resize in place costs it (None: a restart; SimConfig.resize_penalty_s)
+    told_resize_s: float | None = None  # what a policy is told a resize in place costs it (None: a restart)
+    resizes: int = 0  # reallocations that were resizes in place (of its restarts, starts - 1)
     profile_s: float = 0.0  # added to its first start: its profile of every GPU type (SimConfig.profile_s)
     # The types whose one-GPU profile the policy is told (None: every type's; SimConfig.profile "beside" or "history").
     profiled: frozenset[str] | None = None
@@ -141,15 +156,23 @@ class SimJob:
         self.config = self.app.batch_config(replicas, batch)
 
     def reallocate(self, alloc: Allocation | None, now: float, penalty_s: float, gpu_type: str = "") -> None:
+        """Give the job ``alloc`` (on ``gpu_type``, on a typed cluster) from ``now``. It pays a restart
+        (``penalty_s``, or its own ``restart_s``), or, where the change is a resize in place and resizes have
+        a price of their own (``resize_s``), that."""
         if alloc is None or alloc.gpus == 0:
             self.alloc, self.config = None, None
             self.running_since_s, self.waiting_since_s = None, now
             return
+        resize = self.resize_s is not None and resized_in_place(self.alloc, alloc, self.gpu_type,
+                                                                gpu_type or self.gpu_type)
         if gpu_type != self.gpu_type and gpu_type in self.apps:
             # A new kind of GPU: its traces from now on; the progress (type-independent) is the checkpoint's.
             self.gpu_type, self.app = gpu_type, self.apps[gpu_type]
         if self.restart_s is not None:
             penalty_s = self.restart_s
+        if resize and self.resize_s is not None:
+            penalty_s = min(self.resize_s, penalty_s)
+            self.resizes += 1
         self.alloc = alloc
         if self.adaptive and alloc.batch_size:
             self.config = self.app.batch_config(alloc.gpus, alloc.batch_size)
@@ -209,6 +232,28 @@ class SimJob:
         return self.info.view(self)
 
 
+def resized_in_place(old: Allocation | None, new: Allocation, old_type: str, new_type: str) -> bool:
+    """Whether going from ``old`` to ``new`` is a resize in place: a running job on the same kind of GPUs,
+    grown onto a superset or shrunk onto a subset of the GPUs it held on each node (the live agent's jobs
+    grow by adding workers and shrink by sending some away; dlsub re-forms the group on the GPUs it keeps).
+    Anything else, a move to other nodes or another kind, or a reshape that is neither, is a restart."""
+    if old is None or old_type != new_type:
+        return False
+    held, given = Counter(old.nodes), Counter(new.nodes)
+    return held != given and (held <= given or given <= held)
+
+
+def resize_cost(config: SimConfig, restart_s: float | None) -> float | None:
+    """What a resize in place costs a job whose restart costs ``restart_s`` (None: the config's restart
+    penalty): SimConfig.resize_penalty_s, never more than its restart; None where resizes cost a restart.
+    In Sia's calibration (per-application restarts, which Sia's paper measured; it measured no resize) a
+    resize costs the same measured seconds for every application: dlsub's figure, measured on a small
+    model, so for an application whose restart is mostly its own loading (imagenet's 250 s) a lower bound."""
+    if config.resize_penalty_s is None:
+        return None
+    return min(config.resize_penalty_s, config.restart_penalty_s if restart_s is None else restart_s)
+
+
 @dataclass(frozen=True)
 class JobResult:
     name: str
@@ -218,6 +263,7 @@ class JobResult:
     completion_s: float | None
     restarts: int
     gpu_s: float
+    resizes: int = 0  # of its restarts, those that were resizes in place (resized_in_place)
 
     @property
     def jct_s(self) -> float | None:
@@ -265,6 +311,7 @@ class SimResult:
             "makespan_s": round(end - first, 1) if len(done) == len(self.jobs) else None,
             "gpu_utilization": round(util, 4),
             "restarts": sum(j.restarts for j in self.jobs),
+            "resizes": sum(j.resizes for j in self.jobs),
             "gpu_h_per_job": round(sum(j.gpu_s for j in self.jobs) / 3600 / len(self.jobs), 3) if self.jobs else None,
             "wall_s": round(self.wall_s, 2),
         }
@@ -343,12 +390,14 @@ def make_jobs(
         if elastic:
             hi = max(lo, min(hi, type_cap))
         jitter = rng.uniform(0, config.arrival_jitter_s) if config.arrival_jitter_s else 0.0
+        restart_s = (sia_setting.restart_s(config.calibration, app.name, config.restart_penalty_s)
+                     if config.calibration != "none" else None)
+        told_restart_s = sia_setting.told_restart_s(config.calibration, app.name)
         job = SimJob(spec, app, spec.arrival_s + jitter, lo, hi, spec.num_replicas, batch, adaptive, info,
                      apps=apps, gpu_type=gpu_types[0] if gpu_types else "",
                      slowdown=sia_setting.slowdown(config.calibration, app.name),
-                     restart_s=(sia_setting.restart_s(config.calibration, app.name, config.restart_penalty_s)
-                                if config.calibration != "none" else None),
-                     told_restart_s=sia_setting.told_restart_s(config.calibration, app.name),
+                     restart_s=restart_s, told_restart_s=told_restart_s,
+                     resize_s=resize_cost(config, restart_s), told_resize_s=resize_cost(config, told_restart_s),
                      profile_s=profile_s, profiled=profiled)
         jobs.append(job)
     return jobs
@@ -522,6 +571,7 @@ def simulate(
             job.completion_s,
             max(job.starts - 1, 0),
             job.attained_gpu_s,
+            job.resizes,
         )
         for job in jobs
     ]

@@ -13,6 +13,13 @@ cluster whose groups name GPU types) applies them:
 - **Batch size re-tuned every interval**: each adaptive job picks its batch size again at the end of
   every interval it ran (``job.py``: ``step`` ends with ``update_local_bsz``), on the model its reports
   so far fit; not only between epochs and when its GPUs change.
+- **Resizes** (not Sia's: issue 52): Sia's paper and artifact measured restarts only, and charge one for
+  every change of a job's GPUs. dlsub resizes a job in place (the same kind of GPUs, grown onto more or
+  shrunk onto fewer of the ones it holds) in a measured 10 s (``SimConfig.resize_penalty_s``); here that
+  costs the same 10 s for every application, never more than the application's restart. dlsub's figure
+  was measured on a small model, so for an application whose restart is mostly its own start-up
+  (imagenet's 250 s) it is a lower bound on what a resize would cost it; ``resize_penalty_s=None``
+  (``--resize-penalty restart``) is Sia's own pricing, a restart for every change.
 - **What Sia's policy is told a restart costs** (its restart factor):
   another table per application, measured on the physical cluster
   (``sia.py``'s ``get_restart_penalty``); 30 s for any other.

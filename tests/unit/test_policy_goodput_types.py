@@ -145,7 +145,9 @@ def test_the_simulator_charges_the_profile_to_a_policy_that_reads_it() -> None:
     sim_job.reallocate(Allocation(("n000",)), 0.0, 30.0)
     assert sim_job.penalty_left == 75.0  # its first start: the restart and the profile
     sim_job.reallocate(Allocation(("n000", "n000")), 60.0, 30.0)
-    assert sim_job.penalty_left == 30.0  # later starts: the restart alone
+    assert sim_job.penalty_left == 10.0  # later changes: no profile; this grow in place pays the resize (issue 52)
+    sim_job.reallocate(Allocation(("n001", "n001")), 120.0, 30.0)
+    assert sim_job.penalty_left == 30.0  # and a move the restart
 
 
 def test_a_type_a_job_has_no_profile_of_is_guessed_from_the_other_jobs_profiles() -> None:

@@ -107,6 +107,26 @@ def test_goodput_vs_pollux_prints_every_figure_and_the_claim(benchmarks: None,
     assert "x its GPU-hours per job (5% more); the goal of <= 0.90x at no more GPU-hours is not met." in out
 
 
+def test_goodput_vs_pollux_compares_systems_at_their_own_resize_costs(benchmarks: None,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 52: runs keyed by resize cost; the systems comparison takes goodput's runs at dlsub's resize and
+    pollux's at a restart; a kept row without the field is a restart row; each policy's paired change."""
+    bench: ModuleType = importlib.import_module("goodput_vs_pollux")
+    results = {}
+    for (w, s), figs in OURS.items():
+        results[("1.0", w + 4, s, "goodput", "none", "10")] = figs
+        results[("1.0", w + 4, s, "goodput", "none", "restart")] = BASE[(w, s)]
+        results[("1.0", w + 4, s, "pollux", "none", "restart")] = BASE[(w, s)]
+    systems = bench.at_costs(results, {"": "10", "pollux": "restart"})
+    assert systems[("1.0", 5, 1, "goodput", "none")] == OURS[(1, 1)]
+    assert systems[("1.0", 5, 1, "pollux", "none")] == BASE[(1, 1)]
+    assert bench._key({"load": "1.0", "workload": 5, "seed": 1, "policy": "pollux", "history": "none"})[5] == "restart"
+    assert bench.cost_label("10.0") == "10" and bench.resize_penalty("restart") is None
+    bench.mechanism(results, ["1.0"], [1, 2], [5, 6], ["restart", "10"], ["goodput"], "none", bench.HALVES)
+    out = capsys.readouterr().out
+    assert "1.0x untouched (5-8), goodput at resize 10 s / at restart: avg JCT 0.863 [" in out
+
+
 def test_goodput_vs_pollux_runs_again_a_kept_row_without_gpu_hours(benchmarks: None) -> None:
     bench: ModuleType = importlib.import_module("goodput_vs_pollux")
     assert bench.figures_of({"avg_jct_s": 1.0}) is None
@@ -137,8 +157,9 @@ def test_goodput_vs_sia_prints_every_figure_and_the_claim_from_kept_runs(
     bench: ModuleType = importlib.import_module("goodput_vs_sia")
     raw = tmp_path / "raw.jsonl"
     _kept_runs(raw, {}, by_app=True)
+    # Kept before --resize-costs: each run charged a resize a restart.
     monkeypatch.setattr(sys, "argv", ["goodput_vs_sia.py", "--workloads", "5,6", "--orders", "2", "--policies",
-                                      "goodput,sia", "--raw", str(raw), "--by-app"])
+                                      "goodput,sia", "--raw", str(raw), "--by-app", "--resize-costs", "restart"])
 
     def no_run(*args: object, **kwargs: object) -> None:
         raise AssertionError("every run is kept: none runs")
@@ -164,14 +185,15 @@ def test_goodput_vs_sia_tells_runs_apart_by_the_charge_of_a_profiles_further_bat
     rows = _kept_runs(raw, {"profile_batches": 2.0}, by_app=False)
     ran: list[tuple[object, ...]] = []
 
-    def run_one(*args: object) -> dict[str, object]:
+    def run_one(*args: object, **kwargs: object) -> dict[str, object]:
+        assert kwargs == {"resize": "restart"}
         ran.append(args)
         w, s = int(args[3]) - 4, int(args[4])  # type: ignore[call-overload]
         return {**rows[2 * list(OURS).index((w, s))], "profile_batch_s": args[-1]}
 
     monkeypatch.setattr(bench, "run_one", run_one)
     argv = ["goodput_vs_sia.py", "--workloads", "5,6", "--orders", "2", "--policies", "goodput,sia", "--raw",
-            str(raw), "--variant", "profile_batches=2"]
+            str(raw), "--variant", "profile_batches=2", "--resize-costs", "restart"]
     monkeypatch.setattr(sys, "argv", argv)
     bench.main()
     assert ran == []
