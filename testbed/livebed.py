@@ -153,27 +153,51 @@ def _cpu_idle_ticks() -> tuple[int, int]:
     """(idle + iowait + niced ticks, all ticks) of the whole machine since boot, from /proc/stat.
 
     Niced work counts as idle: it yields to the run being measured (at nice 19 it gets about 1.5% of a core
-    a normal process wants). CI runs the unit tests so, beside the live ones: counted as busy, they would hold
-    a wait here at its 90 s limit whenever a measurement falls while they run. (In the CI runs seen, the unit
-    tests had ended before the estimate test began: its 234-258 s are its profiling and timed runs.)"""
+    a normal process wants). (In the CI runs seen, the unit tests had ended before the estimate test began: its
+    234-258 s are its profiling and timed runs.)"""
     ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     return ticks[1] + ticks[3] + ticks[4], sum(ticks)
+
+
+#: sched_setscheduler's SCHED_IDLE, as /proc/PID/stat's policy field gives it.
+SCHED_IDLE = 5
+
+
+def _idle_class_ticks() -> dict[int, int]:
+    """pid -> CPU ticks (user + system) of every process running under SCHED_IDLE. make test runs the unit tests
+    so beside the live ones (`chrt --idle`): /proc/stat counts their ticks as any process's, and counted as busy
+    they would hold a wait here at its 90 s limit whenever a measurement falls while they run."""
+    ticks = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = Path(entry.path, "stat").read_text()
+        except OSError:  # ended since the listing
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # from field 3 (state) on: the name may hold spaces
+        if int(fields[38]) == SCHED_IDLE:  # field 41, policy
+            ticks[int(entry.name)] = int(fields[11]) + int(fields[12])  # fields 14 and 15, utime and stime
+    return ticks
 
 
 def wait_until_quiet(idle_share: float = 0.8, timeout: float = 90) -> bool:
     """Wait until Slurm holds no pending or running job and the CPUs were ``idle_share`` idle for two
     consecutive seconds: a measurement of one undisturbed run starts there. Every testbed node shares this
     machine's cores, so a previous test's jobs still ending, or their containers being removed, slow the
-    next run. False when the machine stayed busy for ``timeout`` s (the caller measures anyway and says so).
+    next run. Work under SCHED_IDLE (CI's unit tests) counts as idle: it yields the cores at once. False when
+    the machine stayed busy for ``timeout`` s (the caller measures anyway and says so).
     """
     deadline = time.monotonic() + timeout
     calm = 0
     while time.monotonic() < deadline:
         queued = subprocess.run(["squeue", "-h", "-t", "PD,R,CG,S"], capture_output=True, text=True).stdout
-        before = _cpu_idle_ticks()
+        before, yielding_before = _cpu_idle_ticks(), _idle_class_ticks()
         time.sleep(1.0)
         idle, total = (a - b for a, b in zip(_cpu_idle_ticks(), before, strict=True))
-        calm = calm + 1 if not queued.strip() and total and idle / total >= idle_share else 0
+        yielding = sum(max(0, t - yielding_before[pid]) for pid, t in _idle_class_ticks().items()
+                       if pid in yielding_before)
+        calm = calm + 1 if not queued.strip() and total and (idle + yielding) / total >= idle_share else 0
         if calm >= 2:
             return True
     return False
