@@ -120,6 +120,10 @@ def _rows(cursor: sqlite3.Cursor) -> list[dict[str, Any]]:
     return [dict(zip(names, values, strict=True)) for values in cursor.fetchall()]
 
 
+def _unknown(key: str) -> UnknownJob:
+    return UnknownJob(f"no dlsub job {key!r} of yours; `dlsub status` lists them")
+
+
 class JobStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -142,10 +146,10 @@ class JobStore:
         import sqlite_utils
 
         jobs = sqlite_utils.Database(self.conn).table("jobs")
-        if not have:
+        if not have:  # made whole: every column, the added ones among them
             jobs.create(_COLUMNS, pk="id", if_not_exists=True)
             jobs.create_index(["slurm_job_id"], if_not_exists=True)
-            have = set(jobs.columns_dict)
+            return
         for name, kind in _ADDED_COLUMNS.items():
             if name not in have:
                 jobs.add_column(name, kind)
@@ -153,7 +157,7 @@ class JobStore:
     def _row(self, job_id: str) -> dict[str, Any]:
         rows = _rows(self.conn.execute("SELECT * FROM jobs WHERE id = ?", [job_id]))
         if not rows:
-            raise UnknownJob(f"no dlsub job {job_id!r} of yours; `dlsub status` lists them")
+            raise _unknown(job_id)
         return rows[0]
 
     def _set(self, job_id: str, fields: dict[str, Any]) -> None:
@@ -164,7 +168,7 @@ class JobStore:
         done = self.conn.execute(f"UPDATE jobs SET {', '.join(f'[{n}] = ?' for n in names)} WHERE id = ?",
                                  [*(fields[n] for n in names), job_id])
         if done.rowcount == 0:
-            raise UnknownJob(f"no dlsub job {job_id!r} of yours; `dlsub status` lists them")
+            raise _unknown(job_id)
 
     def add(self, record: JobRecord) -> None:
         row = record.to_row()
@@ -222,7 +226,7 @@ class JobStore:
         if key.isdigit():
             raise UnknownJob(f"no dlsub job of yours has Slurm job id {key} (a number is taken as a Slurm job id; "
                              "a dlsub id prefix needs a letter, or give the whole id); `dlsub status` lists them")
-        raise UnknownJob(f"no dlsub job {key!r} of yours; `dlsub status` lists them")
+        raise _unknown(key)
 
 
 def _select_jobs(uri: str) -> list[sqlite3.Row]:
