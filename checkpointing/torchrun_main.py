@@ -10,6 +10,9 @@ starts torchrun again: :mod:`dlsub.checkpointing.launch`):
   it while the old group is still stopping, so the ~2 s of CPU the import
   costs overlap the old group's exit instead of following it. Standard
   input is then ``/dev/null``, as the training processes had it before.
+* Each training process gets the CPUs Slurm gave the job on the node,
+  shared among them, as its OpenMP threads (``OMP_NUM_THREADS``; where
+  nothing set it already): torch alone would take the whole node's cores.
 * At exit it freezes Python's collector: its passes over torch's objects
   cost about a second of CPU, and the next torchrun cannot listen on the
   group's port before this one has exited.
@@ -41,7 +44,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 #: ``exec`` here: the training processes start as torchrun starts them, each a Python of its own.
@@ -161,6 +164,27 @@ def forking(args: list[str]) -> list[str]:
     return [*prefix, "--run-path", "--start-method", "fork", os.path.abspath(forked_rank.__file__), *args[script_at:]]
 
 
+def threads_per_process(environ: Mapping[str, str], nproc_per_node: str) -> int | None:
+    """OpenMP threads for each training process: the CPUs Slurm gave the job on this node shared among its
+    processes there. None where the environment already sets them (the user's --export, the site's policy, the
+    image) or says nothing to share. Left to torch, a process alone takes a thread per core of the whole node,
+    whatever share of it the job was given, and torchrun gives each of several one thread."""
+    if "OMP_NUM_THREADS" in environ:
+        return None
+    try:
+        cpus, processes = int(environ.get("SLURM_CPUS_ON_NODE", "")), int(nproc_per_node)
+    except ValueError:  # no allocation to read, or torchrun's "auto"/"gpu": torchrun decides
+        return None
+    return max(1, cpus // processes) if cpus > 0 and processes > 0 else None
+
+
+def _set_threads(args: list[str]) -> None:
+    options = _torchrun_options(args)
+    threads = None if options is None else threads_per_process(os.environ, str(options.nproc_per_node))
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     from torch.distributed.run import main as torchrun
@@ -173,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             print("dlsub: torchrun_main: no command line came on standard input", file=sys.stderr, flush=True)
             return 2
         args = handed
+    _set_threads(args)
     args = forking(args)
     sys.argv = ["torchrun", *args]  # torchrun's messages name itself, as from its own script
     try:

@@ -24,13 +24,13 @@ import click
 import dlsub
 from dlsub.cli.errors import fail
 from dlsub.cli.submit_options import SubmitOptions, environment_options, read_exports
+from dlsub.containers.exports import ExportError, parse_exports
 from dlsub.containers.mounts import MountError, MountRequest, resolve_mount
 from dlsub.containers.podman import ImageError
 from dlsub.contract import CHECKPOINT_SIGNAL, ENV_TARGET_LOSS, JobState
 from dlsub.estimate.apply_choice import FromEstimate, chosen_row, submit_options, with_env
 from dlsub.job.budget_check import check_budget, extra_for
 from dlsub.job.directives import Directive, DirectiveError, read_directives
-from dlsub.job.exports import ExportError, parse_exports
 from dlsub.job.output_files import OutputFiles
 from dlsub.job.output_lines import LogPrinter, Selection
 from dlsub.job.partition_choice import PlanningError
@@ -222,7 +222,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
         restart_plain_max_s=policy.moves.restart_plain_max_s,
         gpu_type=_row_gpu_type(picked, options.partition, shape.gpus_per_node),
         site_paths=policy.site,
-        exports=read_exports(options.export), venv=options.venv,
+        exports=read_exports(options.export), site_env=policy.containers.environment, venv=options.venv,
         partition_images=policy.containers.partition_images_for(named_image, os.environ),
     )
     plan = plan_job(request, settings, client)

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from dlsub.job.exports import Exported, ExportError, exported, parse_exports
+from dlsub.containers.exports import Exported, ExportError, exported, parse_exports
 from dlsub.job.shape import Shape, ShapeError, resolve_shape
 from dlsub.job.submit import SubmitError
 from dlsub.slurm_plugins.timespec import parse_time_limit

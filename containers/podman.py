@@ -101,10 +101,10 @@ class ContainerSpec:
     socket_ifname: str = ""
     grace_s: int = 30
     env: tuple[tuple[str, str], ...] = ()
-    # The variables of the user's shell that --export passes (job.exports): in the job directory's
+    # The variables of the user's shell that --export passes (containers.exports): in the job directory's
     # contract.CONTAINER_ENV_FILE, read by podman --env-file, so that no value is on a command line (ps).
     user_env: tuple[tuple[str, str], ...] = ()
-    # The user's PYTHONPATH entries the container sees (job.exports: on a mounted path), after dlsub's library.
+    # The user's PYTHONPATH entries the container sees (containers.exports: on a mounted path), after dlsub's library.
     python_path: tuple[str, ...] = ()
     # The site's shared file systems and the user's --mount/--mount-rw paths, checked (containers.mounts).
     extra_mounts: tuple[Mount, ...] = field(default_factory=tuple)
@@ -143,7 +143,7 @@ class ContainerSpec:
 
 def env_file_text(pairs: Sequence[tuple[str, str]]) -> str:
     """``podman run --env-file``'s lines: ``NAME=value``, literal (podman strips and expands nothing in a value);
-    names and values are job.exports' checked ones (no line break in either)."""
+    names and values are containers.exports' checked ones (no line break in either)."""
     return "".join(f"{name}={value}\n" for name, value in pairs)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlsub.containers.exports import Exported
 from dlsub.containers.mounts import MountRequest
 from dlsub.contract import (
     ATTEMPTS_FILE,
@@ -37,7 +38,6 @@ from dlsub.estimate.gpu_kinds import Target, profiled_targets
 from dlsub.estimate.partition_fit import FitError, ProfileRun, fit_partition, profile_from_events
 from dlsub.estimate.profile_cache import EstimateCache, profile_key
 from dlsub.estimate.recommend import Horizon, Knobs, PartitionFacts, build_rows, recommend
-from dlsub.job.exports import Exported
 from dlsub.job.settings import Settings
 from dlsub.job.submit import SubmitError, SubmitRequest, check_script, plan_job, submit_plan
 from dlsub.job.user_store import JobStore
@@ -171,6 +171,8 @@ class Estimator:
         script_text = script.read_bytes()
         rule = f"steps={req.profile_steps};seconds={req.profile_seconds}"
         environment = req.environment()
+        if self.policy.containers.environment:  # the site's variables change what a run measures (its threads)
+            environment = json.dumps({"user": environment, "site": self.policy.containers.environment})
         estimate_id = uuid.uuid4().hex[:8]
 
         profiles: dict[str, list[ProfileRun]] = {}
@@ -258,7 +260,8 @@ class Estimator:
                     workdir=req.workdir, mode="ideal", max_continuations=0,
                     mounts=(*self.policy.containers.mount_requests(), *req.mounts),
                     runtime=self.policy.containers.runtime or None, gpu_type=target.gres_type,
-                    site_paths=self.policy.site, exports=req.exports, venv=req.venv,
+                    site_paths=self.policy.site, exports=req.exports, site_env=self.policy.containers.environment,
+                    venv=req.venv,
                     partition_images=req.partition_images)
                 plan = with_env(plan_job(request, self.settings, self.client, check_images=not runs),
                                 {**env, ENV_BATCH_SIZE: str(bs)})

@@ -156,7 +156,8 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
     torch.manual_seed(args.seed)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(world, 1)))
+    # torch's CPU threads are left to OMP_NUM_THREADS, which dlsub sets from the CPUs Slurm gave the job on its node
+    # (os.cpu_count() is the whole node's, whatever share of it the job has).
 
     images, labels = load_digits(args.data)
     split = int(0.8 * len(labels))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import dlsub
+from dlsub.containers.exports import Exported, seen_entries, with_site_variables
 from dlsub.containers.mounts import ORIGIN_USER, Mount, MountError, MountRequest, resolve_mount
 from dlsub.containers.podman import (
     ContainerSpec,
@@ -33,7 +34,6 @@ from dlsub.contract import (
     application_digest,
     valid_gpu_type,
 )
-from dlsub.job.exports import Exported, seen_entries
 from dlsub.job.partition_choice import Choice, Request, choose_partition
 from dlsub.job.private_files import AgentAccess, blocked_ancestor, make_job_dir
 from dlsub.job.script_library import script_uses_library
@@ -95,6 +95,9 @@ class SubmitRequest:
     site_paths: SitePaths | None = None
     # What of the submitting shell's environment enters the container (``--export``, read at submit).
     exports: Exported = Exported()
+    # The site's variables for every job's container (policy.toml [containers] environment); an --export of the
+    # same name replaces one.
+    site_env: tuple[tuple[str, str], ...] = ()
     # --venv: a virtualenv or conda environment on a shared path whose packages the job uses (job.venv).
     venv: str | None = None
     # The site's image per partition (policy.toml [containers] partition_images; none when the user names an
@@ -178,7 +181,8 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
 
     dlsub_id = new_dlsub_id()
     container = dataclasses.replace(_container_spec(req, settings, script, image, settings.jobs_dir / dlsub_id),
-                                    extra_mounts=mounts, image_id=image_id, user_env=req.exports.env,
+                                    extra_mounts=mounts, image_id=image_id,
+                                    user_env=with_site_variables(req.site_env, req.exports.env),
                                     partition_images=by_partition)
     if venv is not None:
         container = dataclasses.replace(container, extra_mounts=(*container.extra_mounts, venv[0]))

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from dlsub.containers.exports import site_variable_problem
 from dlsub.containers.mounts import ORIGIN_SITE, MountError, MountRequest, check_path_text
 from dlsub.contract import MAX_PARTITION_IMAGES, valid_gpu_type, valid_partition
 from dlsub.site_config.budget import BudgetError, Budgets, parse_budgets
@@ -197,6 +198,10 @@ class ContainerSite:
     # to (immediate mode's move from the CPUs onto its GPUs) runs the image of each partition it runs on.
     # Partitions not named run ``image``.
     partition_images: tuple[tuple[str, str], ...] = ()
+    # Variables every job's container gets (``environment = { OMP_NUM_THREADS = "1" }``): the site's defaults for
+    # its nodes; a user's --export of the same name replaces one. Names of the host, Slurm, torchrun and dlsub
+    # are refused (containers.exports).
+    environment: tuple[tuple[str, str], ...] = ()
 
     def image_for(self, given: str | None, environ: Mapping[str, str]) -> str | None:
         """The image a job runs: the user's --image, else their $DLSUB_IMAGE, else the site's (None: dlsub's)."""
@@ -451,12 +456,29 @@ def _partition_images(where: str, table: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), str(v)) for k, v in table.items()))
 
 
+def _environment(where: str, table: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(table, dict):
+        raise PolicyFileError(f"{where}: expected a table of NAME = \"value\", e.g. {{ OMP_NUM_THREADS = \"1\" }}")
+    pairs: list[tuple[str, str]] = []
+    for name, value in table.items():
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise PolicyFileError(f"{where}.{name}: expected a string (or a whole number), e.g. \"1\"")
+        problem = site_variable_problem(str(name), str(value))
+        if problem:
+            raise PolicyFileError(f"{where}: {name!r} {problem}; leave it out")
+        pairs.append((str(name), str(value)))
+    return tuple(sorted(pairs))
+
+
 def _containers(where: str, table: Any) -> ContainerSite:
-    rest = {k: v for k, v in table.items() if k != "partition_images"} if isinstance(table, dict) else table
+    tables = ("partition_images", "environment")
+    rest = {k: v for k, v in table.items() if k not in tables} if isinstance(table, dict) else table
     site: ContainerSite = _simple(where, ContainerSite, rest)
     if isinstance(table, dict) and "partition_images" in table:
         site = dataclasses.replace(site, partition_images=_partition_images(f"{where}.partition_images",
                                                                             table["partition_images"]))
+    if isinstance(table, dict) and "environment" in table:
+        site = dataclasses.replace(site, environment=_environment(f"{where}.environment", table["environment"]))
     if any(ch.isspace() for ch in site.runtime):
         raise PolicyFileError(f"{where}.runtime: {site.runtime!r}; name one runtime (crun, runc or a path), "
                               "or leave it out for the node's Podman default")

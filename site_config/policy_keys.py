@@ -165,7 +165,7 @@ def example_values(text: str) -> dict[tuple[str, str], Any]:
 
     def walk(path: tuple[str, ...], value: Mapping[str, Any]) -> None:
         for key, item in value.items():
-            if key == "partition_images" or not isinstance(item, dict | list) or (
+            if key in ("partition_images", "environment") or not isinstance(item, dict | list) or (
                     isinstance(item, list) and not any(isinstance(i, dict) for i in item)):
                 found[(table_of(path), key)] = item
             elif isinstance(item, dict):

@@ -576,9 +576,9 @@ def test_profiling_runs_see_the_users_export_and_venv_and_profile_again_without_
     file) and --venv's packages its PYTHONPATH, as for submit; profiles made with them are not the ones made
     without (a variable can change what the script does), and an estimate without them profiles again."""
     import dlsub.job.submit as submit
+    from dlsub.containers.exports import Exported
     from dlsub.contract import CONTAINER_ENV_FILE
     from dlsub.estimate.estimator import EstimateRequest, Estimator
-    from dlsub.job.exports import Exported
     from dlsub.job.settings import Settings
     from dlsub.job.user_store import JobStore
     from dlsub.site_config.policy_file import AgentPolicy

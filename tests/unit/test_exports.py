@@ -14,7 +14,15 @@ import pytest
 from click.testing import CliRunner, Result
 
 from dlsub.cli.main import main
-from dlsub.job.exports import Exported, ExportError, Exports, exported, parse_exports, seen_entries
+from dlsub.containers.exports import (
+    Exported,
+    ExportError,
+    Exports,
+    exported,
+    parse_exports,
+    seen_entries,
+    with_site_variables,
+)
 from dlsub.job.venv import VenvError, site_packages
 from dlsub.slurm_plugins.fake import FakeSlurm
 
@@ -263,3 +271,28 @@ def test_a_venv_for_the_jobs_python_is_refused_where_a_partitions_image_runs_ano
     with pytest.raises(SubmitError, match=r"for the Python of your job's image \(3\.11\.2\), but the site's image "
                                           r"for partition gpu runs Python 3\.12\.1.*--image"):
         checked_venv(req, "3.11.2", jobs, [("cpu", "3.11.2"), ("gpu", "3.12.1")])
+
+
+def test_the_sites_variables_reach_every_job_and_an_export_of_the_same_name_wins(
+        cli_env: FakeSlurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit (fake Slurm): policy.toml [containers] environment in the container's env file, under --export."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[containers]\nenvironment = { OMP_NUM_THREADS = "1", HF_HOME = "/scratch/hf cache" }\n')
+    monkeypatch.setenv("DLSUB_POLICY", str(policy))
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    monkeypatch.chdir(tmp_path)
+    assert _submit("--json", str(script)).exit_code == 0
+    env = _podman_env(Path(cli_env.submitted()[-1].script).read_text())
+    assert env["OMP_NUM_THREADS"] == "1" and env["HF_HOME"] == "/scratch/hf cache"
+    result = _submit("--json", "--export", "OMP_NUM_THREADS=3", str(script))
+    assert result.exit_code == 0, result.output
+    env = _podman_env(Path(cli_env.submitted()[-1].script).read_text())
+    assert env["OMP_NUM_THREADS"] == "3" and env["HF_HOME"] == "/scratch/hf cache"
+
+
+def test_site_variables_merge_under_the_users() -> None:
+    """Unit, pure."""
+    assert with_site_variables([("B", "site"), ("A", "site")], [("B", "user"), ("C", "user")]) == (
+        ("A", "site"), ("B", "user"), ("C", "user"))
+    assert with_site_variables([], []) == ()

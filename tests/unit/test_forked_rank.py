@@ -17,7 +17,7 @@ from conftest import NO_HANG_S, REPO
 
 from dlsub.checkpointing import forked_rank
 from dlsub.checkpointing.launch import ENTRY_POINT as RANK_ENTRY
-from dlsub.checkpointing.torchrun_main import ENV_RANK_START, forking
+from dlsub.checkpointing.torchrun_main import ENV_RANK_START, forking, threads_per_process
 
 pytest.importorskip("torch")
 
@@ -68,8 +68,13 @@ def _torchrun(tmp_path: Path, nproc: int, entry: bool = True, **env: str) -> sub
     return subprocess.run(
         [sys.executable, "-P", "-m", "dlsub.checkpointing.torchrun_main", "--standalone", "--nnodes", "1",
          "--nproc-per-node", str(nproc), *(RANK_ENTRY if entry else []), str(script), "--lr", "0.1"],
-        env={**os.environ, "PYTHONPATH": str(REPO), "PYTHONSAFEPATH": "1", **env}, cwd=tmp_path,
+        env={**_outside_slurm(), "PYTHONPATH": str(REPO), "PYTHONSAFEPATH": "1", **env}, cwd=tmp_path,
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=NO_HANG_S)
+
+
+def _outside_slurm() -> dict[str, str]:
+    """This environment without what would set the processes' threads (a Slurm job's CPUs, OpenMP's own)."""
+    return {k: v for k, v in os.environ.items() if k not in ("SLURM_CPUS_ON_NODE", "OMP_NUM_THREADS")}
 
 
 def _ranks(tmp_path: Path, nproc: int = 2) -> list[dict[str, object]]:
@@ -91,6 +96,27 @@ def test_each_process_is_forked_with_torch_imported_and_runs_as_a_fresh_one(tmp_
         assert r["threads"] == ["1", 1], "torch's CPU threads as torchrun set them for several processes"
         assert r["sockets"] == [], "none of torchrun's sockets (its stores listen): a fresh process has none"
         assert (tmp_path / f"atexit-{r['rank']}").read_text() == "ran", "the script's exit handlers ran"
+
+
+def test_each_process_gets_its_share_of_the_cpus_slurm_gave_the_job_on_the_node(tmp_path: Path) -> None:
+    """6 CPUs on the node, 2 processes: 3 threads each, where torchrun alone gives each one."""
+    done = _torchrun(tmp_path, 2, SLURM_CPUS_ON_NODE="6")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [r["threads"] for r in _ranks(tmp_path)] == [["3", 3], ["3", 3]]
+
+
+@pytest.mark.parametrize(("environ", "nproc", "threads"), [
+    ({"SLURM_CPUS_ON_NODE": "8"}, "1", 8),
+    ({"SLURM_CPUS_ON_NODE": "8"}, "3", 2),
+    ({"SLURM_CPUS_ON_NODE": "2"}, "4", 1),
+    ({"SLURM_CPUS_ON_NODE": "8", "OMP_NUM_THREADS": "5"}, "1", None),  # the user's, the site's or the image's
+    ({}, "2", None),  # not in a Slurm job: torchrun's own rule
+    ({"SLURM_CPUS_ON_NODE": "8"}, "auto", None),
+    ({"SLURM_CPUS_ON_NODE": "0"}, "1", None),
+])
+def test_threads_per_process(environ: dict[str, str], nproc: str, threads: int | None) -> None:
+    """Unit, pure."""
+    assert threads_per_process(environ, nproc) == threads
 
 
 def test_a_process_alone_is_forked_too_and_runs_its_script_as_python_would(tmp_path: Path) -> None:

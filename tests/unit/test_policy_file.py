@@ -58,6 +58,14 @@ def test_agent_address_is_off_unless_set_and_takes_a_name_or_an_address() -> Non
     ({"gpu_types": ["a100"]}, "gpu_types: expected a table of GPU types"),
     ({"partitions": {"gpu": {"role": "gpu", "gpu_type": "a100;rm"}}}, "partitions.gpu.gpu_type: 'a100;rm'"),
     ({"partitions": {"gpu": {"role": "gpu", "cost_per_node_hour": -2.0}}}, "cost_per_node_hour: must not be negative"),
+    ({"containers": {"environment": ["OMP_NUM_THREADS=1"]}}, "containers.environment: expected a table of NAME"),
+    ({"containers": {"environment": {"1X": "1"}}}, "'1X' is not a variable's name"),
+    ({"containers": {"environment": {"SLURM_CPUS_ON_NODE": "1"}}}, "'SLURM_CPUS_ON_NODE' is the node's"),
+    ({"containers": {"environment": {"LD_PRELOAD": "/x.so"}}}, "'LD_PRELOAD' is the node's"),
+    ({"containers": {"environment": {"PYTHONPATH": "/x"}}}, "'PYTHONPATH' is dlsub's library's and the user's"),
+    ({"containers": {"environment": {"NCCL_SOCKET_IFNAME": "ib0"}}}, "set from \\[containers\\] socket_ifname"),
+    ({"containers": {"environment": {"A": "1\n2"}}}, "'A' has a value that holds a line break"),
+    ({"containers": {"environment": {"A": True}}}, "containers.environment.A: expected a string"),
 ])
 def test_bad_policy_is_refused_with_the_fix(data: dict, message: str) -> None:
     with pytest.raises(PolicyFileError, match=message):
@@ -75,6 +83,13 @@ def test_gpu_types_are_priced_per_gpu_hour_and_partitions_may_declare_their_kind
     assert prices.hourly("gpu", 1, 2) == 8.0, "no kind known: the partition's node-hour price"
     assert prices.hourly("gpu", 2, 0, "a100") == 16.0, "no GPUs: nodes at the partition's price"
     assert parse_policy({}).prices().hourly("gpu", 1, 4, "a100") == 0.0
+
+
+def test_site_variables_for_every_jobs_container() -> None:
+    """Unit, pure: [containers] environment, names in order, whole numbers as TOML writes them."""
+    assert parse_policy({}).containers.environment == ()
+    site = parse_policy({"containers": {"environment": {"OMP_NUM_THREADS": 1, "HF_HOME": "/scratch/hf"}}})
+    assert site.containers.environment == (("HF_HOME", "/scratch/hf"), ("OMP_NUM_THREADS", "1"))
 
 
 def test_plain_script_keys_default_and_read() -> None:

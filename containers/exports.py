@@ -13,6 +13,9 @@ after ``ALL,`` or alone. A name of the never-list given by name is refused, not 
 ``PYTHONPATH`` is the one variable that is merged, not passed: its entries that the container sees (on a mounted
 path) follow dlsub's library; the others are left out, and submit says which.
 
+The site's own variables for every job (policy.toml ``[containers] environment``: a threads setting for its
+nodes, a cache or proxy path) follow the same rules and come first: a user's ``--export`` of the same name wins.
+
 Pure: the caller gives the environment; nothing here reads or writes.
 """
 
@@ -184,6 +187,26 @@ def exported(exports: Exports, environ: Mapping[str, str]) -> Exported:
         path_text = environ.get(MERGED)
     path = tuple(p for p in (path_text or "").split(":") if p)
     return Exported(tuple(sorted(env.items())), path, tuple(notes))
+
+
+def site_variable_problem(name: str, value: str) -> str:
+    """Why the site's policy cannot set ``name`` to ``value`` in every job's container ("" when it can)."""
+    if not _NAME.match(name):
+        return "is not a variable's name (letters, digits and _, not starting with a digit)"
+    if name in FROM_THE_BATCH_STEP:
+        return "is set from [containers] socket_ifname; set that instead"
+    if name == MERGED:
+        return "is dlsub's library's and the user's (--export PYTHONPATH, --venv); name packages' paths there"
+    if never_passed(name):
+        return "is the node's (the host's, Slurm's, torchrun's and dlsub's variables are never set in the container)"
+    problem = _value_problem(value)
+    return f"has a value that {problem}" if problem else ""
+
+
+def with_site_variables(site: Sequence[tuple[str, str]],
+                        user: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    """The container's variables: the site's, each replaced by the user's ``--export`` of the same name."""
+    return tuple(sorted({**dict(site), **dict(user)}.items()))
 
 
 def seen_entries(entries: Sequence[str], mounted: Sequence[PurePosixPath]) -> tuple[tuple[str, ...], tuple[str, ...]]:
