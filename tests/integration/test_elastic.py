@@ -60,9 +60,10 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
     (blocker,) = blockers(user, count=1, gpus=4)
     other = None
     try:
-        # 11 epochs (242 steps): the grow, the shrink and a grow back were over by step ~104-134 in runs of 15,
-        # 30 and 60 epochs (CI and alone, 2026-11), which then trained on for nothing but this test's wait.
-        job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "11", "--throttle", "0.1",
+        # 13 epochs (286 steps): the grow, the shrink and a grow back were over by step ~104-134 in runs of 15,
+        # 30 and 60 epochs (CI and alone, 2026-11), which then trained on for nothing but this test's wait; on
+        # one thread a step is faster, and the grow and the shrink came at steps 149 and 170 (of 242 then).
+        job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "13", "--throttle", "0.1",
                           cwd=workdir)
         assert job["max_nodes"] == 2 and job["worker_array_id"]
         wait_for("training at world size 4", lambda: world_sizes(job["job_dir"])[-1:] == [4]
@@ -129,9 +130,11 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
     held = [hold_gpus(user, "gpu2", 4), *(hold_gpus(user, "gpu1", 1) for _ in range(3))]
     other = None
     try:
-        # 15 epochs (330 steps): the three grows and the shrink were over by step ~154 of 880 in CI's run, by
-        # step 186 of 440 (a grow back at 235) in a run alone (2026-11-27).
-        job = user.submit("--gpus", "1:4", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "15", "--throttle",
+        # 25 epochs (550 steps). On one thread a step takes ~0.12 s, and the grows came at steps 118, 218 and 314
+        # (each ~19 s of agent, leave and re-form): at 15 epochs the job ended at step 330 before the shrink (a
+        # CI rehearsal, 2026-11-30). On two contended threads the three grows and the shrink had been over by
+        # step ~154 of 880 (CI) or 186 of 440 (alone, 2026-11-27).
+        job = user.submit("--gpus", "1:4", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "25", "--throttle",
                           "0.1", cwd=workdir)
         assert job["max_nodes"] == 4 and job["worker_gpus"] == 1 and job["gpus_per_node"] == 1, job
         wait_for("training on 1 GPU", lambda: world_sizes(job["job_dir"])[-1:] == [1]

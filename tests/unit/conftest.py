@@ -81,6 +81,9 @@ def cli_env(tmp_path: Path, fake_slurm: FakeSlurm, monkeypatch: pytest.MonkeyPat
     from dlsub.containers.podman import ImageError
 
     monkeypatch.setenv("DLSUB_HOME", str(tmp_path / "dlsub-home"))
+    # dlsub's default policy, not the host's /etc/dlsub/policy.toml (the testbed's, where CI runs these tests,
+    # sets variables in every job's container); a test that needs one sets its own.
+    monkeypatch.setenv("DLSUB_POLICY", str(tmp_path / "no-policy.toml"))
     monkeypatch.setattr(cli, "SlurmClient", lambda: SlurmClient(runner=fake_slurm))
     # sbatch runs as the caller: Slurm's job is the caller's (`dlsub status` takes no other user's job for it).
     fake_slurm.submit_uid, fake_slurm.submit_user = os.getuid(), getpass.getuser()
