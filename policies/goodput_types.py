@@ -188,7 +188,7 @@ from typing import Any, ClassVar
 from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, JobView, PerformanceModel
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.perf_models.speedup import UNKNOWN_WORK_S, fixed_batch
-from dlsub.policies.sia import RateMemo, SiaPolicy, TypeShape, config_rates, in_place_nodes, type_shapes, typed_program
+from dlsub.policies.sia import RateMemo, SiaPolicy, TypeShape, config_rates, type_shapes, typed_program
 
 # HiGHS's relative gap: a fraction of the whole objective, which the admission values dominate (160 jobs
 # x 100), so Sia's 1e-4 would leave growth worth a few speed-ups unseen.
@@ -335,12 +335,8 @@ class TypedGoodputPolicy(GoodputPolicy):
                  restart_count: float = 3.0, service_power: float = 0.25, guess_types: bool = False,
                  marginal_floor: float = 0.0, floor_across_types: bool = True, gpu_price: float = 0.0,
                  profile_batches: int = 1, price_resizes: bool = False, resize_in_place: bool = False,
-                 price_fitting_resizes: bool = False, **goodput: Any) -> None:
+                 **goodput: Any) -> None:
         super().__init__(**goodput)
-        # With price_resizes: a change of count on the job's type is priced at the resize cost only where it
-        # fits in place on the GPUs free now (the job's own counted free: in_place_nodes), else at the restart
-        # it will cost when placed afresh (issue 54). Off by default.
-        self.price_fitting_resizes = bool(price_fitting_resizes)
         # Whether a change of count on the job's type is placed in place where it fits (onto a superset or a
         # subset of the GPUs it holds: a resize, not a restart, where the job is told a resize's cost), with
         # every change still priced as a restart: the decisions are the same, only where a grown or shrunk job
@@ -406,24 +402,6 @@ class TypedGoodputPolicy(GoodputPolicy):
         memo: RateMemo = {}
         speeds = type_speeds(jobs) if self.guess_types else None
 
-        free_now: dict[str, int] = {node.name: node.gpus for node in cluster.nodes}
-        for alloc in previous.values():
-            for name in alloc.nodes:
-                if name in free_now:
-                    free_now[name] -= 1
-
-        def fits(job: JobView, i: int, count: int) -> bool:
-            """Whether the job's change to ``count`` GPUs of type ``i`` fits in place now (always, unless
-            ``price_fitting_resizes``)."""
-            held = previous.get(job.name)
-            if not self.price_fitting_resizes or held is None:
-                return True
-            free = {name: free_now[name] for name in shapes[i].nodes}
-            for name in held.nodes:
-                if name in free:
-                    free[name] += 1
-            return in_place_nodes(held.nodes, count, free, shapes[i].per_node) is not None
-
         def candidates(job: JobView, prev_key: tuple[int, int] | None) -> Iterable[tuple[int, int, float]]:
             rows = priced_rows(within_floor(type_rates(job, shapes, memo, speeds), self.marginal_floor, prev_key,
                                             self.floor_across_types), self.gpu_price)
@@ -434,8 +412,7 @@ class TypedGoodputPolicy(GoodputPolicy):
             speedups = [(i, count, rate / least) for i, count, rate in rows]
             if prev_key is not None:
                 keep, resized = self.keep_share(job, now), self.keep_share(job, now, resize=True)
-                speedups = [(i, count, s if (i, count) == prev_key else
-                             s * (resized if i == prev_key[0] and fits(job, i, count) else keep))
+                speedups = [(i, count, s if (i, count) == prev_key else s * (resized if i == prev_key[0] else keep))
                             for i, count, s in speedups]
             # Its cost is minus its value: more GPUs of one type must be worth more than fewer (else an
             # optimum never takes them; typed_program drops them).

@@ -254,22 +254,3 @@ def test_a_grown_job_lands_on_the_gpus_it_holds_with_resize_in_place(option: dic
     decision = TypedGoodputPolicy(**option).decide([a, b], c, 2000.0, held)
     assert decision["a"].nodes == want and decision["b"] == held["b"]
     check_decision(decision, [a, b], c)
-
-
-@pytest.mark.parametrize("fitting, want", [(False, ("fast1",) * 4), (True, ("fast0",) * 2)])
-def test_a_change_of_count_that_cannot_land_in_place_is_priced_as_a_restart(fitting: bool,
-                                                                            want: tuple[str, ...]) -> None:
-    # Pure policy, no Slurm. a runs on 2 GPUs of fast0, which b and d fill; 4 GPUs would run it 2x as fast. At
-    # 250 s old, priced at its 10 s resize the growth pays (2 x (1 - 10/250) x 0.95 = 1.82 > 1), at its 120 s
-    # restart not (2 x (1 - 120/250) x 0.95 = 0.99 < 1). It cannot grow in place (fast0 is full), so the 4
-    # GPUs would be fast1's, a move: with price_fitting_resizes it is priced so and a stays (issue 54).
-    c = cluster(("fast", 2, 8), ("slow", 1, 1))
-    models = {"fast": Linear(1.0), "slow": Linear(0.5)}
-    a, b, d = (job(name, hi=hi, restart_s=120.0, resize_s=10.0, type_models=models, running_since_s=0.0)
-               for name, hi in (("a", 4), ("b", 4), ("d", 2)))
-    held = {"a": Allocation(("fast0",) * 2), "b": Allocation(("fast0",) * 4), "d": Allocation(("fast0",) * 2)}
-    policy = TypedGoodputPolicy(price_resizes=True, price_fitting_resizes=fitting)
-    decision = policy.decide([a, b, d], c, 250.0, held)
-    assert {name: alloc.nodes for name, alloc in decision.items()} == {
-        "a": want, "b": held["b"].nodes, "d": held["d"].nodes}
-    check_decision(decision, [a, b, d], c)
