@@ -334,14 +334,8 @@ class TypedGoodputPolicy(GoodputPolicy):
     def __init__(self, admit_value: float = 100.0, move_margin: float = 0.05, speedup_power: float = 0.5,
                  restart_count: float = 3.0, service_power: float = 0.25, guess_types: bool = False,
                  marginal_floor: float = 0.0, floor_across_types: bool = True, gpu_price: float = 0.0,
-                 profile_batches: int = 1, price_resizes: bool = False, resize_in_place: bool = False,
-                 **goodput: Any) -> None:
+                 profile_batches: int = 1, price_resizes: bool = False, **goodput: Any) -> None:
         super().__init__(**goodput)
-        # Whether a change of count on the job's type is placed in place where it fits (onto a superset or a
-        # subset of the GPUs it holds: a resize, not a restart, where the job is told a resize's cost), with
-        # every change still priced as a restart: the decisions are the same, only where a grown or shrunk job
-        # lands changes (issue 54). price_resizes implies it. Off by default.
-        self.resize_in_place = bool(resize_in_place)
         # Whether a change of count on the job's type is priced at what a resize in place costs it
         # (JobView.resize_s, where told) and placed in place where it fits (issue 52); off, or not told: every
         # change is priced as a restart and placed afresh, as before (the simulator still charges a resize
@@ -423,14 +417,8 @@ class TypedGoodputPolicy(GoodputPolicy):
         # The admission values dwarf a job's growth: the gap must be tight enough to see the growth.
         chosen = SiaPolicy.solve(len(jobs), program.free, program.var_job, program.var_type, program.var_gpus,
                                  program.cost, rel_gap=REL_GAP)
-        return SiaPolicy().place(jobs, shapes, {**program.fixed, **chosen}, previous, self.in_place(jobs))
-
-    def in_place(self, jobs: Jobs) -> frozenset[str]:
-        """The jobs whose change of count on their type is placed in place where it fits
-        (:meth:`~dlsub.policies.sia.SiaPolicy.place`): with ``price_resizes`` or ``resize_in_place``, those told
-        what a resize costs them."""
-        placed = self.price_resizes or self.resize_in_place
-        return frozenset(job.name for job in jobs if placed and job.resize_s is not None)
+        in_place = frozenset(job.name for job in jobs if self.price_resizes and job.resize_s is not None)
+        return SiaPolicy().place(jobs, shapes, {**program.fixed, **chosen}, previous, in_place)
 
 
 def _key_of(alloc: Allocation | None, type_index: Mapping[str, int]) -> tuple[int, int] | None:

@@ -237,20 +237,3 @@ def test_a_priced_gpu_goes_to_a_job_only_while_its_time_saved_pays_for_it(price:
     # None: the policy's default.
     policy = TypedGoodputPolicy() if price is None else TypedGoodputPolicy(gpu_price=price)
     assert poor_and_linear_gpus(policy) == {"p": ("a", want), "l": ("b", 8)}
-
-
-@pytest.mark.parametrize("option, want", [({}, ("fast1",) * 4), ({"resize_in_place": True}, ("fast0",) * 4),
-                                          ({"price_resizes": True}, ("fast0",) * 4)])
-def test_a_grown_job_lands_on_the_gpus_it_holds_with_resize_in_place(option: dict[str, bool],
-                                                                       want: tuple[str, ...]) -> None:
-    # Pure policy, no Slurm. a runs on 2 GPUs of fast0 and grows to 4; b holds 4 more of fast0's 8, and fast1 is
-    # empty, so the packer puts a's 4 there (a move: a restart); placed in place (issue 54), it grows onto fast0,
-    # a superset of its GPUs (a resize). The decision (4 fast GPUs) is the same either way.
-    c = cluster(("fast", 2, 8), ("slow", 1, 1))
-    models = {"fast": Linear(1.0), "slow": Linear(0.5)}
-    a = job("a", hi=4, restart_s=120.0, resize_s=10.0, type_models=models, running_since_s=0.0)
-    b = job("b", hi=4, restart_s=120.0, resize_s=10.0, type_models=models, running_since_s=0.0)
-    held = {"a": Allocation(("fast0",) * 2), "b": Allocation(("fast0",) * 4)}
-    decision = TypedGoodputPolicy(**option).decide([a, b], c, 2000.0, held)
-    assert decision["a"].nodes == want and decision["b"] == held["b"]
-    check_decision(decision, [a, b], c)
