@@ -123,14 +123,16 @@ def _name_the_script(run_module: Any, script: str) -> None:
     run_module.run_script_path = run_script_path
 
 
-def forking(args: list[str]) -> list[str]:
+def forking(args: list[str], options: argparse.Namespace | None = None) -> list[str]:
     """torchrun's arguments with the training processes forked (:mod:`dlsub.checkpointing.forked_rank`), where that
-    is safe here and the command is dlsub's entry point or one process's script; otherwise ``args`` as they are."""
+    is safe here and the command is dlsub's entry point or one process's script; otherwise ``args`` as they are.
+    ``options``: torchrun's reading of ``args``, where the caller has it already."""
     from dlsub.checkpointing.launch import ENTRY_POINT
 
     if os.environ.get(ENV_RANK_START) == "exec":
         return args
-    options = _torchrun_options(args)
+    if options is None:
+        options = _torchrun_options(args)
     if options is None or options.run_path or options.no_python:
         return args
     at = next((i for i in range(len(args) - 1) if args[i:i + 2] == ENTRY_POINT), None)
@@ -178,8 +180,7 @@ def threads_per_process(environ: Mapping[str, str], nproc_per_node: str) -> int 
     return max(1, cpus // processes) if cpus > 0 and processes > 0 else None
 
 
-def _set_threads(args: list[str]) -> None:
-    options = _torchrun_options(args)
+def _set_threads(options: argparse.Namespace | None) -> None:
     threads = None if options is None else threads_per_process(os.environ, str(options.nproc_per_node))
     if threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -197,8 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             print("dlsub: torchrun_main: no command line came on standard input", file=sys.stderr, flush=True)
             return 2
         args = handed
-    _set_threads(args)
-    args = forking(args)
+    options = _torchrun_options(args)  # read once, for the threads and the fork
+    _set_threads(options)
+    args = forking(args, options)
     sys.argv = ["torchrun", *args]  # torchrun's messages name itself, as from its own script
     try:
         torchrun(args)
