@@ -108,16 +108,17 @@ def render_estimate(payload: dict[str, Any]) -> str:
 @environment_options
 @click.option("--no-cache", is_flag=True, help="Profile again even where a cached profile exists.")
 @click.option("--parallel", is_flag=True,
-              help="Run the profiles of different partitions at once (default: one at a time, so that they "
-                   "do not share cores and skew each other's step times).")
+              help="Run the profiles of every partition and kind at once, even where they share nodes (default: "
+                   "at once only where they share no node, so that no two skew each other's step times).")
+@click.option("--one-at-a-time", is_flag=True, help="Run every profile one after another, whatever its nodes.")
 @click.option("--json", "as_json", is_flag=True, help='Print {"id": ..., "rows": [...], "recommendation": {...}}.')
 @click.argument("script", type=click.Path(path_type=Path, dir_okay=True, exists=False))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, gpus: int, nodes: int,
              cpus: int | None, mem: str | None, partition: str | None, image: str | None,
              mount: tuple[str, ...], mount_rw: tuple[str, ...], gpu_type: str | None, batch_arg: str,
-             export: str | None, venv: str | None, no_cache: bool, parallel: bool, as_json: bool, script: Path,
-             args: tuple[str, ...]) -> None:
+             export: str | None, venv: str | None, no_cache: bool, parallel: bool, one_at_a_time: bool,
+             as_json: bool, script: Path, args: tuple[str, ...]) -> None:
     """Profile SCRIPT briefly through Slurm; predict memory, walltime, cost, start and finish per partition
     (and kind of GPU, where Slurm's GRES or the site names kinds) and batch size, and recommend where to run.
 
@@ -131,6 +132,9 @@ def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, 
             raise SubmitError(f"--epochs must be positive, not {epochs:g}")
         if gpus < 0 or nodes < 1 or (cpus is not None and cpus < 1):
             raise SubmitError("--gpus must be 0 or more, --nodes and --cpus 1 or more")
+        if parallel and one_at_a_time:
+            raise SubmitError("--parallel and --one-at-a-time contradict each other: give one of them (or neither: "
+                              "partitions that share no node profile at once)")
         kinds = parse_gpu_types(gpu_type)
         if kinds and gpus < 1:
             raise SubmitError("--gpu-type goes with --gpus N: a job without GPUs runs on no kind of GPU")
@@ -150,7 +154,8 @@ def estimate(batch_sizes: str, epochs: float | None, target_loss: float | None, 
             horizon=Horizon(epochs=epochs, target_loss=target_loss), workdir=Path.cwd(), gpus=gpus, nodes=nodes,
             cpus=cpus, mem_mb=mem_mb, image=policy.containers.image_for(image, os.environ), partition=partition,
             batch_arg=normalize_batch_arg(batch_arg),
-            use_cache=not no_cache, one_at_a_time=not parallel, gpu_types=kinds, exports=read_exports(export),
+            use_cache=not no_cache, queues="each" if parallel else "one" if one_at_a_time else "by-node",
+            gpu_types=kinds, exports=read_exports(export),
             venv=venv, partition_images=policy.containers.partition_images_for(image, os.environ),
             mounts=(*(MountRequest(p, True) for p in mount), *(MountRequest(p, False) for p in mount_rw)))
         estimator = Estimator(settings, client, JobStore(settings.db_path), policy,

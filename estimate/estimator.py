@@ -4,9 +4,12 @@ Each profiling run is a real dlsub job (the submit path, its container and
 its checks), one per (partition role, kind of GPU, batch size; see
 :mod:`dlsub.estimate.gpu_kinds`), with ``DLSUB_BATCH_SIZE``
 and ``DLSUB_PROFILE_STEPS``/``DLSUB_PROFILE_SECONDS`` in its environment, so
-the library stops it by itself once it has measured enough. By default they
-run one at a time (``--dependency=singleton`` on a shared name): profiles
-that share a node's cores or memory bandwidth would each measure the other.
+the library stops it by itself once it has measured enough. Runs that may land
+on a common node go one at a time (``--dependency=singleton`` on a shared
+name): profiles that share a node's cores or memory bandwidth would each
+measure the other. Partitions of separate nodes profile at once
+(:func:`profile_queues`; ``--one-at-a-time`` and ``--parallel`` choose one
+queue, or one per partition and kind).
 Profiles are cached (:mod:`dlsub.estimate.profile_cache`); Ctrl-C cancels the
 runs still queued or running.
 """
@@ -21,7 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from dlsub.containers.exports import Exported
 from dlsub.containers.mounts import MountRequest
@@ -45,12 +48,14 @@ from dlsub.job_progress import read_events
 from dlsub.site_config.cost import Prices
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient
-from dlsub.slurm_plugins.models import Partition
+from dlsub.slurm_plugins.models import Partition, SlurmNode
 
 PROFILE_STEPS = 30
 PROFILE_SECONDS = 2.0
 PROFILE_LIMIT_MIN = 5
 ROLE_ORDER = ("gpu", "dev", "cpu")
+#: How the profiling runs queue: "one" (--one-at-a-time), "by-node" (the default), "each" (--parallel).
+ProfileQueues = Literal["one", "by-node", "each"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class EstimateRequest:
     partition: str | None = None
     batch_arg: str = "--batch-size"
     use_cache: bool = True
-    one_at_a_time: bool = True
+    queues: ProfileQueues = "by-node"
     profile_steps: int = PROFILE_STEPS
     profile_seconds: float = PROFILE_SECONDS
     # The user's --mount/--mount-rw paths (the site's shared mounts come from the policy), as for submit.
@@ -199,8 +204,7 @@ class Estimator:
         facts: dict[str, PartitionFacts] = {}
         for target in stand_in:
             p = partitions[target.partition]
-            # A kind's own nodes: their memory and GPUs decide whether the row fits.
-            nodes = [n for n in p.nodes if not target.pinned or n.gpu_type == target.gpu_type] or list(p.nodes)
+            nodes = target_nodes(target, p)  # a kind's own: their memory and GPUs decide whether the row fits
             start = self.client.start_estimate(p.name, cpus=req.cpus or self.settings.cpus,
                                                mem_mb=req.mem_mb or self.settings.mem_mb,
                                                gpus_per_node=req.gpus if p.max_gpus_per_node else 0, nodes=req.nodes,
@@ -240,7 +244,9 @@ class Estimator:
                  partitions: dict[str, Partition], todo: list[tuple[str, Target, int]], out: _Outcome) -> None:
         runs: dict[int, _Run] = {}
         env = {ENV_PROFILE_STEPS: str(req.profile_steps), ENV_PROFILE_SECONDS: f"{req.profile_seconds:g}"}
-        how = "one at a time" if req.one_at_a_time else "per partition in parallel"
+        queues = profile_queues({t for _, t, _ in todo}, partitions, req.queues)
+        how = {"one": "one at a time", "each": "per partition in parallel"}.get(
+            req.queues, f"in {len(set(queues.values()))} queue(s) at once: runs that may share a node, one at a time")
         self.say(f"profiling {len(todo)} run(s) through Slurm, {how} (Ctrl-C cancels them)")
         prices = self.policy.prices()
         for target in sorted({t for _, t, _ in todo if t.gpu_type is not None}, key=lambda t: t.order):
@@ -250,9 +256,7 @@ class Estimator:
             for key, target, bs in todo:
                 part = target.partition
                 p = partitions[part]
-                # --parallel: one queue per partition and kind (a kind's nodes are not another's)
-                queue = target.key.replace("/", "-")
-                name = f"dlsub-profile-{estimate_id}" + ("" if req.one_at_a_time else f"-{queue}")
+                name = f"dlsub-profile-{estimate_id}" + (f"-{queues[target]}" if queues[target] else "")
                 request = SubmitRequest(
                     script=script, args=batch_args(req.args, req.batch_arg, bs),
                     gpus_per_node=req.gpus if p.max_gpus_per_node else 0, nodes=req.nodes, cpus=req.cpus,
@@ -325,6 +329,31 @@ class _Outcome:
     profiles: dict[str, list[ProfileRun]]
     failed: dict[str, str]
     fresh: dict[str, list[ProfileRun]]
+
+
+def target_nodes(target: Target, partition: Partition) -> list[SlurmNode]:
+    """The nodes a run for ``target`` may land on: a pinned kind's own (its GRES type), else the partition's."""
+    return [n for n in partition.nodes if not target.pinned or n.gpu_type == target.gpu_type] or list(partition.nodes)
+
+
+def profile_queues(targets: set[Target], partitions: dict[str, Partition], how: ProfileQueues) -> dict[Target, str]:
+    """The queue of each target's profiling runs: runs of one queue go one at a time (``--dependency=singleton``
+    on the job name it suffixes; "" for the bare name). "one": a single queue. "each": one per partition and kind.
+    "by-node": targets whose runs may land on a common node share a queue, transitively (gpu and gpu-dev on the
+    same nodes), so that no two profiles measure each other, and partitions of separate nodes profile at once."""
+    ordered = sorted(targets, key=lambda t: t.order)
+    if how == "one":
+        return dict.fromkeys(ordered, "")
+    if how == "each":
+        return {t: t.key.replace("/", "-") for t in ordered}
+    groups: list[tuple[set[str], list[Target]]] = []  # (node names, targets whose runs may land there)
+    for target in ordered:
+        names = {n.name for n in target_nodes(target, partitions[target.partition])}
+        touching = [g for g in groups if g[0] & names]
+        groups = [g for g in groups if not g[0] & names]
+        groups.append((names.union(*(g[0] for g in touching)), [*(t for g in touching for t in g[1]), target]))
+    # A queue is named after its first target: the same names an estimate's runs had with one queue per target.
+    return {t: min(members, key=lambda m: m.order).key.replace("/", "-") for _, members in groups for t in members}
 
 
 def _limit_min(p: Partition) -> int:

@@ -19,6 +19,8 @@ from conftest import WEIRD_NAME
 
 from dlsub.cli.main import main
 from dlsub.estimate.apply_choice import from_estimate
+from dlsub.estimate.estimator import profile_queues
+from dlsub.estimate.gpu_kinds import Target
 from dlsub.estimate.partition_fit import (
     ProfileRun,
     cost,
@@ -37,6 +39,7 @@ from dlsub.site_config.cost import Prices, Spend, job_spend, period_end, period_
 from dlsub.site_config.policy_file import parse_policy
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
+from dlsub.slurm_plugins.models import Partition, SlurmNode
 from dlsub.slurm_plugins.usage import UsageRecord
 
 # ---------------------------------------------------------------- synthetic profiles
@@ -435,6 +438,8 @@ def test_estimator_profiles_through_slurm_then_uses_the_cache(
     # No roles in the policy: gpu and gpu-dev (GPU nodes) share one profile, cpu has its own.
     assert len(runner.sbatch_argvs) == 6 and payload["profiled_now"] == 6
     assert all("--dependency=singleton" in argv for argv in runner.sbatch_argvs)
+    # The fake's cpu nodes are not its GPU nodes: two queues, each one run at a time, both at once.
+    assert sorted(j.options["job-name"].rsplit("-", 1)[1] for j in fake_slurm.submitted()) == ["cpu"] * 3 + ["gpu"] * 3
     texts = [Path(j.script).read_text() for j in fake_slurm.submitted()]
     assert all("DLSUB_PROFILE_STEPS=" in t and shlex.quote(str(script)) in t for t in texts)
     assert all(subprocess.run(["bash", "-n", j.script]).returncode == 0 for j in fake_slurm.submitted())
@@ -605,3 +610,38 @@ def test_profiling_runs_see_the_users_export_and_venv_and_profile_again_without_
     plain = dataclasses.replace(request, exports=Exported(), venv=None)
     assert estimator.run(plain)["profiled_now"] == 1, "without them: profiled again"
     assert len(fake_slurm.submitted()) == 2
+
+
+def _partition(name: str, *nodes: str | tuple[str, str]) -> Partition:
+    """A partition of these nodes (a name, or a name and its one GPU kind)."""
+    made = [SlurmNode(n, "idle", (name,), 8, 0, 64000, 0, 4, 0) if isinstance(n, str)
+            else SlurmNode(n[0], "idle", (name,), 8, 0, 64000, 0, 4, 0, gpu_type=n[1]) for n in nodes]
+    return Partition(name, tuple(made), None, None)
+
+
+def test_profiles_that_may_share_a_node_queue_together_and_the_rest_run_at_once() -> None:
+    """Unit (pure): the profiling runs' queues. By node (the default): gpu and gpu-dev on the same nodes share a
+    queue, cpu on its own nodes has its own; kinds pinned to nodes of their own queue apart; a partition that
+    spans two queues' nodes joins them into one. --one-at-a-time: one queue; --parallel: one per target."""
+    parts = {p.name: p for p in (_partition("cpu", "cpu1", "cpu2"), _partition("gpu", "gpu1", "gpu2"),
+                                 _partition("gpu-dev", "gpu1", "gpu2"), _partition("all", "cpu2", "gpu1"),
+                                 _partition("kinds", ("k1", "a100"), ("k2", "v100")))}
+    testbed = {Target("cpu"), Target("gpu"), Target("gpu-dev")}
+    assert profile_queues(testbed, parts, "by-node") == {
+        Target("cpu"): "cpu", Target("gpu"): "gpu", Target("gpu-dev"): "gpu"}
+    assert profile_queues(testbed, parts, "one") == dict.fromkeys(testbed, "")
+    assert profile_queues(testbed, parts, "each") == {t: t.partition for t in testbed}
+    assert set(profile_queues(testbed | {Target("all")}, parts, "by-node").values()) == {"all"}
+    pinned = {Target("kinds", "a100", pinned=True), Target("kinds", "v100", pinned=True)}
+    assert profile_queues(pinned, parts, "by-node") == {t: f"kinds-{t.gpu_type}" for t in pinned}
+    # A kind declared in the policy, not pinned in the GRES: its runs may land on either node.
+    loose = {Target("kinds", "a100"), Target("kinds", "v100")}
+    assert set(profile_queues(loose, parts, "by-node").values()) == {"kinds-a100"}
+
+
+def test_parallel_and_one_at_a_time_together_are_refused(tmp_path: Path) -> None:
+    """Unit (CLI, no Slurm reached): the two flags contradict each other; the message says so, nothing runs."""
+    script = tmp_path / "train.py"
+    script.write_text("print('train')\n")
+    result = CliRunner().invoke(main, ["estimate", "--parallel", "--one-at-a-time", str(script)])
+    assert result.exit_code != 0 and "--parallel and --one-at-a-time" in result.output, result.output
