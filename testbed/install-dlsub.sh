@@ -65,7 +65,11 @@ fi
 # Build from a copy so that nothing is written into the checkout.
 build="$(mktemp -d)"
 trap 'rm -rf "$build"' EXIT
-tar -C "$repo" --exclude=.git --exclude=build --exclude='*.egg-info' -cf - . | tar -C "$build" -xf -
+# Less the caches tools leave in a checkout (bytecode, pytest's, hypothesis', ruff's, mypy's) and benchmarks' out/: no
+# part of dlsub, and would make the same sources look changed below.
+tar -C "$repo" --exclude=.git --exclude=build --exclude='*.egg-info' --exclude=__pycache__ --exclude='*.pyc' \
+    --exclude=.pytest_cache --exclude=.hypothesis --exclude=.ruff_cache --exclude=.mypy_cache --exclude=./out -cf - . \
+    | tar -C "$build" -xf -
 install -m 644 "$htmx" "$build/dashboard/static/htmx.min.js"  # package data of the installed dlsub only
 # The same sources as the installed dlsub (every file's content, htmx's included): nothing to build. CI's
 # version switches (make test-compat) install the same checkout again, and pip's build took most of this script's
