@@ -239,24 +239,18 @@ on_host "$LOGIN_HOST" env DLSUB_IMAGE_STORE_CONF="$build_conf" DLSUB_SITE_IMAGE_
 
 # The site check an admin would run, on the login host and on every compute node (there: the node's CDI
 # spec, its Podman, storage and image): nothing may block dlsub here. All hosts at once (one after another
-# took 8 s of each of CI's three testbed starts); the first report that found a problem is shown.
-doctor_dir="$(mktemp -d)"
-doctors=()
-for node in "$LOGIN_HOST" $TESTBED_NODES; do
-    (rc=0  # the subshell itself ends 0 (set -e), its doctor's status in the file
-     on_host "$node" "$DLSUB_PREFIX/venv/bin/dlsub" doctor --user "$TESTBED_USER" > "$doctor_dir/$node" 2>&1 || rc=$?
-     echo "$rc" > "$doctor_dir/$node.rc") &
-    doctors+=("$!")
-done
-wait "${doctors[@]}"
-for node in "$LOGIN_HOST" $TESTBED_NODES; do
-    if [ "$(cat "$doctor_dir/$node.rc")" != 0 ]; then
-        cat "$doctor_dir/$node" >&2
-        rm -rf "$doctor_dir"
-        die "dlsub doctor found a problem on $node (above)"
+# took 8 s of each of CI's three testbed starts); a host's report is shown only where it found a problem.
+doctor_on() {  # host
+    local report
+    if ! report="$(on_host "$1" "$DLSUB_PREFIX/venv/bin/dlsub" doctor --user "$TESTBED_USER" 2>&1)"; then
+        printf '%s\ndlsub doctor found a problem on %s (above)\n' "$report" "$1" >&2
+        return 1
     fi
+}
+for node in "$LOGIN_HOST" $TESTBED_NODES; do
+    side_by_side doctor_on "$node"
 done
-rm -rf "$doctor_dir"
+await_side_by_side
 
 say "testbed is up on Slurm $(slurm_cli scontrol --version | awk '{print $2}'): $(slurm_cli sinfo -h -o '%P %a %D %t' | tr '\n' ';')"
 say "log in to its login host with: sudo bash testbed/on.sh (or: bash testbed/on.sh NODE)"
