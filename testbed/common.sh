@@ -131,14 +131,24 @@ slurm_cli() {
     on_host "$LOGIN_HOST" "$@"
 }
 
-# The pid of the slurmctld that listens on the testbed's port on the head (etc/testbed/slurm.conf), if any.
+# Where a head's slurmctld keeps its pid (etc/testbed/slurm.conf's /run/slurm, that host's own: testbed/hosts.sh).
+slurmctld_pidfile() {  # head
+    echo "$HOSTS_DIR/$1/run-slurm/slurmctld.pid"
+}
+
+# A head's slurmctld, primary or backup (which one it is, Slurm's configuration says: the host's name).
+start_slurmctld() {  # head
+    on_host "$1" "$SLURM_SBIN/slurmctld"
+}
+
+# The pid of the slurmctld that listens on the testbed's port on a head (etc/testbed/slurm.conf), if any.
 # Its pid file is not enough: from 23.11 on, slurmctld re-executes itself under a new pid on
 # `scontrol reconfigure` (which up.sh runs), and the pid file may still name the old one; a
 # slurmctld left so blocks the next version's from binding the port.
-slurmctld_on_port() {
+slurmctld_on_port() {  # head
     local pid
-    host_is_up "$HEAD_HOST" || return 0
-    pid="$(on_host "$HEAD_HOST" ss -Hltnp 'sport = :6817' 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)"
+    host_is_up "$1" || return 0
+    pid="$(on_host "$1" ss -Hltnp 'sport = :6817' 2>/dev/null | grep -o 'pid=[0-9]*' | head -1 | cut -d= -f2)"
     [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = slurmctld ] && echo "$pid"
     return 0
 }
@@ -156,15 +166,27 @@ runs_this_slurm() {  # pid
 }
 
 stop_slurm() {
-    local node pid
+    local node pid head
     for node in $TESTBED_NODES; do
         stop_pidfile "/run/dlsub-testbed/slurmd-$node.pid"
     done
-    stop_pidfile /run/dlsub-testbed/slurmctld.pid
-    pid="$(slurmctld_on_port)"
-    if [ -n "$pid" ]; then
-        stop_pid "$pid"
-    fi
+    # The backup first: stopped after the primary, it would take control in the meantime.
+    for head in "$HEAD_HOST2" "$HEAD_HOST"; do
+        stop_pidfile "$(slurmctld_pidfile "$head")"
+        pid="$(slurmctld_on_port "$head")"
+        if [ -n "$pid" ]; then
+            stop_pid "$pid"
+        fi
+    done
+}
+
+# Wait until the primary slurmctld answers (it loads its state first).
+wait_for_primary() {
+    for _ in $(seq 1 100); do
+        slurm_cli scontrol ping 2>/dev/null | grep -q "primary.* UP" && return 0
+        sleep 0.2
+    done
+    die "slurmctld on $HEAD_HOST did not answer: see $HOSTS_DIR/$HEAD_HOST/log-slurm/slurmctld.log"
 }
 
 # Wait until every node has registered and none is down or invalid.

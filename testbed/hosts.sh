@@ -9,19 +9,23 @@
 #     machine's: it is where developers, CI and the users' sessions work), the container graph roots
 #     (/var/lib/dlsub-local), /etc/hosts (every host resolves every other, as a site's DNS would), and on a
 #     GPU node its own /dev (its GPUs as /dev/nvidia0-3, numbers of its own) and a CDI spec for them in
-#     /var/run/cdi. Everything else (/home, the job directories, /etc/slurm, /opt/dlsub, munge's socket)
+#     /var/run/cdi; Slurm's run and log directories (/run/slurm, /var/log/slurm: a controller's pid file and log
+#     are its host's, and the two heads name the same paths). Everything else (/home, the job directories, /etc/slurm, /opt/dlsub, munge's socket)
 #     is the shared filesystem.
 # The namespaces are kept in files (ip netns's /run/netns/dlsub-H, and NS_DIR/H.uts, H.mnt), entered with
 # nsenter (never `ip netns exec`, which remounts /sys and so hides the cgroup hierarchies Slurm needs).
 # Everything runs in one pid namespace: a test can still see every process of a job from any host.
 
 TESTBED_NET=10.213.0
+# The head runs slurmctld and slurmdbd; a second head a backup slurmctld (Slurm's own failover: SlurmctldHost
+# twice, one state directory both read, etc/testbed/slurm.conf), which takes over when the first stops answering.
+HEAD_HOST="head"
+HEAD_HOST2="head2"
 # The login host the agent runs on, and a second one (sites have several: users there reach the agent over
 # the network, authenticated by munge).
 LOGIN_HOST=login1
 LOGIN_HOST2=login2
-HEAD_HOST="head"
-TESTBED_HOSTS="$HEAD_HOST $LOGIN_HOST $LOGIN_HOST2 $TESTBED_NODES"
+TESTBED_HOSTS="$HEAD_HOST $HEAD_HOST2 $LOGIN_HOST $LOGIN_HOST2 $TESTBED_NODES"
 HOSTS_DIR=/var/lib/dlsub-testbed/hosts
 NS_DIR=/run/dlsub-testbed/ns
 FABRIC_NS=dlsub-fabric
@@ -34,6 +38,7 @@ GPU_MAJOR=195
 host_addr() {  # host
     case "$1" in
         head) echo "$TESTBED_NET.2" ;;
+        head2) echo "$TESTBED_NET.3" ;;
         login1) echo "$TESTBED_NET.10" ;;
         login2) echo "$TESTBED_NET.11" ;;
         cpu1) echo "$TESTBED_NET.21" ;;
@@ -109,7 +114,9 @@ host_up() {  # host
     ip -n "dlsub-$host" link set eth0 up
     ip -n "dlsub-$host" link set lo up
     install -d -m 1777 "$dir/tmp"
-    install -d -m 755 "$dir/run-user" "$dir/run-dlsub" "$dir/var-lib-dlsub" "$dir/local" "$dir/cdi" "$dir/dev"
+    install -d -m 755 "$dir/run-user" "$dir/run-dlsub" "$dir/var-lib-dlsub" "$dir/local" "$dir/cdi" "$dir/dev" \
+        "$dir/run-slurm"
+    install -d -m 755 -o slurm -g slurm "$dir/log-slurm"
     [ -d "$HOSTS_DIR/etc-containers" ] || cp -a /etc/containers "$HOSTS_DIR/etc-containers"
     touch "$NS_DIR/$host.uts" "$NS_DIR/$host.mnt"
     nsenter --net="/run/netns/dlsub-$host" -- unshare --uts="$NS_DIR/$host.uts" --mount="$NS_DIR/$host.mnt" \
@@ -134,6 +141,8 @@ host_setup() {  # host dir
         mount --bind "$dir/var-lib-dlsub" /var/lib/dlsub
     fi
     mount --bind "$dir/local" "$NODE_LOCAL"
+    mount --bind "$dir/run-slurm" /run/slurm
+    mount --bind "$dir/log-slurm" /var/log/slurm
     # The site's Podman settings (testbed/up.sh, site_containers): node-local graph roots, the site's image
     # store. Within the hosts only: the machine's own /etc/containers stays as it is.
     mount --bind "$HOSTS_DIR/etc-containers" /etc/containers
@@ -187,7 +196,7 @@ host_keeper() {  # host
 
 hosts_up() {
     local host
-    mkdir -p "$NS_DIR" "$HOSTS_DIR" "$NODE_LOCAL" /var/run/cdi /run/dlsub /var/lib/dlsub
+    mkdir -p "$NS_DIR" "$HOSTS_DIR" "$NODE_LOCAL" /var/run/cdi /run/dlsub /var/lib/dlsub /run/slurm /var/log/slurm
     # Namespace files are bind mounts, which need a private mount under them (as ip netns does for /run/netns).
     if ! mountpoint -q "$NS_DIR"; then
         mount --bind "$NS_DIR" "$NS_DIR"

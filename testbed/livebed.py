@@ -447,6 +447,50 @@ def node_back(node: str) -> None:
     wait_for(f"{node} back in service", up, timeout=90, interval=2)
 
 
+#: The testbed's two heads (testbed/hosts.sh): the primary slurmctld's and the backup's (etc/testbed/slurm.conf).
+PRIMARY_HEAD, BACKUP_HEAD = "head", "head2"
+
+
+def slurmctld_pid(head: str) -> int | None:
+    """The pid of the slurmctld listening on a head's port, if one does (its pid file may name the pid it
+    re-executed from: testbed/common.sh's slurmctld_on_port)."""
+    out = subprocess.run([*on_host(head), "ss", "-Hltnp", "sport = :6817"], capture_output=True, text=True).stdout
+    found = re.search(r"pid=(\d+)", out)
+    return int(found.group(1)) if found else None
+
+
+def controllers() -> dict[str, str]:
+    """Each controller's state as ``scontrol ping`` gives it: ``{"primary": "UP", "backup": "DOWN"}``."""
+    out = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=90).stdout
+    return dict(re.findall(r"Slurmctld\((\w+)\) at \S+ is (\w+)", out))
+
+
+def slurmctld_saved_at() -> float:
+    """When the controller in charge last wrote its jobs' state (StateSaveLocation/job_state, which a backup
+    reads when it takes control). Slurm writes it about a second after a change; what changed inside that second
+    before a controller's crash, its successor never learns (a job cancelled then comes back running)."""
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=True).stdout
+    location = re.search(r"^StateSaveLocation\s*=\s*(\S+)", config, re.MULTILINE)
+    assert location, config
+    return (Path(location.group(1)) / "job_state").stat().st_mtime
+
+
+def kill_slurmctld(head: str) -> None:
+    """A head's slurmctld dies (SIGKILL), as in a crash of its host: the other head's takes control once it has
+    not answered for SlurmctldTimeout. :func:`slurmctld_back` starts it again."""
+    pid = slurmctld_pid(head)
+    assert pid is not None, f"no slurmctld listens on {head}"
+    os.kill(pid, signal.SIGKILL)
+
+
+def slurmctld_back(head: str) -> None:
+    """Start a head's slurmctld again (if it is not running) and wait until both controllers answer: the
+    primary, started again, takes control back from the backup."""
+    subprocess.run(["bash", str(REPO / "testbed" / "controller.sh"), "start", head], check=True)
+    wait_for(f"slurmctld on {head} back, both controllers answering",
+             lambda: controllers() == {"primary": "UP", "backup": "UP"}, timeout=120, interval=2)
+
+
 def why_as_agent(job: str, db: Path) -> str:
     """`dlsub why JOB` over a test agent's own database: readable by the service account only."""
     result = subprocess.run(["runuser", "-u", AGENT_USER, "--", "dlsub", "why", job, "--db", str(db)],

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bring up the dlsub local testbed on this machine, as root, idempotently:
-# munge, slurmctld and four slurmd (cpu1-2, gpu1-2 with 4 fake GPUs each),
+# munge, slurmctld and its backup, and four slurmd (cpu1-2, gpu1-2 with 4 fake GPUs each),
 # the unprivileged job user, its rootless Podman, the default training image,
 # and dlsub installed system-wide. A second run only restarts what is down
 # and rebuilds only what changed. What each step stands for on a site: docs/admin-guide.md.
@@ -198,17 +198,23 @@ if [ "$changed" -eq 1 ]; then
     stop_slurm
 fi
 # A slurmctld of another version still on the port (a switch cut short): stop it and its nodes.
-ctld="$(slurmctld_on_port)"
-if [ -n "$ctld" ] && ! runs_this_slurm "$ctld"; then
-    say "a slurmctld of another Slurm holds the port: stopping it"
-    stop_slurm
-fi
+for head in "$HEAD_HOST" "$HEAD_HOST2"; do
+    ctld="$(slurmctld_on_port "$head")"
+    if [ -n "$ctld" ] && ! runs_this_slurm "$ctld"; then
+        say "a slurmctld of another Slurm holds the port on $head: stopping it"
+        stop_slurm
+    fi
+done
 # Accounting: MariaDB, then slurmdbd, before slurmctld (which registers with it).
 "$here/accounting.sh"
-if ! pid_alive /run/dlsub-testbed/slurmctld.pid && [ -z "$(slurmctld_on_port)" ]; then
-    say "starting slurmctld $SLURM_VERSION on $HEAD_HOST"
-    on_host "$HEAD_HOST" "$SLURM_SBIN/slurmctld"
-fi
+# The primary, then the backup once the primary answers: a backup that finds no primary takes control.
+for head in "$HEAD_HOST" "$HEAD_HOST2"; do
+    if ! pid_alive "$(slurmctld_pidfile "$head")" && [ -z "$(slurmctld_on_port "$head")" ]; then
+        say "starting slurmctld $SLURM_VERSION on $head"
+        start_slurmctld "$head"
+    fi
+    [ "$head" = "$HEAD_HOST2" ] || wait_for_primary
+done
 for node in $TESTBED_NODES; do
     if ! pid_alive "/run/dlsub-testbed/slurmd-$node.pid"; then
         say "starting slurmd $node"
