@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 
 from livebed import NODE_LOCAL, SITE_IMAGE_STORE, USER3, TestbedUser, on_host
 
+REPO = Path(__file__).resolve().parents[1]
 IMAGE = "localhost/dlsub-torch:2.13.0-cpu"
 RUN = ["--runtime", "runc", "--cgroup-manager", "cgroupfs", "run", "--rm", "--network", "host", "--userns",
        "keep-id", IMAGE, "python3", "-c", "import torch"]
@@ -74,9 +75,8 @@ def main() -> int:
     # The image of the user's own: an archive loaded into their storage (native overlay, no site store).
     with tempfile.TemporaryDirectory(dir="/var/cache") as tmp:
         archive = Path(tmp) / "image.tar"
-        site = ["--root", str(SITE_IMAGE_STORE), "--runroot", f"{tmp}/run", "--storage-driver", "overlay",
-                "--storage-opt", "overlay.mount_program="]
-        subprocess.run(["podman", *site, "save", "-q", "-o", str(archive), IMAGE], check=True)
+        subprocess.run(["bash", str(REPO / "containers" / "site-image-store.sh"), "--store", str(SITE_IMAGE_STORE),
+                        "save", IMAGE, str(archive)], check=True)
         Path(tmp).chmod(0o755)
         archive.chmod(0o644)
         own = Path(tmp) / "own-storage.conf"

@@ -6,6 +6,7 @@
 #
 #   site-image-store.sh [--store DIR] add ARCHIVE      load an image archive (podman save) into the store
 #   site-image-store.sh [--store DIR] list             the store's images: ID, names, created
+#   site-image-store.sh [--store DIR] save IMAGE ARCHIVE  write one of them to an archive (for another node's store)
 #   site-image-store.sh [--store DIR] tag IMAGE_ID NAME  give NAME to that version (a rollback: new jobs get it)
 #   site-image-store.sh [--store DIR] remove IMAGE_ID  remove one version (first check `dlsub doctor --user U`'s
 #                                                      "site images": a queued or running job may still run it)
@@ -66,6 +67,9 @@ case "$action" in
         ;;
     list)
         store_podman images --format '{{.ID}}  {{.Repository}}:{{.Tag}}  {{.CreatedSince}}'
+        ;;
+    save)
+        store_podman save -q -o "${3:?usage: site-image-store.sh save IMAGE ARCHIVE}" "${2:?usage: site-image-store.sh save IMAGE ARCHIVE}"
         ;;
     tag)
         id="${2:?usage: site-image-store.sh tag IMAGE_ID NAME}" name="${3:?usage: site-image-store.sh tag IMAGE_ID NAME}"

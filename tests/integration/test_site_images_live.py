@@ -23,6 +23,7 @@ from livebed import (
     POLICY_FILE,
     SITE_IMAGE_STORE,
     USER,
+    USER2,
     USER3,
     TestbedUser,
     attempts,
@@ -81,10 +82,18 @@ def gpus_held(user: TestbedUser) -> Iterator[list[int]]:
     subprocess.run(["scancel", *map(str, ids)], check=False)
 
 
-def _moved_and_completed(user: TestbedUser, job: dict, gpus_held: list[int]) -> dict:
+def _started_on_cpu(user: TestbedUser, job: dict) -> None:
     wait_for("a checkpoint-ready start on cpu", lambda: (s := user.status(job["id"]))["state"] == "RUNNING"
              and (s["step"] or 0) >= 3, timeout=180)
+
+
+def _moved_and_completed(user: TestbedUser, job: dict, gpus_held: list[int]) -> dict:
+    _started_on_cpu(user, job)
     subprocess.run(["scancel", *map(str, gpus_held)], check=True)
+    return _completed_on_gpu(user, job)
+
+
+def _completed_on_gpu(user: TestbedUser, job: dict) -> dict:
     done = user.wait_until_ended(job["id"], "the job to move to gpu and complete", timeout=240)
     assert done["state"] == "COMPLETED" and done["partition"] == "gpu", done
     starts = [a["partition"] for a in attempts(job["job_dir"]) if a["event"] == "start"]
@@ -92,29 +101,46 @@ def _moved_and_completed(user: TestbedUser, job: dict, gpus_held: list[int]) -> 
     return done
 
 
-def test_a_user_who_never_ran_podman_is_moved_on_the_site_image_and_storage_does_not_grow(
-        user: TestbedUser, user3: TestbedUser, gpus_held: list[int], service_agent: None) -> None:
-    # No storage anywhere: none in the home, none on any host (an earlier run's is removed); only the site's
-    # storage.conf, as its provisioning gives every user.
+def _never_ran_podman(user: TestbedUser) -> Path:
+    """No Podman storage of the user's anywhere: none in the home, none on any host (an earlier run's is
+    removed); only the site's storage.conf, as its provisioning gives every user. A directory to submit from."""
     for host in ("login1", "cpu1", "cpu2", "gpu1", "gpu2"):
-        _on(host, "rm", "-rf", str(NODE_LOCAL / USER3 / "containers"))
-    assert not (Path(user3.home) / ".local" / "share" / "containers").exists()
-    workdir = Path(user3.home) / f"dlsub-it-site-{uuid.uuid4().hex[:8]}"
+        _on(host, "rm", "-rf", str(NODE_LOCAL / user.name / "containers"))
+    assert not (Path(user.home) / ".local" / "share" / "containers").exists()
+    workdir = Path(user.home) / f"dlsub-it-site-{uuid.uuid4().hex[:8]}"
     workdir.mkdir()
-    os.chown(workdir, user3.uid, user3.gid)
-    script = put(user3, workdir / "train.py", VERSION_TRAIN)
-    os.chown(script, user3.uid, user3.gid)
-    job = user3.submit("--mode", "immediate", "--gpus", "1", str(script), "1.5", cwd=workdir)
-    assert job["partition"] == "cpu", job
-    _moved_and_completed(user3, job, gpus_held)
-    # What each user keeps per node is their containers, not the image: the site store holds the one copy.
-    store_kib = sum(_kib("login1", SITE_IMAGE_STORE / d) for d in ("overlay",))
+    os.chown(workdir, user.uid, user.gid)
+    return workdir
+
+
+def test_users_who_never_ran_podman_are_moved_on_the_site_image_and_storage_does_not_grow(
+        user: TestbedUser, user2: TestbedUser, user3: TestbedUser, gpus_held: list[int],
+        service_agent: None) -> None:
+    """Two users with no Podman storage anywhere (the third user, and the second, who submits nothing else
+    through dlsub in this suite), each with a job that starts on cpu and moves to gpu, beside the first user,
+    whose jobs ran all along: the site's store is the one copy of the image however many users run it."""
+    store_kib = _kib("login1", SITE_IMAGE_STORE / "overlay")
+    jobs = {}
+    for newcomer in (user3, user2):
+        workdir = _never_ran_podman(newcomer)
+        script = put(newcomer, workdir / "train.py", VERSION_TRAIN)
+        os.chown(script, newcomer.uid, newcomer.gid)
+        jobs[newcomer.name] = (newcomer, workdir, newcomer.submit("--mode", "immediate", "--gpus", "1", str(script),
+                                                                 "1.5", cwd=workdir))
+        assert jobs[newcomer.name][2]["partition"] == "cpu", jobs[newcomer.name]
+    for newcomer, _, job in jobs.values():
+        _started_on_cpu(newcomer, job)
+    subprocess.run(["scancel", *map(str, gpus_held)], check=True)
+    for newcomer, workdir, job in jobs.values():
+        _completed_on_gpu(newcomer, job)
+        subprocess.run(["rm", "-rf", str(workdir)], check=False)
+    # What each user keeps per node is their containers, not the image: the site store holds the one copy,
+    # the same size after two more users ran it on every node.
     for host in ("cpu1", "cpu2", "gpu1", "gpu2"):
-        for name in (USER, USER3):
+        for name in (USER, USER2, USER3):
             kept = _kib(host, NODE_LOCAL / name / "containers")
             assert kept < 50 * 1024, (host, name, kept, store_kib)
-    assert store_kib > 500 * 1024, store_kib
-    subprocess.run(["rm", "-rf", str(workdir)], check=False)
+    assert store_kib > 500 * 1024 and _kib("login1", SITE_IMAGE_STORE / "overlay") == store_kib, store_kib
 
 
 def _builder(*argv: str) -> subprocess.CompletedProcess[str]:
