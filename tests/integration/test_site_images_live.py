@@ -120,13 +120,18 @@ def test_users_who_never_ran_podman_are_moved_on_the_site_image_and_storage_does
     through dlsub in this suite), each with a job that starts on cpu and moves to gpu, beside the first user,
     whose jobs ran all along: the site's store is the one copy of the image however many users run it."""
     store_kib = _kib("login1", SITE_IMAGE_STORE / "overlay")
+    # The store is root's, read-only to every user.
+    assert SITE_IMAGE_STORE.stat().st_uid == 0
+    denied = user3.run("touch", str(SITE_IMAGE_STORE / "overlay" / "written-by-a-user"))
+    assert denied.returncode != 0 and "Permission denied" in denied.stderr, denied
     jobs = {}
-    for newcomer in (user3, user2):
+    # The second names the site's image with --image, as a user picking one of the site's images would.
+    for newcomer, image in ((user3, ()), (user2, ("--image", IMAGE))):
         workdir = _never_ran_podman(newcomer)
         script = put(newcomer, workdir / "train.py", VERSION_TRAIN)
         os.chown(script, newcomer.uid, newcomer.gid)
-        jobs[newcomer.name] = (newcomer, workdir, newcomer.submit("--mode", "immediate", "--gpus", "1", str(script),
-                                                                 "1.5", cwd=workdir))
+        jobs[newcomer.name] = (newcomer, workdir, newcomer.submit("--mode", "immediate", "--gpus", "1", *image,
+                                                                 str(script), "1.5", cwd=workdir))
         assert jobs[newcomer.name][2]["partition"] == "cpu", jobs[newcomer.name]
     for newcomer, _, job in jobs.values():
         _started_on_cpu(newcomer, job)
