@@ -292,6 +292,10 @@ class Run:
         if self.is_main:
             path = save_checkpoint(self.checkpoint_dir, seq, state, self.keep, step=known,
                                    meta={"world_size": self.world_size})
+            # Past every checkpoint on disk (an older attempt's too): the number the file was given.
+            seq = self._seq = checkpoint_seq(path)
+            if known is None:
+                recorded = seq
             self._event(contract.EVENT_CHECKPOINT, step=recorded, path=str(path), seq=seq)
         barrier()
         return path

@@ -11,6 +11,9 @@ one restored. Only the newest ``keep`` checkpoints are kept, and never at the
 cost of the newest one that verifies: when the ``keep`` newest are all
 corrupt, the newest good one older than them stays too.
 
+A number is never used twice, nor a file replaced (:func:`save_checkpoint`): a
+superseded attempt still writing must not land on the newer attempt's name.
+
 The checksum file's first line is the data's SHA-256; a second line, when
 present, is JSON about the checkpoint (``{"step": N}``), so a restore knows
 the training step it resumes at even when ``save()`` was given none.
@@ -18,6 +21,7 @@ the training step it resumes at even when ``save()`` was given none.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -62,6 +66,32 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _write_new(path: Path, data: bytes) -> None:
+    """Like :func:`_write_atomic`, but never replacing a file already at ``path``: the name is taken with a hard
+    link, which fails with FileExistsError when it exists (atomic on a network filesystem too, where the server
+    decides). On a filesystem without hard links, a rename once the name was seen free."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        try:
+            os.link(tmp, path)
+        except OSError as exc:
+            if isinstance(exc, FileExistsError) or exc.errno not in _NO_HARD_LINKS:
+                raise
+            if path.exists():
+                raise FileExistsError(errno.EEXIST, "a checkpoint of that name exists", str(path)) from exc
+            os.rename(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# What link(2) says where a filesystem has no hard links.
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK, errno.ENOSYS}
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -100,12 +130,17 @@ def _sidecar(path: Path) -> Path:
 
 def save_checkpoint(directory: Path, seq: int, state: dict[str, Any], keep: int, step: int | None = None,
                     meta: dict[str, Any] | None = None) -> Path:
-    """Write checkpoint ``seq`` atomically and prune to the newest ``keep`` (see :func:`prune`)."""
+    """Write a checkpoint atomically as ``seq``, or past every checkpoint already in ``directory`` (its path
+    says which), and prune to the newest ``keep`` (see :func:`prune`).
+
+    A name is never reused: two attempts of a job may write at once (a node cut off while its attempt trains
+    on, issue 53), and the older one's late rename must not replace the newer's checkpoint of the same
+    number. So each save takes a number past those on disk, and takes the name with a link that fails where
+    it exists (then the next number)."""
     # Owner-only whatever the job directory grants (the agent may traverse
     # that one; it never reads checkpoints).
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     data = _serialize(state)
-    path = checkpoint_path(directory, seq)
     sidecar = hashlib.sha256(data).hexdigest() + "\n"
     info = dict(meta or {})
     if step is not None:
@@ -116,11 +151,26 @@ def save_checkpoint(directory: Path, seq: int, state: dict[str, Any], keep: int,
     fence.check("its checkpoint")
     if info:
         sidecar += json.dumps(info) + "\n"
-    _write_atomic(_sidecar(path), sidecar.encode())
-    _write_atomic(path, data)
+    on_disk = checkpoint_files(directory)
+    seq = max(seq, on_disk[0][0] + 1) if on_disk else seq
+    for _ in range(_NAME_TRIES):
+        path = checkpoint_path(directory, seq)
+        try:
+            _write_new(_sidecar(path), sidecar.encode())
+        except FileExistsError:  # another writer's, since the look above: the next number
+            seq += 1
+            continue
+        _write_new(path, data)
+        break
+    else:
+        raise FileExistsError(errno.EEXIST, f"no free checkpoint name after {_NAME_TRIES} tries", str(directory))
     _fsync_dir(directory)
     prune(directory, keep)
     return path
+
+
+# Names taken by other writers between one save's look and its link, in a row, before it gives up.
+_NAME_TRIES = 100
 
 
 def file_sha256(path: Path) -> str:

@@ -18,7 +18,7 @@ import pytest
 from conftest import NO_HANG_S, REPO
 
 from dlsub import contract
-from dlsub.checkpointing import fence, sealed
+from dlsub.checkpointing import fence, sealed, storage
 from dlsub.checkpointing.storage import (
     checkpoint_files,
     checkpoint_meta,
@@ -127,6 +127,34 @@ def test_the_newer_attempt_passes_over_a_late_write_and_pruning_keeps_the_jobs_c
     assert restore_latest(checkpoints)[0] == {"step": 1}
     save_checkpoint(checkpoints, 2, {"step": 2, "by": NEW}, keep=2, step=2)  # the newer attempt saves on
     assert restore_latest(checkpoints)[0] == {"step": 2, "by": NEW}
+
+
+def test_a_late_write_never_replaces_the_newer_attempts_checkpoint_of_the_same_number(
+        job_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit (real files): the cut-off attempt's save passed its check before it could see the newer attempt's
+    start, and its files land after the newer attempt saved the same number. They take the next number (and a
+    restore passes over them as late); the newer attempt's checkpoint is never replaced, even when the late
+    writer looked before the newer file was there and then took the name at once (the link refuses it)."""
+    checkpoints = job_dir / contract.CHECKPOINT_DIR
+    save_checkpoint(checkpoints, 1, {"step": 1}, keep=5, step=1)
+    record_start(job_dir, 1)
+    monkeypatch.setenv(contract.ENV_ATTEMPT, NEW)
+    newer = save_checkpoint(checkpoints, 2, {"step": 2, "by": NEW}, keep=5, step=2)
+    # The older attempt, its check already passed: first with a look that sees the newer file, then with one
+    # that missed it.
+    monkeypatch.setenv(contract.ENV_ATTEMPT, OLD)
+    monkeypatch.setattr(fence, "check", lambda what: None)
+    late = save_checkpoint(checkpoints, 2, {"step": 2, "by": OLD}, keep=5, step=2)
+    missed = iter([[]])
+    real_files = storage.checkpoint_files
+    monkeypatch.setattr(storage, "checkpoint_files", lambda d: next(missed, None) or real_files(d))
+    later = save_checkpoint(checkpoints, 2, {"step": 2, "by": OLD}, keep=5, step=2)
+    assert (newer.name, late.name, later.name) == ("ckpt-00000002.pt", "ckpt-00000003.pt", "ckpt-00000004.pt")
+    monkeypatch.setenv(contract.ENV_ATTEMPT, NEW)
+    state, path, skipped = restore_latest(checkpoints)
+    assert state == {"step": 2, "by": NEW} and path == newer, (path, skipped)
+    assert len(skipped) == 2 and all("late write" in reason for reason in skipped), skipped
+    assert not [p for p in checkpoints.iterdir() if ".tmp-" in p.name], "no temp files left"
 
 
 def test_a_late_seal_is_a_problem(job_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
