@@ -212,6 +212,8 @@ hosts_up() {
         say "the testbed's hosts changed (testbed/hosts.sh): making them again"
         "$here/agent.sh" stop
         stop_slurm
+        # slurmdbd too: it runs on the head, whose network goes (MariaDB is the machine's own).
+        stop_pidfile /run/dlsub-testbed/slurmdbd.pid
         for host in $TESTBED_HOSTS; do
             stop_pidfile "/run/dlsub-testbed/host-$host.pid"
             host_down "$host"
