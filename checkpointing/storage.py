@@ -57,24 +57,25 @@ def _deserialize(data: bytes, map_location: Any) -> Any:
     return pickle.loads(data)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_temp(path: Path, data: bytes) -> Path:
+    """``data`` written and fsynced beside ``path``, under a temporary name, to be given ``path`` next."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return tmp
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    os.replace(_write_temp(path, data), path)
 
 
 def _write_new(path: Path, data: bytes) -> None:
     """Like :func:`_write_atomic`, but never replacing a file already at ``path``: the name is taken with a hard
     link, which fails with FileExistsError when it exists (atomic on a network filesystem too, where the server
     decides). On a filesystem without hard links, a rename once the name was seen free."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    tmp = _write_temp(path, data)
     try:
         try:
             os.link(tmp, path)

@@ -10,8 +10,8 @@
 #     (/var/lib/dlsub-local), /etc/hosts (every host resolves every other, as a site's DNS would), and on a
 #     GPU node its own /dev (its GPUs as /dev/nvidia0-3, numbers of its own) and a CDI spec for them in
 #     /var/run/cdi; Slurm's run and log directories (/run/slurm, /var/log/slurm: a controller's pid file and log
-#     are its host's, and the two heads name the same paths). Everything else (/home, the job directories, /etc/slurm, /opt/dlsub, munge's socket)
-#     is the shared filesystem.
+#     are its host's, and the two heads name the same paths). Everything else (/home, the job directories,
+#     /etc/slurm, /opt/dlsub, munge's socket) is the shared filesystem.
 # The namespaces are kept in files (ip netns's /run/netns/dlsub-H, and NS_DIR/H.uts, H.mnt), entered with
 # nsenter (never `ip netns exec`, which remounts /sys and so hides the cgroup hierarchies Slurm needs).
 # Everything runs in one pid namespace: a test can still see every process of a job from any host.
