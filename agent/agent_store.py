@@ -32,13 +32,13 @@ import os
 import pwd
 import sqlite3
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dlsub.agent.job_data import JobData, TrustedRequest
 from dlsub.agent.records import MOVE_COLUMNS, RESIZE_COLUMNS, MoveRow, ResizePhase, ResizeRow
-from dlsub.contract import JobState, check_transition
+from dlsub.agent.store_rows import Binding, Decision, JobRow, StoreSnapshot, Writes
+from dlsub.contract import JobState
 from dlsub.policies.actions.kinds import ActionKind
 
 DEFAULT_DB = Path("/var/lib/dlsub/agent.db")
@@ -50,37 +50,6 @@ PRUNE_EVERY_S = 3600.0
 def default_db_path() -> Path:
     env = os.environ.get("DLSUB_AGENT_DB")
     return Path(env) if env else DEFAULT_DB
-
-
-@dataclass(frozen=True)
-class Decision:
-    time: float
-    uid: int | None
-    dlsub_id: str
-    slurm_job_id: int | None
-    user: str
-    kind: str
-    reason: str
-    details: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Binding:
-    """Who owns a dlsub id: the uid that submitted it, and the evidence ("record" or "comment")."""
-
-    uid: int
-    source: str
-
-
-@dataclass(frozen=True)
-class NewBinding:
-    """A dlsub id bound this tick to the uid that owns it, through this Slurm job (written to ``bindings``)."""
-
-    dlsub_id: str
-    uid: int
-    slurm_job_id: int
-    when: float
-    source: str  # the evidence: "record" or "comment"
 
 
 _DDL = """
@@ -131,52 +100,6 @@ def _state(value: str | None) -> JobState | None:
         return JobState(value)
     except ValueError:
         return JobState.UNKNOWN
-
-
-@dataclass
-class JobRow:
-    """One Slurm job the agent follows: (uid, slurm_job_id) and what it keeps about it."""
-
-    uid: int
-    slurm_job_id: int
-    dlsub_id: str
-    user: str
-    state: JobState | None  # None: not seen in Slurm yet
-    data: JobData = field(default_factory=JobData)
-
-    def key(self) -> tuple[int, int]:
-        return self.uid, self.slurm_job_id
-
-    def encoded(self) -> str:
-        return self.data.to_json()
-
-    def set_state(self, new: JobState | str) -> None:
-        """Move to ``new``; raises :class:`IllegalTransition` for a move the job-state model forbids."""
-        self.state = check_transition(self.state, new)
-
-
-@dataclass
-class Writes:
-    """Everything one tick (or one step of it) writes, committed in one transaction."""
-
-    jobs: dict[tuple[int, int], JobRow] = field(default_factory=dict)
-    bindings: list[NewBinding] = field(default_factory=list)  # a record-backed one replaces a comment-only one
-    decisions: list[Decision] = field(default_factory=list)
-    progress: list[dict[str, Any]] = field(default_factory=list)
-    attempts: list[dict[str, Any]] = field(default_factory=list)
-    moves: dict[tuple[int, int], MoveRow] = field(default_factory=dict)
-    ended_moves: set[tuple[int, int]] = field(default_factory=set)
-    resizes: dict[str, ResizeRow] = field(default_factory=dict)
-    ended_resizes: set[str] = field(default_factory=set)
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def decide(self, when: float, uid: int | None, dlsub_id: str, slurm_job_id: int | None, user: str, kind: str,
-               reason: str, details: dict[str, Any] | None = None) -> None:
-        self.decisions.append(Decision(when, uid, dlsub_id, slurm_job_id, user, kind, reason, dict(details or {})))
-
-    def __bool__(self) -> bool:
-        return bool(self.jobs or self.bindings or self.decisions or self.progress or self.attempts or self.moves
-                    or self.ended_moves or self.resizes or self.ended_resizes or self.meta)
 
 
 def _open_readonly(path: Path) -> sqlite3.Connection:
@@ -330,6 +253,15 @@ class AgentStore:
             conn.execute(f'DROP TABLE IF EXISTS "v1_{name}"')
 
     # ---------------------------------------------------------------- reads
+    def snapshot(self) -> StoreSnapshot:
+        """What a tick reads, in one read transaction (a consistent view: the query server's writes between
+        two of the reads cannot tear it)."""
+        self.conn.execute("BEGIN")
+        try:
+            return StoreSnapshot(self.jobs(), self.bindings(), self.move_rows(), self.resizes())
+        finally:
+            self.conn.execute("COMMIT")
+
     def jobs(self) -> dict[tuple[int, int], JobRow]:
         rows = {}
         for r in self.conn.execute("select uid, slurm_job_id, dlsub_id, user, state, data from jobs"):
@@ -491,4 +423,4 @@ class AgentStore:
             self.conn.execute("COMMIT")
 
 
-__all__ = ["AgentStore", "Binding", "Decision", "JobRow", "NewBinding", "Writes", "default_db_path"]
+__all__ = ["AgentStore", "default_db_path"]

@@ -24,11 +24,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlsub.agent.agent_store import Binding, JobRow, Writes
 from dlsub.agent.job_data import JobData, TrustedRequest
+from dlsub.agent.store_rows import Binding, JobRow, Writes
 from dlsub.contract import ATTEMPTS_FILE, PROGRESS_FILE, Tags
 from dlsub.jobdir import (
     Unreadable,
@@ -98,7 +99,7 @@ def worker_task(job: SlurmJob) -> WorkerTask | None:
                       restart_count=job.restart_count, start_time=float(job.start_time), gpus=job.gpus_per_node)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Seen:
     """One dlsub Slurm job this tick: Slurm's view, the agent's row, and what the planner gets."""
 
@@ -115,8 +116,7 @@ def may_claim(bound: Binding | None, request: TrustedRequest) -> bool:
     return bound is None or (bound.source != "record" and request.source == "record")
 
 
-def identify(job: SlurmJob, uid: int, rows: dict[tuple[int, int], JobRow], now: float,
-             writes: Writes) -> Seen | None:
+def identify(job: SlurmJob, uid: int, rows: Mapping[tuple[int, int], JobRow]) -> Seen | None:
     """The job's trusted request, if it is a dlsub job the agent may follow; None otherwise."""
     row = rows.get((uid, job.job_id))
     request = _request_from_record(job, uid)
@@ -150,19 +150,19 @@ def identify(job: SlurmJob, uid: int, rows: dict[tuple[int, int], JobRow], now: 
             else job.time_limit_min)
     if row is None:
         row = JobRow(uid, job.job_id, request.dlsub_id, job.user, None, JobData())
-    elif frozen != request:
+    else:
+        # The tick's own copy: observing changes it, never the row as the store was read.
         row = JobRow(row.uid, row.slurm_job_id, row.dlsub_id, row.user, row.state, row.data.copy())
-    seen = Seen(job, row, request)
     if first_note is not None:
-        seen.row.data.first_note = first_note
-    return seen
+        row.data.first_note = first_note
+    return Seen(job, row, request)
 
 
 def ignore(seen: Seen, owner: int, now: float, writes: Writes) -> None:
     row = JobRow(seen.row.uid, seen.job.job_id, seen.request.dlsub_id, seen.job.user, seen.row.state,
                  JobData(ignored=True))
     writes.jobs[row.key()] = row
-    writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "ignored",
+    writes.record_decision(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "ignored",
                   f"this Slurm job's comment names dlsub job {row.dlsub_id}, which belongs to another user: "
                   "the agent ignores this job (it never acts on it or reads its files)")
     log.warning("Slurm job %s (uid %s) claims dlsub id %s of uid %s: ignored", row.slurm_job_id, row.uid,
@@ -175,7 +175,7 @@ def once(row: JobRow, slot: str, reason: str, now: float, writes: Writes, kind: 
         return
     row.data.said = {**row.data.said, slot: reason}
     writes.jobs[row.key()] = row
-    writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, kind, reason)
+    writes.record_decision(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, kind, reason)
 
 
 def read_files(row: JobRow, job: SlurmJob, dlsub_id: str, now: float, writes: Writes) -> bool:

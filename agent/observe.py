@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from dlsub.agent.agent_store import AgentStore, Binding, JobRow, NewBinding, Writes
 from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.agent.identify import (
     Seen,
@@ -29,6 +28,7 @@ from dlsub.agent.identify import (
 )
 from dlsub.agent.job_data import JobData
 from dlsub.agent.records import MoveRow
+from dlsub.agent.store_rows import Binding, JobRow, NewBinding, StoreSnapshot, Writes
 from dlsub.contract import IllegalTransition, JobState
 from dlsub.job_progress import MeasuredConfig, Progress, ProgressSummary
 from dlsub.policies.actions.gpu_kind_rules import kinds_to_choose
@@ -47,29 +47,36 @@ _LIVE = (JobState.PENDING, JobState.RUNNING, JobState.REQUEUED)
 _WAITING_FOR_NODES = ("Resources", "Priority", "None", "")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Observation:
-    jobs: list[JobInfo]
-    partitions: list[PartitionInfo]
+    """What one tick saw: Slurm's answers, the job files and the store as read at its start. Nothing after the
+    observe step changes it (its collections are read-only types, so mypy says where something tries)."""
+
+    jobs: tuple[JobInfo, ...]
+    partitions: tuple[PartitionInfo, ...]
     window: WindowState
-    usage: dict[int, Usage] = field(default_factory=dict)
+    # The store as the tick read it (once, at its start), and what observing changed in the agent's rows:
+    # the first part of the tick's write-ahead (prepare adds the plan's to a copy of it).
+    store: StoreSnapshot
+    changes: Writes
+    usage: Mapping[int, Usage] = field(default_factory=dict)
     skipped: int = 0
     late: bool = False
-    elastic: list[ElasticJob] = field(default_factory=list)
-    rooms: list[Room] = field(default_factory=list)
+    elastic: tuple[ElasticJob, ...] = ()
+    rooms: tuple[Room, ...] = ()
     # What each elastic main job reported, by dlsub id (an elastic policy's models are fitted from it),
     # and its job directory (where its mailbox is).
-    elastic_progress: dict[str, Progress] = field(default_factory=dict)
-    elastic_dirs: dict[str, str] = field(default_factory=dict)
+    elastic_progress: Mapping[str, Progress] = field(default_factory=dict)
+    elastic_dirs: Mapping[str, str] = field(default_factory=dict)
     # The jobs followed and observed this tick, by Slurm job id (what the act step writes ahead about).
-    followed: dict[int, Seen] = field(default_factory=dict)
+    followed: Mapping[int, Seen] = field(default_factory=dict)
     # Rows the agent no longer needs (forgotten_rows), dropped once the tick is written.
-    forgettable: list[tuple[int, int]] = field(default_factory=list)
+    forgettable: tuple[tuple[int, int], ...] = ()
     # The kind of GPU of each node whose GRES names one kind (``gpu:a100:4``), by node name; untyped nodes
     # are not in it.
-    node_types: dict[str, str] = field(default_factory=dict)
+    node_types: Mapping[str, str] = field(default_factory=dict)
     # What the followed jobs that are not elastic measured on a named kind of GPU (:func:`kind_runs`).
-    kind_runs: list[KindRun] = field(default_factory=list)
+    kind_runs: tuple[KindRun, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,7 @@ class KindRun:
     grads: tuple[float, float] | None
 
 
-def kind_runs(followed: list[Seen], typed_partitions: set[str]) -> list[KindRun]:
+def kind_runs(followed: list[Seen], typed_partitions: set[str]) -> tuple[KindRun, ...]:
     """The followed jobs that are not elastic and measured something on a named kind of GPU in one of
     ``typed_partitions`` (those whose nodes name two or more kinds), with their command (what their start
     event digested). Untyped runs, and runs elsewhere, are left out: a fixed-size run lends only to the kinds
@@ -103,7 +110,7 @@ def kind_runs(followed: list[Seen], typed_partitions: set[str]) -> list[KindRun]
         if configs:
             out.append(KindRun(seen.row.uid, seen.job.partition, seen.request.dlsub_id, summary.application,
                                configs, grads))
-    return out
+    return tuple(out)
 
 
 @dataclass(frozen=True, order=True)
@@ -134,9 +141,9 @@ class _Queue:
 
 @dataclass(frozen=True)
 class ObserveWith:
-    """What the observe step reads besides Slurm's answers, and what it keeps from one tick to the next."""
+    """What the observe step reads besides Slurm's answers and the store, and what it keeps from one tick to the
+    next."""
 
-    store: AgentStore
     policy: AgentPolicy
     rules: Rules
     budgets: BudgetWatch
@@ -155,14 +162,16 @@ def window_at(policy: AgentPolicy, now: float) -> WindowState:
     return best
 
 
-def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions: list[Partition], writes: Writes,
-            deadline: float) -> Observation:
-    """What Slurm and the job files show this tick (``writes`` gets what changed in the agent's rows)."""
-    rows = ctx.store.jobs()
-    bindings = ctx.store.bindings()
-    moves = ctx.store.move_rows()
+def observe(ctx: ObserveWith, store: StoreSnapshot, slurm_jobs: list[SlurmJob], partitions: list[Partition],
+            now: float, deadline: float) -> Observation:
+    """What Slurm and the job files show this tick, beside the store as the tick read it (``store``); what
+    changed in the agent's rows is the observation's ``changes``."""
+    writes = Writes()
+    rows = store.jobs
+    bindings = dict(store.bindings)  # this tick's bindings are added to it
+    moves = store.moves
     known = {p.name: p for p in partitions}
-    queue = _sort_queue(slurm_jobs, rows, bindings, moves, now, writes)
+    queue = _sort_queue(slurm_jobs, rows, bindings, moves)
     _bind(queue, bindings, now, writes)
     followed: list[Seen] = []
     for seen in queue.candidates:
@@ -191,13 +200,16 @@ def observe(ctx: ObserveWith, now: float, slurm_jobs: list[SlurmJob], partitions
     # Only where the site sizes jobs across kinds is what fixed-size runs measured on a kind of any use.
     typed = {r.name for r in rooms if kinds_to_choose(r)} if ctx.policy.goodput.across_gpu_types else set()
     _mark_lost(rows, slurm_jobs, moves, queue.workers, writes)
-    return Observation(infos, parts, window_at(ctx.policy, now), queue.usage, skipped, late, elastic,
-                       rooms, elastic_progress, elastic_dirs, {s.job.job_id: s for s in observed},
-                       forgotten_rows(rows, slurm_jobs, moves, queue.workers), node_types, kind_runs(followed, typed))
+    return Observation(
+        jobs=tuple(infos), partitions=tuple(parts), window=window_at(ctx.policy, now), store=store, changes=writes,
+        usage=queue.usage, skipped=skipped, late=late, elastic=tuple(elastic), rooms=tuple(rooms),
+        elastic_progress=elastic_progress, elastic_dirs=elastic_dirs, followed={s.job.job_id: s for s in observed},
+        forgettable=tuple(forgotten_rows(rows, slurm_jobs, moves, queue.workers)), node_types=node_types,
+        kind_runs=kind_runs(followed, typed))
 
 
-def forgotten_rows(rows: dict[tuple[int, int], JobRow], slurm_jobs: list[SlurmJob],
-                   moves: dict[tuple[int, int], MoveRow],
+def forgotten_rows(rows: Mapping[tuple[int, int], JobRow], slurm_jobs: list[SlurmJob],
+                   moves: Mapping[tuple[int, int], MoveRow],
                    workers: dict[tuple[int, str], list[WorkerTask]]) -> list[tuple[int, int]]:
     """The rows of jobs that ended and that Slurm no longer lists (it purges an ended job after MinJobAge),
     with no move in flight and no worker task of their dlsub id still queued (those are ended through the
@@ -211,7 +223,8 @@ def forgotten_rows(rows: dict[tuple[int, int], JobRow], slurm_jobs: list[SlurmJo
             and (row.uid, row.dlsub_id) not in workers]
 
 
-def _mark_lost(rows: dict[tuple[int, int], JobRow], slurm_jobs: list[SlurmJob], moves: dict[tuple[int, int], MoveRow],
+def _mark_lost(rows: Mapping[tuple[int, int], JobRow], slurm_jobs: list[SlurmJob],
+               moves: Mapping[tuple[int, int], MoveRow],
                workers: dict[tuple[int, str], list[WorkerTask]], writes: Writes) -> None:
     """Rows last seen live whose job Slurm no longer lists under any user (the agent was down longer than
     MinJobAge, or the job ran and was purged between two ticks) become UNKNOWN: the metrics and pages
@@ -229,8 +242,8 @@ def _idle_nodes(partition: Partition) -> tuple[IdleNode, ...]:
                  for n in partition.nodes if n.usable)
 
 
-def _sort_queue(slurm_jobs: list[SlurmJob], rows: dict[tuple[int, int], JobRow], bindings: dict[str, Binding],
-                moves: dict[tuple[int, int], MoveRow], now: float, writes: Writes) -> _Queue:
+def _sort_queue(slurm_jobs: list[SlurmJob], rows: Mapping[tuple[int, int], JobRow], bindings: Mapping[str, Binding],
+                moves: Mapping[tuple[int, int], MoveRow]) -> _Queue:
     """The queue sorted: elastic jobs' worker tasks apart, the other dlsub jobs identified, every live
     job's GPUs charged to its user, and the workers' record-backed claims on their ids."""
     queue = _Queue()
@@ -262,7 +275,7 @@ def _sort_queue(slurm_jobs: list[SlurmJob], rows: dict[tuple[int, int], JobRow],
                 gpus = max(gpus, move.target_gpus * max(1, job.node_count))
             old = usage.get(uid, Usage())
             usage[uid] = Usage(old.gpus + gpus, old.jobs + 1)
-        seen = identify(job, uid, rows, now, writes)
+        seen = identify(job, uid, rows)
         if seen is not None:
             queue.candidates.append(seen)
     return queue
@@ -289,7 +302,7 @@ def _bind(queue: _Queue, bindings: dict[str, Binding], now: float, writes: Write
         writes.bindings.append(NewBinding(dlsub_id, won.uid, won.slurm_job_id, now, won.source))
 
 
-def _observe_followed(ctx: ObserveWith, followed: list[Seen], moves: dict[tuple[int, int], MoveRow],
+def _observe_followed(ctx: ObserveWith, followed: list[Seen], moves: Mapping[tuple[int, int], MoveRow],
                       known: dict[str, Partition], now: float, writes: Writes,
                       deadline: float) -> tuple[list[Seen], int, bool]:
     """Each followed job observed, its files read in a fair order until the deadline. Returns the jobs
@@ -323,8 +336,7 @@ def _observe_followed(ctx: ObserveWith, followed: list[Seen], moves: dict[tuple[
             skipped += 1
             continue
         if info is not None:
-            seen.info = info
-            observed.append(seen)
+            observed.append(dataclasses.replace(seen, info=info))
     return observed, skipped + unread, late
 
 
@@ -343,7 +355,7 @@ class Waiting:
                     tuple(sorted(self.by_kind.get(name, {}).items())))
 
 
-def _waiting(rules: Rules, slurm_jobs: list[SlurmJob], moves: dict[tuple[int, int], MoveRow],
+def _waiting(rules: Rules, slurm_jobs: list[SlurmJob], moves: Mapping[tuple[int, int], MoveRow],
              worker_ids: set[int], known: dict[str, Partition]) -> Waiting:
     """What jobs waiting for nodes want (:class:`Waiting`). One user counts for at most the per-user GPU
     limit, so that a user's queue of jobs cannot shrink (or keep from growing) everybody else's."""
@@ -379,8 +391,8 @@ def _price(policy: AgentPolicy, partition: str) -> float:
 
 
 def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[WorkerTask]],
-                  rows: dict[tuple[int, int], JobRow], bindings: dict[str, Binding],
-                  moves: dict[tuple[int, int], MoveRow], node_types: dict[str, str]) -> list[ElasticJob]:
+                  rows: Mapping[tuple[int, int], JobRow], bindings: Mapping[str, Binding],
+                  moves: Mapping[tuple[int, int], MoveRow], node_types: dict[str, str]) -> list[ElasticJob]:
     """Elastic main jobs with their worker tasks (same uid and id only); and workers whose main job
     has ended, even when Slurm no longer lists it. A main job's GPU kind is its nodes' (``node_types``),
     where they all name the same one."""
@@ -464,7 +476,7 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
     data.request = request
     note, data.first_note = data.first_note, None
     if note:
-        writes.decide(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "trust", note)
+        writes.record_decision(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "trust", note)
     new_state = job.dlsub_state
     try:
         row.set_state(new_state)

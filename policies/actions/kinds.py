@@ -59,4 +59,8 @@ class MoveKind(StrEnum):
     NEEDS_GPU = "needs-gpu"  # died on CPUs for want of a GPU: sent to wait for one where it wants to run
 
 
-__all__ = ["ActionKind", "MoveKind"]
+#: The kinds that change nothing in Slurm: written ahead as decisions (and a move's record), never carried out.
+BOOKKEEPING = frozenset({ActionKind.NOTE, ActionKind.SEND_FOR_GPU, ActionKind.FINISH_MOVE, ActionKind.ABANDON_MOVE})
+
+
+__all__ = ["BOOKKEEPING", "ActionKind", "MoveKind"]

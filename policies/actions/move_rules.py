@@ -66,7 +66,7 @@ released.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 from dlsub.contract import ACTION_MOVE, ACTION_NEEDS_GPU, HELD_BY_ADMIN, HELD_BY_USER, is_held
@@ -554,7 +554,7 @@ _CLOSED = WindowState(False)  # no backfill window open (frozen: one default sha
 
 
 def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Rules, now: float,
-         window: WindowState = _CLOSED, usage: dict[int, Usage] | None = None) -> list[Action]:
+         window: WindowState = _CLOSED, usage: Mapping[int, Usage] | None = None) -> list[Action]:
     """Everything the agent should do this tick, moves in flight first.
 
     ``usage`` is what each uid holds in Slurm (all its jobs, moves in

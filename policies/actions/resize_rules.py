@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from dlsub.contract import HELD_BY_USER, is_held
 from dlsub.policies.actions.kinds import ActionKind
+from dlsub.policies.actions.move_views import Action
 from dlsub.policies.api import ClusterView, IdleNode, JobView, Node
 from dlsub.policies.registry import get_policy
 
@@ -379,17 +380,32 @@ def take_workers(job: ElasticJob, capacity: Capacity, want: int, spots: Sequence
     return taken
 
 
+@dataclass(frozen=True)
+class Sized:
+    """What an elastic policy decided for one partition's elastic jobs: their resizes, and (where it sizes them
+    across GPU kinds) the jobs it moves to another kind."""
+
+    resizes: tuple[Resize, ...] = ()
+    moves: tuple[Action, ...] = ()
+
+
 #: Sizes the elastic jobs of one partition by an elastic policy (see dlsub.policies.actions.goodput_resize_rules).
-SizeByPolicy = Callable[[Sequence[ElasticJob], Room], list[Resize]]
+SizeByPolicy = Callable[[Sequence[ElasticJob], Room], Sized]
 
 
-def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str = "fifo",
-                 size_by_policy: SizeByPolicy | None = None) -> list[Resize]:
+def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str = "fifo") -> list[Resize]:
+    """Every resize this tick where the policy named only orders growth (see :func:`plan_elastic`)."""
+    return list(plan_elastic(jobs, rooms, policy).resizes)
+
+
+def plan_elastic(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str = "fifo",
+                 size_by_policy: SizeByPolicy | None = None) -> Sized:
     """Every resize this tick: endings, then shrinks, then growth onto what is left idle.
 
     With ``size_by_policy`` (an elastic policy such as ``goodput``, on the jobs' measured throughput),
-    that decides the sizes of the jobs no waiting job shrinks this tick, partition by partition;
-    otherwise the policy named only orders the jobs that could grow onto idle nodes.
+    that decides the sizes of the jobs no waiting job shrinks this tick, partition by partition (and the
+    moves between GPU kinds it makes); otherwise the policy named only orders the jobs that could grow onto
+    idle nodes.
     """
     by_name = {r.name: r for r in rooms}
     actions: list[Resize] = []
@@ -420,11 +436,14 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
         for job in live:
             if job.dlsub_id not in shrinking:
                 sizable.setdefault(job.partition, []).append(job)
+        moves: list[Action] = []
         for name, group in sorted(sizable.items()):
             room = by_name.get(name)
             if room is not None and not room.short_of_gpus():
-                actions.extend(size_by_policy(group, room))
-        return actions
+                sized = size_by_policy(group, room)
+                actions.extend(sized.resizes)
+                moves.extend(sized.moves)
+        return Sized(tuple(actions), tuple(moves))
     for name, group in by_partition.items():
         room = by_name.get(name)
         if room is None or room.waiting_gpus >= room.idle_gpus or room.short_of_gpus():
@@ -446,4 +465,4 @@ def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str 
                                           f"growing to {job.size_text(size)}: {placed.why} (partition {name}; "
                                           f"no waiting job can use them); released worker "
                                           f"{placed.worker.handle} there to join the group")))
-    return actions
+    return Sized(tuple(actions))

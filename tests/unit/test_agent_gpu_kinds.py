@@ -15,9 +15,10 @@ import pytest
 from agent_world import ME, NOW, Crash, World, policy
 from click.testing import CliRunner
 
-from dlsub.agent.agent_store import AgentStore, Writes
+from dlsub.agent.agent_store import AgentStore
 from dlsub.agent.live_models import sizing_policy
-from dlsub.agent.observe import observe
+from dlsub.agent.observe import Observation, observe
+from dlsub.agent.reconcile import Agent
 from dlsub.cli.agent_commands import why as why_command
 from dlsub.contract import gpu_type_in_gres
 from dlsub.job_progress import ProgressSummary
@@ -25,9 +26,15 @@ from dlsub.jobdir import check_progress_event
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.goodput_types import TypedGoodputPolicy
 from dlsub.site_config.policy_file import PolicyFileError
+from dlsub.slurm_plugins.models import Partition, SlurmJob
 
 A, B = "0000a100", "0000b100"  # dlsub ids are 8 hex digits
 
+
+
+def observed(agent: Agent, slurm_jobs: list[SlurmJob], partitions: list[Partition]) -> Observation:
+    """The agent's observe step alone, on the store as its next tick would read it."""
+    return observe(agent.observing, agent.store.snapshot(), slurm_jobs, partitions, NOW, 1e18)
 
 def typed(world: World) -> World:
     """The fake's GPU nodes of two kinds, as the testbed's gpu partition has them."""
@@ -111,7 +118,7 @@ def test_observation_has_node_kinds_and_each_jobs_throughput_per_kind(tmp_path: 
     agent = world.agent()
     jobs, partitions = world.client.jobs(), world.client.partitions()
     calls = len(world.fake.calls)
-    seen = observe(agent.observing, NOW, jobs, partitions, Writes(), 1e18)
+    seen = observed(agent, jobs, partitions)
     assert world.fake.calls[calls:] == [], "observing reads no more of Slurm than the tick's squeue and sinfo"
     assert seen.node_types == {"gpu1": "a100", "gpu2": "v100"}
     kinds = {j.dlsub_id: j.gpu_type for j in seen.elastic}
@@ -138,7 +145,7 @@ def test_jobs_waiting_for_one_kind_are_counted_for_that_kind(tmp_path: Path) -> 
                          start_on=None)
     world.fake.jobs[t4].options["gres"] = "gpu:t4:1"  # Slurm refuses the kind at submit; a node may go since
     agent = world.agent()
-    seen = observe(agent.observing, NOW, world.client.jobs(), world.client.partitions(), Writes(), 1e18)
+    seen = observed(agent, world.client.jobs(), world.client.partitions())
     (room,) = [r for r in seen.rooms if r.name == "gpu"]
     assert (room.waiting_gpus, room.waiting_by_kind, room.untyped_waiting()) == (3, (("a100", 1),), 2)
 
@@ -152,7 +159,7 @@ def test_untyped_nodes_and_reports_leave_no_kinds(tmp_path: Path) -> None:
         for i in range(4):
             f.write(json.dumps({"event": "progress", "time": NOW - 40 + 5 * i, "attempt": f"{main}-0",
                                 "step": 10 * i, "samples": 640 * i}) + "\n")
-    seen = observe(world.agent().observing, NOW, world.client.jobs(), world.client.partitions(), Writes(), 1e18)
+    seen = observed(world.agent(), world.client.jobs(), world.client.partitions())
     assert seen.node_types == {}
     assert [j.gpu_type for j in seen.elastic] == [None]
     assert seen.elastic_progress[A].measured_by_type == {}
@@ -627,7 +634,7 @@ def test_kind_runs_are_of_jobs_that_are_not_elastic_on_named_kinds_only(tmp_path
     untyped, _ = world.submit("0000e572", comment="dlsub:0000e572;mode=ideal;ideal=gpu;gpus=1", partition="gpu",
                               gres="gpu:1", start_on="gpu2", job_dir=untyped_dir)
     reports(untyped_dir, untyped, [("", 1, 8.0)], start={"application": APP})
-    seen = observe(world.agent().observing, NOW, world.client.jobs(), world.client.partitions(), Writes(), 1e18)
+    seen = observed(world.agent(), world.client.jobs(), world.client.partitions())
     (run,) = seen.kind_runs
     assert (run.uid, run.partition, run.dlsub_id, run.application) == (ME, "gpu", "0000e571", APP)
     (config,) = run.configs
@@ -656,11 +663,11 @@ def test_fixed_size_runs_are_learnt_only_where_the_site_sizes_jobs_across_kinds(
     kind runs (nothing would use them: the partition's GPUs are one pool)."""
     world = typed(World(tmp_path, policy(policy="goodput")))
     fixed_run(world, "0000e571", [("v100", 8.0)])
-    seen = observe(world.agent().observing, NOW, world.client.jobs(), world.client.partitions(), Writes(), 1e18)
-    assert seen.kind_runs == []
+    seen = observed(world.agent(), world.client.jobs(), world.client.partitions())
+    assert seen.kind_runs == ()
     world = typed(World(tmp_path / "across", across()))
     fixed_run(world, "0000e571", [("v100", 8.0)])
-    seen = observe(world.agent().observing, NOW, world.client.jobs(), world.client.partitions(), Writes(), 1e18)
+    seen = observed(world.agent(), world.client.jobs(), world.client.partitions())
     assert [r.dlsub_id for r in seen.kind_runs] == ["0000e571"]
 
 

@@ -9,12 +9,18 @@ from pathlib import Path
 
 from agent_world import ME, NOW, OTHER, World
 
-from dlsub.agent.agent_store import Writes
-from dlsub.agent.observe import observe
+from dlsub.agent.observe import Observation, observe
+from dlsub.agent.reconcile import Agent
 from dlsub.slurm_plugins.fake import FakeNode, FakePartition, FakeSlurm
+from dlsub.slurm_plugins.models import Partition, SlurmJob
 
 ID = "e1a571c0"
 
+
+
+def observed(agent: Agent, slurm_jobs: list[SlurmJob], partitions: list[Partition]) -> Observation:
+    """The agent's observe step alone, on the store as its next tick would read it."""
+    return observe(agent.observing, agent.store.snapshot(), slurm_jobs, partitions, NOW, 1e18)
 
 def big_cluster() -> FakeSlurm:
     gpus = [f"gpu{i}" for i in range(1, 5)]
@@ -71,7 +77,7 @@ def test_worker_tag_hides_gang_gpus_from_usage(tmp_path: Path) -> None:
     world.fake.jobs[job].array_job_id, world.fake.jobs[job].array_task_id = job, 0
     agent = world.agent()
     slurm_jobs, parts = world.client.jobs(), world.client.partitions()
-    seen = observe(agent.observing, NOW, slurm_jobs, parts, Writes(), 1e18)
+    seen = observed(agent, slurm_jobs, parts)
     assert seen.usage[OTHER].gpus == 64, f"16-node x 4-GPU job charged as {seen.usage[OTHER].gpus} GPUs"
 
 

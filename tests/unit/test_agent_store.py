@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from agent_world import ME, NOW, World
 
-from dlsub.agent.agent_store import AgentStore, JobRow
+from dlsub.agent.agent_store import AgentStore
 from dlsub.agent.job_data import JobData, TrustedRequest
 from dlsub.agent.reconcile import Agent
+from dlsub.agent.store_rows import JobRow
 from dlsub.contract import IllegalTransition, JobState
 from dlsub.jobdir import Cursor
 
@@ -79,13 +80,13 @@ def test_the_store_takes_skipped_states_and_keeps_a_final_one_from_unknown() -> 
 
 
 def test_rows_round_trip_through_one_transaction(tmp_path: Path) -> None:
-    from dlsub.agent.agent_store import Writes
+    from dlsub.agent.store_rows import Writes
 
     store = AgentStore(tmp_path / "a.db")
     w = Writes()
     data = JobData(last_note="why", said={"files": "unreadable"}, continuations=2, sample=(20, 18, 1))
     w.jobs[(ME, 5)] = JobRow(ME, 5, "0123abcd", "alice", JobState.RUNNING, data)
-    w.decide(NOW, ME, "0123abcd", 5, "alice", "wait", "why", {"k": 1})
+    w.record_decision(NOW, ME, "0123abcd", 5, "alice", "wait", "why", {"k": 1})
     w.meta["late"] = False
     store.write(w)
     assert store.job(ME, 5).data == data and store.decisions(uid=ME)[0].details == {"k": 1}

@@ -18,7 +18,8 @@ import pytest
 from agent_world import ME, NOW, OTHER, World, policy
 
 from dlsub.agent import observe as observe_module
-from dlsub.agent.agent_store import AgentStore, Writes
+from dlsub.agent.agent_store import AgentStore
+from dlsub.agent.store_rows import Writes
 
 
 def test_a_move_runs_through_by_restart_count_and_partition(tmp_path: Path) -> None:
@@ -300,7 +301,7 @@ def test_the_database_is_private_and_old_rows_are_pruned_hourly(tmp_path: Path) 
     assert stat.S_IMODE(w.db.stat().st_mode) == 0o600
     store = agent.store
     old = Writes()
-    old.decide(NOW - 3 * 86400, ME, "0123abcd", job_id, "alice", "wait", "ancient")
+    old.record_decision(NOW - 3 * 86400, ME, "0123abcd", job_id, "alice", "wait", "ancient")
     old.progress.append({"uid": ME, "slurm_job_id": job_id, "dlsub_id": "0123abcd", "time": NOW - 2 * 86400,
                          "step": 1})
     store.write(old)
@@ -394,10 +395,10 @@ def test_an_ended_job_slurm_has_purged_is_forgotten_and_the_tick_stays_short(tmp
 def test_rows_kept_while_the_agent_may_still_need_them() -> None:
     """Pure: a row is forgotten only when its job ended, Slurm lists it no more, no move of it is in flight and
     no worker task of its dlsub id is queued (the agent ends those through the row)."""
-    from dlsub.agent.agent_store import JobRow
     from dlsub.agent.job_data import JobData
     from dlsub.agent.observe import forgotten_rows
     from dlsub.agent.records import MoveRow
+    from dlsub.agent.store_rows import JobRow
     from dlsub.contract import JobState
     from dlsub.policies.actions.resize_rules import WorkerTask
     from dlsub.slurm_plugins.models import SlurmJob

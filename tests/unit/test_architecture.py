@@ -49,10 +49,22 @@ def test_it_reads_in_ten_minutes() -> None:
 def test_the_layers_it_lists_are_the_ones_import_linter_holds() -> None:
     """Its "Who may import whom" lists pyproject's layers contract, in its order (wrapping aside)."""
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
-    (layers,) = [c for c in contracts if c["type"] == "layers"]
-    assert layers["exhaustive"] and layers["containers"] == ["dlsub"]
+    (layers,) = [c for c in contracts if c["type"] == "layers" and c["containers"] == ["dlsub"]]
+    assert layers["exhaustive"]
     written = " › ".join(f"`{layer}`" for layer in layers["layers"])
     assert written in " ".join(DOC.read_text().split()), written
+
+
+def test_the_ticks_steps_it_lists_are_the_ones_import_linter_holds() -> None:
+    """Its order of the agent's tick steps is pyproject's layers contract inside dlsub.agent, and the modules the
+    contract keeps from the store are the steps it lists below the tick."""
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (steps,) = [c for c in contracts if c["type"] == "layers" and c["containers"] == ["dlsub.agent"]]
+    written = " › ".join(f"`{layer}`" for layer in steps["layers"])
+    assert written in " ".join(DOC.read_text().split()), written
+    (store,) = [c for c in contracts if c.get("forbidden_modules", [])[:1] == ["dlsub.agent.agent_store"]]
+    below_tick = {m for layer in steps["layers"][1:-1] for m in layer.split(" | ")}
+    assert {m.removeprefix("dlsub.agent.") for m in store["source_modules"]} == below_tick
 
 
 # ---------------------------------------------------------------- the code names it quotes

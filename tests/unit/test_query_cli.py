@@ -94,13 +94,14 @@ def test_the_daemons_files_are_private_whatever_the_umask(tmp_path: Path) -> Non
 def test_why_finds_a_job_whose_dlsub_id_is_all_decimal_digits_or_the_slurm_job_of_that_number(env: Path) -> None:
     """Eight decimal digits are both a dlsub id and a Slurm job id: `dlsub why` finds whichever was decided on
     (a real AgentStore read directly, as the service account does with --db)."""
-    from dlsub.agent.agent_store import AgentStore, Writes
+    from dlsub.agent.agent_store import AgentStore
+    from dlsub.agent.store_rows import Writes
 
     db = env / "agent.db"
     store = AgentStore(db)
     writes = Writes()
-    writes.decide(1.0, 1000, "35566508", 7, "alice", "signal-continue", "time limit on gpu-dev ends in 30 s")
-    writes.decide(2.0, 1000, "0123abcd", 12345678, "alice", "move", "gpu partition idle")
+    writes.record_decision(1.0, 1000, "35566508", 7, "alice", "signal-continue", "time limit on gpu-dev ends in 30 s")
+    writes.record_decision(2.0, 1000, "0123abcd", 12345678, "alice", "move", "gpu partition idle")
     store.write(writes)
     by_dlsub_id = CliRunner().invoke(why, ["35566508", "--db", str(db)])
     assert by_dlsub_id.exit_code == 0 and "time limit on gpu-dev" in by_dlsub_id.stdout, by_dlsub_id.output

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dlsub.agent.agent_store import JobRow
+from dlsub.agent.store_rows import JobRow
 from dlsub.cli.main import main
 from dlsub.contract import FINAL_STATES, IllegalTransition, JobState, StateSource, check_transition
 from dlsub.job.user_store import JobRecord, JobStore
