@@ -24,7 +24,8 @@ from dlsub.policies.actions.gpu_kind_rules import (
 )
 from dlsub.policies.actions.kinds import BOOKKEEPING, ActionKind
 from dlsub.policies.actions.move_views import Action, Rules
-from dlsub.policies.actions.resize_rules import ElasticJob, Resize, Room
+from dlsub.policies.actions.partition_view import PartitionView
+from dlsub.policies.actions.resize_rules import ElasticJob, Resize
 from dlsub.policies.api import Policy
 from dlsub.site_config.policy_file import AgentPolicy
 
@@ -67,7 +68,7 @@ TAKES_GPUS = (ActionKind.SIGNAL_MOVE, ActionKind.RESTART, ActionKind.BACKFILL, A
 Take = tuple[str | None, int | None] | tuple[str | None, int | None, str]
 
 
-def reserve_gpus(rooms: Sequence[Room], takes: Sequence[Take]) -> tuple[Room, ...]:
+def reserve_gpus(rooms: Sequence[PartitionView], takes: Sequence[Take]) -> tuple[PartitionView, ...]:
     """The rooms with the GPUs these (partition, GPUs[, GPU kind]) takes will take out of their partitions' idle
     ones (on the first node with enough, of that kind where one is named, in every partition that has that node)."""
     idle = {n.name: n.gpus for room in rooms for n in room.nodes}
@@ -108,7 +109,7 @@ class Plan:
     # the ones over (a worker's wait is up, or moot now).
     resize_rows: Mapping[str, ResizeRow] = field(default_factory=dict)
     ended_resizes: frozenset[str] = frozenset()
-    rooms: tuple[Room, ...] = ()  # the partitions' room once this plan's takes are counted
+    rooms: tuple[PartitionView, ...] = ()  # the partitions' room once this plan's takes are counted
 
     def actions(self) -> tuple[Action, ...]:
         return (*self.moves, *self.placements, *self.kind_moves)
@@ -120,7 +121,7 @@ def decide(obs: Observation, memory: AgentMemory, ctx: DecideWith, now: float) -
     moves = tuple(a for a in move_rules.plan(obs.jobs, obs.partitions, ctx.rules, now, obs.window, obs.usage)
                   if a.slurm_job_id in obs.followed)
     # GPUs this tick's moves and backfills are about to take are not idle for growth.
-    rooms = reserve_gpus(obs.rooms, [(a.partition, a.gpus, a.gpu_type) for a in moves if a.kind in TAKES_GPUS])
+    rooms = reserve_gpus(obs.partitions, [(a.partition, a.gpus, a.gpu_type) for a in moves if a.kind in TAKES_GPUS])
     placements: tuple[Action, ...] = ()
     if ctx.policy.goodput.across_gpu_types and ctx.sizing is not None:
         try:
@@ -178,10 +179,10 @@ class _Recovered:
     leaving: Mapping[str, float]
     rows: Mapping[str, ResizeRow]
     ended: frozenset[str]
-    rooms: tuple[Room, ...]
+    rooms: tuple[PartitionView, ...]
 
 
-def _recover_resizes(obs: Observation, rooms: Sequence[Room], policy: AgentPolicy, now: float) -> _Recovered:
+def _recover_resizes(obs: Observation, rooms: Sequence[PartitionView], policy: AgentPolicy, now: float) -> _Recovered:
     """The resizes in flight from the store: the grows a crash left written ahead and not done, to be done
     now (and not planned again), and the workers still leaving (kept in the store across ticks and
     restarts). Gives those grows, the elastic jobs as the planner must see them (a resumed grow's worker
@@ -230,7 +231,7 @@ def _size_by_policy(obs: Observation, rules: Rules, models: LiveModels, policy: 
     models.forget_except({j.dlsub_id for j in obs.elastic})
     headroom = _headroom(obs, rules)
 
-    def size(jobs: Sequence[ElasticJob], room: Room) -> resize_rules.Sized:
+    def size(jobs: Sequence[ElasticJob], room: PartitionView) -> resize_rules.Sized:
         kinds = kinds_to_choose(room) if across_kinds else []
         scaled = _scaled(obs, models, jobs, now, rules, kinds)
         try:
@@ -244,14 +245,15 @@ def _size_by_policy(obs: Observation, rules: Rules, models: LiveModels, policy: 
     return size
 
 
-def place_waiting_jobs(obs: Observation, rooms: Sequence[Room], rules: Rules, models: LiveModels, policy: Policy,
-                       now: float) -> tuple[list[Action], tuple[Room, ...]]:
+def place_waiting_jobs(obs: Observation, rooms: Sequence[PartitionView], rules: Rules, models: LiveModels,
+                       policy: Policy,
+                       now: float) -> tuple[list[Action], tuple[PartitionView, ...]]:
     """Where the site sizes elastic jobs across GPU kinds (``[goodput] across_gpu_types``): the kind each elastic
     job waiting in a partition of two or more kinds is asked for as (:func:`place_waiting`), and the rooms
     with their waiting GPUs counted against those kinds. A job that never ran is known by its command (the
     ``app=`` its submit named): what its user's earlier runs of it measured on each kind."""
     placed: list[Action] = []
-    out: list[Room] = []
+    out: list[PartitionView] = []
     for room in rooms:
         kinds = kinds_to_choose(room)
         jobs = [j for j in obs.elastic if j.partition == room.name and not j.ended and not j.moving]

@@ -32,8 +32,9 @@ from dlsub.agent.store_rows import Binding, JobRow, NewBinding, StoreSnapshot, W
 from dlsub.contract import IllegalTransition, JobState
 from dlsub.job_progress import MeasuredConfig, Progress, ProgressSummary
 from dlsub.policies.actions.gpu_kind_rules import kinds_to_choose
-from dlsub.policies.actions.move_views import JobInfo, PartitionInfo, Rules, Usage, WindowState
-from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
+from dlsub.policies.actions.move_views import JobInfo, Rules, Usage, WindowState
+from dlsub.policies.actions.partition_view import PartitionView
+from dlsub.policies.actions.resize_rules import ElasticJob, WorkerTask
 from dlsub.policies.api import IdleNode
 from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.models import Partition, SlurmJob
@@ -53,7 +54,8 @@ class Observation:
     observe step changes it (its collections are read-only types, so mypy says where something tries)."""
 
     jobs: tuple[JobInfo, ...]
-    partitions: tuple[PartitionInfo, ...]
+    # Each partition as the move and resize rules see it (its idle nodes, what waits there, its policy).
+    partitions: tuple[PartitionView, ...]
     window: WindowState
     # The store as the tick read it (once, at its start), and what observing changed in the agent's rows:
     # the first part of the tick's write-ahead (prepare adds the plan's to a copy of it).
@@ -63,7 +65,6 @@ class Observation:
     skipped: int = 0
     late: bool = False
     elastic: tuple[ElasticJob, ...] = ()
-    rooms: tuple[Room, ...] = ()
     # What each elastic main job reported, by dlsub id (an elastic policy's models are fitted from it),
     # and its job directory (where its mailbox is).
     elastic_progress: Mapping[str, Progress] = field(default_factory=dict)
@@ -182,12 +183,7 @@ def observe(ctx: ObserveWith, store: StoreSnapshot, slurm_jobs: list[SlurmJob], 
             followed.append(seen)
     observed, skipped, late = _observe_followed(ctx, followed, moves, known, now, writes, deadline)
     waiting = _waiting(ctx.rules, slurm_jobs, moves, queue.worker_ids, known)
-    pending_gpus = waiting.gpus
-    parts = [PartitionInfo(
-        name=p.name, role=ctx.policy.role_of(p.name), speed=ctx.policy.speed_of(p.name),
-        nodes=_idle_nodes(p),
-        pending_gpus=pending_gpus.get(p.name, 0), max_time_s=p.max_time_min * 60.0 if p.max_time_min else None,
-        cost_per_node_hour=_price(ctx.policy, p.name)) for p in partitions]
+    views = tuple(waiting.view(p, ctx.policy) for p in partitions)
     infos = [s.info for s in observed if s.info is not None]
     infos = ctx.budgets.attach(infos, {s.job.job_id: str(s.job.extra.get("account") or "") for s in observed},
                                now)
@@ -196,13 +192,12 @@ def observe(ctx: ObserveWith, store: StoreSnapshot, slurm_jobs: list[SlurmJob], 
     mains = [s for s in followed if s.request.elastic_main]
     elastic_progress = {s.request.dlsub_id: (s.row.data.progress or ProgressSummary()).progress() for s in mains}
     elastic_dirs = {s.request.dlsub_id: s.row.data.job_dir for s in mains if s.row.data.job_dir}
-    rooms = [waiting.room(p) for p in partitions]
     # Only where the site sizes jobs across kinds is what fixed-size runs measured on a kind of any use.
-    typed = {r.name for r in rooms if kinds_to_choose(r)} if ctx.policy.goodput.across_gpu_types else set()
+    typed = {v.name for v in views if kinds_to_choose(v)} if ctx.policy.goodput.across_gpu_types else set()
     _mark_lost(rows, slurm_jobs, moves, queue.workers, writes)
     return Observation(
-        jobs=tuple(infos), partitions=tuple(parts), window=window_at(ctx.policy, now), store=store, changes=writes,
-        usage=queue.usage, skipped=skipped, late=late, elastic=tuple(elastic), rooms=tuple(rooms),
+        jobs=tuple(infos), partitions=views, window=window_at(ctx.policy, now), store=store, changes=writes,
+        usage=queue.usage, skipped=skipped, late=late, elastic=tuple(elastic),
         elastic_progress=elastic_progress, elastic_dirs=elastic_dirs, followed={s.job.job_id: s for s in observed},
         forgettable=tuple(forgotten_rows(rows, slurm_jobs, moves, queue.workers)), node_types=node_types,
         kind_runs=kind_runs(followed, typed))
@@ -237,7 +232,7 @@ def _mark_lost(rows: Mapping[tuple[int, int], JobRow], slurm_jobs: list[SlurmJob
 
 
 def _idle_nodes(partition: Partition) -> tuple[IdleNode, ...]:
-    """What each usable node of the partition has idle (the one shape partitions and rooms share)."""
+    """What each usable node of the partition has idle."""
     return tuple(IdleNode(n.name, n.idle_gpus, n.idle_cpus, n.free_memory_mb, n.gpu_type)
                  for n in partition.nodes if n.usable)
 
@@ -349,10 +344,15 @@ class Waiting:
     per_node: dict[str, int]
     by_kind: dict[str, dict[str, int]]
 
-    def room(self, partition: Partition) -> Room:
+    def view(self, partition: Partition, policy: AgentPolicy) -> PartitionView:
+        """The partition as the move and resize rules see it: its idle nodes, what waits there, and what the
+        policy file says of it."""
         name = partition.name
-        return Room(name, _idle_nodes(partition), self.gpus.get(name, 0), self.per_node.get(name, 0),
-                    tuple(sorted(self.by_kind.get(name, {}).items())))
+        return PartitionView(
+            name, _idle_nodes(partition), self.gpus.get(name, 0), self.per_node.get(name, 0),
+            tuple(sorted(self.by_kind.get(name, {}).items())), role=policy.role_of(name),
+            speed=policy.speed_of(name), max_time_s=partition.max_time_min * 60.0 if partition.max_time_min else None,
+            cost_per_node_hour=_price(policy, name))
 
 
 def _waiting(rules: Rules, slurm_jobs: list[SlurmJob], moves: Mapping[tuple[int, int], MoveRow],

@@ -119,7 +119,7 @@ class Node:
 @dataclass(frozen=True)
 class IdleNode:
     """What one usable node has idle this tick, as the agent read it from Slurm: the one shape the action
-    rules (partitions, rooms, capacity) give a node's free resources in. CPUs and memory where known
+    rules (partition views, capacity) give a node's free resources in. CPUs and memory where known
     (None: not known, and then not checked). ``gpu_type``: the kind of its GPUs where Slurm's GRES names one
     (None: untyped)."""
 

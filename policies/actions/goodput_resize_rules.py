@@ -51,7 +51,8 @@ from dataclasses import dataclass, field
 
 from dlsub.batch_split import BatchLimits, split_batch
 from dlsub.policies.actions.kinds import ActionKind
-from dlsub.policies.actions.resize_rules import Capacity, ElasticJob, Resize, Room, take_workers
+from dlsub.policies.actions.partition_view import PartitionView
+from dlsub.policies.actions.resize_rules import Capacity, ElasticJob, Resize, take_workers
 from dlsub.policies.api import Allocation, ClusterView, Decision, JobView, Node, Policy
 from dlsub.policies.perf_models.speedup import RemainingTime
 from dlsub.policies.placement import packed_placement
@@ -205,7 +206,7 @@ def resizing(job: ElasticJob) -> bool:
     return any(w.leaving or w.starting for w in job.workers)
 
 
-def partition_view(room: Room, capacity: Capacity, holding: Mapping[str, Allocation]) -> ClusterView:
+def partition_view(room: PartitionView, capacity: Capacity, holding: Mapping[str, Allocation]) -> ClusterView:
     """The GPUs the policy may hand out: on each node, those idle after waiting jobs' claims
     (``capacity``) and those the jobs being sized hold there."""
     offered: Counter[str] = Counter({name: node.gpus for name, node in capacity.nodes.items()})
@@ -231,7 +232,7 @@ def members_given(job: ElasticJob, decided: Allocation | None) -> int:
     return min(job.max_members, job.min_members + max(0, gpus - job.main_gpus) // job.gpus_per_worker)
 
 
-def plan_by_policy(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: float,
+def plan_by_policy(jobs: Sequence[ScaledJob], room: PartitionView, policy: Policy, now: float,
                    headroom: Mapping[int, int] | None = None) -> list[Resize]:
     """Grow and shrink the elastic jobs of one partition to the sizes ``policy`` decides.
 
@@ -253,7 +254,7 @@ def policy_views(settled: Sequence[ScaledJob]) -> list[JobView]:
                                 packing=None if s.job.worker_gpus else s.job.gpus_per_node) for s in settled]
 
 
-def settled_and_held(jobs: Sequence[ScaledJob], room: Room, same_kind: bool = False) -> tuple[
+def settled_and_held(jobs: Sequence[ScaledJob], room: PartitionView, same_kind: bool = False) -> tuple[
         Capacity, list[ScaledJob], dict[str, Allocation]]:
     """What the policy may hand out in ``room`` (idle GPUs after waiting jobs' and starting workers' claims;
     ``same_kind``: each job's workers on nodes of its own GPU kind only), the jobs not in the middle of a
@@ -266,7 +267,7 @@ def settled_and_held(jobs: Sequence[ScaledJob], room: Room, same_kind: bool = Fa
 
 
 def resizes_from(jobs: Sequence[ScaledJob], settled: Sequence[ScaledJob], decision: Decision,
-                 held: Mapping[str, Allocation], capacity: Capacity, room: Room, policy: Policy,
+                 held: Mapping[str, Allocation], capacity: Capacity, room: PartitionView, policy: Policy,
                  headroom: Mapping[int, int] | None) -> list[Resize]:
     """The grows and shrinks that bring the settled jobs to the sizes ``decision`` gives them (see the
     module's doc for which are carried out)."""

@@ -42,17 +42,18 @@ from dlsub.policies.actions.goodput_resize_rules import (
 )
 from dlsub.policies.actions.kinds import ActionKind
 from dlsub.policies.actions.move_views import Action
-from dlsub.policies.actions.resize_rules import Capacity, ElasticJob, Resize, Room
+from dlsub.policies.actions.partition_view import PartitionView
+from dlsub.policies.actions.resize_rules import Capacity, ElasticJob, Resize
 from dlsub.policies.api import Allocation, ClusterView, Decision, JobView, Node, PerformanceModel, Policy
 from dlsub.policies.placement import packed_placement
 
 
-def room_kinds(room: Room) -> list[str]:
+def room_kinds(room: PartitionView) -> list[str]:
     """The GPU kinds the room's nodes name, in the order they first appear."""
     return list(dict.fromkeys(n.gpu_type for n in room.nodes if n.gpu_type))
 
 
-def kinds_to_choose(room: Room) -> list[str]:
+def kinds_to_choose(room: PartitionView) -> list[str]:
     """The kinds a typed policy chooses among in the room: its nodes' kinds where they are two or more, else
     none (one kind, or none named, is one pool). The one rule for where jobs are sized and placed across
     kinds, and so where what fixed-size runs measured on a kind is learnt."""
@@ -60,7 +61,7 @@ def kinds_to_choose(room: Room) -> list[str]:
     return kinds if len(kinds) >= 2 else []
 
 
-def typed_view(room: Room, capacity: Capacity, holding: Mapping[str, Allocation]) -> ClusterView:
+def typed_view(room: PartitionView, capacity: Capacity, holding: Mapping[str, Allocation]) -> ClusterView:
     """The GPUs the policy may hand out, node by node with its kind: those idle after waiting jobs' claims and
     those the jobs being sized hold. A node whose kind is not known is left out (nothing can be said of its
     speed)."""
@@ -168,7 +169,7 @@ def _keep_share(policy: Policy, view: JobView, now: float) -> float:
     return float(keep(view, now)) if callable(keep) else 1.0
 
 
-def plan_across_kinds(jobs: Sequence[ScaledJob], room: Room, policy: Policy, now: float,
+def plan_across_kinds(jobs: Sequence[ScaledJob], room: PartitionView, policy: Policy, now: float,
                       headroom: Mapping[int, int] | None = None,
                       checkpointed: frozenset[str] = frozenset()) -> tuple[list[Resize], list[Action]]:
     """The resizes and the moves between kinds of one partition's elastic jobs (see the module's doc).
@@ -250,7 +251,7 @@ def _move_or_note(scaled: ScaledJob, view: JobView, target: str, capacity: Capac
         partition=job.partition, gpus=job.gpus_per_node, gpu_type=target, details=details)
 
 
-def _could_be_freed(job: ElasticJob, room: Room, running: Sequence[ScaledJob], kind: str) -> bool:
+def _could_be_freed(job: ElasticJob, room: PartitionView, running: Sequence[ScaledJob], kind: str) -> bool:
     """Whether a node of ``kind`` has the GPUs the job's main job needs on one node idle, or held by elastic
     workers (those leave for a job that waits there: :func:`~.resize_rules.plan_resizes`; one leaving already
     counts, its GPUs are on their way)."""
@@ -262,12 +263,12 @@ def _could_be_freed(job: ElasticJob, room: Room, running: Sequence[ScaledJob], k
     return any(n.gpu_type == kind and n.gpus + held[n.name] >= job.gpus_per_node for n in room.nodes)
 
 
-def _idle_elsewhere(job: ElasticJob, room: Room, kind: str) -> str | None:
+def _idle_elsewhere(job: ElasticJob, room: PartitionView, kind: str) -> str | None:
     """A node of another kind than ``kind`` with the job's main job's GPUs idle now (None: none)."""
     return next((n.name for n in room.nodes if n.gpu_type != kind and n.gpus >= job.gpus_per_node), None)
 
 
-def place_waiting(waiting: Sequence[ScaledJob], running: Sequence[ScaledJob], room: Room, policy: Policy,
+def place_waiting(waiting: Sequence[ScaledJob], running: Sequence[ScaledJob], room: PartitionView, policy: Policy,
                   now: float) -> list[Action]:
     """The kind of GPU each elastic job that waits in ``room`` is asked for as (``PLACE`` actions).
 
@@ -325,7 +326,7 @@ def place_waiting(waiting: Sequence[ScaledJob], running: Sequence[ScaledJob], ro
     return actions
 
 
-def retype_waiting(room: Room, placed: Sequence[Action], jobs: Mapping[str, ElasticJob]) -> Room:
+def retype_waiting(room: PartitionView, placed: Sequence[Action], jobs: Mapping[str, ElasticJob]) -> PartitionView:
     """The room with the waiting GPUs of the jobs ``placed`` this tick counted against their new kind (Slurm's
     queue, read before, still has them as they were)."""
     by_kind: Counter[str] = Counter(dict(room.waiting_by_kind))

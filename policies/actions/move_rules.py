@@ -77,11 +77,11 @@ from dlsub.policies.actions.move_views import (
     Action,
     JobInfo,
     MovePhase,
-    PartitionInfo,
     Rules,
     Usage,
     WindowState,
 )
+from dlsub.policies.actions.partition_view import PartitionView
 from dlsub.policies.api import ClusterView, JobView, Node
 from dlsub.policies.registry import get_policy
 
@@ -202,7 +202,7 @@ def uses_no_library(job: JobInfo, now: float, rules: Rules) -> bool:
 NO_LIBRARY = "it uses no dlsub library, so it never checkpoints"
 
 
-def _restart_or_note(job: JobInfo, here: PartitionInfo | None, ideal: PartitionInfo, rules: Rules,
+def _restart_or_note(job: JobInfo, here: PartitionView | None, ideal: PartitionView, rules: Rules,
                      now: float) -> Action | None:
     """None: this job that uses no library may be restarted on ``ideal`` from scratch; else a note why not."""
     common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
@@ -221,7 +221,7 @@ def _restart_or_note(job: JobInfo, here: PartitionInfo | None, ideal: PartitionI
     return None
 
 
-def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules,
+def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionView], rules: Rules,
                      now: float) -> tuple[list[tuple[JobInfo, float | None]], list[Action]]:
     """Jobs that could move onto their ideal GPU partition now, with the seconds a move would save (None: a
     restart from scratch of a job that uses no library), and notes on those that should not move."""
@@ -236,7 +236,7 @@ def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInf
         if job.backfilled_from:
             continue  # placed by backfill: returns when the window closes
         common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
-        free = ideal.idle_gpus - ideal.pending_gpus
+        free = ideal.idle_gpus - ideal.waiting_gpus
         if not ideal.idle_node_for(job.gpus_wanted, rules.job_cpus) or free < job.gpus_wanted:
             continue  # nothing to decide yet: no room there
         if not rules.may_move(job.user):
@@ -317,7 +317,7 @@ def _charge(usage: dict[int, Usage], uid: int, gpus: int) -> None:
 Granted = dict[str, tuple[float, float]]
 
 
-def _over_budget(job: JobInfo, seconds: float | None, part: PartitionInfo, rules: Rules,
+def _over_budget(job: JobInfo, seconds: float | None, part: PartitionView, rules: Rules,
                  granted: Granted) -> str | None:
     """Why ``seconds`` more of ``job`` on ``part`` would not fit one of its budgets (None: it fits).
 
@@ -341,7 +341,7 @@ def _over_budget(job: JobInfo, seconds: float | None, part: PartitionInfo, rules
     return None
 
 
-def _grant(job: JobInfo, seconds: float | None, part: PartitionInfo, granted: Granted) -> None:
+def _grant(job: JobInfo, seconds: float | None, part: PartitionView, granted: Granted) -> None:
     hours = max(0.0, seconds or 0.0) / 3600.0
     for budget in job.budgets:
         used_h, used_c = granted.get(budget.scope, (0.0, 0.0))
@@ -349,7 +349,7 @@ def _grant(job: JobInfo, seconds: float | None, part: PartitionInfo, granted: Gr
 
 
 def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[int, Usage],
-                   partitions: dict[str, PartitionInfo], rules: Rules, now: float,
+                   partitions: dict[str, PartitionView], rules: Rules, now: float,
                    granted: Granted | None = None) -> list[Action]:
     """Which candidates take the idle GPUs, by the configured scheduling policy."""
     actions = []
@@ -360,7 +360,7 @@ def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[i
     for name, group in by_ideal.items():
         ideal = partitions[name]
         # The ideal partition's idle GPUs, minus what jobs already waiting there want.
-        spare = ideal.pending_gpus
+        spare = ideal.waiting_gpus
         nodes = []
         for node in ideal.nodes:
             take = min(spare, node.gpus)
@@ -414,7 +414,7 @@ def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[i
     return actions
 
 
-def _restart(job: JobInfo, here: PartitionInfo | None, ideal: PartitionInfo, gpus: int, now: float) -> Action:
+def _restart(job: JobInfo, here: PartitionView | None, ideal: PartitionView, gpus: int, now: float) -> Action:
     """Requeue a job that uses no library onto ``ideal``, from scratch, saying what it loses."""
     lost = max(0.0, now - job.start_time)
     redo = lost * (here.speed if here else 1.0) / ideal.speed
@@ -442,7 +442,7 @@ class _LinearModel:
         return 1, float(sum(placement))
 
 
-def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules,
+def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionView], rules: Rules,
                    now: float) -> list[Action]:
     actions = []
     for job in jobs:
@@ -476,7 +476,7 @@ def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo]
     return actions
 
 
-def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionInfo], rules: Rules, window: WindowState,
+def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionView], rules: Rules, window: WindowState,
               now: float, usage: dict[int, Usage], granted: Granted | None = None) -> list[Action]:
     actions: list[Action] = []
     granted = {} if granted is None else granted
@@ -553,7 +553,7 @@ def _backfill_seconds(job: JobInfo, limit_min: int | None, closes_in: float | No
 _CLOSED = WindowState(False)  # no backfill window open (frozen: one default shared by every call)
 
 
-def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionInfo], rules: Rules, now: float,
+def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionView], rules: Rules, now: float,
          window: WindowState = _CLOSED, usage: Mapping[int, Usage] | None = None) -> list[Action]:
     """Everything the agent should do this tick, moves in flight first.
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from dlsub.policies.actions.kinds import ActionKind, MoveKind
-from dlsub.policies.api import IdleNode
 
 
 class MovePhase(StrEnum):
@@ -102,24 +101,6 @@ class Usage:
 
     gpus: int = 0
     jobs: int = 0
-
-
-@dataclass(frozen=True)
-class PartitionInfo:
-    name: str
-    role: str | None  # gpu | cpu | dev | None (not in the policy)
-    speed: float
-    nodes: tuple[IdleNode, ...]  # the nodes that are up
-    pending_gpus: int = 0  # GPUs wanted by jobs already waiting there (not ours to overtake)
-    max_time_s: float | None = None
-    cost_per_node_hour: float = 0.0  # the policy's price of a node-hour here (budgets)
-
-    @property
-    def idle_gpus(self) -> int:
-        return sum(n.gpus for n in self.nodes)
-
-    def idle_node_for(self, gpus: int, cpus: int) -> bool:
-        return any(n.fits(gpus, cpus) for n in self.nodes)
 
 
 @dataclass(frozen=True)

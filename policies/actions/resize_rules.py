@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from dlsub.contract import HELD_BY_USER, is_held
 from dlsub.policies.actions.kinds import ActionKind
 from dlsub.policies.actions.move_views import Action
+from dlsub.policies.actions.partition_view import PartitionView
 from dlsub.policies.api import ClusterView, IdleNode, JobView, Node
 from dlsub.policies.registry import get_policy
 
@@ -151,59 +152,12 @@ class ElasticJob:
         return (*self.main_nodes, *(n for w in self.workers if w.joining for n in w.nodes))
 
 
-@dataclass(frozen=True)
-class Room:
-    """One partition's GPU nodes as the agent sees them this tick."""
-
-    name: str
-    # Every usable node: its idle GPUs, and its idle CPUs and free memory where known (a worker needs
-    # those too).
-    nodes: tuple[IdleNode, ...]
-    waiting_gpus: int = 0  # GPUs wanted by jobs waiting there (not held, not ours to overtake)
-    waiting_per_node: int = 0  # the most GPUs on one node that one of them wants
-    # Of waiting_gpus, what the jobs that ask for one kind of GPU (gres:gpu:KIND:N) want, per kind: only GPUs
-    # of that kind can start them, so only those are worth freeing or keeping for them.
-    waiting_by_kind: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def idle_gpus(self) -> int:
-        return sum(n.gpus for n in self.nodes)
-
-    def _idle(self, freed: dict[str, int] | None) -> list[tuple[IdleNode, int]]:
-        back = freed or {}
-        return [(n, n.gpus + back.get(n.name, 0)) for n in self.nodes]
-
-    def short_of_gpus(self, freed: dict[str, int] | None = None) -> bool:
-        """Whether jobs wait here that the idle GPUs cannot start: too few in all, or none on one node.
-
-        ``freed``: GPUs per node that leaving workers are giving back already.
-        """
-        if self.waiting_gpus <= 0:
-            return False
-        idle = self._idle(freed)
-        return (self.waiting_gpus > sum(g for _, g in idle)
-                or not any(g >= self.waiting_per_node for _, g in idle))
-
-    def untyped_waiting(self) -> int:
-        """The waiting GPUs of jobs that take any kind."""
-        return max(0, self.waiting_gpus - sum(g for _, g in self.waiting_by_kind))
-
-    def short_for(self, kind: str | None, freed: dict[str, int] | None = None) -> bool:
-        """Whether GPUs freed on a node of ``kind`` would start a waiting job: some wait for any kind and the
-        idle GPUs cannot start them all (:meth:`short_of_gpus`), or some wait for this kind and more than its
-        idle GPUs."""
-        if self.untyped_waiting() > 0 and self.short_of_gpus(freed):
-            return True
-        wanted = sum(g for k, g in self.waiting_by_kind if k == kind)
-        return wanted > 0 and wanted > sum(g for n, g in self._idle(freed) if n.gpu_type == kind)
-
-
 class Capacity:
     """What a room's idle nodes can still start this tick, worker by worker: GPUs, and CPUs and memory where
     known (a worker released onto a node short of them would only wait). Each job is checked against its
     own per-node request, so one job's large shape never hides a node another job fits."""
 
-    def __init__(self, room: Room, reserve_gpus: int = 0, same_kind: bool = False) -> None:
+    def __init__(self, room: PartitionView, reserve_gpus: int = 0, same_kind: bool = False) -> None:
         # same_kind: a job's workers go only to nodes of its own GPU kind (where it and they have one), so that
         # a group sized on one kind is never spread over two (the agent's sizing across GPU kinds).
         self.same_kind = same_kind
@@ -314,7 +268,8 @@ def _held_by_workers(jobs: Sequence[ElasticJob]) -> dict[str, int]:
     return held
 
 
-def _shrinks(job: ElasticJob, rooms: dict[str, Room], freed: dict[str, int], held: dict[str, int]) -> list[Resize]:
+def _shrinks(job: ElasticJob, rooms: dict[str, PartitionView], freed: dict[str, int],
+             held: dict[str, int]) -> list[Resize]:
     """Workers to send away because jobs wait for the GPUs they hold.
 
     ``freed`` (GPUs per node, shared by every job this tick) holds what
@@ -390,15 +345,15 @@ class Sized:
 
 
 #: Sizes the elastic jobs of one partition by an elastic policy (see dlsub.policies.actions.goodput_resize_rules).
-SizeByPolicy = Callable[[Sequence[ElasticJob], Room], Sized]
+SizeByPolicy = Callable[[Sequence[ElasticJob], PartitionView], Sized]
 
 
-def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str = "fifo") -> list[Resize]:
+def plan_resizes(jobs: Sequence[ElasticJob], rooms: Sequence[PartitionView], policy: str = "fifo") -> list[Resize]:
     """Every resize this tick where the policy named only orders growth (see :func:`plan_elastic`)."""
     return list(plan_elastic(jobs, rooms, policy).resizes)
 
 
-def plan_elastic(jobs: Sequence[ElasticJob], rooms: Sequence[Room], policy: str = "fifo",
+def plan_elastic(jobs: Sequence[ElasticJob], rooms: Sequence[PartitionView], policy: str = "fifo",
                  size_by_policy: SizeByPolicy | None = None) -> Sized:
     """Every resize this tick: endings, then shrinks, then growth onto what is left idle.
 

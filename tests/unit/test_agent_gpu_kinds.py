@@ -123,7 +123,7 @@ def test_observation_has_node_kinds_and_each_jobs_throughput_per_kind(tmp_path: 
     assert seen.node_types == {"gpu1": "a100", "gpu2": "v100"}
     kinds = {j.dlsub_id: j.gpu_type for j in seen.elastic}
     assert kinds == {A: "a100", B: "v100"}
-    rooms = {r.name: {n.name: n.gpu_type for n in r.nodes} for r in seen.rooms}
+    rooms = {r.name: {n.name: n.gpu_type for n in r.nodes} for r in seen.partitions}
     assert rooms["gpu"] == {"gpu1": "a100", "gpu2": "v100"}
     by_kind = seen.elastic_progress[A].measured_by_type
     assert set(by_kind) == {"a100", "v100"}
@@ -146,7 +146,7 @@ def test_jobs_waiting_for_one_kind_are_counted_for_that_kind(tmp_path: Path) -> 
     world.fake.jobs[t4].options["gres"] = "gpu:t4:1"  # Slurm refuses the kind at submit; a node may go since
     agent = world.agent()
     seen = observed(agent, world.client.jobs(), world.client.partitions())
-    (room,) = [r for r in seen.rooms if r.name == "gpu"]
+    (room,) = [r for r in seen.partitions if r.name == "gpu"]
     assert (room.waiting_gpus, room.waiting_by_kind, room.untyped_waiting()) == (3, (("a100", 1),), 2)
 
 

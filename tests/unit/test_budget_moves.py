@@ -20,7 +20,8 @@ from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.cli.agent_commands import why
 from dlsub.policies.actions import move_rules as m
 from dlsub.policies.actions.kinds import ActionKind as K
-from dlsub.policies.actions.move_views import BudgetLeft, JobInfo, PartitionInfo, Rules, WindowState
+from dlsub.policies.actions.move_views import BudgetLeft, JobInfo, Rules, WindowState
+from dlsub.policies.actions.partition_view import PartitionView
 from dlsub.policies.api import IdleNode
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
@@ -28,11 +29,12 @@ from dlsub.slurm_plugins.fake import FakeSlurm
 RULES = Rules(restart_cost_s=60, min_saving_s=60, checkpoint_grace_s=90)
 
 
-def parts(gpu_price: float = 8.0) -> list[PartitionInfo]:
+def parts(gpu_price: float = 8.0) -> list[PartitionView]:
     return [
-        PartitionInfo("gpu", "gpu", 1.0, (IdleNode("gpu1", 4, 4),), cost_per_node_hour=gpu_price),
-        PartitionInfo("gpu-dev", "dev", 1.0, (IdleNode("gpu2", 4, 4),), max_time_s=3600, cost_per_node_hour=2.0),
-        PartitionInfo("cpu", "cpu", 0.1, (IdleNode("cpu1", 0, 4),), cost_per_node_hour=1.0),
+        PartitionView("gpu", (IdleNode("gpu1", 4, 4),), role="gpu", speed=1.0, cost_per_node_hour=gpu_price),
+        PartitionView("gpu-dev", (IdleNode("gpu2", 4, 4),), role="dev", speed=1.0, max_time_s=3600,
+                      cost_per_node_hour=2.0),
+        PartitionView("cpu", (IdleNode("cpu1", 0, 4),), role="cpu", speed=0.1, cost_per_node_hour=1.0),
     ]
 
 

@@ -26,7 +26,8 @@ from dlsub.job.settings import load_settings
 from dlsub.job.shape import Shape, ShapeError, resolve_shape
 from dlsub.job.user_store import JobStore
 from dlsub.policies.actions.kinds import ActionKind as K
-from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask, plan_resizes
+from dlsub.policies.actions.partition_view import PartitionView
+from dlsub.policies.actions.resize_rules import ElasticJob, WorkerTask, plan_resizes
 from dlsub.policies.api import IdleNode
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeSlurm
@@ -137,7 +138,7 @@ def gpu_job(workers: tuple[WorkerTask, ...]) -> ElasticJob:
 
 
 def test_a_worker_goes_to_a_free_gpu_of_the_jobs_own_node_before_an_idle_node() -> None:
-    room = Room("gpu", (IdleNode("gpu2", 4), IdleNode("gpu1", 1)))
+    room = PartitionView("gpu", (IdleNode("gpu2", 4), IdleNode("gpu1", 1)))
     first, second, third = plan_resizes([gpu_job(held(3))], [room])
     assert (first.kind, first.node, second.node, third.node) == (K.GROW, "gpu1", "gpu2", "gpu2")
     assert first.reason.startswith("growing to 2 GPUs: gpu1, a node the job already runs on, has 1 idle GPU(s)")
@@ -146,7 +147,7 @@ def test_a_worker_goes_to_a_free_gpu_of_the_jobs_own_node_before_an_idle_node() 
 
 def test_a_waiting_two_gpu_job_sends_away_two_one_gpu_workers_newest_first() -> None:
     job = gpu_job((on_node("900_0", "gpu1", 100), on_node("900_1", "gpu1", 200), on_node("900_2", "gpu1", 300)))
-    room = Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
+    room = PartitionView("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
     first, second = plan_resizes([job], [room])
     assert (first.kind, first.worker, second.worker) == (K.SHRINK, "900_2", "900_1")
     assert first.reason.startswith("shrinking to 3 GPUs") and second.reason.startswith("shrinking to 2 GPUs")
@@ -306,7 +307,7 @@ def test_goodput_grows_a_gpu_job_onto_the_idle_gpus_of_its_shared_node_where_the
 
     pool = tuple(WorkerTask(f"100_{i}", 100, "PENDING", "JobHeldUser", "gpu") for i in range(3))
     job = _scaled_gpu_job("0123abcd", 1, pool, {1: 2.0})
-    room = Room("gpu", (IdleNode("gpu1", 2), IdleNode("gpu2", 4)))
+    room = PartitionView("gpu", (IdleNode("gpu1", 2), IdleNode("gpu2", 4)))
     grows = plan_by_policy([job], room, GoodputPolicy(), 300.0)  # type: ignore[list-item]
     assert [(a.kind, a.node) for a in grows] == [(K.GROW, "gpu1"), (K.GROW, "gpu1"), (K.GROW, "gpu2")], grows
     assert "placed by the policy on gpu1: gpu1, a node the job already runs on" in grows[0].reason
@@ -323,7 +324,8 @@ def test_another_users_job_on_the_same_node_never_shrinks_my_workers_however_wel
                            {1: 2.0, 2: 2.01, 3: 2.02})
     theirs = _scaled_gpu_job("bbbb0002", 2, tuple(WorkerTask(f"200_{i}", 200, "PENDING", "JobHeldUser", "gpu")
                                                  for i in range(3)), {1: 2.0, 2: 200.0}, total=10_000)
-    assert plan_by_policy([mine, theirs], Room("gpu", (IdleNode("gpu1", 0),)), GoodputPolicy(), 300.0) == []  # type: ignore[list-item]
-    grows = plan_by_policy([mine, theirs], Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 1))), GoodputPolicy(),  # type: ignore[list-item]
+    assert plan_by_policy([mine, theirs], PartitionView("gpu", (IdleNode("gpu1", 0),)), GoodputPolicy(), 300.0) == []  # type: ignore[list-item]
+    room = PartitionView("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 1)))
+    grows = plan_by_policy([mine, theirs], room, GoodputPolicy(),  # type: ignore[list-item]
                            300.0)
     assert [(a.kind, a.dlsub_id, a.node) for a in grows] == [(K.GROW, "bbbb0002", "gpu2")]

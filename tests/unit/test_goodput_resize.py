@@ -13,7 +13,8 @@ from dlsub.agent.live_models import LiveModels
 from dlsub.job_progress import MeasuredConfig, Progress
 from dlsub.policies.actions.goodput_resize_rules import ScaledJob, measured_text, model_text, plan_by_policy
 from dlsub.policies.actions.kinds import ActionKind as K
-from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask
+from dlsub.policies.actions.partition_view import PartitionView
+from dlsub.policies.actions.resize_rules import ElasticJob, WorkerTask
 from dlsub.policies.api import IdleNode
 from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.perf_models.fitted_model import NO_GAIN, GradientStats
@@ -52,7 +53,7 @@ def test_the_spare_node_goes_to_the_job_that_scales_well_not_the_older_one() -> 
                   {1: 2.0, 2: 2.02})
     # The good scaler has run on 1 node only; its model is the fit plus Pollux's optimistic prior.
     good = scaled(models, job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0})
-    room = Room("gpu", (IdleNode("gpu2", 2),))
+    room = PartitionView("gpu", (IdleNode("gpu2", 2),))
     actions = plan_by_policy([poor, good], room, POLICY, NOW)
     assert [(a.kind, a.dlsub_id) for a in actions] == [(K.GROW, "good")]
     reason = actions[0].reason
@@ -64,13 +65,13 @@ def test_a_node_is_taken_from_a_poor_scaler_only_to_give_it_to_a_better_one() ->
     models = LiveModels()
     poor = scaled(models, job("poor", uid=1, nodes=2, max_members=3, submit=NOW - 900, workers_running=1),
                   {1: 2.0, 2: 2.02})
-    alone = plan_by_policy([poor], Room("gpu", ()), POLICY, NOW)
+    alone = plan_by_policy([poor], PartitionView("gpu", ()), POLICY, NOW)
     assert alone == [], "nobody else wants the node: the job keeps it (a shrink would only cost a restart)"
     # Less work left than the poor scaler (goodput serves the shorter first: with equal work the tie between
     # the two went by the float noise of their fits).
     good = scaled(models, job("good", uid=1, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0, 2: 3.9},
                   total=4000)
-    actions = plan_by_policy([poor, good], Room("gpu", ()), POLICY, NOW)
+    actions = plan_by_policy([poor, good], PartitionView("gpu", ()), POLICY, NOW)
     assert [(a.kind, a.dlsub_id) for a in actions] == [(K.SHRINK, "poor")]
     assert "another elastic job of yours gains more" in actions[0].reason
     assert "measured 1 node" in actions[0].reason
@@ -91,13 +92,13 @@ def test_another_users_reported_throughput_never_shrinks_my_job() -> None:
     mine = scaled(models, job("mine", uid=1, nodes=2, max_members=3, submit=NOW - 900, workers_running=1),
                   {1: 2.0, 2: 2.02})
     boasts = scaled(models, job("boasts", uid=2, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0, 2: 400.0})
-    assert plan_by_policy([mine, boasts], Room("gpu", ()), POLICY, NOW) == []
+    assert plan_by_policy([mine, boasts], PartitionView("gpu", ()), POLICY, NOW) == []
 
 
 def test_a_user_at_the_gpu_limit_does_not_grow() -> None:
     models = LiveModels()
     good = scaled(models, job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
-    room = Room("gpu", (IdleNode("gpu2", 2),))
+    room = PartitionView("gpu", (IdleNode("gpu2", 2),))
     assert plan_by_policy([good], room, POLICY, NOW, headroom={2: 0}) == []
     assert [a.kind for a in plan_by_policy([good], room, POLICY, NOW, headroom={2: 2})] == [K.GROW]
 
@@ -105,7 +106,7 @@ def test_a_user_at_the_gpu_limit_does_not_grow() -> None:
 def test_waiting_jobs_keep_their_claim_on_idle_nodes() -> None:
     models = LiveModels()
     good = scaled(models, job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
-    room = Room("gpu", (IdleNode("gpu2", 2),), waiting_gpus=2, waiting_per_node=2)
+    room = PartitionView("gpu", (IdleNode("gpu2", 2),), waiting_gpus=2, waiting_per_node=2)
     assert plan_by_policy([good], room, POLICY, NOW) == []
 
 
@@ -119,11 +120,11 @@ def test_a_job_that_measured_nothing_says_its_model_is_the_prior() -> None:
 def test_idle_gpus_on_a_node_without_the_cpus_or_memory_for_a_worker_are_no_slot() -> None:
     models = LiveModels()
     good = scaled(models, job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0, 2: 3.9})
-    short_of_memory = Room("gpu", (IdleNode("gpu2", 2, 4, 3904),))
+    short_of_memory = PartitionView("gpu", (IdleNode("gpu2", 2, 4, 3904),))
     assert plan_by_policy([good], short_of_memory, POLICY, NOW) == [], "a 4 GB worker would wait there"
-    short_of_cpus = Room("gpu", (IdleNode("gpu2", 2, 1, 8000),))
+    short_of_cpus = PartitionView("gpu", (IdleNode("gpu2", 2, 1, 8000),))
     assert plan_by_policy([good], short_of_cpus, POLICY, NOW) == []
-    roomy = Room("gpu", (IdleNode("gpu2", 2, 2, 4096),))
+    roomy = PartitionView("gpu", (IdleNode("gpu2", 2, 2, 4096),))
     assert [a.kind for a in plan_by_policy([good], roomy, POLICY, NOW)] == [K.GROW]
 
 
@@ -133,7 +134,7 @@ def test_a_waiting_job_takes_its_node_from_the_newest_elastic_job_first() -> Non
 
     older = job("older", uid=1, nodes=2, max_members=2, submit=NOW - 900, workers_running=1)
     newer = job("newer", uid=2, nodes=2, max_members=2, submit=NOW - 300, workers_running=1)
-    room = Room("gpu", (IdleNode("gpu0", 0), IdleNode("gpu1", 0)), waiting_gpus=2, waiting_per_node=2)
+    room = PartitionView("gpu", (IdleNode("gpu0", 0), IdleNode("gpu1", 0)), waiting_gpus=2, waiting_per_node=2)
     for jobs in ([older, newer], [newer, older]):
         actions = plan_resizes(jobs, [room])
         assert [(a.kind, a.dlsub_id) for a in actions] == [(K.SHRINK, "newer")], actions
@@ -146,7 +147,7 @@ def test_each_job_is_checked_against_its_own_worker_shape() -> None:
     big_job = dataclasses.replace(job("big", uid=2, nodes=1, max_members=2, submit=NOW - 900, pool=0),
                                   gpus_per_node=4, cpus_per_node=4, memory_per_node_mb=8000)
     big = scaled(models, big_job, {1: 2.0})
-    room = Room("gpu", (IdleNode("gpu2", 2, 2, 4096),))
+    room = PartitionView("gpu", (IdleNode("gpu2", 2, 2, 4096),))
     assert [(a.kind, a.dlsub_id) for a in plan_by_policy([small, big], room, POLICY, NOW)] == [(K.GROW, "small")]
 
 
@@ -222,7 +223,7 @@ def test_every_resize_reason_says_which_model_sized_the_job() -> None:
     assert model_text(dataclasses.replace(ran, view=dataclasses.replace(ran.view, model=None))) == \
         "no model (its own size)"
     good = scaled(models, job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), {1: 2.0})
-    (grow,) = plan_by_policy([good], Room("gpu", (IdleNode("gpu2", 2),)), POLICY, NOW)
+    (grow,) = plan_by_policy([good], PartitionView("gpu", (IdleNode("gpu2", 2),)), POLICY, NOW)
     assert "sized on its throughput fit on 1 size it ran; measured 1 node" in grow.reason
 
 
@@ -241,7 +242,7 @@ def test_jobs_of_whole_nodes_on_larger_nodes_are_judged_on_their_own_placement()
     # declaration for (trust_declared times the guess, ~8,600 steps here), so they are sized on their lengths.
     jobs = [scaled(models, poor, {1: 153 / BATCH, 2: 149 / BATCH}, total=11_000),
             scaled(models, good, {1: 153 / BATCH}, total=11_000)]
-    room = Room("gpu", (IdleNode("gpu1", 0, 1, 6000), IdleNode("gpu2", 0, 2, 6000)))
+    room = PartitionView("gpu", (IdleNode("gpu1", 0, 1, 6000), IdleNode("gpu2", 0, 2, 6000)))
     actions = plan_by_policy(jobs, room, POLICY, NOW)
     assert [(a.kind, a.dlsub_id, a.worker) for a in actions] == [(K.SHRINK, "poor", "10_0")], actions
 
@@ -256,7 +257,7 @@ def test_a_batch_tuned_on_the_placement_says_so_in_the_reason() -> None:
         progress = Progress(step=100, total_steps=5000, configs=measured({1: 2.0}), first_time=NOW - 300,
                             latest_time=NOW, batch_limits=limits)
         good = models.scaled(job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), progress, NOW, None)
-        (action,) = plan_by_policy([good], Room("gpu", (IdleNode("gpu2", 2),)), policy, NOW)
+        (action,) = plan_by_policy([good], PartitionView("gpu", (IdleNode("gpu2", 2),)), policy, NOW)
         return action.reason
 
     tuned = grow(POLICY)  # the option is goodput's default
@@ -272,7 +273,7 @@ def test_the_policy_grows_no_job_whose_training_finished() -> None:
     """The same good scaler and spare node, its training finished (its group is on its way out): no grow."""
     models = LiveModels()
     done = dataclasses.replace(job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300), finished=True)
-    room = Room("gpu", (IdleNode("gpu2", 2),))
+    room = PartitionView("gpu", (IdleNode("gpu2", 2),))
     assert plan_by_policy([scaled(models, done, {1: 2.0})], room, POLICY, NOW) == []
     going = job("good", uid=2, nodes=1, max_members=2, submit=NOW - 300)
     assert plan_by_policy([scaled(models, going, {1: 2.0})], room, POLICY, NOW) != []

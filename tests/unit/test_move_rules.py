@@ -14,22 +14,22 @@ from dlsub.policies.actions.move_views import (
     JobInfo,
     MovePhase,
     MoveView,
-    PartitionInfo,
     Rules,
     Usage,
     WindowState,
 )
+from dlsub.policies.actions.partition_view import PartitionView
 from dlsub.policies.api import IdleNode
 
 NOW = 1_000_000.0
 RULES = Rules(restart_cost_s=60, min_saving_s=60, checkpoint_grace_s=90)
 
 
-def parts(gpu_idle: int = 4, cpu_idle_cpus: int = 4) -> list[PartitionInfo]:
+def parts(gpu_idle: int = 4, cpu_idle_cpus: int = 4) -> list[PartitionView]:
     return [
-        PartitionInfo("gpu", "gpu", 1.0, (IdleNode("gpu1", gpu_idle, 4),)),
-        PartitionInfo("gpu-dev", "dev", 1.0, (IdleNode("gpu1", gpu_idle, 4),), max_time_s=600),
-        PartitionInfo("cpu", "cpu", 0.1, (IdleNode("cpu1", 0, cpu_idle_cpus),)),
+        PartitionView("gpu", (IdleNode("gpu1", gpu_idle, 4),), role="gpu", speed=1.0),
+        PartitionView("gpu-dev", (IdleNode("gpu1", gpu_idle, 4),), role="dev", speed=1.0, max_time_s=600),
+        PartitionView("cpu", (IdleNode("cpu1", 0, cpu_idle_cpus),), role="cpu", speed=0.1),
     ]
 
 
@@ -58,7 +58,7 @@ def test_a_checkpoint_written_after_the_tick_read_its_clock_is_0_s_old_not_minus
 
 def test_no_move_while_gpus_are_busy_or_taken_by_waiting_jobs() -> None:
     assert m.plan([job()], parts(gpu_idle=0), RULES, NOW) == []
-    busy = [replace(p, pending_gpus=4) if p.name == "gpu" else p for p in parts()]
+    busy = [replace(p, waiting_gpus=4) if p.name == "gpu" else p for p in parts()]
     assert m.plan([job()], busy, RULES, NOW) == []
 
 
@@ -228,9 +228,9 @@ def test_a_released_move_stays_in_flight_through_slurms_requeue_wait() -> None:
 def test_a_job_that_asked_for_a_kind_of_gpu_moves_onto_that_kind_only() -> None:
     """Immediate mode, started on CPUs, asked for an a100 (an estimate's typed row: its comment's gpu_type): its
     move asks for gres:gpu:a100:1, and idle GPUs of another kind do not move it."""
-    typed = [PartitionInfo("gpu", "gpu", 1.0, (IdleNode("gpu1", 0, 4, gpu_type="a100"),
-                                                IdleNode("gpu2", 4, 4, gpu_type="v100"))),
-             PartitionInfo("cpu", "cpu", 0.1, (IdleNode("cpu1", 0, 4),))]
+    typed = [PartitionView("gpu", (IdleNode("gpu1", 0, 4, gpu_type="a100"),
+                                                IdleNode("gpu2", 4, 4, gpu_type="v100")), role="gpu", speed=1.0),
+             PartitionView("cpu", (IdleNode("cpu1", 0, 4),), role="cpu", speed=0.1)]
     assert m.plan([job(gpu_type="a100")], typed, RULES, NOW) == []
     (untyped,) = m.plan([job()], typed, RULES, NOW)
     assert untyped.kind == K.SIGNAL_MOVE and untyped.gpu_type == "", "a job that asked for any kind takes v100"

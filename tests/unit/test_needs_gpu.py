@@ -21,7 +21,8 @@ from dlsub import contract
 from dlsub.checkpointing import rank_output
 from dlsub.policies.actions import move_rules as m
 from dlsub.policies.actions.kinds import ActionKind as K
-from dlsub.policies.actions.move_views import PartitionInfo, Rules
+from dlsub.policies.actions.move_views import Rules
+from dlsub.policies.actions.partition_view import PartitionView
 from dlsub.policies.api import IdleNode
 from dlsub.slurm_plugins.launcher import policy as launcher_policy
 from dlsub.slurm_plugins.launcher.policy import MainEnding, Stopped
@@ -89,8 +90,9 @@ def test_a_script_dying_of_it_leaves_the_marker_and_its_error_goes_on(tmp_path: 
 
 
 # ---------------------------------------------------------------- the agent's rule (pure)
-def parts() -> list[PartitionInfo]:
-    return [PartitionInfo("gpu", "gpu", 1.0, ()), PartitionInfo("cpu", "cpu", 0.1, (IdleNode("cpu1", 0, 4),))]
+def parts() -> list[PartitionView]:
+    return [PartitionView("gpu", (), role="gpu", speed=1.0),
+            PartitionView("cpu", (IdleNode("cpu1", 0, 4),), role="cpu", speed=0.1)]
 
 
 def sent_back(**kw: object) -> object:

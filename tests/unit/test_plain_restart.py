@@ -15,16 +15,17 @@ from move_jobs import job_info
 
 from dlsub.policies.actions import move_rules as m
 from dlsub.policies.actions.kinds import ActionKind as K
-from dlsub.policies.actions.move_views import JobInfo, PartitionInfo, Rules
+from dlsub.policies.actions.move_views import JobInfo, Rules
+from dlsub.policies.actions.partition_view import PartitionView
 from dlsub.policies.api import IdleNode
 
 RULES = Rules(restart_cost_s=60, min_saving_s=60, checkpoint_grace_s=90, plain_grace_s=120,
               restart_plain_max_s=600)
 
 
-def parts() -> list[PartitionInfo]:
-    return [PartitionInfo("gpu", "gpu", 1.0, (IdleNode("gpu1", 4, 4),)),
-            PartitionInfo("cpu", "cpu", 0.1, (IdleNode("cpu1", 0, 4),))]
+def parts() -> list[PartitionView]:
+    return [PartitionView("gpu", (IdleNode("gpu1", 4, 4),), role="gpu", speed=1.0),
+            PartitionView("cpu", (IdleNode("cpu1", 0, 4),), role="cpu", speed=0.1)]
 
 
 def plain(ran: float, **kw: object) -> JobInfo:

@@ -7,7 +7,8 @@ import dataclasses
 from dlsub.policies.actions.gpu_kind_rules import retype_waiting
 from dlsub.policies.actions.kinds import ActionKind as K
 from dlsub.policies.actions.move_views import Action
-from dlsub.policies.actions.resize_rules import ElasticJob, Room, WorkerTask, plan_resizes
+from dlsub.policies.actions.partition_view import PartitionView
+from dlsub.policies.actions.resize_rules import ElasticJob, WorkerTask, plan_resizes
 from dlsub.policies.api import IdleNode
 
 
@@ -27,7 +28,7 @@ def elastic(workers: tuple[WorkerTask, ...], dlsub_id: str = "0123abcd", **kw: o
     return ElasticJob(**fields)  # type: ignore[arg-type]
 
 
-GPU = Room("gpu", (IdleNode("gpu1", 2), IdleNode("gpu2", 4)))
+GPU = PartitionView("gpu", (IdleNode("gpu1", 2), IdleNode("gpu2", 4)))
 
 
 def test_an_idle_node_nobody_waits_for_grows_the_job() -> None:
@@ -37,7 +38,7 @@ def test_an_idle_node_nobody_waits_for_grows_the_job() -> None:
 
 
 def test_no_growth_onto_gpus_a_waiting_job_wants() -> None:
-    busy = Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 4)), waiting_gpus=4)
+    busy = PartitionView("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 4)), waiting_gpus=4)
     assert plan_resizes([elastic(pool())], [busy]) == []
 
 
@@ -50,7 +51,7 @@ def test_no_growth_past_max_or_while_a_released_worker_is_still_starting() -> No
 
 def test_a_waiting_job_that_needs_the_node_shrinks_the_job_back() -> None:
     job = elastic((running("900_0", "gpu2"),))
-    waiting = Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
+    waiting = PartitionView("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
     (action,) = plan_resizes([job], [waiting])
     assert action.kind == K.SHRINK and action.worker == "900_0"
     assert "jobs waiting on gpu need 4 GPU(s) and 2 are idle" in action.reason
@@ -58,13 +59,13 @@ def test_a_waiting_job_that_needs_the_node_shrinks_the_job_back() -> None:
 
 def test_a_worker_on_a_node_the_waiting_job_cannot_use_stays() -> None:
     job = elastic((running("900_0", "gpu2"),))
-    elsewhere = Room("cpu", (IdleNode("cpu1", 0),), waiting_gpus=4, waiting_per_node=4)
+    elsewhere = PartitionView("cpu", (IdleNode("cpu1", 0),), waiting_gpus=4, waiting_per_node=4)
     assert plan_resizes([job], [GPU, elsewhere]) == []
 
 
 def test_only_as_many_workers_leave_as_the_waiting_jobs_need() -> None:
     job = elastic((running("900_0", "gpu2", start=100), running("900_1", "gpu1", start=200)), max_members=3)
-    room = Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
+    room = PartitionView("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
     (action,) = plan_resizes([job], [room])
     assert action.kind == K.SHRINK and action.worker == "900_1", "the newest worker leaves first"
 
@@ -80,7 +81,7 @@ def test_a_worker_that_keeps_failing_is_not_released_again() -> None:
 
 
 def test_the_oldest_job_grows_first_under_fifo() -> None:
-    one_node = Room("gpu", (IdleNode("gpu2", 2),))  # room for one 2-GPU worker
+    one_node = PartitionView("gpu", (IdleNode("gpu2", 2),))  # room for one 2-GPU worker
     young = elastic(pool(800), dlsub_id="bbbbbbbb", submit_time=50.0, slurm_job_id=801)
     old = elastic(pool(900), dlsub_id="aaaaaaaa", submit_time=10.0)
     (action,) = plan_resizes([young, old], [one_node])
@@ -89,12 +90,12 @@ def test_the_oldest_job_grows_first_under_fifo() -> None:
 
 def test_a_node_with_room_for_two_workers_grows_two_jobs() -> None:
     """4 idle GPUs on one node hold two 2-GPU workers (CPUs and memory permitting): both jobs grow."""
-    roomy = Room("gpu", (IdleNode("gpu2", 4, 4, 8000),))
+    roomy = PartitionView("gpu", (IdleNode("gpu2", 4, 4, 8000),))
     young = elastic(pool(800), dlsub_id="bbbbbbbb", submit_time=50.0, slurm_job_id=801, cpus_per_node=2,
                     memory_per_node_mb=4000)
     old = elastic(pool(900), dlsub_id="aaaaaaaa", submit_time=10.0, cpus_per_node=2, memory_per_node_mb=4000)
     assert sorted(a.dlsub_id for a in plan_resizes([young, old], [roomy])) == ["aaaaaaaa", "bbbbbbbb"]
-    short_of_memory = Room("gpu", (IdleNode("gpu2", 4, 4, 6000),))
+    short_of_memory = PartitionView("gpu", (IdleNode("gpu2", 4, 4, 6000),))
     assert [a.dlsub_id for a in plan_resizes([young, old], [short_of_memory])] == ["aaaaaaaa"]
 
 
@@ -106,7 +107,7 @@ def test_a_job_that_is_moving_or_pending_is_not_resized() -> None:
 def test_a_waiting_job_that_needs_a_whole_node_shrinks_a_job_spread_over_two() -> None:
     """4 GPUs idle in all, 2 on each node: a job wanting 4 on one node cannot start until a worker leaves."""
     job = elastic((running("900_0", "gpu2"),))
-    split = Room("gpu", (IdleNode("gpu1", 2), IdleNode("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
+    split = PartitionView("gpu", (IdleNode("gpu1", 2), IdleNode("gpu2", 2)), waiting_gpus=4, waiting_per_node=4)
     (action,) = plan_resizes([job], [split])
     assert action.kind == K.SHRINK and action.worker == "900_0"
     assert plan_resizes([elastic(pool())], [split]) == [], "and nothing grows onto them meanwhile"
@@ -131,10 +132,10 @@ def test_two_jobs_one_gpu_worker_each_both_leave_for_a_job_that_needs_two_on_the
     old = elastic((running("900_0", "gpu1"),), dlsub_id="aaaaaaaa", gpus_per_node=1, submit_time=10.0)
     young = elastic((running("800_0", "gpu1"),), dlsub_id="bbbbbbbb", gpus_per_node=1, submit_time=50.0,
                     slurm_job_id=801, worker_arrays=(800,))
-    full = Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
+    full = PartitionView("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 0)), waiting_gpus=2, waiting_per_node=2)
     actions = plan_resizes([old, young], [full])
     assert [(a.kind, a.worker) for a in actions] == [(K.SHRINK, "800_0"), (K.SHRINK, "900_0")], actions
-    wants_one = Room("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 0)), waiting_gpus=1, waiting_per_node=1)
+    wants_one = PartitionView("gpu", (IdleNode("gpu1", 0), IdleNode("gpu2", 0)), waiting_gpus=1, waiting_per_node=1)
     (action,) = plan_resizes([old, young], [wants_one])
     assert action.worker == "800_0", "one GPU wanted: only the newest job's worker leaves"
     one_leaving = elastic((WorkerTask("800_0", 801, "RUNNING", "None", "gpu", ("gpu1",), 0, 100.0, leaving=True),),
@@ -156,9 +157,9 @@ def test_a_job_waiting_for_one_kind_shrinks_a_worker_on_that_kind_not_the_newest
     newer = elastic((running("800_0", "gpu2"),), dlsub_id="0000b100", slurm_job_id=801, worker_arrays=(800,),
                     submit_time=20.0, gpus_per_node=1, gpu_type=V100)
     full = (IdleNode("gpu1", 0, gpu_type=A100), IdleNode("gpu2", 0, gpu_type=V100))
-    (action,) = plan_resizes([older, newer], [Room("gpu", full, 1, 1, ((A100, 1),))])
+    (action,) = plan_resizes([older, newer], [PartitionView("gpu", full, 1, 1, ((A100, 1),))])
     assert (action.kind, action.dlsub_id, action.worker) == (K.SHRINK, "0000a100", "900_0")
-    untyped = plan_resizes([older, newer], [Room("gpu", full, 1, 1)])
+    untyped = plan_resizes([older, newer], [PartitionView("gpu", full, 1, 1)])
     assert [(a.kind, a.dlsub_id) for a in untyped] == [(K.SHRINK, "0000b100")], "any kind: newest first, as before"
 
 
@@ -166,14 +167,16 @@ def test_idle_gpus_of_another_kind_neither_count_for_a_typed_waiting_job_nor_are
     """v100 GPUs are idle and the waiting job wants an a100: the a100 worker still leaves for it, and the v100
     job may grow onto the idle v100 (they are nobody's), but never onto an idle a100 it waits for."""
     on_a100 = elastic((running("900_0", "gpu1"),), dlsub_id="0000a100", gpus_per_node=1, gpu_type=A100)
-    room = Room("gpu", (IdleNode("gpu1", 0, gpu_type=A100), IdleNode("gpu2", 2, gpu_type=V100)), 1, 1, ((A100, 1),))
+    room = PartitionView("gpu", (IdleNode("gpu1", 0, gpu_type=A100), IdleNode("gpu2", 2, gpu_type=V100)), 1, 1,
+                         ((A100, 1),))
     (action,) = plan_resizes([on_a100], [room])
     assert (action.kind, action.worker) == (K.SHRINK, "900_0")
     grower = elastic(pool(), dlsub_id="0000b100", slurm_job_id=801, gpus_per_node=1, gpu_type=V100,
                      worker_gpus=1, main_nodes=("gpu2",))
     (grow,) = plan_resizes([grower], [room])
     assert (grow.kind, grow.node) == (K.GROW, "gpu2")
-    kept = Room("gpu", (IdleNode("gpu1", 1, gpu_type=A100), IdleNode("gpu2", 0, gpu_type=V100)), 1, 1, ((A100, 1),))
+    kept = PartitionView("gpu", (IdleNode("gpu1", 1, gpu_type=A100), IdleNode("gpu2", 0, gpu_type=V100)), 1, 1,
+                         ((A100, 1),))
     assert plan_resizes([grower], [kept]) == [], "the idle a100 is the waiting job's"
 
 
@@ -185,7 +188,7 @@ def test_a_job_placed_on_a_kind_this_tick_counts_against_that_kind_in_the_same_t
                       gpu_type=V100)
     on_a100 = elastic((running("800_0", "gpu1"),), dlsub_id="0000b100", slurm_job_id=801, worker_arrays=(800,),
                       submit_time=20.0, gpus_per_node=1, gpu_type=A100)
-    room = Room("gpu", (IdleNode("gpu1", 0, gpu_type=A100), IdleNode("gpu2", 0, gpu_type=V100)), 1, 1)
+    room = PartitionView("gpu", (IdleNode("gpu1", 0, gpu_type=A100), IdleNode("gpu2", 0, gpu_type=V100)), 1, 1)
     place = Action(K.PLACE, "0000c100", 901, "placed", partition="gpu", gpus=1, gpu_type=V100)
     placed = retype_waiting(room, [place], {"0000c100": waiting})
     assert placed.waiting_by_kind == ((V100, 1),)
