@@ -270,10 +270,6 @@ class AgentStore:
             rows[row.key()] = row
         return rows
 
-    def job_ids(self) -> set[int]:
-        """The Slurm job ids of the rows (without reading the rows)."""
-        return {int(r[0]) for r in self.conn.execute("select slurm_job_id from jobs")}
-
     def job(self, uid: int, slurm_job_id: int) -> JobRow | None:
         return self.jobs().get((uid, slurm_job_id))
 
