@@ -299,4 +299,4 @@ def _scaled(obs: Observation, models: LiveModels, jobs: Sequence[ElasticJob], no
 def _checkpointed(obs: Observation) -> frozenset[str]:
     """The elastic jobs that may be moved with their progress (checkpointed, or save when asked)."""
     return frozenset(s.request.dlsub_id for s in obs.followed.values()
-                     if s.info is not None and s.info.checkpointable and s.request.elastic_main)
+                     if s.info is not None and s.info.reported.checkpointable and s.request.elastic_main)

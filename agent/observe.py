@@ -32,7 +32,7 @@ from dlsub.agent.store_rows import Binding, JobRow, NewBinding, StoreSnapshot, W
 from dlsub.contract import IllegalTransition, JobState
 from dlsub.job_progress import MeasuredConfig, Progress, ProgressSummary
 from dlsub.policies.actions.gpu_kind_rules import kinds_to_choose
-from dlsub.policies.actions.move_views import JobInfo, Rules, Usage, WindowState
+from dlsub.policies.actions.move_views import Asked, History, JobInfo, Reported, Rules, Usage, WindowState
 from dlsub.policies.actions.partition_view import PartitionView
 from dlsub.policies.actions.resize_rules import ElasticJob, WorkerTask
 from dlsub.policies.api import IdleNode
@@ -511,26 +511,27 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
         move = move_row.view(restart)
     info = JobInfo(
         dlsub_id=row.dlsub_id, slurm_job_id=job.job_id, user=job.user, state=job.state,
-        reason=job.reason, ended=new_state.terminal, partition=job.partition, mode=str(request.mode),
-        ideal_partition=ideal_name, gpus_wanted=gpus_wanted, gpus_now=job.gpus_per_node,
+        reason=job.reason, ended=new_state.terminal, partition=job.partition, gpus_now=job.gpus_per_node,
         submit_time=float(job.submit_time), start_time=float(job.start_time),
         end_time=float(job.end_time) if job.state == "RUNNING" else 0.0, held=job.held,
-        # A loop that polls should_stop(), or a framework adapter, saves whenever asked: it need not have
-        # checkpointed yet to be moved or continued.
-        checkpointable=progress.checkpoints > 0 or bool(data.progress and data.progress.saves_on_request),
-        last_checkpoint_time=progress.last_checkpoint_time,
-        eta_s=progress.eta_s(), finished=bool(progress.finished and job.state != "RUNNING"),
-        last_attempt_action=attempts.last_end_action,
-        continuations=data.continuations,
-        backfilled_from=data.backfilled_from, backfilled_limit_min=data.backfilled_limit_min,
-        time_limit_min=request.time_limit_min, move=move, uid=row.uid,
-        restart_count=job.restart_count, requeues=attempts.requeues, ran_s=progress.ran_s,
+        asked=Asked(mode=str(request.mode), ideal_partition=ideal_name, gpus_wanted=gpus_wanted,
+                    gpu_type=request.gpu_type, time_limit_min=request.time_limit_min, plain_script=request.plain),
+        reported=Reported(
+            # A loop that polls should_stop(), or a framework adapter, saves whenever asked: it need not have
+            # checkpointed yet to be moved or continued.
+            checkpointable=progress.checkpoints > 0 or bool(data.progress and data.progress.saves_on_request),
+            last_checkpoint_time=progress.last_checkpoint_time,
+            eta_s=progress.eta_s(), finished=bool(progress.finished and job.state != "RUNNING"),
+            ran_s=progress.ran_s,
+            # Told apart only from files read this tick (a start event is the file's first line): a job whose
+            # files were not read keeps the benefit of the doubt.
+            library_started=not (read and not unread and data.progress is not None and not data.progress.started)),
+        history=History(
+            last_attempt_action=attempts.last_end_action, continuations=data.continuations,
+            backfilled_from=data.backfilled_from, backfilled_limit_min=data.backfilled_limit_min,
+            requeues=attempts.requeues),
+        move=move, uid=row.uid, restart_count=job.restart_count,
         gang=job.node_count > 1 or bool(request.members) or bool(job.extra.get("het_job_id")),
-        # Told apart only from files read this tick (a start event is the file's first line): a job whose
-        # files were not read keeps the benefit of the doubt.
-        library_started=not (read and not unread and data.progress is not None and not data.progress.started),
-        plain_script=request.plain,
-        gpu_type=request.gpu_type,
     )
     data.partition = job.partition
     if job.state == "RUNNING" and data.attempt_seen != job.restart_count:
@@ -545,7 +546,7 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
         data.sample = sample
         writes.progress.append({
             "uid": row.uid, "slurm_job_id": job.job_id, "dlsub_id": row.dlsub_id, "time": now,
-            "step": progress.step, "eta_s": info.eta_s, "steps_per_s": progress.steps_per_s,
+            "step": progress.step, "eta_s": info.reported.eta_s, "steps_per_s": progress.steps_per_s,
             "checkpoint_step": progress.last_checkpoint_step, "partition": job.partition,
         })
     _changed(row, before, writes)

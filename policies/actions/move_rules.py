@@ -8,7 +8,7 @@ Rules, checked for each job every tick:
 
 * **Move** (immediate mode): a job running on a CPU or dev partition while
   its ideal GPU partition has room moves there, if it saves when asked
-  (``JobInfo.checkpointable``: it has checkpointed, its loop polls
+  (``Reported.checkpointable``: it has checkpointed, its loop polls
   ``run.should_stop()``, or a framework adapter said so at its start), the
   policy allows moving its owner's jobs, the owner stays within the GPU
   limit, and the time it is expected to save (from its ETA and the
@@ -102,7 +102,7 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
     move = job.move
     assert move is not None
     common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
-    if job.ended or job.finished:
+    if job.ended or job.reported.finished:
         # PREEMPTED is final too: Slurm will not run this job again, so nothing is left to move.
         return [Action(K.ABANDON_MOVE, reason=f"the job ended ({job.state}) before the {move.kind} finished", **common)]
     requeued = job.restart_count > move.restart_count
@@ -147,7 +147,7 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
     # A restart is requeued by the agent itself (its attempt ends on Slurm's signal, with no record of a move);
     # a job sent back for a GPU was requeued by its launcher, which said so.
     expected = ACTION_NEEDS_GPU if move.kind == MoveKind.NEEDS_GPU else ACTION_MOVE
-    if move.kind != MoveKind.RESTART and job.last_attempt_action != expected:
+    if move.kind != MoveKind.RESTART and job.history.last_attempt_action != expected:
         # Requeued, but not by the move's checkpoint (node failure, the user, Slurm): not the agent's to steer.
         return [Action(K.ABANDON_MOVE, reason="it was requeued without checkpointing for the move; left as it is",
                        **common)]
@@ -156,7 +156,7 @@ def _advance_move(job: JobInfo, now: float, rules: Rules) -> list[Action]:
     # not read; a crash before the phase is recorded asks again, which changes nothing).
     retype = bool(move.target_gpu_type) and move.phase in (MovePhase.PLANNED, MovePhase.SIGNALLED)
     if job.partition != move.target_partition or job.gpus_now != move.target_gpus or retype or (
-            move.time_limit_min is not None and job.time_limit_min != move.time_limit_min):
+            move.time_limit_min is not None and job.asked.time_limit_min != move.time_limit_min):
         there = f"{move.target_partition} ({move.target_gpu_type})" if move.target_gpu_type else move.target_partition
         actions.append(Action(K.RETARGET, reason=f"checkpointed; now for {there}",
                               partition=move.target_partition, gpus=move.target_gpus,
@@ -177,15 +177,15 @@ def _sent_for_gpus(jobs: Sequence[JobInfo], rules: Rules) -> list[Action]:
     actions = []
     for job in jobs:
         if (job.move is None and job.state == "PENDING" and job.reason == HELD_BY_USER
-                and job.last_attempt_action == ACTION_NEEDS_GPU and job.ideal_partition
-                and job.partition != job.ideal_partition and job.gpus_wanted > 0):
-            gpus = min(job.gpus_wanted, rules.max_gpus_per_job)  # as a move asks for them
+                and job.history.last_attempt_action == ACTION_NEEDS_GPU and job.asked.ideal_partition
+                and job.partition != job.asked.ideal_partition and job.asked.gpus_wanted > 0):
+            gpus = min(job.asked.gpus_wanted, rules.max_gpus_per_job)  # as a move asks for them
             actions.append(Action(
                 K.SEND_FOR_GPU, job.dlsub_id, job.slurm_job_id,
                 f"its attempt on {job.partition} died for want of a GPU (torch found no CUDA device); sent to wait "
-                f"for {gpus} GPU(s) on {job.ideal_partition}",
-                partition=job.ideal_partition, gpus=gpus, move_kind=MoveKind.NEEDS_GPU,
-                gpu_type=job.gpu_type or ""))
+                f"for {gpus} GPU(s) on {job.asked.ideal_partition}",
+                partition=job.asked.ideal_partition, gpus=gpus, move_kind=MoveKind.NEEDS_GPU,
+                gpu_type=job.asked.gpu_type or ""))
     return actions
 
 
@@ -194,7 +194,8 @@ def uses_no_library(job: JobInfo, now: float, rules: Rules) -> bool:
     and its attempt has run ``plain_grace_s`` without the start event ``checkpointing.init()`` writes (nor ever
     checkpointed). Both must agree: submit's reading alone can be wrong (a script whose own module imports the
     library), and the run alone is what any job submitted by hand looks like."""
-    return (job.plain_script and job.state == "RUNNING" and not job.library_started and not job.checkpointable
+    return (job.asked.plain_script and job.state == "RUNNING" and not job.reported.library_started
+            and not job.reported.checkpointable
             and now - job.start_time >= rules.plain_grace_s)
 
 
@@ -228,16 +229,16 @@ def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionVie
     candidates: list[tuple[JobInfo, float | None]] = []
     notes = []
     for job in jobs:
-        if job.move is not None or job.state != "RUNNING" or job.mode != "immediate" or job.gang:
+        if job.move is not None or job.state != "RUNNING" or job.asked.mode != "immediate" or job.gang:
             continue
-        here, ideal = partitions.get(job.partition), partitions.get(job.ideal_partition)
-        if ideal is None or job.partition == job.ideal_partition or job.gpus_wanted <= 0:
+        here, ideal = partitions.get(job.partition), partitions.get(job.asked.ideal_partition)
+        if ideal is None or job.partition == job.asked.ideal_partition or job.asked.gpus_wanted <= 0:
             continue
-        if job.backfilled_from:
+        if job.history.backfilled_from:
             continue  # placed by backfill: returns when the window closes
         common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
         free = ideal.idle_gpus - ideal.waiting_gpus
-        if not ideal.idle_node_for(job.gpus_wanted, rules.job_cpus) or free < job.gpus_wanted:
+        if not ideal.idle_node_for(job.asked.gpus_wanted, rules.job_cpus) or free < job.asked.gpus_wanted:
             continue  # nothing to decide yet: no room there
         if not rules.may_move(job.user):
             notes.append(Action(K.NOTE, reason=f"not moved to {ideal.name}: the site policy does not move "
@@ -250,7 +251,7 @@ def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionVie
             else:
                 notes.append(note)
             continue
-        if not job.checkpointable:
+        if not job.reported.checkpointable:
             notes.append(Action(K.NOTE, reason=f"not moved to {ideal.name}: the job has not written a checkpoint "
                                 "yet, nor asked run.should_stop() (only jobs that save when asked are moved)",
                                 **common))
@@ -279,10 +280,11 @@ def remaining_s(job: JobInfo) -> tuple[float | None, str]:
     A job that reports progress but no total is assumed to need about as long
     again as it has run: never left on CPUs forever for want of an estimate.
     """
-    if job.eta_s is not None:
-        return job.eta_s, ""
-    if job.ran_s is not None and job.ran_s > 0:
-        return job.ran_s, f"no total declared: assuming about as long again as the {_hours(job.ran_s)} it has run"
+    if job.reported.eta_s is not None:
+        return job.reported.eta_s, ""
+    if job.reported.ran_s is not None and job.reported.ran_s > 0:
+        ran = job.reported.ran_s
+        return ran, f"no total declared: assuming about as long again as the {_hours(ran)} it has run"
     return None, ""
 
 
@@ -356,7 +358,7 @@ def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[i
     granted = {} if granted is None else granted
     by_ideal: dict[str, list[tuple[JobInfo, float | None]]] = {}
     for job, saved in candidates:
-        by_ideal.setdefault(job.ideal_partition, []).append((job, saved))
+        by_ideal.setdefault(job.asked.ideal_partition, []).append((job, saved))
     for name, group in by_ideal.items():
         ideal = partitions[name]
         # The ideal partition's idle GPUs, minus what jobs already waiting there want.
@@ -369,16 +371,17 @@ def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[i
                 nodes.append(Node(node.name, node.gpus - take, partition=name, gpu_type=node.gpu_type or ""))
         if not nodes:
             continue
-        views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time, gpus=min(j.gpus_wanted, rules.max_gpus_per_job),
+        views = [JobView(name=j.dlsub_id, arrival_s=j.submit_time,
+                         gpus=min(j.asked.gpus_wanted, rules.max_gpus_per_job),
                          remaining=remaining_s(j)[0], model=_LinearModel()) for j, _ in group]
         decision = get_policy(rules.policy).decide(views, ClusterView(tuple(nodes)), now, {})
         # Oldest first, so the earlier decisions of this tick count against the later ones.
         for job, saved in sorted(group, key=lambda js: (js[0].submit_time, js[0].slurm_job_id)):
             alloc = decision.get(job.dlsub_id)
-            gpus = min(job.gpus_wanted, rules.max_gpus_per_job)
+            gpus = min(job.asked.gpus_wanted, rules.max_gpus_per_job)
             if alloc is None or alloc.gpus < gpus:
                 continue
-            if job.gpu_type and not any(n.gpu_type == job.gpu_type and n.gpus >= gpus for n in nodes):
+            if job.asked.gpu_type and not any(n.gpu_type == job.asked.gpu_type and n.gpus >= gpus for n in nodes):
                 continue  # it asked for a kind none of whose nodes has its GPUs idle
             over = _over_limit(job, max(0, gpus - job.gpus_now), usage, rules)
             if over:
@@ -400,13 +403,13 @@ def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[i
                 actions.append(_restart(job, here, ideal, gpus, now))
                 continue
             # Never below 0: the tick's clock is read before the job's newest events, which may be newer.
-            age = max(0.0, now - job.last_checkpoint_time) if job.last_checkpoint_time else None
+            age = max(0.0, now - job.reported.last_checkpoint_time) if job.reported.last_checkpoint_time else None
             actions.append(Action(
                 K.SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
                 f"moving to {name}: {ideal.idle_gpus} GPU(s) idle"
                 + (f", checkpoint {_hours(age)} old" if age is not None else "")
                 + f", est. {_hours(saved)} saved" + (f" ({basis})" if basis else ""),
-                partition=name, gpus=gpus, gpu_type=job.gpu_type or "",
+                partition=name, gpus=gpus, gpu_type=job.asked.gpu_type or "",
                 details={"saved_s": round(saved), "idle_gpus": ideal.idle_gpus, "eta_s": round(eta or 0.0),
                          "checkpoint_age_s": round(age) if age is not None else None,
                          "eta_basis": basis or None},
@@ -423,7 +426,7 @@ def _restart(job: JobInfo, here: PartitionView | None, ideal: PartitionView, gpu
         K.RESTART, job.dlsub_id, job.slurm_job_id,
         f"restarting on {ideal.name} from scratch: {NO_LIBRARY}; {_hours(lost)} of work {where}lost, redone "
         f"there in about {_hours(redo)}; {ideal.idle_gpus} GPU(s) idle",
-        partition=ideal.name, gpus=gpus, move_kind=MoveKind.RESTART, gpu_type=job.gpu_type or "",
+        partition=ideal.name, gpus=gpus, move_kind=MoveKind.RESTART, gpu_type=job.asked.gpu_type or "",
         details={"lost_s": round(lost), "redo_s": round(redo), "idle_gpus": ideal.idle_gpus},
     )
 
@@ -452,7 +455,7 @@ def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionView]
         if left > rules.checkpoint_grace_s:
             continue
         common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
-        if job.finished or (job.eta_s is not None and job.eta_s <= max(left, 0)):
+        if job.reported.finished or (job.reported.eta_s is not None and job.reported.eta_s <= max(left, 0)):
             continue  # it will finish in time
         if not rules.continue_jobs:
             actions.append(Action(K.NOTE, reason=f"its time limit on {job.partition} ends in {_hours(max(left, 0))}; "
@@ -460,18 +463,18 @@ def _continuations(jobs: Sequence[JobInfo], partitions: dict[str, PartitionView]
         elif uses_no_library(job, now, rules):
             actions.append(Action(K.NOTE, reason=f"its time limit is near; {NO_LIBRARY}: not continued (it ends "
                                   "at its limit)", **common))
-        elif not job.checkpointable:
+        elif not job.reported.checkpointable:
             actions.append(Action(K.NOTE, reason="its time limit is near but it has not checkpointed: not continued",
                                   **common))
-        elif max(job.continuations, job.requeues) >= rules.max_continuations:
-            done = max(job.continuations, job.requeues)
+        elif max(job.history.continuations, job.history.requeues) >= rules.max_continuations:
+            done = max(job.history.continuations, job.history.requeues)
             actions.append(Action(K.NOTE, reason=f"time limit near; already continued {done} times, "
                                   f"the most the site allows", **common))
         else:
-            eta = f", about {_hours(job.eta_s)} of work left" if job.eta_s is not None else ""
+            eta = f", about {_hours(job.reported.eta_s)} of work left" if job.reported.eta_s is not None else ""
             actions.append(Action(K.SIGNAL_CONTINUE, reason=(
                 f"its time limit on {job.partition} ends in {_hours(max(left, 0))}{eta}: checkpointing to "
-                f"continue in a new attempt ({job.continuations + 1} of at most {rules.max_continuations})"),
+                f"continue in a new attempt ({job.history.continuations + 1} of at most {rules.max_continuations})"),
                 partition=job.partition, **common))
     return actions
 
@@ -489,12 +492,13 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionView], rul
         else:
             taken: dict[str, int] = {}
             for job in sorted(jobs, key=lambda j: j.submit_time):
-                if job.move is not None or job.state != "PENDING" or job.held or job.backfilled_from or job.gang:
+                if (job.move is not None or job.state != "PENDING" or job.held or job.history.backfilled_from
+                        or job.gang):
                     continue
                 if job.reason not in ("Resources", "Priority", "ReqNodeNotAvail", (
                         "Nodes_required_for_job_are_DOWN,_DRAINED_or_reserved_for_jobs_in_higher_priority_partitions")):
                     continue
-                gpus = min(job.gpus_wanted, rules.max_gpus_per_job)
+                gpus = min(job.asked.gpus_wanted, rules.max_gpus_per_job)
                 if _over_limit(job, max(0, gpus - job.gpus_now), usage, rules):
                     continue
                 broke: list[str] = []
@@ -502,11 +506,11 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionView], rul
                     if part.role not in rules.backfill_roles or part.name == job.partition:
                         continue
                     free_nodes = [n.name for n in part.nodes if n.fits(gpus, rules.job_cpus)
-                                  and (not job.gpu_type or n.gpu_type == job.gpu_type)]
+                                  and (not job.asked.gpu_type or n.gpu_type == job.asked.gpu_type)]
                     if len(free_nodes) <= taken.get(part.name, 0):
                         continue
                     # Never above the limit it was submitted with; cut to the partition's MaxTime.
-                    limit = job.time_limit_min
+                    limit = job.asked.time_limit_min
                     if part.max_time_s is not None and (limit is None or limit * 60 > part.max_time_s):
                         limit = int(part.max_time_s // 60)
                     there_s = _backfill_seconds(job, limit, closes_in)
@@ -521,25 +525,25 @@ def _backfill(jobs: Sequence[JobInfo], partitions: dict[str, PartitionView], rul
                                           f"off-hours window '{window.name}' is open and {part.name} is idle: "
                                           f"starting there instead of waiting for {job.partition}",
                                           partition=part.name, gpus=gpus, time_limit_min=limit,
-                                          gpu_type=job.gpu_type or "",
-                                          details={"from": job.partition, "limit_min": job.time_limit_min}))
+                                          gpu_type=job.asked.gpu_type or "",
+                                          details={"from": job.partition, "limit_min": job.asked.time_limit_min}))
                     break
                 else:
                     if broke:
                         actions.append(Action(K.NOTE, job.dlsub_id, job.slurm_job_id, "; ".join(broke),
                                               details={"budget": "exceeded"}))
     for job in jobs:
-        if not job.backfilled_from or job.move is not None or job.state != "RUNNING":
+        if not job.history.backfilled_from or job.move is not None or job.state != "RUNNING":
             continue
         closes_in = (window.closes_at - now) if (window.open and window.closes_at) else 0.0
         if closes_in <= 2 * rules.checkpoint_grace_s:
             why = (f"the off-hours window '{window.name}' closes in {_hours(max(closes_in, 0))}"
                    if window.open else "the off-hours window has closed")
             actions.append(Action(K.SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
-                                  f"{why}: checkpointing and moving back to {job.backfilled_from}",
-                                  partition=job.backfilled_from, gpus=job.gpus_wanted,
-                                  move_kind=MoveKind.RETURN, time_limit_min=job.backfilled_limit_min,
-                                  gpu_type=job.gpu_type or ""))
+                                  f"{why}: checkpointing and moving back to {job.history.backfilled_from}",
+                                  partition=job.history.backfilled_from, gpus=job.asked.gpus_wanted,
+                                  move_kind=MoveKind.RETURN, time_limit_min=job.history.backfilled_limit_min,
+                                  gpu_type=job.asked.gpu_type or ""))
     return actions
 
 

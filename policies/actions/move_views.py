@@ -49,7 +49,52 @@ class BudgetLeft:
 
 
 @dataclass(frozen=True)
+class Asked:
+    """What a job's submit asked for (the request the agent trusts): where and how it wants to run."""
+
+    mode: str  # immediate | ideal
+    ideal_partition: str
+    gpus_wanted: int
+    gpu_type: str | None = None  # the kind of GPU its user asked for (None: any): a move onto GPUs asks for it
+    time_limit_min: int | None = None  # the limit it was submitted with (never raised beyond it)
+    # Submit tagged it as a script that uses no library (``script=plain``): only such a job is restarted from
+    # scratch, so that a job submitted by hand, or dressed up as dlsub's, is never thrown back to its start.
+    plain_script: bool = False
+
+
+@dataclass(frozen=True)
+class Reported:
+    """What a job's training reported in its progress file (as far as the agent has read it)."""
+
+    # It saves when asked: it has checkpointed, or since its latest start its loop has polled should_stop()
+    # (contract.EVENT_POLLS) or a framework adapter declared it (contract.SAVES_ON_REQUEST).
+    checkpointable: bool = False
+    last_checkpoint_time: float | None = None
+    eta_s: float | None = None
+    finished: bool = False
+    ran_s: float | None = None  # how long it has reported progress (for a job that declares no total)
+    # Its training wrote its start event (checkpointing.init()): it uses dlsub's library. False only when the
+    # agent read the job's files this tick and found none: with its attempt running past plain_grace_s, a
+    # script that uses no library (it cannot checkpoint; see move_rules.uses_no_library).
+    library_started: bool = True
+
+
+@dataclass(frozen=True)
+class History:
+    """What became of a job's earlier attempts: how they ended, its continuations, a backfill it is in."""
+
+    last_attempt_action: str | None = None  # "requeue" or "move" when the last attempt ended that way
+    continuations: int = 0
+    backfilled_from: str | None = None  # the partition it waited in before a backfill
+    backfilled_limit_min: int | None = None  # its own time limit, restored when it goes back
+    requeues: int = 0  # resume-requeues of this Slurm job (its attempt records); moves do not count
+
+
+@dataclass(frozen=True)
 class JobInfo:
+    """One followed job as the move rules see it: Slurm's view of it now, with what it asked for, what it
+    reported and what became of its earlier attempts, each a record of its own."""
+
     dlsub_id: str
     slurm_job_id: int
     user: str
@@ -57,40 +102,19 @@ class JobInfo:
     reason: str
     ended: bool  # Slurm's state is a final one (completed, failed, cancelled, timed out, ...)
     partition: str
-    mode: str  # immediate | ideal
-    ideal_partition: str
-    gpus_wanted: int
     gpus_now: int
     submit_time: float
     start_time: float
     end_time: float  # when the current allocation's time limit ends (0: none known)
+    asked: Asked
+    reported: Reported = Reported()
+    history: History = History()
     held: bool = False
-    # It saves when asked: it has checkpointed, or since its latest start its loop has polled should_stop()
-    # (contract.EVENT_POLLS) or a framework adapter declared it (contract.SAVES_ON_REQUEST).
-    checkpointable: bool = False
-    last_checkpoint_time: float | None = None
-    eta_s: float | None = None
-    finished: bool = False
-    last_attempt_action: str | None = None  # "requeue" or "move" when the last attempt ended that way
-    continuations: int = 0
-    backfilled_from: str | None = None  # the partition it waited in before a backfill
-    backfilled_limit_min: int | None = None  # its own time limit, restored when it goes back
-    gpu_type: str | None = None  # the kind of GPU its user asked for (None: any): a move onto GPUs asks for it
-    time_limit_min: int | None = None  # the limit it was submitted with (never raised beyond it)
     move: MoveView | None = None
     uid: int = 0  # Slurm's user_id of the job: limits are per uid
     restart_count: int = 0  # Slurm's restart count
-    requeues: int = 0  # resume-requeues of this Slurm job (its attempt records); moves do not count
-    ran_s: float | None = None  # how long it has reported progress (for a job that declares no total)
     # A gang (several nodes) or an elastic job: resized by policies.actions.resize_rules, never moved or backfilled.
     gang: bool = False
-    # Its training wrote its start event (checkpointing.init()): it uses dlsub's library. False only when the
-    # agent read the job's files this tick and found none: with its attempt running past plain_grace_s, a
-    # script that uses no library (it cannot checkpoint; see move_rules.uses_no_library).
-    library_started: bool = True
-    # Submit tagged it as a script that uses no library (``script=plain``): only such a job is restarted from
-    # scratch, so that a job submitted by hand, or dressed up as dlsub's, is never thrown back to its start.
-    plain_script: bool = False
     # The budgets that bound this job's owner (user's, account's); empty: none, anything may move.
     budgets: tuple[BudgetLeft, ...] = ()
 

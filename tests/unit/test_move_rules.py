@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from move_jobs import job_info
+from move_jobs import changed, job_info
 
 from dlsub.policies.actions import move_rules as m
 from dlsub.policies.actions.kinds import ActionKind as K
@@ -114,7 +114,7 @@ def test_a_move_in_flight_advances_from_what_slurm_shows() -> None:
     # Holds the agent did not place stay: an admin's, one from before the signal, one without a move record.
     assert kinds(m.plan([replace(held, reason="JobHeldAdmin")], parts(), RULES, NOW)) == [K.NOTE]
     assert m.plan([replace(held, restart_count=0)], parts(), RULES, NOW) == []
-    assert kinds(m.plan([replace(held, last_attempt_action="requeue")], parts(), RULES, NOW)) == [K.ABANDON_MOVE]
+    assert kinds(m.plan([changed(held, last_attempt_action="requeue")], parts(), RULES, NOW)) == [K.ABANDON_MOVE]
     # Running on the target after a restart: done, whatever Slurm's clock says.
     moved = job(partition="gpu", gpus_now=1, start_time=NOW - 99_999, restart_count=1,
                 move=move(MovePhase.RELEASED, since=NOW - 8))
@@ -134,19 +134,19 @@ def test_time_limit_continuation_before_the_allocation_ends() -> None:
     assert kinds(actions) == [K.SIGNAL_CONTINUE] and "time limit on gpu-dev ends in 60 s" in actions[0].reason
     # Far from the limit, or done in time, or over the site's maximum: no.
     assert m.plan([replace(dev, end_time=NOW + 3600)], parts(), RULES, NOW) == []
-    assert m.plan([replace(dev, eta_s=30.0)], parts(), RULES, NOW) == []
-    capped = m.plan([replace(dev, continuations=3)], parts(), replace(RULES, max_continuations=3), NOW)
+    assert m.plan([changed(dev, eta_s=30.0)], parts(), RULES, NOW) == []
+    capped = m.plan([changed(dev, continuations=3)], parts(), replace(RULES, max_continuations=3), NOW)
     assert kinds(capped) == [K.NOTE]
     off = m.plan([dev], parts(), replace(RULES, continue_jobs=False), NOW)
     assert kinds(off) == [K.NOTE] and "does not continue" in off[0].reason
     # After the checkpoint the job requeued itself: done; Slurm's requeue wait stands (the agent never
     # starts a requeued job early: slurmd would kill it on the node it left).
-    waiting = replace(dev, state="PENDING", reason="BeginTime", move=move(MovePhase.SIGNALLED, kind="continue"),
+    waiting = changed(dev, state="PENDING", reason="BeginTime", move=move(MovePhase.SIGNALLED, kind="continue"),
                       restart_count=1, requeues=1, last_attempt_action="requeue")
     done = m.plan([waiting], parts(), RULES, NOW)
     assert kinds(done) == [K.FINISH_MOVE] and "requeue wait" in done[0].reason
     # The script's own requeues count against continuations too.
-    capped = m.plan([replace(dev, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)
+    capped = m.plan([changed(dev, requeues=3)], parts(), replace(RULES, max_continuations=3), NOW)
     assert kinds(capped) == [K.NOTE]
 
 
@@ -185,7 +185,7 @@ def test_gpu_jobs_are_backfilled_only_where_gpus_are_idle() -> None:
 def test_a_self_requeued_job_is_left_to_slurms_requeue_wait() -> None:
     requeued = job(state="PENDING", reason="BeginTime", last_attempt_action="requeue", requeues=1)
     for n in (1, 3, 4):
-        assert m.plan([replace(requeued, requeues=n)], parts(), replace(RULES, max_continuations=3), NOW) == []
+        assert m.plan([changed(requeued, requeues=n)], parts(), replace(RULES, max_continuations=3), NOW) == []
 
 
 def test_limits_count_the_users_holdings_and_this_ticks_decisions() -> None:
