@@ -154,6 +154,8 @@ def _context() -> tuple[Settings, SlurmClient, JobStore]:
 @click.option("--time", "time_limit", default=None,
               help="Time limit, Slurm syntax (90, 1:30:00, 2-00) [default: the partition's].")
 @click.option("-p", "--partition", default=None, help="Partition; default: one that can run the job now.")
+@click.option("--gpu-type", "gpu_type", default=None, metavar="KIND",
+              help="GPUs of one model, as Slurm's GRES names it (a100): a partition whose nodes have them.")
 @click.option("--image", default=None, help="Container image in your Podman storage.")
 @click.option("-J", "--name", default=None, help="Job name [default: the script's name].")
 @click.option("--mode", type=click.Choice(["immediate", "ideal"]), default=None,
@@ -220,7 +222,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
         socket_ifname=policy.containers.socket_ifname,
         plain_scripts=policy.moves.plain_scripts,
         restart_plain_max_s=policy.moves.restart_plain_max_s,
-        gpu_type=_row_gpu_type(picked, options.partition, shape.gpus_per_node),
+        gpu_type=options.gpu_type or _row_gpu_type(picked, options.partition, shape.gpus_per_node),
         site_paths=policy.site,
         exports=read_exports(options.export), site_env=policy.containers.environment, venv=options.venv,
         partition_images=policy.containers.partition_images_for(named_image, os.environ),

@@ -57,6 +57,7 @@ class SubmitOptions:
     mem: str | None = None
     time_limit: str | None = None
     partition: str | None = None
+    gpu_type: str | None = None
     image: str | None = None
     name: str | None = None
     mode: str | None = None

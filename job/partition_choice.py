@@ -1,8 +1,10 @@
 """Pick the partition a new job should go to (pure: value objects in, a choice out).
 
 Rules, in order:
-1. A partition must be up, exist, have nodes with enough GPUs, CPUs and memory
-   for the request, and a MaxTime at least the requested time.
+1. A partition must be up, exist, take the user (its AllowGroups, and its
+   AllowAccounts and DenyAccounts where the account is known), have nodes with
+   enough GPUs (of the kind asked for, ``--gpu-type``), CPUs and memory for the
+   request, and a MaxTime at least the requested time.
 2. Among those, prefer one where the job can start now (enough idle GPUs,
    CPUs and memory on some node).
 3. Jobs without GPUs prefer partitions without GPUs (don't hold GPU nodes
@@ -32,6 +34,10 @@ class Request:
     nodes: int = 1
     partition: str | None = None  # the user's explicit choice
     immediate: bool = False
+    gpu_type: str | None = None  # the kind of GPU asked for (--gpu-type); None: any
+    # Who asks: the user's groups and the job's account (None: not known, and then not checked; Slurm checks).
+    groups: frozenset[str] | None = None
+    account: str | None = None
 
 
 @dataclass(frozen=True)
@@ -47,17 +53,38 @@ class PlanningError(ValueError):
     """The request cannot run anywhere; the message says why and what to change."""
 
 
+def _kind_fits(node: SlurmNode, req: Request) -> bool:
+    return not req.gpu_type or req.gpus_per_node <= 0 or node.gpu_type == req.gpu_type
+
+
 def _node_fits(node: SlurmNode, req: Request) -> bool:
-    return node.gpus >= req.gpus_per_node and node.cpus >= req.cpus and node.real_memory_mb >= req.mem_mb
+    return (node.gpus >= req.gpus_per_node and node.cpus >= req.cpus and node.real_memory_mb >= req.mem_mb
+            and _kind_fits(node, req))
 
 
 def _node_free(node: SlurmNode, req: Request) -> bool:
-    return node.idle_gpus >= req.gpus_per_node and node.idle_cpus >= req.cpus and node.free_memory_mb >= req.mem_mb
+    return (node.idle_gpus >= req.gpus_per_node and node.idle_cpus >= req.cpus and node.free_memory_mb >= req.mem_mb
+            and _kind_fits(node, req))
+
+
+def _refuses(p: Partition, req: Request) -> str | None:
+    """Why Slurm would refuse this user's job on ``p`` (None: it takes it, or who asks is not known)."""
+    if p.allow_groups is not None and req.groups is not None and not req.groups & set(p.allow_groups):
+        return f"{p.name} is for the groups {', '.join(p.allow_groups)} only (you are in none of them)"
+    if req.account is not None:
+        if p.allow_accounts is not None and req.account not in p.allow_accounts:
+            return f"{p.name} takes the accounts {', '.join(p.allow_accounts)} only (this job's: {req.account})"
+        if req.account in p.deny_accounts:
+            return f"{p.name} refuses account {req.account}"
+    return None
 
 
 def _why_not(p: Partition, req: Request) -> str | None:
     if not p.up:
         return f"{p.name} is {p.state}"
+    refused = _refuses(p, req)
+    if refused:
+        return refused
     if req.time_limit_min is not None and p.max_time_min is not None and req.time_limit_min > p.max_time_min:
         return f"{p.name} allows at most {format_minutes(p.max_time_min)}"
     fitting = [n for n in p.nodes if _node_fits(n, req)]
@@ -66,6 +93,10 @@ def _why_not(p: Partition, req: Request) -> str | None:
             return f"{p.name} has at most {p.max_gpus_per_node} GPUs per node"
         if fitting and req.nodes > 1:
             return f"{p.name} has {len(fitting)} node(s) that fit it, and it needs {req.nodes} nodes"
+        if req.gpu_type and req.gpus_per_node > 0 and p.max_gpus_per_node >= req.gpus_per_node:
+            kinds = ", ".join(sorted({n.gpu_type for n in p.nodes if n.gpu_type})) or "none named"
+            return (f"{p.name} has no node with {req.gpus_per_node} {req.gpu_type} GPU(s) (GPU types there: "
+                    f"{kinds})")
         return f"{p.name} has no node with {req.cpus} CPUs and {req.mem_mb} MB"
     return None
 
@@ -141,7 +172,7 @@ def choose_partition(partitions: list[Partition], req: Request) -> Choice:
 
 def _start_without_gpus(partitions: list[Partition], req: Request) -> Partition | None:
     """A partition without GPUs where the job, run on CPUs, can start now."""
-    cpu_req = Request(0, req.cpus, req.mem_mb, req.time_limit_min, req.nodes)
+    cpu_req = Request(0, req.cpus, req.mem_mb, req.time_limit_min, req.nodes, groups=req.groups, account=req.account)
     ready = [
         p for p in partitions
         if p.max_gpus_per_node == 0 and _why_not(p, cpu_req) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
+import grp
 import os
 import shutil
 import uuid
@@ -163,6 +164,7 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     mounts, warnings = check_mounts(req.mounts, req.workdir)
     if req.site_paths is not None:
         _check_seen_by_nodes(req.site_paths, script, req.workdir, settings.jobs_dir, mounts)
+    _check_gpu_type_name(req)
     choice = _choose_partition(client, req, cpus, mem_mb)
     _check_gpu_type(client, req, choice)
     if waits:
@@ -434,7 +436,10 @@ def _choose_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb
     choice = choose_partition(
         parts,
         Request(gpus_per_node=req.gpus_per_node, cpus=cpus, mem_mb=mem_mb, time_limit_min=req.time_limit_min,
-                nodes=req.nodes, partition=req.partition, immediate=req.mode == "immediate"),
+                nodes=req.nodes, partition=req.partition, immediate=req.mode == "immediate",
+                gpu_type=req.gpu_type or None, groups=_my_groups(),
+                account=_account(client) if any(p.allow_accounts is not None or p.deny_accounts for p in parts)
+                else None),
     )
     chosen = next((p for p in parts if p.name == choice.partition), None)
     if req.max_members is None or chosen is None:
@@ -452,9 +457,27 @@ def _choose_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb
     return choice
 
 
-def _check_gpu_type(client: SlurmClient, req: SubmitRequest, choice: Choice) -> None:
-    """Refuse a GPU type that is not a GRES type's name, asks for no GPUs, or that the partition's nodes do
-    not have in the number asked (sbatch would refuse it with a less helpful message)."""
+def _my_groups() -> frozenset[str]:
+    """The names of the groups this process is in, as a partition's AllowGroups names them (one that does not
+    resolve is left out: no AllowGroups can name it)."""
+    names = set()
+    for gid in {os.getgid(), *os.getgroups()}:
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return frozenset(names)
+
+
+def _account(client: SlurmClient) -> str | None:
+    """The account the job will run under: sbatch's $SBATCH_ACCOUNT where set, else the user's default one (None:
+    not known; Slurm then decides, and says so if it refuses)."""
+    return os.environ.get("SBATCH_ACCOUNT") or client.default_account(getpass.getuser())
+
+
+def _check_gpu_type_name(req: SubmitRequest) -> None:
+    """Refuse a GPU type that is not a GRES type's name, or that asks for no GPUs, before any partition is
+    chosen by it."""
     if not req.gpu_type:
         return
     if valid_gpu_type(req.gpu_type) is None:
@@ -462,6 +485,13 @@ def _check_gpu_type(client: SlurmClient, req: SubmitRequest, choice: Choice) -> 
                           "'-'; e.g. a100)")
     if req.gpus_per_node < 1:
         raise SubmitError(f"GPU type {req.gpu_type}: the job asks for no GPUs; give --gpus N")
+
+
+def _check_gpu_type(client: SlurmClient, req: SubmitRequest, choice: Choice) -> None:
+    """Refuse a GPU type that the chosen partition's nodes do not have in the number asked (one the user named
+    with -p; sbatch would refuse it with a less helpful message)."""
+    if not req.gpu_type:
+        return
     where = choice.ideal_partition or choice.partition
     nodes = [n for p in client.partitions() if p.name == where for n in p.nodes]
     fit = [n for n in nodes if n.gpu_type == req.gpu_type and n.gpus >= req.gpus_per_node]

@@ -88,6 +88,12 @@ def _default_runner(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(list(argv), 124, "", f"timed out after {exc.timeout} s")
 
 
+
+def _names_or_all(value: str) -> tuple[str, ...] | None:
+    """A partition's comma list of groups or accounts as scontrol prints it; None: ALL (or unset, which is ALL)."""
+    names = tuple(n for n in value.split(",") if n and n != "(null)")
+    return None if not names or names == ("ALL",) else names
+
 class SlurmClient:
     """Slurm through its command-line tools. One instance per process is plenty."""
 
@@ -171,6 +177,16 @@ class SlurmClient:
                 return level.strip() or "None"
         return None
 
+    def default_account(self, user: str) -> str | None:
+        """The account a job of ``user`` runs under when it names none (its association's DefaultAccount); None
+        when it has none (or there is no accounting)."""
+        result = self._run(["sacctmgr", "-n", "-P", "show", "user", user, "format=User,DefaultAccount"], check=False)
+        for line in result.stdout.splitlines():
+            name, _, account = line.partition("|")
+            if name == user and account.strip():
+                return account.strip()
+        return None
+
     def ping(self) -> None:
         """Raise :class:`SlurmUnreachable` unless the primary slurmctld answers."""
         result = self._run(["scontrol", "ping"], check=False)
@@ -210,6 +226,9 @@ class SlurmClient:
                     default=kv.get("Default", "NO") == "YES",
                     state=kv.get("State", "UP"),
                     max_nodes=None if max_nodes == "UNLIMITED" else int(max_nodes),
+                    allow_groups=_names_or_all(kv.get("AllowGroups", "ALL")),
+                    allow_accounts=_names_or_all(kv.get("AllowAccounts", "ALL")),
+                    deny_accounts=_names_or_all(kv.get("DenyAccounts", "")) or (),
                 )
             )
         return partitions

@@ -53,6 +53,8 @@ class FakePartition:
     default_time: str = "01:00:00"
     default: bool = False
     state: str = "UP"
+    allow_groups: str = "ALL"
+    allow_accounts: str = "ALL"
 
 
 @dataclass
@@ -427,7 +429,8 @@ class FakeSlurm:
             lines = []
             for p in self.partitions.values():
                 lines.append(
-                    f"PartitionName={p.name} Default={'YES' if p.default else 'NO'} DefaultTime={p.default_time} "
+                    f"PartitionName={p.name} AllowGroups={p.allow_groups} AllowAccounts={p.allow_accounts} "
+                    f"Default={'YES' if p.default else 'NO'} DefaultTime={p.default_time} "
                     f"MaxNodes=UNLIMITED MaxTime={p.max_time} Nodes={','.join(p.nodes)} State={p.state}"
                 )
             return self._done(argv, 0, "\n".join(lines) + "\n")

@@ -72,6 +72,10 @@ class Partition:
     default: bool = False
     state: str = "UP"
     max_nodes: int | None = None
+    # Who may submit to it (AllowGroups, AllowAccounts, DenyAccounts; None: everybody).
+    allow_groups: tuple[str, ...] | None = None
+    allow_accounts: tuple[str, ...] | None = None
+    deny_accounts: tuple[str, ...] = ()
 
     @property
     def up(self) -> bool:

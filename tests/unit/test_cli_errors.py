@@ -161,3 +161,18 @@ def test_unknown_job_handle(cli_env: FakeSlurm) -> None:
 
 def test_parse_mem() -> None:
     assert parse_mem("4G") == 4096 and parse_mem("512M") == 512 and parse_mem("2048") == 2048
+
+
+def test_gpu_type_picks_the_model_and_an_unknown_one_submits_nothing(cli_env: FakeSlurm, tmp_path: Path,
+                                                                      script: Path) -> None:
+    """The CLI against the fake Slurm, gpu1's GPUs a100 and gpu2's v100: `dlsub --gpu-type v100 --gpus 1` asks
+    Slurm for gres gpu:v100:1; a kind no node has (h100) exits 2 saying which kinds there are, and submits
+    nothing."""
+    cli_env.nodes["gpu1"].gpu_type, cli_env.nodes["gpu2"].gpu_type = "a100", "v100"
+    result = invoke("--gpu-type", "v100", "--gpus", "1", "--json", str(script))
+    assert result.exit_code == 0, result.output
+    assert cli_env.submitted()[0].options["gres"] == "gpu:v100:1"
+    result = invoke("--gpu-type", "h100", "--gpus", "1", str(script))
+    assert result.exit_code == 2 and "gpu has no node with 1 h100 GPU(s) (GPU types there: a100, v100)" in \
+        result.output, result.output
+    assert len(cli_env.submitted()) == 1

@@ -364,7 +364,7 @@ def test_submit_from_a_row_whose_kind_the_partition_lacks_fails_clearly(cli_env:
     cli_env.nodes["gpu1"].gpu_type = "a100"
     _saved_estimate(tmp_path, "h100")
     result = CliRunner().invoke(main, ["submit", "--from-estimate", "0123abcd"])
-    assert result.exit_code == 2 and "partition gpu has 0 node(s) with 1 h100 GPU(s)" in result.output, result.output
+    assert result.exit_code == 2 and "gpu has no node with 1 h100 GPU(s)" in result.output, result.output
     assert "GPU types there: a100" in result.output and cli_env.submitted() == []
     est = json.loads((tmp_path / "dlsub-home" / "estimates" / "0123abcd.json").read_text())
     est["rows"][0]["gpu_type"] = "h100 --wrap=x"

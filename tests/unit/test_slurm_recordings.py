@@ -174,6 +174,21 @@ def test_partitions(recorded: RecordedSlurm) -> None:
     assert set(parts) == {"cpu", "gpu", "gpu-dev"}
     assert parts["cpu"].default and parts["gpu-dev"].max_time_min == 10
     assert parts["gpu"].max_gpus_per_node == 4
+    assert all((p.allow_groups, p.allow_accounts, p.deny_accounts) == (None, None, ()) for p in parts.values()), \
+        "AllowGroups=ALL, AllowAccounts=ALL as every version prints them: anyone"
+
+
+def test_who_a_partition_takes_as_scontrol_prints_it() -> None:
+    """Unit with the fake Slurm: AllowGroups and AllowAccounts lists (a site's model partitions), as Slurm's
+    oneliner prints them."""
+    from dlsub.slurm_plugins.fake import testbed_cluster
+
+    fake = testbed_cluster()
+    fake.partitions["gpu"].allow_groups = "a100-users,staff"
+    fake.partitions["gpu-dev"].allow_accounts = "physics"
+    parts = {p.name: p for p in SlurmClient(runner=fake).partitions()}
+    assert parts["gpu"].allow_groups == ("a100-users", "staff") and parts["gpu"].allow_accounts is None
+    assert parts["gpu-dev"].allow_accounts == ("physics",) and parts["gpu-dev"].allow_groups is None
 
 
 def test_accounting_reads_ended_jobs(recorded: RecordedSlurm) -> None:
