@@ -2,8 +2,8 @@
 
 ``STEPS`` maps each :class:`ActionKind` to its step: the write-ahead
 (``prepare``, a function: record the decision, and a move's or resize's
-intent, in the tick's first transaction; False: nothing to do in Slurm), the
-Slurm call, the phase its record enters once the call is made (a move's
+intent, in the tick's first transaction), the Slurm call (none for the
+kinds that change nothing in Slurm, ``kinds.BOOKKEEPING``), the phase its record enters once the call is made (a move's
 :class:`MovePhase`, a resize's :class:`ResizePhase`; ``ResizePhase.ENDED``:
 the record is dropped, Slurm shows the rest), and its failpoints (where a crash test
 may kill the tick: ``before`` the call, once it is ``sent`` and not yet
