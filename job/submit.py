@@ -164,9 +164,8 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     mounts, warnings = check_mounts(req.mounts, req.workdir)
     if req.site_paths is not None:
         _check_seen_by_nodes(req.site_paths, script, req.workdir, settings.jobs_dir, mounts)
-    _check_gpu_type_name(req)
+    _check_gpu_type(req)
     choice = _choose_partition(client, req, cpus, mem_mb)
-    _check_gpu_type(client, req, choice)
     if waits:
         choice = dataclasses.replace(choice, reason="its script uses no dlsub library, so it waits for GPUs "
                                      "rather than start on CPUs (the site's policy.toml [moves] plain_scripts = "
@@ -475,7 +474,7 @@ def _account(client: SlurmClient) -> str | None:
     return os.environ.get("SBATCH_ACCOUNT") or client.default_account(getpass.getuser())
 
 
-def _check_gpu_type_name(req: SubmitRequest) -> None:
+def _check_gpu_type(req: SubmitRequest) -> None:
     """Refuse a GPU type that is not a GRES type's name, or that asks for no GPUs, before any partition is
     chosen by it."""
     if not req.gpu_type:
@@ -485,20 +484,6 @@ def _check_gpu_type_name(req: SubmitRequest) -> None:
                           "'-'; e.g. a100)")
     if req.gpus_per_node < 1:
         raise SubmitError(f"GPU type {req.gpu_type}: the job asks for no GPUs; give --gpus N")
-
-
-def _check_gpu_type(client: SlurmClient, req: SubmitRequest, choice: Choice) -> None:
-    """Refuse a GPU type that the chosen partition's nodes do not have in the number asked (one the user named
-    with -p; sbatch would refuse it with a less helpful message)."""
-    if not req.gpu_type:
-        return
-    where = choice.ideal_partition or choice.partition
-    nodes = [n for p in client.partitions() if p.name == where for n in p.nodes]
-    fit = [n for n in nodes if n.gpu_type == req.gpu_type and n.gpus >= req.gpus_per_node]
-    if len(fit) < req.nodes:
-        kinds = sorted({n.gpu_type for n in nodes if n.gpu_type})
-        raise SubmitError(f"partition {where} has {len(fit)} node(s) with {req.gpus_per_node} {req.gpu_type} "
-                          f"GPU(s), the job needs {req.nodes} (GPU types there: {', '.join(kinds) or 'none named'})")
 
 
 def _container_spec(req: SubmitRequest, settings: Settings, script: Path, image: str, job_dir: Path) -> ContainerSpec:

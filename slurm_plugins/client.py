@@ -167,25 +167,26 @@ class SlurmClient:
         """slurmctld's running configuration (``scontrol show config``)."""
         return parse_config(self._run(["scontrol", "show", "config"]).stdout)
 
+    def _user_field(self, user: str, field: str) -> str | None:
+        """One field of ``user``'s record in Slurm's accounting (``sacctmgr show user``), stripped; None when it
+        has no association (or there is no accounting)."""
+        result = self._run(["sacctmgr", "-n", "-P", "show", "user", user, f"format=User,{field}"], check=False)
+        for line in result.stdout.splitlines():
+            name, _, value = line.partition("|")
+            if name == user:
+                return value.strip()
+        return None
+
     def admin_level(self, user: str) -> str | None:
         """An account's Slurm admin level (``None``, ``Operator``, ``Administrator``); None when it has no
         association (or there is no accounting)."""
-        result = self._run(["sacctmgr", "-n", "-P", "show", "user", user, "format=User,AdminLevel"], check=False)
-        for line in result.stdout.splitlines():
-            name, _, level = line.partition("|")
-            if name == user:
-                return level.strip() or "None"
-        return None
+        level = self._user_field(user, "AdminLevel")
+        return None if level is None else level or "None"
 
     def default_account(self, user: str) -> str | None:
         """The account a job of ``user`` runs under when it names none (its association's DefaultAccount); None
         when it has none (or there is no accounting)."""
-        result = self._run(["sacctmgr", "-n", "-P", "show", "user", user, "format=User,DefaultAccount"], check=False)
-        for line in result.stdout.splitlines():
-            name, _, account = line.partition("|")
-            if name == user and account.strip():
-                return account.strip()
-        return None
+        return self._user_field(user, "DefaultAccount") or None
 
     def ping(self) -> None:
         """Raise :class:`SlurmUnreachable` unless the primary slurmctld answers."""
