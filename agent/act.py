@@ -3,9 +3,10 @@
 ``STEPS`` maps each :class:`ActionKind` to its step: the write-ahead
 (``prepare``, a function: record the decision, and a move's or resize's
 intent, in the tick's first transaction), the Slurm call (none for the
-kinds that change nothing in Slurm, ``kinds.BOOKKEEPING``), the phase its record enters once the call is made (a move's
-:class:`MovePhase`, a resize's :class:`ResizePhase`; ``ResizePhase.ENDED``:
-the record is dropped, Slurm shows the rest), and its failpoints (where a crash test
+kinds that change nothing in Slurm, ``kinds.BOOKKEEPING``), the phase its
+record enters once the call is made (a move's :class:`MovePhase`, a resize's
+:class:`ResizePhase`; ``ResizePhase.ENDED``: the record is dropped, Slurm
+shows the rest), and its failpoints (where a crash test
 may kill the tick: ``before`` the call, once it is ``sent`` and not yet
 recorded, and ``after`` its outcome is recorded).
 
@@ -148,7 +149,7 @@ def act(client: SlurmClient, obs: Observation, plan: Plan, ahead: Writes, now: f
         except Exception as exc:  # noqa: BLE001 - one job's failure never stops the others
             row = obs.followed[action.slurm_job_id].row
             outcome.record_decision(now, row.uid, row.dlsub_id, action.slurm_job_id, row.user, "error",
-                           f"{action.kind} failed: {exc}")
+                                    f"{action.kind} failed: {exc}")
             log.warning("%s %s failed: %s", action.kind, action.dlsub_id, exc)
     return Outcome(outcome, tuple(done), (*done, *finished))
 
@@ -196,7 +197,7 @@ def _resize(client: SlurmClient, obs: Observation, resize: Resize, now: float, o
         if written_ahead(resize.kind) and resize.worker is not None:
             outcome.ended_resizes.add(resize.worker)  # not done: decided afresh next tick
         outcome.record_decision(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "error",
-                       f"{resize.kind} failed: {exc}")
+                                f"{resize.kind} failed: {exc}")
         log.warning("%s %s failed: %s", resize.kind, resize.dlsub_id, exc)
         return False
 
@@ -221,8 +222,8 @@ def _tell_batch(obs: Observation, job: ElasticJob, resize: Resize, now: float, o
         publish_batch(Path(job_dir), job.uid, resize.batch_size, resize.accumulation_steps, resize.reason)
     except (MailboxError, ValueError) as exc:
         outcome.record_decision(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, "skipped",
-                       f"the new batch size ({resize.batch_size}) was not told to the job: {exc}; it "
-                       "keeps the batch it has")
+                                f"the new batch size ({resize.batch_size}) was not told to the job: {exc}; it "
+                                "keeps the batch it has")
 
 
 # ---------------------------------------------------------------- write-ahead, one function per kind of step
@@ -304,8 +305,8 @@ def _prepare_place(obs: Observation, action: Action, now: float, writes: Writes)
 def _prepare_resize(obs: Observation, resize: Resize, now: float, writes: Writes) -> None:
     job = _elastic_job(obs, resize)
     writes.record_decision(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, resize.kind, resize.reason,
-                  {"worker": _worker_text(resize), "partition": resize.partition, "node": resize.node,
-                   "nodes_before": job.members_now, "gpus_before": job.gpus_now})
+                           {"worker": _worker_text(resize), "partition": resize.partition, "node": resize.node,
+                            "nodes_before": job.members_now, "gpus_before": job.gpus_now})
     if written_ahead(resize.kind) and resize.worker is not None:
         writes.resizes[resize.worker] = ResizeRow(
             resize.worker, job.uid, job.dlsub_id, job.slurm_job_id, resize.kind, ResizePhase.PLANNED, now,

@@ -246,8 +246,7 @@ def _size_by_policy(obs: Observation, rules: Rules, models: LiveModels, policy: 
 
 
 def place_waiting_jobs(obs: Observation, rooms: Sequence[PartitionView], rules: Rules, models: LiveModels,
-                       policy: Policy,
-                       now: float) -> tuple[list[Action], tuple[PartitionView, ...]]:
+                       policy: Policy, now: float) -> tuple[list[Action], tuple[PartitionView, ...]]:
     """Where the site sizes elastic jobs across GPU kinds (``[goodput] across_gpu_types``): the kind each elastic
     job waiting in a partition of two or more kinds is asked for as (:func:`place_waiting`), and the rooms
     with their waiting GPUs counted against those kinds. A job that never ran is known by its command (the

@@ -163,8 +163,8 @@ def ignore(seen: Seen, owner: int, now: float, writes: Writes) -> None:
                  JobData(ignored=True))
     writes.jobs[row.key()] = row
     writes.record_decision(now, row.uid, row.dlsub_id, row.slurm_job_id, row.user, "ignored",
-                  f"this Slurm job's comment names dlsub job {row.dlsub_id}, which belongs to another user: "
-                  "the agent ignores this job (it never acts on it or reads its files)")
+                           f"this Slurm job's comment names dlsub job {row.dlsub_id}, which belongs to another user: "
+                           "the agent ignores this job (it never acts on it or reads its files)")
     log.warning("Slurm job %s (uid %s) claims dlsub id %s of uid %s: ignored", row.slurm_job_id, row.uid,
                 row.dlsub_id, owner)
 
