@@ -37,7 +37,7 @@ from dlsub.policies.actions.partition_view import PartitionView
 from dlsub.policies.actions.resize_rules import ElasticJob, WorkerTask
 from dlsub.policies.api import IdleNode
 from dlsub.site_config.policy_file import AgentPolicy
-from dlsub.slurm_plugins.models import Partition, SlurmJob
+from dlsub.slurm_plugins.models import Partition, SlurmJob, user_groups
 
 log = logging.getLogger("dlsub.agent")
 
@@ -185,8 +185,8 @@ def observe(ctx: ObserveWith, store: StoreSnapshot, slurm_jobs: list[SlurmJob], 
     waiting = _waiting(ctx.rules, slurm_jobs, moves, queue.worker_ids, known)
     views = tuple(waiting.view(p, ctx.policy) for p in partitions)
     infos = [s.info for s in observed if s.info is not None]
-    infos = ctx.budgets.attach(infos, {s.job.job_id: str(s.job.extra.get("account") or "") for s in observed},
-                               now)
+    accounts = {s.job.job_id: str(s.job.extra.get("account") or "") for s in observed}
+    infos = _barred(ctx.budgets.attach(infos, accounts, now), accounts, partitions)
     node_types = {n.name: n.gpu_type for p in partitions for n in p.nodes if n.gpu_type}
     elastic = _elastic_jobs(followed, queue.workers, rows, bindings, moves, node_types)
     mains = [s for s in followed if s.request.elastic_main]
@@ -333,6 +333,17 @@ def _observe_followed(ctx: ObserveWith, followed: list[Seen], moves: Mapping[tup
         if info is not None:
             observed.append(dataclasses.replace(seen, info=info))
     return observed, skipped + unread, late
+
+
+def _barred(infos: list[JobInfo], accounts: Mapping[int, str], partitions: list[Partition]) -> list[JobInfo]:
+    """``infos`` with the partitions Slurm would refuse each job (its user's groups, its account) filled in.
+    Only where some partition restricts who may use it are the users' groups looked up."""
+    if not any(p.allow_groups is not None or p.allow_accounts is not None or p.deny_accounts for p in partitions):
+        return infos
+    groups = {user: user_groups(user) for user in {i.user for i in infos}}
+    return [dataclasses.replace(i, barred=frozenset(
+        p.name for p in partitions if p.refuses(groups[i.user], accounts.get(i.slurm_job_id) or None)))
+        for i in infos]
 
 
 @dataclass(frozen=True)

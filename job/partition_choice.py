@@ -67,22 +67,10 @@ def _node_free(node: SlurmNode, req: Request) -> bool:
             and _kind_fits(node, req))
 
 
-def _refuses(p: Partition, req: Request) -> str | None:
-    """Why Slurm would refuse this user's job on ``p`` (None: it takes it, or who asks is not known)."""
-    if p.allow_groups is not None and req.groups is not None and not req.groups & set(p.allow_groups):
-        return f"{p.name} is for the groups {', '.join(p.allow_groups)} only (you are in none of them)"
-    if req.account is not None:
-        if p.allow_accounts is not None and req.account not in p.allow_accounts:
-            return f"{p.name} takes the accounts {', '.join(p.allow_accounts)} only (this job's: {req.account})"
-        if req.account in p.deny_accounts:
-            return f"{p.name} refuses account {req.account}"
-    return None
-
-
 def _why_not(p: Partition, req: Request) -> str | None:
     if not p.up:
         return f"{p.name} is {p.state}"
-    refused = _refuses(p, req)
+    refused = p.refuses(req.groups, req.account)
     if refused:
         return refused
     if req.time_limit_min is not None and p.max_time_min is not None and req.time_limit_min > p.max_time_min:

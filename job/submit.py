@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import getpass
-import grp
 import os
 import shutil
 import uuid
@@ -43,6 +42,7 @@ from dlsub.job.user_store import JobRecord, JobStore
 from dlsub.job.venv import VenvError, site_packages
 from dlsub.site_config.policy_file import SitePaths
 from dlsub.slurm_plugins.client import SlurmClient
+from dlsub.slurm_plugins.models import user_groups
 from dlsub.slurm_plugins.sbatch import BatchSpec, render_sbatch, safe_job_name
 
 
@@ -436,7 +436,7 @@ def _choose_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb
         parts,
         Request(gpus_per_node=req.gpus_per_node, cpus=cpus, mem_mb=mem_mb, time_limit_min=req.time_limit_min,
                 nodes=req.nodes, partition=req.partition, immediate=req.mode == "immediate",
-                gpu_type=req.gpu_type or None, groups=_my_groups(),
+                gpu_type=req.gpu_type or None, groups=user_groups(getpass.getuser()),
                 account=_account(client) if any(p.allow_accounts is not None or p.deny_accounts for p in parts)
                 else None),
     )
@@ -454,18 +454,6 @@ def _choose_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb
         raise SubmitError(f"--nodes {req.nodes}:{req.max_members}: partition {choice.partition} has only "
                           f"{len(chosen.nodes)} nodes; ask for at most {len(chosen.nodes)}")
     return choice
-
-
-def _my_groups() -> frozenset[str]:
-    """The names of the groups this process is in, as a partition's AllowGroups names them (one that does not
-    resolve is left out: no AllowGroups can name it)."""
-    names = set()
-    for gid in {os.getgid(), *os.getgroups()}:
-        try:
-            names.add(grp.getgrgid(gid).gr_name)
-        except KeyError:
-            continue
-    return frozenset(names)
 
 
 def _account(client: SlurmClient) -> str | None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,9 +84,41 @@ class Partition:
     def up(self) -> bool:
         return self.state.upper() == "UP"
 
+    def refuses(self, groups: frozenset[str] | None, account: str | None) -> str | None:
+        """Why Slurm would refuse a job of a user in ``groups`` under ``account`` here (None: it takes it).
+
+        Either None: not known, and not checked (Slurm checks at submit and at an update of the job's
+        partition). Submit asks it for the user who submits, the agent for the owner of a job it would move.
+        """
+        if self.allow_groups is not None and groups is not None and not groups & set(self.allow_groups):
+            return f"{self.name} is for the groups {', '.join(self.allow_groups)} only (its user is in none of them)"
+        if account is not None:
+            if self.allow_accounts is not None and account not in self.allow_accounts:
+                return f"{self.name} takes the accounts {', '.join(self.allow_accounts)} only (this job's: {account})"
+            if account in self.deny_accounts:
+                return f"{self.name} refuses account {account}"
+        return None
+
     @property
     def max_gpus_per_node(self) -> int:
         return max((n.gpus for n in self.nodes), default=0)
+
+
+def user_groups(user: str) -> frozenset[str] | None:
+    """The names of ``user``'s groups as this host resolves them (NSS: the same directory slurmctld asks for
+    AllowGroups); None when the user is not known here, and then no partition is refused for their groups."""
+    try:
+        gid = pwd.getpwnam(user).pw_gid
+        gids = os.getgrouplist(user, gid)
+    except (KeyError, OSError):
+        return None
+    names = set()
+    for g in gids:
+        try:
+            names.add(grp.getgrgid(g).gr_name)
+        except KeyError:
+            continue  # a gid without a name: no AllowGroups can name it
+    return frozenset(names)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ Slurm or reads files, so every rule is tested with a fake clock.
 Rules, checked for each job every tick:
 
 * **Move** (immediate mode): a job running on a CPU or dev partition while
-  its ideal GPU partition has room moves there, if it saves when asked
+  its ideal GPU partition has room moves there (or, when another partition
+  the policy file calls a GPU partition frees first, there: one Slurm would
+  take it on, of the GPU kind it asked for, whose MaxTime holds its limit;
+  the one that saves the most, the ideal one on a tie), if it saves when asked
   (``Reported.checkpointable``: it has checkpointed, its loop polls
   ``run.should_stop()``, or a framework adapter said so at its start), the
   policy allows moving its owner's jobs, the owner stays within the GPU
@@ -203,18 +206,18 @@ def uses_no_library(job: JobInfo, now: float, rules: Rules) -> bool:
 NO_LIBRARY = "it uses no dlsub library, so it never checkpoints"
 
 
-def _restart_or_note(job: JobInfo, here: PartitionView | None, ideal: PartitionView, rules: Rules,
+def _restart_or_note(job: JobInfo, here: PartitionView | None, target: PartitionView, rules: Rules,
                      now: float) -> Action | None:
-    """None: this job that uses no library may be restarted on ``ideal`` from scratch; else a note why not."""
+    """None: this job that uses no library may be restarted on ``target`` from scratch; else a note why not."""
     common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
     if rules.plain_scripts != "restart":
-        return Action(K.NOTE, reason=f"not moved to {ideal.name}: {NO_LIBRARY}, and the site does not restart "
+        return Action(K.NOTE, reason=f"not moved to {target.name}: {NO_LIBRARY}, and the site does not restart "
                       "such jobs (policy.toml [moves] plain_scripts = \"wait\"); it runs here to its end", **common)
     lost = max(0.0, now - job.start_time)
-    redo = lost * (here.speed if here else 1.0) / ideal.speed
+    redo = lost * (here.speed if here else 1.0) / target.speed
     if lost > rules.restart_plain_max_s:
         return Action(K.NOTE, reason=(
-            f"not restarted on {ideal.name}: {NO_LIBRARY}; a restart would lose its {_hours(lost)} of work here, "
+            f"not restarted on {target.name}: {NO_LIBRARY}; a restart would lose its {_hours(lost)} of work here, "
             f"more than the {_hours(rules.restart_plain_max_s)} the site allows (policy.toml [moves] "
             "restart_plain_max_s); it runs here to its end"), details={"lost_s": round(lost), "redo_s": round(redo),
                                                                         "bound_s": round(rules.restart_plain_max_s)},
@@ -222,55 +225,91 @@ def _restart_or_note(job: JobInfo, here: PartitionView | None, ideal: PartitionV
     return None
 
 
+# A move's candidate: the job, the seconds the move would save (None: a restart from scratch of a job that
+# uses no library), and the partition it would move to.
+Candidate = tuple[JobInfo, float | None, PartitionView]
+
+
+def _has_room(part: PartitionView, job: JobInfo, rules: Rules) -> bool:
+    """Whether ``part`` could start ``job`` on its GPUs now, after the jobs already waiting there."""
+    gpus = job.asked.gpus_wanted
+    if part.idle_gpus - part.waiting_gpus < gpus:
+        return False
+    return any(n.fits(gpus, rules.job_cpus) and (not job.asked.gpu_type or n.gpu_type == job.asked.gpu_type)
+               for n in part.nodes)
+
+
+def _may_go(part: PartitionView, job: JobInfo) -> bool:
+    """Whether ``job`` may be moved to ``part``, a GPU partition other than the one submit chose for it: the
+    policy file calls it a GPU partition, Slurm would take the job there, and its limit fits the job's own
+    (a move never cuts a job's time limit; one unknown fits no bounded partition)."""
+    limit = job.asked.time_limit_min
+    return (part.role == "gpu" and part.name not in job.barred and part.name != job.partition
+            and (part.max_time_s is None or (limit is not None and limit * 60 <= part.max_time_s)))
+
+
+def _targets(job: JobInfo, partitions: dict[str, PartitionView], rules: Rules) -> list[PartitionView]:
+    """Where ``job`` could move now: its ideal partition first, then any other GPU partition it may use, each
+    with room for it now (its GPUs idle on one node, of the kind it asked for if it named one)."""
+    ideal = partitions.get(job.asked.ideal_partition)
+    others = sorted((p for p in partitions.values() if p is not ideal and _may_go(p, job)), key=lambda p: p.name)
+    return [p for p in ([ideal] if ideal is not None else []) + others if _has_room(p, job, rules)]
+
+
 def _move_candidates(jobs: Sequence[JobInfo], partitions: dict[str, PartitionView], rules: Rules,
-                     now: float) -> tuple[list[tuple[JobInfo, float | None]], list[Action]]:
-    """Jobs that could move onto their ideal GPU partition now, with the seconds a move would save (None: a
-    restart from scratch of a job that uses no library), and notes on those that should not move."""
-    candidates: list[tuple[JobInfo, float | None]] = []
+                     now: float) -> tuple[list[Candidate], list[Action]]:
+    """Jobs that could move onto GPUs now (their ideal partition, or another GPU partition they may use when
+    that one frees first), each with where it would go and the seconds it would save, and notes on those that
+    should not move."""
+    candidates: list[Candidate] = []
     notes = []
     for job in jobs:
         if job.move is not None or job.state != "RUNNING" or job.asked.mode != "immediate" or job.gang:
             continue
-        here, ideal = partitions.get(job.partition), partitions.get(job.asked.ideal_partition)
-        if ideal is None or job.partition == job.asked.ideal_partition or job.asked.gpus_wanted <= 0:
+        here = partitions.get(job.partition)
+        if job.partition == job.asked.ideal_partition or job.asked.gpus_wanted <= 0:
             continue
         if job.history.backfilled_from:
             continue  # placed by backfill: returns when the window closes
+        if here is not None and here.role == "gpu" and job.gpus_now > 0:
+            continue  # on GPUs already: moved to a GPU partition that freed before its ideal one
+        targets = _targets(job, partitions, rules)
+        if not targets:
+            continue  # nothing to decide yet: no room anywhere it may go
         common: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
-        free = ideal.idle_gpus - ideal.waiting_gpus
-        if not ideal.idle_node_for(job.asked.gpus_wanted, rules.job_cpus) or free < job.asked.gpus_wanted:
-            continue  # nothing to decide yet: no room there
+        first = targets[0]
         if not rules.may_move(job.user):
-            notes.append(Action(K.NOTE, reason=f"not moved to {ideal.name}: the site policy does not move "
+            notes.append(Action(K.NOTE, reason=f"not moved to {first.name}: the site policy does not move "
                                 f"{job.user}'s jobs", **common))
             continue
         if uses_no_library(job, now, rules):
-            note = _restart_or_note(job, here, ideal, rules, now)
+            note = _restart_or_note(job, here, first, rules, now)
             if note is None:
-                candidates.append((job, None))
+                candidates.append((job, None, first))
             else:
                 notes.append(note)
             continue
         if not job.reported.checkpointable:
-            notes.append(Action(K.NOTE, reason=f"not moved to {ideal.name}: the job has not written a checkpoint "
+            notes.append(Action(K.NOTE, reason=f"not moved to {first.name}: the job has not written a checkpoint "
                                 "yet, nor asked run.should_stop() (only jobs that save when asked are moved)",
                                 **common))
             continue
         eta, basis = remaining_s(job)
         if eta is None:
-            notes.append(Action(K.NOTE, reason=f"not moved to {ideal.name} yet: no progress reported, so no "
+            notes.append(Action(K.NOTE, reason=f"not moved to {first.name} yet: no progress reported, so no "
                                 "estimate of the time a move would save", **common))
             continue
         speed_here = here.speed if here else 1.0
-        eta_there = eta * speed_here / ideal.speed
-        saved = eta - eta_there - rules.restart_cost_s
+        # The target that saves the most; the ideal one on a tie (max keeps the first).
+        saved, best = max(((eta - eta * speed_here / t.speed - rules.restart_cost_s, t) for t in targets),
+                          key=lambda st: st[0])
         if saved < rules.min_saving_s:
             notes.append(Action(K.NOTE, reason=(
-                f"not moved to {ideal.name}: it would save about {_hours(max(saved, 0))} after a restart "
+                f"not moved to {best.name}: it would save about {_hours(max(saved, 0))} after a restart "
                 f"costing {_hours(rules.restart_cost_s)}, less than the {_hours(rules.min_saving_s)} a move must "
                 f"save (ETA {_hours(eta)} here{'; ' + basis if basis else ''})"), **common))
             continue
-        candidates.append((job, saved))
+        candidates.append((job, saved, best))
     return candidates, notes
 
 
@@ -350,21 +389,22 @@ def _grant(job: JobInfo, seconds: float | None, part: PartitionView, granted: Gr
         granted[budget.scope] = (used_h + hours, used_c + hours * part.cost_per_node_hour)
 
 
-def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[int, Usage],
+def _choose_movers(candidates: list[Candidate], usage: dict[int, Usage],
                    partitions: dict[str, PartitionView], rules: Rules, now: float,
                    granted: Granted | None = None) -> list[Action]:
-    """Which candidates take the idle GPUs, by the configured scheduling policy."""
+    """Which candidates take the idle GPUs of the partition each would move to, by the configured scheduling
+    policy."""
     actions = []
     granted = {} if granted is None else granted
-    by_ideal: dict[str, list[tuple[JobInfo, float | None]]] = {}
-    for job, saved in candidates:
-        by_ideal.setdefault(job.asked.ideal_partition, []).append((job, saved))
-    for name, group in by_ideal.items():
-        ideal = partitions[name]
-        # The ideal partition's idle GPUs, minus what jobs already waiting there want.
-        spare = ideal.waiting_gpus
+    by_target: dict[str, list[tuple[JobInfo, float | None]]] = {}
+    for job, saved, target in candidates:
+        by_target.setdefault(target.name, []).append((job, saved))
+    for name, group in by_target.items():
+        there = partitions[name]
+        # The partition's idle GPUs, minus what jobs already waiting there want.
+        spare = there.waiting_gpus
         nodes = []
-        for node in ideal.nodes:
+        for node in there.nodes:
             take = min(spare, node.gpus)
             spare -= take
             if node.gpus - take > 0:
@@ -391,43 +431,45 @@ def _choose_movers(candidates: list[tuple[JobInfo, float | None]], usage: dict[i
             # Its remaining work at the target's speed, plus the restart, is what the move adds there.
             here = partitions.get(job.partition)
             there_s = None if eta is None else (
-                eta * (here.speed if here else 1.0) / ideal.speed + rules.restart_cost_s)
-            broke = _over_budget(job, there_s, ideal, rules, granted)
+                eta * (here.speed if here else 1.0) / there.speed + rules.restart_cost_s)
+            broke = _over_budget(job, there_s, there, rules, granted)
             if broke:
                 actions.append(Action(K.NOTE, job.dlsub_id, job.slurm_job_id, f"not moved to {name}: {broke}",
                                       details={"budget": "exceeded", "seconds_there": round(there_s or 0.0)}))
                 continue
-            _grant(job, there_s, ideal, granted)
+            _grant(job, there_s, there, granted)
             _charge(usage, job.uid, max(0, gpus - job.gpus_now))
             if saved is None:
-                actions.append(_restart(job, here, ideal, gpus, now))
+                actions.append(_restart(job, here, there, gpus, now))
                 continue
             # Never below 0: the tick's clock is read before the job's newest events, which may be newer.
             age = max(0.0, now - job.reported.last_checkpoint_time) if job.reported.last_checkpoint_time else None
             actions.append(Action(
                 K.SIGNAL_MOVE, job.dlsub_id, job.slurm_job_id,
-                f"moving to {name}: {ideal.idle_gpus} GPU(s) idle"
+                f"moving to {name}: {there.idle_gpus} GPU(s) idle"
                 + (f", checkpoint {_hours(age)} old" if age is not None else "")
-                + f", est. {_hours(saved)} saved" + (f" ({basis})" if basis else ""),
+                + f", est. {_hours(saved)} saved" + (f" ({basis})" if basis else "")
+                + (f"; {job.asked.ideal_partition}, where it was to go, has no room for it now"
+                   if name != job.asked.ideal_partition else ""),
                 partition=name, gpus=gpus, gpu_type=job.asked.gpu_type or "",
-                details={"saved_s": round(saved), "idle_gpus": ideal.idle_gpus, "eta_s": round(eta or 0.0),
+                details={"saved_s": round(saved), "idle_gpus": there.idle_gpus, "eta_s": round(eta or 0.0),
                          "checkpoint_age_s": round(age) if age is not None else None,
                          "eta_basis": basis or None},
             ))
     return actions
 
 
-def _restart(job: JobInfo, here: PartitionView | None, ideal: PartitionView, gpus: int, now: float) -> Action:
-    """Requeue a job that uses no library onto ``ideal``, from scratch, saying what it loses."""
+def _restart(job: JobInfo, here: PartitionView | None, target: PartitionView, gpus: int, now: float) -> Action:
+    """Requeue a job that uses no library onto ``target``, from scratch, saying what it loses."""
     lost = max(0.0, now - job.start_time)
-    redo = lost * (here.speed if here else 1.0) / ideal.speed
+    redo = lost * (here.speed if here else 1.0) / target.speed
     where = f"on {here.name} " if here else ""
     return Action(
         K.RESTART, job.dlsub_id, job.slurm_job_id,
-        f"restarting on {ideal.name} from scratch: {NO_LIBRARY}; {_hours(lost)} of work {where}lost, redone "
-        f"there in about {_hours(redo)}; {ideal.idle_gpus} GPU(s) idle",
-        partition=ideal.name, gpus=gpus, move_kind=MoveKind.RESTART, gpu_type=job.asked.gpu_type or "",
-        details={"lost_s": round(lost), "redo_s": round(redo), "idle_gpus": ideal.idle_gpus},
+        f"restarting on {target.name} from scratch: {NO_LIBRARY}; {_hours(lost)} of work {where}lost, redone "
+        f"there in about {_hours(redo)}; {target.idle_gpus} GPU(s) idle",
+        partition=target.name, gpus=gpus, move_kind=MoveKind.RESTART, gpu_type=job.asked.gpu_type or "",
+        details={"lost_s": round(lost), "redo_s": round(redo), "idle_gpus": target.idle_gpus},
     )
 
 

@@ -117,6 +117,9 @@ class JobInfo:
     gang: bool = False
     # The budgets that bound this job's owner (user's, account's); empty: none, anything may move.
     budgets: tuple[BudgetLeft, ...] = ()
+    # The partitions Slurm would refuse this job (AllowGroups, AllowAccounts, DenyAccounts against its user's
+    # groups and its account): never a move's target.
+    barred: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

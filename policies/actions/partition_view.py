@@ -31,9 +31,6 @@ class PartitionView:
     def idle_gpus(self) -> int:
         return sum(n.gpus for n in self.nodes)
 
-    def idle_node_for(self, gpus: int, cpus: int) -> bool:
-        return any(n.fits(gpus, cpus) for n in self.nodes)
-
     def _idle(self, freed: dict[str, int] | None) -> list[tuple[IdleNode, int]]:
         back = freed or {}
         return [(n, n.gpus + back.get(n.name, 0)) for n in self.nodes]

@@ -7,8 +7,10 @@ loop, the deadline, one job's failure, and what the tick writes.
 
 from __future__ import annotations
 
+import grp
 import json
 import os
+import pwd
 import stat
 import time
 from pathlib import Path
@@ -20,6 +22,7 @@ from agent_world import ME, NOW, OTHER, World, policy
 from dlsub.agent import observe as observe_module
 from dlsub.agent.agent_store import AgentStore
 from dlsub.agent.store_rows import Writes
+from dlsub.slurm_plugins.fake import FakeNode, FakePartition, FakeSlurm
 
 
 def test_a_move_runs_through_by_restart_count_and_partition(tmp_path: Path) -> None:
@@ -415,3 +418,33 @@ def test_rows_kept_while_the_agent_may_still_need_them() -> None:
     moves = {(ME, 3): MoveRow.__new__(MoveRow)}
     workers = {(ME, "a4"): [WorkerTask.__new__(WorkerTask)]}
     assert forgotten_rows(rows, listed, moves, workers) == [(ME, 1)]
+
+
+def _two_gpu_partitions(allow_groups: str) -> FakeSlurm:
+    """The testbed's shape with a partition per model: gpu (gpu1) and gpu-v100 (gpu2, ``allow_groups``)."""
+    return FakeSlurm(
+        nodes=[FakeNode("cpu1", ["cpu"]), FakeNode("gpu1", ["gpu"], gpus=4), FakeNode("gpu2", ["gpu-v100"], gpus=4)],
+        partitions=[FakePartition("cpu", ["cpu1"], default=True), FakePartition("gpu", ["gpu1"]),
+                    FakePartition("gpu-v100", ["gpu2"], allow_groups=allow_groups)])
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_a_job_moves_to_another_gpu_partition_only_where_slurm_admits_its_user(tmp_path: Path,
+                                                                               allowed: bool) -> None:
+    """Unit (stateful fake Slurm): gpu, the job's ideal partition, is full and gpu-v100 idle. The agent moves
+    it there when the partition's AllowGroups names a group of its user (as this host resolves them), and
+    leaves it on cpu when it names none of them."""
+    me = pwd.getpwuid(ME).pw_name
+    mine = grp.getgrgid(os.getgid()).gr_name
+    pol = policy(partitions={"gpu": {"role": "gpu"}, "gpu-v100": {"role": "gpu"}, "cpu": {"role": "cpu",
+                                                                                           "speed": 0.1}})
+    w = World(tmp_path, pol, fake=_two_gpu_partitions(f"{mine},other" if allowed else "no-such-group-here"))
+    w.fake.nodes["gpu1"].gpus_used = 4
+    job_id, job_dir = w.submit("0123abcd", user=me)
+    w.progress(job_dir, job_id)
+    actions = w.agent().tick(NOW)
+    if allowed:
+        assert [(a.kind, a.partition) for a in actions] == [("signal-move", "gpu-v100")], actions
+        assert "gpu, where it was to go, has no room for it now" in actions[0].reason
+    else:
+        assert actions == [] and w.fake.jobs[job_id].signals == []

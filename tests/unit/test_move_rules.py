@@ -238,3 +238,67 @@ def test_a_job_that_asked_for_a_kind_of_gpu_moves_onto_that_kind_only() -> None:
             typed[1]]
     (move,) = m.plan([job(gpu_type="a100")], free, RULES, NOW)
     assert (move.kind, move.partition, move.gpu_type) == (K.SIGNAL_MOVE, "gpu", "a100")
+
+
+def two_models(a100_idle: int = 0, l40s_idle: int = 4, **l40s: object) -> list[PartitionView]:
+    """A site with a partition per GPU model (the admin guide's "A partition per model"): gpu (a100), the
+    ideal partition submit chose, and gpu-l40s, slower, beside the CPU partition the job started on."""
+    return [
+        PartitionView("gpu", (IdleNode("a1", a100_idle, 4, gpu_type="a100"),), role="gpu", speed=1.0),
+        replace(PartitionView("gpu-l40s", (IdleNode("l1", l40s_idle, 4, gpu_type="l40s"),), role="gpu", speed=0.5),
+                **l40s),  # type: ignore[arg-type]
+        PartitionView("gpu-dev", (IdleNode("a1", a100_idle, 4, gpu_type="a100"),), role="dev", max_time_s=600),
+        PartitionView("cpu", (IdleNode("cpu1", 0, 4),), role="cpu", speed=0.1),
+    ]
+
+
+def test_a_job_moves_to_the_gpu_partition_that_frees_first_and_says_its_ideal_one_is_full() -> None:
+    (a,) = m.plan([job()], two_models(), RULES, NOW)
+    assert (a.kind, a.partition, a.gpus, a.gpu_type) == (K.SIGNAL_MOVE, "gpu-l40s", 1, "")
+    assert a.reason.endswith("; gpu, where it was to go, has no room for it now"), a.reason
+    # 3 h at 0.1 here, 0.6 h at 0.5 there, less the 60 s restart.
+    assert a.details["saved_s"] == round(3 * 3600 - 3 * 3600 * 0.1 / 0.5 - 60)
+
+
+def test_with_both_free_the_one_that_saves_most_wins_and_a_tie_goes_to_the_ideal_one() -> None:
+    (a,) = m.plan([job()], two_models(a100_idle=4), RULES, NOW)
+    assert a.partition == "gpu" and "where it was to go" not in a.reason
+    (tie,) = m.plan([job()], two_models(a100_idle=4, speed=1.0), RULES, NOW)
+    assert tie.partition == "gpu", "equal speeds: the ideal partition"
+    (faster,) = m.plan([job()], two_models(a100_idle=4, speed=2.0), RULES, NOW)
+    assert faster.partition == "gpu-l40s", "a faster partition the job may use saves more"
+
+
+def test_no_move_to_a_partition_slurm_would_refuse_the_policy_calls_no_gpu_one_or_of_another_kind() -> None:
+    assert m.plan([job(barred=frozenset({"gpu-l40s"}))], two_models(), RULES, NOW) == []
+    assert m.plan([job()], two_models(role="dev"), RULES, NOW) == [], "only the policy's GPU partitions"
+    assert m.plan([job()], two_models(role=None), RULES, NOW) == []
+    assert m.plan([job(gpu_type="a100")], two_models(), RULES, NOW) == [], "it asked for a100s"
+    (typed,) = m.plan([job(gpu_type="l40s", ideal_partition="gpu")], two_models(), RULES, NOW)
+    assert (typed.partition, typed.gpu_type) == ("gpu-l40s", "l40s")
+
+
+def test_no_move_to_a_partition_whose_max_time_would_cut_the_jobs_limit() -> None:
+    short = two_models(max_time_s=3600.0)
+    assert m.plan([job(time_limit_min=120)], short, RULES, NOW) == []
+    assert m.plan([job()], short, RULES, NOW) == [], "a limit not known fits no bounded partition"
+    (a,) = m.plan([job(time_limit_min=60)], short, RULES, NOW)
+    assert a.partition == "gpu-l40s"
+
+
+def test_jobs_waiting_there_keep_their_gpus_and_a_job_on_gpus_already_stays() -> None:
+    assert m.plan([job()], two_models(waiting_gpus=4, waiting_per_node=4), RULES, NOW) == []
+    on_l40s = job(partition="gpu-l40s", gpus_now=1)
+    assert m.plan([on_l40s], two_models(a100_idle=4), RULES, NOW) == [], "moved once, not again to its ideal one"
+
+
+def test_a_move_to_another_gpu_partition_is_finished_there_as_any_move() -> None:
+    moving = job(move=MoveView(MoveKind.MOVE, MovePhase.SIGNALLED, "gpu-l40s", 1, since=NOW - 30), restart_count=1,
+                 partition="gpu-l40s", gpus_now=1)
+    (done,) = m.plan([moving], two_models(l40s_idle=3), RULES, NOW)
+    assert (done.kind, done.reason) == (K.FINISH_MOVE, "running on gpu-l40s")
+
+
+def test_notes_name_the_partition_it_would_go_to() -> None:
+    (note,) = m.plan([job(checkpointable=False)], two_models(), RULES, NOW)
+    assert note.kind == K.NOTE and note.reason.startswith("not moved to gpu-l40s: the job has not written"), note

@@ -110,7 +110,7 @@ def test_a_partition_the_users_groups_or_account_may_not_use_is_never_chosen() -
     is passed over for one that takes it, and where none does the error says why for each."""
     parts = two_models(allow_groups=("l40s-users",))
     mine = req(gpus_per_node=1, gpu_type="l40s", groups=frozenset({"alice", "lab"}))
-    with pytest.raises(PlanningError, match=r"gpu-l40s is for the groups l40s-users only \(you are in none"):
+    with pytest.raises(PlanningError, match=r"gpu-l40s is for the groups l40s-users only \(its user is in none"):
         choose_partition(parts, mine)
     allowed = dataclasses.replace(mine, groups=frozenset({"alice", "l40s-users"}))
     assert choose_partition(parts, allowed).partition == "gpu-l40s"

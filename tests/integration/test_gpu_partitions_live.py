@@ -1,0 +1,120 @@
+"""Integration (live Slurm testbed, rootless Podman, PyTorch, the agent service): a site with a GPU partition
+per model (issue 50 item 3, the admin guide's "A partition per model").
+
+For this module's one test the testbed's gpu partition is cut to gpu1 (a100) and a second GPU partition,
+gpu-v100, is made of gpu2 (``scontrol update`` / ``scontrol create``, as an admin would), declared a GPU
+partition in the agent's policy file; both are put back after it, whatever happens. An immediate-mode job
+starts on cpu while both are full (submit chooses gpu, the first by name, as its ideal partition). When
+gpu-v100 frees first, the agent moves the job there, but only once Slurm would take the job there: while
+gpu-v100's AllowGroups names none of the job user's groups, it stays on cpu.
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from livebed import EXAMPLES, TestbedUser, agent_policy, attempts, slurm_job, wait_for
+
+TRAIN = str(EXAMPLES / "train_digits.py")
+SECOND = "gpu-v100"
+
+
+def _scontrol(*argv: str) -> None:
+    subprocess.run(["scontrol", *argv], check=True, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def partition_per_model(user2: TestbedUser) -> Iterator[None]:
+    """gpu on gpu1 only, gpu-v100 on gpu2, open only to dltest2's group at first; the agent told gpu-v100 is a
+    GPU partition. Put back after: gpu on both nodes, gpu-v100 gone, the policy file as it was."""
+    _scontrol("update", "PartitionName=gpu", "Nodes=gpu1")
+    try:
+        _scontrol("create", f"PartitionName={SECOND}", "Nodes=gpu2", "MaxTime=INFINITE", "DefaultTime=01:00:00",
+                  f"AllowGroups={grp.getgrgid(user2.gid).gr_name}", "State=UP")
+        with agent_policy("fifo", f'[partitions.{SECOND}]\nrole = "gpu"\nspeed = 1.0\ncost_per_node_hour = 8.0'):
+            yield
+    finally:
+        subprocess.run(["scontrol", "delete", f"PartitionName={SECOND}"], check=False, capture_output=True)
+        _scontrol("update", "PartitionName=gpu", "Nodes=gpu[1-2]")
+
+
+def _hold(user: TestbedUser, partition: str) -> int:
+    """A plain job of ``user`` holding every GPU of ``partition``'s one node, once it runs (the job's Slurm id)."""
+    out = user.run("sbatch", "--parsable", "-p", partition, "--gres=gpu:4", "-J", "blocker", "--mem=200",
+                   "--cpus-per-task=1", "--time=30", "--wrap", "sleep 900", check=True)
+    job = int(out.stdout.strip().split(";")[0])
+    wait_for(f"the GPUs of {partition} held", lambda: (slurm_job(job) or {}).get("job_state") == "RUNNING",
+             timeout=60)
+    return job
+
+
+def _ticks_after_now(user: TestbedUser) -> None:
+    """Until a whole tick of the agent has run after this moment: one began after it, and a later one began
+    (ticks run one after another), so the first has acted on what it saw."""
+
+    def last_tick() -> float:
+        return float(json.loads(user.run("dlsub", "agent", "status", "--json", timeout=60).stdout)
+                     .get("last_tick") or 0.0)
+
+    start = last_tick()
+    first = wait_for("a tick of the agent", lambda: (t := last_tick()) > start and t, timeout=60)
+    wait_for("the tick after it", lambda: last_tick() > first, timeout=60)
+
+
+def test_a_cpu_job_moves_to_the_second_gpu_partition_when_it_frees_first_and_slurm_admits_it(
+    user: TestbedUser, user2: TestbedUser, workdir: Path, partition_per_model: None
+) -> None:
+    blockers: list[int] = []
+    job: dict[str, Any] = {}
+    try:
+        blockers += [_hold(user2, "gpu"), _hold(user2, SECOND)]
+        job = user.submit("--mode", "immediate", "--gpus", "1", TRAIN, "--epochs", "10", "--throttle", "0.05",
+                          "--cpu-slowdown", "4", cwd=workdir)
+        assert (job["partition"], job["ideal_partition"]) == ("cpu", "gpu"), job
+        step_at_move = wait_for("a checkpoint on cpu", lambda: (s := user.status(job["id"]))["state"] == "RUNNING"
+                                and s["last_checkpoint_step"], timeout=120)
+        subprocess.run(["scancel", str(blockers.pop())], check=True)
+        wait_for(f"{SECOND}'s GPUs idle", lambda: _idle_gpus(SECOND) == 4, timeout=60)
+        # Slurm would refuse the job there (AllowGroups names dltest2's group only): it stays on cpu.
+        _ticks_after_now(user)
+        assert user.status(job["id"])["partition"] == "cpu"
+        assert not re.search(rf"moving to {SECOND}", user.dlsub("why", job["id"]).stdout)
+        _scontrol("update", f"PartitionName={SECOND}", "AllowGroups=ALL")
+
+        def on_second() -> dict[str, Any] | None:
+            status = user.status(job["id"])
+            started = any(a["event"] == "start" and a["partition"] == SECOND for a in attempts(job["job_dir"]))
+            return status if started and status["state"] == "RUNNING" and status["partition"] == SECOND else None
+
+        moved = wait_for(f"the job to run on {SECOND}", on_second, timeout=120)
+        assert moved["slurm_job_id"] == job["slurm_job_id"] and moved["gpu_type"] == "v100", moved
+        wait_for(f"training resumed past its checkpoint on {SECOND}",
+                 lambda: (user.status(job["id"])["step"] or 0) > step_at_move, timeout=60)
+        why = user.dlsub("why", job["id"]).stdout
+        assert re.search(rf"moving to {SECOND}: \d+ GPU\(s\) idle, checkpoint \d+ s old, est\. .* saved; gpu, "
+                         r"where it was to go, has no room for it now", why), why
+        ends = [a.get("action") for a in attempts(job["job_dir"]) if a["event"] == "end"]
+        assert ends == ["move"], ends
+    finally:
+        subprocess.run(["scancel", *map(str, blockers), *([str(job["slurm_job_id"])] if job else [])], check=False)
+
+
+def _idle_gpus(partition: str) -> int:
+    """The idle GPUs of ``partition``'s nodes, as Slurm counts them (configured less allocated)."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-p", partition, "-O", "Gres:40,GresUsed:60"], capture_output=True,
+                         text=True, check=True).stdout
+    idle = 0
+    for line in out.splitlines():
+        gres, used = line.split()
+        total = re.search(r"gpu(?::[^:,(\s]+)?:(\d+)", gres)
+        taken = re.search(r"gpu(?::[^:,(\s]+)?:(\d+)", used)
+        idle += (int(total.group(1)) if total else 0) - (int(taken.group(1)) if taken else 0)
+    return idle
