@@ -29,6 +29,11 @@ starts torchrun again: :mod:`dlsub.checkpointing.launch`):
   (``IMPORTS_FOR_THE_PROCESSES``; with ``--from-stdin`` before the command
   comes, as torch).
 
+* Where its group may span nodes (c10d rendezvous), a node that stops
+  answering restarts the group without it, and a node dropped so ends
+  instead of joining again (:mod:`dlsub.checkpointing.group_membership`;
+  exit code ``LEFT_THE_GROUP``).
+
 Anything the launcher could not hand over (no line, a line that is not a
 list of strings) ends it with exit code 2 before torchrun runs.
 """
@@ -47,8 +52,12 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dlsub.checkpointing import group_membership
+
 #: ``exec`` here: the training processes start as torchrun starts them, each a Python of its own.
 ENV_RANK_START = "DLSUB_RANK_START"
+#: Its exit code when this node was dropped from its group while cut off (group_membership.LeftTheGroup).
+LEFT_THE_GROUP = 3
 
 
 def _argv_from_stdin() -> list[str] | None:
@@ -108,6 +117,11 @@ def _torchrun_options(args: list[str]) -> argparse.Namespace | None:
 def _one_process(options: argparse.Namespace) -> bool:
     """torchrun starts one training process, and no other node's can join its group."""
     return str(options.nproc_per_node) == "1" and str(options.nnodes) in ("1", "1:1")
+
+
+def _across_nodes(options: argparse.Namespace) -> bool:
+    """The group may span nodes (``--nnodes MIN:MAX`` or more than one) through torch's c10d rendezvous."""
+    return str(options.rdzv_backend) == "c10d" and str(options.nnodes) not in ("1", "1:1")
 
 
 def _name_the_script(run_module: Any, script: str) -> None:
@@ -202,8 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     _set_threads(options)
     args = forking(args, options)
     sys.argv = ["torchrun", *args]  # torchrun's messages name itself, as from its own script
+    if options is not None and _across_nodes(options):
+        group_membership.install()
     try:
         torchrun(args)
+    except group_membership.LeftTheGroup as left:
+        print(f"dlsub: {left}", file=sys.stderr, flush=True)
+        return LEFT_THE_GROUP
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

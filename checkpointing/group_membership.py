@@ -1,0 +1,134 @@
+"""A group across nodes when one of its nodes stops answering (issue 53 item 2): the others go on without it,
+and it does not come back into the group it was dropped from.
+
+torchrun restarts its group when a node joins (its monitor asks the rendezvous how many nodes wait) and when
+one of its own processes fails, but not when another node vanishes without a word: a node cut off the network
+resets no connection, so the group's processes wait in a collective for a peer that never answers, for the
+process group's timeout (30 minutes for gloo by default). torch's c10d rendezvous already drops such a node
+from the round (no heartbeat for ``keep_alive_interval`` x ``keep_alive_max_attempt``, 15 s by default); this
+module makes the two sides act on it, in the torchrun process that installs it only
+(:mod:`dlsub.checkpointing.torchrun_main`):
+
+* **The nodes left**: a member of the round this node formed in that the rendezvous dropped for its silence
+  counts, for torchrun's monitor, as a change of membership, as a node waiting to join does: the group
+  restarts at once (its processes stopped, a new round with the nodes that answer) and resumes from its
+  newest checkpoint. A member that left on its own (a shrink: its processes checkpointed and stopped with
+  the group's) removes itself, is not dropped, and restarts nothing.
+* **The node dropped**: once it can reach the rendezvous again (its link back), it finds itself no longer
+  a member of the round its group formed in, though it never left: it ends its processes and its torchrun
+  (:class:`LeftTheGroup`) instead of joining the others again as a new node while Slurm, which requeued its
+  job when its node went down, is about to end it. It leaves the rendezvous open (torchrun's shutdown would
+  close it for every node).
+
+Only torch's own records are read (its dropped nodes, the round's participants); where this torch does not
+have them, nothing changes and torchrun behaves as it always has.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("dlsub.checkpointing.group_membership")
+
+
+class LeftTheGroup(RuntimeError):
+    """This node was dropped from its group's rendezvous while cut off; the group went on without it."""
+
+
+def _members_dropped(handler: Any) -> bool:
+    """Whether a member of the round this node formed in was dropped for its silence (state just synced)."""
+    formed: frozenset[object] = getattr(handler, "_dlsub_formed", frozenset())
+    dropped: set[object] = getattr(getattr(handler, "_state_holder", None), "_dlsub_dropped", set())
+    return bool(formed & dropped)
+
+
+def _this_node_dropped(handler: Any) -> bool:
+    """Whether this node, a member of a round it has not left, is no longer a participant (state just synced)."""
+    formed: frozenset[object] = getattr(handler, "_dlsub_formed", frozenset())
+    try:
+        return bool(formed) and handler._this_node not in handler._state_holder.state.participants
+    except AttributeError:  # not this torch's shape after all: torchrun as it is
+        return False
+
+
+def _synced(handler: Any) -> None:
+    with handler._heartbeat_lock:
+        handler._state_holder.sync()
+
+
+def _leave(handler: Any) -> LeftTheGroup:
+    handler._dlsub_left = True
+    return LeftTheGroup(
+        f"this node ({handler._this_node}) was dropped from its group's rendezvous while it could not reach it "
+        "(no heartbeat for longer than torch allows); the group went on without it, so its processes end here")
+
+
+def install() -> bool:
+    """Make torchrun's c10d rendezvous act on nodes it drops (see the module's text); False where this torch's
+    rendezvous lacks what it reads, and nothing is changed."""
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    except ImportError:
+        return False
+    handler_class, holder_class = dr.DynamicRendezvousHandler, getattr(dr, "_BackendRendezvousStateHolder", None)
+    if holder_class is None or not all(
+            callable(getattr(c, name, None)) for c, name in (
+                (holder_class, "_sanitize"), (handler_class, "next_rendezvous"),
+                (handler_class, "num_nodes_waiting"), (handler_class, "shutdown"))):
+        return False
+    if getattr(handler_class, "_dlsub_membership", False):
+        return True
+
+    sanitize: Callable[[Any], None] = holder_class._sanitize
+
+    def _sanitize(self: Any) -> None:
+        sanitize(self)
+        dead = getattr(self, "_dead_nodes", None) or ()
+        if dead:
+            self._dlsub_dropped = getattr(self, "_dlsub_dropped", set()) | set(dead)
+
+    next_rendezvous: Callable[[Any], Any] = handler_class.next_rendezvous
+
+    def _next_rendezvous(self: Any) -> Any:
+        if getattr(self, "_dlsub_formed", None):
+            _synced(self)
+            if _this_node_dropped(self):
+                raise _leave(self)
+        info = next_rendezvous(self)
+        with self._heartbeat_lock:
+            self._dlsub_formed = frozenset(self._state_holder.state.participants)
+            self._state_holder._dlsub_dropped = set()
+        return info
+
+    num_nodes_waiting: Callable[[Any], int] = handler_class.num_nodes_waiting
+
+    def _num_nodes_waiting(self: Any) -> int:
+        waiting = num_nodes_waiting(self)  # syncs the state (and drops the silent nodes)
+        if _this_node_dropped(self):
+            raise _leave(self)
+        if _members_dropped(self):
+            log.warning("dlsub: a node of this group stopped answering and was dropped from its rendezvous: "
+                        "restarting the group with the nodes that answer")
+            return max(waiting, 1)
+        return waiting
+
+    shutdown: Callable[[Any], bool] = handler_class.shutdown
+
+    def _shutdown(self: Any) -> bool:
+        if getattr(self, "_dlsub_left", False):
+            self._stop_heartbeats()  # the rendezvous is the others' now: not closed for them
+            return True
+        return shutdown(self)
+
+    # Set on torch's classes, in this process only (setattr: mypy holds methods unassignable).
+    for cls, name, value in ((holder_class, "_sanitize", _sanitize),
+                             (handler_class, "next_rendezvous", _next_rendezvous),
+                             (handler_class, "num_nodes_waiting", _num_nodes_waiting),
+                             (handler_class, "shutdown", _shutdown), (handler_class, "_dlsub_membership", True)):
+        setattr(cls, name, value)
+    return True
+
+
+__all__ = ["LeftTheGroup", "install"]

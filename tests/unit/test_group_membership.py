@@ -1,0 +1,112 @@
+"""Unit (real torch c10d rendezvous over a TCPStore on loopback, two handlers in one process as two nodes; no
+Slurm, no containers): dlsub.checkpointing.group_membership, what a group does when a node stops answering.
+
+torch drops a node by the wall clock of its last heartbeat, so the two tests that need it wait seconds for it
+(wall_clock: make test runs them at normal priority, where a heartbeat thread is not starved)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch_distributed = pytest.importorskip("torch.distributed")
+
+from torch.distributed import TCPStore  # noqa: E402
+from torch.distributed.elastic.rendezvous import RendezvousParameters  # noqa: E402
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend  # noqa: E402
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler  # noqa: E402
+
+from dlsub.checkpointing import group_membership  # noqa: E402
+
+
+def _handler(store: TCPStore, run_id: str) -> Any:
+    params = RendezvousParameters(backend="c10d", endpoint="127.0.0.1", run_id=run_id, min_nodes=2, max_nodes=2,
+                                  join_timeout="20", last_call_timeout="1", keep_alive_interval="1",
+                                  keep_alive_max_attempt="3")
+    return create_handler(store, C10dRendezvousBackend(store, run_id), params)
+
+
+@pytest.fixture
+def two_nodes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, Any]]:
+    """Two nodes of one group, formed in one round (min 2 nodes), with the membership watch installed. Each has
+    a store client of its own, as each node's torchrun has (one client's blocking get would hold up the
+    other's calls); the rendezvous's store is the training's too (torch's store sharing off: no second
+    server for rank 0)."""
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    assert group_membership.install()
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    run_id = f"membership-{request.node.name}"
+    first, second = (_handler(TCPStore("127.0.0.1", server.port, is_master=False), run_id) for _ in range(2))
+    joined = threading.Thread(target=second.next_rendezvous)
+    joined.start()
+    first.next_rendezvous()
+    joined.join(timeout=30)
+    assert not joined.is_alive()
+    yield first, second
+    for handler in (first, second):
+        handler._stop_heartbeats()
+
+
+def _after(seconds: float) -> None:
+    time.sleep(seconds)  # torch drops a node by the wall clock of its last heartbeat: nothing else to wait on
+
+
+SILENCE_S = 4.5  # more than keep_alive_interval x keep_alive_max_attempt (3 s), and a heartbeat's write
+
+
+@pytest.mark.wall_clock
+def test_a_member_that_stops_answering_restarts_the_group_and_finds_itself_dropped(
+        two_nodes: tuple[Any, Any]) -> None:
+    first, second = two_nodes
+    # A node writes its heartbeat once the last is keep_alive_interval old, on a timer of that period: a
+    # heartbeat may be two periods old, which is why torch's expiry is three (by default 3 x 5 s). Both answer:
+    # nothing changes.
+    _after(SILENCE_S)
+    assert first.num_nodes_waiting() == 0 and second.num_nodes_waiting() == 0, "both answer: nothing changes"
+    second._stop_heartbeats()  # cut off: no heartbeat reaches the store
+    _after(SILENCE_S)
+    assert first.num_nodes_waiting() == 1, "the node left restarts its group, as for a node waiting to join"
+    with pytest.raises(group_membership.LeftTheGroup, match="dropped from its group's rendezvous"):
+        second.num_nodes_waiting()  # its link back: it ends instead of joining again
+    assert second.shutdown() is True
+    state = first._state_holder.state
+    assert not state.closed, "the dropped node leaves the rendezvous open for the others"
+    assert first._this_node in state.participants and second._this_node not in state.participants
+
+
+@pytest.mark.wall_clock
+def test_a_node_dropped_while_its_processes_failed_does_not_join_the_next_round(two_nodes: tuple[Any, Any]) -> None:
+    """Its processes fail when its link returns (their peers are gone) and torchrun restarts them: the next
+    rendezvous it asks for ends it instead."""
+    first, second = two_nodes
+    second._stop_heartbeats()
+    _after(SILENCE_S)
+    first.num_nodes_waiting()  # the others' sync drops it
+    with pytest.raises(group_membership.LeftTheGroup):
+        second.next_rendezvous()
+
+
+def test_install_changes_torch_once() -> None:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    assert group_membership.install()
+    installed = dr.DynamicRendezvousHandler.num_nodes_waiting
+    assert installed.__name__ == "_num_nodes_waiting"
+    assert group_membership.install() and dr.DynamicRendezvousHandler.num_nodes_waiting is installed, "not twice"
+
+
+@pytest.mark.parametrize(("args", "across"), [
+    (["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "s.py"], True),
+    (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "s.py"], True),
+    (["--standalone", "--nnodes", "1", "s.py"], False),
+    (["--nnodes", "1:2", "--rdzv-backend", "static", "s.py"], False),
+])
+def test_only_a_group_that_may_span_nodes_through_c10d_gets_the_watch(args: list[str], across: bool) -> None:
+    from dlsub.checkpointing.torchrun_main import _across_nodes, _torchrun_options
+
+    options = _torchrun_options(args)
+    assert options is not None and _across_nodes(options) is across
