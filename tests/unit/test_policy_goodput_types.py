@@ -7,14 +7,22 @@ configuration on any type.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 from typed_jobs import Linear, cluster, job, types_of
 
 from dlsub.policies.api import Allocation, ClusterView, check_decision
 from dlsub.policies.goodput import GoodputPolicy
-from dlsub.policies.goodput_types import TypedGoodputPolicy, priced_rows, type_rates, within_floor
+from dlsub.policies.goodput_types import (
+    LEAST_SPEEDUP,
+    TypedGoodputPolicy,
+    discounted_rows,
+    grows,
+    priced_rows,
+    type_rates,
+    within_floor,
+)
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sia import type_shapes
 from dlsub.sim.engine import SimConfig, make_jobs, simulate
@@ -237,3 +245,92 @@ def test_a_priced_gpu_goes_to_a_job_only_while_its_time_saved_pays_for_it(price:
     # None: the policy's default.
     policy = TypedGoodputPolicy() if price is None else TypedGoodputPolicy(gpu_price=price)
     assert poor_and_linear_gpus(policy) == {"p": ("a", want), "l": ("b", 8)}
+
+
+# -- configurations the job's model has not measured (issue 54) -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Measured(Linear):
+    """:class:`Linear`, with reports from up to ``measured`` GPUs: wider, its model extrapolates."""
+
+    measured: int = 8
+
+    def extrapolates(self, placement: tuple[int, ...]) -> bool:
+        return sum(placement) > self.measured
+
+
+def test_discounted_rows_lower_only_the_configurations_the_model_extrapolates_to() -> None:
+    c = cluster(("a", 1, 8), ("b", 1, 8))
+    j = job("p", hi=8, type_models={"a": Measured(1.0, measured=2)}, type_rates={"a": 1.0, "b": 2.0})
+    rows = type_rates(j, type_shapes(c))
+    assert discounted_rows(j, type_shapes(c), rows, 0.0) == rows
+    # b is bootstrapped from a's model: judged by what a's reports measured.
+    assert discounted_rows(j, type_shapes(c), rows, 0.5) == [
+        (0, 1, 1.0), (0, 2, 2.0), (0, 4, 2.0), (0, 8, 4.0), (1, 1, 2.0), (1, 2, 4.0), (1, 4, 4.0), (1, 8, 8.0)]
+    # Where it runs now is never discounted.
+    assert (0, 8, 8.0) in discounted_rows(j, type_shapes(c), rows, 0.5, current=(0, 8))
+    # No reports at all: the one-GPU profile rows are measured.
+    fresh = job("f", type_rates={"a": 1.0, "b": 2.0})
+    assert discounted_rows(fresh, type_shapes(c), type_rates(fresh, type_shapes(c)), 0.5) == [(0, 1, 1.0),
+                                                                                              (1, 1, 2.0)]
+
+
+@pytest.mark.parametrize(("share", "want"), [(0.0, 4), (0.5, 2)])
+def test_a_job_grows_past_what_it_has_measured_only_where_the_discounted_rate_still_pays(share: float,
+                                                                                       want: int) -> None:
+    # goodput 2 sqrt(n) on a, measured up to 2 GPUs, at price 0.25: 4 GPUs at their rating (2 x 2 / 2 = 2.0
+    # against 2 x 1.41 / 1.5 = 1.89 on 2), 2 with the unmeasured 4 rated half (1.0).
+    c = cluster(("a", 1, 8), ("b", 1, 8))
+    poor = job("p", hi=8, type_models={"a": Measured(2.0, 0.5, measured=2), "b": Measured(1.0, 0.5, measured=2)})
+    decision = TypedGoodputPolicy(gpu_price=0.25, extrapolated_share=share).decide([poor], c, 0.0, {})
+    check_decision(decision, [poor], c)
+    assert types_of(decision, c) == {"p": ("a", want)}
+
+
+# -- Sia's p-norm and the work a job has left (issue 54) ------------------------------------------------
+
+
+def test_grows_is_a_power_above_zero_and_sias_p_norm_below() -> None:
+    assert grows(4.0, 0.5) == 2.0
+    assert grows(4.0, -0.5) == -0.5
+    assert grows(1.0, -1.0) < grows(2.0, -1.0) < grows(4.0, -1.0)
+
+
+def test_weighted_by_the_work_left_the_fast_gpu_goes_to_the_job_it_saves_most_time() -> None:
+    # One fast GPU (2x for both), one slow. old has done 10 hours, new nothing: with the attained-service
+    # weight (the default) new gets the fast one; weighted by the work left as goodput guesses it (service
+    # power -1) and valued by minus its time (speed-up power -1), old does: the fast GPU saves it 10 times
+    # the seconds.
+    c = cluster(("fast", 1, 1), ("slow", 1, 1))
+    models = {"fast": Linear(2.0), "slow": Linear(1.0)}
+    old = job("old", hi=1, attained_gpu_s=36000.0, type_models=models)
+    new = job("new", hi=1, type_models=models)
+    for policy, fast in ((TypedGoodputPolicy(), "new"),
+                         (TypedGoodputPolicy(speedup_power=-1.0, service_power=-1.0), "old")):
+        decision = policy.decide([old, new], c, 0.0, {})
+        check_decision(decision, [old, new], c)
+        assert types_of(decision, c)[fast] == ("fast", 1)
+
+
+def test_a_move_the_restart_leaves_nothing_of_is_worth_least_under_the_p_norm() -> None:
+    # Younger than its restart: every move's speed-up is 0 by the restart's share; it stays, no error.
+    c = cluster(("slow", 1, 1), ("fast", 1, 1))
+    a = job("a", hi=1, restart_s=120.0, restarts=0, type_models={"slow": Linear(1.0), "fast": Linear(2.0)},
+            running_since_s=0.0)
+    policy = TypedGoodputPolicy(speedup_power=-1.0)
+    assert types_of(policy.decide([a], c, 60.0, {"a": Allocation(("slow0",))}), c) == {"a": ("slow", 1)}
+    assert grows(0.0, -1.0) == -1.0 / LEAST_SPEEDUP
+
+
+def test_weighed_by_age_a_job_that_ran_wide_does_not_age_faster_for_it() -> None:
+    # wide arrived an hour ago and ran on 8 GPUs (8 GPU-hours); narrow arrived two hours ago on one (2). In
+    # GPU-seconds narrow is the younger and gets the one fast GPU; by age wide is.
+    c = cluster(("fast", 1, 1), ("slow", 1, 1))
+    models = {"fast": Linear(2.0), "slow": Linear(1.0)}
+    wide = job("wide", hi=1, arrival_s=3600.0, attained_gpu_s=8 * 3600.0, type_models=models)
+    narrow = job("narrow", hi=1, arrival_s=0.0, attained_gpu_s=2 * 3600.0, type_models=models)
+    for policy, fast in ((TypedGoodputPolicy(), "narrow"), (TypedGoodputPolicy(weigh_by_age=True), "wide")):
+        decision = policy.decide([wide, narrow], c, 7200.0, {})
+        check_decision(decision, [wide, narrow], c)
+        assert types_of(decision, c)[fast] == ("fast", 1)
