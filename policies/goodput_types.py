@@ -404,7 +404,8 @@ def grows(speedup: float, power: float) -> float:
     average JCT). Either grows with the speed-up. Below 0 a speed-up is taken as at least
     :data:`LEAST_SPEEDUP` (a move that its restart leaves nothing of is worth 0 by the restart's share, and
     ``0 ** power`` is infinite): every configuration still worth less than any real one."""
-    return speedup ** power if power > 0 else -(max(speedup, LEAST_SPEEDUP) ** power)
+    # float(): a float to a float power is Any to mypy (a negative base would give a complex).
+    return float(speedup ** power) if power > 0 else -float(max(speedup, LEAST_SPEEDUP) ** power)
 
 
 def priced_rows(rows: Sequence[Row], price: float) -> list[Row]:
