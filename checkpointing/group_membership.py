@@ -14,6 +14,9 @@ module makes the two sides act on it, in the torchrun process that installs it o
   restarts at once (its processes stopped, a new round with the nodes that answer) and resumes from its
   newest checkpoint. A member that left on its own (a shrink: its processes checkpointed and stopped with
   the group's) removes itself, is not dropped, and restarts nothing.
+  Its own processes, which wait in a collective on the silent node and cannot act on torchrun's SIGTERM,
+  are killed after :data:`SILENT_PEER_STOP_S` instead of torchrun's 30 s (a checkpoint being written has
+  that long to land; an unfinished one is never taken, its rename not done).
 * **The node dropped**: once it can reach the rendezvous again (its link back), it finds itself no longer
   a member of the round its group formed in, though it never left: it ends its processes and its torchrun
   (:class:`LeftTheGroup`) instead of joining the others again as a new node while Slurm, which requeued its
@@ -26,11 +29,16 @@ have them, nothing changes and torchrun behaves as it always has.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("dlsub.checkpointing.group_membership")
+
+
+#: How long the processes of a group whose member went silent get between SIGTERM and SIGKILL when it restarts.
+SILENT_PEER_STOP_S = 5
 
 
 class LeftTheGroup(RuntimeError):
@@ -111,6 +119,7 @@ def install() -> bool:
         if _members_dropped(self):
             log.warning("dlsub: a node of this group stopped answering and was dropped from its rendezvous: "
                         "restarting the group with the nodes that answer")
+            self._dlsub_silent_peer = True  # the restart's stop: _stop_workers below
             return max(waiting, 1)
         return waiting
 
@@ -122,8 +131,21 @@ def install() -> bool:
             return True
         return shutdown(self)
 
+    patches: list[tuple[type, str, object]] = []
+    agent_class = _agent_class()
+    stop_workers = getattr(agent_class, "_stop_workers", None)
+    shutdown_kwargs = _short_shutdown(agent_class)
+    if agent_class is not None and callable(stop_workers) and shutdown_kwargs is not None:
+        def _stop_workers(self: Any, worker_group: Any, *args: Any, **kwargs: Any) -> Any:
+            handler: Any = getattr(getattr(worker_group, "spec", None), "rdzv_handler", None)
+            if handler is not None and getattr(handler, "_dlsub_silent_peer", False):
+                handler._dlsub_silent_peer = False
+                return self._shutdown(**shutdown_kwargs)
+            return stop_workers(self, worker_group, *args, **kwargs)
+
+        patches.append((agent_class, "_stop_workers", _stop_workers))
     # Set on torch's classes, in this process only (setattr: mypy holds methods unassignable).
-    for cls, name, value in ((holder_class, "_sanitize", _sanitize),
+    for cls, name, value in (*patches, (holder_class, "_sanitize", _sanitize),
                              (handler_class, "next_rendezvous", _next_rendezvous),
                              (handler_class, "num_nodes_waiting", _num_nodes_waiting),
                              (handler_class, "shutdown", _shutdown), (handler_class, "_dlsub_membership", True)):
@@ -131,4 +153,31 @@ def install() -> bool:
     return True
 
 
-__all__ = ["LeftTheGroup", "install"]
+def _agent_class() -> type | None:
+    try:
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    except ImportError:
+        return None
+    return LocalElasticAgent
+
+
+def _short_shutdown(agent_class: type | None) -> dict[str, object] | None:
+    """The arguments of the agent's ``_shutdown`` that stop its processes with SILENT_PEER_STOP_S of grace and
+    nothing else (a restart's stop); None where this torch's ``_shutdown`` does not take them, and then a
+    restart stops its processes as torchrun always has."""
+    shutdown = getattr(agent_class, "_shutdown", None)
+    if shutdown is None:
+        return None
+    try:
+        params = inspect.signature(shutdown).parameters
+    except (TypeError, ValueError):
+        return None
+    if "timeout" not in params:
+        return None
+    kwargs: dict[str, object] = {"timeout": SILENT_PEER_STOP_S}
+    if "is_restart" in params:
+        kwargs["is_restart"] = True  # torch versions whose _shutdown also ends the rendezvous unless told
+    return kwargs
+
+
+__all__ = ["SILENT_PEER_STOP_S", "LeftTheGroup", "install"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -70,6 +71,7 @@ def test_a_member_that_stops_answering_restarts_the_group_and_finds_itself_dropp
     second._stop_heartbeats()  # cut off: no heartbeat reaches the store
     _after(SILENCE_S)
     assert first.num_nodes_waiting() == 1, "the node left restarts its group, as for a node waiting to join"
+    assert first._dlsub_silent_peer, "and that restart stops its processes with a short grace"
     with pytest.raises(group_membership.LeftTheGroup, match="dropped from its group's rendezvous"):
         second.num_nodes_waiting()  # its link back: it ends instead of joining again
     assert second.shutdown() is True
@@ -110,3 +112,19 @@ def test_only_a_group_that_may_span_nodes_through_c10d_gets_the_watch(args: list
 
     options = _torchrun_options(args)
     assert options is not None and _across_nodes(options) is across
+
+
+def test_the_restart_for_a_silent_member_stops_the_processes_with_a_short_grace_and_only_that_one() -> None:
+    """Unit (torch's LocalElasticAgent method on a bare instance; its _shutdown recorded, no processes)."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    assert group_membership.install()
+    agent = object.__new__(LocalElasticAgent)
+    calls: list[dict[str, object]] = []
+    agent._shutdown = lambda **kwargs: calls.append(kwargs)  # type: ignore[method-assign]
+    handler = SimpleNamespace(_dlsub_silent_peer=True)
+    group = SimpleNamespace(spec=SimpleNamespace(rdzv_handler=handler))
+    LocalElasticAgent._stop_workers(agent, group)  # type: ignore[arg-type]
+    assert calls == [{"timeout": group_membership.SILENT_PEER_STOP_S}] and not handler._dlsub_silent_peer
+    LocalElasticAgent._stop_workers(agent, group)  # type: ignore[arg-type]
+    assert calls[1] == {}, "any other stop is torchrun's own (its 30 s grace)"
