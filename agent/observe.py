@@ -338,7 +338,7 @@ def _observe_followed(ctx: ObserveWith, followed: list[Seen], moves: Mapping[tup
 def _barred(infos: list[JobInfo], accounts: Mapping[int, str], partitions: list[Partition]) -> list[JobInfo]:
     """``infos`` with the partitions Slurm would refuse each job (its user's groups, its account) filled in.
     Only where some partition restricts who may use it are the users' groups looked up."""
-    if not any(p.allow_groups is not None or p.allow_accounts is not None or p.deny_accounts for p in partitions):
+    if not any(p.allow_groups is not None or p.restricts_accounts for p in partitions):
         return infos
     groups = {user: user_groups(user) for user in {i.user for i in infos}}
     return [dataclasses.replace(i, barred=frozenset(

@@ -437,7 +437,7 @@ def _choose_partition(client: SlurmClient, req: SubmitRequest, cpus: int, mem_mb
         Request(gpus_per_node=req.gpus_per_node, cpus=cpus, mem_mb=mem_mb, time_limit_min=req.time_limit_min,
                 nodes=req.nodes, partition=req.partition, immediate=req.mode == "immediate",
                 gpu_type=req.gpu_type or None, groups=user_groups(getpass.getuser()),
-                account=_account(client) if any(p.allow_accounts is not None or p.deny_accounts for p in parts)
+                account=_account(client) if any(p.restricts_accounts for p in parts)
                 else None),
     )
     chosen = next((p for p in parts if p.name == choice.partition), None)

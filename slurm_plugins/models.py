@@ -84,6 +84,12 @@ class Partition:
     def up(self) -> bool:
         return self.state.upper() == "UP"
 
+    @property
+    def restricts_accounts(self) -> bool:
+        """Whether AllowAccounts or DenyAccounts shuts some account out (only then is a job's account worth
+        asking for)."""
+        return self.allow_accounts is not None or bool(self.deny_accounts)
+
     def refuses(self, groups: frozenset[str] | None, account: str | None) -> str | None:
         """Why Slurm would refuse a job of a user in ``groups`` under ``account`` here (None: it takes it).
 

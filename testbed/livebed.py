@@ -311,9 +311,9 @@ def blockers(user: TestbedUser, count: int = 2, gpus: int = 4) -> list[int]:
     return ids
 
 
-def hold_gpus(user: TestbedUser, node: str, gpus: int) -> int:
-    """A job that holds ``gpus`` GPUs of ``node`` (until cancelled), once it runs."""
-    out = user.run("sbatch", "--parsable", "-p", "gpu", "-w", node, f"--gres=gpu:{gpus}", "-J", "blocker",
+def hold_gpus(user: TestbedUser, node: str, gpus: int, partition: str = "gpu") -> int:
+    """A job that holds ``gpus`` GPUs of ``node`` in ``partition`` (until cancelled), once it runs."""
+    out = user.run("sbatch", "--parsable", "-p", partition, "-w", node, f"--gres=gpu:{gpus}", "-J", "blocker",
                    "--mem=200", "--cpus-per-task=1", "--time=30", "--wrap", "sleep 900", check=True)
     job = int(out.stdout.strip().split(";")[0])
     try:
@@ -323,6 +323,12 @@ def hold_gpus(user: TestbedUser, node: str, gpus: int) -> int:
         subprocess.run(["scancel", str(job)], check=False)  # not left to hold the GPUs for the tests after
         raise
     return job
+
+
+def agent_last_tick(user: TestbedUser) -> float:
+    """When the agent's last tick began (epoch seconds; 0: none yet), as ``dlsub agent status`` tells ``user``."""
+    status = json.loads(user.run("dlsub", "agent", "status", "--json", timeout=60).stdout)
+    return float(status.get("last_tick") or 0.0)
 
 
 def attempts(job_dir: str) -> list[dict[str, Any]]:

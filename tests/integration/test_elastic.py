@@ -178,15 +178,27 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
                 subprocess.run(["scancel", str(leftover)], check=False)
 
 
+def _across_both_gpu_nodes(user: TestbedUser, workdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An elastic job (1-2 nodes of 4 GPUs) training at world size 8 with a checkpoint: the job and its one
+    running worker task (Slurm's record). 12 epochs (264 steps): the group re-formed at world size 4 by step ~22
+    in CI's run of 880 when the worker's node died."""
+    job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "12", "--throttle", "0.1",
+                      cwd=workdir)
+    try:
+        wait_for("the group at world size 8", lambda: 8 in world_sizes(job["job_dir"])
+                 and progress_events(job["job_dir"], "checkpoint"), timeout=240)
+        (worker,) = running_workers(job["worker_array_id"])
+    except BaseException:
+        # Not left to hold both GPU nodes for the tests after this one.
+        subprocess.run(["scancel", str(job["slurm_job_id"]), str(job["worker_array_id"])], check=False)
+        raise
+    return job, worker
+
+
 def test_a_worker_node_that_dies_shrinks_the_job_which_completes(
     user: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
-    # 12 epochs (264 steps): the group re-formed at world size 4 by step ~22 in CI's run of 880.
-    job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "12", "--throttle", "0.1",
-                      cwd=workdir)
-    wait_for("the group at world size 8", lambda: 8 in world_sizes(job["job_dir"])
-             and progress_events(job["job_dir"], "checkpoint"), timeout=240)
-    (worker,) = running_workers(job["worker_array_id"])
+    job, worker = _across_both_gpu_nodes(user, workdir)
     node = worker["nodes"]
     try:
         kill_node(user, node, int(worker["job_id"]), f"dlsub.slurm_job_id={worker['job_id']}")
@@ -211,12 +223,8 @@ def test_a_worker_node_cut_off_the_network_shrinks_the_job_and_leaves_nothing_wh
     checkpoint (checkpointing/group_membership.py); once the link is back, nothing of the worker is left on its
     node within 30 s (the worker ends itself, finding it was dropped, or Slurm ends it, whichever comes first).
     The job is cancelled then: the worker-dies test above runs such a job to its end."""
-    job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "12", "--throttle", "0.1",
-                      cwd=workdir)
+    job, worker = _across_both_gpu_nodes(user, workdir)
     try:
-        wait_for("the group at world size 8", lambda: 8 in world_sizes(job["job_dir"])
-                 and progress_events(job["job_dir"], "checkpoint"), timeout=240)
-        (worker,) = running_workers(job["worker_array_id"])
         node, worker_id = worker["nodes"], int(worker["job_id"])
         cut = time.time()
         try:

@@ -44,6 +44,7 @@ from livebed import (
     EXAMPLES,
     GPU_TYPES,
     TestbedUser,
+    agent_last_tick,
     agent_policy,
     attempts,
     hold_gpus,
@@ -106,11 +107,7 @@ def measured_on(job: dict[str, Any], kind: str) -> None:
 def read_after(user: TestbedUser, when: float, what: str) -> None:
     """Until a tick of the agent has begun after ``when`` (epoch seconds): the agent has read ``what``."""
 
-    def last_tick() -> float:
-        status = json.loads(user.run("dlsub", "agent", "status", "--json", timeout=60).stdout)
-        return float(status.get("last_tick") or 0.0)
-
-    wait_for(f"a tick of the agent after {what}", lambda: last_tick() > when, timeout=60)
+    wait_for(f"a tick of the agent after {what}", lambda: agent_last_tick(user) > when, timeout=60)
 
 
 def read_by_agent(user: TestbedUser, job: dict[str, Any]) -> None:

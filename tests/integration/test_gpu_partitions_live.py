@@ -12,7 +12,6 @@ gpu-v100's AllowGroups names none of the job user's groups, it stays on cpu.
 from __future__ import annotations
 
 import grp
-import json
 import re
 import subprocess
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from livebed import EXAMPLES, TestbedUser, agent_policy, attempts, slurm_job, wait_for
+from livebed import EXAMPLES, TestbedUser, agent_last_tick, agent_policy, attempts, hold_gpus, wait_for
 
 TRAIN = str(EXAMPLES / "train_digits.py")
 SECOND = "gpu-v100"
@@ -46,27 +45,13 @@ def partition_per_model(user2: TestbedUser) -> Iterator[None]:
         _scontrol("update", "PartitionName=gpu", "Nodes=gpu[1-2]")
 
 
-def _hold(user: TestbedUser, partition: str) -> int:
-    """A plain job of ``user`` holding every GPU of ``partition``'s one node, once it runs (the job's Slurm id)."""
-    out = user.run("sbatch", "--parsable", "-p", partition, "--gres=gpu:4", "-J", "blocker", "--mem=200",
-                   "--cpus-per-task=1", "--time=30", "--wrap", "sleep 900", check=True)
-    job = int(out.stdout.strip().split(";")[0])
-    wait_for(f"the GPUs of {partition} held", lambda: (slurm_job(job) or {}).get("job_state") == "RUNNING",
-             timeout=60)
-    return job
-
-
 def _ticks_after_now(user: TestbedUser) -> None:
     """Until a whole tick of the agent has run after this moment: one began after it, and a later one began
     (ticks run one after another), so the first has acted on what it saw."""
 
-    def last_tick() -> float:
-        return float(json.loads(user.run("dlsub", "agent", "status", "--json", timeout=60).stdout)
-                     .get("last_tick") or 0.0)
-
-    start = last_tick()
-    first = wait_for("a tick of the agent", lambda: (t := last_tick()) > start and t, timeout=60)
-    wait_for("the tick after it", lambda: last_tick() > first, timeout=60)
+    start = agent_last_tick(user)
+    first = wait_for("a tick of the agent", lambda: (t := agent_last_tick(user)) > start and t, timeout=60)
+    wait_for("the tick after it", lambda: agent_last_tick(user) > first, timeout=60)
 
 
 def test_a_cpu_job_moves_to_the_second_gpu_partition_when_it_frees_first_and_slurm_admits_it(
@@ -75,7 +60,8 @@ def test_a_cpu_job_moves_to_the_second_gpu_partition_when_it_frees_first_and_slu
     blockers: list[int] = []
     job: dict[str, Any] = {}
     try:
-        blockers += [_hold(user2, "gpu"), _hold(user2, SECOND)]
+        blockers.append(hold_gpus(user2, "gpu1", 4))  # one at a time: each is cancelled after, whatever fails
+        blockers.append(hold_gpus(user2, "gpu2", 4, partition=SECOND))
         job = user.submit("--mode", "immediate", "--gpus", "1", TRAIN, "--epochs", "10", "--throttle", "0.05",
                           "--cpu-slowdown", "4", cwd=workdir)
         assert (job["partition"], job["ideal_partition"]) == ("cpu", "gpu"), job
