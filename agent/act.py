@@ -302,6 +302,14 @@ def _prepare_place(obs: Observation, action: Action, now: float, writes: Writes)
                            "place", action.reason, action.details)
 
 
+def _prepare_launch_release(obs: Observation, action: Action, now: float, writes: Writes) -> None:
+    """Counted before the release is sent: a crash in between costs one of the job's releases, never more."""
+    followed = obs.followed[action.slurm_job_id]
+    before = _row(obs, action, writes)
+    row = writes.updated_row(before, launch_releases=before.data.launch_releases + 1)
+    writes.record_decision(now, row.uid, row.dlsub_id, followed.job.job_id, row.user, action.kind, action.reason)
+
+
 def _prepare_resize(obs: Observation, resize: Resize, now: float, writes: Writes) -> None:
     job = _elastic_job(obs, resize)
     writes.record_decision(now, job.uid, job.dlsub_id, job.slurm_job_id, job.user, resize.kind, resize.reason,
@@ -333,6 +341,8 @@ MOVE_STEPS: dict[K, Step[Action]] = {
     K.NOTE: Step(_prepare_note),
     # Not a move: no record, no phase. Decided again each tick from Slurm's request, and asking twice is harmless.
     K.PLACE: Step(_prepare_place, _place),
+    # Not a move: no record, no phase; counted on the job's row (move_rules.MAX_LAUNCH_RELEASES).
+    K.RELEASE_FAILED_LAUNCH: Step(_prepare_launch_release, lambda c, a: c.release(a.slurm_job_id)),
 }
 RESIZE_STEPS: dict[K, Step[Resize]] = {
     K.GROW: Step(_prepare_resize, _grow, ResizePhase.ENDED, before="grow-planned",

@@ -97,6 +97,7 @@ class JobData:
     attempt_seen: int | None = None  # Slurm's restart count of the last attempt recorded running
     sample: tuple[int | None, int | None, int] | None = None  # the last progress sample: step, checkpoint step, count
     continuations: int = 0  # how often it was continued past its time limit
+    launch_releases: int = 0  # how often it was released after Slurm held it for a failed launch
     backfilled_from: str | None = None  # the partition it left for a backfill window (None: not backfilled)
     backfilled_limit_min: int | None = None  # its own time limit there
 
@@ -140,6 +141,8 @@ class JobData:
             out["sample"] = list(self.sample)
         if self.continuations:
             out["continuations"] = self.continuations
+        if self.launch_releases:
+            out["launch_releases"] = self.launch_releases
         return out
 
     def to_json(self) -> str:
@@ -170,6 +173,7 @@ class JobData:
             sample=(_int(sample[0]), _int(sample[1]), _int(sample[2]) or 0)
             if isinstance(sample, list) and len(sample) == 3 else None,
             continuations=_int(d.get("continuations")) or 0,
+            launch_releases=_int(d.get("launch_releases")) or 0,
             backfilled_from=_str(d.get("backfilled_from")),
             backfilled_limit_min=_int(d.get("backfilled_limit_min")),
         )

@@ -540,7 +540,7 @@ def _observe_job(policy: AgentPolicy, seen: Seen, move_row: MoveRow | None, know
         history=History(
             last_attempt_action=attempts.last_end_action, continuations=data.continuations,
             backfilled_from=data.backfilled_from, backfilled_limit_min=data.backfilled_limit_min,
-            requeues=attempts.requeues),
+            requeues=attempts.requeues, launch_releases=data.launch_releases),
         move=move, uid=row.uid, restart_count=job.restart_count,
         gang=job.node_count > 1 or bool(request.members) or bool(job.extra.get("het_job_id")),
     )

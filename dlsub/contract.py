@@ -54,12 +54,17 @@ STOP_SIGNUM_NAME = f"SIG{STOP_SIGNAL}"
 HELD_BY_USER = "JobHeldUser"
 #: Slurm's reason for a pending job an administrator holds: dlsub never releases it.
 HELD_BY_ADMIN = "JobHeldAdmin"
+#: Slurm's reason for a job it requeued held itself because its batch script could not be launched: seen on the
+#: testbed when a node came back from a cut link still holding a requeued job's old attempt and Slurm started
+#: the job there again at once ("Duplicate jobid": the node drained). Slurm, not an administrator, holds it; the
+#: agent releases it (at most ``policies.actions.move_rules.MAX_LAUNCH_RELEASES`` times).
+HELD_AFTER_FAILED_LAUNCH = "launch_failed_requeued_held"
 
 
 def is_held(state: str, reason: str) -> bool:
     """Whether Slurm holds a job (by its user's side or an admin, priority 0): it will not start until
     released. The one test of "held"; who holds it is in ``reason``."""
-    return state == "PENDING" and reason in (HELD_BY_USER, HELD_BY_ADMIN)
+    return state == "PENDING" and reason in (HELD_BY_USER, HELD_BY_ADMIN, HELD_AFTER_FAILED_LAUNCH)
 
 # ---------------------------------------------------------------- the container's environment
 # Set by the batch script (slurm_plugins/batch.sh) and passed into the

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dlsub.contract import HELD_BY_USER
+from dlsub.contract import HELD_AFTER_FAILED_LAUNCH, HELD_BY_USER
 
 #: The versions the testbed runs and CI tests: a site on another gets a warning from `dlsub doctor`.
 TESTED_VERSIONS = ("22.05", "24.11", "26.05")
@@ -92,7 +92,15 @@ QUEUE_FORMAT = "%A|%F|%K|%U|%T|%r|%P|%D|%b|%V"
 _REQUEUED_HELD = ("job_requeued_in_held_state", "job requeued in held state")
 
 
-def _held_reason(reason: str) -> str:
+#: How Slurm says it requeued a job held because its batch script could not be launched: squeue's ``%r`` and
+#: the JSON's ``state_description`` (whose ``state_reason`` then says JobHeldUser) the first (24.11), scontrol the
+#: second. Read as HELD_AFTER_FAILED_LAUNCH: a hold the agent may release, not the user's own.
+_LAUNCH_FAILED = ("launch failed requeued held", "launch_failed_requeued_held")
+
+
+def _held_reason(reason: str, description: str = "") -> str:
+    if reason in _LAUNCH_FAILED or description in _LAUNCH_FAILED:
+        return HELD_AFTER_FAILED_LAUNCH
     return HELD_BY_USER if reason in _REQUEUED_HELD else reason
 
 
@@ -148,8 +156,10 @@ class Dialect:
 
     def _reason(self, raw: dict[str, Any], record: str) -> str:
         """Why it waits. 22.05 says ``job_requeued_in_held_state`` after ``scontrol requeuehold``
-        (priority 0: held as a user's hold is) where later versions say ``JobHeldUser``."""
-        return _held_reason(self._str(raw, "state_reason", record))
+        (priority 0: held as a user's hold is) where later versions say ``JobHeldUser``; a failed launch is told by
+        ``state_description`` (see ``_LAUNCH_FAILED``)."""
+        description = raw.get("state_description")
+        return _held_reason(self._str(raw, "state_reason", record), description if isinstance(description, str) else "")
 
     def _exit_code(self, raw: dict[str, Any], record: str) -> int | None:
         """22.05 prints the batch shell's raw wait status (exit 3 is 768; killed by SIGTERM, 15)."""

@@ -69,6 +69,7 @@ class FakeJob:
     exit_code: int = 0
     signals: list[str] = field(default_factory=list)
     reason: str = "None"
+    description: str = ""  # squeue --json's state_description: Slurm's words for the reason, where they differ
     user_id: int = 1000
     start_time: int = 1_700_000_000
     end_time: int = 0
@@ -152,6 +153,16 @@ class FakeSlurm:
         job = self.jobs[job_id]
         self._use(job, -1)
         job.state, job.reason, job.nodes = "PENDING", "BeginTime", ""
+        job.restart_cnt += 1
+
+    def launch_fails(self, job_id: int) -> None:
+        """Slurm could not launch the job's batch script (a node back from a cut link still held its previous
+        attempt: "Duplicate jobid"): it requeues the job held (scontrol: Reason=launch_failed_requeued_held)."""
+        job = self.jobs[job_id]
+        if job.state == "RUNNING":
+            self._use(job, -1)
+        # As 24.11 prints it: a user's hold in state_reason, the launch failure in state_description.
+        job.state, job.reason, job.description, job.nodes = "PENDING", "JobHeldUser", "launch failed requeued held", ""
         job.restart_cnt += 1
 
     def admin_hold(self, job_id: int) -> None:
@@ -271,6 +282,7 @@ class FakeSlurm:
             "comment": job.options.get("comment", ""),
             "restart_cnt": job.restart_cnt,
             "state_reason": job.reason,
+            **({"state_description": job.description} if job.description else {}),
             "user_id": job.user_id,
             "standard_output": job.options.get("output", ""),
             "end_time": job.end_time,
@@ -296,7 +308,9 @@ class FakeSlurm:
         submitted = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(flat.get("submit_time") or 0)))
         return "|".join(str(v) for v in (
             flat["job_id"], array or flat["job_id"], task if array and task is not None else "N/A",
-            flat.get("user_id", 0), flat.get("job_state", "PENDING"), flat.get("state_reason") or "None",
+            # %r prints Slurm's words for the reason where it has them (a failed launch's), else the reason.
+            flat.get("user_id", 0), flat.get("job_state", "PENDING"),
+            flat.get("state_description") or flat.get("state_reason") or "None",
             flat.get("partition", ""), flat.get("node_count") or 1, gres or "N/A", submitted))
 
     def _squeue(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -477,6 +491,7 @@ class FakeSlurm:
         if argv[1:2] in (["release"], ["hold"]):
             for job in self._matching(argv[2]):
                 job.reason = "None" if argv[1] == "release" else "JobHeldUser"
+                job.description = ""
             return self._done(argv, 0, "")
         return self._done(argv, 1, "", f"scontrol: error: fake does not know {' '.join(argv[1:])}")
 

@@ -22,6 +22,7 @@ one to leave), END_WORKERS (cancel the workers of an ended job).
 NOTE changes nothing in Slurm: a decision worth telling the user, once.
 PLACE: an elastic job that waits, asked for as the kind of GPU the typed policy places it on (or any kind
 again, where that kind can no longer be freed for it).
+RELEASE_FAILED_LAUNCH: a job Slurm requeued held because its launch failed, released (a bounded number of times).
 
 :class:`MoveKind` says what a move in flight is for: onto the partition the
 job wants (``move``), back out of a backfill window (``return``), onto it
@@ -49,6 +50,7 @@ class ActionKind(StrEnum):
     END_WORKERS = "end-workers"  # cancel the worker array of an ended job
     SEND_FOR_GPU = "send-for-gpu"  # no Slurm call: a move of a job whose launcher requeued it held, needing a GPU
     PLACE = "place"  # scontrol update TresPerNode=gres:gpu:KIND:N of a waiting elastic job ("": any kind again)
+    RELEASE_FAILED_LAUNCH = "release-failed-launch"  # scontrol release of a job Slurm held after a failed launch
 
 
 class MoveKind(StrEnum):

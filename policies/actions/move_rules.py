@@ -72,7 +72,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
-from dlsub.contract import ACTION_MOVE, ACTION_NEEDS_GPU, HELD_BY_ADMIN, HELD_BY_USER, is_held
+from dlsub.contract import ACTION_MOVE, ACTION_NEEDS_GPU, HELD_AFTER_FAILED_LAUNCH, HELD_BY_ADMIN, HELD_BY_USER, is_held
 from dlsub.policies.actions.budget_gate import move_fits_budget
 from dlsub.policies.actions.kinds import ActionKind as K
 from dlsub.policies.actions.kinds import MoveKind
@@ -598,6 +598,34 @@ def _backfill_seconds(job: JobInfo, limit_min: int | None, closes_in: float | No
 
 _CLOSED = WindowState(False)  # no backfill window open (frozen: one default shared by every call)
 
+#: The most times the agent releases one job that Slurm held after a failed launch. Slurm drains the node the
+#: launch failed on, so the next start goes elsewhere; a job whose launches keep failing is left held, and said
+#: so, for its user and the admin to look at (a broken image or path fails every node alike).
+MAX_LAUNCH_RELEASES = 3
+
+
+def _failed_launches(jobs: Sequence[JobInfo]) -> list[Action]:
+    """A job Slurm requeued held because its batch script could not be launched (``HELD_AFTER_FAILED_LAUNCH``)
+    would wait for ever, though nothing is wrong with it: seen when a node came back from a cut link still
+    holding the job's previous attempt and Slurm started the requeued job there again at once ("Duplicate
+    jobid"). Released, at most MAX_LAUNCH_RELEASES times (an administrator's hold has another reason and is
+    never released)."""
+    actions = []
+    for job in jobs:
+        if job.state != "PENDING" or job.reason != HELD_AFTER_FAILED_LAUNCH:
+            continue
+        done = job.history.launch_releases
+        ids: _Ids = {"dlsub_id": job.dlsub_id, "slurm_job_id": job.slurm_job_id}
+        if done >= MAX_LAUNCH_RELEASES:
+            actions.append(Action(K.NOTE, reason=f"held by Slurm after its launch failed again ({done} releases "
+                                  "already): left held; `scontrol show job` and `sinfo -R` say why, and an "
+                                  "administrator or its user may release it", **ids))
+        else:
+            actions.append(Action(K.RELEASE_FAILED_LAUNCH, reason=f"released after Slurm held it for a failed "
+                                  f"launch (release {done + 1} of at most {MAX_LAUNCH_RELEASES}; `sinfo -R` names "
+                                  "the node it drained)", **ids))
+    return actions
+
 
 def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionView], rules: Rules, now: float,
          window: WindowState = _CLOSED, usage: Mapping[int, Usage] | None = None) -> list[Action]:
@@ -609,7 +637,9 @@ def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionView], rules: Ru
     """
     by_name = {p.name: p for p in partitions}
     usage = dict(usage_of(jobs) if usage is None else usage)
-    actions: list[Action] = []
+    actions = _failed_launches(jobs)
+    released = {a.slurm_job_id for a in actions}
+    jobs = [j for j in jobs if j.slurm_job_id not in released]
     for job in jobs:
         if job.move is not None:
             actions += _advance_move(job, now, rules)
@@ -624,4 +654,4 @@ def plan(jobs: Sequence[JobInfo], partitions: Sequence[PartitionView], rules: Ru
     return actions
 
 
-__all__ = ["NO_LIBRARY", "plan", "remaining_s", "usage_of", "uses_no_library"]
+__all__ = ["MAX_LAUNCH_RELEASES", "NO_LIBRARY", "plan", "remaining_s", "usage_of", "uses_no_library"]

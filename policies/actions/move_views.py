@@ -88,6 +88,7 @@ class History:
     backfilled_from: str | None = None  # the partition it waited in before a backfill
     backfilled_limit_min: int | None = None  # its own time limit, restored when it goes back
     requeues: int = 0  # resume-requeues of this Slurm job (its attempt records); moves do not count
+    launch_releases: int = 0  # how often the agent released it after Slurm held it for a failed launch
 
 
 @dataclass(frozen=True)

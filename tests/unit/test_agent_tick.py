@@ -22,6 +22,7 @@ from agent_world import ME, NOW, OTHER, World, policy
 from dlsub.agent import observe as observe_module
 from dlsub.agent.agent_store import AgentStore
 from dlsub.agent.store_rows import Writes
+from dlsub.policies.actions.move_rules import MAX_LAUNCH_RELEASES
 from dlsub.slurm_plugins.fake import FakeNode, FakePartition, FakeSlurm
 
 
@@ -109,6 +110,26 @@ def test_an_admin_hold_on_a_moving_job_is_never_released(tmp_path: Path) -> None
     assert not [c for c in w.fake.calls if c[:2] in (["scontrol", "release"], ["scontrol", "update"])]
     waits = [d for d in w.store.decisions("0123abcd") if d.kind == "wait"]
     assert len(waits) == 1 and "held by an administrator" in waits[0].reason
+
+
+def test_a_job_slurm_held_after_a_failed_launch_is_released_at_most_three_times(tmp_path: Path) -> None:
+    """Stateful fake Slurm. A job Slurm requeued held because its launch failed (seen in the soak: a node back
+    from a cut link still held the job's old attempt, and Slurm started it there again: "Duplicate jobid") is
+    released, each release counted in the store first; after MAX_LAUNCH_RELEASES it is left held, and said so."""
+    w = World(tmp_path)
+    job_id, job_dir = w.submit("0123abcd")
+    w.progress(job_dir, job_id)
+    agent = w.agent()
+    agent.tick(NOW)
+    for i in range(MAX_LAUNCH_RELEASES + 2):
+        w.fake.launch_fails(job_id)
+        kinds = [a.kind for a in agent.tick(NOW + 5 * (i + 1))]
+        assert kinds == (["release-failed-launch"] if i < MAX_LAUNCH_RELEASES else ["note"]), (i, kinds)
+    releases = [c for c in w.fake.calls if c[:2] == ["scontrol", "release"]]
+    assert len(releases) == MAX_LAUNCH_RELEASES and w.fake.jobs[job_id].description == "launch failed requeued held"
+    said = [(d.kind, d.reason) for d in w.store.decisions("0123abcd") if d.kind in ("release-failed-launch", "wait")]
+    assert [k for k, _ in said] == ["release-failed-launch"] * MAX_LAUNCH_RELEASES + ["wait"], said
+    assert "release 1 of at most 3" in said[0][1] and "left held" in said[-1][1], said
 
 
 def test_a_users_own_hold_without_a_move_checkpoint_is_not_released(tmp_path: Path) -> None:

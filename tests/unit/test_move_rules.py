@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from move_jobs import changed, job_info
 
+from dlsub.contract import HELD_AFTER_FAILED_LAUNCH
 from dlsub.policies.actions import move_rules as m
 from dlsub.policies.actions.kinds import ActionKind as K
 from dlsub.policies.actions.kinds import MoveKind
@@ -71,6 +72,17 @@ def test_a_move_not_worth_its_restart_is_not_made() -> None:
     actions = m.plan([job(eta_s=100.0)], parts(), RULES, NOW)
     assert kinds(actions) == [K.NOTE]
     assert "not moved to gpu: it would save about" in actions[0].reason and "restart" in actions[0].reason
+
+
+def test_a_job_slurm_held_after_a_failed_launch_is_released_and_nothing_else_is_done_to_it() -> None:
+    held = job(state="PENDING", reason=HELD_AFTER_FAILED_LAUNCH, partition="cpu")
+    (a,) = m.plan([held], parts(), RULES, NOW)
+    assert a.kind == K.RELEASE_FAILED_LAUNCH and "release 1 of at most 3" in a.reason, a
+    (a,) = m.plan([changed(held, launch_releases=m.MAX_LAUNCH_RELEASES)], parts(), RULES, NOW)
+    assert a.kind == K.NOTE and "left held" in a.reason, a
+    # An administrator's hold is never released, nor any job Slurm holds for another reason.
+    for reason in ("JobHeldAdmin", "JobHeldUser", "BeginTime"):
+        assert K.RELEASE_FAILED_LAUNCH not in kinds(m.plan([changed(held, reason=reason)], parts(), RULES, NOW))
 
 
 def test_ideal_mode_and_users_the_policy_excludes_are_not_moved() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from dlsub.contract import SUBMIT_RECORD_PREFIX
+from dlsub.contract import HELD_AFTER_FAILED_LAUNCH, SUBMIT_RECORD_PREFIX
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.dialects import QUEUE_FORMAT, SlurmParseError, SlurmVersion, dialect_for
 from dlsub.slurm_plugins.fake import FakeSlurm
@@ -36,10 +36,12 @@ def test_brief_lines_say_what_the_json_says(version: str) -> None:
     fake = cluster(version=version)
     client = SlurmClient(runner=fake)
     fake.add_raw_jobs([plain(5, state="RUNNING"), plain(6, uid=2002, state_reason="JobHeldUser"),
-                       plain(7, array_job_id=7, array_task_id=3, tres_per_node="")])
+                       plain(7, array_job_id=7, array_task_id=3, tres_per_node=""),
+                       # Requeued held by Slurm after a failed launch, as 24.11 says it (squeue's %r: the description).
+                       plain(8, state_reason="JobHeldUser", state_description="launch failed requeued held")])
     brief = {j.job_id: j for j in client.queue()}
     whole = {j.job_id: j for j in client.jobs()}
-    assert set(brief) == set(whole) == {5, 6, 7}
+    assert set(brief) == set(whole) == {5, 6, 7, 8}
     for job_id, job in brief.items():
         full = whole[job_id]
         assert (job.user_id, job.state, job.reason, job.partition, job.node_count, job.gpus_per_node,
@@ -48,6 +50,7 @@ def test_brief_lines_say_what_the_json_says(version: str) -> None:
                 full.array_job_id, full.submit_time, full.held)
         assert job.extra["brief"] and job.comment == "" and job.submit_record is None
     assert brief[6].held and brief[5].gpus_per_node == 2 and brief[7].array_job_id == 7
+    assert brief[8].held and brief[8].reason == whole[8].reason == HELD_AFTER_FAILED_LAUNCH != brief[6].reason
 
 
 def test_a_line_not_shaped_as_the_format_names_field_and_version() -> None:
