@@ -246,10 +246,10 @@ def one_run(run: int, seed: int, users: dict[str, TestbedUser]) -> dict[str, Any
             slurmctld_back(PRIMARY_HEAD)
         agent_service("start")
     drained = drained_nodes()
-    for node in drained:
+    for drained_node in drained:
         # Slurm's, not dlsub's, and an admin's to lift (docs/admin-guide.md, "When slurmctld fails over"): lifted
         # here, so that the next run starts on a whole cluster.
-        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+        subprocess.run(["scontrol", "update", f"nodename={drained_node}", "state=resume"], check=False)
     ok = not any(r["problems"] for r in results)
     for r in results:
         print(f"  {r['job']:<22} {r['state']:<10} attempts {r['attempts']} on {','.join(r['partitions'])}; "
