@@ -4,6 +4,7 @@
         [--workloads 5,6,7,8] [--policies goodput,sia,pollux] [--variant K=V,...] [--sia-variant K=V,...]
         [--raw FILE] [--profile before|beside|history] [--profile-s S] [--profile-batch-s S]
         [--no-profile-report] [--history none|one-user] [--resize-costs restart,10,0]
+        [--profile-cost steps|flat] [--profile-startup-s S] [--profile-batch-startup-s S]
 
 Each Philly workload (``DATA/workloads-philly/workload-N.csv``) on Sia's cluster (aws 6x4, dgx-ext 2x8,
 rtx 3x8: ``sim/scenarios/sia-cluster.toml``) with Sia's calibration, online (each job knows only what it
@@ -32,6 +33,11 @@ profile_batches=N (N > 1) has it time N batch sizes on the job's fastest type (S
 paid for and used, and what every policy's jobs learn from earlier runs of their command
 (``dlsub.sim.engine.PROFILE_MODES``, ``dlsub.sim.information``): what the profiles cost goodput, measured
 (policies/goodput_types.py).
+--profile-cost (issue 54, ``sim/profile_cost.py``): ``steps`` models the profile's wait (its start-up,
+--profile-startup-s, then dlsub estimate's timed steps at the job's own step on one GPU of each type from the
+traces; each further batch size --profile-batch-startup-s plus its timed steps); ``flat`` charges --profile-s and
+--profile-batch-s, the assumed constants every figure before the measurement was run with. Rows of --raw kept
+before the option are ``flat`` rows.
 --resize-costs C,... (issue 52): what a resize in place costs (``SimConfig.resize_penalty_s``): ``restart``
 (each application's restart in Sia's calibration, as every figure before issue 52 was run), seconds (10:
 dlsub's measured resize, the default, never more than the application's restart; 0: free, a bound). Every
@@ -55,6 +61,7 @@ from dlsub.policies.registry import policy_class, policy_names
 from dlsub.sim.cluster_file import load_cluster
 from dlsub.sim.compare import METRICS, Lookup, claim, figures, per_order, table
 from dlsub.sim.engine import PROFILE_MODES, SimConfig, simulate
+from dlsub.sim.profile_cost import PROFILE_COSTS
 from dlsub.sim.workload import SCENARIOS_DIR, read_workload
 
 # Issues 33 and 54: goodput's average JCT at most this times sia's and pollux's, at no more GPU-hours per job.
@@ -102,10 +109,14 @@ def run_one(data: Path, cluster_file: Path, policy: str, workload: int, seed: in
             variant: dict[str, float], profile: str = SimConfig.profile,
             profile_s: float = SimConfig.profile_s, history: str = SimConfig.history,
             profile_report: bool = SimConfig.profile_report,
-            profile_batch_s: float = SimConfig.profile_batch_s, resize: str = RESTART) -> dict[str, Any]:
+            profile_batch_s: float = SimConfig.profile_batch_s, resize: str = RESTART,
+            profile_cost: str = SimConfig.profile_cost, profile_startup_s: float = SimConfig.profile_startup_s,
+            profile_batch_startup_s: float = SimConfig.profile_batch_startup_s) -> dict[str, Any]:
     config = SimConfig(information="online", calibration="sia", seed=seed, arrival_jitter_s=jitter,
                        profile=profile, profile_s=profile_s, history=history, profile_report=profile_report,
-                       profile_batch_s=profile_batch_s, resize_penalty_s=None if resize == RESTART else float(resize))
+                       profile_batch_s=profile_batch_s, resize_penalty_s=None if resize == RESTART else float(resize),
+                       profile_cost=profile_cost, profile_startup_s=profile_startup_s,
+                       profile_batch_startup_s=profile_batch_startup_s)
     jobs = read_workload(data / "workloads-philly" / f"workload-{workload}.csv")
     made = policy_class(policy)(**variant) if variant else policy_class(policy)()
     result = simulate(jobs, data / "traces", made, load_cluster(cluster_file), config)
@@ -122,6 +133,9 @@ def run_one(data: Path, cluster_file: Path, policy: str, workload: int, seed: in
             "profile": config.profile if policy == "goodput" else "", "history": history,
             "profile_report": config.profile_report if policy == "goodput" else False,
             "profile_batch_s": config.profile_batch_s if policy == "goodput" else 0.0,
+            "profile_cost": config.profile_cost if policy == "goodput" else "",
+            "profile_startup_s": config.profile_startup_s if policy == "goodput" else 0.0,
+            "profile_batch_startup_s": config.profile_batch_startup_s if policy == "goodput" else 0.0,
             "avg_jct_s": s["avg_jct_s"], "p99_jct_s": s["p99_jct_s"], "gpu_h_per_job": s["gpu_h_per_job"],
             "restarts": s["restarts"], "resizes": s["resizes"], "resize": resize, "stalled": s["stalled"],
             "wall_s": s["wall_s"], "by_app": by_app}
@@ -148,6 +162,13 @@ def main() -> None:
     parser.add_argument("--profile-batch-s", type=float, default=SimConfig.profile_batch_s,
                         help="seconds each batch size beyond the first adds to the profile (--variant "
                              "profile_batches=N, N > 1)")
+    parser.add_argument("--profile-cost", default=SimConfig.profile_cost, choices=PROFILE_COSTS,
+                        help="how goodput's profile before the job is charged: steps (modelled, sim/profile_cost.py) "
+                             "or flat (--profile-s, --profile-batch-s: the assumed constants)")
+    parser.add_argument("--profile-startup-s", type=float, default=SimConfig.profile_startup_s,
+                        help="--profile-cost steps: the profile's start-up, submission to its first measured step")
+    parser.add_argument("--profile-batch-startup-s", type=float, default=SimConfig.profile_batch_startup_s,
+                        help="--profile-cost steps: what each further batch size adds besides its timed steps")
     parser.add_argument("--no-profile-report", dest="profile_report", action="store_false",
                         help="goodput's profile before the job is not kept as its first report (as before 28 Nov "
                              "2026: SimConfig.profile_report)")
@@ -178,16 +199,11 @@ def main() -> None:
     def find(policy: str, workload: int, seed: int, cost: str) -> dict[str, Any] | None:
         want = variants.get(policy, {})
         # A goodput run is also told apart by how its profiles were charged (rows before the option: before).
-        charge = (args.profile, args.profile_s, args.profile_report) if policy == "goodput" else ("", 0.0, False)
-        # The charge of a profile's further batch sizes tells runs apart only where it has some (rows before the
-        # option: SimConfig's 20 s).
-        batch_s = args.profile_batch_s if policy == "goodput" and want.get("profile_batches", 1) > 1 else None
+        charge = charge_of(args, want.get("profile_batches", 1)) if policy == "goodput" else {}
         for row in rows:
             if (row["policy"], row["workload"], row["seed"], row["jitter"], row["variant"]) == (
-                    policy, workload, seed, args.jitter, want) and (
-                    row.get("profile", "before" if policy == "goodput" else ""), row["profile_s"],
-                    row.get("profile_report", False)) == charge \
-                    and (batch_s is None or row.get("profile_batch_s", SimConfig.profile_batch_s) == batch_s) \
+                    policy, workload, seed, args.jitter, want) and all(
+                    row.get(key, OLD_CHARGE.get(key)) == value for key, value in charge.items()) \
                     and row.get("history", "none") == args.history and cost_label(row.get("resize")) == cost:
                 return row
         return None
@@ -198,7 +214,9 @@ def main() -> None:
                 if find(policy, w, seed, cost) is None:
                     row = run_one(args.data, args.cluster, policy, w, seed, args.jitter,
                                   variants.get(policy, {}), args.profile, args.profile_s,
-                                  args.history, args.profile_report, args.profile_batch_s, resize=cost)
+                                  args.history, args.profile_report, args.profile_batch_s, resize=cost,
+                                  profile_cost=args.profile_cost, profile_startup_s=args.profile_startup_s,
+                                  profile_batch_startup_s=args.profile_batch_startup_s)
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     if args.raw:
@@ -231,8 +249,7 @@ def main() -> None:
               f"{args.workloads} ({half}), {len(seeds)} arrival orders "
               f"(jitter up to {args.jitter:g} s); goodput variant {variant or 'default'}"
               + (f", sia variant {sia_variant} (off the artifact's settings)" if sia_variant else "")
-              + ", goodput's one-GPU profiles "
-              f"{args.profile} the job, {args.profile_s:g} s each"
+              + f", goodput's one-GPU profiles {charge_text(args)}"
               + (f"; every policy's jobs learn from earlier runs of their command ({args.history}: assumed)"
                  if args.history != "none" else ""))
         print(f"Each policy's figures: mean over the {len(seeds)} orders of the mean over the workloads [95% interval]")
@@ -248,8 +265,11 @@ def main() -> None:
                                         for p in policies}):
                 print(line)
         # A run off the defaults says so in its claim: the goal is judged as the defaults run.
-        changed = [f"goodput's profiles {args.profile} the job, {args.profile_s:g} s each"
-                   if (args.profile, args.profile_s) != (SimConfig.profile, SimConfig.profile_s) else "",
+        default_charge = (SimConfig.profile, SimConfig.profile_cost, SimConfig.profile_s, SimConfig.profile_startup_s,
+                          SimConfig.profile_batch_startup_s)
+        changed = [f"goodput's profiles {charge_text(args)}"
+                   if (args.profile, args.profile_cost, args.profile_s, args.profile_startup_s,
+                       args.profile_batch_startup_s) != default_charge else "",
                    "its profile not kept as a report" if not args.profile_report else "",
                    f"each further batch size of its profile {args.profile_batch_s:g} s"
                    if args.profile_batch_s != SimConfig.profile_batch_s and variant.get("profile_batches", 1) > 1
@@ -299,6 +319,35 @@ def main() -> None:
                 if ratios:
                     print(f"{policy} at resize {cost} s / at restart: avg JCT {ratios['avg_jct_s'].text()}, "
                           f"GPU-h/job {ratios['gpu_h_per_job'].text()}")
+
+
+# What a row kept before an option of the profile's charge was recorded with (a goodput row).
+OLD_CHARGE: dict[str, Any] = {"profile": "before", "profile_report": False, "profile_cost": "flat",
+                              "profile_batch_s": 20.0}
+
+
+def charge_of(args: argparse.Namespace, batches: float) -> dict[str, Any]:
+    """How this run charges goodput's profiles, as its rows record it: only the settings that change its runs
+    (a further batch size's charge where it times more than one; the flat or the modelled figures)."""
+    charge: dict[str, Any] = {"profile": args.profile, "profile_report": args.profile_report,
+                              "profile_cost": args.profile_cost}
+    if args.profile != "before" or args.profile_cost == "flat":
+        charge["profile_s"] = args.profile_s
+    if args.profile == "before" and args.profile_cost == "flat" and batches > 1:
+        charge["profile_batch_s"] = args.profile_batch_s
+    if args.profile == "before" and args.profile_cost == "steps":
+        charge["profile_startup_s"] = args.profile_startup_s
+        if batches > 1:
+            charge["profile_batch_startup_s"] = args.profile_batch_startup_s
+    return charge
+
+
+def charge_text(args: argparse.Namespace) -> str:
+    """The profile's charge in words, for the report."""
+    if args.profile == "before" and args.profile_cost == "steps":
+        return (f"before the job, modelled: {args.profile_startup_s:g} s start-up + timed steps per type"
+                f" (+ {args.profile_batch_startup_s:g} s and its steps each further batch size)")
+    return f"{args.profile} the job, {args.profile_s:g} s each"
 
 
 def by_application(runs: dict[str, list[dict[str, Any]]]) -> list[str]:

@@ -25,6 +25,7 @@ from dlsub.policies.api import Allocation, ClusterView, JobView, Policy, check_d
 from dlsub.sim import sia_setting
 from dlsub.sim.apps import Application, BatchConfig, TraceError, load_application
 from dlsub.sim.information import Information, OracleInformation, command_of, information_for
+from dlsub.sim.profile_cost import PROFILE_COSTS, PROFILE_MIN_S, PROFILE_STEPS, modelled_profile_s
 from dlsub.sim.workload import WorkloadError, WorkloadJob
 
 # Pollux ran ncf at a fixed batch size of 32768 on one GPU.
@@ -73,6 +74,16 @@ class SimConfig:
     # first adds to the profile (a few more steps of the run already started on that GPU, no new start), so
     # the job's first start waits profile_s plus this for each.
     profile_batch_s: float = 20.0
+    # How the "before" profile's wait is charged (sim/profile_cost.py, issue 54): "flat", profile_s and
+    # profile_batch_s above, assumed (every figure before the measurement); "steps", modelled: the measured
+    # start-up (profile_startup_s), then dlsub estimate's timed steps (profile_steps, at least profile_min_s)
+    # at the job's own step on one GPU of each type (so a slow type or a slow model costs more), the types
+    # side by side; each further batch size profile_batch_startup_s plus its own timed steps.
+    profile_cost: str = "flat"
+    profile_startup_s: float = 60.0
+    profile_steps: int = PROFILE_STEPS
+    profile_min_s: float = PROFILE_MIN_S
+    profile_batch_startup_s: float = 0.0
 
 
 # When a job's one-GPU profiles of the GPU types run, for a policy that reads them (SimConfig.profile):
@@ -350,9 +361,10 @@ def make_jobs(
     elastic = getattr(policy, "elastic", False)
     adapts = getattr(policy, "adapts_batch", False)
     profiles = len(gpu_types) > 1 and getattr(policy, "profiles_types", False)
-    profile_s = config.profile_s if profiles and config.profile == "before" else 0.0
-    if profile_s > 0 and config.profile_report:
-        profile_s += config.profile_batch_s * (profile_batches(policy) - 1)
+    flat_s = config.profile_s if profiles and config.profile == "before" and config.profile_cost == "flat" else 0.0
+    if flat_s > 0 and config.profile_report:
+        flat_s += config.profile_batch_s * (profile_batches(policy) - 1)
+    modelled = profiles and config.profile == "before" and config.profile_cost == "steps"
     profiled = frozenset[str]() if profiles and config.profile in ("beside", "history") else None
     rng = random.Random(config.seed)
     info = information_for(config.information, policy, config.history)
@@ -393,9 +405,16 @@ def make_jobs(
         restart_s = (sia_setting.restart_s(config.calibration, app.name, config.restart_penalty_s)
                      if config.calibration != "none" else None)
         told_restart_s = sia_setting.told_restart_s(config.calibration, app.name)
+        slowdown = sia_setting.slowdown(config.calibration, app.name)
+        # The profile's wait (SimConfig.profile_cost): the batches timed as observe_profile records them.
+        profile_s = flat_s if not modelled else modelled_profile_s(
+            apps, app.init_batch_size if adaptive else batch, adaptive,
+            profile_batches(policy) if config.profile_report else 1,
+            startup_s=config.profile_startup_s, batch_startup_s=config.profile_batch_startup_s,
+            steps=config.profile_steps, min_s=config.profile_min_s, slowdown=slowdown)
         job = SimJob(spec, app, spec.arrival_s + jitter, lo, hi, spec.num_replicas, batch, adaptive, info,
                      apps=apps, gpu_type=gpu_types[0] if gpu_types else "",
-                     slowdown=sia_setting.slowdown(config.calibration, app.name),
+                     slowdown=slowdown,
                      restart_s=restart_s, told_restart_s=told_restart_s,
                      resize_s=resize_cost(config, restart_s), told_resize_s=resize_cost(config, told_restart_s),
                      profile_s=profile_s, profiled=profiled)
@@ -481,6 +500,8 @@ def simulate(
                             f"{', '.join(sia_setting.CALIBRATIONS)}")
     if config.profile not in PROFILE_MODES:
         raise WorkloadError(f"unknown profile mode {config.profile!r}; valid: {', '.join(PROFILE_MODES)}")
+    if config.profile_cost not in PROFILE_COSTS:
+        raise WorkloadError(f"unknown profile cost {config.profile_cost!r}; valid: {', '.join(PROFILE_COSTS)}")
     if config.profile == "beside" and not 0 <= config.profile_s <= config.interval_s:
         raise WorkloadError(f"a profile run beside the job takes at most one interval ({config.interval_s} s), "
                             f"so that its GPU is free by the next decision; got {config.profile_s} s")

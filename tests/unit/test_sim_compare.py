@@ -178,22 +178,27 @@ def test_goodput_vs_sia_prints_every_figure_and_the_claim_from_kept_runs(
 
 def test_goodput_vs_sia_tells_runs_apart_by_the_charge_of_a_profiles_further_batch_sizes(
         benchmarks: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """A kept run of profile_batches=2 without the charge's field was charged SimConfig's 20 s: reused at the
-    default, run again at another charge (and only goodput's runs: sia's profile has no further batch)."""
+    """A kept run of profile_batches=2 without the charge's field was charged SimConfig's 20 s, flat (the
+    charge before issue 54's model): reused at that charge, run again at another (and only goodput's runs:
+    sia's profile has no further batch), and again with the profile's wait modelled (--profile-cost steps)."""
     bench: ModuleType = importlib.import_module("goodput_vs_sia")
     raw = tmp_path / "raw.jsonl"
     rows = _kept_runs(raw, {"profile_batches": 2.0}, by_app=False)
     ran: list[tuple[object, ...]] = []
+    told: list[dict[str, object]] = []
 
     def run_one(*args: object, **kwargs: object) -> dict[str, object]:
-        assert kwargs == {"resize": "restart"}
+        assert kwargs["resize"] == "restart"
         ran.append(args)
+        told.append(kwargs)
         w, s = int(args[3]) - 4, int(args[4])  # type: ignore[call-overload]
-        return {**rows[2 * list(OURS).index((w, s))], "profile_batch_s": args[-1]}
+        return {**rows[2 * list(OURS).index((w, s))], "profile_batch_s": args[-1],
+                "profile_cost": kwargs["profile_cost"], "profile_startup_s": kwargs["profile_startup_s"],
+                "profile_batch_startup_s": kwargs["profile_batch_startup_s"]}
 
     monkeypatch.setattr(bench, "run_one", run_one)
     argv = ["goodput_vs_sia.py", "--workloads", "5,6", "--orders", "2", "--policies", "goodput,sia", "--raw",
-            str(raw), "--variant", "profile_batches=2", "--resize-costs", "restart"]
+            str(raw), "--variant", "profile_batches=2", "--resize-costs", "restart", "--profile-cost", "flat"]
     monkeypatch.setattr(sys, "argv", argv)
     bench.main()
     assert ran == []
@@ -201,3 +206,12 @@ def test_goodput_vs_sia_tells_runs_apart_by_the_charge_of_a_profiles_further_bat
     bench.main()
     assert [(args[2], args[-1]) for args in ran] == [("goodput", 60.0)] * 4
     assert "each further batch size of its profile 60 s" in capsys.readouterr().out
+    ran.clear()
+    modelled = [*argv[:-1], "steps", "--profile-startup-s", "15"]
+    monkeypatch.setattr(sys, "argv", modelled)
+    bench.main()
+    assert [(args[2], kw["profile_cost"], kw["profile_startup_s"]) for args, kw in zip(ran, told[-4:], strict=True)] \
+        == [("goodput", "steps", 15.0)] * 4
+    ran.clear()
+    bench.main()  # the modelled runs are kept now: none again
+    assert ran == []
