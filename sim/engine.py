@@ -25,7 +25,15 @@ from dlsub.policies.api import Allocation, ClusterView, JobView, Policy, check_d
 from dlsub.sim import sia_setting
 from dlsub.sim.apps import Application, BatchConfig, TraceError, load_application
 from dlsub.sim.information import Information, OracleInformation, command_of, information_for
-from dlsub.sim.profile_cost import PROFILE_COSTS, PROFILE_MIN_S, PROFILE_STEPS, modelled_profile_s
+from dlsub.sim.profile_cost import (
+    MEASURED_BATCH_STARTUP_S,
+    MEASURED_STARTUP_S,
+    MEASURED_TEARDOWN_S,
+    PROFILE_COSTS,
+    PROFILE_MIN_S,
+    PROFILE_STEPS,
+    modelled_profile_s,
+)
 from dlsub.sim.workload import WorkloadError, WorkloadJob
 
 # Pollux ran ncf at a fixed batch size of 32768 on one GPU.
@@ -79,11 +87,13 @@ class SimConfig:
     # start-up (profile_startup_s), then dlsub estimate's timed steps (profile_steps, at least profile_min_s)
     # at the job's own step on one GPU of each type (so a slow type or a slow model costs more), the types
     # side by side; each further batch size profile_batch_startup_s plus its own timed steps.
-    profile_cost: str = "flat"
-    profile_startup_s: float = 60.0
+    # The defaults: the testbed's measured start-up and end (6.3 s, a floor: sim/profile_cost.py). "flat" with
+    # profile_s 60 and profile_batch_s 20 gives back the figures run before (goodput_vs_sia.py --profile-cost flat).
+    profile_cost: str = "steps"
+    profile_startup_s: float = MEASURED_STARTUP_S + MEASURED_TEARDOWN_S
     profile_steps: int = PROFILE_STEPS
     profile_min_s: float = PROFILE_MIN_S
-    profile_batch_startup_s: float = 0.0
+    profile_batch_startup_s: float = MEASURED_BATCH_STARTUP_S
 
 
 # When a job's one-GPU profiles of the GPU types run, for a policy that reads them (SimConfig.profile):

@@ -6,10 +6,11 @@ Until issue 54 that wait was assumed: 60 s for the profile and 20 s for each bat
 (``PROFILE_COSTS`` "flat", still there so that the figures run with it can be reproduced). "steps" models
 it from what a profile is, so that a job whose steps are slow pays more than one whose steps are fast:
 
-- **Start-up** (``SimConfig.profile_startup_s``): the profile job's submission to its first measured step:
-  the queue's dispatch, the container, the interpreter and its imports, the data loader, CUDA's set-up and
-  the first (warm-up) step. The same on every type (measured once, on the testbed); the job's own
-  restart penalty is not used for it, because the profile loads no checkpoint.
+- **Start-up** (``SimConfig.profile_startup_s``): the profile job's start to its first measured step (the
+  container, the interpreter and its imports, torchrun, the data and the model built), and its end after
+  the last: measured on the testbed (:data:`MEASURED_STARTUP_S`, :data:`MEASURED_TEARDOWN_S`; a floor, as it
+  has no GPU). The same on every type; the job's own restart penalty is not used for it, because the
+  profile loads no checkpoint.
 - **Timed steps**: ``dlsub estimate``'s stop rule (``checkpointing/run_support.py``, ``Profile``): at
   least ``SimConfig.profile_steps`` steps and ``profile_min_s`` seconds after the first report, each step
   the job's own step on one GPU of the type from the traces, at the batch the profile times (its first
@@ -38,6 +39,19 @@ PROFILE_COSTS = ("steps", "flat")
 # dlsub estimate's profiling stop rule (estimate/estimator.py PROFILE_STEPS, PROFILE_SECONDS).
 PROFILE_STEPS = 30
 PROFILE_MIN_S = 2.0
+# The start-up and end of a one-GPU profile as measured on the testbed, 2 Dec 2026 (issue 54; the main
+# engineer's note /work/msg/profile_cost.json): 106 runs of `dlsub estimate` (examples/train_digits.py,
+# batch sizes 32-512, partitions cpu, gpu, gpu-dev; 2 cores, Slurm 24.11, rootless Podman, the CPU image with
+# torch 2.13.0), from the profiling job's start on its node to its first timed step: median 5.7 s (3.6-13.9:
+# Podman's start about 0.7 s, the interpreter and `import torch` 3-5 s, torchrun and its rendezvous, data and
+# model built); after the last timed step to the job's end: median 0.6 s. The testbed has no GPU: CUDA's
+# context and moving the model to the GPU (seconds on a real GPU, more with NCCL) are not in them, nor any
+# queueing for the profile's GPU, so the charge is a floor for a real site.
+MEASURED_STARTUP_S = 5.7
+MEASURED_TEARDOWN_S = 0.6
+# dlsub estimate profiles each batch size as a run of its own (another start-up); a further batch size
+# timed in the run already started, as the simulator's profile models it, costs only its own timed steps.
+MEASURED_BATCH_STARTUP_S = 0.0
 
 
 def timed_s(app: Application, batch: int, steps: int, min_s: float, slowdown: float = 1.0) -> float:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from dlsub.sim.compare import Estimate, claim, figures, goal_met, interval, per_order, table
+from dlsub.sim.engine import SimConfig
 
 REPO = Path(__file__).resolve().parents[2]
 # Two workloads, two orders: (workload, order) -> figures.
@@ -134,9 +135,11 @@ def test_goodput_vs_pollux_runs_again_a_kept_row_without_gpu_hours(benchmarks: N
         "avg_jct_s": 1.0, "p99_jct_s": 2.0, "gpu_h_per_job": 3.0}
 
 
-def _kept_runs(raw: Path, goodput_variant: dict[str, float], by_app: bool) -> list[dict[str, Any]]:
-    """goodput_vs_sia's kept runs of OURS (goodput, its variant ``goodput_variant``, charged a profile) and BASE
-    (sia) on workloads 5 and 6, written to ``raw``; the rows in the order written."""
+def _kept_runs(raw: Path, goodput_variant: dict[str, float], by_app: bool,
+               charge: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """goodput_vs_sia's kept runs of OURS (goodput, its variant ``goodput_variant``, charged a profile: 60 s
+    flat, as rows kept before the modelled charge, or ``charge``'s fields) and BASE (sia) on workloads 5 and 6,
+    written to ``raw``; the rows in the order written."""
     rows: list[dict[str, Any]] = []
     for (w, s), figs in OURS.items():
         for policy, f in (("goodput", figs), ("sia", BASE[(w, s)])):
@@ -144,7 +147,8 @@ def _kept_runs(raw: Path, goodput_variant: dict[str, float], by_app: bool) -> li
             row = {"policy": policy, "workload": w + 4, "seed": s, "jitter": 120.0,
                    "variant": goodput_variant if charged else {},
                    "profile": "before" if charged else "", "profile_s": 60.0 if charged else 0.0,
-                   "profile_report": charged, "history": "none", "restarts": 10, **f}
+                   "profile_report": charged, "history": "none", "restarts": 10, **f,
+                   **((charge or {}) if charged else {})}
             if by_app:
                 row["by_app"] = {"bert": [2, f["avg_jct_s"] * 2, f["gpu_h_per_job"] * 2 * 3600, 1]}
             rows.append(row)
@@ -156,7 +160,8 @@ def test_goodput_vs_sia_prints_every_figure_and_the_claim_from_kept_runs(
         benchmarks: None, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     bench: ModuleType = importlib.import_module("goodput_vs_sia")
     raw = tmp_path / "raw.jsonl"
-    _kept_runs(raw, {}, by_app=True)
+    _kept_runs(raw, {}, by_app=True,  # charged as SimConfig's defaults charge: the measured start-up, modelled
+               charge={"profile_cost": "steps", "profile_startup_s": SimConfig.profile_startup_s})
     # Kept before --resize-costs: each run charged a resize a restart.
     monkeypatch.setattr(sys, "argv", ["goodput_vs_sia.py", "--workloads", "5,6", "--orders", "2", "--policies",
                                       "goodput,sia", "--raw", str(raw), "--by-app", "--resize-costs", "restart"])

@@ -212,10 +212,11 @@ def test_native_writes_to_stdout_go_to_stderr_while_simulating() -> None:
 
 def test_goodput_pays_for_the_profile_of_every_type_it_reads(typed_traces: Path) -> None:
     """Unit: goodput reads each job's one-GPU profile of every type (type_rates). Profiled "before" its first
-    start (the default), that start waits SimConfig.profile_s longer; profiled "beside", no start waits and
+    start (the default), that start waits longer (charged flat here: SimConfig.profile_s; the modelled charge:
+    tests/unit/test_sim_profile_cost.py); profiled "beside", no start waits and
     the profiles are still owed. sia and pollux are charged nothing (as Sia's artifact charges nothing)."""
     spec = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)]
-    before = SimConfig(profile_s=45.0)
+    before = SimConfig(profile_s=45.0, profile_cost="flat")
     charged = {name: make_jobs(spec, typed_traces, get_policy(name), before, two_types())[0]
                for name in ("goodput", "sia", "pollux")}
     assert {name: j.profile_s for name, j in charged.items()} == {"goodput": 45.0, "sia": 0.0, "pollux": 0.0}
@@ -329,7 +330,7 @@ def test_a_profile_of_two_batch_sizes_gives_the_fit_the_step_at_the_largest_and_
     from dlsub.policies.goodput_types import TypedGoodputPolicy
 
     spec = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)]
-    config = SimConfig(information="online", profile_s=60.0, profile_batch_s=20.0)
+    config = SimConfig(information="online", profile_s=60.0, profile_batch_s=20.0, profile_cost="flat")
     errors = {}
     for batches in (1, 2):
         policy = TypedGoodputPolicy(profile_batches=batches)

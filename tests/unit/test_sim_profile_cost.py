@@ -130,3 +130,14 @@ def test_the_first_start_waits_its_restart_and_the_modelled_profile(traces: Path
 def test_an_unknown_profile_cost_is_refused() -> None:
     with pytest.raises(WorkloadError, match="unknown profile cost 'guess'"):
         simulate(SPEC, POLLUX_DIR / "traces", get_policy("goodput"), two_types(), SimConfig(profile_cost="guess"))
+
+
+def test_by_default_the_wait_is_the_testbeds_measured_start_up_and_end_plus_the_slowest_types_steps(
+        traces: Path) -> None:
+    """Unit: SimConfig's defaults charge the modelled wait with the testbed's measured start-up (5.7 s) and end
+    (0.6 s), and nothing but its steps for a further batch size (timed in the run already started)."""
+    job = make_jobs(SPEC, traces, get_policy("goodput"), SimConfig(), two_types())[0]
+    fast = load_application(traces / "cifar10", "fast")
+    slow_steps = max(PROFILE_STEPS * _step(traces, "slow", fast.init_batch_size), PROFILE_MIN_S)
+    assert job.profile_s == pytest.approx(5.7 + 0.6 + slow_steps)
+    assert SimConfig().profile_batch_startup_s == 0.0

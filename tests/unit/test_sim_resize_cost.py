@@ -140,7 +140,8 @@ def test_sia_calibration_restarts_per_application_and_resizes_at_the_measured_co
     the restart."""
     cluster = ClusterView((Node("f0", 4, gpu_type="fast"), Node("s0", 4, gpu_type="slow")))
     for cost, charged, told in ((10.0, 10.0, 10.0), (None, 50.0, None)):
-        job = _job(SimConfig(calibration="sia", resize_penalty_s=cost, profile_s=0.0), cluster, typed_traces)
+        config = SimConfig(calibration="sia", resize_penalty_s=cost, profile_s=0.0, profile_cost="flat")
+        job = _job(config, cluster, typed_traces)
         job.reallocate(Allocation(("f0",)), 60.0, 30.0, "fast")
         assert job.penalty_left == 50.0
         job.reallocate(Allocation(("f0",) * 4), 120.0, 30.0, "fast")
