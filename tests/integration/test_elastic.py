@@ -155,10 +155,12 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
         why = user.dlsub("why", job["id"]).stdout
         assert "growing to 4 GPUs: gpu1, a node the job already runs on, has 1 idle GPU(s)" in why, why
         # Another user's 2-GPU job waits for gpu1: two workers leave, newest first; the job goes on at 2 GPUs.
-        # It holds the GPUs 20 s: the group left takes 10 s or more to form again at the smaller size,
-        # and with a 5 s job the worker was back before it had (it formed at the larger size; a CI run).
+        # It holds the GPUs until the job has ended (cancelled below): with a 5 s job the worker was back before
+        # the group had formed again at the smaller size (a CI run); with a 20 s one the two workers came back
+        # as the job trained its last steps, the group re-formed at 3 after it had finished, and the main job's
+        # torchrun then waited out its 300 s exit barrier (a CI rehearsal, 2026-12-02).
         out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:2", "-J", "needs-two", "--mem=200",
-                        "--cpus-per-task=1", "--time=5", "--wrap", "sleep 20", check=True)
+                        "--cpus-per-task=1", "--time=10", "--wrap", "sleep 600", check=True)
         other = int(out.stdout.strip().split(";")[0])
         wait_for("the other user's job to start", lambda: (slurm_job(other) or {}).get("job_state") in
                  ("RUNNING", "COMPLETED", None), timeout=180)

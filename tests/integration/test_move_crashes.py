@@ -153,9 +153,13 @@ def test_slurmctld_failing_over_during_a_move_loses_nothing(
                  lambda: (slurm_job(slurm_id) or {}).get("state_reason") == "JobHeldUser", timeout=90)
 
         def on_gpu() -> bool:
-            tick(manual_agent)
+            # Seen running there before the tick, so that this tick finishes the move: one that saw the job still
+            # in Slurm's requeue wait did not, and the job, on GPUs, completed while the primary came back; the
+            # next tick then abandoned the move (a CI rehearsal, 2026-12-02).
             record = slurm_job(slurm_id) or {}
-            return record.get("job_state") == "RUNNING" and record.get("partition") == "gpu"
+            running = record.get("job_state") == "RUNNING" and record.get("partition") == "gpu"
+            tick(manual_agent)
+            return running and "move-done" in [k for k, _ in decisions(manual_agent, slurm_id)]
 
         wait_for("the move to finish, the backup in control", on_gpu, timeout=150, interval=2)
         assert controllers().get("primary") == "DOWN", "the move was to finish while the backup held control"
