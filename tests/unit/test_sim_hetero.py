@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import pytest
 from click.testing import CliRunner
+from typed_traces import write_typed_traces
 
 from dlsub.cli.main import main
 from dlsub.policies.api import Allocation, Allocations, ClusterView, Decision, Jobs, Node
@@ -29,27 +30,10 @@ from dlsub.sim.workload import POLLUX_DIR, WorkloadError, WorkloadJob, read_work
 CIFAR = POLLUX_DIR / "traces" / "cifar10"
 
 
-def _scaled_copy(source: Path, target: Path, factor: float) -> None:
-    with source.open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    with target.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: (float(v) * factor if k in ("step_time", "sync_time") else v) for k, v in row.items()})
-
-
 @pytest.fixture()
 def typed_traces(tmp_path: Path) -> Path:
     """traces/cifar10 with placements-<type>.csv and scalability-<type>.csv for types fast and slow (2x)."""
-    app = tmp_path / "traces" / "cifar10"
-    app.mkdir(parents=True)
-    for path in CIFAR.glob("validation-*.csv"):
-        shutil.copy(path, app / path.name)
-    for kind in ("placements", "scalability"):
-        _scaled_copy(CIFAR / f"{kind}.csv", app / f"{kind}-fast.csv", 1.0)
-        _scaled_copy(CIFAR / f"{kind}.csv", app / f"{kind}-slow.csv", 2.0)
-    return tmp_path / "traces"
+    return write_typed_traces(tmp_path)
 
 
 def two_types(fast_nodes: int = 1, slow_nodes: int = 1, per_node: int = 4) -> ClusterView:

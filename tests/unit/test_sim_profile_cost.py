@@ -7,11 +7,10 @@ times, type ``slow`` at exactly twice them, so each wait can be checked against 
 
 from __future__ import annotations
 
-import csv
-import shutil
 from pathlib import Path
 
 import pytest
+from typed_traces import write_typed_traces
 
 from dlsub.policies.api import Allocation, ClusterView, Node
 from dlsub.policies.goodput_types import TypedGoodputPolicy
@@ -21,30 +20,12 @@ from dlsub.sim.engine import SimConfig, make_jobs, simulate
 from dlsub.sim.profile_cost import PROFILE_MIN_S, PROFILE_STEPS, modelled_profile_s, timed_s
 from dlsub.sim.workload import POLLUX_DIR, WorkloadError, WorkloadJob
 
-CIFAR = POLLUX_DIR / "traces" / "cifar10"
 SPEC = [WorkloadJob("cifar10-0", 0.0, "cifar10", 1, 128)]
-
-
-def _scaled_copy(source: Path, target: Path, factor: float) -> None:
-    with source.open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    with target.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: (float(v) * factor if k in ("step_time", "sync_time") else v) for k, v in row.items()})
 
 
 @pytest.fixture()
 def traces(tmp_path: Path) -> Path:
-    app = tmp_path / "traces" / "cifar10"
-    app.mkdir(parents=True)
-    for path in CIFAR.glob("validation-*.csv"):
-        shutil.copy(path, app / path.name)
-    for kind in ("placements", "scalability"):
-        _scaled_copy(CIFAR / f"{kind}.csv", app / f"{kind}-fast.csv", 1.0)
-        _scaled_copy(CIFAR / f"{kind}.csv", app / f"{kind}-slow.csv", 2.0)
-    return tmp_path / "traces"
+    return write_typed_traces(tmp_path)
 
 
 def two_types() -> ClusterView:
