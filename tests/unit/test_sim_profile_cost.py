@@ -122,3 +122,12 @@ def test_by_default_the_wait_is_the_testbeds_measured_start_up_and_end_plus_the_
     slow_steps = max(PROFILE_STEPS * _step(traces, "slow", fast.init_batch_size), PROFILE_MIN_S)
     assert job.profile_s == pytest.approx(5.7 + 0.6 + slow_steps)
     assert SimConfig().profile_batch_startup_s == 0.0
+
+
+def test_the_simulated_stop_rule_is_dlsub_estimates() -> None:
+    """Unit: the simulator cannot import dlsub.estimate (it is the layer below it), so it keeps the profiling stop
+    rule's two figures itself; they must stay those `dlsub estimate` runs with."""
+    from dlsub.estimate.estimator import PROFILE_SECONDS
+    from dlsub.estimate.estimator import PROFILE_STEPS as ESTIMATE_STEPS
+
+    assert (PROFILE_STEPS, PROFILE_MIN_S) == (ESTIMATE_STEPS, PROFILE_SECONDS)
