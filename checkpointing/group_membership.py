@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 log = logging.getLogger("dlsub.checkpointing.group_membership")
@@ -39,6 +41,8 @@ log = logging.getLogger("dlsub.checkpointing.group_membership")
 
 #: How long the processes of a group whose member went silent get between SIGTERM and SIGKILL when it restarts.
 SILENT_PEER_STOP_S = 5
+#: How often a node at the exit barrier looks whether the nodes that have not reached it still answer.
+EXIT_BARRIER_LOOK_S = 2.0
 
 
 class LeftTheGroup(RuntimeError):
@@ -144,6 +148,9 @@ def install() -> bool:
             return stop_workers(self, worker_group, *args, **kwargs)
 
         patches.append((agent_class, "_stop_workers", _stop_workers))
+    exit_barrier = _exit_barrier_of_those_answering()
+    if agent_class is not None and exit_barrier is not None:
+        patches.append((agent_class, "_exit_barrier", exit_barrier))
     # Set on torch's classes, in this process only (setattr: mypy holds methods unassignable).
     for cls, name, value in (*patches, (holder_class, "_sanitize", _sanitize),
                              (handler_class, "next_rendezvous", _next_rendezvous),
@@ -151,6 +158,64 @@ def install() -> bool:
                              (handler_class, "shutdown", _shutdown), (handler_class, "_dlsub_membership", True)):
         setattr(cls, name, value)
     return True
+
+
+def _answering(handler: Any) -> int | None:
+    """How many nodes of this round the rendezvous still counts (it drops those silent too long); None where it
+    cannot say (not this torch's shape, or the store is gone)."""
+    try:
+        _synced(handler)
+        return len(handler._state_holder.state.participants)
+    except Exception:  # noqa: BLE001 - torch's store errors are many; the barrier then ends, as torch's does
+        return None
+
+
+def _exit_barrier_of_those_answering() -> Callable[[Any], None] | None:
+    """The agent's ``_exit_barrier`` (torch's, see the module's text) that ends once every node the rendezvous
+    still counts has reached it; None where this torch's barrier is not the one it reads."""
+    try:
+        from torch.distributed.elastic.agent.server import api
+        from torch.distributed.elastic.multiprocessing import SignalException
+        from torch.distributed.elastic.utils import store as store_util
+        members_key = api._TERMINAL_STATE_SYNC_ID + store_util._NUM_MEMBERS
+        last_key = api._TERMINAL_STATE_SYNC_ID + store_util._LAST_MEMBER_CHECKIN
+    except (ImportError, AttributeError):
+        return None
+
+    def _exit_barrier(self: Any) -> None:
+        group, store = self._worker_group, self._store
+        handler: Any = getattr(group.spec, "rdzv_handler", None)
+        timeout_s = float(self._exit_barrier_timeout)
+        self._in_exit_barrier = True
+        try:
+            reached = store.add(members_key, 1)  # torch's own barrier keys: a node running torch's barrier agrees
+            if reached == group.group_world_size:
+                store.set(last_key, "<val_ignored>")
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                try:
+                    store.wait([last_key], timedelta(seconds=min(EXIT_BARRIER_LOOK_S, timeout_s)))
+                    return
+                except SignalException:
+                    raise  # torchrun's SIGTERM: as torch's barrier, it ends the agent
+                except Exception:  # noqa: BLE001 - a wait's timeout; a lost store is seen just below
+                    pass
+                reached = store.add(members_key, 0)
+                answering = _answering(handler) if handler is not None else None
+                if answering is None or answering <= reached:
+                    log.warning("dlsub: %d of the %d nodes of this group reached the exit barrier and no other "
+                                "answers any more: not waiting for those that never will",
+                                reached, group.group_world_size)
+                    return
+            log.warning("dlsub: the exit barrier timed out after %.0f s", timeout_s)
+        except SignalException:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as torch's: a barrier that fails ends it, the group is done
+            log.warning("dlsub: error at the exit barrier (%s); not waiting", exc)
+        finally:
+            self._in_exit_barrier = False
+
+    return _exit_barrier
 
 
 def _agent_class() -> type | None:
@@ -180,4 +245,4 @@ def _short_shutdown(agent_class: type | None) -> dict[str, object] | None:
     return kwargs
 
 
-__all__ = ["SILENT_PEER_STOP_S", "LeftTheGroup", "install"]
+__all__ = ["EXIT_BARRIER_LOOK_S", "SILENT_PEER_STOP_S", "LeftTheGroup", "install"]

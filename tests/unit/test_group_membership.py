@@ -128,3 +128,55 @@ def test_the_restart_for_a_silent_member_stops_the_processes_with_a_short_grace_
     assert calls == [{"timeout": group_membership.SILENT_PEER_STOP_S}] and not handler._dlsub_silent_peer
     LocalElasticAgent._stop_workers(agent, group)  # type: ignore[arg-type]
     assert calls[1] == {}, "any other stop is torchrun's own (its 30 s grace)"
+
+
+def _agent_at_exit_barrier(handler: Any, timeout_s: float) -> Any:
+    """torch's LocalElasticAgent, bare, as its run leaves it when its processes succeeded: the round's store and
+    group (two nodes), no processes."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    agent = object.__new__(LocalElasticAgent)
+    agent._store = handler._get_store()  # the round's store, as torch's agent has it from its rendezvous
+    agent._worker_group = SimpleNamespace(spec=SimpleNamespace(rdzv_handler=handler), group_world_size=2,
+                                          state="SUCCEEDED")
+    agent._exit_barrier_timeout = timeout_s
+    agent._in_exit_barrier = False
+    return agent
+
+
+def _exit_barrier_s(agent: Any) -> float:
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    start = time.monotonic()
+    LocalElasticAgent._exit_barrier(agent)
+    assert not agent._in_exit_barrier
+    return time.monotonic() - start
+
+
+@pytest.mark.wall_clock
+def test_the_exit_barrier_ends_when_both_nodes_reach_it(two_nodes: tuple[Any, Any]) -> None:
+    first, second = two_nodes
+    waited: list[float] = []
+    other = threading.Thread(target=lambda: waited.append(_exit_barrier_s(_agent_at_exit_barrier(second, 60))))
+    other.start()
+    assert _exit_barrier_s(_agent_at_exit_barrier(first, 60)) < 10
+    other.join(timeout=10)
+    assert waited and waited[0] < 10
+
+
+@pytest.mark.wall_clock
+def test_the_exit_barrier_does_not_wait_for_a_node_that_stopped_answering(two_nodes: tuple[Any, Any]) -> None:
+    """The node whose worker job ended while the group re-formed to finish never reaches the barrier: the node
+    that finished waits until the rendezvous drops it (3 s here, 15 s under torchrun's defaults), not 60 s."""
+    first, second = two_nodes
+    second._stop_heartbeats()
+    waited = _exit_barrier_s(_agent_at_exit_barrier(first, 60))
+    assert waited < SILENCE_S + 3 * group_membership.EXIT_BARRIER_LOOK_S, waited
+
+
+@pytest.mark.wall_clock
+def test_the_exit_barrier_waits_for_a_node_that_still_answers(two_nodes: tuple[Any, Any]) -> None:
+    """A node still finishing (its heartbeats go on) is waited for, to torch's timeout, as torch's barrier does."""
+    first, _second = two_nodes
+    waited = _exit_barrier_s(_agent_at_exit_barrier(first, 5))
+    assert waited >= 5, waited
