@@ -229,6 +229,29 @@ def check_storage(user: pwd.struct_passwd, info: subprocess.CompletedProcess[str
     return Finding(name, OK, f"{graph_root} ({fs_type or 'file system unknown'}), outside the home directory")
 
 
+#: Where rootless Podman's fuse-overlayfs opens FUSE (Debian's udev rule makes it mode 0666).
+FUSE_DEVICE = Path("/dev/fuse")
+
+
+def check_fuse(user: pwd.struct_passwd, mount_program: str, device: os.stat_result | None,
+               usable: bool) -> Finding:
+    """Where the user's Podman mounts each container's overlay with a FUSE program (fuse-overlayfs: a kernel
+    without rootless overlay), the user must be able to open /dev/fuse, or no container of theirs starts."""
+    name = f"FUSE device of {user.pw_name}"
+    if not mount_program:
+        return Finding(name, OK, "Podman mounts the overlay itself (no FUSE program)")
+    if device is None or not stat.S_ISCHR(device.st_mode):
+        return Finding(name, PROBLEM, f"no {FUSE_DEVICE}: {mount_program}, which {user.pw_name}'s Podman mounts "
+                       "containers with, cannot run, so no container starts", "modprobe fuse (and load it at boot)")
+    if not usable:
+        return Finding(name, PROBLEM, f"{FUSE_DEVICE} (mode {stat.S_IMODE(device.st_mode):o}, owner uid "
+                       f"{device.st_uid}) cannot be opened by {user.pw_name}: {mount_program}, which their Podman "
+                       "mounts containers with, fails (\"fuse: failed to open /dev/fuse: Permission denied\"), so "
+                       "no container of theirs starts",
+                       f"chmod 0666 {FUSE_DEVICE}, as Debian's udev rule sets it (KERNEL==\"fuse\", MODE=\"0666\")")
+    return Finding(name, OK, f"{mount_program} can open {FUSE_DEVICE}")
+
+
 def _inside(path: Path, folder: Path) -> bool:
     """Whether ``path`` is ``folder`` or below it (both as written: doctor judges what Podman was told)."""
     return path == folder or folder in path.parents
@@ -734,16 +757,33 @@ def _podman_checks(host: Host, user: str | None, image: str, here: str, *, compu
         check_image(entry, image, host.run_as(entry, ["podman", "image", "exists", image]), here),
         *(check_image(entry, name, host.run_as(entry, ["podman", "image", "exists", name]), here, partition)
           for partition, name in partition_images),
-        _storage_check(host, entry, compute_node),
+        *_storage_checks(host, entry, compute_node),
         check_podman_cgroups(entry, read_containers_conf(host, containers_conf_files(host, entry, host.environ()))),
     ]
 
 
-def _storage_check(host: Host, entry: pwd.struct_passwd, compute_node: bool) -> Finding:
-    info = host.run_as(entry, ["podman", "info", "--format", "{{.Store.GraphRoot}}"])
-    root = info.stdout.strip()
-    return check_storage(entry, info, host.fs_type(Path(root)) if info.returncode == 0 and root else None,
-                         compute_node=compute_node)
+def _storage_checks(host: Host, entry: pwd.struct_passwd, compute_node: bool) -> list[Finding]:
+    """Where the user's Podman keeps containers (check_storage) and, where it mounts them through FUSE, whether
+    it can (check_fuse): one ``podman info`` read for both."""
+    info = host.run_as(entry, ["podman", "info", "--format", "json"])
+    store: dict[str, Any] = {}
+    if info.returncode == 0:
+        try:
+            found = json.loads(info.stdout).get("store")
+            store = found if isinstance(found, dict) else {}
+        except (ValueError, AttributeError):
+            info = subprocess.CompletedProcess(info.args, 1, "", f"podman info printed no JSON: {info.stdout[:120]}")
+    root = str(store.get("graphRoot") or "")
+    graph_root = subprocess.CompletedProcess(info.args, info.returncode, root, info.stderr)
+    findings = [check_storage(entry, graph_root, host.fs_type(Path(root)) if info.returncode == 0 and root else None,
+                              compute_node=compute_node)]
+    if info.returncode == 0 and root:
+        options = store.get("graphOptions")
+        program = options.get("overlay.mount_program") if isinstance(options, dict) else None
+        executable = str(program.get("Executable") or "") if isinstance(program, dict) else ""
+        usable = host.run_as(entry, ["test", "-r", str(FUSE_DEVICE), "-a", "-w", str(FUSE_DEVICE)]).returncode == 0
+        findings.append(check_fuse(entry, executable, host.stat(FUSE_DEVICE), usable))
+    return findings
 
 
 def blocking(findings: Sequence[Finding]) -> bool:

@@ -43,7 +43,7 @@ base="localhost/dlsub-base:bookworm"
 cache="${DLSUB_IMAGE_CACHE:-/var/cache/dlsub-image}"
 venv_pip="${DLSUB_PREFIX:-/opt/dlsub}/venv/bin/pip"
 
-say() { printf 'build-image: %s\n' "$*" >&2; }
+say() { printf 'build-image: %s %s\n' "$(date +%T)" "$*" >&2; }  # timed: make demo's phases
 # shellcheck source=containers/image-user.sh
 source "$here/image-user.sh"
 
@@ -77,6 +77,7 @@ if [ "$(cat "$ctx/wheels/requirements.txt" 2>/dev/null)" != "$requirements" ]; t
     "$venv_pip" download -q --disable-pip-version-check "${find_links[@]}" \
         -d "$ctx/wheels" -r "$ctx/requirements.part"
     mv "$ctx/requirements.part" "$ctx/wheels/requirements.txt"
+    say "wheels downloaded"
 fi
 # The base system, debootstrapped from Debian's mirror: a download too, so it is made here with the wheels
 # (a build host with no route out, the testbed's login host, finds it made).
@@ -90,6 +91,7 @@ if [ ! -s "$cache/rootfs.tar" ]; then
     tar -C "$cache/rootfs" -cf "$cache/rootfs.tar.part" .
     mv "$cache/rootfs.tar.part" "$cache/rootfs.tar"
     rm -rf "$cache/rootfs"
+    say "bookworm base made"
 fi
 [ "$wheels_only" -eq 1 ] && exit 0
 

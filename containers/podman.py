@@ -350,6 +350,29 @@ def _last_line(result: subprocess.CompletedProcess[str]) -> str:
     return lines[-1][:200] if lines else "no output"
 
 
+#: runc's and crun's exit codes for a command the image lacks (127) or cannot run (126): the image's fault.
+_NOT_IN_IMAGE = (126, 127)
+
+
+def podman_failed(result: subprocess.CompletedProcess[str]) -> bool:
+    """Whether ``podman run`` itself failed before the command in the container ran (it did not answer, or it
+    said ``Error: ...`` and the command printed nothing): the host's Podman, not the image. Podman 4.3 exits 1,
+    not 125, when it cannot mount the container's storage."""
+    if result.returncode in (PODMAN_TIMED_OUT, PODMAN_FAILED):
+        return True
+    return (result.returncode not in (0, *_NOT_IN_IMAGE) and not result.stdout.strip()
+            and any(line.startswith("Error: ") for line in result.stderr.splitlines()))
+
+
+def podman_said(result: subprocess.CompletedProcess[str]) -> str:
+    """What a failed podman command said that tells why: its last two lines that say something (runc's bare
+    ``: exit status 1`` and fuse-overlayfs's ignored options left out), cut to 300 characters."""
+    lines = [line.strip() for line in (result.stderr or result.stdout).splitlines()]
+    telling = [line for line in lines if line and not line.startswith(":")
+               and not line.startswith("unknown argument ignored")]
+    return "; ".join(telling[-2:])[:300] if telling else _last_line(result)
+
+
 def image_shortfalls(probe: subprocess.CompletedProcess[str]) -> list[str]:
     """What an image lacks to run a dlsub job, from :data:`IMAGE_PROBE`'s run in it ([]: nothing)."""
     return _shortfalls(probe, _probed(probe))
@@ -387,11 +410,11 @@ def check_image_contents(image: str, image_id: str, checked: Path,
     name = f"dlsub-image-check-{uuid.uuid4().hex[:12]}"
     probe = _podman([*(["--runtime", runtime] if runtime else []), "--cgroup-manager", "cgroupfs", "run", "--rm",
                      "--name", name, "--network", "none", "--entrypoint", "python3", image_id, "-c", IMAGE_PROBE])
-    if probe.returncode in (PODMAN_TIMED_OUT, PODMAN_FAILED):
+    if podman_failed(probe):
         if probe.returncode == PODMAN_TIMED_OUT:
             _podman(["rm", "--force", "--ignore", name])
         return None, (f"could not start a container of {image} on this host to check what it holds "
-                      f"({_last_line(probe)}); it is not checked: `dlsub doctor --user $USER` checks Podman here")
+                      f"({podman_said(probe)}); it is not checked: `dlsub doctor --user $USER` checks Podman here")
     found = _probed(probe)
     lacks = _shortfalls(probe, found)
     if lacks:

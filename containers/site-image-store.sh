@@ -27,7 +27,7 @@ if [ "${1:-}" = "--store" ]; then
     shift 2
 fi
 action="${1:-}"
-say() { printf 'site-image-store: %s\n' "$*" >&2; }
+say() { printf 'site-image-store: %s %s\n' "$(date +%T)" "$*" >&2; }
 die() { say "error: $*"; exit 2; }
 [ "$(id -u)" -eq 0 ] || die "run as root (the store is root's, read-only to everyone else)"
 case "$store" in /*) ;; *) die "the store must be an absolute path, not $store" ;; esac

@@ -73,6 +73,20 @@ munge -n | unmunge >/dev/null || die "munge does not work: see /var/log/munge/mu
 # Every node, the head and the login host a host of its own (testbed/hosts.sh).
 hosts_up
 
+# ---------------------------------------------------------------- /dev/fuse
+# Rootless Podman mounts each container's overlay with fuse-overlayfs (this kernel has no rootless overlay), which
+# opens /dev/fuse as the user. Debian gives it mode 0666 (udev's 50-udev-default.rules: KERNEL=="fuse",
+# MODE="0666"); a machine without udev can leave the kernel's 0600, and then no user's container starts
+# ("fuse: failed to open /dev/fuse: Permission denied"). Set as a Debian host has it, on the machine and in each
+# GPU node's /dev of its own (copied from the machine's when the host was made; doctor: "FUSE device").
+for host in "" $TESTBED_HOSTS; do
+    run=(); [ -z "$host" ] || run=(on_host "$host")
+    if "${run[@]}" test -c /dev/fuse && [ "$("${run[@]}" stat -c %a /dev/fuse)" != 666 ]; then
+        say "/dev/fuse${host:+ on $host} is mode $("${run[@]}" stat -c %a /dev/fuse): making it 0666, as Debian's udev rule does"
+        "${run[@]}" chmod 0666 /dev/fuse
+    fi
+done
+
 # ---------------------------------------------------------------- the job users
 # Three unprivileged users, set up alike: the second plays "another user" in the privacy and trust tests, the
 # third one who has never used Podman. Each gets its own subordinate id range, a runtime directory on the
@@ -164,16 +178,35 @@ for host in $TESTBED_HOSTS; do
     [ "$host" = "$LOGIN_HOST" ] || install -d -m 700 -o "$AGENT_USER" -g "$AGENT_USER" "$HOSTS_DIR/$host/var-lib-dlsub"
 done
 
+# ---------------------------------------------------------------- the image
+# The site's image, as an admin brings it: built by an unprivileged account (the testbed user) on the login
+# host, in a build store on that host's local disk, saved as an archive, and loaded by root into the site's
+# read-only store that every host reads (containers/site-image-store.sh). The login host has no route out
+# (its namespace reaches only the testbed's hosts): its wheels and base system are downloaded on the machine
+# first.
+site_image() {
+    local build_conf="$HOSTS_DIR/build-storage.conf"
+    "$repo/containers/build-image.sh" --wheels-only "$TESTBED_USER"
+    printf '[storage]\ndriver = "overlay"\nrootless_storage_path = "%s/%s/image-build"\n' "$NODE_LOCAL" \
+        "$TESTBED_USER" | install -m 644 /dev/stdin "$build_conf"
+    on_host "$LOGIN_HOST" env DLSUB_IMAGE_STORE_CONF="$build_conf" "$repo/containers/build-image.sh" "$TESTBED_USER"
+    on_host "$LOGIN_HOST" env DLSUB_IMAGE_STORE_CONF="$build_conf" DLSUB_SITE_IMAGE_STORE="$SITE_IMAGE_STORE" \
+        "$repo/containers/build-image.sh" --publish "$TESTBED_USER"
+}
+
 # ---------------------------------------------------------------- dlsub, system-wide
 # Installed under /opt (readable by every user) because CI's clone may sit
 # where the job user cannot enter. Beside it, the two other downloads of a fresh machine: this Slurm's tree
 # and the image's wheels and base system (below: the login host that builds it has no route out). All three
 # start once the hosts are made: the hosts' mount namespaces are private, and a debootstrap's /proc mounted
 # while one is made would stay in it.
+# The image is the longest of them (its wheels and base system, then its build and its publication in the site
+# store): it goes on while Slurm and the agent start, and is awaited only before the checks that need it.
 [ "$SLURM_VERSION" = 22.05 ] || side_by_side "$here/slurm-tree.sh" "$SLURM_VERSION"
 ensure_venv
 side_by_side "$here/install-dlsub.sh"
-side_by_side "$repo/containers/build-image.sh" --wheels-only "$TESTBED_USER"
+site_image &
+image_pid=$!
 await_side_by_side
 
 # ---------------------------------------------------------------- Slurm
@@ -231,17 +264,8 @@ wait_for_nodes
 # Restarted every time: dlsub was just reinstalled and its policy may have changed.
 "$here/agent.sh" restart
 
-# ---------------------------------------------------------------- the image
-# The site's image, as an admin brings it: built by an unprivileged account (the testbed user) on the login
-# host, in a build store on that host's local disk, saved as an archive, and loaded by root into the site's
-# read-only store that every host reads (containers/site-image-store.sh). The login host has no route out
-# (its namespace reaches only the testbed's hosts): its wheels were downloaded above.
-build_conf="$HOSTS_DIR/build-storage.conf"
-printf '[storage]\ndriver = "overlay"\nrootless_storage_path = "%s/%s/image-build"\n' "$NODE_LOCAL" "$TESTBED_USER" \
-    | install -m 644 /dev/stdin "$build_conf"
-on_host "$LOGIN_HOST" env DLSUB_IMAGE_STORE_CONF="$build_conf" "$repo/containers/build-image.sh" "$TESTBED_USER"
-on_host "$LOGIN_HOST" env DLSUB_IMAGE_STORE_CONF="$build_conf" DLSUB_SITE_IMAGE_STORE="$SITE_IMAGE_STORE" \
-    "$repo/containers/build-image.sh" --publish "$TESTBED_USER"
+# ---------------------------------------------------------------- the image, awaited
+wait "$image_pid" || die "building or publishing the training image failed (its message is above)"
 
 # The site check an admin would run, on the login host and on every compute node (there: the node's CDI
 # spec, its Podman, storage and image): nothing may block dlsub here. All hosts at once (one after another

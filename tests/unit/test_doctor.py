@@ -53,7 +53,10 @@ class FakeHost(Host):
                       "/etc/subuid": "alice:200000:65536\n", "/etc/subgid": "alice:200000:65536\n"}
         self.stats = {"/run/user/1001": dir_stat(1001, 0o700), "/sys/fs/cgroup/unified": dir_stat(0, 0o555),
                       str(LIBRARY): dir_stat(0, 0o755), str(LIBRARY / "checkpointing" / "launch.py"): file_stat(0o644),
-                      "/opt": dir_stat(0, 0o755)}
+                      "/opt": dir_stat(0, 0o755),
+                      "/dev/fuse": os.stat_result((stat.S_IFCHR | 0o666, 0, 0, 1, 0, 0, 0, 0, 0, 0))}
+        self.fuse_usable = True  # as `test -r /dev/fuse -a -w /dev/fuse` run as the user answers
+        self.mount_program = "/usr/bin/fuse-overlayfs"  # the testbed's: this kernel has no rootless overlay
         self.image_rc = 0
         self.image_stderr = ""
         self.agent: dict[str, Any] | None = {"running": True, "late": False}
@@ -92,7 +95,11 @@ class FakeHost(Host):
     def run_as(self, user: pwd.struct_passwd, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
         self.ran.append(list(argv))
         if list(argv[:2]) == ["podman", "info"]:
-            return subprocess.CompletedProcess(list(argv), 0, self.graph_root + "\n", "")
+            options = {"overlay.mount_program": {"Executable": self.mount_program}} if self.mount_program else {}
+            info = {"store": {"graphRoot": self.graph_root, "graphOptions": options}}
+            return subprocess.CompletedProcess(list(argv), 0, json.dumps(info) + "\n", "")
+        if list(argv[:1]) == ["test"]:
+            return subprocess.CompletedProcess(list(argv), 0 if self.fuse_usable else 1, "", "")
         return subprocess.CompletedProcess(list(argv), self.image_rc, "", self.image_stderr)
 
     def which(self, command: str) -> str | None:
@@ -126,7 +133,7 @@ def test_a_testbed_like_site_is_ok_on_every_tested_version(version: str) -> None
         "agent is a Slurm Operator": OK, "policy partitions exist": OK, "agent": OK, "subordinate ids": OK,
         "cgroups": WARN, "runtime directory": OK, "image": OK, "job cgroups": OK, "container storage": OK,
         "dlsub package for containers": OK, "shared mounts": OK, "CDI spec": SKIPPED,
-        "Podman cgroup settings": OK, "site images": SKIPPED}
+        "Podman cgroup settings": OK, "site images": SKIPPED, "FUSE device": OK}
     assert not blocking(list(got.values()))
     assert version in got["slurm version"].detail
 
@@ -356,7 +363,25 @@ def test_container_storage_on_a_shared_file_system_is_a_problem_with_its_fix() -
     got = findings(host=host)["container storage"]
     assert got.status == PROBLEM and "nfs" in got.detail and host.graph_root in got.detail
     assert "graphroot" in got.fix and "/home/alice/.config/containers/storage.conf" in got.fix
-    assert ["podman", "info", "--format", "{{.Store.GraphRoot}}"] in host.ran
+    assert ["podman", "info", "--format", "json"] in host.ran
+
+
+def test_a_fuse_device_the_user_cannot_open_is_a_problem_with_its_fix() -> None:
+    """A machine without udev leaves /dev/fuse at the kernel's 0600: fuse-overlayfs, which rootless Podman mounts
+    every container with on a kernel without rootless overlay, fails, and no container starts."""
+    host = FakeHost()
+    host.fuse_usable = False
+    host.stats["/dev/fuse"] = os.stat_result((stat.S_IFCHR | 0o600, 0, 0, 1, 0, 0, 0, 0, 0, 0))
+    got = findings(host=host)["FUSE device"]
+    assert got.status == PROBLEM and "mode 600" in got.detail and "fuse-overlayfs" in got.detail
+    assert got.fix.startswith("chmod 0666 /dev/fuse")
+    assert ["test", "-r", "/dev/fuse", "-a", "-w", "/dev/fuse"] in host.ran, "asked as the user, groups and ACLs too"
+    host.mount_program = ""
+    assert findings(host=host)["FUSE device"].status == OK, "Podman's own overlay mount needs no FUSE"
+    del host.stats["/dev/fuse"]
+    host.mount_program = "/usr/bin/fuse-overlayfs"
+    missing = findings(host=host)["FUSE device"]
+    assert missing.status == PROBLEM and "modprobe fuse" in missing.fix
 
 
 # ---------------------------------------------------------------- a compute node's own checks (issue 30, item 5)
