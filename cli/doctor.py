@@ -25,6 +25,7 @@ from typing import Any
 
 from dlsub.contract import CDI_GPU_KIND, CDI_SPEC_DIRS, SUBMIT_RECORD_PREFIX
 from dlsub.job.agent_client import AgentEndpoint, AgentUnavailable, ask
+from dlsub.job.filesystems import NETWORK_FILESYSTEMS
 from dlsub.job.submit import library_dir
 from dlsub.site_config.policy_file import DEFAULT_PATH as DEFAULT_POLICY_PATH
 from dlsub.site_config.policy_file import AgentPolicy
@@ -199,11 +200,6 @@ def check_job_cgroups(config: SlurmConfig) -> Finding:
                    f"({config.get('CgroupPlugin') or 'cgroup'}); dlsub keeps containers in the job's cgroup")
 
 
-#: File systems rootless Podman's storage does not work on (Podman's rootless.md): network and parallel ones.
-SHARED_FILESYSTEMS = frozenset({"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb2", "ceph", "fuse.ceph",
-                                "panfs", "fuse.glusterfs", "fuse.sshfs", "wekafs"})
-
-
 def check_storage(user: pwd.struct_passwd, info: subprocess.CompletedProcess[str], fs_type: str | None, *,
                   compute_node: bool) -> Finding:
     """Rootless Podman's graph root must be on a node-local file system: not a network one, and not the user's
@@ -217,7 +213,7 @@ def check_storage(user: pwd.struct_passwd, info: subprocess.CompletedProcess[str
            f"user's own) in /etc/containers/storage.conf, or graphroot = \"...\" on node-local disk in "
            f"{user.pw_dir}/.config/containers/storage.conf; images from a read-only additional image store on "
            "shared storage")
-    if fs_type in SHARED_FILESYSTEMS:
+    if fs_type in NETWORK_FILESYSTEMS:
         return Finding(name, PROBLEM, f"the graph root {graph_root} is on {fs_type}, a shared file system "
                        "rootless Podman's storage does not work on", fix)
     if _inside(Path(graph_root), Path(user.pw_dir)):
@@ -477,7 +473,7 @@ def check_library(library: Path, entry: os.stat_result | None, package: os.stat_
     if unreadable:
         return Finding(name, PROBLEM, f"{', '.join(unreadable)} cannot be read by other users, whose containers "
                        "mount the package from there", f"chmod -R a+rX {library} (and a+x on the folders above it)")
-    where = f"a shared file system ({fs_type})" if fs_type in SHARED_FILESYSTEMS else \
+    where = f"a shared file system ({fs_type})" if fs_type in NETWORK_FILESYSTEMS else \
         f"this node's own disk ({fs_type or 'file system unknown'})"
     return Finding(name, OK, f"{library}, on {where}; {how}")
 

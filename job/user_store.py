@@ -1,4 +1,4 @@
-"""The user's dlsub jobs in SQLite (WAL): what Slurm does not keep.
+"""The user's dlsub jobs in SQLite (WAL; a rollback journal on a network file system): what Slurm does not keep.
 
 Slurm is the source of truth for what runs; this store maps a dlsub job to
 its Slurm job and remembers how it was asked for, that a user cancelled it,
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.contract import IllegalTransition, JobState, StateSource, check_transition
+from dlsub.job.filesystems import on_network_filesystem
 
 
 @dataclass
@@ -132,7 +133,11 @@ class JobStore:
         self.conn = sqlite3.connect(path, isolation_level=None)
         if new:
             path.chmod(0o600)  # the user's own record of their jobs
-        self.conn.execute("PRAGMA journal_mode=wal")
+        # WAL's shared memory is one host's: on a home that login nodes share over the network, two hosts'
+        # commands would each see their own, and SQLite's documentation says WAL does not work there. The
+        # rollback journal uses the file system's locks (NFS's lock manager), which hosts do share.
+        self.journal = "delete" if on_network_filesystem(path.parent) else "wal"
+        self.conn.execute(f"PRAGMA journal_mode={self.journal}")
         have = {row[1] for row in self.conn.execute("PRAGMA table_info(jobs)")}
         if not have or not set(_ADDED_COLUMNS) <= have:
             self._make_table(have)

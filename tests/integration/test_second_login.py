@@ -16,13 +16,14 @@ import pwd
 import secrets
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dlsub.site_config.policy_file import load_policy, parse_address
-from livebed import AGENT_USER, POLICY_FILE, TestbedUser, on_host, wait_for
+from livebed import AGENT_USER, POLICY_FILE, TestbedUser, on_host, put, wait_for
 
 LOGIN2 = "login2"
 SOCKET = "/run/dlsub/agent.sock"
@@ -173,3 +174,24 @@ def test_a_cron_backfill_pass_on_login2_leaves_it_to_the_agent(address: str) -> 
                           "--policy", str(POLICY_FILE)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "the agent runs on login1 and backfills on its own" in out.stdout
+
+
+def test_submits_from_both_login_hosts_at_once_both_land_in_the_store(
+        address: str, user: TestbedUser, workdir: Path) -> None:
+    """One user submits from login1 and login2 at the same moment (#50: concurrent submits from two login
+    hosts): both jobs are in the one store on the shared home, `dlsub status` lists both on each host, and both
+    run. Both hosts here are one kernel, so the store keeps WAL; on a home shared over the network it keeps the
+    rollback journal, whose locks the hosts share (tests/unit/test_filesystems.py)."""
+    script = put(user, workdir / "short.py", "print('done')\n")
+    submit = ("dlsub", "--json", "-p", "cpu", "--time", "2", str(script))
+    with ThreadPoolExecutor(2) as pool:
+        here = pool.submit(user.run, *submit, check=True)
+        there = pool.submit(user.on_login, LOGIN2, *submit, check=True)
+        jobs = [json.loads(f.result().stdout) for f in (here, there)]
+    ids = {job["id"] for job in jobs}
+    assert len(ids) == 2, jobs
+    for listed in (user.run("dlsub", "status", "--json", check=True),
+                   user.on_login(LOGIN2, "dlsub", "status", "--json", check=True)):
+        assert ids <= {job["id"] for job in json.loads(listed.stdout)}, listed.stdout
+    for job in jobs:
+        assert user.wait_until_ended(job["id"], "each job to run", timeout=180)["state"] == "COMPLETED"
