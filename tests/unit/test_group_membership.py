@@ -6,6 +6,7 @@ torch drops a node by the wall clock of its last heartbeat, so the two tests tha
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -175,8 +176,29 @@ def test_the_exit_barrier_does_not_wait_for_a_node_that_stopped_answering(two_no
 
 
 @pytest.mark.wall_clock
+def test_the_exit_barrier_does_not_wait_for_a_node_that_left_the_round_for_the_next(
+        two_nodes: tuple[Any, Any]) -> None:
+    """The race a live elastic test met: the other node's processes failed as the group finished, so its torchrun
+    left the round to form the next one (it waits to join, answering still); it will never reach this round's
+    barrier, and the node that finished ends it at its first look, not after torch's 300 s."""
+    first, second = two_nodes
+    def rejoin() -> None:
+        with contextlib.suppress(Exception):  # it waits in the wait list until its join timeout, then gives up
+            second.next_rendezvous()
+
+    rejoining = threading.Thread(target=rejoin, daemon=True)
+    rejoining.start()
+    wait_until = time.monotonic() + 10
+    while second._this_node in first._state_holder.state.participants and time.monotonic() < wait_until:
+        time.sleep(0.1)
+        group_membership._synced(first)
+    waited = _exit_barrier_s(_agent_at_exit_barrier(first, 60))
+    assert waited < 2 * group_membership.EXIT_BARRIER_LOOK_S + 1, waited
+
+
+@pytest.mark.wall_clock
 def test_the_exit_barrier_waits_for_a_node_that_still_answers(two_nodes: tuple[Any, Any]) -> None:
     """A node still finishing (its heartbeats go on) is waited for, to torch's timeout, as torch's barrier does."""
     first, _second = two_nodes
-    waited = _exit_barrier_s(_agent_at_exit_barrier(first, 5))
-    assert waited >= 5, waited
+    waited = _exit_barrier_s(_agent_at_exit_barrier(first, 3))
+    assert waited >= 3, waited
