@@ -18,6 +18,7 @@ from dlsub.contract import (
     EVENT_START,
     JobState,
     StateSource,
+    output_file,
 )
 from dlsub.job.status_extra import job_extra
 from dlsub.job.user_store import JobRecord, JobStore
@@ -116,6 +117,33 @@ def _state_without_slurm(record: JobRecord, attempts: list[dict[str, Any]], prog
     return JobState.UNKNOWN
 
 
+#: How a line of dlsub's own that says why a job could not start or run begins (the batch script's checks and
+#: the launcher's, on the job's stderr, which Slurm writes into the job's output file).
+ERROR_PREFIX = "dlsub: error: "
+#: How much of the output file's end is read for it, and how much of the line is shown.
+ERROR_TAIL_BYTES = 64 * 1024
+ERROR_SHOWN_CHARS = 400
+
+
+def launcher_error(job_dir: Path, slurm_job_id: int | None) -> str:
+    """The last ``dlsub: error: ...`` line in the job's output file (its end only), without the prefix and
+    without control characters; "" where there is none. The file is the user's own job's: what it says is
+    shown only to them."""
+    if slurm_job_id is None:
+        return ""
+    try:
+        with open(output_file(job_dir, slurm_job_id), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - ERROR_TAIL_BYTES))
+            tail = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    said = [line[len(ERROR_PREFIX):] for line in tail.splitlines() if line.startswith(ERROR_PREFIX)]
+    if not said:
+        return ""
+    return "".join(c for c in said[-1] if c.isprintable()).strip()[:ERROR_SHOWN_CHARS]
+
+
 def out_of_memory_reason(mem_mb: int) -> str:
     """What to tell a user whose job Slurm stopped for going past its memory (task/cgroup's limit)."""
     return (f"out of memory: the job used more than the {mem_mb} MB it asked for (--mem), and Slurm stopped it; "
@@ -171,6 +199,10 @@ def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob
         reason = ""
     if slurm is not None and slurm.state == "OUT_OF_MEMORY":
         reason = out_of_memory_reason(record.mem_mb)
+    elif state == JobState.FAILED:
+        # Slurm says only "NonZeroExitCode"; dlsub's own checks said why (dlsub's installation missing on the
+        # node, its package gone after an uninstall, an image that cannot run): the user is told that.
+        reason = launcher_error(job_dir, record.slurm_job_id) or reason
     eta = progress.eta_s() if state in (JobState.RUNNING, JobState.COMPLETED) else None
     if state == JobState.RUNNING and eta is not None and progress.last_time:
         # The last report is a little old by now; count that time as done.

@@ -166,3 +166,31 @@ def test_a_superseded_attempts_late_end_does_not_fail_a_completed_job(tmp_path: 
     (job_dir / "attempts.jsonl").write_text("".join(json.dumps({"slurm_job_id": 9, "partition": "gpu", "role": "main",
                                                                 **e}) + "\n" for e in events))
     assert job_status(record, None).state == "COMPLETED"
+
+
+def test_a_job_that_failed_at_its_start_says_what_dlsub_said(tmp_path: Path) -> None:
+    """Pure (a job directory in tmp_path): a job whose node lacks dlsub's installation (an uninstall with the job
+    still queued, or a node the site missed) fails at its start with the batch script's own line; `dlsub status`
+    gives that line as the reason, not Slurm's NonZeroExitCode, and nothing else the output printed."""
+    from dlsub.contract import output_file
+    from dlsub.job.status import ERROR_SHOWN_CHARS, job_status
+    from dlsub.job.user_store import JobRecord
+    from dlsub.slurm_plugins.models import SlurmJob
+
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    record = JobRecord("0123abcd", "t", "me", "t.py", [], str(job_dir), "cpu", 0, 1, 2, 700, None, "img",
+                       slurm_job_id=9)
+    slurm = SlurmJob(job_id=9, name="t", user="me", state="FAILED", partition="cpu", nodes="cpu1",
+                     comment="", restart_count=0, reason="NonZeroExitCode", time_limit_min=None, start_time=0,
+                     submit_time=0, exit_code=1)
+    assert job_status(record, slurm).reason == "NonZeroExitCode", "no output file: Slurm's reason"
+    said = ("/opt/dlsub/venv/bin/python, the Python of dlsub's installation that runs this job's launcher, is not "
+            "on node cpu1; the site installs dlsub on a shared software path")
+    output_file(job_dir, 9).write_text("x" * 70_000 + "\nstep 1\ndlsub: error: an older one\n"
+                                       f"dlsub: error: {said}\x1b[31m\nTraceback (most recent call last):\n")
+    assert job_status(record, slurm).reason == said + "[31m", "the last one, control characters dropped"
+    output_file(job_dir, 9).write_text("dlsub: error: " + "y" * 1000 + "\n")
+    assert job_status(record, slurm).reason == "y" * ERROR_SHOWN_CHARS
+    running = dataclasses.replace(slurm, state="RUNNING", reason="None")
+    assert job_status(record, running).reason == "", "only a failed job's reason is read from its output"
