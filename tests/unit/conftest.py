@@ -9,6 +9,8 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,26 @@ def run_ranks(script: str, args: list[str], env_by_rank: list[dict[str, str]], t
 
 #: dlsub's node-local folders, as it ships them (before the fixture below takes /tmp out).
 NODE_LOCAL_AS_SHIPPED = policy_file.NODE_LOCAL_PATHS
+
+
+@pytest.fixture(autouse=True, scope="session")
+def temporary_files_removed_after_the_run() -> Iterator[None]:
+    """TMPDIR for the whole run, the processes the tests start included: a folder in /tmp made as /tmp is
+    (1777: tests that run a process as another uid put sockets there), removed with all in it at the end.
+    torchrun makes a ``torchelastic_*`` log folder in the temporary folder each time it starts and never removes
+    it, and the tests start it dozens of times."""
+    folder = Path(tempfile.mkdtemp(prefix="dlsub-unit-tests-"))
+    folder.chmod(0o1777)
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # read again from TMPDIR
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+    tempfile.tempdir = None
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
