@@ -178,7 +178,7 @@ def _exit_barrier_of_those_answering() -> Callable[[Any], None] | None:
         from torch.distributed.elastic.multiprocessing import SignalException
         from torch.distributed.elastic.utils import store as store_util
         members_key = api._TERMINAL_STATE_SYNC_ID + store_util._NUM_MEMBERS
-        last_key = api._TERMINAL_STATE_SYNC_ID + store_util._LAST_MEMBER_CHECKIN
+        check_in: Callable[..., str] = store_util._barrier_nonblocking
     except (ImportError, AttributeError):
         return None
 
@@ -188,9 +188,8 @@ def _exit_barrier_of_those_answering() -> Callable[[Any], None] | None:
         timeout_s = float(self._exit_barrier_timeout)
         self._in_exit_barrier = True
         try:
-            reached = store.add(members_key, 1)  # torch's own barrier keys: a node running torch's barrier agrees
-            if reached == group.group_world_size:
-                store.set(last_key, "<val_ignored>")
+            # torch's own check-in (its keys: a node running torch's barrier agrees), then the waiting is ours.
+            last_key = check_in(store=store, world_size=group.group_world_size, key_prefix=api._TERMINAL_STATE_SYNC_ID)
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline:
                 try:

@@ -32,7 +32,7 @@ from dlsub.contract import (
     output_file,
 )
 from dlsub.job.agent_client import AgentEndpoint, AgentUnavailable, ask
-from dlsub.job.output_files import worker_output_files
+from dlsub.job.output_files import tail, worker_output_files
 from dlsub.job.settings import Settings, store_of
 from dlsub.job.status import JobStatus, SlurmView
 from dlsub.job.status_window import ended_at, fraction_done, is_ended
@@ -43,8 +43,6 @@ from dlsub.site_config.policy_file import AgentPolicy
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
 from dlsub.slurm_plugins.models import Partition, SlurmJob
 
-#: The tail of a job's output the job page shows.
-LOG_TAIL_BYTES = 16 * 1024
 #: Ask the agent's socket about this many jobs per page at most (one short request each).
 MAX_WHY_JOBS = 25
 
@@ -368,19 +366,3 @@ def plain_why(decision: dict[str, Any]) -> str:
     return f"{words}: {reason}" if reason else words
 
 
-def tail(path: Path, limit: int = LOG_TAIL_BYTES) -> str:
-    """The end of a job's output, read without following links (a user's file)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
-    except OSError:
-        return ""
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return ""
-        os.lseek(fd, max(0, info.st_size - limit), os.SEEK_SET)
-        data = os.read(fd, limit)
-    finally:
-        os.close(fd)
-    text = data.decode("utf-8", errors="replace")
-    return text.split("\n", 1)[1] if info.st_size > limit and "\n" in text else text

@@ -10,10 +10,15 @@ creates it), so every look lists them again.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from dlsub.contract import WORKER_OUTPUT_PATTERN, output_file
+
+#: How much of an output file's end :func:`tail` reads unless told (the dashboard's job page shows it).
+TAIL_BYTES = 16 * 1024
 
 
 def worker_output_file(job_dir: Path, worker_array_id: int, task: int) -> Path:
@@ -77,3 +82,21 @@ class OutputFiles:
         """Whether any file has bytes not read yet (or a new file has appeared)."""
         return any(s.path not in self._offsets or s.path.stat().st_size > self._offsets[s.path]
                    for s in self.sources())
+
+
+def tail(path: Path, limit: int = TAIL_BYTES) -> str:
+    """The end of a job's output, read without following links (a user's file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return ""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        os.lseek(fd, max(0, info.st_size - limit), os.SEEK_SET)
+        data = os.read(fd, limit)
+    finally:
+        os.close(fd)
+    text = data.decode("utf-8", errors="replace")
+    return text.split("\n", 1)[1] if info.st_size > limit and "\n" in text else text

@@ -20,6 +20,7 @@ from dlsub.contract import (
     StateSource,
     output_file,
 )
+from dlsub.job.output_files import tail
 from dlsub.job.status_extra import job_extra
 from dlsub.job.user_store import JobRecord, JobStore
 from dlsub.job_progress import Progress, read_attempts, read_progress_events, summarize_progress
@@ -126,19 +127,13 @@ ERROR_SHOWN_CHARS = 400
 
 
 def launcher_error(job_dir: Path, slurm_job_id: int | None) -> str:
-    """The last ``dlsub: error: ...`` line in the job's output file (its end only), without the prefix and
-    without control characters; "" where there is none. The file is the user's own job's: what it says is
-    shown only to them."""
+    """The last ``dlsub: error: ...`` line in the job's output file (its end only, read as the dashboard reads
+    it: no link followed, a regular file only), without the prefix and without control characters; "" where
+    there is none. The file is the user's own job's: what it says is shown only to them."""
     if slurm_job_id is None:
         return ""
-    try:
-        with open(output_file(job_dir, slurm_job_id), "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - ERROR_TAIL_BYTES))
-            tail = f.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-    said = [line[len(ERROR_PREFIX):] for line in tail.splitlines() if line.startswith(ERROR_PREFIX)]
+    said = [line[len(ERROR_PREFIX):] for line in tail(output_file(job_dir, slurm_job_id), ERROR_TAIL_BYTES)
+            .splitlines() if line.startswith(ERROR_PREFIX)]
     if not said:
         return ""
     return "".join(c for c in said[-1] if c.isprintable()).strip()[:ERROR_SHOWN_CHARS]
