@@ -24,8 +24,10 @@ starts torchrun again: :mod:`dlsub.checkpointing.launch`):
   (the launcher leaves the entry point out there: its output needs no
   labels), where this torch has ``--run-path``, unless CUDA is initialized
   here (a context does not survive a fork) or ``$DLSUB_RANK_START`` is
-  ``exec``. For a group of several it first imports what each would import
-  when it wraps its model in DistributedDataParallel
+  ``exec``. Each ends as soon as it has handed torchrun its return value
+  (:mod:`dlsub.checkpointing.rank_return`). For a group of several it
+  first imports what each would import when it wraps its model in
+  DistributedDataParallel
   (``IMPORTS_FOR_THE_PROCESSES``; with ``--from-stdin`` before the command
   comes, as torch).
 
@@ -171,8 +173,9 @@ def forking(args: list[str], options: argparse.Namespace | None = None) -> list[
 
     if torch.cuda.is_initialized() or not hasattr(torch.distributed.run, "run_script_path"):
         return args
-    from dlsub.checkpointing import forked_rank
+    from dlsub.checkpointing import forked_rank, rank_return
 
+    rank_return.install()  # a forked process ends once torchrun has its value: a dead one cannot hang torchrun
     if not _one_process(options):  # DistributedDataParallel is for groups of several
         _import_for_the_processes()
     _name_the_script(torch.distributed.run, args[script_at])

@@ -1,0 +1,99 @@
+"""Unit (torch's own process context, real forked processes; no Slurm, no Podman): a forked training process ends as
+soon as it has handed torchrun its return value (dlsub.checkpointing.rank_return). Unpatched, it sleeps until
+torchrun's monitor has read every value, and one killed while it sleeps (the memory cgroup's OOM killer, at a job's
+--mem) leaves the monitor waiting forever: a live test's job hung ten minutes so."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import NO_HANG_S
+
+from dlsub.checkpointing import rank_return
+
+pytest.importorskip("torch")
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, api, start_processes
+
+#: Long enough for a forked process to end on its own on a loaded machine; an unpatched one never does.
+ENDS_ALONE_S = 60.0
+
+
+def hand_back(value: int) -> int:
+    return value * 2
+
+
+@pytest.fixture
+def patched(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api.MultiprocessContext, "_start", api.MultiprocessContext._start)  # restored after
+    assert rank_return.install()
+
+
+def _start(tmp_path: Path, nprocs: int) -> api.PContext:
+    ranks = range(nprocs)
+    return start_processes("hand_back", hand_back, {r: (r + 20,) for r in ranks}, {r: {} for r in ranks},
+                           DefaultLogsSpecs(log_dir=str(tmp_path / "logs")), start_method="fork")
+
+
+def _all_ended(context: api.PContext, timeout: float) -> bool:
+    """Whether every process of ``context`` ended by itself within ``timeout`` (nothing here reads their values)."""
+    deadline = time.monotonic() + timeout
+    for process in context._pc.processes:  # type: ignore[attr-defined]
+        process.join(max(0.0, deadline - time.monotonic()))
+    return all(not p.is_alive() for p in context._pc.processes)  # type: ignore[attr-defined]
+
+
+def test_a_forked_process_ends_once_its_value_is_handed_back_and_torchrun_still_reads_it(
+    tmp_path: Path, patched: None
+) -> None:
+    context = _start(tmp_path, 2)
+    try:
+        assert _all_ended(context, ENDS_ALONE_S), "each ended by itself, before torchrun read its value"
+        assert [p.exitcode for p in context._pc.processes] == [0, 0]  # type: ignore[attr-defined]
+        result = context.wait(timeout=NO_HANG_S)
+        assert result is not None and not result.is_failed()
+        assert result.return_values == {0: 40, 1: 42}, "the values were read from the queue after the processes ended"
+    finally:
+        context.close()
+
+
+def test_torchrun_reading_the_values_waits_on_no_process_killed_after_handing_its_value(
+    tmp_path: Path, patched: None
+) -> None:
+    """What hung: the process killed after it put its value, before torchrun read it. torchrun's read then sets the
+    event; with the process asleep on it, set() waited for it to wake. Here nobody sleeps on it."""
+    context = _start(tmp_path, 1)
+    try:
+        assert _all_ended(context, ENDS_ALONE_S)
+        event = context._worker_finished_event  # type: ignore[attr-defined]
+        assert isinstance(event, rank_return.ValueHandedBack)
+        started = time.monotonic()
+        result = context.wait(timeout=NO_HANG_S)
+        assert result is not None and result.return_values == {0: 40}
+        assert time.monotonic() - started < ENDS_ALONE_S
+    finally:
+        context.close()
+
+
+def test_installing_twice_patches_once(patched: None) -> None:
+    start = api.MultiprocessContext._start
+    assert rank_return.install()
+    assert api.MultiprocessContext._start is start
+
+
+def test_without_the_patch_the_forked_process_waits_for_torchrun_to_read(tmp_path: Path) -> None:
+    """torch as it is, which this module exists for: a process that has put its value does not end before torchrun
+    reads it (if a torch stops waiting there, rank_return is no longer needed and this test says so)."""
+    context = _start(tmp_path, 1)
+    try:
+        queue = context._ret_vals[0]  # type: ignore[attr-defined]
+        deadline = time.monotonic() + ENDS_ALONE_S
+        while queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not queue.empty(), "the process put its value"
+        assert not _all_ended(context, 2.0), "unpatched, it sleeps until torchrun has read its value"
+        result = context.wait(timeout=NO_HANG_S)
+        assert result is not None and result.return_values == {0: 40}
+    finally:
+        context.close()
