@@ -24,8 +24,9 @@ starts torchrun again: :mod:`dlsub.checkpointing.launch`):
   (the launcher leaves the entry point out there: its output needs no
   labels), where this torch has ``--run-path``, unless CUDA is initialized
   here (a context does not survive a fork) or ``$DLSUB_RANK_START`` is
-  ``exec``. Each ends as soon as it has handed torchrun its return value
-  (:mod:`dlsub.checkpointing.rank_return`). For a group of several it
+  ``exec``. torchrun's heap is frozen before each fork, and each process
+  ends as soon as it has handed torchrun its return value
+  (:mod:`dlsub.checkpointing.fork_context`). For a group of several it
   first imports what each would import when it wraps its model in
   DistributedDataParallel
   (``IMPORTS_FOR_THE_PROCESSES``; with ``--from-stdin`` before the command
@@ -173,9 +174,9 @@ def forking(args: list[str], options: argparse.Namespace | None = None) -> list[
 
     if torch.cuda.is_initialized() or not hasattr(torch.distributed.run, "run_script_path"):
         return args
-    from dlsub.checkpointing import forked_rank, rank_return
+    from dlsub.checkpointing import fork_context, forked_rank
 
-    rank_return.install()  # a forked process ends once torchrun has its value: a dead one cannot hang torchrun
+    fork_context.install()  # the heap frozen before each fork; a process ends once torchrun has its value
     if not _one_process(options):  # DistributedDataParallel is for groups of several
         _import_for_the_processes()
     _name_the_script(torch.distributed.run, args[script_at])

@@ -194,6 +194,12 @@ def test_a_forked_process_has_the_exit_handlers_of_what_torchrun_imported_for_it
 
 
 def test_only_dlsubs_entry_point_is_forked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.distributed import run as torch_run
+    from torch.distributed.elastic.multiprocessing import api
+
+    # What forking() changes in this process for the torchrun it runs next, put back after.
+    monkeypatch.setattr(api.MultiprocessContext, "_start", api.MultiprocessContext._start)
+    monkeypatch.setattr(torch_run, "run_script_path", torch_run.run_script_path)
     ours = ["--standalone", "--nproc-per-node", "2", *RANK_ENTRY, "train.py", "-m", "x"]
     assert forking(ours) == ["--standalone", "--nproc-per-node", "2", "--run-path", "--start-method", "fork",
                              os.path.abspath(forked_rank.__file__), "train.py", "-m", "x"]
