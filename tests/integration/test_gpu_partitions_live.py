@@ -78,8 +78,8 @@ def test_a_cpu_job_moves_to_the_second_gpu_partition_when_it_frees_first_and_slu
         def on_second() -> dict[str, Any] | None:
             status = user.status(job["id"])
             started = any(a["event"] == "start" and a["partition"] == SECOND for a in attempts(job["job_dir"]))
-            # The attempt's start record is the launcher's; the GPU's kind comes with the training's own start, a
-            # few seconds later under load (the first rehearsal on a busy machine read it before it came).
+            # The status and the attempt records are two reads: the move is seen once both show it, the GPU's kind
+            # included (a status read just before the new attempt's start record came has none).
             return status if (started and status["state"] == "RUNNING" and status["partition"] == SECOND
                               and status["gpu_type"]) else None
 
