@@ -63,7 +63,8 @@ def one(mode: str, nproc: int, work: Path) -> dict[str, float]:
     joined, agent_ready = work / f"joined-{mode}", work / f"agent-{mode}"
     for stale in (joined, agent_ready):
         stale.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONSAFEPATH": "1", "DLSUB_RANK_START": mode}
+    # TMPDIR: torchrun leaves a torchelastic_* folder in it each run, kept in the run's own folder, not /tmp.
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONSAFEPATH": "1", "DLSUB_RANK_START": mode, "TMPDIR": str(work)}
     started = time.time()
     # As the launcher runs it: a process alone without the entry point (launch.main), a group through it.
     entry = ["-m", "dlsub.checkpointing.rank_output"] if nproc > 1 else []
