@@ -63,11 +63,10 @@ def test_a_forked_process_ends_once_its_value_is_handed_back_and_torchrun_still_
         context.close()
 
 
-def test_torchrun_reading_the_values_waits_on_no_process_killed_after_handing_its_value(
-    tmp_path: Path, patched: None
-) -> None:
-    """What hung: the process killed after it put its value, before torchrun read it. torchrun's read then sets the
-    event; with the process asleep on it, set() waited for it to wake. Here nobody sleeps on it."""
+def test_torchrun_reads_the_values_through_an_event_nobody_sleeps_on(tmp_path: Path, patched: None) -> None:
+    """What hung: a process killed after it put its value, while asleep on the event, before torchrun read it;
+    torchrun's read then set the event and waited for that process to wake. Patched, the event is one that nobody
+    sleeps on and whose set() waits for no one: torchrun reads the value of a process already gone, at once."""
     context = _start(tmp_path, 1)
     try:
         assert _all_ended(context, ENDS_ALONE_S)
