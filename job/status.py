@@ -132,8 +132,8 @@ def launcher_error(job_dir: Path, slurm_job_id: int | None) -> str:
     there is none. The file is the user's own job's: what it says is shown only to them."""
     if slurm_job_id is None:
         return ""
-    said = [line[len(ERROR_PREFIX):] for line in tail(output_file(job_dir, slurm_job_id), ERROR_TAIL_BYTES)
-            .splitlines() if line.startswith(ERROR_PREFIX)]
+    end = tail(output_file(job_dir, slurm_job_id), ERROR_TAIL_BYTES)
+    said = [line[len(ERROR_PREFIX):] for line in end.splitlines() if line.startswith(ERROR_PREFIX)]
     if not said:
         return ""
     return "".join(c for c in said[-1] if c.isprintable()).strip()[:ERROR_SHOWN_CHARS]
