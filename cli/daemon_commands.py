@@ -30,7 +30,7 @@ from typing import IO, TYPE_CHECKING
 import click
 
 from dlsub.agent.agent_store import AgentStore, default_db_path
-from dlsub.agent.lease import Holder, LeaseTerms
+from dlsub.agent.lease import Deposed, Holder, LeaseTerms
 from dlsub.agent.query import QueryServer
 from dlsub.cli.errors import fail
 from dlsub.job.agent_client import AgentEndpoint, AgentUnavailable, ask
@@ -236,7 +236,10 @@ def run(db: Path | None, policy_path: Path | None, pidfile: Path | None, socket_
         finally:
             server.stop()
             if agent_obj.store.holds_lease() and (pair is None or pair.agent is not None):
-                agent_obj.store.set_meta(stopped=time.time(), doing="stopped")
+                try:
+                    agent_obj.store.set_meta(stopped=time.time(), doing="stopped")
+                except Deposed:
+                    pass  # the other agent acts now: what it records stands
             if pair is not None:
                 pair.stop()  # the standby takes over at its next turn, not when the lease would run out
             if pidfile:
