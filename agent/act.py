@@ -128,12 +128,22 @@ def prepare(plan: Plan, obs: Observation, now: float) -> Writes:
     return writes
 
 
-def act(client: SlurmClient, obs: Observation, plan: Plan, ahead: Writes, now: float) -> Outcome:
-    """Carry out what was written ahead (``ahead``): resizes, then moves. Changes nothing it is given."""
+def _no_fence() -> None:
+    return None
+
+
+def act(client: SlurmClient, obs: Observation, plan: Plan, ahead: Writes, now: float,
+        fence: Callable[[], None] = _no_fence) -> Outcome:
+    """Carry out what was written ahead (``ahead``): resizes, then moves. Changes nothing it is given.
+
+    ``fence`` is called before each action's Slurm calls, outside the handling of one job's failure: an agent
+    that no longer holds its lease (it raises :class:`~dlsub.agent.lease.Deposed`) stops there, asking
+    Slurm nothing more (the new holder finishes what was written ahead)."""
     outcome = Writes()
     finished: list[Item] = []
     for resize in (*plan.resumed, *plan.resizes):
         failpoints.reach(RESIZE_STEPS[resize.kind].before)
+        fence()
         if _resize(client, obs, resize, now, outcome):
             finished.append(resize)
     moves = moves_after(obs.store.moves, ahead)  # the moves in flight as the write-ahead left them
@@ -142,6 +152,7 @@ def act(client: SlurmClient, obs: Observation, plan: Plan, ahead: Writes, now: f
         if action.kind in BOOKKEEPING:
             continue
         failpoints.reach(MOVE_STEPS[action.kind].before)
+        fence()
         try:
             _perform(client, moves, obs, action, now, outcome)
             done.append(action)

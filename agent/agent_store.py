@@ -1,4 +1,4 @@
-"""The agent's own state (SQLite, WAL): what Slurm does not keep.
+"""The agent's own state (SQLite, WAL on one host): what Slurm does not keep.
 
 Every row about a job is keyed by ``(uid, slurm_job_id)``: the uid is
 Slurm's ``user_id`` of the job, never anything its user wrote. Tables:
@@ -16,7 +16,12 @@ Slurm's ``user_id`` of the job, never anything its user wrote. Tables:
   written before Slurm is asked, and each worker told to leave while it
   checkpoints with its group (the agent's ``leaving`` set, kept across a
   restart);
-* ``meta``: the agent's own pid, last tick, what it is doing.
+* ``meta``: the agent's own pid, last tick, what it is doing;
+* ``lease``: with a pair of agents on one shared database (``[failover] shared_state``), which of them acts
+  (:mod:`dlsub.agent.lease`). Such a database uses a rollback journal, not WAL: SQLite's WAL needs the
+  readers' and the writer's shared memory on one host. Every write of a store opened with lease terms is
+  fenced: it checks, in its own transaction, that the lease still carries this agent's token, and raises
+  :class:`~dlsub.agent.lease.Deposed` (writing nothing) when it does not.
 
 The tick writes once, in one transaction, and only rows that changed
 (:class:`Writes`); a move's intent is written before its signal. The files
@@ -36,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.agent.job_data import JobData, TrustedRequest
+from dlsub.agent.lease import Deposed, Holder, LeaseRow, LeaseTerms, may_take, next_token
 from dlsub.agent.records import MOVE_COLUMNS, RESIZE_COLUMNS, MoveRow, ResizePhase, ResizeRow
 from dlsub.agent.store_rows import Binding, Decision, JobRow, StoreSnapshot, Writes
 from dlsub.contract import JobState
@@ -84,7 +90,11 @@ CREATE TABLE IF NOT EXISTS resizes (
     worker TEXT PRIMARY KEY, uid INTEGER NOT NULL, dlsub_id TEXT, slurm_job_id INTEGER, kind TEXT, phase TEXT,
     since REAL, reason TEXT, partition TEXT, batch_size INTEGER, accumulation_steps INTEGER, node TEXT);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS lease (
+    id INTEGER PRIMARY KEY CHECK (id = 1), host TEXT NOT NULL, pid INTEGER NOT NULL, instance TEXT NOT NULL,
+    token INTEGER NOT NULL, renewed REAL NOT NULL, expires REAL NOT NULL);
 """
+_LEASE_COLUMNS = ("host", "pid", "instance", "token", "renewed", "expires")
 
 _ATTEMPT_COLUMNS = ("uid", "slurm_job_id", "restart", "dlsub_id", "partition", "nodes", "first_seen", "start_time",
                     "state")
@@ -136,10 +146,17 @@ def _uid_of_user(name: str) -> int | None:
 
 
 class AgentStore:
+    """The agent's database. ``terms``: the lease terms of a database two login hosts share (None: one host's
+    own database, no lease, WAL)."""
+
     def __init__(self, path: Path, *, readonly: bool = False,
-                 uid_of: Callable[[str], int | None] = _uid_of_user) -> None:
+                 uid_of: Callable[[str], int | None] = _uid_of_user, terms: LeaseTerms | None = None) -> None:
         self.path = path
         self.readonly = readonly
+        self.terms = terms
+        # The lease as this store holds it: its token (None: not held) and when it runs out by our clock.
+        self.token: int | None = None
+        self.held_until = 0.0
         if readonly:
             if not path.exists():
                 raise FileNotFoundError(path)
@@ -152,8 +169,12 @@ class AgentStore:
         # The scheduler ticks in a worker thread (one at a time).
         self.conn = sqlite3.connect(str(path), timeout=30, isolation_level=None, check_same_thread=False)
         self.conn.row_factory = sqlite3.Row
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=NORMAL")
+        if terms is None:
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+        else:  # WAL's shared memory does not reach the other host: a rollback journal, synced at each commit
+            self.conn.execute("PRAGMA journal_mode=DELETE")
+            self.conn.execute("PRAGMA synchronous=FULL")
         self._migrate(uid_of)
 
     # ---------------------------------------------------------------- schema
@@ -342,6 +363,99 @@ class AgentStore:
                 out[r["key"]] = r["value"]
         return out
 
+    # ---------------------------------------------------------------- the lease (a shared database only)
+    def lease(self) -> LeaseRow | None:
+        """The lease as the database holds it now (None: never taken, or a database of one host)."""
+        if "lease" not in self._tables():
+            return None
+        r = self.conn.execute(f"select {', '.join(_LEASE_COLUMNS)} from lease where id = 1").fetchone()
+        return LeaseRow(str(r[0]), int(r[1]), str(r[2]), int(r[3]), float(r[4]), float(r[5])) if r else None
+
+    def holds_lease(self) -> bool:
+        """Whether this store may write: it holds the lease, or there is none (a database of one host)."""
+        return self.terms is None or self.token is not None
+
+    def take_lease(self, me: Holder, now: float) -> LeaseRow | None:
+        """Take (or keep) the lease when :func:`~dlsub.agent.lease.may_take` allows: the lease now held, or None
+        when another agent holds it."""
+        terms = self._terms()
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")  # the read and the write as one: two takers are serialised here
+        try:
+            row = self.lease()
+            if not may_take(row, me, now):
+                conn.execute("COMMIT")
+                self.token = None
+                return None
+            taken = LeaseRow(me.host, me.pid, me.instance, next_token(row, me, now), now, now + terms.lease_s)
+            conn.execute(f"insert or replace into lease (id, {', '.join(_LEASE_COLUMNS)}) values (1, ?, ?, ?, ?, ?, ?)",
+                         (taken.host, taken.pid, taken.instance, taken.token, taken.renewed, taken.expires))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        self.token, self.held_until = taken.token, taken.expires
+        return taken
+
+    def renew_lease(self, now: float) -> None:
+        """Extend the lease held to ``now + lease_s``; :class:`Deposed` (nothing written) when it is no longer
+        ours. Nothing to do on a database of one host."""
+        if self.terms is None:
+            return
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._fence()
+            conn.execute("update lease set renewed = ?, expires = ? where id = 1", (now, now + self.terms.lease_s))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        self.held_until = now + self.terms.lease_s
+
+    def check_lease(self, now: float) -> None:
+        """Before a Slurm call: :class:`Deposed` unless the lease is ours and has more than its margin left by
+        our clock (a holder whose renewals failed stops acting before a standby may take over)."""
+        if self.terms is None:
+            return
+        if self.token is not None and now > self.held_until - self.terms.margin_s:
+            self.token = None
+            raise Deposed(f"the lease runs out at {self.held_until:.0f}, in less than {self.terms.margin_s:g} s "
+                          "(it was not renewed: Slurm or the shared database did not answer)")
+        self._fence()
+
+    def release_lease(self, now: float) -> None:
+        """Give the lease up (a clean stop): it runs out now, so the standby takes over at its next try."""
+        if self.terms is None or self.token is None:
+            return
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("update lease set expires = ? where id = 1 and token = ? and expires > ?", (now, self.token,
+                                                                                                    now))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        self.token = None
+
+    def _terms(self) -> LeaseTerms:
+        if self.terms is None:
+            raise ValueError(f"{self.path} is one host's database: it has no lease ([failover] shared_state)")
+        return self.terms
+
+    def _fence(self) -> None:
+        """Inside a write transaction: :class:`Deposed` unless the lease still carries this store's token."""
+        if self.terms is None:
+            return
+        if self.token is None:
+            raise Deposed(f"this agent does not hold the lease on {self.path}")
+        row = self.lease()
+        if row is None or row.token != self.token:
+            mine, self.token = self.token, None
+            holder = f"{row.host} (pid {row.pid}, token {row.token})" if row else "nobody"
+            raise Deposed(f"deposed: the lease on {self.path} is held by {holder}, not by this agent (token {mine})")
+
     # ---------------------------------------------------------------- writes
     def set_meta(self, **values: Any) -> None:
         self.write(Writes(meta=values))
@@ -353,6 +467,7 @@ class AgentStore:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
+            self._fence()
             for b in writes.bindings:
                 conn.execute("insert or replace into bindings (dlsub_id, uid, slurm_job_id, bound, source) "
                              "values (?, ?, ?, ?, ?)", (b.dlsub_id, b.uid, b.slurm_job_id, b.when, b.source))
@@ -401,6 +516,7 @@ class AgentStore:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
+            self._fence()
             conn.execute("delete from progress where time < ?", (now - progress_days * 86400.0,))
             conn.execute("delete from decisions where time < ?", (now - decisions_days * 86400.0,))
             conn.execute("insert or replace into meta (key, value) values ('last_prune', ?)", (json.dumps(now),))
@@ -415,8 +531,13 @@ class AgentStore:
         keys = list(keys)
         if keys:
             self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.executemany("delete from jobs where uid = ? and slurm_job_id = ?", keys)
-            self.conn.execute("COMMIT")
+            try:
+                self._fence()
+                self.conn.executemany("delete from jobs where uid = ? and slurm_job_id = ?", keys)
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
 
 
 __all__ = ["AgentStore", "default_db_path"]

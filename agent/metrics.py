@@ -15,7 +15,7 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -24,7 +24,6 @@ from dlsub.slurm_plugins.models import Partition
 
 if TYPE_CHECKING:
     from dlsub.agent.agent_store import AgentStore
-    from dlsub.agent.reconcile import Agent
 
 log = logging.getLogger("dlsub.agent.metrics")
 
@@ -41,6 +40,19 @@ class RecordingSlurmClient(SlurmClient):
         found = super().partitions()
         self.last_partitions = found
         return found
+
+
+class Ticking(Protocol):
+    """What the metrics wrap: a lone agent (:class:`~dlsub.agent.reconcile.Agent`) or one of a pair
+    (:class:`~dlsub.agent.leadership.Leadership`)."""
+
+    @property
+    def store(self) -> AgentStore: ...
+
+    @property
+    def client(self) -> SlurmClient: ...
+
+    def tick(self) -> Any: ...
 
 
 class AgentMetrics:
@@ -69,6 +81,10 @@ class AgentMetrics:
         self.nodes = Gauge("dlsub_partition_nodes", "Nodes per partition by state (idle, busy, down).",
                            ["partition", "state"], registry=r)
         self.in_flight = Gauge("dlsub_moves_in_flight", "Moves under way, by kind.", ["kind"], registry=r)
+        self.active = Gauge("dlsub_agent_active", "1 while this agent acts (a lone agent, or the one of a pair that "
+                            "holds the lease), 0 while it stands by.", registry=r)
+        self.lease_token = Gauge("dlsub_agent_lease_token", "The token of the lease this agent holds (0: none, or "
+                                 "no pair); it rises by one at each takeover.", registry=r)
         self.user_jobs = (Gauge("dlsub_user_jobs", "dlsub jobs by user and state (policy: per_user_labels).",
                                 ["user", "state"], registry=r) if per_user_labels else None)
         for where in ("slurm", "action", "tick"):
@@ -84,7 +100,7 @@ class AgentMetrics:
         return server
 
     # ---------------------------------------------------------------- ticks
-    def instrumented(self, agent: Agent) -> Callable[[], Any]:
+    def instrumented(self, agent: Ticking) -> Callable[[], Any]:
         """``agent.tick`` timed and followed by a metrics update; what the daemon schedules."""
         self.baseline(agent.store)
 
@@ -106,7 +122,7 @@ class AgentMetrics:
         self._last_decision_id = int(row[0] or 0)
         self._moves_seen = {_move_key(m) for m in store.moves()}
 
-    def after_tick(self, agent: Agent, duration_s: float) -> None:
+    def after_tick(self, agent: Ticking, duration_s: float) -> None:
         """Update every metric from what the tick left; never raises (metrics must not stop the agent)."""
         self.ticks.inc()
         self.tick_duration.observe(duration_s)
@@ -116,8 +132,10 @@ class AgentMetrics:
         except Exception as exc:  # noqa: BLE001 - a metrics failure is logged, the agent goes on
             log.warning("updating metrics failed: %s", exc)
 
-    def _update(self, agent: Agent) -> None:
+    def _update(self, agent: Ticking) -> None:
         store = agent.store
+        self.active.set(1 if store.holds_lease() else 0)
+        self.lease_token.set(store.token or 0)
         if self._last_decision_id is None:
             self.baseline(store)
         meta = store.meta()

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from dlsub.agent.lease import LeaseRow
 from dlsub.contract import DLSUB_ID
 from dlsub.munge import MAX_CREDENTIAL, MungeRefused, seal, verify
 from dlsub.site_config.policy_file import AgentPolicy, parse_address
@@ -80,6 +81,8 @@ class StoreView(Protocol):
 
     def decisions(self, dlsub_id: str | None = None, slurm_job_id: int | None = None,
                   uid: int | None = None) -> list[Any]: ...
+
+    def lease(self) -> LeaseRow | None: ...
 
 
 @dataclass(frozen=True)
@@ -111,12 +114,22 @@ def peer_uid(conn: socket.socket) -> int:
 # ---------------------------------------------------------------- answers (pure)
 
 
+def lease_status(lease: LeaseRow | None, now: float) -> dict[str, Any] | None:
+    """Who holds a pair's lease, as status shows it (None: one host's agent, no lease)."""
+    if lease is None:
+        return None
+    return {"holder": lease.host, "pid": lease.pid, "token": lease.token, "renewed": lease.renewed,
+            "expires": lease.expires, "expires_in_s": round(lease.expires - now, 1), "live": lease.live(now)}
+
+
 def agent_status(meta: Mapping[str, Any], moves: list[dict[str, Any]], policy: AgentPolicy, now: float,
-                 *, running: bool) -> dict[str, Any]:
+                 *, running: bool, role: str | None = None, lease: LeaseRow | None = None) -> dict[str, Any]:
     """The status document: the fields `dlsub agent status --json` has always had, and more.
 
     ``late``: no tick for longer than ``tick_interval_s + tick_deadline_s``,
-    or the last tick hit its deadline.
+    or the last tick hit its deadline. ``role``: whether the agent that answered acts ("active") or stands
+    by ("standby", one of a pair), with ``answered_by`` its host; ``lease``: a pair's lease
+    (:func:`lease_status`; ``pid`` and ``host`` are then the active agent's, as it recorded them).
     """
     interval = float(meta.get("tick_interval_s") or policy.tick_interval_s)
     deadline = float(meta.get("tick_deadline_s") or policy.tick_deadline_s)
@@ -135,6 +148,8 @@ def agent_status(meta: Mapping[str, Any], moves: list[dict[str, Any]], policy: A
         "overdue": bool(overdue), "last_tick_hit_deadline": bool(meta.get("late")),
         "doing": meta.get("doing"), "jobs": meta.get("jobs"), "skipped": meta.get("skipped"),
         "moves_in_flight": moves, "last_error": meta.get("last_error"),
+        "role": role, "answered_by": os.uname().nodename if role is not None else None,
+        "lease": lease_status(lease, now),
     }
 
 
@@ -166,14 +181,16 @@ def _why(request: Mapping[str, Any], caller: Caller, store: StoreView) -> dict[s
     return {"ok": True, "decisions": rows[-MAX_DECISIONS:], "truncated": len(rows) > MAX_DECISIONS}
 
 
-def answer(request: Any, caller: Caller, store: StoreView, policy: AgentPolicy, now: float) -> dict[str, Any]:
-    """The answer to one request from ``caller`` (never raises on bad input)."""
+def answer(request: Any, caller: Caller, store: StoreView, policy: AgentPolicy, now: float,
+           role: str = "active") -> dict[str, Any]:
+    """The answer to one request from ``caller`` (never raises on bad input); ``role``: the answering agent's."""
     you = {"uid": caller.uid, "user": caller.user, "admin": caller.admin, "via": caller.via}
     if not isinstance(request, dict):
         return {"ok": False, "error": "a request is one JSON object", "you": you}
     op = request.get("op")
     if op == "status":
-        status = agent_status(store.meta(), _visible_moves(store, caller), policy, now, running=True)
+        status = agent_status(store.meta(), _visible_moves(store, caller), policy, now, running=True, role=role,
+                              lease=store.lease())
         return {"ok": True, "status": status, "you": you}
     if op == "why":
         return {**_why(request, caller, store), "you": you}
@@ -192,11 +209,12 @@ class QueryServer:
     and serialised by a lock that is never held while reading from or
     writing to a client. ``address`` (``HOST:PORT``; default the policy's
     ``agent_address``, "" for none) is where TCP clients connect; port 0
-    picks a free one (:attr:`tcp_address` says which).
+    picks a free one (:attr:`tcp_address` says which). ``role`` says whether
+    the agent that serves acts or stands by (one of a pair).
     """
 
     def __init__(self, path: Path, open_store: Callable[[], StoreView], policy: AgentPolicy, *,
-                 address: str | None = None,
+                 address: str | None = None, role: Callable[[], str] = lambda: "active",
                  clock: Callable[[], float] = time.time, service_uid: int | None = None,
                  max_clients: int = MAX_CLIENTS, max_clients_per_uid: int = MAX_CLIENTS_PER_UID,
                  max_clients_per_host: int = MAX_CLIENTS_PER_HOST,
@@ -206,6 +224,7 @@ class QueryServer:
         self.address = policy.agent_address if address is None else address
         self.tcp_address = ""
         self._open_store = open_store
+        self._role = role
         self._clock = clock
         self._service_uid = os.geteuid() if service_uid is None else service_uid
         self._max_clients, self._max_per_uid = max_clients, max_clients_per_uid
@@ -452,7 +471,7 @@ class QueryServer:
             try:
                 if self._store is None:
                     self._store = self._open_store()
-                return answer(request, caller, self._store, self.policy, self._clock())
+                return answer(request, caller, self._store, self.policy, self._clock(), self._role())
             except Exception as exc:  # noqa: BLE001 - a broken store: say so, open it afresh next time
                 log.warning("query channel: reading the agent's state failed: %s", exc)
                 self._store = None

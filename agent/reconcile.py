@@ -27,6 +27,11 @@ Writes: what the tick observed and decided (moves' and resizes' intents
 included) is committed in one transaction before the agent acts on Slurm,
 which makes it the write-ahead record; the outcome (phases, errors, meta)
 follows in a second one.
+
+A pair of agents on one shared database (:mod:`dlsub.agent.lease`): the tick renews its lease once Slurm has
+answered its reads, and only then; each write is fenced by the lease's token, and so is each Slurm call
+(``act``'s ``fence``). A deposed agent's tick raises :class:`~dlsub.agent.lease.Deposed` having written and
+asked nothing more (:mod:`dlsub.agent.leadership` then stands it by).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from dlsub.agent.act import STEPS, Item, act, prepare
 from dlsub.agent.agent_store import AgentStore
 from dlsub.agent.budget_watch import BudgetWatch
 from dlsub.agent.decide import AgentMemory, DecideWith, decide, rules_from
+from dlsub.agent.lease import Deposed
 from dlsub.agent.live_models import sizing_policy
 from dlsub.agent.observe import Observation, ObserveWith, observe
 from dlsub.agent.records import MoveRow
@@ -87,18 +93,22 @@ class Agent:
             self.store.set_meta(doing=f"waiting for Slurm: {exc}", last_tick=now, last_error=str(exc))
             log.warning("observe failed: %s", exc)
             return []
+        self.store.renew_lease(now)  # Slurm answered: this agent can still act (no lease on one host's database)
         obs = observe(self.observing, snapshot, slurm_jobs, partitions, now,
                        started + self.policy.tick_deadline_s)
         plan = decide(obs, self.memory, self.deciding, now)
         ahead = prepare(plan, obs, now)
         self.store.write(ahead)  # what was observed and decided, before anything is done about it
-        outcome = act(self.client, obs, plan, ahead, now)
+        outcome = act(self.client, obs, plan, ahead, now,
+                      fence=lambda: self.store.check_lease(now + self.deadline_clock() - started))
         status = self._status(obs, moves_after(snapshot.moves, ahead, outcome.writes), now, started)
         self.store.write(dataclasses.replace(outcome.writes, meta=status))  # the outcome, and what the agent does
         self.store.forget(obs.forgettable)
         self._after(outcome.finished)
         try:
             self.store.prune(now, self.policy.retention.progress_days, self.policy.retention.decisions_days)
+        except Deposed:
+            raise
         except Exception as exc:  # noqa: BLE001 - pruning can wait for the next hour
             log.warning("pruning old progress and decisions failed: %s", exc)
         return list(outcome.done)

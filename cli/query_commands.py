@@ -100,6 +100,13 @@ def _print_status(info: dict[str, Any]) -> None:
         click.echo(f"dlsub agent: running (pid {info.get('pid')} on {info.get('host')}); policy {info.get('policy')}")
     else:
         click.echo("dlsub agent: not running" + (f" ({info['error']})" if info.get("error") else ""))
+    lease = info.get("lease")
+    if info.get("role"):
+        click.echo(f"answered by: {info.get('answered_by')}, {info['role']}")
+    if isinstance(lease, dict):
+        state = f"expires in {lease.get('expires_in_s'):.0f} s" if lease.get("live") else "expired"
+        click.echo(f"lease: held by {lease.get('holder')} (pid {lease.get('pid')}), token {lease.get('token')}, "
+                   f"{state}")
     last = info.get("last_tick")
     if last:
         click.echo(f"last tick: {dt.datetime.fromtimestamp(last):%Y-%m-%d %H:%M:%S} "
@@ -132,7 +139,7 @@ def _status_unanswered(reason: str, db: Path | None, elsewhere: str = "") -> dic
         try:
             store = _read_directly(path)
             meta = store.meta()
-            info = agent_status(meta, store.moves(), policy, time.time(), running=False)
+            info = agent_status(meta, store.moves(), policy, time.time(), running=False, lease=store.lease())
         except SystemExit:
             raise
         except Exception as exc:  # noqa: BLE001 - an unreadable state says only that no agent runs

@@ -178,6 +178,17 @@ class MetricsPolicy:
 
 
 @dataclass(frozen=True)
+class Failover:
+    # The agent's database lies on a file system two login hosts mount (DLSUB_AGENT_DB or --db) and an agent
+    # runs on each: one holds a lease in the database and acts, the other stands by and takes over when the
+    # lease runs out. The database then uses a rollback journal (SQLite's WAL works on one host only).
+    shared_state: bool = False
+    # How long the lease lasts after the active agent's last tick that reached Slurm, seconds; more than twice
+    # tick_interval_s. A standby takes over within lease_s + tick_interval_s of that tick.
+    lease_s: float = 15.0
+
+
+@dataclass(frozen=True)
 class ContainerSite:
     """How this site's nodes run a job's container (the ``[containers]`` table)."""
 
@@ -292,6 +303,7 @@ class AgentPolicy:
     # Node-hours or cost per user/account and period (dlsub.site_config.budget); none by default.
     budgets: Budgets = Budgets()
     metrics: MetricsPolicy = MetricsPolicy()
+    failover: Failover = Failover()
     containers: ContainerSite = ContainerSite()
     site: SitePaths = SitePaths()
 
@@ -518,6 +530,17 @@ def _site(where: str, table: Any) -> SitePaths:
     return site
 
 
+def _failover(where: str, table: Any, tick_interval_s: float) -> Failover:
+    failover = _simple(where, Failover, table)
+    if failover.lease_s <= 0:
+        raise PolicyFileError(f"{where}.lease_s: must be positive")
+    if failover.shared_state and failover.lease_s <= 2 * tick_interval_s:
+        raise PolicyFileError(f"{where}.lease_s: {failover.lease_s:g} s; with ticks every {tick_interval_s:g} s "
+                              f"(tick_interval_s) the lease must last more than two ticks, so that one slow tick "
+                              f"does not hand it over (e.g. lease_s = {5 * tick_interval_s:g})")
+    return failover
+
+
 def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolicy:
     top = [f.name for f in fields(AgentPolicy)]
     _check_keys(where, data, top)
@@ -614,6 +637,9 @@ def parse_policy(data: dict[str, Any], where: str = "policy.toml") -> AgentPolic
         except ValueError:
             raise PolicyFileError(f"{where}.metrics.address: {values['metrics'].address!r} is not an IP address "
                                   "(\"127.0.0.1\", this host's address, or \"0.0.0.0\" for every interface)") from None
+    if "failover" in data:
+        values["failover"] = _failover(f"{where}.failover", data["failover"],
+                                       values.get("tick_interval_s", AgentPolicy.tick_interval_s))
     if "containers" in data:
         values["containers"] = _containers(f"{where}.containers", data["containers"])
     if "site" in data:

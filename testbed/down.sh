@@ -6,6 +6,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$here/common.sh"
 [ "$(id -u)" -eq 0 ] || die "run as root: sudo make testbed-down"
 "$here/agent.sh" stop
+"$here/agent.sh" stop "$LOGIN_HOST2"  # the second of a pair, where a test started one
 stop_slurm
 # Slurm's cgroup sub-trees (slurm_<node> in each v1 hierarchy, made by its cgroup plugins), empty once its
 # daemons and jobs are gone: the host's hierarchies are left as they were. A cgroup still holding a process

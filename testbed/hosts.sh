@@ -211,6 +211,7 @@ hosts_up() {
     if ! hosts_current; then
         say "the testbed's hosts changed (testbed/hosts.sh): making them again"
         "$here/agent.sh" stop
+        "$here/agent.sh" stop "$LOGIN_HOST2"
         stop_slurm
         # slurmdbd too: it runs on the head, whose network goes (MariaDB is the machine's own).
         stop_pidfile /run/dlsub-testbed/slurmdbd.pid

@@ -250,9 +250,12 @@ def slurm_job(job_id: int) -> dict[str, Any] | None:
     return found[0] if found else None
 
 
-def agent_service(action: str) -> None:
-    """Start, stop or kill -9 the testbed's agent (testbed/agent.sh, by its pid file)."""
-    subprocess.run(["bash", str(REPO / "testbed" / "agent.sh"), action], check=True, capture_output=True)
+def agent_service(action: str, host: str | None = None, db: Path | None = None) -> None:
+    """Start, stop or kill -9 the testbed's agent (testbed/agent.sh, by its pid file): login1's, or the one on
+    ``host`` (login2: the second of a pair); ``db``: its state database (``--db``) when not the default."""
+    env = {**os.environ, "DLSUB_AGENT_DB": str(db)} if db else None
+    subprocess.run(["bash", str(REPO / "testbed" / "agent.sh"), action, *([host] if host else [])], check=True,
+                   capture_output=True, env=env)
 
 
 #: The testbed's agent policy (testbed/up.sh installs etc/testbed/policy.toml there: policy = "fifo").

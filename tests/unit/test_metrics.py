@@ -148,7 +148,7 @@ def test_the_metrics_listen_on_the_address_the_policy_names(tmp_path: Path) -> N
         probe.bind(("127.0.0.2", 0))
         port = probe.getsockname()[1]
     w = world(tmp_path, metrics={"port": port, "address": "127.0.0.2"})
-    tick = _with_metrics(w.agent(clock=lambda: NOW))
+    tick = _with_metrics(w.agent(clock=lambda: NOW), w.policy)
     tick()
     served = samples(urllib.request.urlopen(f"http://127.0.0.2:{port}/metrics", timeout=5).read().decode())
     assert value(served, "dlsub_agent_ticks_total") == 1

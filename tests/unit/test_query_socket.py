@@ -67,6 +67,9 @@ class StandInStore:
     def moves(self) -> list[dict[str, Any]]:
         return list(self.moving)
 
+    def lease(self) -> None:
+        return None  # one host's agent
+
     def decisions(self, dlsub_id: str | None = None, slurm_job_id: int | None = None,
                   uid: int | None = None) -> list[Decision]:
         return [d for d in self.rows if (dlsub_id is None or d.dlsub_id == dlsub_id)
