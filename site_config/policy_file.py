@@ -531,7 +531,7 @@ def _site(where: str, table: Any) -> SitePaths:
 
 
 def _failover(where: str, table: Any, tick_interval_s: float) -> Failover:
-    failover = _simple(where, Failover, table)
+    failover: Failover = _simple(where, Failover, table)
     if failover.lease_s <= 0:
         raise PolicyFileError(f"{where}.lease_s: must be positive")
     if failover.shared_state and failover.lease_s <= 2 * tick_interval_s:
