@@ -7,6 +7,7 @@ import os
 import pwd
 import re
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -256,6 +257,18 @@ def agent_service(action: str, host: str | None = None, db: Path | None = None) 
     env = {**os.environ, "DLSUB_AGENT_DB": str(db)} if db else None
     subprocess.run(["bash", str(REPO / "testbed" / "agent.sh"), action, *([host] if host else [])], check=True,
                    capture_output=True, env=env)
+
+
+def agent_moves(db: Path) -> list[tuple[str, str]]:
+    """(dlsub id, phase) of each move in flight in an agent's database, read-only ([] while it cannot be read)."""
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            return conn.execute("select dlsub_id, phase from moves").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return []
 
 
 #: The testbed's agent policy (testbed/up.sh installs etc/testbed/policy.toml there: policy = "fifo").

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sqlite3
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from livebed import (
     EXAMPLES,
     GPU_TYPES,
     TestbedUser,
+    agent_moves,
     agent_service,
     agent_tick,
     attempts,
@@ -240,17 +240,6 @@ def test_off_hours_window_opens_and_closes(
     assert "off-hours window 'it-window' is open" in why and "moving back to cpu" in why, why
 
 
-def _moves(db: Path) -> list[tuple[str, str]]:
-    try:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
-        try:
-            return conn.execute("select dlsub_id, phase from moves").fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return []
-
-
 def test_agent_killed_mid_move_loses_and_duplicates_nothing(
     user: TestbedUser, workdir: Path, gpus_busy: list[int], service_agent: None
 ) -> None:
@@ -259,7 +248,7 @@ def test_agent_killed_mid_move_loses_and_duplicates_nothing(
     assert job["partition"] == "cpu"
     wait_for("a checkpoint on cpu", lambda: checkpointed(user, job["id"]), timeout=120)
     subprocess.run(["scancel", *map(str, gpus_busy)], check=True)
-    wait_for("the agent to start the move", lambda: (job["id"], "signalled") in _moves(SERVICE_DB),
+    wait_for("the agent to start the move", lambda: (job["id"], "signalled") in agent_moves(SERVICE_DB),
              timeout=60, interval=0.1)
     agent_service("kill9")
     assert user.run("dlsub", "agent", "status").returncode == 3, "a killed agent is reported as not running"

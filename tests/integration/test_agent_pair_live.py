@@ -30,6 +30,7 @@ from livebed import (
     EXAMPLES,
     POLICY_FILE,
     TestbedUser,
+    agent_moves,
     agent_service,
     attempts,
     set_link,
@@ -60,17 +61,6 @@ def lease() -> dict[str, object] | None:
     except sqlite3.Error:
         return None
     return {"host": row[0], "token": row[1], "expires": row[2]} if row else None
-
-
-def moves() -> list[tuple[str, str]]:
-    try:
-        conn = sqlite3.connect(f"file:{PAIR_DB}?mode=ro", uri=True, timeout=5)
-        try:
-            return conn.execute("select dlsub_id, phase from moves").fetchall()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return []
 
 
 def holds_a_record_lock(pid: int) -> bool:
@@ -137,7 +127,7 @@ def test_the_active_agents_host_lost_mid_move_the_standby_takes_over_and_the_lat
     status = user.dlsub("agent", "status").stdout
     assert "answered by: login1, standby" in status and "lease: held by login2" in status, status
     subprocess.run(["scancel", *map(str, gpus_busy)], check=True)
-    wait_for("login2's agent to start the move", lambda: (job["id"], "signalled") in moves(), timeout=60,
+    wait_for("login2's agent to start the move", lambda: (job["id"], "signalled") in agent_moves(PAIR_DB), timeout=60,
              interval=0.1)
     # login2 lost: its agent frozen where it is, its link cut.
     old = int(LOGIN2_PIDFILE.read_text())
