@@ -65,8 +65,7 @@ class Leadership:
             return self.agent.tick()
         except Deposed as exc:
             log.warning("standing by: %s", exc)
-            self.agent = None
-            self.store.token = None
+            self.agent = None  # the store dropped its token as it refused
             return []
 
     def stop(self) -> None:

@@ -66,10 +66,10 @@ def make_private(db: Path) -> None:
             db.parent, stat.S_IMODE(parent.st_mode))
 
 
-def lock_path(db: Path, policy: AgentPolicy) -> Path:
+def lock_path(db: Path, policy: AgentPolicy | None = None) -> Path:
     """Where the lock of one agent per host is: beside one host's database, or, when two hosts share it, beside
     this host's socket (a lock on the shared file system would let one host's agent keep the other's out)."""
-    if policy.failover.shared_state:
+    if policy is not None and policy.failover.shared_state:
         return Path(policy.socket).parent / "agent.lock"
     return Path(str(db) + ".lock")
 
@@ -78,7 +78,7 @@ def lock_path(db: Path, policy: AgentPolicy) -> Path:
 def agent_lock(db: Path, lock: Path | None = None) -> Iterator[IO[str] | None]:
     """One agent per state database (per host, with ``lock`` where two hosts share it): yields the held lock,
     or None when another agent holds it."""
-    lock = lock or Path(str(db) + ".lock")
+    lock = lock or lock_path(db)
     db.parent.mkdir(parents=True, exist_ok=True)
     lock.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(str(lock), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
