@@ -16,7 +16,10 @@ answer back (the protocol heads the server's module). Two ways in:
 
 :func:`ask` picks: the socket when the agent's address is this host (or no
 address is set), TCP when the address names another host or there is no
-socket here.
+socket here. Of an agent pair (``[failover] shared_state``), the agent on
+this login host is asked first whatever the address names: it reads the
+state both share, and it still answers when the host the address names is
+lost; TCP to that address only when no agent of the pair answers here.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class AgentEndpoint:
     address: str = ""
     #: The agent's account: credentials are made decodable by it alone (``munge --restrict-uid``).
     agent_user: str = ""
+    #: An agent runs on each login host over one shared state (``[failover] shared_state``).
+    pair: bool = False
 
     @classmethod
     def of(cls, policy: AgentPolicy, socket_path: Path | None = None, address: str | None = None) -> AgentEndpoint:
@@ -62,7 +67,7 @@ class AgentEndpoint:
             return cls(socket=socket_path)
         if address:
             return cls(address=address, agent_user=policy.agent_user)
-        return cls(Path(policy.socket), policy.agent_address, policy.agent_user)
+        return cls(Path(policy.socket), policy.agent_address, policy.agent_user, policy.failover.shared_state)
 
     def elsewhere(self) -> bool:
         """Whether the agent's address names another host (its state, lock and socket are there, not here)."""
@@ -78,7 +83,9 @@ class AgentEndpoint:
         """Whether :func:`ask` goes over TCP with munge (else the Unix socket)."""
         if not self.address:
             return False
-        return self.socket is None or not self.socket.is_socket() or self.elsewhere()
+        if self.socket is None or not self.socket.is_socket():
+            return True
+        return not self.pair and self.elsewhere()
 
     def __str__(self) -> str:
         return self.address if self.via_tcp() else str(self.socket)
@@ -116,7 +123,13 @@ def ask(where: AgentEndpoint | Path, request: Mapping[str, Any], timeout_s: floa
         return _ask_tcp(endpoint, line, timeout_s)
     if endpoint.socket is None:
         raise AgentUnavailable("no agent socket and no agent_address: the policy names neither")
-    return _ask_unix(endpoint.socket, line, timeout_s)
+    try:
+        return _ask_unix(endpoint.socket, line, timeout_s)
+    except AgentUnavailable:
+        if not (endpoint.pair and endpoint.elsewhere()):
+            raise
+    # This host's agent of the pair is down or stuck (its socket left behind): the other host's may answer.
+    return _ask_tcp(endpoint, line, timeout_s)
 
 
 def _ask_unix(path: Path, line: bytes, timeout_s: float) -> dict[str, Any]:

@@ -262,6 +262,26 @@ def test_the_socket_on_the_agents_host_and_tcp_from_elsewhere(server: QueryServe
     assert not AgentEndpoint(server.path).via_tcp()
 
 
+def test_a_pairs_client_asks_the_agent_on_its_own_host_first_and_the_address_when_that_one_is_down(
+    server: QueryServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unit (real sockets, fake munge): of an agent pair, the address names the other login host; the agent here
+    answers on its socket (the state is shared), and where it is down (its socket left behind, nothing listening)
+    the address is asked."""
+    monkeypatch.setattr("dlsub.job.agent_client.is_this_host", lambda host: False)  # the address: another host
+    pair = AgentEndpoint(server.path, server.tcp_address, "dlsub", pair=True)
+    assert pair.elsewhere() and not pair.via_tcp()
+    assert ask(pair, {"op": "status"})["you"]["via"] == "socket"
+    assert AgentEndpoint(server.path, server.tcp_address, "dlsub").via_tcp(), "one agent: its address, as before"
+    left_behind = server.path.parent / "stale.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+        dead.bind(str(left_behind))  # a socket file that nothing listens on: the agent here was killed
+    stale = AgentEndpoint(left_behind, server.tcp_address, "dlsub", pair=True)
+    assert not stale.via_tcp() and ask(stale, {"op": "status"})["you"]["via"] == "munge"
+    with pytest.raises(AgentUnavailable, match="does not answer on"):
+        ask(AgentEndpoint(left_behind, pair=True), {"op": "status"})  # no address: nothing else to ask
+
+
 def test_an_agent_given_another_hosts_address_does_not_start(fake_munge: Path, store: StandInStore) -> None:
     path = fake_munge / "run2" / "agent.sock"
     with pytest.raises(OSError, match="192.0.2.1 is not an address of this host; run the agent on 192.0.2.1"):
