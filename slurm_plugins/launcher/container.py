@@ -12,6 +12,7 @@ from pathlib import Path
 from dlsub import contract
 from dlsub.slurm_plugins.launcher.gpus import GpuSetup, gpu_setup
 from dlsub.slurm_plugins.launcher.host import RuntimeDirRefused, runtime_dir
+from dlsub.slurm_plugins.launcher.podman_state import reset_if_left_by_a_killed_attempt
 from dlsub.slurm_plugins.launcher.policy import recorded_status
 from dlsub.slurm_plugins.launcher.records import read_head, remove, say
 from dlsub.slurm_plugins.launcher.signals import Forwarder
@@ -84,6 +85,9 @@ def run_container(run: ContainerRun, env: MutableMapping[str, str], forwarder: F
     gpus = gpu_setup(env)
     if not library_present(run.library_dir, node):
         return 1
+    reset = reset_if_left_by_a_killed_attempt(env)
+    if reset:
+        say(f"dlsub: on {node}: {reset}")
     on_started()
     remove(run.exit_record)
     argv = podman_argv(run, gpus)
