@@ -1,6 +1,6 @@
 """A soak of several faults at once, jobs of two users (issue 53): each run must end with every job intact.
 
-    python benchmarks/soak.py [--runs 5] [--seed 0] [--json]
+    python benchmarks/soak.py [--runs 5] [--seed 0] [--pair] [--json]
 
 Runs as root on the testbed's login host, with the agent service running and an
 otherwise idle testbed (its policy file as `make testbed` installs it):
@@ -20,6 +20,11 @@ One run:
   grow), the agent is killed (-9) and started again twice, the primary
   slurmctld is killed and started again (the backup takes control in between),
   and the lost node is brought back once Slurm has marked it down.
+* With ``--pair``, the agent is a pair (issue 53: login1 and login2 over one
+  database, ``[failover] shared_state``), login2's agent active at each run's
+  start, and its two faults are the pair's: login2 lost (its agent frozen, its
+  link cut) and back 25-40 s later (the agent woken, to be refused and stand
+  by), then the agent that holds the lease then killed (-9) and started again.
 * Then every job must complete intact: `dlsub status` COMPLETED; its last
   attempt done at the whole of its steps; each restore from the newest
   checkpoint written before that attempt began (no step lost); nothing written
@@ -35,6 +40,7 @@ in progress putting back what it holds first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import re
@@ -52,8 +58,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 from livebed import (
     BACKUP_HEAD,
     EXAMPLES,
+    PAIR_DB,
     PRIMARY_HEAD,
     TestbedUser,
+    agent_pair,
     agent_service,
     attempts,
     blockers,
@@ -61,7 +69,10 @@ from livebed import (
     job_output,
     kill_slurmctld,
     kill_slurmd,
+    login2_back,
+    lose_login2,
     node_back,
+    pair_lease,
     processes_of_job,
     progress_events,
     set_link,
@@ -135,25 +146,72 @@ def lose_and_bring_back(node: str, how: str) -> tuple[Callable[[], None], Callab
 Fault = tuple[float, str, Callable[[], None]]
 
 
-def timeline(rng: random.Random, node: str, how: str, blocker_ids: list[int]) -> list[Fault]:
+def agent_faults(rng: random.Random) -> list[Fault]:
+    """The one agent killed (-9) and started again, twice."""
+    down, down_again = rng.uniform(1, 8), rng.uniform(20, 35)
+    return [
+        (down, "agent killed (-9)", lambda: agent_service("kill9")),
+        (down + rng.uniform(3, 8), "agent started", lambda: agent_service("start")),
+        (down_again, "agent killed (-9) again", lambda: agent_service("kill9")),
+        (down_again + rng.uniform(2, 6), "agent started again", lambda: agent_service("start")),
+    ]
+
+
+def pair_faults(rng: random.Random) -> list[Fault]:
+    """Of a pair whose login2 agent is active: login2 lost and back, then the lease's holder killed (-9) and
+    started again (login1's agent, unless it has not taken over by then)."""
+    down = rng.uniform(1, 8)
+    frozen: list[int] = []
+    killed: list[str] = []
+
+    def kill_the_holder() -> None:
+        killed.append(str((pair_lease() or {}).get("host") or "login1"))
+        agent_service("kill9", killed[-1])
+
+    return [
+        (down, "login2 lost (its agent, active, frozen; link cut)", lambda: frozen.append(lose_login2())),
+        (down + rng.uniform(25, 40), "login2 back (its agent woken)", lambda: login2_back(frozen[-1])),
+        (rng.uniform(45, 60), "the lease's holder killed (-9)", kill_the_holder),
+        # killed[] is filled by then: faults run in order, and this one is drawn after the kill.
+        (rng.uniform(62, 68), "it started again", lambda: agent_service("start", killed[-1], PAIR_DB)),
+    ]
+
+
+def timeline(rng: random.Random, node: str, how: str, blocker_ids: list[int], pair: bool = False) -> list[Fault]:
     """The faults of one run, at seconds after the first, drawn from ``rng``."""
     lose, back = lose_and_bring_back(node, how)
-    agent_down = rng.uniform(1, 8)
-    agent_down_again = rng.uniform(20, 35)
     ctld_down = rng.uniform(8, 20)
     return sorted([
         (0.0, f"{node} lost ({'slurmd killed' if how == 'slurmd' else 'link cut'})", lose),
         (rng.uniform(0, 6), "B's GPU blockers cancelled",
          lambda: subprocess.run(["scancel", *map(str, blocker_ids)], check=True)),
-        (agent_down, "agent killed (-9)", lambda: agent_service("kill9")),
-        (agent_down + rng.uniform(3, 8), "agent started", lambda: agent_service("start")),
+        *(pair_faults(rng) if pair else agent_faults(rng)),
         (ctld_down, f"primary slurmctld ({PRIMARY_HEAD}) killed", lambda: kill_slurmctld(PRIMARY_HEAD)),
         (ctld_down + rng.uniform(15, 30), f"primary slurmctld back (after {BACKUP_HEAD} took control)",
          lambda: slurmctld_back(PRIMARY_HEAD)),
-        (agent_down_again, "agent killed (-9) again", lambda: agent_service("kill9")),
-        (agent_down_again + rng.uniform(2, 6), "agent started again", lambda: agent_service("start")),
         (rng.uniform(40, 70), f"{node} back (once Slurm marked it down)", back),
     ], key=lambda f: f[0])
+
+
+def agents_running(pair: bool) -> None:
+    """The agent service running; of a pair, both agents, login2's link up."""
+    if not pair:
+        agent_service("start")
+        return
+    set_link("login2", up=True)
+    for host in ("login2", "login1"):
+        agent_service("start", host, PAIR_DB)
+
+
+def login2_active() -> None:
+    """Of a pair, login2's agent holding the lease (so that losing login2 loses the active agent): login1's agent,
+    if it holds it, stopped (a clean stop gives the lease up) and started again once login2's has taken it."""
+    agents_running(pair=True)
+    if (pair_lease() or {}).get("host") != "login2":
+        agent_service("stop", "login1")
+        wait_for("login2's agent to take the lease", lambda: (pair_lease() or {}).get("host") == "login2",
+                 timeout=30)
+        agent_service("start", "login1", PAIR_DB)
 
 
 def run_faults(faults: list[Fault]) -> list[tuple[float, str]]:
@@ -206,14 +264,21 @@ def check(job: Job) -> dict[str, Any]:
         job.problems.append(f"moved {len(moves)} times, partitions {partitions}")
     ids = [job.record["slurm_job_id"], *([job.record["worker_array_id"]] if job.record.get("worker_array_id") else [])]
     left = {i: processes_of_job(i) for i in ids}
-    if any(left.values()) or job.user.containers(f"dlsub.job_id={rid}"):
-        job.problems.append(f"left behind: processes {left}, containers {job.user.containers(f'dlsub.job_id={rid}')}")
+    try:
+        containers = job.user.containers(f"dlsub.job_id={rid}")
+    except AssertionError as exc:  # Podman itself fails for the user on a node: what their next job there meets
+        containers = [f"(podman failed: {str(exc).strip().splitlines()[-1][:200]})"]
+    if any(left.values()) or containers:
+        job.problems.append(f"left behind: processes {left}, containers {containers}")
     return {"job": job.label, "state": status["state"], "attempts": len(starts), "partitions": partitions,
             "moves": len(moves), "steps_redone": redone, "problems": job.problems}
 
 
-def one_run(run: int, seed: int, users: dict[str, TestbedUser]) -> dict[str, Any]:
+def one_run(run: int, seed: int, users: dict[str, TestbedUser], pair: bool = False) -> dict[str, Any]:
     rng = random.Random(seed * 1000 + run)
+    if pair:
+        login2_active()
+    token = (pair_lease() or {}).get("token") if pair else None
     began = time.monotonic()
     dirs = {}
     for key, user in users.items():
@@ -232,7 +297,7 @@ def one_run(run: int, seed: int, users: dict[str, TestbedUser]) -> dict[str, Any
         node = (slurm_job(target.record["slurm_job_id"]) or {})["nodes"]
         how = rng.choice(["slurmd", "link"])
         print(f"run {run}: faults (seed {seed}), from {time.strftime('%H:%M:%S')}:", flush=True)
-        faults = run_faults(timeline(rng, node, how, holds))
+        faults = run_faults(timeline(rng, node, how, holds, pair))
         wait_for("every job to end",
                  lambda: all(j.user.status(j.record["id"])["state"] in ENDED for j in jobs), timeout=900, interval=3)
         took = time.monotonic() - began
@@ -244,7 +309,7 @@ def one_run(run: int, seed: int, users: dict[str, TestbedUser]) -> dict[str, Any
                 j.user.dlsub("cancel", j.record["id"], check=False)
         if controllers() != {"primary": "UP", "backup": "UP"}:
             slurmctld_back(PRIMARY_HEAD)
-        agent_service("start")
+        agents_running(pair)
     drained = drained_nodes()
     for drained_node in drained:
         # Slurm's, not dlsub's, and an admin's to lift (docs/admin-guide.md, "When slurmctld fails over"): lifted
@@ -257,8 +322,12 @@ def one_run(run: int, seed: int, users: dict[str, TestbedUser]) -> dict[str, Any
               + (f"; PROBLEMS: {r['problems']}" if r["problems"] else ""), flush=True)
     if drained:
         print(f"  Slurm drained (resumed after the run): {drained}", flush=True)
+    lease = pair_lease() if pair else None
+    if lease:
+        print(f"  the lease: token {token} -> {lease['token']}, held by {lease['host']}", flush=True)
     print(f"run {run}: {'intact' if ok else 'FAILED'} in {took / 60:.1f} min", flush=True)
     return {"run": run, "ok": ok, "minutes": round(took / 60, 2), "lost": how, "node": node, "drained": drained,
+            "lease_tokens": [token, lease["token"]] if lease else None,
             "faults": [{"at_s": round(t, 1), "what": w} for t, w in faults], "jobs": results}
 
 
@@ -266,18 +335,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pair", action="store_true",
+                        help="the agent as a pair on login1 and login2, login2's active and lost in each run")
     parser.add_argument("--json", action="store_true", help="also print every run as one JSON document")
     args = parser.parse_args()
     # Stopped with kill PID (SIGINT is ignored where it was started in the background): the run in progress
     # puts back what it holds (its finally) before the soak exits.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("soak: stopped (SIGTERM)"))
     users = {"A": TestbedUser("dltest"), "B": TestbedUser("dltest2")}
-    agent_service("start")
     runs = []
-    for run in range(1, args.runs + 1):
-        runs.append(one_run(run, args.seed, users))
-        if not runs[-1]["ok"]:
-            break  # "in a row": the first failure ends the soak, its testbed left as it was for a look
+    with agent_pair() if args.pair else contextlib.nullcontext():
+        agents_running(args.pair)
+        for run in range(1, args.runs + 1):
+            runs.append(one_run(run, args.seed, users, args.pair))
+            if not runs[-1]["ok"]:
+                break  # "in a row": the first failure ends the soak, its testbed left as it was for a look
     passed = sum(r["ok"] for r in runs)
     print(f"soak: {passed} of {args.runs} runs in a row intact; minutes per run "
           f"{', '.join(str(r['minutes']) for r in runs)}")

@@ -531,3 +531,95 @@ def sinfo_gpus() -> dict[str, int]:
         found = re.search(r"gpu(?::[^:,(]+)?:(\d+)", gres)
         gpus[partition.rstrip("*")] = gpus.get(partition.rstrip("*"), 0) + (int(found.group(1)) if found else 0)
     return gpus
+
+
+#: An agent pair's one database (issue 53): a folder on the machine's disk, which both login hosts see as they
+#: would a shared filesystem.
+PAIR_DIR = Path("/var/lib/dlsub-pair")
+PAIR_DB = PAIR_DIR / "agent.db"
+#: Where testbed/agent.sh keeps login2's agent's pid (its /run/dlsub, as the machine sees it) and log.
+LOGIN2_PIDFILE = HOSTS_DIR / "login2" / "run-dlsub" / "agent.pid"
+LOGIN2_LOG = Path("/var/log/dlsub/agent-login2.log")
+
+
+def pair_lease(db: Path = PAIR_DB) -> dict[str, Any] | None:
+    """An agent pair's lease as its database holds it (holder host, token, expiry); None while unreadable."""
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        try:
+            row = conn.execute("select host, token, expires from lease where id = 1").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return {"host": row[0], "token": row[1], "expires": row[2]} if row else None
+
+
+@contextmanager
+def agent_pair(lease_s: float = 15) -> Iterator[None]:
+    """login1's service agent stopped; a pair started on a fresh PAIR_DB under ``[failover]``: login2's agent
+    first (it takes the lease), then login1's. Afterwards both stopped, login2's link up and its agent running
+    (SIGCONT) whatever was done to them, the policy restored and login1's service agent started again."""
+    original = POLICY_FILE.read_text()
+    assert "[failover]" not in original, f"{POLICY_FILE} already has a [failover] table: is another run using it?"
+    agent_service("stop")
+    subprocess.run(["install", "-d", "-m", "700", "-o", AGENT_USER, "-g", AGENT_USER, str(PAIR_DIR)], check=True)
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        Path(f"{PAIR_DB}{suffix}").unlink(missing_ok=True)
+    LOGIN2_LOG.unlink(missing_ok=True)
+    POLICY_FILE.write_text(f"{original}\n[failover]\nshared_state = true\nlease_s = {lease_s:g}\n")
+    try:
+        agent_service("start", "login2", PAIR_DB)
+        wait_for("login2's agent to take the lease", lambda: (pair_lease() or {}).get("host") == "login2",
+                 timeout=30)
+        agent_service("start", "login1", PAIR_DB)
+        yield
+    finally:
+        set_link("login2", up=True)
+        if LOGIN2_PIDFILE.exists():
+            try:
+                os.kill(int(LOGIN2_PIDFILE.read_text()), signal.SIGCONT)
+            except (ProcessLookupError, ValueError):
+                pass
+        agent_service("stop", "login2")
+        agent_service("stop", "login1")
+        POLICY_FILE.write_text(original)
+        agent_service("start")
+
+
+def holds_a_record_lock(pid: int) -> bool:
+    """Whether ``pid`` holds a POSIX record lock (/proc/locks): SQLite's, inside a transaction."""
+    return any(fields[1] == "POSIX" and fields[4] == str(pid)
+               for fields in (line.split() for line in Path("/proc/locks").read_text().splitlines())
+               if len(fields) > 4)
+
+
+def freeze_outside_a_transaction(pid: int) -> None:
+    """SIGSTOP ``pid`` between two of its transactions on the database. A frozen process keeps the locks it holds,
+    and on this machine's filesystem nothing breaks them (a host lost for good would lose them with its NFS
+    lease): frozen inside a transaction, it would stall the other agent as no lost host does."""
+    for _ in range(100):
+        os.kill(pid, signal.SIGSTOP)
+        if not holds_a_record_lock(pid):
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError(f"the agent (pid {pid}) held a lock on its database at each of 100 tries")
+
+
+def lose_login2() -> int:
+    """login2 lost: its agent frozen where it is (a process that will wake believing it still acts), its link
+    cut. Returns the frozen agent's pid, for :func:`login2_back`."""
+    pid = int(LOGIN2_PIDFILE.read_text())
+    freeze_outside_a_transaction(pid)
+    set_link("login2", up=False)
+    return pid
+
+
+def login2_back(pid: int) -> None:
+    """login2's link up and its agent (``pid``, frozen by :func:`lose_login2`) woken, if it still lives."""
+    set_link("login2", up=True)
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass

@@ -17,13 +17,11 @@ one starts first is the only difference.)
 
 from __future__ import annotations
 
-import os
-import signal
-import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_elastic import after_first, world_sizes
@@ -31,126 +29,62 @@ from test_move_crashes import decisions
 from test_resize_crashes import in_flight, worker_tasks
 
 from livebed import (
-    AGENT_USER,
     EXAMPLES,
-    POLICY_FILE,
+    LOGIN2_LOG,
+    PAIR_DB,
     TestbedUser,
     agent_moves,
-    agent_service,
+    agent_pair,
     attempts,
     blockers,
     job_output,
+    login2_back,
+    lose_login2,
+    pair_lease,
     progress_events,
-    set_link,
     slurm_job,
     wait_for,
 )
 
 TRAIN = str(EXAMPLES / "train_digits.py")
 CPU_FOUR_TIMES_SLOWER = ("--throttle", "0.05", "--cpu-slowdown", "4")
-#: The pair's one database: a folder on the machine's disk, which both login hosts see.
-PAIR_DIR = Path("/var/lib/dlsub-pair")
-PAIR_DB = PAIR_DIR / "agent.db"
-#: Where testbed/agent.sh keeps login2's agent's pid (its /run/dlsub, as the machine sees it) and log.
-LOGIN2_PIDFILE = Path("/var/lib/dlsub-testbed/hosts/login2/run-dlsub/agent.pid")
-LOGIN2_LOG = Path("/var/log/dlsub/agent-login2.log")
 LEASE_S = 15
 TAKEOVER_LIMIT_S = 30
 
 
-def lease() -> dict[str, object] | None:
-    """The pair's lease as the database holds it (holder host, token, expiry)."""
-    try:
-        conn = sqlite3.connect(f"file:{PAIR_DB}?mode=ro", uri=True, timeout=5)
-        try:
-            row = conn.execute("select host, token, expires from lease where id = 1").fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return None
-    return {"host": row[0], "token": row[1], "expires": row[2]} if row else None
-
-
-def holds_a_record_lock(pid: int) -> bool:
-    """Whether ``pid`` holds a POSIX record lock (/proc/locks): SQLite's, inside a transaction."""
-    return any(fields[1] == "POSIX" and fields[4] == str(pid)
-               for fields in (line.split() for line in Path("/proc/locks").read_text().splitlines())
-               if len(fields) > 4)
-
-
-def freeze_outside_a_transaction(pid: int) -> None:
-    """SIGSTOP ``pid`` between two of its transactions on the database. A frozen process keeps the locks it holds,
-    and on this machine's filesystem nothing breaks them (a host lost for good would lose them with its NFS
-    lease): frozen inside a transaction, it would stall the other agent as no lost host does."""
-    for _ in range(100):
-        os.kill(pid, signal.SIGSTOP)
-        if not holds_a_record_lock(pid):
-            return
-        os.kill(pid, signal.SIGCONT)
-        time.sleep(0.05)
-    raise AssertionError(f"the agent (pid {pid}) held a lock on its database at each of 100 tries")
-
-
-@pytest.fixture
-def agent_pair() -> Iterator[None]:
-    """login1's service agent stopped; the pair started on a fresh shared database under ``[failover]``: login2's
-    agent first (it takes the lease), then login1's. Afterwards both stopped, login2's link up and its agent
-    running (SIGCONT) whatever the test did, the policy restored and login1's service agent started again."""
-    original = POLICY_FILE.read_text()
-    assert "[failover]" not in original, f"{POLICY_FILE} already has a [failover] table: is another run using it?"
-    agent_service("stop")
-    subprocess.run(["install", "-d", "-m", "700", "-o", AGENT_USER, "-g", AGENT_USER, str(PAIR_DIR)], check=True)
-    for suffix in ("", "-journal", "-wal", "-shm"):
-        Path(f"{PAIR_DB}{suffix}").unlink(missing_ok=True)
-    LOGIN2_LOG.unlink(missing_ok=True)
-    POLICY_FILE.write_text(f"{original}\n[failover]\nshared_state = true\nlease_s = {LEASE_S}\n")
-    try:
-        agent_service("start", "login2", PAIR_DB)
-        wait_for("login2's agent to take the lease", lambda: (lease() or {}).get("host") == "login2", timeout=30)
-        agent_service("start", "login1", PAIR_DB)
+@pytest.fixture(name="agent_pair")
+def agent_pair_fixture() -> Iterator[None]:
+    """The pair on a fresh database, login2's agent active (livebed.agent_pair)."""
+    with agent_pair(LEASE_S):
         yield
-    finally:
-        set_link("login2", up=True)
-        if LOGIN2_PIDFILE.exists():
-            try:
-                os.kill(int(LOGIN2_PIDFILE.read_text()), signal.SIGCONT)
-            except (ProcessLookupError, ValueError):
-                pass
-        agent_service("stop", "login2")
-        agent_service("stop", "login1")
-        POLICY_FILE.write_text(original)
-        agent_service("start")
 
 
-def lose_login2() -> tuple[int, dict[str, object]]:
-    """login2 lost with its agent active: the agent frozen where it is, the link cut; login1's agent takes the
-    lease over within TAKEOVER_LIMIT_S with the next token. Returns the frozen agent's pid and the new lease."""
-    first = lease()
+def lose_the_active_login2() -> tuple[int, dict[str, Any]]:
+    """login2 lost with its agent active (livebed.lose_login2); login1's agent takes the lease over within
+    TAKEOVER_LIMIT_S with the next token. Returns the frozen agent's pid and the new lease."""
+    first = pair_lease()
     assert first and first["host"] == "login2", first
-    old = int(LOGIN2_PIDFILE.read_text())
-    freeze_outside_a_transaction(old)
-    set_link("login2", up=False)
+    old = lose_login2()
     lost = time.monotonic()
     taken = wait_for("login1's agent to take the lease over",
-                     lambda: (r := lease()) and r["host"] == "login1" and r, timeout=TAKEOVER_LIMIT_S + 15,
+                     lambda: (r := pair_lease()) and r["host"] == "login1" and r, timeout=TAKEOVER_LIMIT_S + 15,
                      interval=0.5)
     took = time.monotonic() - lost
     print(f"login1's agent took over {took:.1f} s after login2 was lost (lease {LEASE_S} s)")
     assert took <= TAKEOVER_LIMIT_S, f"took over after {took:.1f} s"
-    assert taken["token"] == first["token"] + 1, (first, taken)  # type: ignore[operator]
+    assert taken["token"] == first["token"] + 1, (first, taken)
     return old, taken
 
 
-def login2_back_and_refused(user: TestbedUser, old: int, taken: dict[str, object]) -> None:
+def login2_back_and_refused(user: TestbedUser, old: int, taken: dict[str, Any]) -> None:
     """login2 back, its agent woken: what it writes next is refused by the token, it stands by, and the lease
     stays with login1's agent, which `dlsub agent status` names."""
-    set_link("login2", up=True)
-    os.kill(old, signal.SIGCONT)
+    login2_back(old)
     refused = wait_for("login2's woken agent to be refused and stand by",
                        lambda: [line for line in LOGIN2_LOG.read_text().splitlines() if "standing by" in line],
                        timeout=60)
     assert any("deposed" in line or "lease" in line for line in refused), refused
-    still = lease()
+    still = pair_lease()
     assert still and still["host"] == "login1" and still["token"] == taken["token"], still
     status = user.dlsub("agent", "status").stdout
     assert "answered by: login1, active" in status and "lease: held by login1" in status, status
@@ -164,14 +98,14 @@ def test_the_active_agents_host_lost_mid_move_the_standby_takes_over_and_the_lat
     assert job["partition"] == "cpu"
     wait_for("a checkpoint on cpu", lambda: (s := user.status(job["id"]))["state"] == "RUNNING"
              and s["last_checkpoint_step"], timeout=120)
-    first = lease()
+    first = pair_lease()
     assert first and first["host"] == "login2", first
     status = user.dlsub("agent", "status").stdout
     assert "answered by: login1, standby" in status and "lease: held by login2" in status, status
     subprocess.run(["scancel", *map(str, gpus_busy)], check=True)
     wait_for("login2's agent to start the move", lambda: (job["id"], "signalled") in agent_moves(PAIR_DB), timeout=60,
              interval=0.1)
-    old, taken = lose_login2()
+    old, taken = lose_the_active_login2()
     final = wait_for("completion", lambda: (s := user.status(job["id"]))["state"] == "COMPLETED" and s, timeout=240)
     assert final["partition"] == "gpu" and final["attempts"] == 2, final
     starts = [a for a in attempts(job["job_dir"]) if a["event"] == "start"]
@@ -203,7 +137,7 @@ def test_the_active_agents_host_lost_mid_shrink_the_standby_finishes_it_once(
         wait_for("login2's agent to tell the worker to leave",
                  lambda: [p for _, k, p in in_flight(PAIR_DB) if (k, p) == ("shrink", "leaving")], timeout=120,
                  interval=0.1)
-        old, taken = lose_login2()
+        old, taken = lose_the_active_login2()
         wait_for("the other user's job to start", lambda: (slurm_job(other) or {}).get("job_state") in
                  ("RUNNING", "COMPLETED", None), timeout=180)
         wait_for("training back at world size 4", lambda: 4 in after_first(world_sizes(job["job_dir"]), 8),
