@@ -1,21 +1,21 @@
 """A user's rootless Podman on this node, left unusable by an attempt that was killed: found and reset.
 
-When Slurm kills an attempt's processes outright (a node that comes back while its old attempt still ends, a
-job cancelled or timed out while its container stops), the container's ``conmon`` dies with Podman's pause
-process, and Podman's record still says the container runs. Every later ``podman`` command of that user on this
-node then tries to join the user namespace of those processes, finds none, and exits with "invalid internal
-status, try resetting the pause process with podman system migrate": the user's next job here could not start
-its container. (Seen in ``benchmarks/soak.py --pair`` with Podman 4.3: a node cut off, back as Slurm killed its
-old attempt.)
+When Slurm aborts an attempt (SIGKILL to every process of its cgroups, no SIGTERM first, so no launcher cleans
+up: a node back after its jobs were requeued elsewhere, "registered on the wrong node"), the container's
+``conmon`` dies with Podman's pause process (the job's first podman started it, in the job's cgroup), and
+Podman's record still says the container runs. Every later ``podman`` command of that user on this node then
+tries to join the user namespace of those processes, finds none, and exits with "invalid internal status, try
+resetting the pause process with podman system migrate": the user's next job here failed in 2 s. (Found by
+``benchmarks/soak.py --pair`` with Podman 4.3.)
 
-Before this node's container starts, the launcher looks, with file reads only, for that state: no live pause
-process, and every container with a ``conmon.pid`` in the runtime directory's run root dead. Only then does it
-run ``podman system migrate`` (which starts a new pause process and marks those containers stopped; nothing of
-this user runs here, or Podman would have joined it) and remove the dead containers that are dlsub's (label
-``dlsub.job_id``), never a container that was not among the dead ones it found.
-
-The run root is Podman's rootless default, ``$XDG_RUNTIME_DIR/containers``; a site that sets another
-``runroot`` gets no reset (nothing is found), as before.
+Before this node's container starts, the launcher looks, with file reads only, for containers whose ``conmon``
+has died: a ``conmon.pid`` naming no live process in Podman's run root. Podman keeps the run root it first used
+in its database, so both places it may be are looked at: ``$XDG_RUNTIME_DIR/containers`` and, where the first
+podman ran without a runtime directory, ``/tmp/containers-user-$UID/containers``. Only when there is such a
+container does it ask Podman (``podman ps -q``, the one call that costs time, and only then); if Podman fails
+asking for ``podman system migrate``, it runs that (a new pause process; those containers marked stopped:
+nothing of this user runs here, or Podman would have joined it) and removes the dead containers that are
+dlsub's (label ``dlsub.job_id``), never a container that was not among the dead ones it found.
 """
 
 from __future__ import annotations
@@ -25,12 +25,18 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-#: Where Podman keeps the pause process's pid, under the runtime directory.
-PAUSE_PID = Path("libpod/tmp/pause.pid")
-#: Each container's run-time files, under the runtime directory: ``<id>/userdata/conmon.pid``.
-CONTAINERS_RUN = Path("containers/overlay-containers")
+#: Each container's run-time files under a run root: ``<id>/userdata/conmon.pid``.
+CONTAINERS_RUN = "overlay-containers"
 #: The label every dlsub container carries (containers/podman.py's ``podman run`` line).
 DLSUB_LABEL = "dlsub.job_id"
+#: What Podman says when the processes whose user namespace it must join are all gone.
+WEDGED = "system migrate"
+
+
+def run_roots(env: Mapping[str, str], uid: int) -> list[Path]:
+    """Where this user's Podman may keep its run root here (the one its database holds is one of them)."""
+    roots = [Path(env["XDG_RUNTIME_DIR"]) / "containers"] if env.get("XDG_RUNTIME_DIR") else []
+    return [*roots, Path(f"/tmp/containers-user-{uid}/containers")]
 
 
 def _alive(pid_file: Path) -> bool | None:
@@ -50,22 +56,21 @@ def _alive(pid_file: Path) -> bool | None:
     return True
 
 
-def dead_containers(runtime_dir: Path) -> list[str]:
-    """The IDs of the containers whose ``conmon`` is dead, when no pause process and no ``conmon`` of this
-    user lives here (Podman's state left by a killed attempt); [] otherwise, or when nothing was there."""
-    if _alive(runtime_dir / PAUSE_PID):
-        return []
-    try:
-        entries = sorted(os.scandir(runtime_dir / CONTAINERS_RUN), key=lambda e: e.name)
-    except OSError:
-        return []
+def dead_containers(roots: Sequence[Path]) -> list[str]:
+    """The IDs of the containers under ``roots`` whose ``conmon`` is dead; [] when a ``conmon`` of this user
+    lives here (Podman joins its namespace) or none is dead."""
     dead = []
-    for entry in entries:
-        state = _alive(Path(entry.path) / "userdata" / "conmon.pid")
-        if state:
-            return []  # a container of this user runs here: Podman joins its namespace
-        if state is False:
-            dead.append(entry.name)
+    for root in roots:
+        try:
+            entries = sorted(os.scandir(root / CONTAINERS_RUN), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            state = _alive(Path(entry.path) / "userdata" / "conmon.pid")
+            if state:
+                return []
+            if state is False and entry.name not in dead:
+                dead.append(entry.name)
     return dead
 
 
@@ -77,13 +82,15 @@ def _podman(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Completed
         return subprocess.CompletedProcess(["podman", *argv], 1, "", str(exc))
 
 
-def reset_if_left_by_a_killed_attempt(env: Mapping[str, str]) -> str | None:
+def reset_if_left_by_a_killed_attempt(env: Mapping[str, str], uid: int | None = None) -> str | None:
     """Reset this user's Podman here when a killed attempt left it unusable (above); what was done, for the
     job's output, or None when nothing was needed."""
-    runtime = env.get("XDG_RUNTIME_DIR")
-    dead = dead_containers(Path(runtime)) if runtime else []
+    dead = dead_containers(run_roots(env, os.getuid() if uid is None else uid))
     if not dead:
         return None
+    probe = _podman(["ps", "-q"], env)
+    if probe.returncode == 0 or WEDGED not in probe.stderr:
+        return None  # Podman works (or fails otherwise: the container's own run says how)
     migrated = _podman(["system", "migrate"], env)
     if migrated.returncode != 0:
         return (f"podman system migrate failed ({migrated.returncode}): "
@@ -96,4 +103,4 @@ def reset_if_left_by_a_killed_attempt(env: Mapping[str, str]) -> str | None:
             f"with podman system migrate, and {len(ours)} of dlsub's removed")
 
 
-__all__ = ["dead_containers", "reset_if_left_by_a_killed_attempt"]
+__all__ = ["dead_containers", "reset_if_left_by_a_killed_attempt", "run_roots"]

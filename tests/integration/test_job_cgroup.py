@@ -2,6 +2,9 @@
 the job's cgroup, and Slurm's limits apply to it: its device cgroup allows the GPUs Slurm gave the job and
 no others, a job past its ``--mem`` is stopped and told so, and a job stopped by Slurm (out of memory, at
 its time limit) leaves no process on its node (``processes_of_job``: every process in one of its cgroups).
+A job whose every process Slurm killed -9 at once (as it aborts one registered on the wrong node: a node back
+after its jobs were requeued) leaves the user's Podman there recorded with a container whose processes are
+gone; the user's next job on that node resets it and runs (slurm_plugins/launcher/podman_state.py).
 
 The testbed runs ``proctrack/cgroup`` and ``task/cgroup`` with ``ConstrainDevices`` and
 ``ConstrainRAMSpace`` (etc/testbed/cgroup.conf, cgroup v1 here); its fake GPUs are devices of NVIDIA's
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -21,7 +25,17 @@ from pathlib import Path
 
 import pytest
 
-from livebed import TestbedUser, processes_of_job, put, slurm_job, wait_for
+from livebed import (
+    EXAMPLES,
+    HOSTS_DIR,
+    TestbedUser,
+    job_output,
+    processes_of_job,
+    progress_events,
+    put,
+    slurm_job,
+    wait_for,
+)
 
 #: The fake GPUs' major (testbed/up.sh): NVIDIA's, which has no driver on this machine.
 NVIDIA_MAJOR = 195
@@ -164,3 +178,40 @@ def test_jobs_seen_waiting_then_ended_unobserved_show_slurms_end_and_leave_no_pr
     assert user.status(quick["id"])["state"] == "COMPLETED"
     wait_for("no process of the job left on its node", lambda: processes_of_job(slurm_id) == [], timeout=60)
     assert user.containers(f"dlsub.slurm_job_id={slurm_id}") == [], "and no container"
+
+
+def test_a_job_killed_outright_leaves_podman_usable_for_the_users_next_job_on_its_node(
+        user: TestbedUser, workdir: Path, submitted: list[int]) -> None:
+    holder = user.run("sbatch", "--parsable", "-p", "cpu", "-w", "cpu2", "--exclusive", "--mem=100", "--time=10",
+                      "-J", "cpu-holder", "--wrap", "sleep 600", check=True)
+    submitted.append(int(holder.stdout.strip().split(";")[0]))
+    train = str(EXAMPLES / "train_digits.py")
+    killed = user.submit("-p", "cpu", "--cpus", "1", "--mem", "1G", train, "--epochs", "20", cwd=workdir)
+    wait_for("training on cpu1", lambda: progress_events(killed["job_dir"], "progress"), timeout=120)
+    # What slurmstepd does to a job it aborts: SIGKILL to every process of the job's cgroups, the container's
+    # conmon and fuse-overlayfs among them; no SIGTERM first, so no launcher cleans up. On a site Podman's pause
+    # process dies with them, started by the job's first podman; on the testbed the tests' own podman calls on
+    # the node (user.containers) may have started it outside any job, so it is killed too.
+    # (Podman keeps its pause pid where its database says: under the runtime directory, or /tmp/podman-run-UID.)
+    pids = processes_of_job(killed["slurm_job_id"], "cpu1")
+    for tmp in (f"dlsub-xdg-{user.uid}", f"podman-run-{user.uid}"):
+        pause = HOSTS_DIR / "cpu1" / "tmp" / tmp / "libpod" / "tmp" / "pause.pid"
+        if pause.exists():
+            pids.append(int(pause.read_text()))
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() != "slurmstepd":
+                os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+    wait_for("Slurm to end it", lambda: (slurm_job(killed["slurm_job_id"]) or {}).get("job_state") not in
+             ("RUNNING", "COMPLETING"), timeout=60)
+    broken = user.on_node("cpu1", "podman", "ps", "-a")
+    assert broken.returncode != 0 and "system migrate" in broken.stderr, \
+        ("the state a killed attempt leaves: Podman fails for this user on cpu1", broken)
+    nxt = user.submit("-p", "cpu", "--cpus", "1", "--mem", "1G", train, "--epochs", "1", cwd=workdir)
+    end = user.wait_until_ended(nxt["id"], timeout=180)
+    assert end["state"] == "COMPLETED", job_output(nxt["job_dir"])[-2000:]
+    assert "dlsub: on cpu1: 1 container(s) of a killed attempt had left Podman unusable" in job_output(
+        nxt["job_dir"]), job_output(nxt["job_dir"])[-2000:]
+    assert user.containers(f"dlsub.job_id={killed['id']}", nodes=("cpu1",)) == [], "the dead container removed"

@@ -1,5 +1,6 @@
 """Unit (real files and processes, a stand-in `podman` on PATH that records its calls): a user's Podman on a node
-left unusable by a killed attempt is found from its runtime directory alone and reset; nothing else is touched."""
+left unusable by a killed attempt is found from its run roots and Podman's own answer, and reset; nothing else is
+touched, and Podman is not asked at all while no container's conmon is dead."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import pytest
 
 from dlsub.slurm_plugins.launcher.podman_state import (
     CONTAINERS_RUN,
-    PAUSE_PID,
     dead_containers,
     reset_if_left_by_a_killed_attempt,
+    run_roots,
 )
 
 DEAD_ID = "5aad3ad9c23d796d66f78cf4bb0bc6e5aa0982901278b389222842ebbc326e0c"
-OTHER_DEAD_ID = "77" * 32
+OTHER_ID = "77" * 32
+WEDGED_MESSAGE = ('level=error msg="invalid internal status, try resetting the pause process with '
+                  '\\"podman system migrate\\": could not find any running process: no such process"')
 
 
 def a_dead_pid() -> int:
@@ -27,68 +30,80 @@ def a_dead_pid() -> int:
     return child.pid
 
 
-def container(runtime: Path, cid: str, conmon_pid: int | None) -> None:
-    userdata = runtime / CONTAINERS_RUN / cid / "userdata"
+def container(root: Path, cid: str, conmon_pid: int | None) -> None:
+    userdata = root / CONTAINERS_RUN / cid / "userdata"
     userdata.mkdir(parents=True)
     if conmon_pid is not None:
         (userdata / "conmon.pid").write_text(f"{conmon_pid}\n")
 
 
-def pause(runtime: Path, pid: int) -> None:
-    (runtime / PAUSE_PID).parent.mkdir(parents=True, exist_ok=True)
-    (runtime / PAUSE_PID).write_text(f"{pid}\n")
+@pytest.fixture
+def runtime(tmp_path: Path) -> Path:
+    path = tmp_path / "xdg"
+    path.mkdir()
+    return path
 
 
 @pytest.fixture
 def podman(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A stand-in podman: records each call's arguments, one line each; `ps` lists DEAD_ID as dlsub's."""
+    """A stand-in podman: records each call; `ps -q` fails as a wedged Podman does while the file `wedged` is
+    there, `system migrate` removes it, and `ps -a` lists DEAD_ID as dlsub's."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
     script = bin_dir / "podman"
-    script.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n'
-                      f'case "$1" in ps) echo {DEAD_ID} ;; esac\n')
+    script.write_text(f"""#!/bin/sh
+echo "$*" >> {calls}
+case "$*" in
+    "ps -q") if [ -e {tmp_path}/wedged ]; then echo '{WEDGED_MESSAGE}' >&2; exit 1; fi ;;
+    "system migrate") rm -f {tmp_path}/wedged ;;
+    "ps -a"*) echo {DEAD_ID} ;;
+esac
+""")
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return calls
 
 
-def test_a_killed_attempts_state_is_found_and_only_then(tmp_path: Path) -> None:
-    runtime = tmp_path / "xdg"
-    runtime.mkdir()
-    assert dead_containers(runtime) == [], "nothing there"
-    container(runtime, DEAD_ID, a_dead_pid())
-    container(runtime, OTHER_DEAD_ID, None)  # being made: no conmon yet, neither alive nor dead
-    assert dead_containers(runtime) == [DEAD_ID], "no pause process, the only conmon dead"
-    pause(runtime, a_dead_pid())
-    assert dead_containers(runtime) == [DEAD_ID], "a stale pause pid is no pause process"
-    pause(runtime, os.getpid())
-    assert dead_containers(runtime) == [], "a live pause process: Podman joins it"
+def env_of(runtime: Path) -> dict[str, str]:
+    return {"XDG_RUNTIME_DIR": str(runtime), "PATH": os.environ["PATH"]}
 
 
-def test_a_live_conmon_of_the_user_means_podman_works(tmp_path: Path) -> None:
-    runtime = tmp_path / "xdg"
-    container(runtime, DEAD_ID, a_dead_pid())
-    container(runtime, OTHER_DEAD_ID, os.getpid())  # another job of the user runs a container here
-    assert dead_containers(runtime) == []
+def test_the_run_roots_are_the_runtime_directorys_and_podmans_default_without_one(runtime: Path) -> None:
+    assert run_roots(env_of(runtime), 1234) == [runtime / "containers", Path("/tmp/containers-user-1234/containers")]
+    assert run_roots({}, 1234) == [Path("/tmp/containers-user-1234/containers")]
 
 
-def test_the_reset_migrates_and_removes_only_dlsubs_dead_containers(tmp_path: Path, podman: Path) -> None:
-    runtime = tmp_path / "xdg"
-    container(runtime, DEAD_ID, a_dead_pid())
-    container(runtime, OTHER_DEAD_ID, a_dead_pid())  # dead too, but not dlsub's: `ps` does not list it
-    done = reset_if_left_by_a_killed_attempt({"XDG_RUNTIME_DIR": str(runtime), "PATH": os.environ["PATH"]})
+def test_dead_conmons_are_found_and_a_live_one_means_podman_works(runtime: Path) -> None:
+    roots = [runtime / "containers", runtime / "other-root"]
+    assert dead_containers(roots) == [], "nothing there"
+    container(roots[1], DEAD_ID, a_dead_pid())
+    container(roots[0], OTHER_ID, None)  # being made: no conmon yet, neither alive nor dead
+    assert dead_containers(roots) == [DEAD_ID]
+    container(roots[0], "88" * 32, os.getpid())  # another job of the user runs a container here
+    assert dead_containers(roots) == []
+
+
+def test_a_wedged_podman_is_migrated_and_only_dlsubs_dead_containers_removed(
+        tmp_path: Path, runtime: Path, podman: Path) -> None:
+    container(runtime / "containers", DEAD_ID, a_dead_pid())
+    container(runtime / "containers", OTHER_ID, a_dead_pid())  # dead too, but not dlsub's: `ps -a` omits it
+    (tmp_path / "wedged").touch()
+    done = reset_if_left_by_a_killed_attempt(env_of(runtime), uid=os.getuid())
     assert done and "podman system migrate" in done and "1 of dlsub's removed" in done, done
     calls = podman.read_text().splitlines()
-    assert calls[0] == "system migrate"
-    assert calls[1].startswith("ps -a --no-trunc --filter label=dlsub.job_id")
-    assert calls[2] == f"rm -f --ignore {DEAD_ID}"
-    assert len(calls) == 3
+    assert calls[:2] == ["ps -q", "system migrate"]
+    assert calls[2].startswith("ps -a --no-trunc --filter label=dlsub.job_id")
+    assert calls[3:] == [f"rm -f --ignore {DEAD_ID}"]
 
 
-def test_nothing_is_run_when_podman_is_fine(tmp_path: Path, podman: Path) -> None:
-    runtime = tmp_path / "xdg"
-    container(runtime, DEAD_ID, a_dead_pid())
-    pause(runtime, os.getpid())
-    assert reset_if_left_by_a_killed_attempt({"XDG_RUNTIME_DIR": str(runtime), "PATH": os.environ["PATH"]}) is None
-    assert reset_if_left_by_a_killed_attempt({"PATH": os.environ["PATH"]}) is None, "no runtime directory"
+def test_dead_containers_but_a_working_podman_are_left_to_podman(runtime: Path, podman: Path) -> None:
+    container(runtime / "containers", DEAD_ID, a_dead_pid())
+    assert reset_if_left_by_a_killed_attempt(env_of(runtime), uid=os.getuid()) is None
+    assert podman.read_text().splitlines() == ["ps -q"], "asked, and nothing changed"
+
+
+def test_podman_is_not_run_while_no_conmon_is_dead(runtime: Path, podman: Path) -> None:
+    container(runtime / "containers", DEAD_ID, os.getpid())
+    assert reset_if_left_by_a_killed_attempt(env_of(runtime), uid=os.getuid()) is None
+    assert reset_if_left_by_a_killed_attempt({"PATH": os.environ["PATH"]}, uid=2**31 - 7) is None
     assert not podman.exists(), "podman was not called"
