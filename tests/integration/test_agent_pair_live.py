@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_elastic import after_first, world_sizes
+from test_elastic import after_first, elastic_over_gpu_nodes, world_sizes
 from test_move_crashes import decisions
 from test_resize_crashes import in_flight, worker_tasks
 
@@ -121,11 +121,7 @@ def test_the_active_agents_host_lost_mid_shrink_the_standby_finishes_it_once(
     (blocker,) = blockers(user, count=1, gpus=4)
     other = None
     try:
-        # As test_elastic's grow-and-shrink: 13 epochs leave room for the grow, the shrink and a grow back.
-        job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "13", "--throttle", "0.1",
-                          cwd=workdir)
-        wait_for("training at world size 4", lambda: world_sizes(job["job_dir"])[-1:] == [4]
-                 and progress_events(job["job_dir"], "checkpoint"), timeout=180)
+        job = elastic_over_gpu_nodes(user, workdir)
         subprocess.run(["scancel", str(blocker)], check=True)
         wait_for("login2's agent to grow the job to world size 8", lambda: 8 in world_sizes(job["job_dir"]),
                  timeout=180)

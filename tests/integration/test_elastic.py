@@ -57,20 +57,27 @@ def after_first(values: list[int], value: int) -> list[int]:
     return values[values.index(value) + 1:] if value in values else []
 
 
+def elastic_over_gpu_nodes(user: TestbedUser, workdir: Path) -> dict[str, Any]:
+    """An elastic job of 1 to 2 GPU nodes (4 GPUs each), training at world size 4 with a checkpoint (the other
+    node held by the caller). 13 epochs (286 steps): the grow, the shrink and a grow back were over by step
+    ~104-134 in runs of 15, 30 and 60 epochs (CI and alone, 2026-11), which then trained on for nothing but the
+    test's wait; on one thread a step is faster, and the grow and the shrink came at steps 149 and 170 (of 242
+    then)."""
+    job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "13", "--throttle", "0.1",
+                      cwd=workdir)
+    assert job["max_nodes"] == 2 and job["worker_array_id"]
+    wait_for("training at world size 4", lambda: world_sizes(job["job_dir"])[-1:] == [4]
+             and progress_events(job["job_dir"], "checkpoint"), timeout=180)
+    return job
+
+
 def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
     user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
     (blocker,) = blockers(user, count=1, gpus=4)
     other = None
     try:
-        # 13 epochs (286 steps): the grow, the shrink and a grow back were over by step ~104-134 in runs of 15,
-        # 30 and 60 epochs (CI and alone, 2026-11), which then trained on for nothing but this test's wait; on
-        # one thread a step is faster, and the grow and the shrink came at steps 149 and 170 (of 242 then).
-        job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "13", "--throttle", "0.1",
-                          cwd=workdir)
-        assert job["max_nodes"] == 2 and job["worker_array_id"]
-        wait_for("training at world size 4", lambda: world_sizes(job["job_dir"])[-1:] == [4]
-                 and progress_events(job["job_dir"], "checkpoint"), timeout=180)
+        job = elastic_over_gpu_nodes(user, workdir)
         assert not running_workers(job["worker_array_id"]), "no node for a worker while the blocker runs"
         subprocess.run(["scancel", str(blocker)], check=True)
         wait_for("the agent to grow the job to world size 8", lambda: 8 in world_sizes(job["job_dir"]), timeout=180)
