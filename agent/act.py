@@ -93,16 +93,22 @@ def _array(r: Resize) -> int:
 
 
 def _grow(client: SlurmClient, r: Resize) -> None:
-    """Point the held worker at the node the rules chose (where its GPUs were counted), then release it.
+    """Point the held worker at its main job's partition and the node the rules chose (where its GPUs were
+    counted), then release it.
 
-    A Slurm that refuses the pin still gets the release: the worker then starts wherever its GPUs are idle,
-    which is where a grow went before workers were pinned."""
+    A Slurm that refuses the node's pin still gets the release, once the worker is on its main job's partition:
+    the worker then starts wherever its GPUs are idle there, which is where a grow went before workers were
+    pinned. One that refuses the partition gets none (the grow fails): a worker left on the partition its main
+    job was placed away from would start on another model of GPU."""
     assert r.worker is not None
     if r.node:
         try:
-            client.point_at_node(r.worker, r.node)
+            client.point_at_node(r.worker, r.node, r.partition)
         except SlurmError as exc:
             log.warning("could not point worker %s at %s (%s); releasing it unpinned", r.worker, r.node, exc)
+            client.point_at_node(r.worker, None, r.partition)
+    else:
+        client.point_at_node(r.worker, None, r.partition)
     client.release(r.worker)
 
 

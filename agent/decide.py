@@ -23,7 +23,15 @@ from dlsub.policies.actions.gpu_kind_rules import (
     retype_waiting,
 )
 from dlsub.policies.actions.kinds import BOOKKEEPING, ActionKind
-from dlsub.policies.actions.move_views import Action, Rules
+from dlsub.policies.actions.move_views import Action, JobInfo, Rules
+from dlsub.policies.actions.partition_per_model import (
+    ModelPartitions,
+    model_partitions,
+    moves_across_partitions,
+    place_across_partitions,
+    rewait,
+    sizing_room,
+)
 from dlsub.policies.actions.partition_view import PartitionView
 from dlsub.policies.actions.resize_rules import ElasticJob, Resize
 from dlsub.policies.api import Policy
@@ -230,13 +238,21 @@ def _size_by_policy(obs: Observation, rules: Rules, models: LiveModels, policy: 
     whose nodes name two or more kinds is sized by :func:`plan_across_kinds`, which moves jobs between them."""
     models.forget_except({j.dlsub_id for j in obs.elastic})
     headroom = _headroom(obs, rules)
+    site = model_partitions(obs.partitions) if across_kinds else None
 
     def size(jobs: Sequence[ElasticJob], room: PartitionView) -> resize_rules.Sized:
         kinds = kinds_to_choose(room) if across_kinds else []
-        scaled = _scaled(obs, models, jobs, now, rules, kinds)
+        where = None
+        if site is not None and room.name in site.names:
+            # A partition of one model each: sized among all the site's kinds, a move pointed at the kind's own.
+            kinds, where, room = site.kinds, site.partition_of, sizing_room(site, room)
+        scaled = _scaled(obs, models, jobs, now, rules, kinds, where=where)
         try:
             if kinds:
                 resizes, moves = plan_across_kinds(scaled, room, policy, now, headroom, _checkpointed(obs))
+                if site is not None and where is not None:
+                    moves = moves_across_partitions(moves, site, {j.dlsub_id: j for j in jobs},
+                                                    _partitions_taking(obs, site, jobs))
                 return resize_rules.Sized(tuple(resizes), tuple(moves))
             return resize_rules.Sized(tuple(plan_by_policy(scaled, room, policy, now, headroom)))
         except Exception:  # a bad model costs this partition its resizes this tick, never the tick
@@ -253,6 +269,10 @@ def place_waiting_jobs(obs: Observation, rooms: Sequence[PartitionView], rules: 
     ``app=`` its submit named): what its user's earlier runs of it measured on each kind."""
     placed: list[Action] = []
     out: list[PartitionView] = []
+    site = model_partitions(rooms)
+    if site is not None:
+        placed += _place_across_partitions(obs, site, rules, models, policy, now)
+        rooms = rewait(rooms, placed, {j.dlsub_id: j for j in obs.elastic})
     for room in rooms:
         kinds = kinds_to_choose(room)
         jobs = [j for j in obs.elastic if j.partition == room.name and not j.ended and not j.moving]
@@ -272,13 +292,50 @@ def place_waiting_jobs(obs: Observation, rooms: Sequence[PartitionView], rules: 
     return placed, tuple(out)
 
 
+def _place_across_partitions(obs: Observation, site: ModelPartitions, rules: Rules, models: LiveModels,
+                             policy: Policy, now: float) -> list[Action]:
+    """The site's partition of one model each that each elastic job waiting in one of them is asked for
+    (:func:`place_across_partitions`): only a partition Slurm would take it on (its user's groups and account,
+    its time limit)."""
+    jobs = [j for j in obs.elastic if j.partition in site.names and not j.ended and not j.moving]
+    if not any(j.waiting for j in jobs):
+        return []
+    may_use = _partitions_taking(obs, site, jobs)
+    scaled = _scaled(obs, models, jobs, now, rules, site.kinds, by_command=True, where=site.partition_of)
+    try:
+        return place_across_partitions([s for s in scaled if s.job.waiting],
+                                       [s for s in scaled if s.job.state == "RUNNING"], site, policy, now, may_use)
+    except Exception:  # a bad model costs these partitions their placing this tick, never the tick
+        log.exception("placing the waiting elastic jobs of %s failed; none placed this tick", site.room.name)
+        return []
+
+
+def _partitions_taking(obs: Observation, site: ModelPartitions,
+                       jobs: Sequence[ElasticJob]) -> dict[str, frozenset[str]]:
+    """Per dlsub id, the site's partitions Slurm would take the job on."""
+    # The jobs' infos as observe left them, with the partitions Slurm would refuse each (JobInfo.barred).
+    infos = {info.slurm_job_id: info for info in obs.jobs}
+    return {job.dlsub_id: frozenset(room.name for room in obs.partitions
+                                    if room.name in site.names and _takes(room, info))
+            for job in jobs if (info := infos.get(job.slurm_job_id)) is not None}
+
+
+def _takes(room: PartitionView, job: JobInfo) -> bool:
+    """Whether Slurm would take ``job`` on ``room``: its user's groups and account may use it, and its time
+    limit fits the partition's."""
+    limit = job.asked.time_limit_min
+    return room.name not in job.barred and (room.max_time_s is None or (limit is not None
+                                                                        and limit * 60 <= room.max_time_s))
+
+
 def _headroom(obs: Observation, rules: Rules) -> dict[int, int]:
     """The GPUs each user may still add (the per-user limit less what Slurm shows them holding)."""
     return {uid: max(0, rules.max_gpus_per_user - usage.gpus) for uid, usage in obs.usage.items()}
 
 
 def _scaled(obs: Observation, models: LiveModels, jobs: Sequence[ElasticJob], now: float, rules: Rules,
-            kinds: Sequence[str], by_command: bool = False) -> list[ScaledJob]:
+            kinds: Sequence[str], by_command: bool = False,
+            where: Mapping[str, str] | None = None) -> list[ScaledJob]:
     """The jobs as the policy sees them, on each of ``kinds`` where there are two or more. ``by_command``: a job
     whose training has not named its command yet is known by the one its submit named (``app=``). A job whose
     model cannot be made is left out: its reports cost it its resizes and placing, never the others'."""
@@ -289,7 +346,8 @@ def _scaled(obs: Observation, models: LiveModels, jobs: Sequence[ElasticJob], no
         if by_command and progress.application is None and job.application is not None:
             progress = dataclasses.replace(progress, application=job.application)
         try:
-            out.append(models.scaled(job, progress, now, headroom.get(job.uid, rules.max_gpus_per_user), kinds))
+            out.append(models.scaled(job, progress, now, headroom.get(job.uid, rules.max_gpus_per_user), kinds,
+                                     where))
         except Exception:
             log.exception("job %s: no model from its reports this tick; it keeps its size and kind", job.dlsub_id)
     return out

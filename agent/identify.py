@@ -63,13 +63,13 @@ def _request_from_record(job: SlurmJob, uid: int) -> TrustedRequest | None:
     return TrustedRequest("record", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus or record.gpus_per_node,
                    record.partition, record.time_limit_min, tags.role,
                    (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step, tags.plain, tags.application,
-                   record.gpu_type or tags.gpu_type)
+                   record.gpu_type or tags.gpu_type, tags.pinned)
 
 
 def _request_from_tags(job: SlurmJob, tags: Tags) -> TrustedRequest:
     return TrustedRequest("comment", tags.dlsub_id, tags.mode, tags.ideal, tags.gpus, job.partition, job.time_limit_min,
                    tags.role, (tags.nodes[0], tags.nodes[1]) if tags.nodes else None, tags.step, tags.plain,
-                   tags.application, job.gpu_type_asked or tags.gpu_type)
+                   tags.application, job.gpu_type_asked or tags.gpu_type, tags.pinned)
 
 
 def worker_request(job: SlurmJob, uid: int) -> TrustedRequest | None:

@@ -51,6 +51,7 @@ class TrustedRequest:
     # The one kind of GPU it asked for itself (SubmitRecord.gpu_type; where it has no record, the kind Slurm's
     # request named when the agent first saw it): the agent never changes a kind its user chose.
     gpu_type: str | None = None
+    pinned: bool = False  # its user named its partition (Tags.pinned): an elastic job stays on it while it waits
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrustedRequest:
@@ -59,7 +60,8 @@ class TrustedRequest:
         return cls(str(d.get("source") or ""), str(d.get("dlsub_id") or ""), d.get("mode"), d.get("ideal"),
                    d.get("gpus"), d.get("partition"), d.get("time_limit_min"), d.get("role", "main"),
                    (int(members[0]), int(members[1])) if members else None, int(d.get("step") or 0),
-                   d.get("plain") is True, valid_application(d.get("application")), valid_gpu_type(d.get("gpu_type")))
+                   d.get("plain") is True, valid_application(d.get("application")), valid_gpu_type(d.get("gpu_type")),
+                   d.get("pinned") is True)
 
     def to_dict(self) -> dict[str, Any]:
         """As the row keeps it (JSON)."""
@@ -69,7 +71,8 @@ class TrustedRequest:
                 # Only when set: a request stored before the tag existed is written back as it was.
                 **({"plain": True} if self.plain else {}),
                 **({"application": self.application} if self.application else {}),
-                **({"gpu_type": self.gpu_type} if self.gpu_type else {})}
+                **({"gpu_type": self.gpu_type} if self.gpu_type else {}),
+                **({"pinned": True} if self.pinned else {})}
 
     @property
     def elastic_main(self) -> bool:

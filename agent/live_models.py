@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -159,15 +159,16 @@ class LiveModels:
         self._fits = {k: v for k, v in self._fits.items() if k.partition("@")[0] in live}
 
     def per_kind(self, job: ElasticJob, progress: Progress, here: str | None, kinds: Sequence[str], batch: int,
-                 limits: BatchLimits | None, grads: GradientStats,
-                 current: FittedPerformance) -> tuple[dict[str, FittedPerformance], dict[str, float]]:
+                 limits: BatchLimits | None, grads: GradientStats, current: FittedPerformance,
+                 where: Mapping[str, str] | None = None) -> tuple[dict[str, FittedPerformance], dict[str, float]]:
         """What the typed policy is told of the job on each of ``kinds``, as the simulator tells it
         (``JobView.type_models`` and ``type_rates``): its model on each kind it has reports from (its kind
         now: ``current``, the model it is sized on; another: its own reports there, with what this user's
         earlier runs of the same command measured there), and its samples per second on one GPU of each kind
         it has a model for or that those earlier runs measured (the one-GPU profile the policy bootstraps a
         kind the job has not run on from, Sia's bootstrap). A kind with neither is left out: the policy then
-        never puts the job there."""
+        never puts the job there. ``where``: the partition of each kind, where the site has a partition per
+        model (a user's runs are kept per partition and kind); else the job's own."""
         models: dict[str, FittedPerformance] = {}
         profiles: dict[str, FittedPerformance] = {}
         for kind in kinds:
@@ -177,7 +178,8 @@ class LiveModels:
             own = step_reports([c for c in progress.configs if c.gpu_type == kind], batch)
             reports = own
             if progress.application is not None:
-                application = command_key(job.uid, job.partition, progress.application, kind)
+                application = command_key(job.uid, (where or {}).get(kind, job.partition), progress.application,
+                                          kind)
                 reports = self.history(job.uid).reports_for(application, job.dlsub_id, own)
                 if own:
                     self.history(job.uid).record(application, job.dlsub_id, own, None)
@@ -192,10 +194,11 @@ class LiveModels:
         return {k: m for k, m in models.items() if k in rates}, rates
 
     def scaled(self, job: ElasticJob, progress: Progress, now: float, headroom_gpus: int | None,
-               kinds: Sequence[str] = ()) -> ScaledJob:
+               kinds: Sequence[str] = (), where: Mapping[str, str] | None = None) -> ScaledJob:
         """The job as the policy sees it. ``headroom_gpus``: what its user may still add (None: no limit).
         ``kinds``: the GPU kinds of its partition, where the policy chooses among them (its view then has its
-        model and one-GPU rate on each kind it has reports from, :meth:`per_kind`).
+        model and one-GPU rate on each kind it has reports from, :meth:`per_kind`); ``where``: each kind's
+        partition, where the site has a partition per model.
 
         A job that declared batch limits (it lets dlsub choose its batch) has the policy pick its batch
         among them, with the gradient noise it last reported; any other keeps the batch it runs."""
@@ -239,8 +242,8 @@ class LiveModels:
             if progress.grads is None:
                 grads = history.first_grads(application) or NO_GAIN
         model = self.model(job.dlsub_id, reports, batch, limits, grads)
-        type_models, type_rates = self.per_kind(job, progress, here, kinds, batch, limits, grads, model) if kinds \
-            else (None, None)
+        type_models, type_rates = self.per_kind(job, progress, here, kinds, batch, limits, grads, model, where) \
+            if kinds else (None, None)
         view = JobView(
             name=job.dlsub_id, arrival_s=job.submit_time, gpus=current,
             min_gpus=job.main_gpus, max_gpus=max(most, job.main_gpus),

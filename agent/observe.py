@@ -33,6 +33,7 @@ from dlsub.contract import IllegalTransition, JobState
 from dlsub.job_progress import MeasuredConfig, Progress, ProgressSummary
 from dlsub.policies.actions.gpu_kind_rules import kinds_to_choose
 from dlsub.policies.actions.move_views import Asked, History, JobInfo, Reported, Rules, Usage, WindowState
+from dlsub.policies.actions.partition_per_model import model_partitions
 from dlsub.policies.actions.partition_view import PartitionView
 from dlsub.policies.actions.resize_rules import ElasticJob, WorkerTask
 from dlsub.policies.api import IdleNode
@@ -96,9 +97,9 @@ class KindRun:
 
 def kind_runs(followed: list[Seen], typed_partitions: set[str]) -> tuple[KindRun, ...]:
     """The followed jobs that are not elastic and measured something on a named kind of GPU in one of
-    ``typed_partitions`` (those whose nodes name two or more kinds), with their command (what their start
-    event digested). Untyped runs, and runs elsewhere, are left out: a fixed-size run lends only to the kinds
-    a typed policy chooses among."""
+    ``typed_partitions`` (those whose nodes name two or more kinds, and a site's partitions of one model each),
+    with their command (what their start event digested). Untyped runs, and runs elsewhere, are left out: a
+    fixed-size run lends only to the kinds a typed policy chooses among."""
     out = []
     for seen in followed:
         summary = seen.row.data.progress
@@ -193,7 +194,10 @@ def observe(ctx: ObserveWith, store: StoreSnapshot, slurm_jobs: list[SlurmJob], 
     elastic_progress = {s.request.dlsub_id: (s.row.data.progress or ProgressSummary()).progress() for s in mains}
     elastic_dirs = {s.request.dlsub_id: s.row.data.job_dir for s in mains if s.row.data.job_dir}
     # Only where the site sizes jobs across kinds is what fixed-size runs measured on a kind of any use.
-    typed = {v.name for v in views if kinds_to_choose(v)} if ctx.policy.goodput.across_gpu_types else set()
+    typed: set[str] = set()
+    if ctx.policy.goodput.across_gpu_types:
+        site = model_partitions(views)
+        typed = {v.name for v in views if kinds_to_choose(v)} | (set(site.names) if site is not None else set())
     _mark_lost(rows, slurm_jobs, moves, queue.workers, writes)
     return Observation(
         jobs=tuple(infos), partitions=views, window=window_at(ctx.policy, now), store=store, changes=writes,
@@ -430,7 +434,7 @@ def _elastic_jobs(followed: list[Seen], workers: dict[tuple[int, str], list[Work
             memory_per_node_mb=job.memory_per_node_mb, worker_gpus=step, main_nodes=nodes_of(job),
             gpu_type=_one_kind(nodes_of(job), node_types), start_time=float(job.start_time),
             waiting=job.state == "PENDING" and not job.held and job.reason in _WAITING_FOR_NODES,
-            asked_gpu_type=job.gpu_type_asked, user_gpu_type=seen.request.gpu_type,
+            asked_gpu_type=job.gpu_type_asked, user_gpu_type=seen.request.gpu_type, pinned=seen.request.pinned,
             application=seen.request.application,
             finished=bool(seen.row.data.progress and seen.row.data.progress.finished)))
     ended = {(r.uid, r.dlsub_id): r for r in rows.values()

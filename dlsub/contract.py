@@ -446,7 +446,8 @@ def valid_partition(value: object) -> bool:
     in a tag and as a shell ``case`` pattern."""
     return isinstance(value, str) and _PARTITION.match(value) is not None
 _TAG = re.compile(r"^([a-z_]{1,32})=([A-Za-z0-9._-]{0,64})\Z")
-_TAG_KEYS = ("mode", "ideal", "gpus", "role", "nodes", "step", "script", "app", "gpu_type", "image", "images")
+_TAG_KEYS = ("mode", "ideal", "gpus", "role", "nodes", "step", "script", "app", "gpu_type", "image", "images",
+             "pin")
 #: The image a job runs, in its tags: the first 12 hex digits of its ID, as `podman images` shows it.
 _IMAGE_TAG = re.compile(r"^[0-9a-f]{12}\Z")
 #: Most GPUs a tag may ask for; the admin's policy caps it further.
@@ -497,6 +498,9 @@ class Tags:
     # digits, joined by '.'; the site's policy.toml [containers] partition_images, at most five): counted with
     # ``image`` by `dlsub doctor`. Empty: none.
     images: tuple[str, ...] = ()
+    # Its user named its partition (``pin=partition``: ``-p``): the agent never places it (an elastic job that
+    # waits) on another partition.
+    pinned: bool = False
 
     def __post_init__(self) -> None:
         if not DLSUB_ID.match(self.dlsub_id):
@@ -545,6 +549,8 @@ class Tags:
             parts.append(f"image={self.image}")
         if self.images:
             parts.append(f"images={'.'.join(self.images)}")
+        if self.pinned:
+            parts.append("pin=partition")
         return ";".join(parts)
 
     @classmethod
@@ -573,13 +579,13 @@ class Tags:
             if not m:
                 return None
             nodes = (int(m.group(1)), int(m.group(2)))
-        if values.get("script", "plain") != "plain":
+        if values.get("script", "plain") != "plain" or values.get("pin", "partition") != "partition":
             return None
         try:
             return cls(head, values.get("mode", "ideal"), values.get("ideal") or None, int(gpus),
                        values.get("role", "main"), nodes, int(step), "script" in values, values.get("app"),
                        values.get("gpu_type"), values.get("image"),
-                       tuple(values["images"].split(".")) if values.get("images") else ())
+                       tuple(values["images"].split(".")) if values.get("images") else (), "pin" in values)
         except ContractError:
             return None
 

@@ -507,8 +507,10 @@ def _agent_tags(req: SubmitRequest, choice: Choice, plain: bool,
         elastic += (("app", application),)
     # The kind it asked for: a job that starts without it (immediate mode, on CPUs) is moved onto that kind.
     kind = (("gpu_type", req.gpu_type),) if req.gpu_type else ()
+    # A partition its user named is theirs: an elastic job is never placed on another while it waits.
+    pin = (("pin", "partition"),) if req.partition is not None and req.max_members is not None else ()
     return (("mode", req.mode), ("ideal", choice.ideal_partition or choice.partition), ("gpus", str(req.gpus_per_node)),
-            *elastic, *((("script", "plain"),) if plain else ()), *kind)
+            *elastic, *((("script", "plain"),) if plain else ()), *kind, *pin)
 
 
 def _application(script: Path, req: SubmitRequest) -> str | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dlsub.contract import valid_gpu_type
+from dlsub.contract import valid_gpu_type, valid_partition
 from dlsub.slurm_plugins.dialects import QUEUE_FORMAT, Dialect, SlurmParseError, SlurmVersion, dialect_for
 from dlsub.slurm_plugins.models import Partition, SlurmJob, SlurmNode, parse_key_values
 from dlsub.slurm_plugins.timespec import parse_slurm_duration
@@ -356,13 +356,19 @@ class SlurmClient:
         it ("Job credential revoked")."""
         self._run(["scontrol", "release", _job_handle(job_id)])
 
-    def point_at_node(self, job_id: int | str, node: str) -> None:
+    def point_at_node(self, job_id: int | str, node: str | None, partition: str | None = None) -> None:
         """Have a pending job (or one array task) start on ``node`` only (``scontrol update ReqNodeList=``):
         an elastic job's worker starts where the agent counted idle GPUs for it, the job's own node first,
-        not on whichever node Slurm would try first. Slurm keeps it across a requeue; each grow points again."""
-        if not _NODE_NAME.match(node):
+        not on whichever node Slurm would try first. Slurm keeps it across a requeue; each grow points again.
+        ``partition``: on that partition too (``Partition=``, in the same update): a worker follows its main
+        job to the partition the agent placed it on. ``node`` None: the partition only."""
+        if node is not None and not _NODE_NAME.match(node):
             raise ValueError(f"{node!r} is not a Slurm node name")
-        self._run(["scontrol", "update", f"jobid={_job_handle(job_id)}", f"ReqNodeList={node}"])
+        if partition is not None and not valid_partition(partition):
+            raise ValueError(f"{partition!r} is not a Slurm partition name")
+        fields = [*([f"Partition={partition}"] if partition else []), *([f"ReqNodeList={node}"] if node else [])]
+        if fields:
+            self._run(["scontrol", "update", f"jobid={_job_handle(job_id)}", *fields])
 
     def signal_task(self, handle: str, signal: str) -> None:
         """Signal the batch shell of one array task (``scancel --batch --signal``)."""

@@ -106,6 +106,7 @@ class ElasticJob:
     waiting: bool = False
     asked_gpu_type: str | None = None  # the one kind of GPU Slurm's request for its main job names now (None: any)
     user_gpu_type: str | None = None  # the kind its user asked for at submit (None: any): never changed
+    pinned: bool = False  # its user named its partition at submit (-p): never placed on another while it waits
     application: str | None = None  # the command it trains, as submit named it (Tags.application)
     # Its training said it finished (its last step is done; the group is on its way out): a grow would only
     # restart the group to train nothing.
@@ -301,9 +302,10 @@ def _shrinks(job: ElasticJob, rooms: dict[str, PartitionView], freed: dict[str, 
 
 
 def usable_worker(worker: WorkerTask, job: ElasticJob) -> bool:
-    """A held task of the pool that may be released: on the job's own partition (the agent never points
-    a worker elsewhere: its limits are that partition's), and not one that keeps failing."""
-    return worker.in_pool and worker.partition == job.partition and worker.restart_count <= MAX_WORKER_RESTARTS
+    """A held task of the pool that may be released, and not one that keeps failing. One on another partition
+    than its main job's (the agent placed the main job on another model's partition while it waited) is
+    pointed at the main job's as it is released: a worker runs where its main job runs."""
+    return worker.in_pool and worker.restart_count <= MAX_WORKER_RESTARTS
 
 
 @dataclass(frozen=True)

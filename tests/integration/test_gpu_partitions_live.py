@@ -20,7 +20,16 @@ from typing import Any
 
 import pytest
 
-from livebed import EXAMPLES, TestbedUser, agent_last_tick, agent_policy, attempts, hold_gpus, wait_for
+from livebed import (
+    EXAMPLES,
+    TestbedUser,
+    agent_last_tick,
+    agent_policy,
+    attempts,
+    hold_gpus,
+    progress_events,
+    wait_for,
+)
 
 TRAIN = str(EXAMPLES / "train_digits.py")
 SECOND = "gpu-v100"
@@ -94,6 +103,70 @@ def test_a_cpu_job_moves_to_the_second_gpu_partition_when_it_frees_first_and_slu
         assert ends == ["move"], ends
     finally:
         subprocess.run(["scancel", *map(str, blockers), *([str(job["slurm_job_id"])] if job else [])], check=False)
+
+
+@pytest.fixture
+def typed_partition_per_model() -> Iterator[None]:
+    """gpu on gpu1 (a100) only, gpu-v100 made of gpu2 (v100), open to all; the agent under goodput across GPU
+    kinds, told gpu-v100 is a GPU partition (a restart told to cost 1 s, as test_gpu_kinds_live does, so that
+    a young job may grow within seconds). Put back after, whatever happens."""
+    _scontrol("update", "PartitionName=gpu", "Nodes=gpu1")
+    try:
+        _scontrol("create", f"PartitionName={SECOND}", "Nodes=gpu2", "MaxTime=INFINITE", "DefaultTime=01:00:00",
+                  "State=UP")
+        with agent_policy("goodput", f'[goodput]\nacross_gpu_types = true\n\n[partitions.{SECOND}]\nrole = "gpu"'
+                          '\nspeed = 1.0\ncost_per_node_hour = 8.0', {"restart_cost_s": "1", "min_saving_s": "0"}):
+            yield
+    finally:
+        subprocess.run(["scancel", "-p", SECOND], check=False, capture_output=True)
+        subprocess.run(["scontrol", "delete", f"PartitionName={SECOND}"], check=False, capture_output=True)
+        _scontrol("update", "PartitionName=gpu", "Nodes=gpu[1-2]")
+
+
+# Four times slower on a100 than on v100 (the fake GPUs' emulated speed, test_gpu_kinds_live's first command).
+FAST_ON_V100 = (TRAIN, "--epochs", "200", "--throttle-per-sample", "0.004", "--gpu-slowdown", "a100=4")
+
+
+def test_an_elastic_job_waiting_on_one_models_partition_is_placed_on_the_faster_models_and_grows_there(
+    user: TestbedUser, user2: TestbedUser, workdir: Path, typed_partition_per_model: None
+) -> None:
+    """The user's command was measured on one GPU of each model by two fixed-size runs (one per partition, as
+    ``dlsub estimate``'s profiles are). With both partitions full, their elastic job of it (``--gpus 1:2``, no
+    partition named) waits on gpu, submit's first choice by name. When gpu-v100 frees, the agent points the
+    job at gpu-v100 as v100 (it is 4x as fast there): it starts there, its first attempt, and grows to two GPUs
+    there, its held worker (submitted on gpu) pointed at gpu-v100 as it is released. `dlsub why` says which
+    partition and why."""
+    from test_gpu_kinds_live import most_reports_on, read_by_agent, world_size
+
+    profiles: list[dict[str, Any]] = []
+    blockers: list[int] = []
+    job: dict[str, Any] = {}
+    try:
+        for partition in ("gpu", SECOND):
+            profiles.append(user.submit("-p", partition, "--gpus", "1", "--cpus", "1", "--mem", "1G", *FAST_ON_V100,
+                                        cwd=workdir))
+        for profile, kind in zip(profiles, ("a100", "v100"), strict=True):
+            wait_for(f"job {profile['id']} measured on {kind}", lambda p=profile, k=kind: most_reports_on(p, k) >= 2,
+                     timeout=180)
+            read_by_agent(user, profile)
+        subprocess.run(["scancel", *(str(p["slurm_job_id"]) for p in profiles)], check=True)
+        blockers.append(hold_gpus(user2, "gpu1", 4))
+        blockers.append(hold_gpus(user2, "gpu2", 4, partition=SECOND))
+        job = user.submit("--gpus", "1:2", "--cpus", "1", "--mem", "1G", *FAST_ON_V100, cwd=workdir)
+        assert job["partition"] == "gpu", job
+        _ticks_after_now(user)
+        assert user.status(job["id"])["partition"] == "gpu", "placed while no GPU of v100 could be freed for it"
+        subprocess.run(["scancel", str(blockers.pop())], check=True)
+        wait_for("the job to train on v100, at two GPUs", lambda: world_size(job) == 2, timeout=180)
+        starts = progress_events(job["job_dir"], "start")
+        assert {e.get("gpu_type") for e in starts} == {"v100"}, starts
+        assert [a["partition"] for a in attempts(job["job_dir"]) if a["event"] == "start"][:1] == [SECOND]
+        why = user.dlsub("why", job["id"]).stdout
+        assert re.search(r"waiting for v100 \(goodput policy across GPU kinds\): .* v100 \d\.\d\dx, a100 1\.00x; .*"
+                         rf"on partition {SECOND}, the site's partition of v100 \(it waited on gpu\)", why), why
+    finally:
+        ids = [*blockers, *(p["slurm_job_id"] for p in profiles), job.get("slurm_job_id"), job.get("worker_array_id")]
+        subprocess.run(["scancel", *(str(i) for i in ids if i)], check=False)
 
 
 def _idle_gpus(partition: str) -> int:

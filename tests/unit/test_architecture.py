@@ -141,4 +141,4 @@ def test_a_gpu_grow_can_be_followed_with_the_files_its_walkthrough_names() -> No
     for path in ("agent/decide.py", "policies/actions/resize_rules.py", "agent/agent_store.py", "agent/act.py",
                  "slurm_plugins/client.py"):
         assert REPO / path in files, f"the walkthrough of a grow does not name {path}"
-    assert "`scontrol update ReqNodeList=`" in section
+    assert "`scontrol update Partition= ReqNodeList=`" in section

@@ -59,7 +59,11 @@ def test_tags_round_trip_and_reject_anything_odd() -> None:
     plain = Tags("0123abcd", "immediate", "gpu", 1, plain=True)
     assert plain.comment() == "dlsub:0123abcd;mode=immediate;ideal=gpu;gpus=1;script=plain"
     assert Tags.parse(plain.comment()) == plain and not Tags.parse("dlsub:0123abcd;gpus=1").plain  # type: ignore[union-attr]
-    for bad in ("dlsub:0123abcd;script=library", "dlsub:0123abcd;script=", "dlsub:0123abcd;script=plain;script=plain",
+    pinned = Tags("0123abcd", "ideal", "gpu", 1, nodes=(1, 2), pinned=True)
+    assert pinned.comment() == "dlsub:0123abcd;mode=ideal;ideal=gpu;gpus=1;nodes=1-2;pin=partition"
+    assert Tags.parse(pinned.comment()) == pinned and not Tags.parse("dlsub:0123abcd;gpus=1").pinned  # type: ignore[union-attr]
+    for bad in ("dlsub:0123abcd;pin=yes", "dlsub:0123abcd;pin=",
+                "dlsub:0123abcd;script=library", "dlsub:0123abcd;script=", "dlsub:0123abcd;script=plain;script=plain",
                 "dlsub:0123ABCD", "dlsub:0123abc", "dlsub:0123abcd;mode=fast", "dlsub:0123abcd;ideal=g p u",
                 "dlsub:0123abcd;gpus=-1", "dlsub:0123abcd;role=boss", "dlsub:0123abcd;;gpus=1",
                 "dlsub:0123abcd;gpus=1\n", "dlsub:0123abcd\n", "x" * 600, "", None):

@@ -78,11 +78,24 @@ def test_dlsub_gpus_1_4_submits_one_gpu_and_three_held_one_gpu_workers(cli_env: 
     assert main_job.options["gres"] == "gpu:1" and workers.options["gres"] == "gpu:1"
     assert workers.options["array"] == "0-2" and "step=1" in workers.options["comment"]
     assert "step=1" in main_job.options["comment"] and "nodes=1-4" in main_job.options["comment"]
+    assert "pin=" not in main_job.options["comment"], "submit chose its partition: the agent may place it"
     script_text = (Path(out["job_dir"]) / BATCH_SCRIPT).read_text()
     assert "--nnodes 1:4" in script_text, "one rendezvous of the main job and up to three workers"
     status = CliRunner().invoke(main, ["status", "--json", out["id"]], catch_exceptions=False)
     row = json.loads(status.stdout)
     assert (row["min_gpus"], row["max_gpus"]) == (1, 4), "dlsub status says its range in GPUs"
+
+
+def test_an_elastic_job_whose_user_names_its_partition_is_pinned_to_it(cli_env: FakeSlurm, tmp_path: Path) -> None:
+    """Fake Slurm: ``-p gpu`` on an elastic job tags its main job ``pin=partition`` (the agent never places it on
+    another partition); a fixed-size job named the same way is not tagged (only elastic jobs are placed)."""
+    script = tmp_path / "train.py"
+    script.write_text("print('training')\n")
+    for argv, pinned in ((["--gpus", "1:2", "-p", "gpu"], True), (["--gpus", "1", "-p", "gpu"], False)):
+        result = CliRunner().invoke(main, ["--json", *argv, str(script)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        tags = Tags.parse(cli_env.jobs[json.loads(result.stdout)["slurm_job_id"]].options["comment"])
+        assert tags is not None and tags.pinned is pinned, argv
 
 
 def test_an_elastic_job_names_its_command_as_its_training_will(cli_env: FakeSlurm, tmp_path: Path,
@@ -120,6 +133,8 @@ def test_the_client_points_a_held_task_at_a_node_and_refuses_a_name_slurm_would_
     assert fake_slurm.task(f"{array}_1").options["nodelist"] == "gpu1"
     with pytest.raises(ValueError, match="not a Slurm node name"):
         client.point_at_node(f"{array}_2", "gpu1 Partition=cpu")
+    with pytest.raises(ValueError, match="not a Slurm partition name"):
+        client.point_at_node(f"{array}_2", "gpu1", "gpu ReqNodeList=cpu1")
 
 
 # ---------------------------------------------------------------- growing and shrinking (pure)
@@ -227,15 +242,49 @@ def test_a_slurm_that_refuses_the_pin_still_gets_the_worker_released(
     script.write_text("#!/bin/bash\n#SBATCH --array=0-1\n#SBATCH --hold\n#SBATCH -p gpu\nsleep 1\n")
     array = client.submit(script)
 
-    def refuse(job_id: int | str, node: str) -> None:
-        raise SlurmError(["scontrol", "update"], 1, "", "scontrol: error: Invalid node name specified")
+    point = client.point_at_node
+
+    def refuse(job_id: int | str, node: str | None, partition: str | None = None) -> None:
+        if node is not None:
+            raise SlurmError(["scontrol", "update"], 1, "", "scontrol: error: Invalid node name specified")
+        point(job_id, node, partition)
 
     monkeypatch.setattr(client, "point_at_node", refuse)
     grow = STEPS[K.GROW].call
     assert grow is not None
-    grow(client, Resize(K.GROW, "0123abcd", 901, "test", worker=f"{array}_1", node="gpu1"))
+    grow(client, Resize(K.GROW, "0123abcd", 901, "test", worker=f"{array}_1", partition="gpu", node="gpu1"))
     assert fake_slurm.task(f"{array}_1").reason == "None", "released though the pin was refused"
     assert fake_slurm.task(f"{array}_0").reason == "JobHeldUser"
+
+
+def test_a_grow_points_a_worker_left_on_another_partition_at_its_main_jobs_and_never_releases_it_elsewhere(
+        fake_slurm: FakeSlurm, client: SlurmClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake Slurm: a worker whose main job the agent placed on another model's partition while it waited (the
+    worker array stayed where it was submitted) is pointed at the main job's partition, with its node, in one
+    update, then released; a Slurm that refuses that partition gets no release (the grow fails)."""
+    from dlsub.agent.act import STEPS
+    from dlsub.policies.actions.resize_rules import Resize
+    from dlsub.slurm_plugins.client import SlurmError
+
+    script = tmp_path / "w.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --array=0-1\n#SBATCH --hold\n#SBATCH -p gpu\nsleep 1\n")
+    array = client.submit(script)
+    grow = STEPS[K.GROW].call
+    assert grow is not None
+    grow(client, Resize(K.GROW, "0123abcd", 901, "test", worker=f"{array}_0", partition="gpu-dev", node="gpu2"))
+    task = fake_slurm.task(f"{array}_0")
+    assert (task.options["partition"], task.options["nodelist"], task.reason) == ("gpu-dev", "gpu2", "None")
+
+    def refuse(argv: list[str]) -> None:
+        if any(a.startswith("Partition=") for a in argv):
+            raise SlurmError(argv, 1, "", "scontrol: error: Access/permission denied")
+
+    run = client._run
+    monkeypatch.setattr(client, "_run", lambda argv, **kw: refuse(argv) or run(argv, **kw))
+    with pytest.raises(SlurmError, match="permission denied"):
+        grow(client, Resize(K.GROW, "0123abcd", 901, "test", worker=f"{array}_1", partition="gpu-dev", node="gpu2"))
+    task = fake_slurm.task(f"{array}_1")
+    assert task.options["partition"] != "gpu-dev" and task.reason == "JobHeldUser", "released on the wrong partition"
 
 
 # ---------------------------------------------------------------- sized by goodput in GPUs (pure)
