@@ -344,7 +344,15 @@ def read_subids(host: Host, user: pwd.struct_passwd, group: bool) -> SubIds:
     return subids_from_getsubids(user, result)
 
 
-def check_subids(user: pwd.struct_passwd, uids: SubIds, gids: SubIds) -> Finding:
+def local_user(user: pwd.struct_passwd, passwd: str | None) -> bool:
+    """Whether ``user`` is in this host's /etc/passwd (``passwd``: its text; None: unreadable, taken as local):
+    ``usermod`` changes only such users; one from a directory (LDAP, SSSD) gets its ranges another way."""
+    return passwd is None or any(line.split(":", 1)[0] == user.pw_name for line in passwd.splitlines())
+
+
+def check_subids(user: pwd.struct_passwd, uids: SubIds, gids: SubIds, local: bool = True) -> Finding:
+    """Whether the user has the subordinate ids rootless Podman needs; ``local``: whether the user is in this
+    host's /etc/passwd (the fix differs for a directory's user)."""
     name = f"subordinate ids of {user.pw_name}"
     short = []
     for kind, found in (("uids", uids), ("gids", gids)):
@@ -354,14 +362,24 @@ def check_subids(user: pwd.struct_passwd, uids: SubIds, gids: SubIds) -> Finding
             short.append(where + (f" ({found.error})" if found.error else ""))
     if short:
         served = any(f.source == "getsubids" for f in (uids, gids))
-        return Finding(name, PROBLEM, f"rootless Podman needs {MIN_SUBIDS} subordinate ids: {'; '.join(short)}",
+        # Without them Podman maps the user's own id only: an image whose files belong to other uids fails.
+        problem = f"rootless Podman needs {MIN_SUBIDS} subordinate ids: {'; '.join(short)}"
+        if not local:
+            return Finding(name, PROBLEM, f"{problem}; {user.pw_name} is not in this host's /etc/passwd (a "
+                           "directory's user), so usermod cannot give them",
+                           f"run {shipped_site_files() / 'subid-ranges.sh'} {user.pw_name} as root on every host "
+                           "(ranges by uid, the same on each: docs/admin-guide.md, \"Users from a directory\")"
+                           + ("; or, where SSSD serves them (nsswitch.conf subid:), add the ranges there"
+                              if served else ""))
+        return Finding(name, PROBLEM, problem,
                        f"usermod --add-subuids 200000-265535 --add-subgids 200000-265535 {user.pw_name} "
                        "(a range no other user has)"
                        + ("; or, where SSSD or LDAP serve them (nsswitch.conf subid:), add the ranges there"
                           if served else ""))
     sources = sorted({uids.source, gids.source})
-    return Finding(name, OK, "from getsubids (nsswitch's subid: source)" if sources == ["getsubids"]
-                   else f"in {' and '.join(sources)}")
+    whose = "" if local else f" ({user.pw_name} is a directory's user, not in /etc/passwd)"
+    return Finding(name, OK, ("from getsubids (nsswitch's subid: source)" if sources == ["getsubids"]
+                              else f"in {' and '.join(sources)}") + whose)
 
 
 def check_cgroups(controllers: str | None, hybrid: bool) -> Finding:
@@ -747,7 +765,8 @@ def _podman_checks(host: Host, user: str | None, image: str, here: str, *, compu
     controllers = host.read_text(Path("/sys/fs/cgroup/cgroup.controllers"))
     hybrid = host.stat(Path("/sys/fs/cgroup/unified")) is not None
     return [
-        check_subids(entry, read_subids(host, entry, group=False), read_subids(host, entry, group=True)),
+        check_subids(entry, read_subids(host, entry, group=False), read_subids(host, entry, group=True),
+                     local_user(entry, host.read_text(Path("/etc/passwd")))),
         check_cgroups(controllers, hybrid),
         check_runtime_dir(entry, host.stat(Path(f"/run/user/{entry.pw_uid}"))),
         check_image(entry, image, host.run_as(entry, ["podman", "image", "exists", image]), here),

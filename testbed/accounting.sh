@@ -76,6 +76,7 @@ associations() {
     ensure user "$TESTBED_USER" account=research "cluster=$cluster"
     ensure user "$TESTBED_USER2" account=research "cluster=$cluster"
     ensure user "$TESTBED_USER3" account=research "cluster=$cluster"
+    [ "$TESTBED_FOR" = demo ] || ensure user "$TESTBED_LDAP_USER" account=research "cluster=$cluster"
     ensure user root account=research "cluster=$cluster"
     ensure user "$AGENT_USER" account=research "cluster=$cluster"
     if ! slurm_cli sacctmgr -n -P show user "$AGENT_USER" format=adminlevel | grep -qx Operator; then

@@ -210,3 +210,5 @@ wait_for_nodes() {
 
 # shellcheck source=testbed/hosts.sh
 . "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
+# shellcheck source=testbed/ldap.sh
+. "$(dirname "${BASH_SOURCE[0]}")/ldap.sh"

@@ -7,7 +7,8 @@
 #   - a UTS namespace: its own hostname (cpu1, gpu2, head, login1);
 #   - a mount namespace for what is node-local on a real cluster: /tmp, /run/user (the login host keeps the
 #     machine's: it is where developers, CI and the users' sessions work), the container graph roots
-#     (/var/lib/dlsub-local), /etc/hosts (every host resolves every other, as a site's DNS would), and on a
+#     (/var/lib/dlsub-local), /etc/hosts (every host resolves every other, as a site's DNS would), the
+#     directory's NSS settings and nslcd (testbed/ldap.sh), and on a
 #     GPU node its own /dev (its GPUs as /dev/nvidia0-3, numbers of its own) and a CDI spec for them in
 #     /var/run/cdi; Slurm's run and log directories (/run/slurm, /var/log/slurm: a controller's pid file and log
 #     are its host's, and the two heads name the same paths). Everything else (/home, the job directories,
@@ -117,6 +118,8 @@ host_up() {  # host
     install -d -m 755 "$dir/run-user" "$dir/run-dlsub" "$dir/var-lib-dlsub" "$dir/local" "$dir/cdi" "$dir/dev" \
         "$dir/run-slurm"
     install -d -m 755 -o slurm -g slurm "$dir/log-slurm"
+    install -d -m 755 "$dir/run-nslcd"
+    getent passwd nslcd >/dev/null && chown nslcd:nslcd "$dir/run-nslcd"
     [ -d "$HOSTS_DIR/etc-containers" ] || cp -a /etc/containers "$HOSTS_DIR/etc-containers"
     touch "$NS_DIR/$host.uts" "$NS_DIR/$host.mnt"
     nsenter --net="/run/netns/dlsub-$host" -- unshare --uts="$NS_DIR/$host.uts" --mount="$NS_DIR/$host.mnt" \
@@ -146,6 +149,10 @@ host_setup() {  # host dir
     # The site's Podman settings (testbed/up.sh, site_containers): node-local graph roots, the site's image
     # store. Within the hosts only: the machine's own /etc/containers stays as it is.
     mount --bind "$HOSTS_DIR/etc-containers" /etc/containers
+    # The site's directory (testbed/ldap.sh): users from the files, then LDAP through this host's own nslcd.
+    mount --bind "$HOSTS_DIR/nsswitch.conf" /etc/nsswitch.conf
+    mount --bind "$HOSTS_DIR/nslcd.conf" /etc/nslcd.conf
+    mount --bind "$dir/run-nslcd" /run/nslcd
     minor="$(gpu_first_minor "$host")"
     if [ -n "$minor" ]; then
         # A /dev of its own: the machine's device nodes copied (same numbers), its pseudo-terminals, shared
@@ -196,7 +203,10 @@ host_keeper() {  # host
 
 hosts_up() {
     local host
-    mkdir -p "$NS_DIR" "$HOSTS_DIR" "$NODE_LOCAL" /var/run/cdi /run/dlsub /var/lib/dlsub /run/slurm /var/log/slurm
+    mkdir -p "$NS_DIR" "$HOSTS_DIR" "$NODE_LOCAL" /var/run/cdi /run/dlsub /var/lib/dlsub /run/slurm /var/log/slurm \
+        /run/nslcd
+    touch /etc/nslcd.conf  # a mount point (Debian's nslcd ships one; a machine without it gets an empty file)
+    ldap_host_files
     # Namespace files are bind mounts, which need a private mount under them (as ip netns does for /run/netns).
     if ! mountpoint -q "$NS_DIR"; then
         mount --bind "$NS_DIR" "$NS_DIR"
@@ -215,6 +225,7 @@ hosts_up() {
         stop_slurm
         # slurmdbd too: it runs on the head, whose network goes (MariaDB is the machine's own).
         stop_pidfile /run/dlsub-testbed/slurmdbd.pid
+        ldap_down  # slapd and each host's nslcd: their hosts' networks go
         for host in $TESTBED_HOSTS; do
             stop_pidfile "/run/dlsub-testbed/host-$host.pid"
             host_down "$host"

@@ -22,12 +22,19 @@ command -v npm >/dev/null || packages+=(npm)
 # For the tests only: `make lint` runs shellcheck, the unit tests run job_submit.lua under lua5.1 as slurmctld
 # would, and the dashboard's browser tests drive Debian's Chromium (Playwright downloads no browser here).
 [ "$TESTBED_FOR" = demo ] || packages+=(shellcheck lua5.1 chromium)
+# The site's directory (testbed/ldap.sh): slapd, its clients, and NSS through nslcd. Not for the demo, whose
+# user is a local one.
+[ "$TESTBED_FOR" = demo ] || packages+=(slapd ldap-utils nslcd libnss-ldapd)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
     say "installing ${missing[*]}"
+    # slapd without Debian's own database (testbed/ldap.sh runs one of its own), and libnss-ldapd without
+    # touching the machine's /etc/nsswitch.conf (only the hosts' asks LDAP).
+    printf '%s\n' "slapd slapd/no_configuration boolean true" "libnss-ldapd libnss-ldapd/nsswitch multiselect" \
+        | debconf-set-selections
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
@@ -94,32 +101,42 @@ done
 # provisioning, or a Slurm Prolog, makes): nothing else. Their Podman is the site's (site_containers below):
 # its graph root on that node-local directory (never the shared home, where rootless storage does not work
 # on NFS), and every image from the site's read-only store; no user has an image or storage of their own.
-job_user() {  # name first-subid
-    local name="$1" first="$2" uid home host
-    if ! id "$name" >/dev/null 2>&1; then
+# A user of the directory (first-subid "directory") is made there, with a home as the site's provisioning (or
+# pam_mkhomedir) would make it, and its ranges from the admin guide's script; its name resolves on the hosts
+# only, so every lookup below asks the login host.
+job_user() {  # name first-subid|directory
+    local name="$1" first="$2" uid gid home host
+    if [ "$first" = directory ]; then
+        ldap_user "$name" "$TESTBED_LDAP_UID"
+        install -d -m 700 -o "$TESTBED_LDAP_UID" -g "$TESTBED_LDAP_UID" "/home/$name"
+        on_host "$LOGIN_HOST" bash "$repo/etc/subid-ranges.sh" "$name"
+    elif ! id "$name" >/dev/null 2>&1; then
         say "creating user $name"
         useradd -m -s /bin/bash "$name"
     fi
-    uid="$(id -u "$name")"
-    grep -q "^$name:" /etc/subuid || usermod --add-subuids "$first-$((first + 65535))" "$name"
-    grep -q "^$name:" /etc/subgid || usermod --add-subgids "$first-$((first + 65535))" "$name"
-    home="$(getent passwd "$name" | cut -d: -f6)"
+    uid="$(on_host "$LOGIN_HOST" id -u "$name")"
+    gid="$(on_host "$LOGIN_HOST" id -g "$name")"
+    if [ "$first" != directory ]; then
+        grep -q "^$name:" /etc/subuid || usermod --add-subuids "$first-$((first + 65535))" "$name"
+        grep -q "^$name:" /etc/subgid || usermod --add-subgids "$first-$((first + 65535))" "$name"
+    fi
+    home="$(on_host "$LOGIN_HOST" getent passwd "$name" | cut -d: -f6)"
     # What an earlier testbed gave each user (its own image store in the home, Podman files of their own):
     # gone. What the site's provisioning gives: its storage.conf, as the user's (Podman 4.3, Debian 12's,
     # reads only the graph root and driver from /etc/containers/storage.conf for a rootless user, not the
     # image stores or the mount program: docs/admin-guide.md, "The training image on every node").
     rm -f "$home/.config/containers/image-store.conf" "$home/.config/containers/containers.conf"
     rm -rf "$home/.local/share/dlsub-images"
-    install -d -m 755 -o "$name" -g "$name" "$home/.config" "$home/.config/containers"
-    install -m 644 -o "$name" -g "$name" "$HOSTS_DIR/etc-containers/storage.conf" \
+    install -d -m 755 -o "$uid" -g "$gid" "$home/.config" "$home/.config/containers"
+    install -m 644 -o "$uid" -g "$gid" "$HOSTS_DIR/etc-containers/storage.conf" \
         "$home/.config/containers/storage.conf"
     for host in $TESTBED_HOSTS; do
-        install -d -m 700 -o "$name" -g "$name" "$HOSTS_DIR/$host/local/$name"
+        install -d -m 700 -o "$uid" -g "$gid" "$HOSTS_DIR/$host/local/$name"
     done
     # What logind would make on a login node: the user's runtime directory. A compute node has none for a
     # Slurm job: the batch script falls back to a private directory in the node's /tmp.
     for host in "$LOGIN_HOST" "$LOGIN_HOST2"; do
-        on_host "$host" install -d -m 700 -o "$name" -g "$name" "/run/user/$uid"
+        on_host "$host" install -d -m 700 -o "$uid" -g "$gid" "/run/user/$uid"
     done
     reset_stale_podman "$name" "$LOGIN_HOST" "/run/user/$uid"
     # On the nodes, where its jobs' runtime directory is the batch script's fallback in the node's /tmp.
@@ -133,7 +150,7 @@ job_user() {  # name first-subid
 # the user resets it.
 reset_stale_podman() {  # name host runtime-dir
     local name="$1" host="$2" runtime="$3" home podman_says pause
-    home="$(getent passwd "$name" | cut -d: -f6)"
+    home="$(on_host "$host" getent passwd "$name" | cut -d: -f6)"
     # Rootless Podman joins the user's pause process, wherever it was made: one made on another host (or on
     # this machine before its hosts existed) would show this host that one's mounts (its graph root).
     pause="$(on_host "$host" cat "$runtime/libpod/tmp/pause.pid" 2>/dev/null || true)"
@@ -167,6 +184,10 @@ site_containers
 job_user "$TESTBED_USER" 200000
 job_user "$TESTBED_USER2" 300000
 job_user "$TESTBED_USER3" 400000
+if [ "$TESTBED_FOR" != demo ]; then
+    ldap_up
+    job_user "$TESTBED_LDAP_USER" directory
+fi
 
 # The agent's service account: unprivileged, made a Slurm Operator below.
 if ! id "$AGENT_USER" >/dev/null 2>&1; then

@@ -206,6 +206,49 @@ def test_too_few_ids_from_getsubids_are_a_problem_naming_it(tmp_path: Path) -> N
     assert got.status == PROBLEM and "getsubids gives 0 uids (Error fetching ranges)" in got.detail
 
 
+def test_a_directory_users_missing_ranges_point_at_the_sites_script_not_usermod() -> None:
+    """Unit (fake host): alice is not in the host's /etc/passwd (LDAP or SSSD serve her): with no ranges the fix
+    is the shipped subid-ranges.sh, which usermod cannot replace for her; with them, doctor says whose they are."""
+    host = FakeHost()
+    host.files["/etc/passwd"] = "root:x:0:0:root:/root:/bin/bash\n"
+    host.files["/etc/subuid"] = host.files["/etc/subgid"] = ""
+    got = findings(host=host)["subordinate ids"]
+    assert got.status == PROBLEM and "not in this host's /etc/passwd" in got.detail, got
+    assert "subid-ranges.sh alice" in got.fix and "usermod" not in got.fix, got.fix
+    host.files["/etc/subuid"] = host.files["/etc/subgid"] = "alice:1000065536:65536\n"
+    got = findings(host=host)["subordinate ids"]
+    assert got.status == OK and "directory's user" in got.detail, got
+
+
+def test_the_sites_subid_script_gives_each_directory_user_the_range_of_its_uid_once(tmp_path: Path) -> None:
+    """Unit, the shipped etc/subid-ranges.sh really run (bash) with a stand-in getent: users in the uid range get
+    BASE + (uid - FIRST) * 65536 in both files, by name; one with a line (by name or uid) keeps it; local users
+    below the range and unknown names are left out, an unknown name asked for by name is an error; a second run
+    adds nothing."""
+    import subprocess
+
+    from dlsub.cli.doctor import shipped_site_files
+
+    getent = tmp_path / "getent"
+    getent.write_text("#!/bin/bash\n[ \"$1\" = passwd ] || exit 2\nlines='root:x:0:0::/root:/bin/sh\n"
+                      "alice:x:10001:10001::/home/alice:/bin/sh\nbob:x:10002:10002::/home/bob:/bin/sh\n"
+                      "carol:x:1001:1001::/home/carol:/bin/sh'\nif [ -n \"$2\" ]; then grep \"^$2:\" <<<\"$lines\""
+                      " || exit 2; else echo \"$lines\"; fi\n")
+    getent.chmod(0o755)
+    subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
+    subuid.write_text("10002:5000000:65536\n")  # bob has one, by uid
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SUBUID_FILE": str(subuid), "SUBGID_FILE": str(subgid),
+           "SUBID_LOCK_FILE": str(tmp_path / "lock")}
+    script = str(shipped_site_files() / "subid-ranges.sh")
+    for _ in range(2):
+        run = subprocess.run(["bash", script], env=env, capture_output=True, text=True, check=True)
+    assert "0 line(s) added" in run.stderr, run.stderr
+    assert subuid.read_text() == "10002:5000000:65536\nalice:1000065536:65536\n"
+    assert subgid.read_text() == "alice:1000065536:65536\nbob:1000131072:65536\n"
+    missing = subprocess.run(["bash", script, "dave"], env=env, capture_output=True, text=True)
+    assert missing.returncode == 1 and "no such user: dave" in missing.stderr
+
+
 def test_a_getsubids_that_cannot_run_falls_back_to_the_files(tmp_path: Path) -> None:
     host = FakeHost()
     host.tools["getsubids"] = str(tmp_path / "no-such-getsubids")
