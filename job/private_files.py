@@ -167,3 +167,16 @@ def blocked_ancestor(directory: Path, agent_user: str) -> Path | None:
         if not agent_can_traverse(ancestor, agent_user):
             return ancestor
     return None
+
+
+def let_agent_through(directory: Path, access: AgentAccess) -> tuple[list[Path], Path | None]:
+    """Let the agent pass the directories above ``directory`` that block it and that are the user's own (a 0700
+    home: pam_mkhomedir's, and many sites' default), as ~/.dlsub is passed (:meth:`AgentAccess.traverse`: it may
+    enter, never list). Returns those opened, and the first blocking one that is not the user's (None: none)."""
+    opened: list[Path] = []
+    while (blocked := blocked_ancestor(directory, access.agent_user)) is not None:
+        if blocked in opened or blocked.stat().st_uid != os.getuid():
+            return opened, blocked
+        access.traverse(blocked)
+        opened.append(blocked)
+    return opened, None

@@ -35,7 +35,7 @@ from dlsub.contract import (
     valid_gpu_type,
 )
 from dlsub.job.partition_choice import Choice, Request, choose_partition
-from dlsub.job.private_files import AgentAccess, blocked_ancestor, make_job_dir
+from dlsub.job.private_files import AgentAccess, let_agent_through, make_job_dir
 from dlsub.job.script_library import script_uses_library
 from dlsub.job.settings import Settings
 from dlsub.job.user_store import JobRecord, JobStore
@@ -590,7 +590,12 @@ def submit_plan(plan: Plan, settings: Settings, client: SlurmClient, store: JobS
         raise SubmitError(f"{job_dir} already exists; submit again for a fresh job id")
     try:
         make_job_dir(job_dir, access)
-        blocked = blocked_ancestor(job_dir, agent_user)
+        opened, blocked = let_agent_through(job_dir, access)
+        for directory in opened:
+            warnings.append(
+                f"{directory} let no one else in: dlsub let the agent (user {agent_user}) pass through it, as it "
+                f"passes ~/.dlsub (it may enter, never list), so that it can follow your jobs; `setfacl -x "
+                f"u:{agent_user} {directory}` takes that back, and then the agent cannot follow or move them")
         if blocked is not None:
             warnings.append(
                 f"the agent (user {agent_user}) cannot enter {blocked}, so it cannot follow this job's progress "

@@ -206,6 +206,34 @@ def test_a_home_the_agent_cannot_enter_is_pointed_out(cli_env: FakeSlurm, tmp_pa
     assert f"cannot enter {closed}" in result.output and "DLSUB_HOME" in result.output
 
 
+@needs_acl
+def test_a_home_of_the_users_own_that_lets_no_one_in_is_opened_to_the_agent_alone(
+        cli_env: FakeSlurm, tmp_path: Path, script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 0700 home (pam_mkhomedir's default, common with directory users): submit lets the agent's account pass
+    through it by ACL (x: enter, never list), as it passes ~/.dlsub, and says so with how to take it back; no
+    other user gains anything; the next submit finds it open and says nothing."""
+    from dlsub.cli import main as cli
+    from dlsub.job import private_files
+    from dlsub.site_config.policy_file import AgentPolicy
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    real = private_files.agent_can_traverse
+    # Only the home is judged (the test's own temporary folders above it are not this test's to open).
+    monkeypatch.setattr(private_files, "agent_can_traverse",
+                        lambda path, user: real(path, user) if path == home else True)
+    monkeypatch.setattr(cli, "load_policy", lambda: AgentPolicy(agent_user="nobody"))
+    monkeypatch.setenv("DLSUB_HOME", str(home / ".dlsub"))
+    first = invoke(str(script))
+    assert first.exit_code == 0, first.output
+    assert f"{home} let no one else in: dlsub let the agent (user nobody) pass through it" in first.output
+    assert f"setfacl -x u:nobody {home}" in first.output and "cannot enter" not in first.output
+    acl = _acl(home)
+    assert "user:nobody:--x" in acl and "group::---" in acl and "other::---" in acl, "nobody else gains anything"
+    second = invoke(str(script))
+    assert second.exit_code == 0 and "let no one else in" not in second.output
+
+
 # ---------------------------------------------------------------- job states in the user's store
 
 
