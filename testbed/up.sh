@@ -145,6 +145,12 @@ job_user() {  # name first-subid|directory
     done
     return 0
 }
+# When a process started (clock ticks since boot: /proc/PID/stat's 22nd field, after its name in parentheses).
+started() {  # pid
+    local stat
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || { echo 0; return; }
+    awk '{ print $20 }' <<<"${stat##*) }"
+}
 # A pause process that died with the machine (or was ended with the processes of a finished run) leaves its
 # pid file in the runtime directory (no logind here clears it), and Podman then refuses every command until
 # the user resets it.
@@ -155,12 +161,15 @@ reset_stale_podman() {  # name host runtime-dir
     # this machine before its hosts existed) would show this host that one's mounts (its graph root).
     pause="$(on_host "$host" cat "$runtime/libpod/tmp/pause.pid" 2>/dev/null || true)"
     # One made before this host's site settings were mounted (an earlier testbed's host of the same name)
-    # would not see them: Podman joins it and finds no /etc/containers/storage.conf.
+    # would not see them: Podman joins it and finds no /etc/containers/storage.conf. One made before this host
+    # was (its keeper is younger: the host was made again) keeps the old host's mounts, where NSS no longer
+    # reaches the host's nslcd: a directory user's Podman then fails ("lookup userid ...: no such file").
     if [ -n "$pause" ] && kill -0 "$pause" 2>/dev/null \
             && { [ "$(nsenter -t "$pause" --uts hostname 2>/dev/null)" != "$host" ] \
                  || ! nsenter -t "$pause" --mount cmp -s /etc/containers/storage.conf \
-                      "$HOSTS_DIR/etc-containers/storage.conf"; }; then
-        say "ending $name's Podman pause process $pause, made outside $host or before its site settings"
+                      "$HOSTS_DIR/etc-containers/storage.conf" \
+                 || [ "$(started "$pause")" -lt "$(started "$(host_keeper_pid "$host")")" ]; }; then
+        say "ending $name's Podman pause process $pause, made outside $host, before it or before its site settings"
         kill "$pause"
         on_host "$host" rm -f "$runtime/libpod/tmp/pause.pid"
     fi
