@@ -34,6 +34,17 @@ keeps of Sia:
   configuration (``sia.py``, ``__solve_mip_rescaled``).
 - **A job in the middle of a restart** (``JobView.restarting_s`` > 0)
   keeps its allocation, as the artifact's ``preserve_ckpt_allocs``.
+- **Ties keep a job where it is** (``keep_ties``): every cost in the program is a
+  multiple of 0.01 (``A`` rounded to two decimals, lambda_n 1.1), so two
+  decisions are either tied or at least 0.01 apart; a job's current
+  configuration costs :data:`TIE_BREAK` / (jobs + 1) less, which picks the
+  decision that moves fewest jobs among exactly tied optima and never
+  outweighs a real difference. Rounding erases a restart factor near 1 (an
+  older job: 0.991 scales ``A`` by 1.0045), so without it the solver's
+  arbitrary choice between tied optima moved running jobs for nothing. The
+  artifact has no tie-break (what CBC returns on a tie is its own); it is
+  Sia's objective either way, and the restart factor's intent (issue 54 item
+  4: 15-25% of sia's restarts on Philly, homogeneous, were such flips).
 - **Integer program**: with ``A = round(speedup ** p, 2)`` (clipped at
   3000), choose at most one configuration per job minimising
   ``sum(A x) + lambda_n (jobs - sum(x))`` (p < 0; maximised for p > 0),
@@ -88,6 +99,9 @@ TIME_LIMIT_S = 60.0  # HiGHS's limit on one decision (the paper's 64 GPUs take w
 # rounded objective 0.003% from the optimum. The paper's 64 GPUs stay far below it (exact). At 5,000 jobs on
 # 10,000 GPUs (114,000-139,000 pairs) HiGHS took 2-9 s for the relaxation, relaxation_optimum 0.1-0.3 s.
 EXACT_MAX_VARS = 5000
+# sia's costs lie on a grid of 0.01 (A rounded to two decimals, lambda_n 1.1): a job's current configuration costs
+# this / (jobs + 1) less, so that the sum over every job stays below half a step (keep_ties).
+TIE_BREAK = 0.005
 
 
 @dataclass(frozen=True)
@@ -328,7 +342,8 @@ class SiaPolicy:
     type_aware: ClassVar[bool] = True
 
     def __init__(self, p: float = -0.5, lambda_n: float = 1.1, lambda_a: float = 0.01,
-                 restart_penalty_s: float = 30.0, trust_factor: int = 2, value_at_own_batch: bool = True) -> None:
+                 restart_penalty_s: float = 30.0, trust_factor: int = 2, value_at_own_batch: bool = True,
+                 keep_ties: bool = True) -> None:
         if p == 0:
             raise PolicyError("sia: p must not be 0")
         self.p = p
@@ -339,6 +354,8 @@ class SiaPolicy:
         # Judge each configuration at batches up to the job's own (the artifact's speed-up functions); False:
         # up to its application's largest, at which it runs.
         self.value_at_own_batch = value_at_own_batch
+        # Among exactly tied optima, the one that moves fewest jobs (see the module's doc); False: the solver's.
+        self.keep_ties = keep_ties
 
     # -- the goodput matrix ------------------------------------------------
 
@@ -394,6 +411,7 @@ class SiaPolicy:
         type_index = {name: i for i, shape in enumerate(shapes) for name in shape.nodes}
         sign = 1.0 if self.p < 0 else -1.0  # milp minimises
         memo: RateMemo = {}
+        tie = TIE_BREAK / (len(jobs) + 1) if self.keep_ties else 0.0
 
         def previous_key(job: JobView) -> tuple[int, int] | None:
             prev = previous.get(job.name)
@@ -414,7 +432,8 @@ class SiaPolicy:
                 rows = [(i, count, speedup if (i, count) == prev_key else speedup * factor)
                         for i, count, speedup in rows]
             p, lambda_n = self.p, self.lambda_n
-            return [(i, count, sign * ((CLIP if speedup <= 0 else min(round(speedup ** p, 2), CLIP)) - lambda_n))
+            return [(i, count, sign * ((CLIP if speedup <= 0 else min(round(speedup ** p, 2), CLIP)) - lambda_n)
+                     - (tie if (i, count) == prev_key else 0.0))
                     for i, count, speedup in rows]
 
         program = typed_program(jobs, shapes, [previous_key(job) for job in jobs], candidates)

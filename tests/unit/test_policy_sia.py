@@ -235,3 +235,25 @@ def test_sia_values_a_job_at_batches_up_to_its_own_as_the_artifact_does() -> Non
     # Told not to (value_at_own_batch=False), it judges them up to the application's largest batch.
     free = {n: v for _, n, v in SiaPolicy(value_at_own_batch=False).goodputs(j, [shape])}
     assert free[2] == pytest.approx(uncapped[2] / uncapped[1]) and free[2] > rows[2]
+
+
+@pytest.mark.parametrize("holder", ["a", "b"])
+@pytest.mark.parametrize("order", [("a", "b"), ("b", "a")])
+def test_on_an_exact_tie_the_job_holding_the_gpus_keeps_them(holder: str, order: tuple[str, str]) -> None:
+    # One node of 2 GPUs, two alike jobs (speed-ups 1, 2: A 1, 0.71): either alone on 2 (0.71 + 1.1 for the other
+    # left out) ties, 1.81. The holder is old (restart factor 0.998), which rounding to two decimals erases; the
+    # waiting job is not discounted. Each of the two tied optima moves the job holding the GPUs or not at all.
+    c = cluster(("t", 1, 2))
+    jobs = {name: job(name, hi=2, type_models={"t": Linear(1.0)}) for name in "ab"}
+    previous = {holder: Allocation(("t0", "t0"))}
+    decision = SiaPolicy().decide([jobs[n] for n in order], c, 36000.0, previous)
+    assert types_of(decision, c) == {holder: ("t", 2)}
+
+
+def test_the_tie_break_never_outweighs_a_real_difference() -> None:
+    # b on 2 GPUs is a little better (speed-up 2 ** 1.03 = 2.04: A 0.70 against the holder's 0.71): it takes them.
+    c = cluster(("t", 1, 2))
+    a = job("a", hi=2, type_models={"t": Linear(1.0)})
+    b = job("b", hi=2, type_models={"t": Linear(1.0, power=1.03)})
+    decision = SiaPolicy().decide([a, b], c, 36000.0, {"a": Allocation(("t0", "t0"))})
+    assert types_of(decision, c) == {"b": ("t", 2)}
