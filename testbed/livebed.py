@@ -578,8 +578,8 @@ def agent_pair(lease_s: float = 15) -> Iterator[None]:
         set_link("login2", up=True)
         if LOGIN2_PIDFILE.exists():
             try:
-                os.kill(int(LOGIN2_PIDFILE.read_text()), signal.SIGCONT)
-            except (ProcessLookupError, ValueError):
+                thaw(int(LOGIN2_PIDFILE.read_text()))
+            except ValueError:
                 pass
         agent_service("stop", "login2")
         agent_service("stop", "login1")
@@ -616,10 +616,23 @@ def lose_login2() -> int:
     return pid
 
 
+def thaw(pid: int) -> None:
+    """SIGCONT a frozen agent and the ``runuser`` that started it: runuser stops itself when its child stops (as su
+    does, for a shell's job control) and resumes only on a SIGCONT of its own; left stopped, it never reaps the
+    agent once it ends (a stopped runuser and a zombie were left after each pair test)."""
+    try:
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        parent = 0
+    for target in (pid, parent):
+        try:
+            if target > 1 and (target == pid or Path(f"/proc/{target}/comm").read_text().strip() == "runuser"):
+                os.kill(target, signal.SIGCONT)
+        except (OSError, ProcessLookupError):
+            pass  # gone already
+
+
 def login2_back(pid: int) -> None:
     """login2's link up and its agent (``pid``, frozen by :func:`lose_login2`) woken, if it still lives."""
     set_link("login2", up=True)
-    try:
-        os.kill(pid, signal.SIGCONT)
-    except ProcessLookupError:
-        pass
+    thaw(pid)
