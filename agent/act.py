@@ -101,13 +101,12 @@ def _grow(client: SlurmClient, r: Resize) -> None:
     pinned. One that refuses the partition gets none (the grow fails): a worker left on the partition its main
     job was placed away from would start on another model of GPU."""
     assert r.worker is not None
-    if r.node:
-        try:
-            client.point_at_node(r.worker, r.node, r.partition)
-        except SlurmError as exc:
-            log.warning("could not point worker %s at %s (%s); releasing it unpinned", r.worker, r.node, exc)
-            client.point_at_node(r.worker, None, r.partition)
-    else:
+    try:
+        client.point_at_node(r.worker, r.node, r.partition)
+    except SlurmError as exc:
+        if not r.node:
+            raise  # the partition alone was refused
+        log.warning("could not point worker %s at %s (%s); releasing it unpinned", r.worker, r.node, exc)
         client.point_at_node(r.worker, None, r.partition)
     client.release(r.worker)
 
