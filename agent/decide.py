@@ -239,6 +239,8 @@ def _size_by_policy(obs: Observation, rules: Rules, models: LiveModels, policy: 
     models.forget_except({j.dlsub_id for j in obs.elastic})
     headroom = _headroom(obs, rules)
     site = model_partitions(obs.partitions) if across_kinds else None
+    # Where Slurm would take each of the site's elastic jobs: read once for every partition sized below.
+    may_use = {} if site is None else _partitions_taking(obs, site, obs.elastic)
 
     def size(jobs: Sequence[ElasticJob], room: PartitionView) -> resize_rules.Sized:
         kinds = kinds_to_choose(room) if across_kinds else []
@@ -251,8 +253,7 @@ def _size_by_policy(obs: Observation, rules: Rules, models: LiveModels, policy: 
             if kinds:
                 resizes, moves = plan_across_kinds(scaled, room, policy, now, headroom, _checkpointed(obs))
                 if site is not None and where is not None:
-                    moves = moves_across_partitions(moves, site, {j.dlsub_id: j for j in jobs},
-                                                    _partitions_taking(obs, site, jobs))
+                    moves = moves_across_partitions(moves, site, {j.dlsub_id: j for j in jobs}, may_use)
                 return resize_rules.Sized(tuple(resizes), tuple(moves))
             return resize_rules.Sized(tuple(plan_by_policy(scaled, room, policy, now, headroom)))
         except Exception:  # a bad model costs this partition its resizes this tick, never the tick
