@@ -22,6 +22,8 @@ USER = os.environ.get("DLSUB_TESTBED_USER", "dltest")
 USER2 = os.environ.get("DLSUB_TESTBED_USER2", "dltest2")
 #: A third, who has never run Podman: the site's image is all it has (testbed/up.sh).
 USER3 = os.environ.get("DLSUB_TESTBED_USER3", "dltest3")
+#: The user who exists only in the site's LDAP directory (testbed/ldap.sh).
+LDAP_USER = os.environ.get("DLSUB_TESTBED_LDAP_USER", "dlldap")
 #: The site's read-only image store every host's Podman reads (testbed/common.sh, containers/site-image-store.sh).
 SITE_IMAGE_STORE = Path("/var/lib/dlsub-images")
 #: Each host's own disk, where each user's Podman keeps its containers (etc/testbed/storage.conf).

@@ -19,7 +19,7 @@ import pytest
 
 # The testbed helpers the integration tests share with benchmarks/ live in testbed/livebed.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testbed"))
-from livebed import USER, USER2, WAITS, TestbedUser, agent_service, blockers
+from livebed import LDAP_USER, USER, USER2, WAITS, TestbedUser, agent_service, blockers
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -62,15 +62,37 @@ def user2(user: TestbedUser) -> TestbedUser:
         pytest.fail(f"user {USER2} does not exist: bring the testbed up with `sudo make testbed`")
 
 
-@pytest.fixture
-def workdir(user: TestbedUser) -> Iterator[Path]:
-    """A fresh directory the testbed user owns (CI's clone may be unreadable to it), on the shared filesystem
-    (its home): the login host's /tmp is its own, as on a cluster, and a job's node would not see it."""
-    path = Path(tempfile.mkdtemp(prefix="dlsub-it-", dir=user.home))
-    os.chown(path, user.uid, user.gid)
+@pytest.fixture(scope="session")
+def directory_user(user: TestbedUser) -> TestbedUser:
+    """The user who exists only in the site's LDAP directory (testbed/ldap.sh): no /etc/passwd line on any host,
+    its subordinate ids from etc/subid-ranges.sh, its home 0700 (tests/integration/test_directory_user_live.py)."""
+    try:
+        return TestbedUser(LDAP_USER)
+    except KeyError:
+        pytest.fail(f"{LDAP_USER} does not resolve here: the testbed's directory is not up (`make testbed`, "
+                    "testbed/ldap.sh)")
+
+
+def _fresh_dir(owner: TestbedUser) -> Iterator[Path]:
+    """A fresh directory ``owner`` owns (CI's clone may be unreadable to it), on the shared filesystem (its
+    home): the login host's /tmp is its own, as on a cluster, and a job's node would not see it."""
+    path = Path(tempfile.mkdtemp(prefix="dlsub-it-", dir=owner.home))
+    os.chown(path, owner.uid, owner.gid)
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def workdir(user: TestbedUser) -> Iterator[Path]:
+    """A fresh directory of the testbed user's, in its home."""
+    yield from _fresh_dir(user)
+
+
+@pytest.fixture
+def directory_workdir(directory_user: TestbedUser) -> Iterator[Path]:
+    """A fresh directory of the directory user's, in its 0700 home."""
+    yield from _fresh_dir(directory_user)
 
 
 @pytest.fixture

@@ -13,38 +13,13 @@ doctor` finds its ranges and says it is a directory's user.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
+from livebed import AGENT_USER, EXAMPLES, LDAP_USER, NODES, TestbedUser, attempts, hold_gpus, on_host, wait_for
 
-from livebed import AGENT_USER, EXAMPLES, NODES, TestbedUser, attempts, hold_gpus, on_host, wait_for
-
-LDAP_USER = os.environ.get("DLSUB_TESTBED_LDAP_USER", "dlldap")
 LDAP_UID = 10001  # testbed/ldap.sh
 TRAIN = str(EXAMPLES / "train_digits.py")
-
-
-@pytest.fixture(scope="module")
-def directory_user(user: TestbedUser) -> TestbedUser:
-    try:
-        return TestbedUser(LDAP_USER)
-    except KeyError:
-        pytest.fail(f"{LDAP_USER} does not resolve here: the testbed's directory is not up (`make testbed`, "
-                    "testbed/ldap.sh)")
-
-
-@pytest.fixture
-def its_workdir(directory_user: TestbedUser) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="dlsub-it-", dir=directory_user.home))
-    os.chown(path, directory_user.uid, directory_user.gid)
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_it_is_in_no_hosts_files_and_every_host_resolves_it_through_ldap(directory_user: TestbedUser) -> None:
@@ -61,13 +36,13 @@ def test_it_is_in_no_hosts_files_and_every_host_resolves_it_through_ldap(directo
 
 
 def test_it_trains_from_both_login_hosts_is_moved_cpu_to_gpu_and_only_it_can_see_its_jobs(
-        directory_user: TestbedUser, user2: TestbedUser, its_workdir: Path) -> None:
+        directory_user: TestbedUser, user2: TestbedUser, directory_workdir: Path) -> None:
     """From login1, a job on CPUs; from login2, an immediate-mode job for a GPU, which starts on cpu while
     another user holds every GPU and is moved to gpu once one frees. Both complete."""
     blockers = [hold_gpus(user2, "gpu1", 4), hold_gpus(user2, "gpu2", 4)]
-    here = directory_user.submit("--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "1", cwd=its_workdir)
+    here = directory_user.submit("--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "1", cwd=directory_workdir)
     there_run = directory_user.on_login(
-        "login2", "env", "-C", str(its_workdir), "dlsub", "--json", "--mode", "immediate", "--gpus", "1", TRAIN,
+        "login2", "env", "-C", str(directory_workdir), "dlsub", "--json", "--mode", "immediate", "--gpus", "1", TRAIN,
         "--epochs", "10", "--throttle", "0.05", "--cpu-slowdown", "4", check=True)
     there = json.loads(there_run.stdout)
     jobs = (here, there)

@@ -134,8 +134,11 @@ def test_an_elastic_job_grows_onto_a_freed_node_and_shrinks_for_a_waiting_job(
 
 
 def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_waiting_job(
-    user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
+    user: TestbedUser, user2: TestbedUser, directory_user: TestbedUser, directory_workdir: Path,
+    service_agent: None
 ) -> None:
+    """Its user exists only in the site's LDAP directory, its home 0700 (issue 50: an elastic job of such a user
+    grows and shrinks); the GPUs' other holders are local users."""
     # gpu2 busy throughout; gpu1's GPUs held by three 1-GPU jobs but one: the job starts on that one.
     held = [hold_gpus(user, "gpu2", 4), *(hold_gpus(user, "gpu1", 1) for _ in range(3))]
     other = None
@@ -144,8 +147,8 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
         # (each ~19 s of agent, leave and re-form): at 15 epochs the job ended at step 330 before the shrink (a
         # CI rehearsal, 2026-11-30). On two contended threads the three grows and the shrink had been over by
         # step ~154 of 880 (CI) or 186 of 440 (alone, 2026-11-27).
-        job = user.submit("--gpus", "1:4", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "25", "--throttle",
-                          "0.1", cwd=workdir)
+        job = directory_user.submit("--gpus", "1:4", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "25",
+                                    "--throttle", "0.1", cwd=directory_workdir)
         assert job["max_nodes"] == 4 and job["worker_gpus"] == 1 and job["gpus_per_node"] == 1, job
         wait_for("training on 1 GPU", lambda: world_sizes(job["job_dir"])[-1:] == [1]
                  and progress_events(job["job_dir"], "checkpoint"), timeout=180)
@@ -159,7 +162,7 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
             e for e in progress_events(job["job_dir"], "restore") if e["time"] >= grew_at], timeout=60)
         assert restored[0]["step"] > 0, "the grown group resumes from a checkpoint, not from step 0"
         assert all(w.get("nodes") == "gpu1" for w in running_workers(job["worker_array_id"])), "workers on its node"
-        why = user.dlsub("why", job["id"]).stdout
+        why = directory_user.dlsub("why", job["id"]).stdout
         assert "growing to 4 GPUs: gpu1, a node the job already runs on, has 1 idle GPU(s)" in why, why
         # Another user's 2-GPU job waits for gpu1: two workers leave, newest first; the job goes on at 2 GPUs.
         # It holds the GPUs until the job has ended (cancelled below): with a 5 s job the worker was back before
@@ -175,12 +178,13 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
         wait_for("training on at 2 GPUs", lambda: 2 in after_first(world_sizes(job["job_dir"]), 4), timeout=120)
         assert after_first(world_sizes(job["job_dir"]), 4)[0] == 2, world_sizes(job["job_dir"])
         final = wait_for("the elastic job to complete",
-                         lambda: (s := user.status(job["id"]))["state"] in ("COMPLETED", "FAILED") and s, timeout=300)
+                         lambda: (s := directory_user.status(job["id"]))["state"] in ("COMPLETED", "FAILED") and s,
+                         timeout=300)
         assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
         assert "done: " in job_output(job["job_dir"])
         steps = [e["step"] for e in progress_events(job["job_dir"], "restore")]
         assert steps == sorted(steps) and all(s > 0 for s in steps), "every re-formed group resumed, never from 0"
-        assert "shrinking to 3 GPUs" in user.dlsub("why", job["id"]).stdout
+        assert "shrinking to 3 GPUs" in directory_user.dlsub("why", job["id"]).stdout
     finally:
         for leftover in (*held, other):
             if leftover:
