@@ -113,41 +113,6 @@ def _never_ran_podman(user: TestbedUser) -> Path:
     return workdir
 
 
-def test_users_who_never_ran_podman_are_moved_on_the_site_image_and_storage_does_not_grow(
-        user: TestbedUser, user2: TestbedUser, user3: TestbedUser, gpus_held: list[int],
-        service_agent: None) -> None:
-    """Two users with no Podman storage anywhere (the third user, and the second, who submits nothing else
-    through dlsub in this suite), each with a job that starts on cpu and moves to gpu, beside the first user,
-    whose jobs ran all along: the site's store is the one copy of the image however many users run it."""
-    store_kib = _kib("login1", SITE_IMAGE_STORE / "overlay")
-    # The store is root's, read-only to every user.
-    assert SITE_IMAGE_STORE.stat().st_uid == 0
-    denied = user3.run("touch", str(SITE_IMAGE_STORE / "overlay" / "written-by-a-user"))
-    assert denied.returncode != 0 and "Permission denied" in denied.stderr, denied
-    jobs = {}
-    # The second names the site's image with --image, as a user picking one of the site's images would.
-    for newcomer, image in ((user3, ()), (user2, ("--image", IMAGE))):
-        workdir = _never_ran_podman(newcomer)
-        script = put(newcomer, workdir / "train.py", VERSION_TRAIN)
-        os.chown(script, newcomer.uid, newcomer.gid)
-        jobs[newcomer.name] = (newcomer, workdir, newcomer.submit("--mode", "immediate", "--gpus", "1", *image,
-                                                                 str(script), "1.5", cwd=workdir))
-        assert jobs[newcomer.name][2]["partition"] == "cpu", jobs[newcomer.name]
-    for newcomer, _, job in jobs.values():
-        _started_on_cpu(newcomer, job)
-    subprocess.run(["scancel", *map(str, gpus_held)], check=True)
-    for newcomer, workdir, job in jobs.values():
-        _completed_on_gpu(newcomer, job)
-        subprocess.run(["rm", "-rf", str(workdir)], check=False)
-    # What each user keeps per node is their containers, not the image: the site store holds the one copy,
-    # the same size after two more users ran it on every node.
-    for host in ("cpu1", "cpu2", "gpu1", "gpu2"):
-        for name in (USER, USER2, USER3):
-            kept = _kib(host, NODE_LOCAL / name / "containers")
-            assert kept < 50 * 1024, (host, name, kept, store_kib)
-    assert store_kib > 500 * 1024 and _kib("login1", SITE_IMAGE_STORE / "overlay") == store_kib, store_kib
-
-
 def _builder(*argv: str) -> subprocess.CompletedProcess[str]:
     """The site's image builder (the testbed user, on the login host, in its build store)."""
     uid = TestbedUser(USER).uid
@@ -227,27 +192,59 @@ def partition_images(table: str) -> Iterator[None]:
         POLICY_FILE.write_text(original)
 
 
-def test_each_attempt_runs_the_image_of_its_partition(user: TestbedUser, workdir: Path, gpus_held: list[int],
-                                                      service_agent: None) -> None:
-    """partition_images = { gpu = PARTITION_IMAGE }: a job submitted in immediate mode runs the site's image on
-    cpu, is moved, and runs the gpu partition's on gpu (it says which: the variable its image sets); its tags
-    name both images; doctor checks the partition's image for the user."""
+def test_users_who_never_ran_podman_are_moved_each_attempt_on_the_image_of_its_partition(
+        user2: TestbedUser, user3: TestbedUser, gpus_held: list[int], service_agent: None) -> None:
+    """Two users with no Podman storage anywhere (the third user, and the second, who submits nothing else
+    through dlsub in this suite), each with a job that starts on cpu and moves to gpu, beside the first user,
+    whose jobs ran all along: the site's store is the one copy of the image however many users run it.
+
+    The site names an image for its gpu partition (partition_images = { gpu = PARTITION_IMAGE }): the third
+    user's job, which names no image, runs the site's image on cpu and the gpu partition's after its move (it
+    says which: the variable its image sets), and doctor checks the partition's image for that user; the
+    second's names the site's image with --image, as a user picking one of the site's images would, and runs it
+    on both partitions."""
     old = _builder("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
     new = ""
     try:
         new = _build_from(old, PARTITION_IMAGE, "gpu-partition")
         _publish(PARTITION_IMAGE)
-        script = put(user, workdir / "train.py", VERSION_TRAIN)
+        store_kib = _kib("login1", SITE_IMAGE_STORE / "overlay")
+        # The store is root's, read-only to every user.
+        assert SITE_IMAGE_STORE.stat().st_uid == 0
+        denied = user3.run("touch", str(SITE_IMAGE_STORE / "overlay" / "written-by-a-user"))
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr, denied
+        jobs = {}
         with partition_images(f'{{ gpu = "{PARTITION_IMAGE}" }}'):
-            job = user.submit("--mode", "immediate", "--gpus", "1", str(script), "1.5", cwd=workdir)
-            assert job["partition"] == "cpu", job
-            report = subprocess.run(["dlsub", "doctor", "--user", USER, "--json"], capture_output=True, text=True)
+            for newcomer, image in ((user3, ()), (user2, ("--image", IMAGE))):
+                workdir = _never_ran_podman(newcomer)
+                script = put(newcomer, workdir / "train.py", VERSION_TRAIN)
+                os.chown(script, newcomer.uid, newcomer.gid)
+                jobs[newcomer.name] = (newcomer, workdir, newcomer.submit(
+                    "--mode", "immediate", "--gpus", "1", *image, str(script), "1.5", cwd=workdir))
+                assert jobs[newcomer.name][2]["partition"] == "cpu", jobs[newcomer.name]
+            report = subprocess.run(["dlsub", "doctor", "--user", USER3, "--json"], capture_output=True, text=True)
             checks = {c["check"]: c for c in json.loads(report.stdout)["checks"]}
-            assert checks[f"image of {USER} on partition gpu"]["status"] == "ok", checks
+            assert checks[f"image of {USER3} on partition gpu"]["status"] == "ok", checks
             assert f"{new[:12]} {PARTITION_IMAGE}: 1 job in Slurm run it" in checks["site images"]["detail"], checks
-            _moved_and_completed(user, job, gpus_held)
-        text = job_output(job["job_dir"])
-        assert text.count("image version 1") == 1 and text.count("image version gpu-partition") == 1, text
+            for newcomer, _, job in jobs.values():
+                _started_on_cpu(newcomer, job)
+            subprocess.run(["scancel", *map(str, gpus_held)], check=True)
+            for newcomer, _, job in jobs.values():
+                _completed_on_gpu(newcomer, job)
+        for newcomer, workdir, job in jobs.values():
+            text = job_output(job["job_dir"])
+            if newcomer is user3:
+                assert text.count("image version 1") == 1 and text.count("image version gpu-partition") == 1, text
+            else:
+                assert text.count("image version 1") == 2 and "gpu-partition" not in text, text
+            subprocess.run(["rm", "-rf", str(workdir)], check=False)
+        # What each user keeps per node is their containers, not the image: the site store holds the one copy,
+        # the same size after two more users ran it on every node.
+        for host in ("cpu1", "cpu2", "gpu1", "gpu2"):
+            for name in (USER, USER2, USER3):
+                kept = _kib(host, NODE_LOCAL / name / "containers")
+                assert kept < 50 * 1024, (host, name, kept, store_kib)
+        assert store_kib > 500 * 1024 and _kib("login1", SITE_IMAGE_STORE / "overlay") == store_kib, store_kib
     finally:
         if new:
             subprocess.run(["bash", str(STORE_TOOL), "--store", str(SITE_IMAGE_STORE), "remove", new], check=False)
