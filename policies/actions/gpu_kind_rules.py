@@ -221,7 +221,7 @@ def _move_or_note(scaled: ScaledJob, view: JobView, target: str, capacity: Capac
     details: dict[str, float | str | int | None] = {
         "from_gpu_type": job.gpu_type, "to_gpu_type": target, "measured_rate": round(here.value, 3),
         "measured_gpus": gpus_now, "predicted_rate": round(there.value, 3), "predicted_gpus": reach,
-        "keep_share": round(keep, 3)}
+        "keep_share": round(keep, 3), "figures": figures}
     policy_words = f"{policy.name} policy across GPU kinds"
 
     def note(why: str) -> Action:

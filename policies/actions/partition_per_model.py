@@ -125,7 +125,7 @@ def moves_across_partitions(moves: Sequence[Action], site: ModelPartitions, jobs
         if job is None or action.kind != ActionKind.SIGNAL_MOVE or target is None or target == job.partition:
             out.append(action)
             continue
-        figures = action.reason.split(": ", 1)[-1].split("; the gain beats", 1)[0]
+        figures = str((action.details or {}).get("figures", ""))  # the rates the move was made on (_move_or_note)
         if _pinned(job):
             why = f"its user named {'its partition' if job.pinned else 'its kind of GPU'} at submit"
             out.append(Action(ActionKind.NOTE, job.dlsub_id, job.slurm_job_id,
