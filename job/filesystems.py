@@ -23,30 +23,55 @@ def _unescaped(field: str) -> str:
     return field
 
 
-def filesystem_type(path: Path, mountinfo: str | None = None) -> str | None:
-    """The type of the file system ``path`` (or, where it does not exist yet, its nearest existing parent) is
-    on: the mount whose point is the longest prefix of its real path (the last listed, where mounts stack).
-    None where the mount table cannot be read. ``mountinfo``: the table's text (read from the kernel by
-    default)."""
+def _mount_of(path: Path, mountinfo: str | None = None) -> tuple[str, frozenset[str]] | None:
+    """(type, mount and file-system options) of the mount ``path`` (or, where it does not exist yet, its nearest
+    existing parent) is on: the mount whose point is the longest prefix of its real path (the last listed,
+    where mounts stack). None where the mount table cannot be read."""
     if mountinfo is None:
         try:
             mountinfo = MOUNTINFO.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return None
     real = Path(os.path.realpath(path))
-    best: tuple[int, str] | None = None
+    best: tuple[int, str, frozenset[str]] | None = None
     for line in mountinfo.splitlines():
         mine, sep, theirs = line.partition(" - ")
         fields, kinds = mine.split(), theirs.split()
-        if not sep or len(fields) < 5 or not kinds:
+        if not sep or len(fields) < 6 or not kinds:
             continue
         point = Path(_unescaped(fields[4]))
         if real == point or point in real.parents:
             depth = len(point.parts)
             if best is None or depth >= best[0]:
-                best = (depth, kinds[0])
-    return best[1] if best else None
+                options = {*fields[5].split(","), *(kinds[2].split(",") if len(kinds) > 2 else ())}
+                best = (depth, kinds[0], frozenset(options))
+    return (best[1], best[2]) if best else None
+
+
+def filesystem_type(path: Path, mountinfo: str | None = None) -> str | None:
+    """The type of the file system ``path`` is on (:func:`_mount_of`); None where the mount table cannot be
+    read."""
+    mount = _mount_of(path, mountinfo)
+    return mount[0] if mount else None
 
 
 def on_network_filesystem(path: Path, mountinfo: str | None = None) -> bool:
     return filesystem_type(path, mountinfo) in NETWORK_FILESYSTEMS
+
+
+#: Mount options of NFS under which a host's byte-range locks stay its own (nfs(5): ``nolock``, ``local_lock``).
+LOCAL_LOCK_OPTIONS = frozenset({"nolock", "local_lock=all", "local_lock=posix"})
+
+
+def locks_shared_between_hosts(path: Path, mountinfo: str | None = None) -> bool:
+    """Whether a byte-range (POSIX) lock one host takes on ``path``'s file system is seen by the others: on a
+    local disk there are no others; over NFS its lock manager shares them, unless mounted ``nolock`` or
+    ``local_lock``; over sshfs they never are (SFTP has no locks: the kernel keeps each host's to itself).
+    SQLite's rollback journal keeps writers apart with these locks alone. True where the table cannot be read."""
+    mount = _mount_of(path, mountinfo)
+    if mount is None:
+        return True
+    kind, options = mount
+    if kind == "fuse.sshfs":
+        return False
+    return not (kind in ("nfs", "nfs4") and options & LOCAL_LOCK_OPTIONS)

@@ -1,5 +1,11 @@
 """The user's dlsub jobs in SQLite (WAL; a rollback journal on a network file system): what Slurm does not keep.
 
+On a file system whose locks one host takes the others do not see (sshfs; NFS mounted ``nolock`` or
+``local_lock``), SQLite's own locks would not keep two login nodes' commands apart; there the store is opened
+with SQLite's dot-file locking (its ``unix-dotfile`` VFS: a ``dlsub.db.lock`` directory, made by mkdir, which
+the file server makes once for every host), and a lock left by a command killed mid-write is broken after
+:data:`STALE_LOCK_S`.
+
 Slurm is the source of truth for what runs; this store maps a dlsub job to
 its Slurm job and remembers how it was asked for, that a user cancelled it,
 and the last :class:`~dlsub.contract.JobState` ``dlsub status`` observed. It
@@ -16,14 +22,16 @@ and sqlite-utils' import (with NumPy, which it loads when present) was half the 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dlsub.contract import IllegalTransition, JobState, StateSource, check_transition
-from dlsub.job.filesystems import on_network_filesystem
+from dlsub.job.filesystems import locks_shared_between_hosts, on_network_filesystem
 
 
 @dataclass
@@ -125,12 +133,40 @@ def _unknown(key: str) -> UnknownJob:
     return UnknownJob(f"no dlsub job {key!r} of yours; `dlsub status` lists them")
 
 
+#: How old a dot-file lock must be to be taken for a command killed while it held it: every command holds it
+#: for one statement, milliseconds.
+STALE_LOCK_S = 30.0
+#: How long a command waits for another's lock before it says the store is busy.
+BUSY_WAIT_S = 10.0
+
+
+def _break_stale_lock(lock: Path, now: float | None = None) -> bool:
+    """Remove ``lock`` (SQLite's dot-file lock, a directory) when it is older than :data:`STALE_LOCK_S`; whether
+    it did. Two commands breaking it at once: one removes it, the other finds it gone."""
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age <= STALE_LOCK_S:
+        return False
+    try:
+        os.rmdir(lock)
+    except FileNotFoundError:
+        return False
+    print(f"dlsub: removed {lock}, a lock on the job store left {age:.0f} s ago by a command that was killed",
+          file=sys.stderr)
+    return True
+
+
 class JobStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         new = not path.exists()
+        self.locking = "posix" if locks_shared_between_hosts(path.parent) else "dotfile"
+        if self.locking == "dotfile":
+            _break_stale_lock(path.with_name(path.name + ".lock"))
         # Autocommit (isolation_level=None): each write is its own transaction, as sqlite-utils made them.
-        self.conn = sqlite3.connect(path, isolation_level=None)
+        self.conn = sqlite3.connect(_uri(path, self.locking), uri=True, isolation_level=None, timeout=BUSY_WAIT_S)
         if new:
             path.chmod(0o600)  # the user's own record of their jobs
         # WAL's shared memory is one host's: on a home that login nodes share over the network, two hosts'
@@ -232,6 +268,14 @@ class JobStore:
             raise UnknownJob(f"no dlsub job of yours has Slurm job id {key} (a number is taken as a Slurm job id; "
                              "a dlsub id prefix needs a letter, or give the whole id); `dlsub status` lists them")
         raise _unknown(key)
+
+
+def _uri(path: Path, locking: str) -> str:
+    """The store's SQLite URI: the path quoted (spaces, ``?``, ``#``), and the dot-file VFS where the file
+    system's locks are each host's own."""
+    from urllib.parse import quote
+
+    return f"file:{quote(str(path))}" + ("?vfs=unix-dotfile" if locking == "dotfile" else "")
 
 
 def _select_jobs(uri: str) -> list[sqlite3.Row]:
