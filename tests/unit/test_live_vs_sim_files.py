@@ -20,6 +20,7 @@ from dlsub.policies.goodput import GoodputPolicy
 from dlsub.policies.goodput_types import TypedGoodputPolicy
 from dlsub.sim.apps import Application
 from dlsub.sim.engine import SimConfig, make_jobs
+from dlsub.site_config.policy_file import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -63,11 +64,16 @@ def test_jobs_are_one_to_four_gpus_at_batch_64_on_two_four_gpu_nodes(bench: Modu
     assert [n.gpus for n in cluster.nodes] == [4, 4]
 
 
+#: What a resize must save on the testbed: its policy's moves.restart_cost_s + moves.min_saving_s.
+_TESTBED_MOVES = load_policy(REPO / "etc" / "testbed" / "policy.toml").moves
+TESTBED_MARGIN_S = _TESTBED_MOVES.restart_cost_s + _TESTBED_MOVES.min_saving_s
+
+
 def test_goodput_in_the_sim_has_the_agents_restart_margin(bench: ModuleType) -> None:
     policy = bench.sim_policy("goodput", REPO / "etc" / "testbed" / "policy.toml")
-    # The testbed's moves: restart_cost_s 15 + min_saving_s 5, weighed once (the CLI's goodput: 30 s x 10).
+    # The testbed's moves: restart_cost_s 11 + min_saving_s 1, weighed once (the CLI's goodput: 30 s x 10).
     assert isinstance(policy, GoodputPolicy)
-    assert policy.restart_penalty_s * policy.restart_weight == 20
+    assert policy.restart_penalty_s * policy.restart_weight == TESTBED_MARGIN_S == 12
     assert bench.sim_policy("fifo", REPO / "etc" / "testbed" / "policy.toml").name == "efifo"
 
 
@@ -97,7 +103,7 @@ def test_two_kinds_goodput_is_the_agents_typed_policy(bench: ModuleType, tmp_pat
     has no [goodput] table), with the same margin; the log of kinds decides nothing."""
     policy = bench.sim_policy("goodput", REPO / "etc" / "testbed" / "policy.toml", across_kinds=True)
     assert isinstance(policy, TypedGoodputPolicy)
-    assert policy.restart_penalty_s * policy.restart_weight == 20
+    assert policy.restart_penalty_s * policy.restart_weight == TESTBED_MARGIN_S
     cluster = bench.load_cluster(bench.write_cluster(tmp_path / "cluster.toml", ("a100", "v100")))
     logged = bench.KindLog(policy, cluster)
     assert logged.type_aware and logged.profiles_types and logged.name == "goodput"
