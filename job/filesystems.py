@@ -23,14 +23,22 @@ def _unescaped(field: str) -> str:
     return field
 
 
+def mount_table() -> str | None:
+    """This process's mount table (/proc/self/mountinfo) as text, for the functions below to share one read;
+    None where it cannot be read."""
+    try:
+        return MOUNTINFO.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
 def _mount_of(path: Path, mountinfo: str | None = None) -> tuple[str, frozenset[str]] | None:
     """(type, mount and file-system options) of the mount ``path`` (or, where it does not exist yet, its nearest
     existing parent) is on: the mount whose point is the longest prefix of its real path (the last listed,
     where mounts stack). None where the mount table cannot be read."""
     if mountinfo is None:
-        try:
-            mountinfo = MOUNTINFO.read_text(encoding="utf-8", errors="replace")
-        except OSError:
+        mountinfo = mount_table()
+        if mountinfo is None:
             return None
     real = Path(os.path.realpath(path))
     best: tuple[int, str, frozenset[str]] | None = None

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.contract import IllegalTransition, JobState, StateSource, check_transition
-from dlsub.job.filesystems import locks_shared_between_hosts, on_network_filesystem
+from dlsub.job.filesystems import locks_shared_between_hosts, mount_table, on_network_filesystem
 
 
 @dataclass
@@ -162,7 +162,8 @@ class JobStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         new = not path.exists()
-        self.locking = "posix" if locks_shared_between_hosts(path.parent) else "dotfile"
+        table = mount_table()  # read once: every dlsub command opens the store
+        self.locking = "posix" if locks_shared_between_hosts(path.parent, table) else "dotfile"
         if self.locking == "dotfile":
             _break_stale_lock(path.with_name(path.name + ".lock"))
         # Autocommit (isolation_level=None): each write is its own transaction, as sqlite-utils made them.
@@ -172,7 +173,7 @@ class JobStore:
         # WAL's shared memory is one host's: on a home that login nodes share over the network, two hosts'
         # commands would each see their own, and SQLite's documentation says WAL does not work there. The
         # rollback journal uses the file system's locks (NFS's lock manager), which hosts do share.
-        self.journal = "delete" if on_network_filesystem(path.parent) else "wal"
+        self.journal = "delete" if on_network_filesystem(path.parent, table) else "wal"
         self.conn.execute(f"PRAGMA journal_mode={self.journal}")
         have = {row[1] for row in self.conn.execute("PRAGMA table_info(jobs)")}
         if not have or not set(_ADDED_COLUMNS) <= have:

@@ -630,8 +630,8 @@ def thaw(pid: int) -> None:
         try:
             if target > 1 and (target == pid or Path(f"/proc/{target}/comm").read_text().strip() == "runuser"):
                 os.kill(target, signal.SIGCONT)
-        except (OSError, ProcessLookupError):
-            pass  # gone already
+        except OSError:  # gone already (ProcessLookupError among them)
+            pass
 
 
 def login2_back(pid: int) -> None:
