@@ -297,6 +297,30 @@ def test_a_peers_stop_tells_torchruns_restart_from_other_requests(tmp_path: Path
         assert outs == [[0, True, told], [1, True, asked]], outs
 
 
+class _SignalledDuringTheAllReduce:
+    """A group whose all-reduce this process's own torchrun interrupts with SIGTERM, while another member's
+    SIGTERM makes the answer 2."""
+
+    rank = 0
+
+    def max(self, value: int) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return 2
+
+
+def test_a_sigterm_that_comes_during_the_stop_all_reduce_is_this_processs_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit (this process's own signal handler, a stand-in group): torchrun's SIGTERM that lands while the
+    ranks agree to stop is not taken for a peer's restart, which would wait 15 s for a SIGTERM already here."""
+    monkeypatch.setattr(checkpointing.run, "collectives", _SignalledDuringTheAllReduce)
+    run = checkpointing.init(tmp_path / "job")
+    try:
+        assert run.should_stop() is True
+        assert run.stop_reason == "SIGTERM"
+    finally:
+        run.uninstall_signal_handlers()
+
+
 _RESTARTED_RANK = textwrap.dedent("""
     import os, sys, time
     from dlsub import checkpointing
