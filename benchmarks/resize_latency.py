@@ -58,7 +58,7 @@ from elastic_bench import (
     wait_testbed_quiet,
 )
 
-from livebed import USER, TestbedUser, slurm_job, wait_for
+from livebed import USER, TestbedUser, slurm_job, slurm_jobs, wait_for
 
 SMALL, LARGE = GPUS_PER_NODE, 2 * GPUS_PER_NODE  # world sizes on one node and on two
 
@@ -73,10 +73,39 @@ def resize(user: TestbedUser, job: dict[str, Any], kind: str, after: float, size
                        lambda: first_after(job_dir, "progress", decided, world_size=size), timeout=240, interval=0.5)
     started = first_after(job_dir, "start", decided, world_size=size)
     restored = first_after(job_dir, "restore", float(started["time"])) if started else None
-    return {"decided": decided, "started": float(started["time"]) if started else None,
+    # The phases between (where the time goes): the old group's checkpoint and exit, and for a grow the worker
+    # task's start in Slurm (whole seconds).
+    checkpointed = first_after(job_dir, "checkpoint", decided)
+    exited = first_after(job_dir, "exit_for_resume", decided)
+    return {"asked": after, "decided": decided, "worker_started": _worker_started(job, decided) if kind == "grow"
+            else None,
+            "checkpointed": float(checkpointed["time"]) if checkpointed else None,
+            "exited": float(exited["time"]) if exited else None,
+            "started": float(started["time"]) if started else None,
             "restored": float(restored["time"]) if restored else None, "trained": float(trained["time"]),
             "restored_step": restored.get("step") if restored else None,
             "latency_s": round(float(trained["time"]) - decided, 2)}
+
+
+def _worker_started(job: dict[str, Any], decided: float) -> float | None:
+    """When Slurm started the worker task the grow released (its record's start time, whole seconds)."""
+    array = job.get("worker_array_id")
+    starts = [float(j["start_time"]) for j in slurm_jobs() if array and j.get("array_job_id") == array
+              and float(j.get("start_time") or 0) >= int(decided)]
+    return min(starts) if starts else None
+
+
+#: The phases each sample prints, in order: (label, the key of the time it ends at).
+PHASES = (("asked -> decision", "decided"), ("worker started in Slurm", "worker_started"),
+          ("old group checkpointed", "checkpointed"), ("old group exited", "exited"),
+          ("new group started", "started"), ("restored", "restored"), ("first step", "trained"))
+
+
+def phases(r: dict[str, Any]) -> str:
+    """Each phase's end, seconds after the decision (the first: the decision after the cause)."""
+    parts = [f"{label} {stamp(r['asked'] if key == 'decided' else r['decided'], r[key]).strip()}"
+             for label, key in PHASES if r.get(key) is not None]
+    return ", ".join(parts)
 
 
 #: --within-node: world sizes before and after a grow, all on gpu1.
@@ -88,7 +117,8 @@ def one_sample(user: TestbedUser, holder: int, args: argparse.Namespace) -> tupl
     small, large = (IN_NODE_SMALL, IN_NODE_LARGE) if args.within_node else (SMALL, LARGE)
     shape = (("--gpus", f"{small}:{large}", "--cpus", "1", "--mem", "1G") if args.within_node
              else ("--nodes", "1:2", "--gpus-per-node", str(GPUS_PER_NODE)))
-    job = submit(user, "-p", "gpu", "--time", "30", *shape,
+    export = ("--export", f"ALL,{args.export}") if args.export else ()
+    job = submit(user, "-p", "gpu", "--time", "30", *shape, *export,
                  TRAIN, "--epochs", "1000", "--throttle", str(args.throttle), "--report-every", "1")
     try:
         # Training at its small size with a checkpoint behind it, as a job that has run a while.
@@ -119,6 +149,9 @@ def main() -> None:
     parser.add_argument("--within-node", action="store_true",
                         help="grow and shrink by one GPU within gpu1 (dlsub --gpus 3:4), not by a whole node")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--export", default="", metavar="NAME=value,...",
+                        help="into the jobs' containers (dlsub --export), e.g. LOGLEVEL=INFO: torchrun's rendezvous "
+                             "steps, timed, in the job's output")
     args = parser.parse_args()
     user = TestbedUser(USER)
     wait_testbed_quiet()
@@ -135,9 +168,8 @@ def main() -> None:
             if not args.json:
                 for kind in ("grow", "shrink"):
                     r = row[kind]
-                    print(f"sample {i + 1} {kind:<6} decision -> group started {stamp(r['decided'], r['started'])} s"
-                          f", restored (step {r['restored_step']}) {stamp(r['decided'], r['restored'])} s"
-                          f", first step at the new size {r['latency_s']:6.1f} s", flush=True)
+                    print(f"sample {i + 1} {kind:<6} decision -> first step at the new size {r['latency_s']:6.1f} s"
+                          f" (restored at step {r['restored_step']}); s after the decision: {phases(r)}", flush=True)
     finally:
         clean_up(user)  # the last holder, and whatever a failure left
     grow = [r["grow"]["latency_s"] for r in rows]
