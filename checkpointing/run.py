@@ -245,7 +245,7 @@ class Run:
         flag = group.max((2 if self.stop_reason == "SIGTERM" else 1) if local else 0)
         # A signal that came during the all-reduce (its handler runs once the call returns) is this process's
         # own reason: taken for a peer's, torchrun's SIGTERM, already here, was then awaited for
-        # OWN_RESTART_WAIT_S (a grow across nodes stood still 15 s in 3 of 20 samples).
+        # OWN_RESTART_WAIT_S (a grow across nodes stood still 15 s in 3 of 22 samples).
         if flag and self.stop_reason is None:
             self.stop_reason = STOP_PEER_RESTART if flag == 2 else "peer"
         return bool(flag)
