@@ -31,6 +31,8 @@ CONTAINERS_RUN = "overlay-containers"
 DLSUB_LABEL = "dlsub.job_id"
 #: What Podman says when the processes whose user namespace it must join are all gone.
 WEDGED = "system migrate"
+#: The name of the process that a container's ``conmon.pid`` names while it lives.
+CONMON = "conmon"
 
 
 def run_roots(env: Mapping[str, str], uid: int) -> list[Path]:
@@ -40,7 +42,7 @@ def run_roots(env: Mapping[str, str], uid: int) -> list[Path]:
 
 
 def _alive(pid_file: Path) -> bool | None:
-    """Whether the process a pid file names is alive; None when the file is missing or unreadable."""
+    """Whether the conmon a pid file names is alive; None when the file is missing or unreadable."""
     try:
         pid = int(pid_file.read_text().strip())
     except (OSError, ValueError):
@@ -52,8 +54,14 @@ def _alive(pid_file: Path) -> bool | None:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # a process of another user holds that pid now: alive, and not ours to judge
-    return True
+        pass  # a process of another user: a conmon only if its name says so (below)
+    # The pid may be another process's by now: a node's pids wrap at pid_max (32768 on the testbed), and the
+    # full live suite once found the killed conmon's taken within seconds, left the user's Podman wedged and
+    # failed the next job (CI rehearsal, 3 Dec). A process's name is readable whoever owns it.
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == CONMON
+    except OSError:
+        return True  # gone since, or not readable here: as before, not ours to judge
 
 
 def dead_containers(roots: Sequence[Path]) -> list[str]:

@@ -5,7 +5,9 @@ touched, and Podman is not asked at all while no container's conmon is dead."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,19 @@ def a_dead_pid() -> int:
     child = subprocess.Popen(["true"])
     child.wait()
     return child.pid
+
+
+@pytest.fixture
+def a_conmon(tmp_path: Path) -> Iterator[int]:
+    """The pid of a live process named conmon, as a container's monitor is."""
+    program = tmp_path / "conmon"
+    shutil.copy("/bin/sleep", program)
+    proc = subprocess.Popen([str(program), "60"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def container(root: Path, cid: str, conmon_pid: int | None) -> None:
@@ -73,14 +88,20 @@ def test_the_run_roots_are_the_runtime_directorys_and_podmans_default_without_on
     assert run_roots({}, 1234) == [Path("/tmp/containers-user-1234/containers")]
 
 
-def test_dead_conmons_are_found_and_a_live_one_means_podman_works(runtime: Path) -> None:
+def test_dead_conmons_are_found_and_a_live_one_means_podman_works(runtime: Path, a_conmon: int) -> None:
     roots = [runtime / "containers", runtime / "other-root"]
     assert dead_containers(roots) == [], "nothing there"
     container(roots[1], DEAD_ID, a_dead_pid())
     container(roots[0], OTHER_ID, None)  # being made: no conmon yet, neither alive nor dead
     assert dead_containers(roots) == [DEAD_ID]
-    container(roots[0], "88" * 32, os.getpid())  # another job of the user runs a container here
+    container(roots[0], "88" * 32, a_conmon)  # another job of the user runs a container here
     assert dead_containers(roots) == []
+
+
+def test_a_conmons_pid_taken_by_another_process_is_a_dead_conmon(runtime: Path) -> None:
+    """The node's pids wrapped: the killed conmon's pid is another process's now (here, this one's)."""
+    container(runtime / "containers", DEAD_ID, os.getpid())
+    assert dead_containers([runtime / "containers"]) == [DEAD_ID]
 
 
 def test_a_wedged_podman_is_migrated_and_only_dlsubs_dead_containers_removed(
@@ -102,8 +123,8 @@ def test_dead_containers_but_a_working_podman_are_left_to_podman(runtime: Path, 
     assert podman.read_text().splitlines() == ["ps -q"], "asked, and nothing changed"
 
 
-def test_podman_is_not_run_while_no_conmon_is_dead(runtime: Path, podman: Path) -> None:
-    container(runtime / "containers", DEAD_ID, os.getpid())
+def test_podman_is_not_run_while_no_conmon_is_dead(runtime: Path, podman: Path, a_conmon: int) -> None:
+    container(runtime / "containers", DEAD_ID, a_conmon)
     assert reset_if_left_by_a_killed_attempt(env_of(runtime), uid=os.getuid()) is None
     assert reset_if_left_by_a_killed_attempt({"PATH": os.environ["PATH"]}, uid=2**31 - 7) is None
     assert not podman.exists(), "podman was not called"
