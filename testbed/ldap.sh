@@ -28,7 +28,7 @@ ldap_host_files() {
 }
 
 # Standard input into a file the hosts bind, replaced only when it differs (a new file is a new inode, which
-# hosts already made would not see: host_reads_the_directory_files binds it again).
+# hosts already made would not see: directory_files_bound_again binds it again).
 host_file() {  # mode group path
     local new
     new="$(cat)"
@@ -89,29 +89,30 @@ objectClass: organizationalUnit
 ou: groups"
     local host
     for host in $TESTBED_HOSTS; do
-        host_reads_the_directory_files "$host" || stop_pidfile "$HOSTS_DIR/$host/run-nslcd/nslcd.pid"
+        directory_files_bound_again "$host" && stop_pidfile "$HOSTS_DIR/$host/run-nslcd/nslcd.pid"
         pid_alive "$HOSTS_DIR/$host/run-nslcd/nslcd.pid" && continue
         on_host "$host" nslcd </dev/null >/dev/null
     done
 }
 
-# True when the host reads ldap_host_files' files; otherwise binds them again and is false. A host made by
+# Binds ldap_host_files' files again on a host that no longer reads them; true when it did (its nslcd read the
+# others and must start again). A host made by
 # `make demo` (no directory) outlives it into `make test`, whose apt-get installs nslcd and libnss-ldapd: they
 # replace the machine's /etc/nslcd.conf and /etc/nsswitch.conf, which drops the hosts' bind mounts on them
 # (Linux unmounts what was mounted on a file replaced in another namespace), and each host's nslcd then read
 # Debian's file ("uri: wrong number of arguments"). ldap_host_files itself writes new files (install): a bind
 # to the old one keeps its old owner, which the nslcd user may not read.
-host_reads_the_directory_files() {  # host
-    local host="$1" f current=0
+directory_files_bound_again() {  # host
+    local host="$1" f bound=1
     getent passwd nslcd >/dev/null && chown nslcd:nslcd "$HOSTS_DIR/$host/run-nslcd"
     for f in nsswitch.conf nslcd.conf; do
         [ "$(on_host "$host" stat -c %d:%i "/etc/$f")" = "$(stat -c %d:%i "$HOSTS_DIR/$f")" ] && continue
         say "binding the directory's /etc/$f on $host again (the machine's was replaced since the host was made)"
         on_host "$host" umount "/etc/$f" 2>/dev/null || true
         on_host "$host" mount --bind "$HOSTS_DIR/$f" "/etc/$f"
-        current=1
+        bound=0
     done
-    return "$current"
+    return "$bound"
 }
 
 # Entries added where missing (ldapadd -c: one already there is no error).
