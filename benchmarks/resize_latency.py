@@ -1,6 +1,6 @@
 """Resize latency on the live testbed: the agent's decision -> all ranks training at the new size.
 
-    python benchmarks/resize_latency.py [--samples 5] [--throttle 0.05] [--within-node] [--json]
+    python benchmarks/resize_latency.py [--samples 5] [--throttle 0.05] [--within-node] [--in-process] [--json]
 
 One sample = one elastic job (`dlsub --nodes 1:2 --gpus-per-node 4`, on
 `gpu`) that starts on one node while another job holds the other, then:
@@ -77,6 +77,9 @@ def resize(user: TestbedUser, job: dict[str, Any], kind: str, after: float, size
     # task's start in Slurm (whole seconds).
     checkpointed = first_after(job_dir, "checkpoint", decided)
     exited = first_after(job_dir, "exit_for_resume", decided)
+    regrouped = first_after(job_dir, "regrouped", decided, world_size=size)
+    if regrouped is not None:  # nothing was checkpointed for it (a later checkpoint is the epoch's)
+        checkpointed = exited = None
     return {"asked": after, "decided": decided, "worker_started": _worker_started(job, decided) if kind == "grow"
             else None,
             "checkpointed": float(checkpointed["time"]) if checkpointed else None,
@@ -84,6 +87,8 @@ def resize(user: TestbedUser, job: dict[str, Any], kind: str, after: float, size
             "started": float(started["time"]) if started else None,
             "restored": float(restored["time"]) if restored else None, "trained": float(trained["time"]),
             "restored_step": restored.get("step") if restored else None,
+            "regrouped": float(regrouped["time"]) if regrouped else None,
+            "regroup_paused_s": regrouped.get("paused_s") if regrouped else None,
             "latency_s": round(float(trained["time"]) - decided, 2)}
 
 
@@ -98,6 +103,7 @@ def _worker_started(job: dict[str, Any], decided: float) -> float | None:
 #: The phases each sample prints, in order: (label, the key of the time it ends at).
 PHASES = (("asked -> decision", "decided"), ("worker started in Slurm", "worker_started"),
           ("old group checkpointed", "checkpointed"), ("old group exited", "exited"),
+          ("re-formed in process", "regrouped"),
           ("new group started", "started"), ("restored", "restored"), ("first step", "trained"))
 
 
@@ -118,8 +124,9 @@ def one_sample(user: TestbedUser, holder: int, args: argparse.Namespace) -> tupl
     shape = (("--gpus", f"{small}:{large}", "--cpus", "1", "--mem", "1G") if args.within_node
              else ("--nodes", "1:2", "--gpus-per-node", str(GPUS_PER_NODE)))
     export = ("--export", f"ALL,{args.export}") if args.export else ()
+    in_process = ("--regroup-in-process",) if args.in_process else ()
     job = submit(user, "-p", "gpu", "--time", "30", *shape, *export,
-                 TRAIN, "--epochs", "1000", "--throttle", str(args.throttle), "--report-every", "1")
+                 TRAIN, "--epochs", "1000", "--throttle", str(args.throttle), "--report-every", "1", *in_process)
     try:
         # Training at its small size with a checkpoint behind it, as a job that has run a while.
         wait_for(f"training at world size {small}", lambda: first_after(job["job_dir"], "progress", 0,
@@ -148,6 +155,9 @@ def main() -> None:
     parser.add_argument("--throttle", type=float, default=0.05, help="seconds each training step sleeps")
     parser.add_argument("--within-node", action="store_true",
                         help="grow and shrink by one GPU within gpu1 (dlsub --gpus 3:4), not by a whole node")
+    parser.add_argument("--in-process", action="store_true",
+                        help="the training re-forms in process where it can (train_digits.py --regroup-in-process): "
+                             "a shrink's staying ranks go on without a restart (issue 52); a grow still restarts")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--export", default="", metavar="NAME=value,...",
                         help="into the jobs' containers (dlsub --export), e.g. LOGLEVEL=INFO: torchrun's rendezvous "
@@ -168,8 +178,10 @@ def main() -> None:
             if not args.json:
                 for kind in ("grow", "shrink"):
                     r = row[kind]
+                    how = (f"re-formed in process, rank 0 stood still {r['regroup_paused_s']:.3f} s"
+                           if r["regrouped"] is not None else f"restored at step {r['restored_step']}")
                     print(f"sample {i + 1} {kind:<6} decision -> first step at the new size {r['latency_s']:6.1f} s"
-                          f" (restored at step {r['restored_step']}); s after the decision: {phases(r)}", flush=True)
+                          f" ({how}); s after the decision: {phases(r)}", flush=True)
     finally:
         clean_up(user)  # the last holder, and whatever a failure left
     grow = [r["grow"]["latency_s"] for r in rows]
@@ -177,10 +189,13 @@ def main() -> None:
     small, large = (IN_NODE_SMALL, IN_NODE_LARGE) if args.within_node else (SMALL, LARGE)
     if args.json:
         print(json.dumps({"samples": rows, "median_grow_s": statistics.median(grow),
-                          "median_shrink_s": statistics.median(shrink), "within_node": args.within_node}, indent=2))
+                          "median_shrink_s": statistics.median(shrink), "within_node": args.within_node,
+                          "in_process": args.in_process}, indent=2))
     else:
-        print(f"median over {len(rows)}: grow {statistics.median(grow):.1f} s (decision -> world size {large} "
-              f"training), shrink {statistics.median(shrink):.1f} s (decision -> world size {small} training)")
+        print(f"median over {len(rows)}: grow {statistics.median(grow):.1f} s (range {min(grow):.1f}-{max(grow):.1f}; "
+              f"decision -> world size {large} training), shrink {statistics.median(shrink):.1f} s (range "
+              f"{min(shrink):.1f}-{max(shrink):.1f}; decision -> world size {small} training)"
+              f"{', in process where the training can' if args.in_process else ''}")
 
 
 if __name__ == "__main__":

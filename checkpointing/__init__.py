@@ -22,6 +22,7 @@ Nothing here installs signal handlers at import time: ``init()`` does.
 """
 
 from dlsub.checkpointing.batch import BatchSizes
+from dlsub.checkpointing.regroup import Change
 from dlsub.checkpointing.run import RESUME_EXIT_CODE, Run, init
 
-__all__ = ["RESUME_EXIT_CODE", "BatchSizes", "Run", "init"]
+__all__ = ["RESUME_EXIT_CODE", "BatchSizes", "Change", "Run", "init"]

@@ -23,6 +23,12 @@ module makes the two sides act on it, in the torchrun process that installs it o
   job when its node went down, is about to end it. It leaves the rendezvous open (torchrun's shutdown would
   close it for every node).
 
+* **A node whose processes left in process** (a shrink, issue 52: :meth:`dlsub.checkpointing.Run.regroup_in_process`):
+  the others train on in a group re-formed without it, their torchruns unaware. Its torchrun neither waits for
+  them at its exit barrier nor closes their rendezvous: it takes this node out of the participants (torch's own
+  exit operation, as before a new round), so that the others' torchruns see no member dropped and restart
+  nothing, and a node that joins later joins them.
+
 Only torch's own records are read (its dropped nodes, the round's participants); where this torch does not
 have them, nothing changes and torchrun behaves as it always has.
 """
@@ -31,10 +37,15 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
+
+from dlsub import contract
 
 log = logging.getLogger("dlsub.checkpointing.group_membership")
 
@@ -75,6 +86,25 @@ def _leave(handler: Any) -> LeftTheGroup:
     return LeftTheGroup(
         f"this node ({handler._this_node}) was dropped from its group's rendezvous while it could not reach it "
         "(no heartbeat for longer than torch allows); the group went on without it, so its processes end here")
+
+
+def left_in_process() -> bool:
+    """Whether this torchrun's processes left their group in process (a shrink, issue 52): the group goes on
+    without this node, its other nodes' torchruns unaware (:data:`contract.left_in_process_marker`)."""
+    return contract.left_in_process_marker(Path(tempfile.gettempdir()), os.getpid()).exists()
+
+
+def _exit_rendezvous(handler: Any) -> None:
+    """Take this node out of the rendezvous' participants (torch's exit operation, as before a new round)
+    instead of closing it: the others train on in it, and a node that joins later joins it."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    handler._stop_heartbeats()
+    try:
+        handler._op_executor.run(dr._RendezvousExitOp(), handler._get_deadline(handler._settings.timeout.close))
+    except Exception as exc:  # noqa: BLE001 - not this torch's shape, or the store gone: its heartbeat stops
+        log.warning("dlsub: could not take this node out of the group's rendezvous (%s); the others drop it "
+                    "once its heartbeat is missed", exc)
 
 
 def install() -> bool:
@@ -133,6 +163,9 @@ def install() -> bool:
         if getattr(self, "_dlsub_left", False):
             self._stop_heartbeats()  # the rendezvous is the others' now: not closed for them
             return True
+        if left_in_process():
+            _exit_rendezvous(self)
+            return True
         return shutdown(self)
 
     patches: list[tuple[type, str, object]] = []
@@ -183,6 +216,9 @@ def _exit_barrier_of_those_answering() -> Callable[[Any], None] | None:
         return None
 
     def _exit_barrier(self: Any) -> None:
+        if left_in_process():
+            log.info("dlsub: this node's processes left the group in process; the others train on: no exit barrier")
+            return
         group, store = self._worker_group, self._store
         handler: Any = getattr(group.spec, "rdzv_handler", None)
         timeout_s = float(self._exit_barrier_timeout)

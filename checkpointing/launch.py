@@ -55,6 +55,7 @@ from dlsub.contract import (
     ENV_OUTPUT_SOCKET,
     ENV_SAFE_PATH_SET,
     ENV_WATCH_NO_GPU,
+    LEAVE_SIGNAL,
     RESUME_EXIT_CODE,
     STOP_SIGNUM_NAME,
     SUPERSEDED_EXIT_CODE,
@@ -62,7 +63,9 @@ from dlsub.contract import (
     reform_marker,
 )
 
-_SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)
+#: The leave request (contract.LEAVE_SIGNAL) as the launcher receives it: handed on as it is to a training that
+#: re-forms in process (it catches it), as a checkpoint request (SIGUSR1) to any other.
+LEAVE_SIGNUM_NAME = f"SIG{LEAVE_SIGNAL}"
 
 
 def _log(message: str) -> None:
@@ -101,12 +104,13 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
-def _catches_usr1(pid: int) -> bool:
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (its SigCgt mask)."""
     try:
         with open(f"/proc/{pid}/status", encoding="utf-8") as f:
             for line in f:
                 if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) & _SIGUSR1_BIT)
+                    return bool(int(line.split()[1], 16) & (1 << (signum - 1)))
     except OSError:
         pass
     return False
@@ -180,7 +184,9 @@ class Launcher:
 
     def _announce_signal(self) -> None:
         if self.announce:
-            self._log(f"received {self.announce}: asking the training processes to checkpoint and stop")
+            asked = ("leave the group (in process where they can, else checkpoint and stop)"
+                     if self.announce == LEAVE_SIGNUM_NAME else "checkpoint and stop")
+            self._log(f"received {self.announce}: asking the training processes to {asked}")
             self.announce = None
 
     def _log(self, message: str) -> None:
@@ -198,7 +204,8 @@ class Launcher:
             self.stop_since = self.stop_since or time.monotonic()
 
     def _deliver_stop(self) -> bool:
-        """Send SIGUSR1 to every training process that handles it and has not been told yet.
+        """Send SIGUSR1 to every training process that handles it and has not been told yet (a leave request:
+        SIGUSR2 to those that handle that, which leave their group in process).
 
         Returns whether any process handles it (dlsub's handler, installed by
         ``checkpointing.init()``), told now or earlier.
@@ -209,12 +216,13 @@ class Launcher:
             targets = [self.child.pid]
         handled = False
         for pid in targets:
-            if not _catches_usr1(pid):
+            leaves = self.stop_signal == LEAVE_SIGNUM_NAME and _catches(pid, signal.SIGUSR2)
+            if not leaves and not _catches(pid, signal.SIGUSR1):
                 continue
             handled = True
             if pid not in self.notified:
                 try:
-                    os.kill(pid, signal.SIGUSR1)
+                    os.kill(pid, signal.SIGUSR2 if leaves else signal.SIGUSR1)
                     self.notified.add(pid)
                 except ProcessLookupError:
                     pass
@@ -222,7 +230,7 @@ class Launcher:
         return handled or bool(self.notified)
 
     def run(self) -> int:
-        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
         reforms = 0
         try:

@@ -15,7 +15,9 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -23,6 +25,7 @@ from typing import Any, NoReturn
 from dlsub import contract
 from dlsub.checkpointing import fence
 from dlsub.checkpointing.batch import BATCH_SIZE_ENV, BatchChoice, BatchSizes, asked_batch, env_batch_size, split
+from dlsub.checkpointing.regroup import Change, ElasticGroup, RegroupFailed
 from dlsub.checkpointing.run_support import (
     LOSS_WINDOW,
     TARGET_LOSS_ENV,
@@ -35,6 +38,7 @@ from dlsub.checkpointing.run_support import (
     end_process_group_at_exit,
     env_float,
     from_rank0,
+    initialized_dist,
     non_negative,
     peak_rss_mb,
 )
@@ -105,6 +109,11 @@ COUNTED_REPORT_S = 5.0
 #: A stop reason: another member's torchrun stopped its processes (SIGTERM), which it does to restart the
 #: group when a member joins. This process's own torchrun restarts it as well once it sees the member.
 STOP_PEER_RESTART = "peer-restart"
+#: A stop reason: this process left its group in process (a shrink; :meth:`Run.regroup_in_process`), and the
+#: others went on without it. Its save writes nothing (rank 0 stays), and its exit ends it.
+STOP_LEFT = "left"
+#: A stop reason: the group could not re-form in process; every process checkpoints and the group restarts.
+STOP_REGROUP_FAILED = "regroup-failed"
 #: How long a process stopped by a peer's restart waits for its own torchrun's SIGTERM before it leaves.
 OWN_RESTART_WAIT_S = 15.0
 #: The stop signals this process took (any run's handler): a training process torchrun forked and then stopped
@@ -171,6 +180,11 @@ class Run:
         self._counts_steps = True
         self._saves_declared = False  # init(saves_on_request=True): its start event said so already
         self._counted_at = 0.0
+        # In-process re-formation (regroup_in_process): the group, what a joining process gets, the script's hook.
+        self._elastic: ElasticGroup | None = None
+        self._regroup_state: Callable[[], dict[str, Any]] | None = None
+        self._on_regroup: Callable[[Change], None] | None = None
+        self._leave_asked = False
 
     # ------------------------------------------------------------------ identity
     @property
@@ -220,6 +234,33 @@ class Run:
             signal.signal(sig, handler)
         self._previous_handlers.clear()
 
+    def _on_leave(self, _signum: int, _frame: FrameType | None) -> None:
+        self._leave_asked = True  # only a flag, as _on_signal: should_stop() acts on it between steps
+
+    def regroup_in_process(self, state: Callable[[], dict[str, Any]],
+                           on_change: Callable[[Change], None] | None = None) -> bool:
+        """Let the group shrink without a restart (issue 52): when dlsub takes a member away (a worker of an
+        elastic job), its processes leave at the next :meth:`should_stop` and the others carry on at once,
+        from memory, in a group re-formed without them; no checkpoint, no new processes.
+
+        Every rank calls it once, after ``init_process_group`` (it is a collective). ``state`` returns what a
+        process that joins would need (the same dict as for :meth:`save`); ``on_change(change)`` runs on the
+        ranks that stay after each re-formation, where the script wraps its model again (DDP holds the old
+        group) and takes its share of the batch for the new size (:attr:`rank`, :attr:`world_size`,
+        ``change.membership``). On a rank that leaves, :meth:`should_stop` is true with :data:`STOP_LEFT`: its
+        save writes nothing and :meth:`exit_for_resume` ends it. Should the re-formation fail, every rank's
+        :meth:`should_stop` is true with :data:`STOP_REGROUP_FAILED` and the documented save and exit restart the
+        group from that checkpoint, as without this call. Returns False (nothing changes) where
+        torch.distributed is not set up. A member that joins still restarts the group (torchrun's).
+        """
+        if initialized_dist() is None:
+            return False
+        self._elastic = ElasticGroup.of_default_group()
+        self._regroup_state, self._on_regroup = state, on_change
+        if self._previous_handlers:  # init(handle_signals=True): the leave request is a signal too
+            self._previous_handlers[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, self._on_leave)
+        return True
+
     def request_stop(self, reason: str = "requested") -> None:
         self.stop_reason = reason
 
@@ -242,13 +283,48 @@ class Run:
             return local
         # 2: torchrun's own SIGTERM (the launcher turns every other stop into SIGUSR1); 1: any other request.
         # On the backend's device: a CPU tensor fails under NCCL (Lightning's and the Trainer's DDP on GPUs).
-        flag = group.max((2 if self.stop_reason == "SIGTERM" else 1) if local else 0)
+        asked = (2 if self.stop_reason == "SIGTERM" else 1) if local else 0
+        if self._elastic is not None:
+            flag, leave = group.max_each([asked, int(self._leave_asked)])
+            if leave and not flag:  # a member leaves, and nobody stops: the others go on without it
+                return self._regroup()
+        else:
+            flag = group.max(asked)
         # A signal that came during the all-reduce (its handler runs once the call returns) is this process's
         # own reason: taken for a peer's, torchrun's SIGTERM, already here, was then awaited for
         # OWN_RESTART_WAIT_S (a grow across nodes stood still 15 s in 3 of 22 samples).
         if flag and self.stop_reason is None:
             self.stop_reason = STOP_PEER_RESTART if flag == 2 else "peer"
         return bool(flag)
+
+    def _regroup(self) -> bool:
+        """Re-form the group without the members that asked to leave (every rank, at the same step); what
+        should_stop() answers: true only on those that left, or on every rank where it failed."""
+        assert self._elastic is not None
+        if self._leave_asked:
+            self._elastic.leave()
+        try:
+            change = self._elastic.reform(self._regroup_state)
+            nodes = self._elastic.members_count(os.environ.get("GROUP_RANK", "")) if not change.left else 0
+        except RegroupFailed as exc:
+            print(f"dlsub: the group could not re-form in process ({exc}); checkpointing for a restart",
+                  file=sys.stderr, flush=True)
+            self._elastic, self.stop_reason = None, STOP_REGROUP_FAILED
+            return True
+        if change.left:
+            self._elastic, self.stop_reason = None, STOP_LEFT
+            if os.environ.get("TORCHELASTIC_RUN_ID"):  # its torchrun takes this node out of the group's rendezvous
+                contract.left_in_process_marker(Path(tempfile.gettempdir()), os.getppid()).touch()
+            return True
+        self.rank, self.world_size = change.membership.rank, change.membership.world_size
+        os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
+        self.nodes = nodes
+        os.environ["GROUP_WORLD_SIZE"] = str(self.nodes)
+        self._event(contract.EVENT_REGROUPED, world_size=self.world_size, nodes=self.nodes, pid=os.getpid(),
+                    paused_s=round(change.paused_s, 3), left=change.departed, joined=change.joined)
+        if self._on_regroup is not None:
+            self._on_regroup(change)
+        return False
 
     def _poll(self) -> None:
         self._polls += 1

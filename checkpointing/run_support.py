@@ -132,6 +132,17 @@ class Collectives:
             flag = self._hvd.allreduce(flag, op=self._hvd.Max, name="dlsub.max")
         return int(flag.item())
 
+    def max_each(self, values: list[int]) -> list[int]:
+        """The largest of every rank's value at each place of ``values`` (one all-reduce)."""
+        import torch
+
+        flags = self._tensor(values, torch.int64)
+        if self._dist is not None:
+            self._dist.all_reduce(flags, op=self._dist.ReduceOp.MAX)
+        else:
+            flags = self._hvd.allreduce(flags, op=self._hvd.Max, name=f"dlsub.max_each.{len(values)}")
+        return [int(v) for v in flags.tolist()]
+
     def from_rank0(self, values: list[int]) -> list[int]:
         """Rank 0's ``values`` on every rank (one broadcast)."""
         import torch

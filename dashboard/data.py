@@ -28,6 +28,7 @@ from dlsub.contract import (
     EVENT_PROGRESS,
     EVENT_START,
     PROGRESS_FILE,
+    SIZE_EVENTS,
     JobState,
     output_file,
 )
@@ -299,9 +300,9 @@ def curves(events: list[dict[str, Any]]) -> tuple[dict[str, list[tuple[float, fl
     loss: dict[str, list[tuple[float, float]]] = {}
     by_attempt: dict[str, list[dict[str, Any]]] = {}
     size: dict[str, Any] = {}
-    sizes = {e.get("world_size") for e in events if e["event"] == EVENT_START and e.get("world_size")}
+    sizes = {e.get("world_size") for e in events if e["event"] in SIZE_EVENTS and e.get("world_size")}
     for e in events:
-        if e["event"] == EVENT_START:
+        if e["event"] in SIZE_EVENTS:
             size[str(e.get("attempt") or "attempt")] = e.get("world_size")
         if e["event"] != EVENT_PROGRESS or e.get("step") is None:
             continue

@@ -44,6 +44,10 @@ CHECKPOINT_SIGNAL = "USR1"
 #: To the batch shell, from the agent only: checkpoint for a move. The batch
 #: script requeues the job *held*, so the agent can point it elsewhere first.
 MOVE_SIGNAL = "USR2"
+#: Into a worker's container, for MOVE_SIGNAL (a shrink: leave the group). A training that re-forms its group in
+#: process (``Run.regroup_in_process``) catches it: its ranks leave and the others go on without a restart; the
+#: launcher hands any other training CHECKPOINT_SIGNAL instead (the whole group checkpoints and re-forms).
+LEAVE_SIGNAL = "USR2"
 #: scancel and preemption: stop. Slurm, not dlsub, decides what follows.
 STOP_SIGNAL = "TERM"
 #: STOP_SIGNAL as Python's signal module names it (``signal.Signals[...]``).
@@ -235,6 +239,15 @@ def reform_marker(job_dir: Path, attempt: str) -> Path:
     workers that were not asked to leave re-form with it (launch ``--follow``)."""
     return job_dir / MARKERS_DIR / f"{attempt}.reform"
 
+
+def left_in_process_marker(temporary_dir: Path, agent_pid: int) -> Path:
+    """Made by a training process that left its group in process (issue 52), for its torchrun (``agent_pid``, in
+    the same container, whose temporary folder is ``temporary_dir``): its group goes on without this node, so
+    torchrun neither waits for the others at its exit barrier nor closes their rendezvous; it takes this node out
+    of it."""
+    return temporary_dir / f"dlsub-left-in-process.{agent_pid}"
+
+
 # Output lines (OUTPUT_PATTERN). With several training processes every line says where it came from, as
 # torchrun's --tee labels it: ``[<global rank>]:`` on one node, ``[<node>/<global rank>]:`` in a gang; the
 # launcher's and torchrun's own lines carry LAUNCHER_SOURCE for a rank. A process alone is not labelled.
@@ -259,6 +272,11 @@ EVENT_END = "end"
 #: the documented loops save when it says so. The agent takes it, as a framework adapter's ``saves`` on its
 #: start event, as saving whenever asked: such a job is moved or continued before its first checkpoint.
 EVENT_POLLS = "polls"
+#: The group re-formed in process (a member left or joined, issue 52): the processes that stay did not restart.
+#: Its ``world_size`` is the new size, ``paused_s`` how long rank 0 stood still.
+EVENT_REGROUPED = "regrouped"
+#: The events that set the size the training runs at: its starts, and its re-formations in process.
+SIZE_EVENTS = (EVENT_START, EVENT_REGROUPED)
 #: In a start event: :func:`application_digest` of the training's command. The
 #: agent keeps what a user's runs of one command measured (their throughput
 #: at each size), so that the next run starts at the size it scales to.
@@ -370,7 +388,7 @@ def written_after_superseded(meta: Mapping[str, object], records: Iterable[Mappi
 # event against it and drops any that does not fit).
 #: The events of a progress file and of an attempts file.
 PROGRESS_EVENTS = (EVENT_START, EVENT_PROGRESS, EVENT_CHECKPOINT, EVENT_RESTORE, EVENT_EXIT_FOR_RESUME,
-                   EVENT_FINISHED, EVENT_POLLS)
+                   EVENT_FINISHED, EVENT_POLLS, EVENT_REGROUPED)
 ATTEMPT_EVENTS = (EVENT_START, EVENT_END)
 #: Sane bounds for the fields of an event.
 MIN_TIME, MAX_TIME = 946_684_800.0, 4_102_444_800.0  # 2000-01-01 .. 2100-01-01

@@ -27,6 +27,7 @@ from dlsub.contract import (
     EVENT_START,
     PROGRESS_FILE,
     SAVES_ON_REQUEST,
+    SIZE_EVENTS,
     valid_application,
     valid_gpu_type,
 )
@@ -187,11 +188,11 @@ class ProgressSummary:
             self.gpu_type = valid_gpu_type(event.get("gpu_type"))
         elif event.get("grad_sqr") is not None and event.get("grad_var") is not None:
             self.grads = [event["grad_sqr"], event["grad_var"]]
-        if event["event"] == EVENT_START or (size[1] is not None and self.segment is not None
-                                               and size[1] != self.segment["size"][1]):
+        sets_size = event["event"] in SIZE_EVENTS
+        if sets_size or (size[1] is not None and self.segment is not None and size[1] != self.segment["size"][1]):
             self.segment = {"size": size if size[1] is not None else [size[0], 1], "split": split, "points": []}
-            if event["event"] == EVENT_START:
-                return  # the time to start is not training: rates count from the first report
+            if sets_size:
+                return  # the time to start (or re-form) is not training: rates count from the first report
         if self.segment is None:
             return
         if split[0] and not self.segment["split"][0]:
@@ -224,7 +225,7 @@ class ProgressSummary:
             self.saves_on_request = event.get("saves") == SAVES_ON_REQUEST
         elif kind == EVENT_POLLS:
             self.saves_on_request = True
-        if kind in (EVENT_START, EVENT_PROGRESS):
+        if kind in (*SIZE_EVENTS, EVENT_PROGRESS):
             self._measure(event)
         if kind == EVENT_PROGRESS:
             slim = {k: event[k] for k in ("time", "attempt", "step", "epoch", "loss", "samples", "total_steps",

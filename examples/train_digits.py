@@ -92,6 +92,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--adaptive-batch", action="store_true",
                    help="let dlsub choose the global batch between --batch-size and --max-batch")
     p.add_argument("--max-batch", type=int, default=1024, help="with --adaptive-batch: the largest global batch")
+    p.add_argument("--regroup-in-process", action="store_true",
+                   help="when dlsub takes a member away from the group (an elastic job's shrink), the processes "
+                        "that stay go on from memory instead of restarting from a checkpoint")
     p.add_argument("--data", type=Path, default=DATA)
     args = p.parse_args()
     try:
@@ -203,14 +206,30 @@ def main() -> None:
                 "step": step, "epoch": epoch, "sample_in_epoch": sample_in_epoch, "samples_seen": seen,
                 "args": vars(args) | {"data": str(args.data)}}
 
-    # This process's share of each global batch, and its micro-batches.
-    if args.adaptive_batch:  # dlsub's split: equal shares of accumulation_steps micro-batches each
-        micro = run.micro_batch_size or args.micro_batch
-        share = [micro * run.accumulation_steps] * world
-    else:
-        micro = args.micro_batch
-        share = [batch // world + (1 if r < batch % world else 0) for r in range(world)]
+    def shares() -> tuple[int, list[int]]:
+        """This process's micro-batch, and every process's share of each global batch."""
+        if args.adaptive_batch:  # dlsub's split: equal shares of accumulation_steps micro-batches each
+            micro = run.micro_batch_size or args.micro_batch
+            return micro, [micro * run.accumulation_steps] * world
+        return args.micro_batch, [batch // world + (1 if r < batch % world else 0) for r in range(world)]
+
+    micro, share = shares()
     offset = sum(share[:rank])
+
+    def regrouped(change: checkpointing.Change) -> None:
+        """The group re-formed in process without a member: the same model, wrapped for the new group, and this
+        process's share of the same global batch (the data's position is the samples seen, unchanged)."""
+        nonlocal model, world, rank, micro, share, offset
+        world, rank = run.world_size, run.rank
+        model = nn.parallel.DistributedDataParallel(net) if world > 1 else net
+        micro, share = shares()
+        offset = sum(share[:rank])
+        if rank == 0:
+            print(f"re-formed in process at step {step}: world size {world} "
+                  f"(stood still {change.paused_s:.2f} s)", flush=True)
+
+    if args.regroup_in_process and world > 1 and not args.adaptive_batch:
+        run.regroup_in_process(snapshot, on_change=regrouped)
     noise = GradientNoise(args.batch_size) if args.adaptive_batch else None
     started = time.time()
     loss: torch.Tensor | None = None

@@ -16,6 +16,7 @@ from dlsub.contract import (
     ACTION_SUPERSEDED,
     EVENT_END,
     EVENT_START,
+    SIZE_EVENTS,
     JobState,
     StateSource,
     output_file,
@@ -146,7 +147,8 @@ def out_of_memory_reason(mem_mb: int) -> str:
 
 
 def resize_history(starts: list[dict[str, Any]]) -> tuple[int | None, tuple[dict[str, Any], ...]]:
-    """The world size of the last training start, and every start at another size than the one before."""
+    """The world size of the last training start (or re-formation in process), and every one at another size
+    than the one before."""
     sized = [e for e in starts if e.get("world_size")]
     history = []
     for before, after in zip(sized, sized[1:], strict=False):
@@ -203,7 +205,7 @@ def job_status(record: JobRecord, slurm: SlurmJob | None, workers: list[SlurmJob
         # The last report is a little old by now; count that time as done.
         eta = max(0.0, eta - max(0.0, time.time() - progress.last_time))
     extra = job_extra(job_dir, attempts, record.nodes, progress.steps_per_s)
-    training_starts = [e for e in read_progress_events(job_dir) if e["event"] == EVENT_START]
+    training_starts = [e for e in read_progress_events(job_dir) if e["event"] in SIZE_EVENTS]
     world_size, resizes = resize_history(training_starts)
     # An attempt that ended (its batch script's end record) ran long enough to have said it started.
     ended = any(a.get("event") == EVENT_END for a in attempts)

@@ -60,7 +60,7 @@ class Stopped:
     """How the container's run ended, as the batch shell saw it."""
 
     rc: int
-    #: The last signal forwarded to the container (contract.CHECKPOINT_SIGNAL or STOP_SIGNAL), "" for none.
+    #: The last signal forwarded to the container (contract.CHECKPOINT_SIGNAL, LEAVE_SIGNAL, STOP_SIGNAL); "": none.
     signal: str = ""
     #: The agent's move signal arrived (contract.MOVE_SIGNAL).
     move_requested: bool = False

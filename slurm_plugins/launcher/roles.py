@@ -181,6 +181,7 @@ def run_node(launch: Launch) -> int:
 # ------------------------------------------------------------------ worker: joins, leaves, returns to the pool
 def run_worker(launch: Launch) -> int:
     step, env = launch.step, launch.env
+    launch.forwarder.move_forwards = contract.LEAVE_SIGNAL  # to a worker the agent's MOVE_SIGNAL means: leave
     launch.log.start([*_start_fields(launch), ("main", launch.main_job)])
     say(f"dlsub: job {launch.config.dlsub_id} worker {step.job_id} on {step.node_name} joins the group of "
         f"attempt {env.get(contract.ENV_ATTEMPT, '')} at {env.get(contract.ENV_RDZV_ENDPOINT, '')}")

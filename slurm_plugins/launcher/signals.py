@@ -58,9 +58,11 @@ class Forwarder:
 
     def __init__(self, podman_kill: Callable[[str, str], None]) -> None:
         self._podman_kill = podman_kill
-        #: The last signal forwarded (contract.CHECKPOINT_SIGNAL or STOP_SIGNAL), "" for none.
+        #: The last signal forwarded (contract.CHECKPOINT_SIGNAL, LEAVE_SIGNAL or STOP_SIGNAL), "" for none.
         self.signal = ""
         self.move_requested = False
+        #: What MOVE_SIGNAL becomes for the child: a checkpoint (a move), or for a worker LEAVE_SIGNAL (a shrink).
+        self.move_forwards = contract.CHECKPOINT_SIGNAL
         self._child: subprocess.Popen[bytes] | None = None
         self._container: str | None = None  # the child's container, to say signals to directly; None: srun
         self._kills: list[str] = []  # signals to say to the container, in the order they came
@@ -101,7 +103,7 @@ class Forwarder:
 
     def _on_move(self, signum: int, frame: FrameType | None) -> None:
         self.move_requested = True
-        self._forward(contract.CHECKPOINT_SIGNAL)
+        self._forward(self.move_forwards)
 
     def _on_stop(self, signum: int, frame: FrameType | None) -> None:
         if not self._stop_ends:
@@ -113,7 +115,8 @@ class Forwarder:
 
     def _forward(self, name: str) -> None:
         self.signal = name
-        say(f"dlsub: received SIG{name}: asking the training to checkpoint and stop")
+        asked = "leave its group" if name == contract.LEAVE_SIGNAL else "checkpoint and stop"
+        say(f"dlsub: received SIG{name}: asking the training to {asked}")
         self._send(name)
 
     def _send(self, name: str) -> None:

@@ -191,6 +191,49 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
                 subprocess.run(["scancel", str(leftover)], check=False)
 
 
+def test_a_job_elastic_in_gpus_shrinks_in_process_its_staying_rank_training_on_without_a_restart(
+    user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    """Issue 52: a training that re-forms in process (``train_digits.py --regroup-in-process``:
+    ``Run.regroup_in_process``). It grows 1 -> 2 GPUs (torchrun's restart, as every grow still is); another user's
+    job then waits for a GPU, the agent shrinks it, and its worker's rank leaves while rank 0 goes on in the same
+    process: no checkpoint for the shrink, no new start, no restore, no step repeated; it completes."""
+    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 2)]  # two GPUs of gpu1 free
+    other = None
+    try:
+        # 8 epochs (176 steps, ~0.1 s each): the grow and the shrink were over by step ~30 (2026-12-03).
+        job = user.submit("--gpus", "1:2", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "8", "--throttle",
+                          "0.1", "--regroup-in-process", cwd=workdir)
+        wait_for("training on 2 GPUs", lambda: world_sizes(job["job_dir"])[-1:] == [2], timeout=240)
+        (grown,) = [e for e in progress_events(job["job_dir"], "start") if e["world_size"] == 2]
+        out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:1", "-J", "needs-one", "--mem=200",
+                        "--cpus-per-task=1", "--time=10", "--wrap", "sleep 600", check=True)
+        other = int(out.stdout.strip().split(";")[0])
+        (regrouped,) = wait_for("the group to re-form in process at 1 GPU",
+                                lambda: progress_events(job["job_dir"], "regrouped"), timeout=180)
+        assert regrouped["world_size"] == 1 and regrouped["left"] == 1, regrouped
+        assert regrouped["pid"] == grown["pid"], "rank 0 went on in the process that started at 2 GPUs"
+        status = user.status(job["id"])
+        assert status["world_size"] == 1 and status["resizes"][-1]["from_world_size"] == 2, status
+        wait_for("the other user's job to start on the freed GPU",
+                 lambda: (slurm_job(other) or {}).get("job_state") == "RUNNING", timeout=120)
+        final = user.wait_until_ended(job["id"], "the elastic job to complete", timeout=300)
+        assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
+        after = [e for e in progress_events(job["job_dir"]) if e["time"] >= regrouped["time"]]
+        assert not [e for e in after if e["event"] in ("start", "restore", "exit_for_resume")], \
+            "nothing restarted for the shrink"
+        # The last report repeats the last step with the test accuracy.
+        steps = [e["step"] for e in progress_events(job["job_dir"], "progress") if e["time"] >= grown["time"]][:-1]
+        assert steps == sorted(set(steps)), "no step repeated or skipped back across the re-formation"
+        output = job_output(job["job_dir"])
+        assert "re-formed in process at step" in output and "done: " in output, output[-3000:]
+        assert "shrinking to 1 GPU" in user.dlsub("why", job["id"]).stdout
+    finally:
+        for leftover in (*held, other):
+            if leftover:
+                subprocess.run(["scancel", str(leftover)], check=False)
+
+
 def _across_both_gpu_nodes(user: TestbedUser, workdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """An elastic job (1-2 nodes of 4 GPUs) training at world size 8 with a checkpoint: the job and its one
     running worker task (Slurm's record). 12 epochs (264 steps): the group re-formed at world size 4 by step ~22

@@ -29,9 +29,10 @@ REPO = Path(__file__).resolve().parents[2]
 NO_HANG_S = 600.0
 
 
-def run_ranks(script: str, args: list[str], env_by_rank: list[dict[str, str]], timeout: float = 120) -> list[str]:
+def ranks_ended(script: str, args: list[str], env_by_rank: list[dict[str, str]],
+                timeout: float = 120) -> list[tuple[int, str]]:
     """Run ``script`` (``python -c``) as the ranks of one torch.distributed group (gloo, on loopback), rank r
-    with ``env_by_rank[r]`` added; each rank's last line of output, once every rank has exited 0."""
+    with ``env_by_rank[r]`` added; each rank's exit code and last line of output, once every rank has ended."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -44,8 +45,14 @@ def run_ranks(script: str, args: list[str], env_by_rank: list[dict[str, str]], t
     finally:
         for p in procs:
             p.kill()
-    assert [p.returncode for p in procs] == [0] * len(procs), outs
-    return [out.strip().splitlines()[-1] for out in outs]
+    return [(p.returncode, (out.strip().splitlines() or [""])[-1]) for p, out in zip(procs, outs, strict=True)]
+
+
+def run_ranks(script: str, args: list[str], env_by_rank: list[dict[str, str]], timeout: float = 120) -> list[str]:
+    """:func:`ranks_ended` where every rank must exit 0: each rank's last line of output."""
+    ends = ranks_ended(script, args, env_by_rank, timeout)
+    assert [code for code, _ in ends] == [0] * len(ends), ends
+    return [line for _, line in ends]
 
 
 #: dlsub's node-local folders, as it ships them (before the fixture below takes /tmp out).

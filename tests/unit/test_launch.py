@@ -61,6 +61,45 @@ def test_usr1_reaches_worker_late_and_launcher_exits_85(tmp_path: Path) -> None:
     assert list((tmp_path / "job" / "checkpoints").glob("ckpt-*.pt"))
 
 
+_LEAVES_IN_PROCESS = textwrap.dedent(
+    """
+    import signal, sys, time
+    asked = []
+    signal.signal(signal.SIGUSR1, lambda *_: asked.append("SIGUSR1"))
+    signal.signal(signal.SIGUSR2, lambda *_: asked.append("SIGUSR2"))  # as Run.regroup_in_process installs it
+    print("ready", flush=True)
+    while not asked:
+        time.sleep(0.01)
+    print(asked[0], flush=True)
+    """
+)
+
+
+def test_a_leave_request_reaches_a_training_that_leaves_in_process_as_itself_and_any_other_as_a_checkpoint(
+        tmp_path: Path) -> None:
+    """contract.LEAVE_SIGNAL (a worker told to leave, issue 52): SIGUSR2 to a training that catches it; to one that
+    only catches SIGUSR1 (no in-process re-formation), SIGUSR1: it checkpoints and asks to be resumed."""
+    code, out, err = _signalled_once_ready(tmp_path, _LEAVES_IN_PROCESS, signal.SIGUSR2)
+    assert (code, out.split()) == (0, ["SIGUSR2"]), err
+    assert "asking the training processes to leave the group" in err
+
+    code, _, err = _signalled_once_ready(tmp_path, WORKER, signal.SIGUSR2)
+    assert code == 85, err
+    assert list((tmp_path / "job" / "checkpoints").glob("ckpt-*.pt")), "it checkpointed, as for SIGUSR1"
+
+
+def _signalled_once_ready(tmp_path: Path, script: str, signum: int) -> tuple[int, str, str]:
+    """Launch ``script`` (it prints "ready" once it handles signals), send the launcher ``signum`` then; its exit
+    status and the rest of its output."""
+    path = tmp_path / "training.py"
+    path.write_text(script)
+    proc = _launch(tmp_path, {}, sys.executable, str(path))
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=NO_HANG_S)
+    return proc.returncode, out, err
+
+
 def test_the_launcher_records_its_exit_status_for_the_batch_script(tmp_path: Path, monkeypatch: Any) -> None:
     """Unit, in process: record_exit writes the status whole where contract.exit_record says, for a container
     name of the batch script's shape only (the name comes from the environment: never a path)."""
@@ -114,13 +153,8 @@ def test_term_stops_a_script_that_ignores_the_library_at_once(tmp_path: Path) ->
 
 
 def test_term_keeps_the_grace_for_a_script_that_checkpoints(tmp_path: Path) -> None:
-    worker = tmp_path / "worker.py"
-    worker.write_text(WORKER)
-    proc = _launch(tmp_path, {}, sys.executable, str(worker))
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=NO_HANG_S)
-    assert proc.returncode == 85, err
+    code, _, err = _signalled_once_ready(tmp_path, WORKER, signal.SIGTERM)
+    assert code == 85, err
     assert list((tmp_path / "job" / "checkpoints").glob("ckpt-*.pt"))
     assert "no training process handles" not in err, "the worker handled it, then left"
 

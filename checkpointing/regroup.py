@@ -1,0 +1,320 @@
+"""In-process re-formation of a data-parallel group (issue 52): the ranks that stay keep running.
+
+Today a resize stops every rank and starts the new group from a checkpoint: interpreter, ``import torch``,
+rendezvous and restore, 6–9 s on the testbed, all of it time the staying ranks stand still. Here the group
+changes at a step boundary instead, as NVIDIA's in-process restart and torchft do:
+
+* the ranks that stay leave the old process group and form the new one with the processes that join, through
+  a store they already share (under torchrun, the agent's store at ``MASTER_ADDR:MASTER_PORT``, which outlives
+  every rank), and carry on from the state they hold in memory;
+* a joining process gets the model and optimizer state from the new group's rank 0 (a broadcast), not from
+  disk; it starts its interpreter and imports torch while the others still train, so they stand still only for
+  the re-formation itself;
+* the ranks that leave return once the new group has formed without them, and the script exits.
+
+The script's side: after a change it wraps its model again (DDP holds the old group) and takes its share of
+the batch for the new size, as after a restart (:attr:`Change.membership`). Any failure (a timeout, a process
+that died mid-way) raises :class:`RegroupFailed` on the ranks that stay; their state is still in memory, so the
+script saves it and exits for resume, today's restart.
+
+The store's keys, under ``prefix``:
+
+* ``gen``: the current generation (a counter: ``add``);
+* ``<g>/joiners``: tickets handed to processes that asked to join generation ``g``;
+* ``<g>/plan``: the re-formation of generation ``g``, written by the lowest staying rank (JSON: the old ranks
+  that stay, how many tickets joined, the new world size);
+* ``<g+1>/pg/``: the new process group's own keys; ``<g+1>/formed``: set once it has formed.
+
+torch is imported where it is used, as in the rest of the library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+#: How long a step of the re-formation (the plan, the new group's connections, the state) may take before it
+#: is given up for the restart (seconds). A joining process that registered and then died is the usual cause.
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_PREFIX = "dlsub/regroup"
+
+
+#: A process whose environment names a phase here kills itself (SIGKILL) when it gets there: the kill -9 tests
+#: of each phase of the re-formation (as the agent's failpoints do for a move's and a resize's steps).
+FAILPOINT_ENV = "DLSUB_REGROUP_FAILPOINT"
+
+
+def _failpoint(phase: str) -> None:
+    if os.environ.get(FAILPOINT_ENV) == phase:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _end_default_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken group's teardown: nothing more to do with it
+            pass
+
+
+class RegroupFailed(RuntimeError):
+    """The group could not re-form in process; the ranks that stay fall back to a checkpoint and a restart."""
+
+
+@dataclass(frozen=True)
+class Membership:
+    """This process's place in the group of one generation."""
+
+    rank: int
+    world_size: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one re-formation did, as one process saw it."""
+
+    #: This process left the group (it asked to): the script exits now.
+    left: bool
+    #: Its place in the new group (for a process that left: in the old one).
+    membership: Membership
+    #: Processes that joined, and old ranks that left.
+    joined: int
+    departed: int
+    #: For a process that joined: the state rank 0 sent; None for the others.
+    state: dict[str, Any] | None
+    #: How long this process stood still: from the step boundary to its place in the new group (seconds).
+    paused_s: float
+
+
+@dataclass(frozen=True)
+class _Plan:
+    stay: tuple[int, ...]
+    joiners: int
+    generation: int
+
+    @property
+    def world_size(self) -> int:
+        return len(self.stay) + self.joiners
+
+    def to_json(self) -> bytes:
+        return json.dumps({"stay": list(self.stay), "joiners": self.joiners, "generation": self.generation}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> _Plan:
+        data = json.loads(raw)
+        return cls(tuple(int(r) for r in data["stay"]), int(data["joiners"]), int(data["generation"]))
+
+
+class ElasticGroup:
+    """A data-parallel group whose members may leave and join between steps, torch.distributed's default group.
+
+    Make one in every rank of a group already formed (:meth:`member`, generation 0: torchrun's group), or in a
+    process that joins a running group (:meth:`join`). Once a step, every member calls :meth:`due` (one small
+    all-reduce); when it is true, every member calls :meth:`reform`.
+    """
+
+    def __init__(self, store: Any, membership: Membership, *, backend: str = "gloo",
+                 prefix: str = DEFAULT_PREFIX, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._store = store
+        self.membership = membership
+        self._backend = backend
+        self._prefix = prefix
+        self._timeout = timedelta(seconds=timeout_s)
+        self._leaving = False
+        self._joiners_seen = 0
+
+    # ------------------------------------------------------------------ making one
+    @classmethod
+    def member(cls, store: Any, *, backend: str | None = None, prefix: str = DEFAULT_PREFIX,
+               timeout_s: float = DEFAULT_TIMEOUT_S) -> ElasticGroup:
+        """For a rank of the group torch.distributed has formed already (generation 0)."""
+        import torch.distributed as dist
+
+        membership = Membership(dist.get_rank(), dist.get_world_size(), 0)
+        return cls(store, membership, backend=backend or str(dist.get_backend()), prefix=prefix, timeout_s=timeout_s)
+
+    @classmethod
+    def of_default_group(cls, *, prefix: str = DEFAULT_PREFIX, timeout_s: float = DEFAULT_TIMEOUT_S) -> ElasticGroup:
+        """For every rank of torch.distributed's default group, formed already (under torchrun: on the agent's
+        store, which outlives every rank). A collective: rank 0 picks the generations' namespace, so that a group
+        torchrun restarted later never reads this one's keys."""
+        import random
+
+        import torch
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+
+        device = "cpu" if dist.get_backend() != "nccl" else f"cuda:{torch.cuda.current_device()}"
+        namespace = torch.tensor([random.getrandbits(48) if dist.get_rank() == 0 else 0], dtype=torch.int64,
+                                 device=device)
+        dist.broadcast(namespace, src=0)
+        store = distributed_c10d._get_default_store()
+        return cls.member(store, prefix=f"{prefix}/{int(namespace.item())}", timeout_s=timeout_s)
+
+    @classmethod
+    def join(cls, store: Any, *, backend: str = "gloo", prefix: str = DEFAULT_PREFIX,
+             timeout_s: float = DEFAULT_TIMEOUT_S) -> tuple[ElasticGroup, Change]:
+        """Join a running group: ask for a place, wait for the members to make one at their next step, form the new
+        group with them and receive the state. Returns the group and the change (``state`` set)."""
+        started = time.monotonic()
+        group = cls(store, Membership(-1, 0, -1), backend=backend, prefix=prefix, timeout_s=timeout_s)
+        deadline = started + timeout_s
+        generation = group._add("gen", 0)
+        while True:
+            ticket = group._add(f"{generation}/joiners", 1)
+            plan = group._wait_plan(generation, deadline)
+            if ticket <= plan.joiners:
+                break
+            generation = plan.generation + 1  # this generation was decided before the ticket: the next one
+        membership = Membership(len(plan.stay) + ticket - 1, plan.world_size, plan.generation + 1)
+        joined_at = time.monotonic()
+        group._form(membership)
+        state = group._broadcast_state(None)
+        group.membership = membership
+        return group, Change(False, membership, plan.joiners, 0, state, time.monotonic() - joined_at)
+
+    # ------------------------------------------------------------------ each step
+    def leave(self) -> None:
+        """This process will leave at the next re-formation (the group goes on without it)."""
+        self._leaving = True
+
+    def due(self) -> bool:
+        """Whether the group changes at this step: a member leaves, or a process waits to join. Every member
+        calls it at the same step (one all-reduce of two numbers); rank 0 alone reads the store."""
+        import torch
+        import torch.distributed as dist
+
+        waiting = self._add(f"{self.membership.generation}/joiners", 0) if self.membership.rank == 0 else 0
+        flags = torch.tensor([int(self._leaving), waiting], dtype=torch.int64, device=self._device())
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        self._joiners_seen = int(flags[1])
+        return bool(flags[0]) or self._joiners_seen > 0
+
+    def reform(self, state: Callable[[], dict[str, Any]] | None = None) -> Change:
+        """Re-form the group at this step boundary (every member calls it, after :meth:`due` was true).
+
+        ``state`` makes the state a joining process receives; the new rank 0 calls it, only when one joins.
+        Raises :class:`RegroupFailed` on the ranks that stay when the group cannot re-form (they restart from
+        a checkpoint of what they hold); a rank that leaves returns, ``left`` true, once the others have formed.
+        """
+
+        started = time.monotonic()
+        try:
+            return self._reform(state, started)
+        except Exception as exc:
+            _end_default_group()  # what is left of either group: a save's barrier must not wait on it
+            if isinstance(exc, RegroupFailed):
+                raise
+            raise RegroupFailed(f"a member was lost during the re-formation: {exc}") from exc
+
+    def _reform(self, state: Callable[[], dict[str, Any]] | None, started: float) -> Change:
+        import torch
+        import torch.distributed as dist
+
+        old = self.membership
+        leaving = torch.zeros(old.world_size, dtype=torch.int64, device=self._device())
+        leaving[old.rank] = int(self._leaving)
+        dist.all_reduce(leaving, op=dist.ReduceOp.SUM)  # every member's wish, on every member
+        _failpoint("agreed")
+        stay = tuple(rank for rank, leaves in enumerate(leaving.tolist()) if not leaves)
+        if not stay:
+            raise RegroupFailed("every member of the group asked to leave: there is no group to re-form")
+        deadline = started + self._timeout.total_seconds()
+        if old.rank == stay[0]:
+            self._add("gen", 1)  # a process that asks to join from here on asks for the next generation
+            joiners = self._add(f"{old.generation}/joiners", 0)
+            self._store.set(self._key(f"{old.generation}/plan"), _Plan(stay, joiners, old.generation).to_json())
+        dist.barrier()  # the plan is written; every member is past the old group's last collective
+        dist.destroy_process_group()
+        _failpoint("left-the-old-group")
+        plan = self._wait_plan(old.generation, deadline)
+        departed = old.world_size - len(stay)
+        if old.rank not in stay:
+            self._wait_formed(plan.generation + 1, deadline)
+            return Change(True, old, plan.joiners, departed, None, time.monotonic() - started)
+        membership = Membership(stay.index(old.rank), plan.world_size, plan.generation + 1)
+        self._form(membership)
+        if plan.joiners:
+            self._broadcast_state(state)
+        self.membership = membership
+        if membership.rank == 0:
+            self._store.set(self._key(f"{membership.generation}/formed"), b"1")
+        return Change(False, membership, plan.joiners, departed, None, time.monotonic() - started)
+
+    def members_count(self, tag: str) -> int:
+        """How many distinct ``tag`` the group's processes hold (each its node's, say: the group's members), a
+        collective."""
+        import torch.distributed as dist
+
+        tags: list[Any] = [None] * self.membership.world_size
+        try:
+            dist.all_gather_object(tags, tag)
+        except Exception as exc:
+            _end_default_group()
+            raise RegroupFailed(f"a member was lost just after the re-formation: {exc}") from exc
+        return len(set(tags))
+
+    # ------------------------------------------------------------------ the steps
+    def _form(self, membership: Membership) -> None:
+        import torch.distributed as dist
+
+        store = dist.PrefixStore(self._key(f"{membership.generation}/pg"), self._store)
+        store.set_timeout(self._timeout)  # gloo's connections wait on the store: a member that never comes
+        try:
+            dist.init_process_group(self._backend, store=store, rank=membership.rank,
+                                    world_size=membership.world_size, timeout=self._timeout)
+        except Exception as exc:  # the store's and the backend's errors are many
+            raise RegroupFailed(f"the new group of {membership.world_size} (generation {membership.generation}) "
+                                f"did not form: {exc}") from exc
+
+    def _broadcast_state(self, state: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
+        """Rank 0's state on every member of the new group (the ones that stay ignore it)."""
+        import torch
+        import torch.distributed as dist
+
+        payload: list[Any] = [state() if state is not None and dist.get_rank() == 0 else None]
+        try:
+            dist.broadcast_object_list(payload, src=0,
+                                       device=torch.device(self._device()) if self._backend == "nccl" else None)
+        except Exception as exc:
+            raise RegroupFailed(f"the state did not reach the processes that joined: {exc}") from exc
+        received = payload[0]
+        return received if isinstance(received, dict) else None
+
+    def _wait_plan(self, generation: int, deadline: float) -> _Plan:
+        key = self._key(f"{generation}/plan")
+        self._wait(key, deadline, f"the plan of generation {generation}")
+        return _Plan.from_json(self._store.get(key))
+
+    def _wait_formed(self, generation: int, deadline: float) -> None:
+        self._wait(self._key(f"{generation}/formed"), deadline, f"the group of generation {generation}")
+
+    def _wait(self, key: str, deadline: float, what: str) -> None:
+        left = max(deadline - time.monotonic(), 0.001)
+        try:
+            self._store.wait([key], timedelta(seconds=left))
+        except Exception as exc:  # a timeout, or the store gone
+            raise RegroupFailed(f"{what} did not come within the timeout: {exc}") from exc
+
+    def _add(self, name: str, amount: int) -> int:
+        return int(self._store.add(self._key(name), amount))
+
+    def _key(self, name: str) -> str:
+        return f"{self._prefix}/{name}"
+
+    def _device(self) -> str:
+        import torch
+
+        return f"cuda:{torch.cuda.current_device()}" if self._backend == "nccl" else "cpu"
+
+
+__all__ = ["DEFAULT_TIMEOUT_S", "Change", "ElasticGroup", "Membership", "RegroupFailed"]
