@@ -45,13 +45,14 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_PREFIX = "dlsub/regroup"
 
 
-#: A process whose environment names a phase here kills itself (SIGKILL) when it gets there: the kill -9 tests
-#: of each phase of the re-formation (as the agent's failpoints do for a move's and a resize's steps).
+#: A process whose environment names its part and a phase here (``leaving:agreed``, ``staying:left-the-old-group``)
+#: kills itself (SIGKILL) when it gets there: the kill -9 tests of each phase of the re-formation (as the agent's
+#: failpoints do for a move's and a resize's steps).
 FAILPOINT_ENV = "DLSUB_REGROUP_FAILPOINT"
 
 
-def _failpoint(phase: str) -> None:
-    if os.environ.get(FAILPOINT_ENV) == phase:
+def _failpoint(phase: str, leaving: bool) -> None:
+    if os.environ.get(FAILPOINT_ENV) == f"{'leaving' if leaving else 'staying'}:{phase}":
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -224,7 +225,7 @@ class ElasticGroup:
         leaving = torch.zeros(old.world_size, dtype=torch.int64, device=self._device())
         leaving[old.rank] = int(self._leaving)
         dist.all_reduce(leaving, op=dist.ReduceOp.SUM)  # every member's wish, on every member
-        _failpoint("agreed")
+        _failpoint("agreed", self._leaving)
         stay = tuple(rank for rank, leaves in enumerate(leaving.tolist()) if not leaves)
         if not stay:
             raise RegroupFailed("every member of the group asked to leave: there is no group to re-form")
@@ -235,7 +236,7 @@ class ElasticGroup:
             self._store.set(self._key(f"{old.generation}/plan"), _Plan(stay, joiners, old.generation).to_json())
         dist.barrier()  # the plan is written; every member is past the old group's last collective
         dist.destroy_process_group()
-        _failpoint("left-the-old-group")
+        _failpoint("left-the-old-group", self._leaving)
         plan = self._wait_plan(old.generation, deadline)
         departed = old.world_size - len(stay)
         if old.rank not in stay:

@@ -10,6 +10,9 @@
   grows 1 -> 2 -> 3 -> 4 GPUs there as 1-GPU jobs end (gpu2 stays busy);
   another user's 2-GPU job sends its two newest workers away (the third
   re-forms with the main job: world size 2) and it completes.
+* A training that re-forms in process (issue 52), elastic in GPUs and then
+  across two nodes: a shrink leaves rank 0 running in the same process, with
+  nothing checkpointed, restarted or restored for it, and the job completes.
 * The node of a worker dies mid-run: the job shrinks instead of failing.
 * A heterogeneous job (GPU trainers on `gpu`, a CPU component on `cpu`)
   starts all-or-nothing and each part learns its role.
@@ -191,13 +194,42 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
                 subprocess.run(["scancel", str(leftover)], check=False)
 
 
+def _shrinks_in_process(user: TestbedUser, user2: TestbedUser, job: dict[str, Any], grown: dict[str, Any],
+                        gres: str, small: int) -> int:
+    """Another user's job (``--gres=gres``) waits for what the job's worker holds; the agent shrinks the job and the
+    worker's ranks leave in process while rank 0 goes on in the process that started at the larger size: no
+    checkpoint for the shrink, no new start, no restore, no step repeated; it completes. That job's Slurm id."""
+    out = user2.run("sbatch", "--parsable", "-p", "gpu", f"--gres={gres}", "-J", "waits", "--mem=200",
+                    "--cpus-per-task=1", "--time=10", "--wrap", "sleep 600", check=True)
+    other = int(out.stdout.strip().split(";")[0])
+    (regrouped,) = wait_for(f"the group to re-form in process at world size {small}",
+                            lambda: progress_events(job["job_dir"], "regrouped"), timeout=180)
+    assert regrouped["world_size"] == small and regrouped["left"] >= 1, regrouped
+    assert regrouped["pid"] == grown["pid"], "rank 0 went on in the process that started at the larger size"
+    status = user.status(job["id"])
+    assert status["world_size"] == small and status["resizes"][-1]["from_world_size"] == grown["world_size"], status
+    wait_for("the other user's job to start on what the worker freed",
+             lambda: (slurm_job(other) or {}).get("job_state") == "RUNNING", timeout=120)
+    final = user.wait_until_ended(job["id"], "the elastic job to complete", timeout=300)
+    assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
+    after = [e for e in progress_events(job["job_dir"]) if e["time"] >= regrouped["time"]]
+    assert not [e for e in after if e["event"] in ("start", "restore", "exit_for_resume")], \
+        "nothing restarted for the shrink"
+    # The last report repeats the last step with the test accuracy.
+    steps = [e["step"] for e in progress_events(job["job_dir"], "progress") if e["time"] >= grown["time"]][:-1]
+    assert steps == sorted(set(steps)), "no step repeated or skipped back across the re-formation"
+    output = job_output(job["job_dir"])
+    assert "re-formed in process at step" in output and "done: " in output, output[-3000:]
+    assert "shrinking to" in user.dlsub("why", job["id"]).stdout
+    return other
+
+
 def test_a_job_elastic_in_gpus_shrinks_in_process_its_staying_rank_training_on_without_a_restart(
     user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
     """Issue 52: a training that re-forms in process (``train_digits.py --regroup-in-process``:
-    ``Run.regroup_in_process``). It grows 1 -> 2 GPUs (torchrun's restart, as every grow still is); another user's
-    job then waits for a GPU, the agent shrinks it, and its worker's rank leaves while rank 0 goes on in the same
-    process: no checkpoint for the shrink, no new start, no restore, no step repeated; it completes."""
+    ``Run.regroup_in_process``) grows 1 -> 2 GPUs of gpu1 (torchrun's restart, as every grow still is), then
+    shrinks back in process for another user's job (_shrinks_in_process)."""
     held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 2)]  # two GPUs of gpu1 free
     other = None
     try:
@@ -206,30 +238,33 @@ def test_a_job_elastic_in_gpus_shrinks_in_process_its_staying_rank_training_on_w
                           "0.1", "--regroup-in-process", cwd=workdir)
         wait_for("training on 2 GPUs", lambda: world_sizes(job["job_dir"])[-1:] == [2], timeout=240)
         (grown,) = [e for e in progress_events(job["job_dir"], "start") if e["world_size"] == 2]
-        out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:1", "-J", "needs-one", "--mem=200",
-                        "--cpus-per-task=1", "--time=10", "--wrap", "sleep 600", check=True)
-        other = int(out.stdout.strip().split(";")[0])
-        (regrouped,) = wait_for("the group to re-form in process at 1 GPU",
-                                lambda: progress_events(job["job_dir"], "regrouped"), timeout=180)
-        assert regrouped["world_size"] == 1 and regrouped["left"] == 1, regrouped
-        assert regrouped["pid"] == grown["pid"], "rank 0 went on in the process that started at 2 GPUs"
-        status = user.status(job["id"])
-        assert status["world_size"] == 1 and status["resizes"][-1]["from_world_size"] == 2, status
-        wait_for("the other user's job to start on the freed GPU",
-                 lambda: (slurm_job(other) or {}).get("job_state") == "RUNNING", timeout=120)
-        final = user.wait_until_ended(job["id"], "the elastic job to complete", timeout=300)
-        assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
-        after = [e for e in progress_events(job["job_dir"]) if e["time"] >= regrouped["time"]]
-        assert not [e for e in after if e["event"] in ("start", "restore", "exit_for_resume")], \
-            "nothing restarted for the shrink"
-        # The last report repeats the last step with the test accuracy.
-        steps = [e["step"] for e in progress_events(job["job_dir"], "progress") if e["time"] >= grown["time"]][:-1]
-        assert steps == sorted(set(steps)), "no step repeated or skipped back across the re-formation"
-        output = job_output(job["job_dir"])
-        assert "re-formed in process at step" in output and "done: " in output, output[-3000:]
-        assert "shrinking to 1 GPU" in user.dlsub("why", job["id"]).stdout
+        other = _shrinks_in_process(user, user2, job, grown, "gpu:1", 1)
     finally:
         for leftover in (*held, other):
+            if leftover:
+                subprocess.run(["scancel", str(leftover)], check=False)
+
+
+def test_an_elastic_job_over_nodes_shrinks_in_process_its_main_node_training_on_without_a_restart(
+    user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    """The same across two hosts (``--nodes 1:2 --gpus-per-node 4``): the worker node's 4 ranks leave, the main
+    node's 4 re-form among themselves over the store on the main node, and the worker node's torchrun leaves the
+    rendezvous open for them."""
+    (blocker,) = blockers(user, count=1, gpus=4)
+    other = None
+    try:
+        # 10 epochs (220 steps): the grow came by step ~90 and the shrink 1-2 s after the other job (2026-12-03).
+        job = user.submit("--nodes", "1:2", "--gpus-per-node", "4", TRAIN, "--epochs", "10", "--throttle", "0.1",
+                          "--regroup-in-process", cwd=workdir)
+        wait_for("training at world size 4", lambda: world_sizes(job["job_dir"])[-1:] == [4], timeout=180)
+        subprocess.run(["scancel", str(blocker)], check=True)
+        wait_for("the agent to grow the job to world size 8", lambda: world_sizes(job["job_dir"])[-1:] == [8],
+                 timeout=180)
+        (grown,) = [e for e in progress_events(job["job_dir"], "start") if e["world_size"] == 8]
+        other = _shrinks_in_process(user, user2, job, grown, "gpu:4", 4)
+    finally:
+        for leftover in (blocker, other):
             if leftover:
                 subprocess.run(["scancel", str(leftover)], check=False)
 

@@ -249,9 +249,9 @@ def test_a_rank_asked_to_leave_leaves_and_the_others_go_on_in_a_smaller_group(tm
 
 
 def test_a_rank_killed_during_the_re_formation_ends_in_the_restart_with_its_checkpoint(tmp_path: Path) -> None:
-    """kill -9 of the rank that leaves at each phase: before the others know the plan, the group falls back (every
-    rank that lives stops with "regroup-failed", rank 0 checkpoints); once it has left the old group, the others
-    re-form without it as if it had exited."""
+    """kill -9 during the re-formation: of the rank that leaves, or one that stays, before they all know the plan,
+    and the group falls back (every rank that lives stops with "regroup-failed", rank 0 checkpoints); of the rank
+    that leaves once it has left the old group, and the others re-form without it as if it had exited."""
     from dlsub.checkpointing.regroup import FAILPOINT_ENV
     from dlsub.checkpointing.run import STOP_REGROUP_FAILED
 
@@ -259,15 +259,24 @@ def test_a_rank_killed_during_the_re_formation_ends_in_the_restart_with_its_chec
     marker = contract.left_in_process_marker(Path(tempfile.gettempdir()), os.getpid())
     try:
         job = tmp_path / "agreed"
-        ends = ranks_ended(_RUN_RANK, [str(job)], [torchrun, {**torchrun, FAILPOINT_ENV: "agreed"}, torchrun])
+        ends = ranks_ended(_RUN_RANK, [str(job)], [torchrun, {**torchrun, FAILPOINT_ENV: "leaving:agreed"}, torchrun])
         assert ends[1][0] == -signal.SIGKILL
         assert [(code, json.loads(line)) for code, line in (ends[0], ends[2])] == \
             [(0, {"stop": True, "reason": STOP_REGROUP_FAILED})] * 2
         events = [json.loads(line)["event"] for line in (job / "progress.jsonl").read_text().splitlines()]
         assert "checkpoint" in events and "exit_for_resume" in events and "regrouped" not in events
 
+        # A rank that stays dies once they agreed: the same fallback, for the one leaving too.
+        job = tmp_path / "staying"
+        dies = {**torchrun, FAILPOINT_ENV: "staying:agreed"}
+        ends = ranks_ended(_RUN_RANK, [str(job)], [torchrun, torchrun, dies])
+        assert ends[2][0] == -signal.SIGKILL
+        assert [(code, json.loads(line)) for code, line in ends[:2]] == \
+            [(0, {"stop": True, "reason": STOP_REGROUP_FAILED})] * 2
+        assert "checkpoint" in (job / "progress.jsonl").read_text()
+
         job = tmp_path / "left"
-        dies = {**torchrun, FAILPOINT_ENV: "left-the-old-group"}
+        dies = {**torchrun, FAILPOINT_ENV: "leaving:left-the-old-group"}
         ends = ranks_ended(_RUN_RANK, [str(job)], [torchrun, dies, torchrun])
         assert ends[1][0] == -signal.SIGKILL
         assert [json.loads(line)["world"] for _, line in (ends[0], ends[2])] == [2, 2]
