@@ -47,12 +47,14 @@ DEFAULT_PREFIX = "dlsub/regroup"
 
 #: A process whose environment names its part and a phase here (``leaving:agreed``, ``staying:left-the-old-group``)
 #: kills itself (SIGKILL) when it gets there: the kill -9 tests of each phase of the re-formation (as the agent's
-#: failpoints do for a move's and a resize's steps).
-FAILPOINT_ENV = "DLSUB_REGROUP_FAILPOINT"
+#: failpoints do for a move's and a resize's steps). Under torchrun only in its first set of processes (those it
+#: starts again after the kill go on), so that a live job dies there once.
+FAILPOINT_ENV = "REGROUP_FAILPOINT"  # not DLSUB_: a job passes it into its containers with --export
 
 
 def _failpoint(phase: str, leaving: bool) -> None:
-    if os.environ.get(FAILPOINT_ENV) == f"{'leaving' if leaving else 'staying'}:{phase}":
+    if (os.environ.get(FAILPOINT_ENV) == f"{'leaving' if leaving else 'staying'}:{phase}"
+            and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
         os.kill(os.getpid(), signal.SIGKILL)
 
 

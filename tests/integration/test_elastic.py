@@ -12,7 +12,9 @@
   re-forms with the main job: world size 2) and it completes.
 * A training that re-forms in process (issue 52), elastic in GPUs and then
   across two nodes: a shrink leaves rank 0 running in the same process, with
-  nothing checkpointed, restarted or restored for it, and the job completes.
+  nothing checkpointed, restarted or restored for it, and the job completes;
+  with the leaving rank killed mid-way, the group restarts from the checkpoint
+  rank 0 made at that step.
 * The node of a worker dies mid-run: the job shrinks instead of failing.
 * A heterogeneous job (GPU trainers on `gpu`, a CPU component on `cpu`)
   starts all-or-nothing and each part learns its role.
@@ -265,6 +267,39 @@ def test_an_elastic_job_over_nodes_shrinks_in_process_its_main_node_training_on_
         other = _shrinks_in_process(user, user2, job, grown, "gpu:4", 4)
     finally:
         for leftover in (blocker, other):
+            if leftover:
+                subprocess.run(["scancel", str(leftover)], check=False)
+
+
+def test_a_rank_killed_as_it_leaves_in_process_ends_in_the_restart_and_nothing_is_lost(
+    user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    """Issue 52's fallback: the worker's rank is killed (-9) once the group agreed that it leaves
+    (``REGROUP_FAILPOINT=leaving:agreed``, into its container): rank 0 cannot re-form in process, so it
+    checkpoints ("regroup-failed") and the group restarts from that checkpoint, as without the in-process path;
+    the job completes, and the restart resumed at the step it checkpointed. 5 epochs (110 steps): the fallback
+    came at step 5 and the restart 8.5 s after it (2026-12-03)."""
+    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 2)]
+    other = None
+    try:
+        job = user.submit("--gpus", "1:2", "--cpus", "1", "--mem", "1G", "--export",
+                          "ALL,REGROUP_FAILPOINT=leaving:agreed", TRAIN, "--epochs", "5", "--throttle", "0.1",
+                          "--regroup-in-process", cwd=workdir)
+        wait_for("training on 2 GPUs", lambda: world_sizes(job["job_dir"])[-1:] == [2], timeout=240)
+        out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:1", "-J", "waits", "--mem=200",
+                        "--cpus-per-task=1", "--time=10", "--wrap", "sleep 600", check=True)
+        other = int(out.stdout.strip().split(";")[0])
+        (fell_back,) = wait_for("the group to fall back to a checkpoint", lambda: [
+            e for e in progress_events(job["job_dir"], "exit_for_resume") if e.get("reason") == "regroup-failed"],
+            timeout=180)
+        final = user.wait_until_ended(job["id"], "the elastic job to complete", timeout=300)
+        assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
+        saved = [e for e in progress_events(job["job_dir"], "checkpoint") if e["time"] <= fell_back["time"]][-1]
+        restored = [e for e in progress_events(job["job_dir"], "restore") if e["time"] > fell_back["time"]]
+        assert restored and restored[0]["step"] == saved["step"], (saved, restored)
+        assert "could not re-form in process" in job_output(job["job_dir"])
+    finally:
+        for leftover in (*held, other):
             if leftover:
                 subprocess.run(["scancel", str(leftover)], check=False)
 
