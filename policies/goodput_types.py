@@ -401,6 +401,25 @@ def within_floor(rows: Sequence[Row], floor: float, current: tuple[int, int] | N
     return kept
 
 
+def within_type_floor(rows: Sequence[Row], floor: float, current: tuple[int, int] | None = None) -> list[Row]:
+    """The rows left where a type is slow for the job: on a type whose smallest configuration gives, per GPU,
+    less than ``floor`` of what a GPU gives the job where one gives it most (on any type), only that smallest
+    configuration is kept; on the other types every row. A job may still start (or wait out a busy fast
+    type) on a slow type's few GPUs, but it never grows wide there: a GPU-hour of a type where the job runs at
+    a fraction of its best per GPU buys little of its time (issue 54: imagenet spent about a quarter of its
+    GPU time on the slowest type, mostly at 16 GPUs or more). ``current`` (type index, GPUs), the job's
+    configuration now, is kept (as :func:`within_floor` keeps it). 0 keeps every row."""
+    if floor <= 0 or not rows:
+        return list(rows)
+    smallest: dict[int, Row] = {}
+    for row in rows:
+        if row[0] not in smallest or row[1] < smallest[row[0]][1]:
+            smallest[row[0]] = row
+    best = max(r[2] / r[1] for r in smallest.values())
+    slow = {i for i, r in smallest.items() if r[2] / r[1] < floor * best}
+    return [row for row in rows if row[0] not in slow or row == smallest[row[0]] or (row[0], row[1]) == current]
+
+
 def discounted_rows(job: JobView, shapes: Sequence[TypeShape], rows: Sequence[Row], share: float,
                     current: tuple[int, int] | None = None) -> list[Row]:
     """Each row whose goodput the job's model extrapolates to (:meth:`FittedPerformance.extrapolates`: more
@@ -464,8 +483,11 @@ class TypedGoodputPolicy(GoodputPolicy):
                  restart_count: float = 3.0, service_power: float = 0.25, guess_types: bool = False,
                  marginal_floor: float = 0.0, floor_across_types: bool = True, gpu_price: float = 0.0,
                  profile_batches: int = 1, price_resizes: bool = False, extrapolated_share: float = 0.0,
-                 weigh_by_age: bool = False, **goodput: Any) -> None:
+                 weigh_by_age: bool = False, type_floor: float = 0.0, **goodput: Any) -> None:
         super().__init__(**goodput)
+        # On a type whose one GPU gives the job less than this share of what one gives it on its best type,
+        # only the type's smallest configuration is offered (within_type_floor; issue 54). 0: off.
+        self.type_floor = type_floor
         # Whether the attained-service weight reads the job's age rather than its GPU-seconds (weight; issue
         # 54). Off: GPU-seconds, as Tiresias counts service.
         self.weigh_by_age = bool(weigh_by_age)
@@ -537,8 +559,8 @@ class TypedGoodputPolicy(GoodputPolicy):
         speeds = type_speeds(jobs) if self.guess_types else None
 
         def candidates(job: JobView, prev_key: tuple[int, int] | None) -> Iterable[tuple[int, int, float]]:
-            rows = priced_rows(discounted_rows(job, shapes, within_floor(type_rates(job, shapes, memo, speeds),
-                                                                         self.marginal_floor, prev_key,
+            offered = within_type_floor(type_rates(job, shapes, memo, speeds), self.type_floor, prev_key)
+            rows = priced_rows(discounted_rows(job, shapes, within_floor(offered, self.marginal_floor, prev_key,
                                                                          self.floor_across_types),
                                                self.extrapolated_share, prev_key), self.gpu_price)
             if not rows:

@@ -22,6 +22,7 @@ from dlsub.policies.goodput_types import (
     priced_rows,
     type_rates,
     within_floor,
+    within_type_floor,
 )
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sia import type_shapes
@@ -227,6 +228,31 @@ def test_within_floor_across_types_judges_a_slow_types_gpus_against_the_fast_typ
     assert within_floor(rows, 0.5) == rows
     assert within_floor(rows, 0.5, across_types=True) == [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 1.0)]
     assert within_floor(rows, 0.25, across_types=True) == rows
+
+
+def test_within_type_floor_keeps_only_the_smallest_configuration_of_a_type_slow_for_the_job() -> None:
+    # Type 0 gives 4 a GPU on its smallest; type 1 1 a GPU (a quarter), type 2 2.5 on its smallest of 2 (0.31).
+    rows = [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 1.0), (1, 2, 2.0), (1, 4, 4.0), (2, 2, 2.5), (2, 4, 5.0)]
+    assert within_type_floor(rows, 0.0) == rows
+    assert within_type_floor(rows, 0.25) == rows  # a quarter is not below a quarter
+    assert within_type_floor(rows, 0.3) == [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 1.0), (2, 2, 2.5), (2, 4, 5.0)]
+    assert within_type_floor(rows, 0.4) == [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 1.0), (2, 2, 2.5)]
+    # Where the job runs now is kept, whatever the floor; the fast type is never cut, however flat.
+    assert within_type_floor(rows, 0.4, current=(1, 4)) == [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 1.0), (1, 4, 4.0),
+                                                           (2, 2, 2.5)]
+    assert within_type_floor([], 0.4) == []
+
+
+@pytest.mark.parametrize(("floor", "want"), [(0.0, ("b", 8)), (0.5, ("b", 8)), (0.6, ("a", 4)), (None, ("b", 8))])
+def test_a_job_is_not_grown_wide_on_a_type_slow_for_it(floor: float | None, want: tuple[str, int]) -> None:
+    # Linear, a GPU of b giving 0.55 of one of a: 8 of b (8.8) beat all 4 of a (8.0) until the floor passes
+    # 0.55, which leaves b its one GPU. None: the policy's default (off).
+    c = cluster(("a", 1, 4), ("b", 1, 8))
+    j = job("j", hi=8, type_models={"a": Linear(2.0), "b": Linear(1.1)})
+    policy = TypedGoodputPolicy() if floor is None else TypedGoodputPolicy(type_floor=floor)
+    decision = policy.decide([j], c, 0.0, {})
+    check_decision(decision, [j], c)
+    assert types_of(decision, c) == {"j": want}
 
 
 # -- the price of a GPU (issue 54) ------------------------------------------------------------------
