@@ -483,8 +483,12 @@ class TypedGoodputPolicy(GoodputPolicy):
                  restart_count: float = 3.0, service_power: float = 0.25, guess_types: bool = False,
                  marginal_floor: float = 0.0, floor_across_types: bool = True, gpu_price: float = 0.0,
                  profile_batches: int = 1, price_resizes: bool = False, extrapolated_share: float = 0.0,
-                 weigh_by_age: bool = False, type_floor: float = 0.0, **goodput: Any) -> None:
+                 weigh_by_age: bool = False, type_floor: float = 0.0, thrift_after_gpu_h: float = 0.0,
+                 **goodput: Any) -> None:
         super().__init__(**goodput)
+        # The type floor, the marginal floor and the price act on a job only once it has held this many
+        # GPU-hours (its attained service; issue 54): a young job, likely short, grows as before. 0: every job.
+        self.thrift_after_gpu_h = thrift_after_gpu_h
         # On a type whose one GPU gives the job less than this share of what one gives it on its best type,
         # only the type's smallest configuration is offered (within_type_floor; issue 54). 0: off.
         self.type_floor = type_floor
@@ -559,10 +563,13 @@ class TypedGoodputPolicy(GoodputPolicy):
         speeds = type_speeds(jobs) if self.guess_types else None
 
         def candidates(job: JobView, prev_key: tuple[int, int] | None) -> Iterable[tuple[int, int, float]]:
-            offered = within_type_floor(type_rates(job, shapes, memo, speeds), self.type_floor, prev_key)
-            rows = priced_rows(discounted_rows(job, shapes, within_floor(offered, self.marginal_floor, prev_key,
+            thrifty = job.attained_gpu_s >= self.thrift_after_gpu_h * 3600.0
+            type_floor, floor, price = ((self.type_floor, self.marginal_floor, self.gpu_price) if thrifty
+                                        else (0.0, 0.0, 0.0))
+            offered = within_type_floor(type_rates(job, shapes, memo, speeds), type_floor, prev_key)
+            rows = priced_rows(discounted_rows(job, shapes, within_floor(offered, floor, prev_key,
                                                                          self.floor_across_types),
-                                               self.extrapolated_share, prev_key), self.gpu_price)
+                                               self.extrapolated_share, prev_key), price)
             if not rows:
                 return []
             least = min(rate for _, _, rate in rows)

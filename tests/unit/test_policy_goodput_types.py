@@ -273,6 +273,20 @@ def test_a_priced_gpu_goes_to_a_job_only_while_its_time_saved_pays_for_it(price:
     assert poor_and_linear_gpus(policy) == {"p": ("a", want), "l": ("b", 8)}
 
 
+@pytest.mark.parametrize(("attained_h", "want"), [(0.0, 8), (1.9, 8), (2.0, 2), (5.0, 2)])
+def test_the_price_and_floors_act_on_a_job_only_once_it_has_held_enough_gpu_hours(attained_h: float,
+                                                                                   want: int) -> None:
+    # As the price test above at 0.5 (2 of a), but only once the job has held 2 GPU-hours: before, a young job
+    # (likely short) grows as without the price.
+    c = cluster(("a", 1, 8), ("b", 1, 8))
+    poor = job("p", hi=8, type_models={"a": Linear(2.0, 0.5), "b": Linear(1.0, 0.5)},
+               attained_gpu_s=attained_h * 3600.0)
+    policy = TypedGoodputPolicy(gpu_price=0.5, type_floor=0.6, thrift_after_gpu_h=2.0)
+    decision = policy.decide([poor], c, 0.0, {})
+    check_decision(decision, [poor], c)
+    assert types_of(decision, c) == {"p": ("a", want)}
+
+
 # -- configurations the job's model has not measured (issue 54) -----------------------------------------
 
 
