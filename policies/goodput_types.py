@@ -401,22 +401,31 @@ def within_floor(rows: Sequence[Row], floor: float, current: tuple[int, int] | N
     return kept
 
 
-def within_type_floor(rows: Sequence[Row], floor: float, current: tuple[int, int] | None = None) -> list[Row]:
+def within_type_floor(rows: Sequence[Row], floor: float, current: tuple[int, int] | None = None,
+                      per_gpu: Mapping[int, float] | None = None) -> list[Row]:
     """The rows left where a type is slow for the job: on a type whose smallest configuration gives, per GPU,
     less than ``floor`` of what a GPU gives the job where one gives it most (on any type), only that smallest
     configuration is kept; on the other types every row. A job may still start (or wait out a busy fast
     type) on a slow type's few GPUs, but it never grows wide there: a GPU-hour of a type where the job runs at
     a fraction of its best per GPU buys little of its time (issue 54: imagenet spent about a quarter of its
     GPU time on the slowest type, mostly at 16 GPUs or more). ``current`` (type index, GPUs), the job's
-    configuration now, is kept (as :func:`within_floor` keeps it). 0 keeps every row."""
+    configuration now, is kept (as :func:`within_floor` keeps it). 0 keeps every row.
+
+    ``per_gpu`` (type index: what one GPU of it gives the job), where given for every type of ``rows``, is what
+    the types are judged by instead of their smallest rows: the job's one-GPU profiles, measured alike on
+    every type, where the rows come from models fitted to different reports (a type it has run on judged by
+    its own model, the others bootstrapped), so that which type is slow stays put as the models move."""
     if floor <= 0 or not rows:
         return list(rows)
     smallest: dict[int, Row] = {}
     for row in rows:
         if row[0] not in smallest or row[1] < smallest[row[0]][1]:
             smallest[row[0]] = row
-    best = max(r[2] / r[1] for r in smallest.values())
-    slow = {i for i, r in smallest.items() if r[2] / r[1] < floor * best}
+    rate = {i: r[2] / r[1] for i, r in smallest.items()}
+    if per_gpu is not None and all(per_gpu.get(i, 0.0) > 0 for i in smallest):
+        rate = {i: per_gpu[i] for i in smallest}
+    best = max(rate.values())
+    slow = {i for i, r in rate.items() if r < floor * best}
     return [row for row in rows if row[0] not in slow or row == smallest[row[0]] or (row[0], row[1]) == current]
 
 
@@ -484,10 +493,13 @@ class TypedGoodputPolicy(GoodputPolicy):
                  marginal_floor: float = 0.0, floor_across_types: bool = True, gpu_price: float = 0.0,
                  profile_batches: int = 1, price_resizes: bool = False, extrapolated_share: float = 0.0,
                  weigh_by_age: bool = False, type_floor: float = 0.0, thrift_after_gpu_h: float = 0.0,
-                 **goodput: Any) -> None:
+                 type_floor_by_profile: bool = False, **goodput: Any) -> None:
         super().__init__(**goodput)
-        # The type floor, the marginal floor and the price act on a job only once it has held this many
-        # GPU-hours (its attained service; issue 54): a young job, likely short, grows as before. 0: every job.
+        # Whether the type floor judges a type by the job's one-GPU profile of it rather than by its smallest
+        # configuration's rating (within_type_floor's per_gpu).
+        self.type_floor_by_profile = bool(type_floor_by_profile)
+        # The marginal floor and the price act on a job only once it has held this many GPU-hours (its
+        # attained service; issue 54): a young job, likely short, grows as before. 0: every job.
         self.thrift_after_gpu_h = thrift_after_gpu_h
         # On a type whose one GPU gives the job less than this share of what one gives it on its best type,
         # only the type's smallest configuration is offered (within_type_floor; issue 54). 0: off.
@@ -564,9 +576,10 @@ class TypedGoodputPolicy(GoodputPolicy):
 
         def candidates(job: JobView, prev_key: tuple[int, int] | None) -> Iterable[tuple[int, int, float]]:
             thrifty = job.attained_gpu_s >= self.thrift_after_gpu_h * 3600.0
-            type_floor, floor, price = ((self.type_floor, self.marginal_floor, self.gpu_price) if thrifty
-                                        else (0.0, 0.0, 0.0))
-            offered = within_type_floor(type_rates(job, shapes, memo, speeds), type_floor, prev_key)
+            floor, price = (self.marginal_floor, self.gpu_price) if thrifty else (0.0, 0.0)
+            profile = ({i: (job.type_rates or {}).get(shape.name, 0.0) for i, shape in enumerate(shapes)}
+                       if self.type_floor_by_profile else None)
+            offered = within_type_floor(type_rates(job, shapes, memo, speeds), self.type_floor, prev_key, profile)
             rows = priced_rows(discounted_rows(job, shapes, within_floor(offered, floor, prev_key,
                                                                          self.floor_across_types),
                                                self.extrapolated_share, prev_key), price)

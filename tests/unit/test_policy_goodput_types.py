@@ -243,6 +243,14 @@ def test_within_type_floor_keeps_only_the_smallest_configuration_of_a_type_slow_
     assert within_type_floor([], 0.4) == []
 
 
+def test_within_type_floor_judges_types_by_the_profile_where_given() -> None:
+    # Rows rate type 1's one GPU at 0.5 of type 0's; its profile says 0.3: below a floor of 0.4 by the profile.
+    rows = [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 2.0), (1, 2, 3.5)]
+    assert within_type_floor(rows, 0.4) == rows
+    assert within_type_floor(rows, 0.4, per_gpu={0: 10.0, 1: 3.0}) == rows[:3]
+    assert within_type_floor(rows, 0.4, per_gpu={0: 10.0}) == rows  # a type unprofiled: judged by the rows
+
+
 @pytest.mark.parametrize(("floor", "want"), [(0.0, ("b", 8)), (0.5, ("b", 8)), (0.6, ("a", 4)), (None, ("b", 8))])
 def test_a_job_is_not_grown_wide_on_a_type_slow_for_it(floor: float | None, want: tuple[str, int]) -> None:
     # Linear, a GPU of b giving 0.55 of one of a: 8 of b (8.8) beat all 4 of a (8.0) until the floor passes
@@ -274,14 +282,13 @@ def test_a_priced_gpu_goes_to_a_job_only_while_its_time_saved_pays_for_it(price:
 
 
 @pytest.mark.parametrize(("attained_h", "want"), [(0.0, 8), (1.9, 8), (2.0, 2), (5.0, 2)])
-def test_the_price_and_floors_act_on_a_job_only_once_it_has_held_enough_gpu_hours(attained_h: float,
-                                                                                   want: int) -> None:
+def test_the_price_acts_on_a_job_only_once_it_has_held_enough_gpu_hours(attained_h: float, want: int) -> None:
     # As the price test above at 0.5 (2 of a), but only once the job has held 2 GPU-hours: before, a young job
     # (likely short) grows as without the price.
     c = cluster(("a", 1, 8), ("b", 1, 8))
     poor = job("p", hi=8, type_models={"a": Linear(2.0, 0.5), "b": Linear(1.0, 0.5)},
                attained_gpu_s=attained_h * 3600.0)
-    policy = TypedGoodputPolicy(gpu_price=0.5, type_floor=0.6, thrift_after_gpu_h=2.0)
+    policy = TypedGoodputPolicy(gpu_price=0.5, thrift_after_gpu_h=2.0)
     decision = policy.decide([poor], c, 0.0, {})
     check_decision(decision, [poor], c)
     assert types_of(decision, c) == {"p": ("a", want)}
