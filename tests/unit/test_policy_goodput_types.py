@@ -39,6 +39,9 @@ def test_on_one_gpu_type_it_decides_as_goodput(c: ClusterView) -> None:
             job("c", hi=2, arrival_s=120.0, model=Linear(1.0, 1.0), remaining=300.0)]
     previous = {"a": Allocation(("n000",) * 2 if c.nodes[0].name == "n000" else ("a1000",) * 2)}
     assert get_policy("goodput").decide(jobs, c, 600.0, previous) == GoodputPolicy().decide(jobs, c, 600.0, previous)
+    # Issue 54's floors and price act across types only: on one type the homogeneous goodput decides.
+    thrifty = TypedGoodputPolicy(type_floor=0.4, gpu_price=0.03, thrift_after_gpu_h=4.0)
+    assert thrifty.decide(jobs, c, 600.0, previous) == GoodputPolicy().decide(jobs, c, 600.0, previous)
 
 
 def test_on_the_pollux_workloads_the_simulation_is_goodputs_exactly() -> None:
