@@ -22,6 +22,7 @@ from dlsub.policies.goodput_types import (
     priced_rows,
     type_rates,
     within_floor,
+    within_type_floor,
 )
 from dlsub.policies.registry import get_policy
 from dlsub.policies.sia import type_shapes
@@ -38,6 +39,9 @@ def test_on_one_gpu_type_it_decides_as_goodput(c: ClusterView) -> None:
             job("c", hi=2, arrival_s=120.0, model=Linear(1.0, 1.0), remaining=300.0)]
     previous = {"a": Allocation(("n000",) * 2 if c.nodes[0].name == "n000" else ("a1000",) * 2)}
     assert get_policy("goodput").decide(jobs, c, 600.0, previous) == GoodputPolicy().decide(jobs, c, 600.0, previous)
+    # Issue 54's floors and price act across types only: on one type the homogeneous goodput decides.
+    thrifty = TypedGoodputPolicy(type_floor=0.4, gpu_price=0.03, thrift_after_gpu_h=4.0)
+    assert thrifty.decide(jobs, c, 600.0, previous) == GoodputPolicy().decide(jobs, c, 600.0, previous)
 
 
 def test_on_the_pollux_workloads_the_simulation_is_goodputs_exactly() -> None:
@@ -229,6 +233,39 @@ def test_within_floor_across_types_judges_a_slow_types_gpus_against_the_fast_typ
     assert within_floor(rows, 0.25, across_types=True) == rows
 
 
+def test_within_type_floor_keeps_only_the_smallest_configuration_of_a_type_slow_for_the_job() -> None:
+    # Type 0 gives 4 a GPU on its smallest; type 1 1 a GPU (a quarter), type 2 2.5 on its smallest of 2 (0.31).
+    rows = [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 1.0), (1, 2, 2.0), (1, 4, 4.0), (2, 2, 2.5), (2, 4, 5.0)]
+    assert within_type_floor(rows, 0.0) == rows
+    assert within_type_floor(rows, 0.25) == rows  # a quarter is not below a quarter
+    assert within_type_floor(rows, 0.3) == [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 1.0), (2, 2, 2.5), (2, 4, 5.0)]
+    assert within_type_floor(rows, 0.4) == [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 1.0), (2, 2, 2.5)]
+    # Where the job runs now is kept, whatever the floor; the fast type is never cut, however flat.
+    assert within_type_floor(rows, 0.4, current=(1, 4)) == [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 1.0), (1, 4, 4.0),
+                                                           (2, 2, 2.5)]
+    assert within_type_floor([], 0.4) == []
+
+
+def test_within_type_floor_judges_types_by_the_profile_where_given() -> None:
+    # Rows rate type 1's one GPU at 0.5 of type 0's; its profile says 0.3: below a floor of 0.4 by the profile.
+    rows = [(0, 1, 4.0), (0, 2, 7.0), (1, 1, 2.0), (1, 2, 3.5)]
+    assert within_type_floor(rows, 0.4) == rows
+    assert within_type_floor(rows, 0.4, per_gpu={0: 10.0, 1: 3.0}) == rows[:3]
+    assert within_type_floor(rows, 0.4, per_gpu={0: 10.0}) == rows  # a type unprofiled: judged by the rows
+
+
+@pytest.mark.parametrize(("floor", "want"), [(0.0, ("b", 8)), (0.5, ("b", 8)), (0.6, ("a", 4)), (None, ("b", 8))])
+def test_a_job_is_not_grown_wide_on_a_type_slow_for_it(floor: float | None, want: tuple[str, int]) -> None:
+    # Linear, a GPU of b giving 0.55 of one of a: 8 of b (8.8) beat all 4 of a (8.0) until the floor passes
+    # 0.55, which leaves b its one GPU. None: the policy's default (off).
+    c = cluster(("a", 1, 4), ("b", 1, 8))
+    j = job("j", hi=8, type_models={"a": Linear(2.0), "b": Linear(1.1)})
+    policy = TypedGoodputPolicy() if floor is None else TypedGoodputPolicy(type_floor=floor)
+    decision = policy.decide([j], c, 0.0, {})
+    check_decision(decision, [j], c)
+    assert types_of(decision, c) == {"j": want}
+
+
 # -- the price of a GPU (issue 54) ------------------------------------------------------------------
 
 
@@ -245,6 +282,19 @@ def test_a_priced_gpu_goes_to_a_job_only_while_its_time_saved_pays_for_it(price:
     # None: the policy's default.
     policy = TypedGoodputPolicy() if price is None else TypedGoodputPolicy(gpu_price=price)
     assert poor_and_linear_gpus(policy) == {"p": ("a", want), "l": ("b", 8)}
+
+
+@pytest.mark.parametrize(("attained_h", "want"), [(0.0, 8), (1.9, 8), (2.0, 2), (5.0, 2)])
+def test_the_price_acts_on_a_job_only_once_it_has_held_enough_gpu_hours(attained_h: float, want: int) -> None:
+    # As the price test above at 0.5 (2 of a), but only once the job has held 2 GPU-hours: before, a young job
+    # (likely short) grows as without the price.
+    c = cluster(("a", 1, 8), ("b", 1, 8))
+    poor = job("p", hi=8, type_models={"a": Linear(2.0, 0.5), "b": Linear(1.0, 0.5)},
+               attained_gpu_s=attained_h * 3600.0)
+    policy = TypedGoodputPolicy(gpu_price=0.5, thrift_after_gpu_h=2.0)
+    decision = policy.decide([poor], c, 0.0, {})
+    check_decision(decision, [poor], c)
+    assert types_of(decision, c) == {"p": ("a", want)}
 
 
 # -- configurations the job's model has not measured (issue 54) -----------------------------------------
