@@ -3,7 +3,7 @@
     python benchmarks/goodput_vs_pollux.py [--loads 0.5,1.0] [--orders 5] [--jitter 120]
         [--workloads 1,2,3,4,5,6,7,8] [--history none,one-user] [--procs 2] [--raw FILE]
         [--variant K=V,...] [--paired] [--tuned-on 1-4|5-8]
-        [--generated [--stated-missing 0.5] [--stated-error 2]] [--resize-costs restart,10,0]
+        [--generated [--stated-missing 0.5] [--stated-error 2]] [--resize-costs restart,10,9.3/0.6,0]
 
 For each load, each arrival order (seed 1..N: every arrival delayed by up
 to --jitter seconds) and each workload, goodput and pollux run on the same
@@ -43,11 +43,14 @@ untouched (the reverse split).
 --resize-costs C,... (issue 52): what a resize in place costs in the
 simulator (``SimConfig.resize_penalty_s``): ``restart`` (a resize costs a
 restart, as every figure before issue 52 was run), seconds (10: dlsub's
-measured resize, the simulator's default; 0: free resizes, a bound). Every
+measured resize, the simulator's default; 0: free resizes, a bound), or
+``GROW/SHRINK`` seconds (``9.3/0.6``: a grow and a shrink priced apart,
+``SimConfig.shrink_penalty_s``). Every
 policy runs at each; each cost is reported as above (the policy alone: the
 same cost for both), then, with ``restart`` and a measured cost among them,
-the systems as systems: goodput at the first cost other than ``restart``
-and 0 (dlsub's resize) against pollux at ``restart`` (Pollux restarts on
+the systems as systems: goodput at dlsub's resize (the first ``GROW/SHRINK``
+entry, else the first cost other than ``restart`` and 0) against pollux at
+``restart`` (Pollux restarts on
 every change, the 30 s its simulator charged); and each policy's paired
 change from ``restart`` to each other cost (what the cheaper resize alone
 gives it). Rows of --raw kept before the option are ``restart`` rows.
@@ -66,7 +69,7 @@ from pathlib import Path
 from dlsub.policies.api import ClusterView, Policy
 from dlsub.policies.registry import get_policy
 from dlsub.sim.compare import METRICS, Lookup, claim, figures, interval, per_order, table, verdict
-from dlsub.sim.engine import SimConfig, simulate
+from dlsub.sim.engine import RESTART_COST, SimConfig, dlsub_resize_cost, resize_cost_label, resize_penalties, simulate
 from dlsub.sim.generate import Statements, TraceJob, generate, read_philly
 from dlsub.sim.published import LOAD_DIRS, PUBLISHED_AVG_JCT_S
 from dlsub.sim.workload import POLLUX_DIR, WorkloadJob, read_workload
@@ -74,7 +77,7 @@ from dlsub.sim.workload import POLLUX_DIR, WorkloadJob, read_workload
 HALVES = {"tuned (1-4)": (1, 2, 3, 4), "untouched (5-8)": (5, 6, 7, 8)}
 REVERSED = {"tuned (5-8)": (5, 6, 7, 8), "untouched (1-4)": (1, 2, 3, 4)}
 Task = tuple[str, int, int, str, str, str]  # load, workload, seed, policy, history, resize cost
-RESTART = "restart"  # --resize-costs: a resize costs a restart (SimConfig.resize_penalty_s None)
+RESTART = RESTART_COST  # --resize-costs: a resize costs a restart (SimConfig.resize_penalty_s None)
 # Issue 54: goodput's average JCT at most this times pollux's, at no more GPU-hours per job.
 CLAIM_GOAL = 0.90
 PHILLY = Path(__file__).resolve().parents[1].parent / "shared/data/pollux/traces/philly.csv"
@@ -105,15 +108,16 @@ class Source:
 
 
 def resize_penalty(cost: str) -> float | None:
-    """A --resize-costs entry as SimConfig.resize_penalty_s."""
-    return None if cost == RESTART else float(cost)
+    """A --resize-costs entry as SimConfig.resize_penalty_s (a grow's, for ``GROW/SHRINK``)."""
+    return resize_penalties(cost)[0]
 
 
 def run(task: Task, jitter: float, source: Source) -> dict[str, object]:
     load, workload, seed, policy, history, resize = task
     jobs = source.workload(load, workload)
+    grow_s, shrink_s = resize_penalties(resize)
     config = SimConfig(seed=seed, arrival_jitter_s=jitter, information="online", history=history,
-                       resize_penalty_s=resize_penalty(resize))
+                       resize_penalty_s=grow_s, shrink_penalty_s=shrink_s)
     summary = simulate(jobs, POLLUX_DIR / "traces", policy_of(policy), ClusterView.uniform(16, 4), config).summary()
     return {"load": load, "workload": workload, "seed": seed, "policy": policy, "history": history,
             "resize": resize, "jitter": jitter, "source": source.label_for(policy), "avg_jct_s": summary["avg_jct_s"],
@@ -135,8 +139,9 @@ def _key(row: dict[str, object]) -> Task:
 
 
 def cost_label(cost: object) -> str:
-    """A resize cost as runs are keyed: ``restart`` or its seconds as --resize-costs spells them (10, 0, 2.5)."""
-    return RESTART if cost in (None, RESTART) else f"{float(str(cost)):g}"
+    """A resize cost as runs are keyed: ``restart``, its seconds as --resize-costs spells them (10, 0, 2.5), or
+    ``GROW/SHRINK`` seconds (9.3/0.6)."""
+    return resize_cost_label(cost)
 
 
 def figures_of(row: Mapping[str, object]) -> dict[str, float] | None:
@@ -256,9 +261,13 @@ def main() -> None:
                         help="with --generated: stated lengths off by a factor in [1/E, E], log-uniform")
     parser.add_argument("--resize-costs", default="10",
                         help="what a resize in place costs, each run: 'restart' (as before issue 52), seconds "
-                             "(10: dlsub's measured resize, the default; 0: free, a bound)")
+                             "(10: dlsub's measured resize, the default; 0: free, a bound), or GROW/SHRINK "
+                             "seconds (9.3/0.6: grows and shrinks priced apart)")
     args = parser.parse_args()
-    costs = [cost_label(c) for c in args.resize_costs.split(",")]
+    try:
+        costs = [cost_label(c) for c in args.resize_costs.split(",")]
+    except ValueError as exc:
+        parser.error(f"--resize-costs: {exc}")
     loads = args.loads.split(",")
     source = Source()
     if args.generated:
@@ -307,10 +316,10 @@ def main() -> None:
               f"workloads: {source.label}")
         report(at_costs(results, {"": cost}), loads, seeds, workloads, histories, goodput, halves,
                paired=len(goodputs) > 1, generated=args.generated)
-    measured = [c for c in costs if c not in (RESTART, "0")]
+    measured = dlsub_resize_cost(costs)
     if RESTART in costs and measured:
-        print(f"\n######## systems: goodput at dlsub's resize ({measured[0]} s), pollux at a restart for every change")
-        report(at_costs(results, {"": measured[0], "pollux": RESTART}), loads, seeds, workloads, histories, goodput,
+        print(f"\n######## systems: goodput at dlsub's resize ({measured} s), pollux at a restart for every change")
+        report(at_costs(results, {"": measured, "pollux": RESTART}), loads, seeds, workloads, histories, goodput,
                halves, paired=False, generated=args.generated)
     if RESTART in costs and len(costs) > 1:
         print("\n######## the cheaper resize alone, each policy (paired against a resize costing a restart)")

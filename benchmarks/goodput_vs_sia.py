@@ -3,7 +3,7 @@
     nice -n 19 python benchmarks/goodput_vs_sia.py [--data ../shared/data/sia] [--orders 5] [--jitter 120]
         [--workloads 5,6,7,8] [--policies goodput,sia,pollux] [--variant K=V,...] [--sia-variant K=V,...]
         [--raw FILE] [--profile before|beside|history] [--profile-s S] [--profile-batch-s S]
-        [--no-profile-report] [--history none|one-user] [--resize-costs restart,10,0]
+        [--no-profile-report] [--history none|one-user] [--resize-costs restart,10,9.3/0.6,0]
         [--profile-cost steps|flat] [--profile-startup-s S] [--profile-batch-startup-s S]
 
 Each Philly workload (``DATA/workloads-philly/workload-N.csv``) on Sia's cluster (aws 6x4, dgx-ext 2x8,
@@ -40,7 +40,9 @@ traces; each further batch size --profile-batch-startup-s plus its timed steps);
 before the option are ``flat`` rows.
 --resize-costs C,... (issue 52): what a resize in place costs (``SimConfig.resize_penalty_s``): ``restart``
 (each application's restart in Sia's calibration, as every figure before issue 52 was run), seconds (10:
-dlsub's measured resize, the default, never more than the application's restart; 0: free, a bound). Every
+dlsub's measured resize, the default, never more than the application's restart; 0: free, a bound), or
+``GROW/SHRINK`` seconds (``9.3/0.6``: a grow and a shrink priced apart, ``SimConfig.shrink_penalty_s``;
+dlsub's measured resize where one is given). Every
 policy runs at each and each is reported as above (the policies alone, at one cost); then, with ``restart``
 and a measured cost among them, the systems as systems (goodput at dlsub's measured resize against sia and
 pollux at the restarts Sia's paper measured) and each policy's paired change from ``restart`` to each other
@@ -60,7 +62,15 @@ from typing import Any
 from dlsub.policies.registry import policy_class, policy_names
 from dlsub.sim.cluster_file import load_cluster
 from dlsub.sim.compare import METRICS, Lookup, claim, figures, per_order, table
-from dlsub.sim.engine import PROFILE_MODES, SimConfig, simulate
+from dlsub.sim.engine import (
+    PROFILE_MODES,
+    RESTART_COST,
+    SimConfig,
+    dlsub_resize_cost,
+    resize_cost_label,
+    resize_penalties,
+    simulate,
+)
 from dlsub.sim.profile_cost import PROFILE_COSTS
 from dlsub.sim.workload import SCENARIOS_DIR, read_workload
 
@@ -68,12 +78,13 @@ from dlsub.sim.workload import SCENARIOS_DIR, read_workload
 CLAIM_GOAL = 0.90
 # The Philly workloads goodput's constants were chosen on (policies/goodput_types.py); the others are untouched.
 TUNED_ON = frozenset({1, 2, 3, 4})
-RESTART = "restart"  # --resize-costs: a resize costs the application's restart (SimConfig.resize_penalty_s None)
+RESTART = RESTART_COST  # --resize-costs: a resize costs the application's restart (SimConfig.resize_penalty_s None)
 
 
 def cost_label(cost: object) -> str:
-    """A resize cost as runs are keyed: ``restart`` or its seconds as --resize-costs spells them (10, 0, 2.5)."""
-    return RESTART if cost in (None, RESTART) else f"{float(str(cost)):g}"
+    """A resize cost as runs are keyed: ``restart``, its seconds as --resize-costs spells them (10, 0, 2.5), or
+    ``GROW/SHRINK`` seconds (9.3/0.6)."""
+    return resize_cost_label(cost)
 
 
 def parse_variant(text: str, flag: str = "--variant") -> dict[str, float]:
@@ -112,9 +123,11 @@ def run_one(data: Path, cluster_file: Path, policy: str, workload: int, seed: in
             profile_batch_s: float = SimConfig.profile_batch_s, resize: str = RESTART,
             profile_cost: str = SimConfig.profile_cost, profile_startup_s: float = SimConfig.profile_startup_s,
             profile_batch_startup_s: float = SimConfig.profile_batch_startup_s) -> dict[str, Any]:
+    grow_s, shrink_s = resize_penalties(resize)
     config = SimConfig(information="online", calibration="sia", seed=seed, arrival_jitter_s=jitter,
                        profile=profile, profile_s=profile_s, history=history, profile_report=profile_report,
-                       profile_batch_s=profile_batch_s, resize_penalty_s=None if resize == RESTART else float(resize),
+                       profile_batch_s=profile_batch_s, resize_penalty_s=grow_s,
+                       shrink_penalty_s=shrink_s,
                        profile_cost=profile_cost, profile_startup_s=profile_startup_s,
                        profile_batch_startup_s=profile_batch_startup_s)
     jobs = read_workload(data / "workloads-philly" / f"workload-{workload}.csv")
@@ -180,9 +193,13 @@ def main() -> None:
                              "have none)")
     parser.add_argument("--resize-costs", default="10",
                         help="what a resize in place costs, each run: 'restart' (as before issue 52), seconds "
-                             "(10: dlsub's measured resize, the default; 0: free, a bound)")
+                             "(10: dlsub's measured resize, the default; 0: free, a bound), or GROW/SHRINK "
+                             "seconds (9.3/0.6: grows and shrinks priced apart)")
     args = parser.parse_args()
-    costs = [cost_label(c) for c in args.resize_costs.split(",")]
+    try:
+        costs = [cost_label(c) for c in args.resize_costs.split(",")]
+    except ValueError as exc:
+        parser.error(f"--resize-costs: {exc}")
     numbers = [int(w) for w in args.workloads.split(",")]
     policies = args.policies.split(",")
     for name in policies:
@@ -303,10 +320,10 @@ def main() -> None:
 
     for cost in costs:
         report({"": cost}, f"every policy at resize cost {cost}{'' if cost == RESTART else ' s'} (the policies alone)")
-    measured = [c for c in costs if c not in (RESTART, "0")]
+    measured = dlsub_resize_cost(costs)
     if RESTART in costs and measured:
-        report({"": RESTART, "goodput": measured[0]},
-               f"systems: goodput at dlsub's measured resize ({measured[0]} s), sia and pollux at the restarts "
+        report({"": RESTART, "goodput": measured},
+               f"systems: goodput at dlsub's measured resize ({measured} s), sia and pollux at the restarts "
                "Sia's paper measured for every change")
     def at(policy: str, cost: str) -> Lookup:
         return lambda w, s: find(policy, w, s, cost)

@@ -6,7 +6,8 @@ at the exact second (an adaptive job re-tunes its batch size between epochs,
 and in Sia's setting after every interval); a job whose GPUs change pays the restart penalty
 (30 s without progress) first, its first start included, unless the change is a resize in place
 (:func:`resized_in_place`: the same kind of GPUs, grown onto a superset or shrunk onto a subset of the
-GPUs per node it held), which pays the resize penalty (``SimConfig.resize_penalty_s``, measured). A job holding
+GPUs per node it held), which pays the resize penalty (``SimConfig.resize_penalty_s``, measured; a shrink
+``SimConfig.shrink_penalty_s`` where that is set). A job holding
 fewer GPUs than it needs to run (a partial gang) holds them and makes no
 progress.
 """
@@ -54,6 +55,12 @@ class SimConfig:
     # before then; `--resize-penalty restart`). 0: free resizes, a bound. Never more than the job's restart:
     # a resize is that restart's path without the move.
     resize_penalty_s: float | None = 10.0
+    # What a resize in place that takes GPUs away (a shrink) costs, where it differs from a grow; None: the
+    # same as resize_penalty_s (a grow's). Issue 52: a shrink re-forms in process (the staying ranks never
+    # restart), 0.5 s within a node and 0.6 s across nodes, while a grow still restarts from a checkpoint
+    # (6.7 s within a node, 9.3 s across); `benchmarks/resize_latency.py`, median of 5, decision -> first
+    # step at the new size. Never more than the job's restart either.
+    shrink_penalty_s: float | None = None
     seed: int = 0
     arrival_jitter_s: float = 0.0
     # What a policy that learns is told: "online" (only what the live agent
@@ -141,6 +148,7 @@ class SimJob:
     told_restart_s: float | None = None  # what a policy is told a restart costs it (the setting's)
     resize_s: float | None = None  # what a resize in place costs it (None: a restart; SimConfig.resize_penalty_s)
     told_resize_s: float | None = None  # what a policy is told a resize in place costs it (None: a restart)
+    shrink_s: float | None = None  # what a shrink in place costs it (None: a restart; SimConfig.shrink_penalty_s)
     resizes: int = 0  # reallocations that were resizes in place (of its restarts, starts - 1)
     profile_s: float = 0.0  # added to its first start: its profile of every GPU type (SimConfig.profile_s)
     # The types whose one-GPU profile the policy is told (None: every type's; SimConfig.profile "beside" or "history").
@@ -179,20 +187,21 @@ class SimJob:
     def reallocate(self, alloc: Allocation | None, now: float, penalty_s: float, gpu_type: str = "") -> None:
         """Give the job ``alloc`` (on ``gpu_type``, on a typed cluster) from ``now``. It pays a restart
         (``penalty_s``, or its own ``restart_s``), or, where the change is a resize in place and resizes have
-        a price of their own (``resize_s``), that."""
+        a price of their own, that: ``shrink_s`` where it takes GPUs away, else ``resize_s``."""
         if alloc is None or alloc.gpus == 0:
             self.alloc, self.config = None, None
             self.running_since_s, self.waiting_since_s = None, now
             return
-        resize = self.resize_s is not None and resized_in_place(self.alloc, alloc, self.gpu_type,
-                                                                gpu_type or self.gpu_type)
+        in_place = resized_in_place(self.alloc, alloc, self.gpu_type, gpu_type or self.gpu_type)
+        shrink = in_place and self.alloc is not None and alloc.gpus < self.alloc.gpus
+        resize_s = self.shrink_s if shrink else self.resize_s
         if gpu_type != self.gpu_type and gpu_type in self.apps:
             # A new kind of GPU: its traces from now on; the progress (type-independent) is the checkpoint's.
             self.gpu_type, self.app = gpu_type, self.apps[gpu_type]
         if self.restart_s is not None:
             penalty_s = self.restart_s
-        if resize and self.resize_s is not None:
-            penalty_s = min(self.resize_s, penalty_s)
+        if in_place and resize_s is not None:
+            penalty_s = min(resize_s, penalty_s)
             self.resizes += 1
         self.alloc = alloc
         if self.adaptive and alloc.batch_size:
@@ -264,15 +273,58 @@ def resized_in_place(old: Allocation | None, new: Allocation, old_type: str, new
     return held != given and (held <= given or given <= held)
 
 
-def resize_cost(config: SimConfig, restart_s: float | None) -> float | None:
+def resize_cost(config: SimConfig, restart_s: float | None, shrink: bool = False) -> float | None:
     """What a resize in place costs a job whose restart costs ``restart_s`` (None: the config's restart
-    penalty): SimConfig.resize_penalty_s, never more than its restart; None where resizes cost a restart.
+    penalty): SimConfig.resize_penalty_s (``shrink``: SimConfig.shrink_penalty_s, where that is set), never
+    more than its restart; None where resizes cost a restart.
     In Sia's calibration (per-application restarts, which Sia's paper measured; it measured no resize) a
     resize costs the same measured seconds for every application: dlsub's figure, measured on a small
     model, so for an application whose restart is mostly its own loading (imagenet's 250 s) a lower bound."""
-    if config.resize_penalty_s is None:
+    penalty_s = config.resize_penalty_s
+    if shrink and config.shrink_penalty_s is not None:
+        penalty_s = config.shrink_penalty_s
+    if penalty_s is None:
         return None
-    return min(config.resize_penalty_s, config.restart_penalty_s if restart_s is None else restart_s)
+    return min(penalty_s, config.restart_penalty_s if restart_s is None else restart_s)
+
+
+RESTART_COST = "restart"  # a resize cost spelt as the benchmarks' --resize-costs spell it: a resize costs a restart
+
+
+def resize_cost_label(cost: object) -> str:
+    """A resize cost as the benchmarks' --resize-costs spell it and key their runs: ``restart`` (None too),
+    seconds (``10``, ``0``, ``2.5``: a grow and a shrink alike), or ``GROW/SHRINK`` seconds (``9.3/0.6``).
+    Raises ValueError for anything else."""
+    if cost is None or cost == RESTART_COST:
+        return RESTART_COST
+    parts = str(cost).split("/")
+    if len(parts) > 2:
+        raise ValueError(f"resize cost {cost!r}: restart, SECONDS or GROW/SHRINK seconds")
+    seconds = [float(part) for part in parts]
+    if any(not math.isfinite(s) or s < 0 for s in seconds):
+        raise ValueError(f"resize cost {cost!r}: seconds must be finite and at least 0")
+    if len(seconds) == 2 and seconds[0] == seconds[1]:
+        seconds = seconds[:1]  # 10/10 is 10
+    return "/".join(f"{s:g}" for s in seconds)
+
+
+def resize_penalties(cost: object) -> tuple[float | None, float | None]:
+    """A resize cost (:func:`resize_cost_label`) as (SimConfig.resize_penalty_s, SimConfig.shrink_penalty_s):
+    ``restart`` (None, None); seconds (S, None: a shrink costs a grow's); ``GROW/SHRINK`` (GROW, SHRINK)."""
+    label = resize_cost_label(cost)
+    if label == RESTART_COST:
+        return None, None
+    grow, _, shrink = label.partition("/")
+    return float(grow), float(shrink) if shrink else None
+
+
+def dlsub_resize_cost(costs: Sequence[str]) -> str | None:
+    """Of the benchmarks' resize costs (labels), the one the systems comparison gives dlsub: the first
+    ``GROW/SHRINK`` entry (grows and shrinks measured apart), else the first other than ``restart`` and 0
+    (the bounds); None when there is none."""
+    labels = [resize_cost_label(cost) for cost in costs]
+    return next((c for c in labels if "/" in c), None) or next((c for c in labels if c not in (RESTART_COST, "0")),
+                                                                None)
 
 
 @dataclass(frozen=True)
@@ -427,6 +479,7 @@ def make_jobs(
                      slowdown=slowdown,
                      restart_s=restart_s, told_restart_s=told_restart_s,
                      resize_s=resize_cost(config, restart_s), told_resize_s=resize_cost(config, told_restart_s),
+                     shrink_s=resize_cost(config, restart_s, shrink=True),
                      profile_s=profile_s, profiled=profiled)
         jobs.append(job)
     return jobs

@@ -220,3 +220,14 @@ def test_goodput_vs_sia_tells_runs_apart_by_the_charge_of_a_profiles_further_bat
     ran.clear()
     bench.main()  # the modelled runs are kept now: none again
     assert ran == []
+
+
+def test_both_benchmarks_take_grow_slash_shrink_resize_costs(benchmarks: None) -> None:
+    """Issue 52: --resize-costs takes GROW/SHRINK (9.3/0.6) beside restart and seconds, keyed as spelt, and the
+    systems comparison gives goodput that measured pair."""
+    for name in ("goodput_vs_pollux", "goodput_vs_sia"):
+        bench: ModuleType = importlib.import_module(name)
+        assert [bench.cost_label(c) for c in ("restart", "10.0", "9.30/0.60", "0")] == ["restart", "10", "9.3/0.6",
+                                                                                        "0"]
+    pollux: ModuleType = importlib.import_module("goodput_vs_pollux")
+    assert pollux.resize_penalty("9.3/0.6") == 9.3 and pollux.resize_penalty("restart") is None

@@ -196,3 +196,70 @@ def test_typed_goodput_prices_a_resize_at_the_resize_cost_and_a_move_at_the_rest
     assert policy.keep_share(untold, 1000.0, resize=True) == policy.keep_share(untold, 1000.0)
     blind = TypedGoodputPolicy()  # the default: every change priced as a restart
     assert blind.keep_share(told, 1000.0, resize=True) == blind.keep_share(told, 1000.0)
+
+
+# -- grows and shrinks priced apart (issue 52: a shrink re-forms in process, a grow still restarts) ---------
+
+
+def test_a_shrink_in_place_pays_the_shrink_penalty_and_a_grow_the_resize_penalty() -> None:
+    """Unit: with shrink_penalty_s set (9.3/0.6, the measured across-nodes costs), a grow in place pays 9.3 s, a
+    shrink in place 0.6 s, a move and a start after waiting the restart's 30 s; both are counted as resizes."""
+    job = _job(SimConfig(resize_penalty_s=9.3, shrink_penalty_s=0.6))
+    job.reallocate(Allocation(("n0", "n0")), 60.0, 30.0)
+    assert job.penalty_left == 30.0
+    job.reallocate(Allocation(("n0",) * 4), 120.0, 30.0)
+    assert job.penalty_left == 9.3 and job.resizes == 1
+    job.reallocate(Allocation(("n0",)), 180.0, 30.0)
+    assert job.penalty_left == 0.6 and job.resizes == 2
+    job.reallocate(Allocation(("n1",)), 240.0, 30.0)  # moved: a restart, even onto as few GPUs
+    assert job.penalty_left == 30.0 and job.resizes == 2
+    job.reallocate(Allocation(("n1", "n1", "n2", "n2")), 300.0, 30.0)
+    job.reallocate(Allocation(("n2", "n2")), 360.0, 30.0)  # shrunk off a node: in place
+    assert job.penalty_left == 0.6 and job.resizes == 4
+    job.reallocate(None, 420.0, 30.0)
+    job.reallocate(Allocation(("n2",)), 480.0, 30.0)
+    assert job.penalty_left == 30.0
+
+
+def test_shrink_penalty_defaults_to_the_resize_penalty_and_never_exceeds_the_restart() -> None:
+    """Unit: shrink_penalty_s None (the default) prices a shrink as a grow, so nothing changes by default; a
+    shrink never costs more than the job's restart; with resizes as restarts but shrinks priced, a grow is a
+    restart and a shrink its own price."""
+    assert SimConfig().shrink_penalty_s is None
+    for resize, shrink, grown, shrunk in ((10.0, None, 10.0, 10.0), (None, None, 30.0, 30.0), (9.3, 45.0, 9.3, 30.0),
+                                          (None, 0.6, 30.0, 0.6), (0.0, 0.6, 0.0, 0.6)):
+        job = _job(SimConfig(resize_penalty_s=resize, shrink_penalty_s=shrink))
+        job.reallocate(Allocation(("n0",)), 60.0, 30.0)
+        job.reallocate(Allocation(("n0",) * 3), 120.0, 30.0)
+        assert job.penalty_left == grown, (resize, shrink)
+        job.reallocate(Allocation(("n0",) * 2), 180.0, 30.0)
+        assert job.penalty_left == shrunk, (resize, shrink)
+
+
+def test_in_the_simulation_a_shrink_in_place_loses_only_the_shrink_penalty() -> None:
+    """Unit: end to end. The same job shrinks from 4 GPUs to 2 on its node at 180 s: at 9.3/0.6 it loses 0.6 s
+    of the 2-GPU run, 8.7 s less than at 9.3 s for both (the grow's price), and a first start is a restart."""
+    cluster = ClusterView.uniform(2, 4)
+    shrink = _Grow(("n000",) * 4, ("n000",) * 2, 180)
+    apart, restarts, resizes = _jct(shrink, cluster, resize_penalty_s=9.3, shrink_penalty_s=0.6)
+    alike, _, _ = _jct(shrink, cluster, resize_penalty_s=9.3)
+    free, _, _ = _jct(shrink, cluster, resize_penalty_s=0.0)
+    assert (restarts, resizes) == (1, 1)
+    assert alike - apart == pytest.approx(8.7, abs=1)
+    assert apart - free == pytest.approx(0.6, abs=1)
+
+
+def test_resize_cost_labels_take_grow_slash_shrink() -> None:
+    """Unit: the benchmarks' --resize-costs entries: restart, seconds, or GROW/SHRINK; the systems comparison
+    gives dlsub the GROW/SHRINK entry where there is one, else the first cost that is not a bound."""
+    from dlsub.sim.engine import dlsub_resize_cost, resize_cost_label, resize_penalties
+
+    assert [resize_cost_label(c) for c in ("restart", None, "10.0", "9.30/0.6", "5/5")] == [
+        "restart", "restart", "10", "9.3/0.6", "5"]
+    assert resize_penalties("restart") == (None, None) and resize_penalties("10") == (10.0, None)
+    assert resize_penalties("9.3/0.6") == (9.3, 0.6)
+    for bad in ("soon", "1/2/3", "-1", "9.3/-0.6", "nan"):
+        with pytest.raises(ValueError):
+            resize_cost_label(bad)
+    assert dlsub_resize_cost(["restart", "10", "9.3/0.6", "0"]) == "9.3/0.6"
+    assert dlsub_resize_cost(["restart", "10", "0"]) == "10" and dlsub_resize_cost(["restart", "0"]) is None
