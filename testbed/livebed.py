@@ -329,6 +329,13 @@ def blockers(user: TestbedUser, count: int = 2, gpus: int = 4) -> list[int]:
     return ids
 
 
+def cancel_leftovers(*job_ids: int | None) -> None:
+    """scancel what a test started and may have left running (ids that are None were never started)."""
+    started = [str(i) for i in job_ids if i]
+    if started:
+        subprocess.run(["scancel", *started], check=False)
+
+
 def hold_gpus(user: TestbedUser, node: str, gpus: int, partition: str = "gpu") -> int:
     """A job that holds ``gpus`` GPUs of ``node`` in ``partition`` (until cancelled), once it runs."""
     out = user.run("sbatch", "--parsable", "-p", partition, "-w", node, f"--gres=gpu:{gpus}", "-J", "blocker",

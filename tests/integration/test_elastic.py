@@ -34,6 +34,7 @@ from livebed import (
     EXAMPLES,
     TestbedUser,
     blockers,
+    cancel_leftovers,
     hold_gpus,
     job_output,
     kill_node,
@@ -242,9 +243,7 @@ def test_a_job_elastic_in_gpus_shrinks_in_process_its_staying_rank_training_on_w
         (grown,) = [e for e in progress_events(job["job_dir"], "start") if e["world_size"] == 2]
         other = _shrinks_in_process(user, user2, job, grown, "gpu:1", 1)
     finally:
-        for leftover in (*held, other):
-            if leftover:
-                subprocess.run(["scancel", str(leftover)], check=False)
+        cancel_leftovers(*held, other)
 
 
 def test_an_elastic_job_over_nodes_shrinks_in_process_its_main_node_training_on_without_a_restart(
@@ -266,9 +265,7 @@ def test_an_elastic_job_over_nodes_shrinks_in_process_its_main_node_training_on_
         (grown,) = [e for e in progress_events(job["job_dir"], "start") if e["world_size"] == 8]
         other = _shrinks_in_process(user, user2, job, grown, "gpu:4", 4)
     finally:
-        for leftover in (blocker, other):
-            if leftover:
-                subprocess.run(["scancel", str(leftover)], check=False)
+        cancel_leftovers(blocker, other)
 
 
 def test_a_rank_killed_as_it_leaves_in_process_ends_in_the_restart_and_nothing_is_lost(
@@ -299,9 +296,7 @@ def test_a_rank_killed_as_it_leaves_in_process_ends_in_the_restart_and_nothing_i
         assert restored and restored[0]["step"] == saved["step"], (saved, restored)
         assert "could not re-form in process" in job_output(job["job_dir"])
     finally:
-        for leftover in (*held, other):
-            if leftover:
-                subprocess.run(["scancel", str(leftover)], check=False)
+        cancel_leftovers(*held, other)
 
 
 def _across_both_gpu_nodes(user: TestbedUser, workdir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
