@@ -185,12 +185,16 @@ class Run:
         self._regroup_state: Callable[[], dict[str, Any]] | None = None
         self._on_regroup: Callable[[Change], None] | None = None
         self._leave_asked = False
+        self._left = False  # it left its group in process: its old rank 0 is another process's now
+        #: When this process made its run (a re-formation's event says it: the process went on, never restarted).
+        self.process_started = time.time()
 
     # ------------------------------------------------------------------ identity
     @property
     def is_main(self) -> bool:
-        """Rank 0 of the trainers: the one process that writes checkpoints and progress."""
-        return self.rank == 0 and self.role == contract.ROLE_TRAINER
+        """Rank 0 of the trainers: the one process that writes checkpoints and progress. Never one that left
+        its group in process: torchrun may have made the leaving node's first process rank 0."""
+        return self.rank == 0 and self.role == contract.ROLE_TRAINER and not self._left
 
     @property
     def resized(self) -> bool:
@@ -312,7 +316,7 @@ class Run:
             self._elastic, self.stop_reason = None, STOP_REGROUP_FAILED
             return True
         if change.left:
-            self._elastic, self.stop_reason = None, STOP_LEFT
+            self._elastic, self.stop_reason, self._left = None, STOP_LEFT, True
             if os.environ.get("TORCHELASTIC_RUN_ID"):  # its torchrun takes this node out of the group's rendezvous
                 contract.left_in_process_marker(Path(tempfile.gettempdir()), os.getppid()).touch()
             return True
@@ -321,7 +325,8 @@ class Run:
         self.nodes = nodes
         os.environ["GROUP_WORLD_SIZE"] = str(self.nodes)
         self._event(contract.EVENT_REGROUPED, world_size=self.world_size, nodes=self.nodes, pid=os.getpid(),
-                    paused_s=round(change.paused_s, 3), left=change.departed, joined=change.joined)
+                    process_started=round(self.process_started, 3), paused_s=round(change.paused_s, 3),
+                    left=change.departed, joined=change.joined)
         if self._on_regroup is not None:
             self._on_regroup(change)
         return False

@@ -200,7 +200,7 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
 def _shrinks_in_process(user: TestbedUser, user2: TestbedUser, job: dict[str, Any], grown: dict[str, Any],
                         gres: str, small: int) -> int:
     """Another user's job (``--gres=gres``) waits for what the job's worker holds; the agent shrinks the job and the
-    worker's ranks leave in process while rank 0 goes on in the process that started at the larger size: no
+    worker's ranks leave in process while the others go on in the processes that started at the larger size: no
     checkpoint for the shrink, no new start, no restore, no step repeated; it completes. That job's Slurm id."""
     out = user2.run("sbatch", "--parsable", "-p", "gpu", f"--gres={gres}", "-J", "waits", "--mem=200",
                     "--cpus-per-task=1", "--time=10", "--wrap", "sleep 600", check=True)
@@ -208,7 +208,9 @@ def _shrinks_in_process(user: TestbedUser, user2: TestbedUser, job: dict[str, An
     (regrouped,) = wait_for(f"the group to re-form in process at world size {small}",
                             lambda: progress_events(job["job_dir"], "regrouped"), timeout=180)
     assert regrouped["world_size"] == small and regrouped["left"] >= 1, regrouped
-    assert regrouped["pid"] == grown["pid"], "rank 0 went on in the process that started at the larger size"
+    # Rank 0 after it is the lowest rank that stayed, a process that started with the larger group (torchrun
+    # numbers a round's nodes in no fixed order: the worker's first process may have been rank 0).
+    assert regrouped["process_started"] <= grown["time"] + 5, (regrouped, grown)
     status = user.status(job["id"])
     assert status["world_size"] == small and status["resizes"][-1]["from_world_size"] == grown["world_size"], status
     wait_for("the other user's job to start on what the worker freed",

@@ -212,7 +212,7 @@ _RUN_RANK = textwrap.dedent("""
     changes = []
     assert run.regroup_in_process(lambda: {"step": 3}, on_change=lambda change: changes.append(change.membership))
     pid = os.getpid()
-    if run.rank == 1:
+    if run.rank == int(sys.argv[2]):
         os.kill(pid, signal.SIGUSR2)  # the launcher's leave request (contract.LEAVE_SIGNAL)
     stop = run.should_stop()
     if stop:
@@ -234,7 +234,7 @@ def test_a_rank_asked_to_leave_leaves_and_the_others_go_on_in_a_smaller_group(tm
     marker = contract.left_in_process_marker(Path(tempfile.gettempdir()), os.getpid())
     under_torchrun = {"TORCHELASTIC_RUN_ID": "unit"}  # a rank that leaves exits 0, and tells its parent
     try:
-        outs = [json.loads(line) for line in run_ranks(_RUN_RANK, [str(job)], [under_torchrun] * 3)]
+        outs = [json.loads(line) for line in run_ranks(_RUN_RANK, [str(job), "1"], [under_torchrun] * 3)]
         assert marker.exists(), "the rank that left told its torchrun, which takes its node out of the rendezvous"
     finally:
         marker.unlink(missing_ok=True)
@@ -259,7 +259,8 @@ def test_a_rank_killed_during_the_re_formation_ends_in_the_restart_with_its_chec
     marker = contract.left_in_process_marker(Path(tempfile.gettempdir()), os.getpid())
     try:
         job = tmp_path / "agreed"
-        ends = ranks_ended(_RUN_RANK, [str(job)], [torchrun, {**torchrun, FAILPOINT_ENV: "leaving:agreed"}, torchrun])
+        dies = {**torchrun, FAILPOINT_ENV: "leaving:agreed"}
+        ends = ranks_ended(_RUN_RANK, [str(job), "1"], [torchrun, dies, torchrun])
         assert ends[1][0] == -signal.SIGKILL
         assert [(code, json.loads(line)) for code, line in (ends[0], ends[2])] == \
             [(0, {"stop": True, "reason": STOP_REGROUP_FAILED})] * 2
@@ -269,7 +270,7 @@ def test_a_rank_killed_during_the_re_formation_ends_in_the_restart_with_its_chec
         # A rank that stays dies once they agreed: the same fallback, for the one leaving too.
         job = tmp_path / "staying"
         dies = {**torchrun, FAILPOINT_ENV: "staying:agreed"}
-        ends = ranks_ended(_RUN_RANK, [str(job)], [torchrun, torchrun, dies])
+        ends = ranks_ended(_RUN_RANK, [str(job), "1"], [torchrun, torchrun, dies])
         assert ends[2][0] == -signal.SIGKILL
         assert [(code, json.loads(line)) for code, line in ends[:2]] == \
             [(0, {"stop": True, "reason": STOP_REGROUP_FAILED})] * 2
@@ -277,9 +278,27 @@ def test_a_rank_killed_during_the_re_formation_ends_in_the_restart_with_its_chec
 
         job = tmp_path / "left"
         dies = {**torchrun, FAILPOINT_ENV: "leaving:left-the-old-group"}
-        ends = ranks_ended(_RUN_RANK, [str(job)], [torchrun, dies, torchrun])
+        ends = ranks_ended(_RUN_RANK, [str(job), "1"], [torchrun, dies, torchrun])
         assert ends[1][0] == -signal.SIGKILL
         assert [json.loads(line)["world"] for _, line in (ends[0], ends[2])] == [2, 2]
         assert [code for code, _ in (ends[0], ends[2])] == [0, 0]
     finally:
         marker.unlink(missing_ok=True)
+
+
+def test_rank_0_may_leave_and_then_it_writes_nothing_of_the_jobs(tmp_path: Path) -> None:
+    """torchrun numbers the nodes of a round in no fixed order, so the worker that leaves may hold rank 0: it then
+    writes no resume marker and no event (the job would be requeued after it finished), and the lowest rank that
+    stays is rank 0 of the new group and writes the re-formation's event."""
+    job = tmp_path / "job"
+    marker = contract.left_in_process_marker(Path(tempfile.gettempdir()), os.getpid())
+    try:
+        under_torchrun = {"TORCHELASTIC_RUN_ID": "unit"}
+        outs = [json.loads(line) for line in run_ranks(_RUN_RANK, [str(job), "0"], [under_torchrun] * 3)]
+    finally:
+        marker.unlink(missing_ok=True)
+    assert outs[0] == {"stop": True, "reason": "left"}
+    assert [(o["rank"], o["world"]) for o in outs[1:]] == [(0, 2), (1, 2)]
+    events = [json.loads(line) for line in (job / "progress.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events if e["event"] != "polls"] == ["start", "regrouped"], events
+    assert not list(job.glob("attempts/*.resume")), "the rank that left asked for no resume"
