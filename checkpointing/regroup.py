@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from dlsub.checkpointing.run_support import collective_device
+
 #: How long a step of the re-formation (the plan, the new group's connections, the state) may take before it
 #: is given up for the restart (seconds). A joining process that registered and then died is the usual cause.
 DEFAULT_TIMEOUT_S = 30.0
@@ -133,7 +135,6 @@ class ElasticGroup:
         self._prefix = prefix
         self._timeout = timedelta(seconds=timeout_s)
         self._leaving = False
-        self._joiners_seen = 0
 
     # ------------------------------------------------------------------ making one
     @classmethod
@@ -156,9 +157,8 @@ class ElasticGroup:
         import torch.distributed as dist
         from torch.distributed import distributed_c10d
 
-        device = "cpu" if dist.get_backend() != "nccl" else f"cuda:{torch.cuda.current_device()}"
         namespace = torch.tensor([random.getrandbits(48) if dist.get_rank() == 0 else 0], dtype=torch.int64,
-                                 device=device)
+                                 device=collective_device(dist))
         dist.broadcast(namespace, src=0)
         store = distributed_c10d._get_default_store()
         return cls.member(store, prefix=f"{prefix}/{int(namespace.item())}", timeout_s=timeout_s)
@@ -197,10 +197,9 @@ class ElasticGroup:
         import torch.distributed as dist
 
         waiting = self._add(f"{self.membership.generation}/joiners", 0) if self.membership.rank == 0 else 0
-        flags = torch.tensor([int(self._leaving), waiting], dtype=torch.int64, device=self._device())
+        flags = torch.tensor([int(self._leaving), waiting], dtype=torch.int64, device=collective_device(dist))
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-        self._joiners_seen = int(flags[1])
-        return bool(flags[0]) or self._joiners_seen > 0
+        return bool(flags[0]) or int(flags[1]) > 0
 
     def reform(self, state: Callable[[], dict[str, Any]] | None = None) -> Change:
         """Re-form the group at this step boundary (every member calls it, after :meth:`due` was true).
@@ -224,7 +223,7 @@ class ElasticGroup:
         import torch.distributed as dist
 
         old = self.membership
-        leaving = torch.zeros(old.world_size, dtype=torch.int64, device=self._device())
+        leaving = torch.zeros(old.world_size, dtype=torch.int64, device=collective_device(dist))
         leaving[old.rank] = int(self._leaving)
         dist.all_reduce(leaving, op=dist.ReduceOp.SUM)  # every member's wish, on every member
         _failpoint("agreed", self._leaving)
@@ -286,8 +285,8 @@ class ElasticGroup:
 
         payload: list[Any] = [state() if state is not None and dist.get_rank() == 0 else None]
         try:
-            dist.broadcast_object_list(payload, src=0,
-                                       device=torch.device(self._device()) if self._backend == "nccl" else None)
+            device = torch.device(collective_device(dist)) if self._backend == "nccl" else None
+            dist.broadcast_object_list(payload, src=0, device=device)
         except Exception as exc:
             raise RegroupFailed(f"the state did not reach the processes that joined: {exc}") from exc
         received = payload[0]
@@ -313,11 +312,6 @@ class ElasticGroup:
 
     def _key(self, name: str) -> str:
         return f"{self._prefix}/{name}"
-
-    def _device(self) -> str:
-        import torch
-
-        return f"cuda:{torch.cuda.current_device()}" if self._backend == "nccl" else "cpu"
 
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Change", "ElasticGroup", "Membership", "RegroupFailed"]
