@@ -1,6 +1,7 @@
 """Resize latency on the live testbed: the agent's decision -> all ranks training at the new size.
 
-    python benchmarks/resize_latency.py [--samples 5] [--throttle 0.05] [--within-node] [--in-process] [--json]
+    python benchmarks/resize_latency.py [--samples 5] [--throttle 0.05] [--within-node] [--in-process | --both]
+                                        [--json]
 
 One sample = one elastic job (`dlsub --nodes 1:2 --gpus-per-node 4`, on
 `gpu`) that starts on one node while another job holds the other, then:
@@ -24,6 +25,13 @@ requeued, and Slurm keeps a requeued job from starting for cred_expire +
 Progress is reported
 every step and a step sleeps --throttle s, so "first step" is measured to
 within about one step. Prints every sample and the medians.
+
+--in-process: the training re-forms in process (``train_digits.py
+--regroup-in-process``, issue 52): a grow's worker processes join the
+running ranks, which get no SIGTERM, save nothing and never restart; a
+shrink's leave them. --both: every sample runs both ways, one job each,
+with the restart first, so that the two are compared in one run on the
+same machine state.
 
 --within-node: the same within one node, by GPUs (``dlsub --gpus 3:4``, a
 job elastic in GPUs): gpu2 is held throughout, the job starts on 3 GPUs of
@@ -118,15 +126,15 @@ def phases(r: dict[str, Any]) -> str:
 IN_NODE_SMALL, IN_NODE_LARGE = GPUS_PER_NODE - 1, GPUS_PER_NODE
 
 
-def one_sample(user: TestbedUser, holder: int, args: argparse.Namespace) -> tuple[dict[str, Any], int]:
+def one_sample(user: TestbedUser, holder: int, args: argparse.Namespace,
+               in_process: bool) -> tuple[dict[str, Any], int]:
     """Grow then shrink one elastic job; returns the figures and the job now holding a node (or a GPU)."""
     small, large = (IN_NODE_SMALL, IN_NODE_LARGE) if args.within_node else (SMALL, LARGE)
     shape = (("--gpus", f"{small}:{large}", "--cpus", "1", "--mem", "1G") if args.within_node
              else ("--nodes", "1:2", "--gpus-per-node", str(GPUS_PER_NODE)))
     export = ("--export", f"ALL,{args.export}") if args.export else ()
-    in_process = ("--regroup-in-process",) if args.in_process else ()
-    job = submit(user, "-p", "gpu", "--time", "30", *shape, *export,
-                 TRAIN, "--epochs", "1000", "--throttle", str(args.throttle), "--report-every", "1", *in_process)
+    job = submit(user, "-p", "gpu", "--time", "30", *shape, *export, TRAIN, "--epochs", "1000", "--throttle",
+                 str(args.throttle), "--report-every", "1", *(("--regroup-in-process",) if in_process else ()))
     try:
         # Training at its small size with a checkpoint behind it, as a job that has run a while.
         wait_for(f"training at world size {small}", lambda: first_after(job["job_dir"], "progress", 0,
@@ -146,7 +154,7 @@ def one_sample(user: TestbedUser, holder: int, args: argparse.Namespace) -> tupl
         user.dlsub("cancel", job["id"], check=False)
         wait_for("the elastic job gone from Slurm", lambda: gone(job["slurm_job_id"], job.get("worker_array_id")),
                  timeout=120, interval=0.5)
-    return {"id": job["id"], "grow": grow, "shrink": shrink}, other
+    return {"id": job["id"], "in_process": in_process, "grow": grow, "shrink": shrink}, other
 
 
 def main() -> None:
@@ -157,7 +165,10 @@ def main() -> None:
                         help="grow and shrink by one GPU within gpu1 (dlsub --gpus 3:4), not by a whole node")
     parser.add_argument("--in-process", action="store_true",
                         help="the training re-forms in process where it can (train_digits.py --regroup-in-process): "
-                             "a shrink's staying ranks go on without a restart (issue 52); a grow still restarts")
+                             "its running ranks go on without a restart, a grow's new processes join them and a "
+                             "shrink's leave (issue 52)")
+    parser.add_argument("--both", action="store_true",
+                        help="each sample both ways, with a restart and in process, side by side in one run")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--export", default="", metavar="NAME=value,...",
                         help="into the jobs' containers (dlsub --export), e.g. LOGLEVEL=INFO: torchrun's rendezvous "
@@ -172,30 +183,36 @@ def main() -> None:
             holder = hold_node(user, gpus=1, node="gpu1")
         else:
             holder = hold_node(user)
+        ways = (False, True) if args.both else (args.in_process,)
         for i in range(args.samples):
-            row, holder = one_sample(user, holder, args)
-            rows.append(row)
-            if not args.json:
-                for kind in ("grow", "shrink"):
-                    r = row[kind]
-                    how = (f"re-formed in process, rank 0 stood still {r['regroup_paused_s']:.3f} s"
-                           if r["regrouped"] is not None else f"restored at step {r['restored_step']}")
-                    print(f"sample {i + 1} {kind:<6} decision -> first step at the new size {r['latency_s']:6.1f} s"
-                          f" ({how}); s after the decision: {phases(r)}", flush=True)
+            for in_process in ways:
+                row, holder = one_sample(user, holder, args, in_process)
+                rows.append(row)
+                if not args.json:
+                    for kind in ("grow", "shrink"):
+                        r = row[kind]
+                        how = (f"re-formed in process, rank 0 stood still {r['regroup_paused_s']:.3f} s"
+                               if r["regrouped"] is not None else f"restored at step {r['restored_step']}")
+                        print(f"sample {i + 1} {kind:<6} decision -> first step at the new size "
+                              f"{r['latency_s']:6.1f} s ({how}); s after the decision: {phases(r)}", flush=True)
     finally:
         clean_up(user)  # the last holder, and whatever a failure left
-    grow = [r["grow"]["latency_s"] for r in rows]
-    shrink = [r["shrink"]["latency_s"] for r in rows]
     small, large = (IN_NODE_SMALL, IN_NODE_LARGE) if args.within_node else (SMALL, LARGE)
+    summary: dict[str, Any] = {"samples": rows, "within_node": args.within_node}
+    for in_process in sorted({r["in_process"] for r in rows}):
+        these = [r for r in rows if r["in_process"] == in_process]
+        way = "in process" if in_process else "with a restart"
+        for kind, size in (("grow", large), ("shrink", small)):
+            figures = [r[kind]["latency_s"] for r in these]
+            paused = [r[kind]["regroup_paused_s"] for r in these if r[kind]["regroup_paused_s"] is not None]
+            summary[f"median_{kind}_{'in_process' if in_process else 'restart'}_s"] = statistics.median(figures)
+            if not args.json:
+                stood = (f"; rank 0 stood still {statistics.median(paused):.3f} s ({min(paused):.3f}-"
+                         f"{max(paused):.3f})" if paused else "")
+                print(f"{way:<14} {kind:<6} median over {len(these)}: {statistics.median(figures):.1f} s (range "
+                      f"{min(figures):.1f}-{max(figures):.1f}; decision -> world size {size} training){stood}")
     if args.json:
-        print(json.dumps({"samples": rows, "median_grow_s": statistics.median(grow),
-                          "median_shrink_s": statistics.median(shrink), "within_node": args.within_node,
-                          "in_process": args.in_process}, indent=2))
-    else:
-        print(f"median over {len(rows)}: grow {statistics.median(grow):.1f} s (range {min(grow):.1f}-{max(grow):.1f}; "
-              f"decision -> world size {large} training), shrink {statistics.median(shrink):.1f} s (range "
-              f"{min(shrink):.1f}-{max(shrink):.1f}; decision -> world size {small} training)"
-              f"{', in process where the training can' if args.in_process else ''}")
+        print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":

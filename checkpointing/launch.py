@@ -51,6 +51,7 @@ from dlsub.contract import (
     ENV_ATTEMPT,
     ENV_CONTAINER,
     ENV_JOB_DIR,
+    ENV_JOIN_IN_PROCESS,
     ENV_NNODES,
     ENV_OUTPUT_SOCKET,
     ENV_SAFE_PATH_SET,
@@ -253,6 +254,8 @@ class Launcher:
 
     def _spawn(self, argv: list[str], stdin: int | None = None) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
+        if self.follow:  # a worker's torchrun may join its group in process (issue 52), where the group allows it
+            env[ENV_JOIN_IN_PROCESS] = "1"
         if without_entry_point(self.command) != self.command and "PYTHONSAFEPATH" not in env:
             # torchrun starts each rank as ``python -m dlsub.checkpointing.rank_output`` in the submit directory,
             # where a folder named dlsub would be imported instead of dlsub: the working directory does not go

@@ -20,7 +20,7 @@ SIGABRT after training that succeeded
 
 If the handover fails (no launcher listening), the lines go unlabelled
 straight to the container's output, as before; one line on stderr says so.
-Standard library only.
+Standard library and dlsub's container-side library (torch where a process joins a running group).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from dlsub.checkpointing import horovod_env
+from dlsub.checkpointing import horovod_env, regroup_join
 from dlsub.checkpointing.run_support import end_process_group_at_exit
 from dlsub.contract import (
     ENV_ATTEMPT,
@@ -75,6 +75,9 @@ def main(argv: list[str]) -> NoReturn:
     if not argv:
         print("usage: python -m dlsub.checkpointing.rank_output SCRIPT [ARGS...]", file=sys.stderr)
         sys.exit(2)
+    # A worker's process that joins a running group in process: before its script, and before its output is
+    # labelled with its rank (the group's, once joined).
+    regroup_join.join_if_told()
     socket_path = os.environ.pop(ENV_OUTPUT_SOCKET, "")
     if socket_path:
         rank = os.environ.get("RANK", "")

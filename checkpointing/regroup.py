@@ -70,6 +70,19 @@ def _end_default_group() -> None:
             pass
 
 
+def torchrun_store(timeout_s: float) -> Any | None:
+    """A connection of this process's own to the store torchrun gave its ranks (``MASTER_ADDR:MASTER_PORT``: its
+    agent's, or where the agent shares none, as under dlsub, the one rank 0 holds), with no key prefix: a process
+    that joins from another container reaches the same keys with the same two values
+    (:mod:`dlsub.checkpointing.regroup_join`). None where torchrun did not start this process."""
+    import torch.distributed as dist
+
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    if not os.environ.get("TORCHELASTIC_RUN_ID") or not addr or not port.isdigit():
+        return None
+    return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
 class RegroupFailed(RuntimeError):
     """The group could not re-form in process; the ranks that stay fall back to a checkpoint and a restart."""
 
@@ -135,6 +148,7 @@ class ElasticGroup:
         self._prefix = prefix
         self._timeout = timedelta(seconds=timeout_s)
         self._leaving = False
+        self._first_store: Any = None
 
     # ------------------------------------------------------------------ making one
     @classmethod
@@ -160,8 +174,15 @@ class ElasticGroup:
         namespace = torch.tensor([random.getrandbits(48) if dist.get_rank() == 0 else 0], dtype=torch.int64,
                                  device=collective_device(dist))
         dist.broadcast(namespace, src=0)
-        store = distributed_c10d._get_default_store()
-        return cls.member(store, prefix=f"{prefix}/{int(namespace.item())}", timeout_s=timeout_s)
+        default_store = distributed_c10d._get_default_store()
+        group = cls.member(torchrun_store(timeout_s) or default_store, prefix=f"{prefix}/{int(namespace.item())}",
+                           timeout_s=timeout_s)
+        # Where rank 0 serves the store (torchrun's agent shares none under dlsub), this keeps the server alive
+        # once the first group is destroyed: every later generation meets on it.
+        group._first_store = default_store
+        if group.membership.rank == 0:
+            group._add("gen", 0)  # the key a process about to join looks for: this group is there to join
+        return group
 
     @classmethod
     def join(cls, store: Any, *, backend: str = "gloo", prefix: str = DEFAULT_PREFIX,
@@ -185,7 +206,21 @@ class ElasticGroup:
         group.membership = membership
         return group, Change(False, membership, plan.joiners, 0, state, time.monotonic() - joined_at)
 
+    @property
+    def prefix(self) -> str:
+        """The group's keys in its store: what a process that joins it needs besides the store."""
+        return self._prefix
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
     # ------------------------------------------------------------------ each step
+    def waiting(self) -> int:
+        """Processes that asked to join this generation, as rank 0 reads the store (0 on every other rank): a
+        member's part of :meth:`due` for a caller that makes the step's all-reduce itself."""
+        return self._add(f"{self.membership.generation}/joiners", 0) if self.membership.rank == 0 else 0
+
     def leave(self) -> None:
         """This process will leave at the next re-formation (the group goes on without it)."""
         self._leaving = True
@@ -196,8 +231,7 @@ class ElasticGroup:
         import torch
         import torch.distributed as dist
 
-        waiting = self._add(f"{self.membership.generation}/joiners", 0) if self.membership.rank == 0 else 0
-        flags = torch.tensor([int(self._leaving), waiting], dtype=torch.int64, device=collective_device(dist))
+        flags = torch.tensor([int(self._leaving), self.waiting()], dtype=torch.int64, device=collective_device(dist))
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         return bool(flags[0]) or int(flags[1]) > 0
 

@@ -23,7 +23,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from dlsub import contract
-from dlsub.checkpointing import fence
+from dlsub.checkpointing import fence, regroup_join
 from dlsub.checkpointing.batch import BATCH_SIZE_ENV, BatchChoice, BatchSizes, asked_batch, env_batch_size, split
 from dlsub.checkpointing.regroup import Change, ElasticGroup, RegroupFailed
 from dlsub.checkpointing.run_support import (
@@ -243,8 +243,8 @@ class Run:
 
     def regroup_in_process(self, state: Callable[[], dict[str, Any]],
                            on_change: Callable[[Change], None] | None = None) -> bool:
-        """Let the group shrink without a restart (issue 52): when dlsub takes a member away (a worker of an
-        elastic job), its processes leave at the next :meth:`should_stop` and the others carry on at once,
+        """Let the group grow and shrink without a restart (issue 52): when dlsub takes a member away (a worker of
+        an elastic job), its processes leave at the next :meth:`should_stop` and the others carry on at once,
         from memory, in a group re-formed without them; no checkpoint, no new processes.
 
         Every rank calls it once, after ``init_process_group`` (it is a collective). ``state`` returns what a
@@ -255,11 +255,19 @@ class Run:
         save writes nothing and :meth:`exit_for_resume` ends it. Should the re-formation fail, every rank's
         :meth:`should_stop` is true with :data:`STOP_REGROUP_FAILED` and the documented save and exit restart the
         group from that checkpoint, as without this call. Returns False (nothing changes) where
-        torch.distributed is not set up. A member that joins still restarts the group (torchrun's).
+        torch.distributed is not set up.
+
+        A worker that starts once rank 0 has made this call joins without a restart too
+        (:mod:`dlsub.checkpointing.regroup_join`): its processes get ``state()`` from rank 0's memory (their
+        :meth:`restore` returns it), and the ranks that stay call ``on_change`` as for a shrink.
         """
         if initialized_dist() is None:
             return False
-        self._elastic = ElasticGroup.of_default_group()
+        joined = regroup_join.joined()  # a worker's process that joined before its script ran: its group
+        self._elastic = joined if joined is not None else ElasticGroup.of_default_group()
+        attempt = os.environ.get(contract.ENV_ATTEMPT)
+        if self.is_main and attempt:  # where workers that start from now on join, without a restart
+            regroup_join.publish(self.job_dir, attempt, self._elastic)
         self._regroup_state, self._on_regroup = state, on_change
         if self._previous_handlers:  # init(handle_signals=True): the leave request is a signal too
             self._previous_handlers[signal.SIGUSR2] = signal.signal(signal.SIGUSR2, self._on_leave)
@@ -289,8 +297,8 @@ class Run:
         # On the backend's device: a CPU tensor fails under NCCL (Lightning's and the Trainer's DDP on GPUs).
         asked = (2 if self.stop_reason == "SIGTERM" else 1) if local else 0
         if self._elastic is not None:
-            flag, leave = group.max_each([asked, int(self._leave_asked)])
-            if leave and not flag:  # a member leaves, and nobody stops: the others go on without it
+            flag, leave, waiting = group.max_each([asked, int(self._leave_asked), self._elastic.waiting()])
+            if (leave or waiting) and not flag:  # a member leaves or one joins, and nobody stops: in process
                 return self._regroup()
         else:
             flag = group.max(asked)
@@ -308,8 +316,8 @@ class Run:
         if self._leave_asked:
             self._elastic.leave()
         try:
-            change = self._elastic.reform(self._regroup_state)
-            nodes = self._elastic.members_count(os.environ.get("GROUP_RANK", "")) if not change.left else 0
+            change = self._elastic.reform(self._state_to_send)
+            nodes = self._elastic.members_count(regroup_join.member_tag()) if not change.left else 0
         except RegroupFailed as exc:
             print(f"dlsub: the group could not re-form in process ({exc}); checkpointing for a restart",
                   file=sys.stderr, flush=True)
@@ -324,12 +332,22 @@ class Run:
         os.environ.update(RANK=str(self.rank), WORLD_SIZE=str(self.world_size))
         self.nodes = nodes
         os.environ["GROUP_WORLD_SIZE"] = str(self.nodes)
-        self._event(contract.EVENT_REGROUPED, world_size=self.world_size, nodes=self.nodes, pid=os.getpid(),
-                    process_started=round(self.process_started, 3), paused_s=round(change.paused_s, 3),
-                    left=change.departed, joined=change.joined)
+        wrapped = time.monotonic()
         if self._on_regroup is not None:
             self._on_regroup(change)
+        # Stood still: the re-formation and the script's own part (its model's wrap, which for a grow waits for the
+        # joining processes to reach theirs).
+        paused_s = change.paused_s + time.monotonic() - wrapped
+        self._event(contract.EVENT_REGROUPED, world_size=self.world_size, nodes=self.nodes, pid=os.getpid(),
+                    process_started=round(self.process_started, 3), paused_s=round(paused_s, 3),
+                    left=change.departed, joined=change.joined)
         return False
+
+    def _state_to_send(self) -> dict[str, Any]:
+        """What a process that joins gets: the script's state, and where this run's count of steps and saves is
+        (its :meth:`restore` takes both)."""
+        assert self._regroup_state is not None
+        return {"state": self._regroup_state(), "dlsub": {"step": self._last_step, "seq": self._seq}}
 
     def _poll(self) -> None:
         self._polls += 1
@@ -386,7 +404,8 @@ class Run:
 
     def restore(self, map_location: Any = "cpu") -> dict[str, Any] | None:
         """The newest checkpoint that verifies (falling back past corrupt ones), or None; the same one on
-        every rank. Every rank calls it.
+        every rank. Every rank calls it. In a worker's process that joined a running group in process
+        (:meth:`regroup_in_process`), the state rank 0 sent it instead: no file is read, no collective made.
 
         With torch.distributed (or Horovod) set up, rank 0 picks it and tells the others which (one broadcast), and no
         rank returns before every rank has read it. Picked by each rank alone, a rank that starts late
@@ -394,6 +413,13 @@ class Run:
         the group would train from two states and hang in mismatched collectives: seen live when a
         worker node's ranks joined a grown group later than the main node's.
         """
+        received = regroup_join.take_state()
+        if received is not None:  # it joined a running group: rank 0's state from memory, no checkpoint read
+            counts = received.get("dlsub") or {}
+            self._last_step, self._seq = counts.get("step"), max(self._seq, int(counts.get("seq") or 0))
+            self._resized = True
+            state: dict[str, Any] | None = received.get("state")
+            return state
         group = collectives()
         picks = group is None or group.rank == 0
         state, path, skipped = restore_latest(self.checkpoint_dir, map_location) if picks else (None, None, [])
@@ -534,7 +560,9 @@ class Run:
         if sizes is None:
             return
         batch, source, reason = asked_batch(sizes, self.job_dir)
-        agreed = from_rank0([batch, contract.BATCH_SOURCES.index(source)])
+        # A process that joined a running group makes no collective of its own (the members are training).
+        agreed = (from_rank0([batch, contract.BATCH_SOURCES.index(source)]) if regroup_join.joined() is None
+                  else None)
         if agreed is not None:
             batch, source = agreed[0], contract.BATCH_SOURCES[agreed[1]]
         self._batch = split(sizes, self.world_size, batch, source, reason)

@@ -52,10 +52,13 @@ import io
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from dlsub.checkpointing import group_membership
+from dlsub.contract import ENV_JOIN_IN_PROCESS, ENV_REGROUP_JOIN, join_failed_marker
 
 #: ``exec`` here: the training processes start as torchrun starts them, each a Python of its own.
 ENV_RANK_START = "DLSUB_RANK_START"
@@ -204,6 +207,42 @@ def _set_threads(options: argparse.Namespace | None) -> None:
         os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
+def _joining_in_process(args: list[str], options: argparse.Namespace | None) -> list[str] | None:
+    """A worker's torchrun whose group re-forms in process and takes joiners now: its arguments for one node of its
+    own, the group's record in the environment its processes inherit (:mod:`dlsub.checkpointing.regroup_join`).
+    None: it joins through the rendezvous, as every member did before (a restart of the group)."""
+    if os.environ.pop(ENV_JOIN_IN_PROCESS, "") != "1" or options is None or not _across_nodes(options):
+        return None
+    from dlsub.checkpointing import regroup_join
+
+    point, why_not = regroup_join.worth_joining()
+    if point is None:
+        print(f"dlsub: joining the group through torchrun's rendezvous (a restart): {why_not}", file=sys.stderr,
+              flush=True)
+        return None
+    os.environ[ENV_REGROUP_JOIN] = point.to_json()
+    return regroup_join.standalone(args, len(args) - len(options.training_script_args) - 1)
+
+
+def _joined(torchrun: Callable[[list[str]], object], args: list[str]) -> bool:
+    """Run the processes that join in process; whether they ran (False: one could not join, and the caller joins
+    through the rendezvous instead)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    print("dlsub: joining the running group in process (its ranks go on; no restart)", file=sys.stderr, flush=True)
+    failed = join_failed_marker(Path(tempfile.gettempdir()), os.getpid())
+    try:
+        torchrun(args)
+    except ChildFailedError:
+        if not failed.exists():
+            raise
+        failed.unlink(missing_ok=True)
+        os.environ.pop(ENV_REGROUP_JOIN, None)
+        print("dlsub: joining through the rendezvous instead (the group restarts)", file=sys.stderr, flush=True)
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     from torch.distributed.run import main as torchrun
@@ -220,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
     _set_threads(options)
     args = forking(args, options)
     sys.argv = ["torchrun", *args]  # torchrun's messages name itself, as from its own script
+    joining = _joining_in_process(args, options)
+    if joining is not None and _joined(torchrun, joining):
+        return 0
     if options is not None and _across_nodes(options):
         group_membership.install()
     try:

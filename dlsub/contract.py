@@ -107,6 +107,11 @@ ENV_WATCH_NO_GPU = "DLSUB_WATCH_NO_GPU"
 #: dlsub's modules, from the submit directory: a ``dlsub/`` folder there would stand in for dlsub); the entry
 #: point takes both away again before the user's script runs, which sees the environment it was given.
 ENV_SAFE_PATH_SET = "DLSUB_SAFE_PATH_SET"
+#: "1" in a worker's container (launch ``--follow``) for its torchrun: it may join its group in process
+#: (issue 52: the record below), not through torchrun's rendezvous, which restarts every rank.
+ENV_JOIN_IN_PROCESS = "DLSUB_JOIN_IN_PROCESS"
+#: Set by that torchrun for the training processes it starts when they join in process: the record they join by.
+ENV_REGROUP_JOIN = "DLSUB_REGROUP_JOIN"
 CONTAINER_ENV = (ENV_JOB_ID, ENV_JOB_DIR, ENV_ATTEMPT, ENV_ROLE, ENV_CONTAINER, ENV_GPU_TYPE, ENV_RDZV_ENDPOINT,
                  ENV_NNODES, ENV_TRAINER_NODES, ENV_CPU_NODES, ENV_BATCH_SIZE, ENV_PROFILE_STEPS, ENV_PROFILE_SECONDS,
                  ENV_TARGET_LOSS, ENV_WATCH_NO_GPU, ENV_SAFE_PATH_SET)
@@ -238,6 +243,18 @@ def reform_marker(job_dir: Path, attempt: str) -> Path:
     """Touched by the main job's launcher each time ``attempt``'s group re-forms after a member left: the
     workers that were not asked to leave re-form with it (launch ``--follow``)."""
     return job_dir / MARKERS_DIR / f"{attempt}.reform"
+
+
+def regroup_record(job_dir: Path, attempt: str) -> Path:
+    """Written by rank 0 of ``attempt``'s group once the training re-forms in process (issue 52): where the group's
+    store is, so that a worker that joins becomes a member without a restart (JSON: addr, port, prefix, backend)."""
+    return job_dir / MARKERS_DIR / f"{attempt}.regroup"
+
+
+def join_failed_marker(temporary_dir: Path, agent_pid: int) -> Path:
+    """Made by a training process that could not join its group in process, for its torchrun (``agent_pid``): it
+    joins through torchrun's rendezvous instead, today's restart."""
+    return temporary_dir / f"dlsub-join-failed.{agent_pid}"
 
 
 def left_in_process_marker(temporary_dir: Path, agent_pid: int) -> Path:

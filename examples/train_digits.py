@@ -93,8 +93,8 @@ def parse_args() -> argparse.Namespace:
                    help="let dlsub choose the global batch between --batch-size and --max-batch")
     p.add_argument("--max-batch", type=int, default=1024, help="with --adaptive-batch: the largest global batch")
     p.add_argument("--regroup-in-process", action="store_true",
-                   help="when dlsub takes a member away from the group (an elastic job's shrink), the processes "
-                        "that stay go on from memory instead of restarting from a checkpoint")
+                   help="when dlsub grows or shrinks the group (an elastic job's worker joins or leaves), the "
+                        "processes that stay go on from memory instead of restarting from a checkpoint")
     p.add_argument("--data", type=Path, default=DATA)
     args = p.parse_args()
     try:
@@ -155,9 +155,12 @@ class GradientNoise:
 def main() -> None:
     args = parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1:
+    # A group of one too where it may grow in process under torchrun (its MASTER_ADDR): the group is what a joining
+    # process joins.
+    distributed = world > 1 or (args.regroup_in_process and "MASTER_ADDR" in os.environ)
+    if distributed:
         dist.init_process_group("gloo")
-    rank = dist.get_rank() if world > 1 else 0
+    rank = dist.get_rank() if distributed else 0
     torch.manual_seed(args.seed)
     # torch's CPU threads are left to OMP_NUM_THREADS, which dlsub sets from the CPUs Slurm gave the job on its node
     # (os.cpu_count() is the whole node's, whatever share of it the job has).
@@ -217,7 +220,7 @@ def main() -> None:
     offset = sum(share[:rank])
 
     def regrouped(change: checkpointing.Change) -> None:
-        """The group re-formed in process without a member: the same model, wrapped for the new group, and this
+        """The group re-formed in process (a member left or joined): the same model, wrapped for the new group, and this
         process's share of the same global batch (the data's position is the samples seen, unchanged)."""
         nonlocal model, world, rank, micro, share, offset
         world, rank = run.world_size, run.rank
@@ -226,9 +229,9 @@ def main() -> None:
         offset = sum(share[:rank])
         if rank == 0:
             print(f"re-formed in process at step {step}: world size {world} "
-                  f"(stood still {change.paused_s:.2f} s)", flush=True)
+                  f"(the re-formation took {change.paused_s:.2f} s)", flush=True)
 
-    if args.regroup_in_process and world > 1 and not args.adaptive_batch:
+    if args.regroup_in_process and distributed and not args.adaptive_batch:
         run.regroup_in_process(snapshot, on_change=regrouped)
     noise = GradientNoise(args.batch_size) if args.adaptive_batch else None
     started = time.time()
@@ -294,7 +297,7 @@ def main() -> None:
     if rank == 0:
         print(f"done: {step} steps in {time.time() - started:.1f} s this attempt, test accuracy {accuracy:.3f}",
               flush=True)
-    if world > 1:
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 

@@ -11,8 +11,9 @@
   another user's 2-GPU job sends its two newest workers away (the third
   re-forms with the main job: world size 2) and it completes.
 * A training that re-forms in process (issue 52), elastic in GPUs and then
-  across two nodes: a shrink leaves rank 0 running in the same process, with
-  nothing checkpointed, restarted or restored for it, and the job completes;
+  across two nodes: a grow (the worker's processes join) and a shrink (they
+  leave) leave rank 0 running in the same process, with nothing
+  checkpointed, restarted or restored for them, and the job completes;
   with the leaving rank killed mid-way, the group restarts from the checkpoint
   rank 0 made at that step.
 * The node of a worker dies mid-run: the job shrinks instead of failing.
@@ -57,6 +58,25 @@ def running_workers(worker_array: int) -> list[dict[str, Any]]:
 
 def world_sizes(job_dir: str) -> list[int]:
     return [e["world_size"] for e in progress_events(job_dir, "start")]
+
+
+def sizes(job_dir: str) -> list[int]:
+    """The group's sizes in order: at each start and each re-formation in process."""
+    return [e["world_size"] for e in progress_events(job_dir) if e["event"] in contract.SIZE_EVENTS]
+
+
+def _grows_in_process(job: dict[str, Any], size: int) -> dict[str, Any]:
+    """The job's group grew to ``size`` in process (issue 52): the worker's processes joined the running ranks,
+    which never restarted (one start, rank 0's process the same), nothing saved or read for it. The re-formation's
+    event that reached ``size``."""
+    grown = wait_for(f"the group to grow to {size} in process", lambda: [
+        e for e in progress_events(job["job_dir"], "regrouped") if e["world_size"] == size and e["joined"] >= 1],
+        timeout=180)[0]
+    (start,) = progress_events(job["job_dir"], "start")
+    assert grown["pid"] == start["pid"] and grown["process_started"] <= start["time"] + 1, (start, grown)
+    assert not [e for e in progress_events(job["job_dir"]) if e["event"] in ("restore", "exit_for_resume")], \
+        "nothing restarted for the grow"
+    return grown
 
 
 def after_first(values: list[int], value: int) -> list[int]:
@@ -205,9 +225,9 @@ def _shrinks_in_process(user: TestbedUser, user2: TestbedUser, job: dict[str, An
     out = user2.run("sbatch", "--parsable", "-p", "gpu", f"--gres={gres}", "-J", "waits", "--mem=200",
                     "--cpus-per-task=1", "--time=10", "--wrap", "sleep 600", check=True)
     other = int(out.stdout.strip().split(";")[0])
-    (regrouped,) = wait_for(f"the group to re-form in process at world size {small}",
-                            lambda: progress_events(job["job_dir"], "regrouped"), timeout=180)
-    assert regrouped["world_size"] == small and regrouped["left"] >= 1, regrouped
+    (regrouped,) = wait_for(f"the group to re-form in process at world size {small}", lambda: [
+        e for e in progress_events(job["job_dir"], "regrouped") if e["left"] >= 1], timeout=180)
+    assert regrouped["world_size"] == small, regrouped
     # Rank 0 after it is the lowest rank that stayed, a process that started with the larger group (torchrun
     # numbers a round's nodes in no fixed order: the worker's first process may have been rank 0).
     assert regrouped["process_started"] <= grown["time"] + 5, (regrouped, grown)
@@ -229,26 +249,26 @@ def _shrinks_in_process(user: TestbedUser, user2: TestbedUser, job: dict[str, An
     return other
 
 
-def test_a_job_elastic_in_gpus_shrinks_in_process_its_staying_rank_training_on_without_a_restart(
+def test_a_job_elastic_in_gpus_grows_and_shrinks_in_process_its_rank_0_training_on_without_a_restart(
     user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
     """Issue 52: a training that re-forms in process (``train_digits.py --regroup-in-process``:
-    ``Run.regroup_in_process``) grows 1 -> 2 GPUs of gpu1 (torchrun's restart, as every grow still is), then
-    shrinks back in process for another user's job (_shrinks_in_process)."""
+    ``Run.regroup_in_process``) grows 1 -> 2 GPUs of gpu1 in process (the worker's process joins; rank 0 goes on),
+    then shrinks back in process for another user's job (_shrinks_in_process)."""
     held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 2)]  # two GPUs of gpu1 free
     other = None
     try:
         # 8 epochs (176 steps, ~0.1 s each): the grow and the shrink were over by step ~30 (2026-12-03).
         job = user.submit("--gpus", "1:2", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "8", "--throttle",
                           "0.1", "--regroup-in-process", cwd=workdir)
-        wait_for("training on 2 GPUs", lambda: world_sizes(job["job_dir"])[-1:] == [2], timeout=240)
-        (grown,) = [e for e in progress_events(job["job_dir"], "start") if e["world_size"] == 2]
+        wait_for("training on 1 GPU", lambda: world_sizes(job["job_dir"]) == [1], timeout=180)
+        grown = _grows_in_process(job, 2)
         other = _shrinks_in_process(user, user2, job, grown, "gpu:1", 1)
     finally:
         cancel_leftovers(*held, other)
 
 
-def test_an_elastic_job_over_nodes_shrinks_in_process_its_main_node_training_on_without_a_restart(
+def test_an_elastic_job_over_nodes_grows_and_shrinks_in_process_its_main_node_training_on_without_a_restart(
     user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
     """The same across two hosts (``--nodes 1:2 --gpus-per-node 4``): the worker node's 4 ranks leave, the main
@@ -262,9 +282,7 @@ def test_an_elastic_job_over_nodes_shrinks_in_process_its_main_node_training_on_
                           "--regroup-in-process", cwd=workdir)
         wait_for("training at world size 4", lambda: world_sizes(job["job_dir"])[-1:] == [4], timeout=180)
         subprocess.run(["scancel", str(blocker)], check=True)
-        wait_for("the agent to grow the job to world size 8", lambda: world_sizes(job["job_dir"])[-1:] == [8],
-                 timeout=180)
-        (grown,) = [e for e in progress_events(job["job_dir"], "start") if e["world_size"] == 8]
+        grown = _grows_in_process(job, 8)
         other = _shrinks_in_process(user, user2, job, grown, "gpu:4", 4)
     finally:
         cancel_leftovers(blocker, other)
@@ -284,7 +302,7 @@ def test_a_rank_killed_as_it_leaves_in_process_ends_in_the_restart_and_nothing_i
         job = user.submit("--gpus", "1:2", "--cpus", "1", "--mem", "1G", "--export",
                           "ALL,REGROUP_FAILPOINT=leaving:agreed", TRAIN, "--epochs", "5", "--throttle", "0.1",
                           "--regroup-in-process", cwd=workdir)
-        wait_for("training on 2 GPUs", lambda: world_sizes(job["job_dir"])[-1:] == [2], timeout=240)
+        wait_for("training on 2 GPUs", lambda: sizes(job["job_dir"])[-1:] == [2], timeout=240)
         out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:1", "-J", "waits", "--mem=200",
                         "--cpus-per-task=1", "--time=10", "--wrap", "sleep 600", check=True)
         other = int(out.stdout.strip().split(";")[0])

@@ -30,14 +30,25 @@ NO_HANG_S = 600.0
 
 
 def ranks_ended(script: str, args: list[str], env_by_rank: list[dict[str, str]],
-                timeout: float = 120) -> list[tuple[int, str]]:
+                timeout: float = 120, agent_store: bool = False) -> list[tuple[int, str]]:
     """Run ``script`` (``python -c``) as the ranks of one torch.distributed group (gloo, on loopback), rank r
-    with ``env_by_rank[r]`` added; each rank's exit code and last line of output, once every rank has ended."""
+    with ``env_by_rank[r]`` added; each rank's exit code and last line of output, once every rank has ended.
+    ``agent_store``: the group's store is held here, as torchrun's agent holds it, not by rank 0 (which may then
+    leave its group and exit while the others use the store)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     base = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "WORLD_SIZE": str(len(env_by_rank))}
+    held = None
+    if agent_store:
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        held = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=timeout),
+                             wait_for_workers=False)
+        base["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     procs = [subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True,
                               env={**base, "RANK": str(rank), **extra}) for rank, extra in enumerate(env_by_rank)]
     try:
@@ -45,12 +56,14 @@ def ranks_ended(script: str, args: list[str], env_by_rank: list[dict[str, str]],
     finally:
         for p in procs:
             p.kill()
+        del held
     return [(p.returncode, (out.strip().splitlines() or [""])[-1]) for p, out in zip(procs, outs, strict=True)]
 
 
-def run_ranks(script: str, args: list[str], env_by_rank: list[dict[str, str]], timeout: float = 120) -> list[str]:
+def run_ranks(script: str, args: list[str], env_by_rank: list[dict[str, str]], timeout: float = 120,
+              agent_store: bool = False) -> list[str]:
     """:func:`ranks_ended` where every rank must exit 0: each rank's last line of output."""
-    ends = ranks_ended(script, args, env_by_rank, timeout)
+    ends = ranks_ended(script, args, env_by_rank, timeout, agent_store)
     assert [code for code, _ in ends] == [0] * len(ends), ends
     return [line for _, line in ends]
 

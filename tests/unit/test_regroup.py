@@ -294,7 +294,8 @@ def test_rank_0_may_leave_and_then_it_writes_nothing_of_the_jobs(tmp_path: Path)
     marker = contract.left_in_process_marker(Path(tempfile.gettempdir()), os.getpid())
     try:
         under_torchrun = {"TORCHELASTIC_RUN_ID": "unit"}
-        outs = [json.loads(line) for line in run_ranks(_RUN_RANK, [str(job), "0"], [under_torchrun] * 3)]
+        outs = [json.loads(line) for line in run_ranks(_RUN_RANK, [str(job), "0"], [under_torchrun] * 3,
+                                                       agent_store=True)]
     finally:
         marker.unlink(missing_ok=True)
     assert outs[0] == {"stop": True, "reason": "left"}
