@@ -41,7 +41,7 @@ def run_roots(env: Mapping[str, str], uid: int) -> list[Path]:
     return [*roots, Path(f"/tmp/containers-user-{uid}/containers")]
 
 
-def _alive(pid_file: Path) -> bool | None:
+def _alive(pid_file: Path, uid: int | None = None) -> bool | None:
     """Whether the conmon a pid file names is alive; None when the file is missing or unreadable."""
     try:
         pid = int(pid_file.read_text().strip())
@@ -54,19 +54,27 @@ def _alive(pid_file: Path) -> bool | None:
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass  # a process of another user: a conmon only if its name says so (below)
+        pass  # a process of another user: its status (below) says whose
     # The pid may be another process's by now: a node's pids wrap at pid_max (32768 on the testbed), and the
     # full live suite once found the killed conmon's taken within seconds, left the user's Podman wedged and
-    # failed the next job (CI rehearsal, 3 Dec). A process's name is readable whoever owns it.
+    # failed the next job (CI rehearsal, 3 Dec). And a conmon killed a moment ago may not be reaped yet: a
+    # zombie answers kill -0 and keeps its name, and the user's next job on the node, started within the
+    # second, took Podman for working (CI rehearsal 29, 3 Dec). A process's status is readable whoever owns it.
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip() == CONMON
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if ":" in line)
     except OSError:
         return True  # gone since, or not readable here: as before, not ours to judge
+    name, state = status.get("Name", "").strip(), status.get("State", "").strip()[:1]
+    owner = status.get("Uid", "").split()[:1]
+    if uid is not None and owner and owner[0].isdigit() and int(owner[0]) != uid:
+        return False  # another user's process: never this user's conmon
+    return name == CONMON and state not in ("Z", "X")
 
 
-def dead_containers(roots: Sequence[Path]) -> list[str]:
+def dead_containers(roots: Sequence[Path], uid: int | None = None) -> list[str]:
     """The IDs of the containers under ``roots`` whose ``conmon`` is dead; [] when a ``conmon`` of this user
-    lives here (Podman joins its namespace) or none is dead."""
+    (``uid``, where given) lives here (Podman joins its namespace) or none is dead."""
     dead = []
     for root in roots:
         try:
@@ -74,7 +82,7 @@ def dead_containers(roots: Sequence[Path]) -> list[str]:
         except OSError:
             continue
         for entry in entries:
-            state = _alive(Path(entry.path) / "userdata" / "conmon.pid")
+            state = _alive(Path(entry.path) / "userdata" / "conmon.pid", uid)
             if state:
                 return []
             if state is False and entry.name not in dead:
@@ -93,7 +101,8 @@ def _podman(argv: Sequence[str], env: Mapping[str, str]) -> subprocess.Completed
 def reset_if_left_by_a_killed_attempt(env: Mapping[str, str], uid: int | None = None) -> str | None:
     """Reset this user's Podman here when a killed attempt left it unusable (above); what was done, for the
     job's output, or None when nothing was needed."""
-    dead = dead_containers(run_roots(env, os.getuid() if uid is None else uid))
+    user = os.getuid() if uid is None else uid
+    dead = dead_containers(run_roots(env, user), user)
     if not dead:
         return None
     probe = _podman(["ps", "-q"], env)

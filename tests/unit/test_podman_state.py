@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -102,6 +103,32 @@ def test_a_conmons_pid_taken_by_another_process_is_a_dead_conmon(runtime: Path) 
     """The node's pids wrapped: the killed conmon's pid is another process's now (here, this one's)."""
     container(runtime / "containers", DEAD_ID, os.getpid())
     assert dead_containers([runtime / "containers"]) == [DEAD_ID]
+
+
+def test_a_conmon_killed_but_not_yet_reaped_is_dead(tmp_path: Path, runtime: Path) -> None:
+    """A zombie answers kill -0 and keeps its name: the user's next job, started within the second of the kill,
+    took a wedged Podman for working (CI rehearsal 29)."""
+    program = tmp_path / "conmon"
+    shutil.copy("/bin/sleep", program)
+    proc = subprocess.Popen([str(program), "60"])
+    try:
+        proc.kill()
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{proc.pid}/status").read_text().find("State:\tZ") < 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        container(runtime / "containers", DEAD_ID, proc.pid)  # not reaped yet: a zombie named conmon
+        assert dead_containers([runtime / "containers"], os.getuid()) == [DEAD_ID]
+    finally:
+        proc.wait()
+
+
+def test_another_users_conmon_on_a_conmons_old_pid_is_not_this_users(runtime: Path, a_conmon: int) -> None:
+    """The pid of a killed conmon taken by another user's conmon (pids wrap, and every user's conmons share the
+    node's pid space): this user's container is dead all the same."""
+    container(runtime / "containers", DEAD_ID, a_conmon)
+    assert dead_containers([runtime / "containers"], os.getuid() + 1) == [DEAD_ID]
+    assert dead_containers([runtime / "containers"], os.getuid()) == []
 
 
 def test_a_wedged_podman_is_migrated_and_only_dlsubs_dead_containers_removed(
