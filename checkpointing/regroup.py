@@ -70,17 +70,28 @@ def _end_default_group() -> None:
             pass
 
 
-def torchrun_store(timeout_s: float) -> Any | None:
-    """A connection of this process's own to the store torchrun gave its ranks (``MASTER_ADDR:MASTER_PORT``: its
-    agent's, or where the agent shares none, as under dlsub, the one rank 0 holds), with no key prefix: a process
-    that joins from another container reaches the same keys with the same two values
-    (:mod:`dlsub.checkpointing.regroup_join`). None where torchrun did not start this process."""
-    import torch.distributed as dist
-
+def torchrun_store_address() -> tuple[str, int] | None:
+    """Where the store torchrun gave its ranks is (``MASTER_ADDR:MASTER_PORT``: its agent's, or where the agent
+    shares none, as under dlsub, the one rank 0 holds); None where torchrun did not start this process."""
     addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     if not os.environ.get("TORCHELASTIC_RUN_ID") or not addr or not port.isdigit():
         return None
-    return dist.TCPStore(addr, int(port), is_master=False, timeout=timedelta(seconds=timeout_s))
+    return addr, int(port)
+
+
+def store_client(addr: str, port: int, timeout_s: float) -> Any:
+    """A connection of this process's own to the TCP store at ``addr:port``, with no key prefix."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+
+
+def torchrun_store(timeout_s: float) -> Any | None:
+    """A connection of this process's own to torchrun's store (:func:`torchrun_store_address`), with no key prefix:
+    a process that joins from another container reaches the same keys with the same two values
+    (:mod:`dlsub.checkpointing.regroup_join`). None where torchrun did not start this process."""
+    address = torchrun_store_address()
+    return store_client(*address, timeout_s) if address is not None else None
 
 
 class RegroupFailed(RuntimeError):

@@ -28,19 +28,26 @@ torch is imported where it is used: the record's checks run where torch is alrea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from dlsub import contract
-from dlsub.checkpointing.regroup import DEFAULT_TIMEOUT_S, Change, ElasticGroup, RegroupFailed
+from dlsub.checkpointing.regroup import (
+    DEFAULT_TIMEOUT_S,
+    Change,
+    ElasticGroup,
+    RegroupFailed,
+    store_client,
+    torchrun_store_address,
+)
 
 #: How long the worker's torchrun waits for the group's store to answer before it joins through the rendezvous.
 STORE_CHECK_S = 3.0
@@ -54,7 +61,7 @@ _RENDEZVOUS_OPTIONS = ("--nnodes", "--rdzv-backend", "--rdzv_backend", "--rdzv-e
                        "--rdzv-id", "--rdzv_id", "--rdzv-conf", "--rdzv_conf", "--max-restarts", "--max_restarts")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class JoinPoint:
     """Where a running group takes processes that join: its store and its keys there."""
 
@@ -81,24 +88,18 @@ class JoinPoint:
 
 def publish(job_dir: Path, attempt: str, group: ElasticGroup) -> None:
     """Rank 0's record of where its group takes joining processes (under torchrun's store only; else none)."""
-    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
-    if not os.environ.get("TORCHELASTIC_RUN_ID") or not port.isdigit():
+    address = torchrun_store_address()
+    if address is None:
         return
     record = contract.regroup_record(job_dir, attempt)
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         temporary = record.with_name(f".{record.name}.{os.getpid()}")
-        temporary.write_text(JoinPoint(addr, int(port), group.prefix, group.backend).to_json() + "\n")
+        temporary.write_text(JoinPoint(*address, group.prefix, group.backend).to_json() + "\n")
         os.replace(temporary, record)  # a worker reading it never sees half of it
     except OSError as exc:
         print(f"dlsub: workers will join by a restart: could not record the group's store ({exc})", file=sys.stderr,
               flush=True)
-
-
-def _store(point: JoinPoint, timeout_s: float) -> Any:
-    import torch.distributed as dist
-
-    return dist.TCPStore(point.addr, point.port, is_master=False, timeout=timedelta(seconds=timeout_s))
 
 
 def _in_its_loop(job_dir: Path, attempt: str) -> bool:
@@ -153,7 +154,7 @@ def worth_joining(environ: dict[str, str] | None = None,
     if point is None:
         return None, f"{record} is not the library's record"
     try:
-        if _store(point, STORE_CHECK_S).check([f"{point.prefix}/gen"]):
+        if store_client(point.addr, point.port, STORE_CHECK_S).check([f"{point.prefix}/gen"]):
             return point, ""
         return None, f"the group's store at {point.addr}:{point.port} does not hold its keys (it restarted since)"
     except Exception as exc:  # noqa: BLE001 - refused, timed out, reset: the store is not there to join through
@@ -190,7 +191,7 @@ def join_if_told() -> None:
     if point is None:
         return
     try:
-        store = _store(point, DEFAULT_TIMEOUT_S)
+        store = store_client(point.addr, point.port, DEFAULT_TIMEOUT_S)
         _all_here_ready(store, point)
         group, change = ElasticGroup.join(store, backend=point.backend, prefix=point.prefix)
         members = group.members_count(member_tag())  # the members' part of their re-formation, after the state
@@ -251,7 +252,7 @@ def take_state() -> dict[str, Any] | None:
     if _joined is None or _joined[1].state is None:
         return None
     group, change = _joined
-    _joined = (group, Change(change.left, change.membership, change.joined, change.departed, None, change.paused_s))
+    _joined = (group, dataclasses.replace(change, state=None))
     return change.state
 
 
