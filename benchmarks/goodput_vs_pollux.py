@@ -43,9 +43,9 @@ untouched (the reverse split).
 --resize-costs C,... (issue 52): what a resize in place costs in the
 simulator (``SimConfig.resize_penalty_s``): ``restart`` (a resize costs a
 restart, as every figure before issue 52 was run), seconds (10: dlsub's
-measured resize, the simulator's default; 0: free resizes, a bound), or
-``GROW/SHRINK`` seconds (``9.3/0.6``: a grow and a shrink priced apart,
-``SimConfig.shrink_penalty_s``). Every
+resize through a checkpoint restart as measured on 30 Nov; 0: free resizes, a bound), or
+``GROW/SHRINK`` seconds (``6/0.4``, the default and the simulator's: dlsub's grow and shrink in process
+as measured on 3 Dec, priced apart, ``SimConfig.shrink_penalty_s``). Every
 policy runs at each; each cost is reported as above (the policy alone: the
 same cost for both), then, with ``restart`` and a measured cost among them,
 the systems as systems: goodput at dlsub's resize (the first ``GROW/SHRINK``
@@ -259,10 +259,10 @@ def main() -> None:
                         help="with --generated: share of jobs that state no length (1: none does)")
     parser.add_argument("--stated-error", type=float, default=2.0,
                         help="with --generated: stated lengths off by a factor in [1/E, E], log-uniform")
-    parser.add_argument("--resize-costs", default="10",
+    parser.add_argument("--resize-costs", default="6/0.4",
                         help="what a resize in place costs, each run: 'restart' (as before issue 52), seconds "
-                             "(10: dlsub's measured resize, the default; 0: free, a bound), or GROW/SHRINK "
-                             "seconds (9.3/0.6: grows and shrinks priced apart)")
+                             "(0: free, a bound), or GROW/SHRINK seconds (6/0.4: dlsub's measured resize in "
+                             "process, the default)")
     args = parser.parse_args()
     try:
         costs = [cost_label(c) for c in args.resize_costs.split(",")]

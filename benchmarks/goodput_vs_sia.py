@@ -40,9 +40,9 @@ traces; each further batch size --profile-batch-startup-s plus its timed steps);
 before the option are ``flat`` rows.
 --resize-costs C,... (issue 52): what a resize in place costs (``SimConfig.resize_penalty_s``): ``restart``
 (each application's restart in Sia's calibration, as every figure before issue 52 was run), seconds (10:
-dlsub's measured resize, the default, never more than the application's restart; 0: free, a bound), or
-``GROW/SHRINK`` seconds (``9.3/0.6``: a grow and a shrink priced apart, ``SimConfig.shrink_penalty_s``;
-dlsub's measured resize where one is given). Every
+dlsub's resize through a checkpoint restart, measured on 30 Nov; 0: free, a bound), or ``GROW/SHRINK``
+seconds (``6/0.4``, the default and the simulator's: dlsub's grow and shrink in process, measured on 3 Dec,
+priced apart, ``SimConfig.shrink_penalty_s``), never more than the application's restart. Every
 policy runs at each and each is reported as above (the policies alone, at one cost); then, with ``restart``
 and a measured cost among them, the systems as systems (goodput at dlsub's measured resize against sia and
 pollux at the restarts Sia's paper measured) and each policy's paired change from ``restart`` to each other
@@ -191,10 +191,10 @@ def main() -> None:
     parser.add_argument("--by-app", action="store_true",
                         help="also each policy's figures per application (runs kept in --raw before this option "
                              "have none)")
-    parser.add_argument("--resize-costs", default="10",
+    parser.add_argument("--resize-costs", default="6/0.4",
                         help="what a resize in place costs, each run: 'restart' (as before issue 52), seconds "
-                             "(10: dlsub's measured resize, the default; 0: free, a bound), or GROW/SHRINK "
-                             "seconds (9.3/0.6: grows and shrinks priced apart)")
+                             "(0: free, a bound), or GROW/SHRINK seconds (6/0.4: dlsub's measured resize in "
+                             "process, the default)")
     args = parser.parse_args()
     try:
         costs = [cost_label(c) for c in args.resize_costs.split(",")]

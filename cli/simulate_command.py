@@ -37,17 +37,17 @@ def _native_stdout_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _resize_penalty(text: str) -> float | None:
-    """--resize-penalty as SimConfig.resize_penalty_s: seconds (at least 0), or None for "restart"."""
-    if text == "restart":
-        return None
+def _resize_penalty(text: str) -> tuple[float | None, float | None]:
+    """--resize-penalty as (SimConfig.resize_penalty_s, SimConfig.shrink_penalty_s): ``restart`` (None, None),
+    seconds for a grow and a shrink alike (S, S), or ``GROW/SHRINK`` seconds."""
+    from dlsub.sim.engine import resize_penalties
+
     try:
-        seconds = float(text)
+        grow, shrink = resize_penalties(text)
     except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:  # also NaN
-        raise click.BadParameter(f"{text!r}: seconds (at least 0) or 'restart'", param_hint="'--resize-penalty'")
-    return seconds
+        raise click.BadParameter(f"{text!r}: seconds (at least 0), GROW/SHRINK seconds or 'restart'",
+                                 param_hint="'--resize-penalty'") from None
+    return grow, grow if shrink is None else shrink
 
 
 @click.command()
@@ -80,11 +80,11 @@ def _resize_penalty(text: str) -> float | None:
                    "is an application and batch size; every job of an application is then a clone).")
 @click.option("--restart-penalty", type=click.IntRange(min=0), default=30, show_default=True,
               help="Seconds without progress after every (re)allocation that is not a resize in place.")
-@click.option("--resize-penalty", default="10", show_default=True, metavar="SECONDS|restart",
+@click.option("--resize-penalty", default="6/0.4", show_default=True, metavar="SECONDS|GROW/SHRINK|restart",
               help="Seconds without progress after a resize in place (the same kind of GPUs, grown onto more or "
-                   "shrunk onto fewer of the GPUs a job holds; never more than its restart): 10 is dlsub's "
-                   "measured resize, 0 free resizes (a bound); restart charges a resize a restart, as the "
-                   "simulator did before issue 52.")
+                   "shrunk onto fewer of the GPUs a job holds; never more than its restart), a grow's and a "
+                   "shrink's apart as GROW/SHRINK: 6/0.4 is dlsub's measured resize in process, 0 free resizes "
+                   "(a bound); restart charges a resize a restart, as the simulator did before issue 52.")
 @click.option("--calibration", type=click.Choice(["auto", "none", "sia"]), default="auto", show_default=True,
               help="sia: Sia's per-application slowdowns and restart penalties (which replace --restart-penalty), "
                    "as its artifact calibrated them; auto: sia on a cluster with GPU types, else none.")
@@ -130,9 +130,10 @@ def simulate(
         assert traces is not None
         if calibration == "auto":
             calibration = "sia" if cluster.gpu_types() else "none"
+        grow_s, shrink_s = _resize_penalty(resize_penalty)
         config = SimConfig(interval_s=interval, restart_penalty_s=restart_penalty, seed=seed,
                            arrival_jitter_s=arrival_jitter, information=information, history=history,
-                           calibration=calibration, resize_penalty_s=_resize_penalty(resize_penalty))
+                           calibration=calibration, resize_penalty_s=grow_s, shrink_penalty_s=shrink_s)
         with click.progressbar(length=len(jobs), label=f"{policy.name} on {workload.name}", file=sys.stderr,
                                show_pos=True) as bar:
             done = [0]

@@ -31,7 +31,7 @@ takes under 100 ms):
    length) or, for a job of unknown length, when the speed-up it would
    gain is less than ``restart_share`` of its own (Pollux's restart
    penalty): every change costs a restart. (Issue 52: the simulator now
-   charges a resize in place dlsub's measured 10 s, not a restart; this
+   charges a resize in place dlsub's measured cost, not a restart; this
    policy reads no resize figure and prices every change as before.
    Figures: docs/user-guide.md, "What a resize costs".)
 

@@ -74,8 +74,9 @@ as with 100: admission never binds on this cluster); with margin 0, k 2 0.910, k
 between types only, a resize paying its one restart, 0.954 (resizes thrash: 650 restarts a workload).
 
 **What a resize costs** (issue 52; ``price_resizes``, off). The simulator charges a resize in place (a change
-of count on the job's type onto a superset or subset of its GPUs) dlsub's measured 10 s, not a restart
-(``SimConfig.resize_penalty_s``), and tells it (``JobView.resize_s``). With ``price_resizes`` a change of count
+of count on the job's type onto a superset or subset of its GPUs) dlsub's measured cost, not a restart
+(``SimConfig.resize_penalty_s``: 10 s in the runs below, 6 s a grow and 0.4 s a shrink since), and tells it
+(``JobView.resize_s``). With ``price_resizes`` a change of count
 on the job's type is priced at that (``keep_share(resize=True)``) and placed in place where it fits
 (``SiaPolicy.place``'s ``in_place``); a move to another type still at the restart. Off by default: not chosen
 on 1-4. Tried once on 5-8 (order 1, untouched, so a try): average JCT 0.990x and GPU-hours a job 0.990x of

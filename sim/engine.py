@@ -48,19 +48,19 @@ class SimConfig:
     restart_penalty_s: int = 30
     # Seconds without progress after a resize in place (resized_in_place); any other change of GPUs (a move
     # to other nodes or another GPU kind, a start after waiting) pays a restart, the first start included.
-    # 10: dlsub's resize as measured on the testbed, 30 Nov 2026 (issue 52), decision -> first step at the
-    # new size through the checkpoint-restart path with forked training processes
-    # (`benchmarks/resize_latency.py --within-node --samples 3`): grow 9.8 s median (9.8, 10.7, 9.8), shrink
-    # 9.2 s (8.8, 9.5, 9.2). None: a resize costs a restart, as before issue 52 (the figures published
-    # before then; `--resize-penalty restart`). 0: free resizes, a bound. Never more than the job's restart:
-    # a resize is that restart's path without the move.
-    resize_penalty_s: float | None = 10.0
-    # What a resize in place that takes GPUs away (a shrink) costs, where it differs from a grow; None: the
-    # same as resize_penalty_s (a grow's). Issue 52: a shrink re-forms in process (the staying ranks never
-    # restart), 0.5 s within a node and 0.6 s across nodes, while a grow still restarts from a checkpoint
-    # (6.7 s within a node, 9.3 s across); `benchmarks/resize_latency.py`, median of 5, decision -> first
-    # step at the new size. Never more than the job's restart either.
-    shrink_penalty_s: float | None = None
+    # 6.0: a grow as dlsub resizes in process (issue 52: the staying ranks go on, the new worker's processes
+    # join them), measured on the testbed on 3 Dec 2026 (`benchmarks/resize_latency.py --both --samples 5`,
+    # median, decision -> first step at the new size): 6.0 s across nodes (4.7-6.5), 3.6 s within a node
+    # (3.5-3.7); the larger, as the simulator does not tell the two apart. A training that does not re-form
+    # in process restarts from a checkpoint instead: 8.2 s across nodes, 5.9 s within one (the same runs).
+    # None: a resize costs a restart, as before issue 52 (the figures published before then; `--resize-penalty
+    # restart`). 0: free resizes, a bound. Never more than the job's restart: a resize is that restart's path
+    # without the move.
+    resize_penalty_s: float | None = 6.0
+    # What a resize in place that takes GPUs away (a shrink) costs; None: the same as resize_penalty_s. 0.4:
+    # the staying ranks re-form in process without the leaving ones, the same runs: 0.4 s across nodes
+    # (0.4-0.5), 0.3 s within a node (0.3-0.4). Never more than the job's restart either.
+    shrink_penalty_s: float | None = 0.4
     seed: int = 0
     arrival_jitter_s: float = 0.0
     # What a policy that learns is told: "online" (only what the live agent

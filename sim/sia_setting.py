@@ -15,8 +15,9 @@ cluster whose groups name GPU types) applies them:
   so far fit; not only between epochs and when its GPUs change.
 - **Resizes** (not Sia's: issue 52): Sia's paper and artifact measured restarts only, and charge one for
   every change of a job's GPUs. dlsub resizes a job in place (the same kind of GPUs, grown onto more or
-  shrunk onto fewer of the ones it holds) in a measured 10 s (``SimConfig.resize_penalty_s``); here that
-  costs the same 10 s for every application, never more than the application's restart. dlsub's figure
+  shrunk onto fewer of the ones it holds) in process, a grow in a measured 6 s and a shrink in 0.4 s
+  (``SimConfig.resize_penalty_s``, ``shrink_penalty_s``); here that costs the same for every application,
+  never more than the application's restart. dlsub's figure
   was measured on a small model, so for an application whose restart is mostly its own start-up
   (imagenet's 250 s) it is a lower bound on what a resize would cost it; ``resize_penalty_s=None``
   (``--resize-penalty restart``) is Sia's own pricing, a restart for every change.

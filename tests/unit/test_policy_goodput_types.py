@@ -157,7 +157,7 @@ def test_the_simulator_charges_the_profile_to_a_policy_that_reads_it() -> None:
     sim_job.reallocate(Allocation(("n000",)), 0.0, 30.0)
     assert sim_job.penalty_left == 75.0  # its first start: the restart and the profile
     sim_job.reallocate(Allocation(("n000", "n000")), 60.0, 30.0)
-    assert sim_job.penalty_left == 10.0  # later changes: no profile; this grow in place pays the resize (issue 52)
+    assert sim_job.penalty_left == 6.0  # later changes: no profile; this grow in place pays the resize (issue 52)
     sim_job.reallocate(Allocation(("n001", "n001")), 120.0, 30.0)
     assert sim_job.penalty_left == 30.0  # and a move the restart
 

@@ -1,7 +1,8 @@
 """Unit tests (pure; no Slurm): what the simulator charges a resize in place and a restart (issue 52).
 
 A resize in place (the same kind of GPUs, grown onto a superset or shrunk onto a subset of the GPUs a job
-held on each node) pays ``SimConfig.resize_penalty_s`` (dlsub's measured 10 s by default); a move to other
+held on each node) pays ``SimConfig.resize_penalty_s`` (dlsub's measured grow in process, 6 s, by default; a
+shrink ``SimConfig.shrink_penalty_s``, 0.4 s); a move to other
 nodes or another kind, and every start after waiting, the restart penalty; ``resize_penalty_s=None``
 charges a resize a restart, as before.
 """
@@ -56,17 +57,18 @@ def test_resized_in_place_is_a_grow_or_shrink_on_the_gpus_held() -> None:
 
 
 def test_a_grow_in_place_pays_the_resize_penalty_and_a_move_a_restart() -> None:
-    """Unit: the charge. First start 30 s (a restart, as before); grow on its node 10 s (the measured resize);
-    a move to another node 30 s; a shrink onto its node 10 s; a start after waiting 30 s."""
+    """Unit: the charge, by default. First start 30 s (a restart, as before); grow on its node 6 s (the measured
+    grow in process); a move to another node 30 s; a shrink onto its node 0.4 s (the measured shrink in
+    process); a start after waiting 30 s."""
     job = _job(SimConfig())
     job.reallocate(Allocation(("n0", "n0")), 60.0, 30.0)
     assert job.penalty_left == 30.0
     job.reallocate(Allocation(("n0",) * 4), 120.0, 30.0)
-    assert job.penalty_left == 10.0 and job.resizes == 1
+    assert job.penalty_left == 6.0 and job.resizes == 1
     job.reallocate(Allocation(("n1",) * 4), 180.0, 30.0)
     assert job.penalty_left == 30.0 and job.resizes == 1
     job.reallocate(Allocation(("n1",)), 240.0, 30.0)
-    assert job.penalty_left == 10.0 and job.resizes == 2
+    assert job.penalty_left == 0.4 and job.resizes == 2
     job.reallocate(None, 300.0, 30.0)
     job.reallocate(Allocation(("n1",) * 2), 360.0, 30.0)
     assert job.penalty_left == 30.0 and job.starts == 5 and job.resizes == 2
@@ -105,20 +107,20 @@ def _jct(policy: Policy, cluster: ClusterView, **config: object) -> tuple[float,
 
 
 def test_in_the_simulation_a_grow_in_place_loses_the_resize_penalty_and_a_move_the_restart() -> None:
-    """Unit: end to end. The same job grows from 2 to 4 GPUs at 180 s; in place it loses 10 s of the 4-GPU
-    run (20 s less than when a resize costs a restart, 30 s less than that with the resize free); moved onto
+    """Unit: end to end. The same job grows from 2 to 4 GPUs at 180 s; in place it loses 6 s of the 4-GPU
+    run (24 s less than when a resize costs a restart, 30 s less than that with the resize free); moved onto
     another node it loses a restart's 30 s at any resize cost."""
     cluster = ClusterView.uniform(2, 4)
     grow = _Grow(("n000",) * 2, ("n000",) * 4, 180)
     measured, restarts, resizes = _jct(grow, cluster)
-    as_restart, _, none_in_place = _jct(grow, cluster, resize_penalty_s=None)
+    as_restart, _, none_in_place = _jct(grow, cluster, resize_penalty_s=None, shrink_penalty_s=None)
     free, _, _ = _jct(grow, cluster, resize_penalty_s=0)
     assert (restarts, resizes, none_in_place) == (1, 1, 0)
-    assert as_restart - measured == pytest.approx(20, abs=1)
-    assert measured - free == pytest.approx(10, abs=1)
+    assert as_restart - measured == pytest.approx(24, abs=1)
+    assert measured - free == pytest.approx(6, abs=1)
     move = _Grow(("n000",) * 2, ("n001",) * 4, 180)
     moved, _, moved_in_place = _jct(move, cluster)
-    moved_as_restart, _, _ = _jct(move, cluster, resize_penalty_s=None)
+    moved_as_restart, _, _ = _jct(move, cluster, resize_penalty_s=None, shrink_penalty_s=None)
     assert moved_in_place == 0 and moved == moved_as_restart == pytest.approx(as_restart, abs=1)
 
 
@@ -129,7 +131,7 @@ def test_a_move_across_kinds_pays_the_restart(typed_traces: Path) -> None:
     job = _job(SimConfig(), cluster, typed_traces)
     job.reallocate(Allocation(("f0",)), 60.0, 30.0, "fast")
     job.reallocate(Allocation(("f0",) * 2), 120.0, 30.0, "fast")
-    assert job.penalty_left == 10.0
+    assert job.penalty_left == 6.0
     job.reallocate(Allocation(("s0",) * 2), 180.0, 30.0, "slow")
     assert job.penalty_left == 30.0 and job.gpu_type == "slow" and job.resizes == 1
 
@@ -151,16 +153,18 @@ def test_sia_calibration_restarts_per_application_and_resizes_at_the_measured_co
 
 
 def test_cli_simulate_takes_a_resize_penalty_or_restart() -> None:
-    """Unit: `dlsub simulate --resize-penalty` takes seconds or "restart" (the behaviour before issue 52), and
-    refuses anything else with a usage error."""
+    """Unit: `dlsub simulate --resize-penalty` takes seconds, GROW/SHRINK seconds or "restart" (the behaviour
+    before issue 52), and refuses anything else with a usage error."""
     from click.testing import CliRunner
 
     from dlsub.cli.main import main
     from dlsub.cli.simulate_command import _resize_penalty
 
-    assert _resize_penalty("restart") is None and _resize_penalty("0") == 0.0 and _resize_penalty("9.5") == 9.5
-    result = CliRunner().invoke(main, ["simulate", "pollux/workloads/workload-1.csv", "--resize-penalty", "soon"])
-    assert result.exit_code == 2 and "seconds (at least 0) or 'restart'" in result.output
+    assert _resize_penalty("restart") == (None, None) and _resize_penalty("0") == (0.0, 0.0)
+    assert _resize_penalty("9.5") == (9.5, 9.5) and _resize_penalty("6/0.4") == (6.0, 0.4)
+    for bad in ("soon", "-1", "nan", "1/2/3"):
+        result = CliRunner().invoke(main, ["simulate", "pollux/workloads/workload-1.csv", "--resize-penalty", bad])
+        assert result.exit_code == 2 and "GROW/SHRINK seconds or 'restart'" in result.output, (bad, result.output)
 
 
 # -- what goodput is told, across GPU types ---------------------------------------------------------------
@@ -225,7 +229,7 @@ def test_shrink_penalty_defaults_to_the_resize_penalty_and_never_exceeds_the_res
     """Unit: shrink_penalty_s None (the default) prices a shrink as a grow, so nothing changes by default; a
     shrink never costs more than the job's restart; with resizes as restarts but shrinks priced, a grow is a
     restart and a shrink its own price."""
-    assert SimConfig().shrink_penalty_s is None
+    assert SimConfig(resize_penalty_s=10.0).shrink_penalty_s == 0.4, "the measured shrink by default"
     for resize, shrink, grown, shrunk in ((10.0, None, 10.0, 10.0), (None, None, 30.0, 30.0), (9.3, 45.0, 9.3, 30.0),
                                           (None, 0.6, 30.0, 0.6), (0.0, 0.6, 0.0, 0.6)):
         job = _job(SimConfig(resize_penalty_s=resize, shrink_penalty_s=shrink))
@@ -242,8 +246,8 @@ def test_in_the_simulation_a_shrink_in_place_loses_only_the_shrink_penalty() -> 
     cluster = ClusterView.uniform(2, 4)
     shrink = _Grow(("n000",) * 4, ("n000",) * 2, 180)
     apart, restarts, resizes = _jct(shrink, cluster, resize_penalty_s=9.3, shrink_penalty_s=0.6)
-    alike, _, _ = _jct(shrink, cluster, resize_penalty_s=9.3)
-    free, _, _ = _jct(shrink, cluster, resize_penalty_s=0.0)
+    alike, _, _ = _jct(shrink, cluster, resize_penalty_s=9.3, shrink_penalty_s=None)
+    free, _, _ = _jct(shrink, cluster, resize_penalty_s=0.0, shrink_penalty_s=0.0)
     assert (restarts, resizes) == (1, 1)
     assert alike - apart == pytest.approx(8.7, abs=1)
     assert apart - free == pytest.approx(0.6, abs=1)
