@@ -47,15 +47,16 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_PREFIX = "dlsub/regroup"
 
 
-#: A process whose environment names its part and a phase here (``leaving:agreed``, ``staying:left-the-old-group``)
-#: kills itself (SIGKILL) when it gets there: the kill -9 tests of each phase of the re-formation (as the agent's
+#: A process whose environment names its part and a phase here (``leaving:agreed``, ``staying:left-the-old-group``,
+#: ``joining:planned``: a joining process once the members have planned its place) kills itself (SIGKILL) when
+#: it gets there: the kill -9 tests of each phase of the re-formation (as the agent's
 #: failpoints do for a move's and a resize's steps). Under torchrun only in its first set of processes (those it
 #: starts again after the kill go on), so that a live job dies there once.
 FAILPOINT_ENV = "REGROUP_FAILPOINT"  # not DLSUB_: a job passes it into its containers with --export
 
 
-def _failpoint(phase: str, leaving: bool) -> None:
-    if (os.environ.get(FAILPOINT_ENV) == f"{'leaving' if leaving else 'staying'}:{phase}"
+def _failpoint(phase: str, part: str) -> None:
+    if (os.environ.get(FAILPOINT_ENV) == f"{part}:{phase}"
             and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -176,13 +177,15 @@ class ElasticGroup:
         """For every rank of torch.distributed's default group, formed already (under torchrun: on the agent's
         store, which outlives every rank). A collective: rank 0 picks the generations' namespace, so that a group
         torchrun restarted later never reads this one's keys."""
-        import random
+        import secrets
 
         import torch
         import torch.distributed as dist
         from torch.distributed import distributed_c10d
 
-        namespace = torch.tensor([random.getrandbits(48) if dist.get_rank() == 0 else 0], dtype=torch.int64,
+        # From the system's randomness, not ``random``'s generator: a script that seeds that one (random.seed(0))
+        # would pick the same namespace in every group it forms, and a restarted group would read the old keys.
+        namespace = torch.tensor([secrets.randbits(48) if dist.get_rank() == 0 else 0], dtype=torch.int64,
                                  device=collective_device(dist))
         dist.broadcast(namespace, src=0)
         default_store = distributed_c10d._get_default_store()
@@ -210,6 +213,7 @@ class ElasticGroup:
             if ticket <= plan.joiners:
                 break
             generation = plan.generation + 1  # this generation was decided before the ticket: the next one
+        _failpoint("planned", "joining")
         membership = Membership(len(plan.stay) + ticket - 1, plan.world_size, plan.generation + 1)
         joined_at = time.monotonic()
         group._form(membership)
@@ -231,6 +235,9 @@ class ElasticGroup:
         """Processes that asked to join this generation, as rank 0 reads the store (0 on every other rank): a
         member's part of :meth:`due` for a caller that makes the step's all-reduce itself."""
         return self._add(f"{self.membership.generation}/joiners", 0) if self.membership.rank == 0 else 0
+
+    def _part(self) -> str:
+        return "leaving" if self._leaving else "staying"
 
     def leave(self) -> None:
         """This process will leave at the next re-formation (the group goes on without it)."""
@@ -271,7 +278,7 @@ class ElasticGroup:
         leaving = torch.zeros(old.world_size, dtype=torch.int64, device=collective_device(dist))
         leaving[old.rank] = int(self._leaving)
         dist.all_reduce(leaving, op=dist.ReduceOp.SUM)  # every member's wish, on every member
-        _failpoint("agreed", self._leaving)
+        _failpoint("agreed", self._part())
         stay = tuple(rank for rank, leaves in enumerate(leaving.tolist()) if not leaves)
         if not stay:
             raise RegroupFailed("every member of the group asked to leave: there is no group to re-form")
@@ -282,7 +289,7 @@ class ElasticGroup:
             self._store.set(self._key(f"{old.generation}/plan"), _Plan(stay, joiners, old.generation).to_json())
         dist.barrier()  # the plan is written; every member is past the old group's last collective
         dist.destroy_process_group()
-        _failpoint("left-the-old-group", self._leaving)
+        _failpoint("left-the-old-group", self._part())
         plan = self._wait_plan(old.generation, deadline)
         departed = old.world_size - len(stay)
         if old.rank not in stay:

@@ -225,27 +225,33 @@ def _shrinks_in_process(user: TestbedUser, user2: TestbedUser, job: dict[str, An
     out = user2.run("sbatch", "--parsable", "-p", "gpu", f"--gres={gres}", "-J", "waits", "--mem=200",
                     "--cpus-per-task=1", "--time=10", "--wrap", "sleep 600", check=True)
     other = int(out.stdout.strip().split(";")[0])
-    (regrouped,) = wait_for(f"the group to re-form in process at world size {small}", lambda: [
-        e for e in progress_events(job["job_dir"], "regrouped") if e["left"] >= 1], timeout=180)
-    assert regrouped["world_size"] == small, regrouped
-    # Rank 0 after it is the lowest rank that stayed, a process that started with the larger group (torchrun
-    # numbers a round's nodes in no fixed order: the worker's first process may have been rank 0).
-    assert regrouped["process_started"] <= grown["time"] + 5, (regrouped, grown)
-    status = user.status(job["id"])
-    assert status["world_size"] == small and status["resizes"][-1]["from_world_size"] == grown["world_size"], status
-    wait_for("the other user's job to start on what the worker freed",
-             lambda: (slurm_job(other) or {}).get("job_state") == "RUNNING", timeout=120)
-    final = user.wait_until_ended(job["id"], "the elastic job to complete", timeout=300)
-    assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
-    after = [e for e in progress_events(job["job_dir"]) if e["time"] >= regrouped["time"]]
-    assert not [e for e in after if e["event"] in ("start", "restore", "exit_for_resume")], \
-        "nothing restarted for the shrink"
-    # The last report repeats the last step with the test accuracy.
-    steps = [e["step"] for e in progress_events(job["job_dir"], "progress") if e["time"] >= grown["time"]][:-1]
-    assert steps == sorted(set(steps)), "no step repeated or skipped back across the re-formation"
-    output = job_output(job["job_dir"])
-    assert "re-formed in process at step" in output and "done: " in output, output[-3000:]
-    assert "shrinking to" in user.dlsub("why", job["id"]).stdout
+    try:
+        # The workers asked to leave go at the next step or, where their requests came a step apart, one at a time.
+        regrouped = wait_for(f"the group to re-form in process at world size {small}", lambda: [
+            e for e in progress_events(job["job_dir"], "regrouped") if e["left"] >= 1 and e["world_size"] == small],
+            timeout=180)[0]
+        # Rank 0 after it is the lowest rank that stayed, a process that started with the larger group (torchrun
+        # numbers a round's nodes in no fixed order: the worker's first process may have been rank 0).
+        assert regrouped["process_started"] <= grown["time"] + 5, (regrouped, grown)
+        status = user.status(job["id"])
+        assert status["world_size"] == small, status
+        assert grown["world_size"] in [r["from_world_size"] for r in status["resizes"]], status
+        wait_for("the other user's job to start on what the worker freed",
+                 lambda: (slurm_job(other) or {}).get("job_state") == "RUNNING", timeout=120)
+        final = user.wait_until_ended(job["id"], "the elastic job to complete", timeout=300)
+        assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
+        after = [e for e in progress_events(job["job_dir"]) if e["time"] >= regrouped["time"]]
+        assert not [e for e in after if e["event"] in ("start", "restore", "exit_for_resume")], \
+            "nothing restarted for the shrink"
+        # The last report repeats the last step with the test accuracy.
+        steps = [e["step"] for e in progress_events(job["job_dir"], "progress") if e["time"] >= grown["time"]][:-1]
+        assert steps == sorted(set(steps)), "no step repeated or skipped back across the re-formation"
+        output = job_output(job["job_dir"])
+        assert "re-formed in process at step" in output and "done: " in output, output[-3000:]
+        assert "shrinking to" in user.dlsub("why", job["id"]).stdout
+    except BaseException:
+        cancel_leftovers(other)  # not left holding GPUs for the tests after this one
+        raise
     return other
 
 
@@ -253,19 +259,57 @@ def test_a_job_elastic_in_gpus_grows_and_shrinks_in_process_its_rank_0_training_
     user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
     """Issue 52: a training that re-forms in process (``train_digits.py --regroup-in-process``:
-    ``Run.regroup_in_process``) grows 1 -> 2 GPUs of gpu1 in process (the worker's process joins; rank 0 goes on),
-    then shrinks back in process for another user's job (_shrinks_in_process)."""
-    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 2)]  # two GPUs of gpu1 free
+    ``Run.regroup_in_process``) grows 1 -> 2 -> 4 GPUs of gpu1 in process as they free (each worker's process
+    joins; rank 0 goes on), then shrinks back to 2 in process for another user's 2-GPU job
+    (_shrinks_in_process)."""
+    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 1), hold_gpus(user, "gpu1", 2)]  # one GPU free
     other = None
     try:
-        # 8 epochs (176 steps, ~0.1 s each): the grow and the shrink were over by step ~30 (2026-12-03).
-        job = user.submit("--gpus", "1:2", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "8", "--throttle",
+        # 12 epochs (264 steps, ~0.1 s each): a grow and the shrink were over by step ~30 (2026-12-03).
+        job = user.submit("--gpus", "1:4", "--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "12", "--throttle",
                           "0.1", "--regroup-in-process", cwd=workdir)
         wait_for("training on 1 GPU", lambda: world_sizes(job["job_dir"]) == [1], timeout=180)
-        grown = _grows_in_process(job, 2)
-        other = _shrinks_in_process(user, user2, job, grown, "gpu:1", 1)
+        cancel_leftovers(held[1])
+        _grows_in_process(job, 2)
+        cancel_leftovers(held[2])
+        grown = _grows_in_process(job, 4)
+        other = _shrinks_in_process(user, user2, job, grown, "gpu:2", 2)
     finally:
         cancel_leftovers(*held, other)
+
+
+def _falls_back_and_completes(user: TestbedUser, job: dict[str, Any]) -> None:
+    """The group could not re-form in process: rank 0 checkpointed ("regroup-failed"), the group restarted from
+    that checkpoint (the step it saved, nothing lost), and the job completed."""
+    (fell_back,) = wait_for("the group to fall back to a checkpoint", lambda: [
+        e for e in progress_events(job["job_dir"], "exit_for_resume") if e.get("reason") == "regroup-failed"],
+        timeout=180)
+    final = user.wait_until_ended(job["id"], "the elastic job to complete", timeout=300)
+    assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
+    saved = [e for e in progress_events(job["job_dir"], "checkpoint") if e["time"] <= fell_back["time"]][-1]
+    restored = [e for e in progress_events(job["job_dir"], "restore") if e["time"] > fell_back["time"]]
+    assert restored and restored[0]["step"] == saved["step"], (saved, restored)
+
+
+def test_a_process_killed_as_it_joins_in_process_ends_in_the_restart_and_nothing_is_lost(
+    user: TestbedUser, workdir: Path, service_agent: None
+) -> None:
+    """Issue 52's fallback on a grow: the worker's process is killed (-9) once the running rank has planned its
+    place (``REGROUP_FAILPOINT=joining:planned``): rank 0 cannot form the new group, so after the re-formation's
+    timeout it checkpoints ("regroup-failed") and the group restarts from that checkpoint at 2 GPUs with the
+    worker, which joins through the rendezvous instead; the job completes, resumed at the step it checkpointed."""
+    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 3)]
+    try:
+        job = user.submit("--gpus", "1:2", "--cpus", "1", "--mem", "1G", "--export",
+                          "ALL,REGROUP_FAILPOINT=joining:planned", TRAIN, "--epochs", "8", "--throttle", "0.1",
+                          "--regroup-in-process", cwd=workdir)
+        wait_for("training on 1 GPU", lambda: world_sizes(job["job_dir"]) == [1], timeout=180)
+        cancel_leftovers(held[1])
+        _falls_back_and_completes(user, job)
+        assert 2 in world_sizes(job["job_dir"]), "the restarted group has the worker"
+        assert not progress_events(job["job_dir"], "regrouped"), "nothing re-formed in process"
+    finally:
+        cancel_leftovers(*held)
 
 
 def test_an_elastic_job_over_nodes_grows_and_shrinks_in_process_its_main_node_training_on_without_a_restart(
@@ -306,14 +350,7 @@ def test_a_rank_killed_as_it_leaves_in_process_ends_in_the_restart_and_nothing_i
         out = user2.run("sbatch", "--parsable", "-p", "gpu", "--gres=gpu:1", "-J", "waits", "--mem=200",
                         "--cpus-per-task=1", "--time=10", "--wrap", "sleep 600", check=True)
         other = int(out.stdout.strip().split(";")[0])
-        (fell_back,) = wait_for("the group to fall back to a checkpoint", lambda: [
-            e for e in progress_events(job["job_dir"], "exit_for_resume") if e.get("reason") == "regroup-failed"],
-            timeout=180)
-        final = user.wait_until_ended(job["id"], "the elastic job to complete", timeout=300)
-        assert final["state"] == "COMPLETED", job_output(job["job_dir"])[-3000:]
-        saved = [e for e in progress_events(job["job_dir"], "checkpoint") if e["time"] <= fell_back["time"]][-1]
-        restored = [e for e in progress_events(job["job_dir"], "restore") if e["time"] > fell_back["time"]]
-        assert restored and restored[0]["step"] == saved["step"], (saved, restored)
+        _falls_back_and_completes(user, job)
         assert "could not re-form in process" in job_output(job["job_dir"])
     finally:
         cancel_leftovers(*held, other)

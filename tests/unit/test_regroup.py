@@ -92,16 +92,17 @@ _TRAINER = textwrap.dedent("""
 """)
 
 # A process that asks to join and dies before the group forms (kill -9 mid-way).
+# Joins through the library with its failpoint set: it dies (SIGKILL) once the members have planned its place.
 _DYING_JOINER = textwrap.dedent("""
-    import os, signal, sys
+    import os
     from datetime import timedelta
     import torch.distributed as dist
+    from dlsub.checkpointing.regroup import ElasticGroup
 
     store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), is_master=False,
                           timeout=timedelta(seconds=60))
-    store.add("dlsub/regroup/0/joiners", 1)
-    print("asked", flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
+    ElasticGroup.join(store)
+    print("joined", flush=True)
 """)
 
 
@@ -179,12 +180,17 @@ def test_a_rank_leaves_and_a_process_joins_while_the_ranks_that_stay_keep_runnin
 
 
 def test_a_joiner_killed_mid_way_leaves_the_members_to_fall_back_with_their_state(tmp_path: Path) -> None:
+    """kill -9 of a joining process once the members planned its place (``joining:planned``): they cannot form
+    the new group, and fall back with the state of their last step."""
+    from dlsub.checkpointing.regroup import FAILPOINT_ENV
+
     outs, procs, env = _members(tmp_path, 2, leave_at=-1, timeout_s=5.0)
     try:
         _wait_for(lambda: any(r["event"] == "step" for r in _records(outs[0])), procs)
-        dying = subprocess.run([sys.executable, "-c", _DYING_JOINER], env={**os.environ, **env}, capture_output=True,
-                               text=True, timeout=NO_HANG_S, check=False)
-        assert dying.returncode == -signal.SIGKILL and "asked" in dying.stdout
+        dying = subprocess.run([sys.executable, "-c", _DYING_JOINER], capture_output=True, text=True,
+                               env={**os.environ, **env, "PYTHONPATH": str(REPO), FAILPOINT_ENV: "joining:planned"},
+                               timeout=NO_HANG_S, check=False)
+        assert dying.returncode == -signal.SIGKILL and "joined" not in dying.stdout, dying
         for p in procs:
             assert p.wait(timeout=NO_HANG_S) == 0
     finally:
