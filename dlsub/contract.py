@@ -460,7 +460,7 @@ PROGRESS_FIELDS: tuple[tuple[str, str, tuple[object, ...]], ...] = (
 )
 # An attempt event (written by the batch script): ``slurm_job_id`` (required), ``restart`` (0 if absent),
 # and, at its end, ``rc``, ``action`` (one of ATTEMPT_ACTIONS), ``signal``; where it ran: ``node``,
-# ``partition``, ``nodes``, ``gpus``, ``gpu_type``, ``role``.
+# ``partition``, ``nodes``, ``gpus``, ``gpu_type``, ``role``; at its start, ``dlsub_version``, the installation's.
 
 # ---------------------------------------------------------------- ids and comment tags
 

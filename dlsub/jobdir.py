@@ -301,6 +301,7 @@ def check_attempt_event(raw: dict[str, Any]) -> dict[str, Any] | None:
             "gpus": _opt(raw, "gpus", _text, 4096),
             "gpu_type": _opt(raw, "gpu_type", _text, 256),
             "role": _opt(raw, "role", _text),
+            "dlsub_version": _opt(raw, "dlsub_version", _text, 64),
         }
         return {k: v for k, v in checked.items() if v is not None}
     except _BadField:

@@ -10,6 +10,7 @@ import subprocess
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
+import dlsub
 from dlsub import contract
 from dlsub.job_progress import read_attempts
 from dlsub.slurm_plugins.client import SlurmClient, SlurmError
@@ -141,8 +142,10 @@ def this_container(launch: Launch) -> int:
 
 
 def _start_fields(launch: Launch) -> list[tuple[str, str | int]]:
+    # The installation's version that runs this attempt: after an upgrade in place, a job queued before it
+    # runs its next attempt on the new one (docs/admin-guide.md, "Upgrade").
     return [("nodes", launch.step.nodelist), ("gpus", slurm_gpu_ids(launch.env)),
-            ("gpu_type", launch.env.get(contract.ENV_GPU_TYPE, ""))]
+            ("gpu_type", launch.env.get(contract.ENV_GPU_TYPE, "")), ("dlsub_version", dlsub.__version__)]
 
 
 def _stopped(launch: Launch, rc: int, needs_gpu: bool = False) -> Stopped:

@@ -241,8 +241,11 @@ def test_events_are_checked_field_by_field(tmp_path: Path) -> None:
         assert check_progress_event({**good, **bad}) is None, bad
     end = {"event": "end", "time": 1.8e9, "slurm_job_id": 5, "restart": 0, "action": "move", "rc": 85}
     assert check_attempt_event(end) is not None
-    for bad in ({"action": "steal"}, {"slurm_job_id": "5"}, {"restart": -1}, {"rc": 2**40}):
+    for bad in ({"action": "steal"}, {"slurm_job_id": "5"}, {"restart": -1}, {"rc": 2**40},
+                {"dlsub_version": "9" * 65}, {"dlsub_version": 1}):
         assert check_attempt_event({**end, **bad}) is None, bad
+    start = {"event": "start", "time": 1.8e9, "slurm_job_id": 5, "dlsub_version": "0.1.0"}
+    assert (check_attempt_event(start) or {}).get("dlsub_version") == "0.1.0"
 
 
 def test_reading_is_incremental_bounded_and_restarts_when_the_file_is_replaced(tmp_path: Path) -> None:

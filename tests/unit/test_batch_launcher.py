@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import dlsub
 from dlsub import contract
 from dlsub.slurm_plugins.client import SlurmClient
 from dlsub.slurm_plugins.fake import FakeJob, FakeSlurm
@@ -243,6 +244,7 @@ def test_main_requeues_a_checkpointed_attempt_and_counts_it(tmp_path: Path) -> N
     assert (world.job_dir / contract.MARKERS_DIR / contract.REQUEUE_COUNT_FILE).read_text() == "1\n"
     start, end = world.attempts()
     assert start["event"] == "start" and start["nnodes"] == 1 and start["gpus"] == "" and start["role"] == "main"
+    assert start["dlsub_version"] == dlsub.__version__, "which installation ran the attempt"
     assert end == {**end, "event": "end", "rc": RESUME, "action": contract.ACTION_REQUEUE}
     assert world.podman_calls() == [["rm", "-f", "-t", "5", "--ignore", CONTAINER]]
     args = (tmp_path / "args").read_text().split()
