@@ -161,6 +161,9 @@ class ElasticGroup:
         self._timeout = timedelta(seconds=timeout_s)
         self._leaving = False
         self._first_store: Any = None
+        # Whether this process was told to stop (its torchrun's SIGTERM): a wait for the new group's members gives
+        # up then instead of at the timeout, as the torchrun kills what has not exited 30 s after its SIGTERM.
+        self.interrupted: Callable[[], bool] = lambda: False
 
     # ------------------------------------------------------------------ making one
     @classmethod
@@ -321,6 +324,7 @@ class ElasticGroup:
     def _form(self, membership: Membership) -> None:
         import torch.distributed as dist
 
+        self._all_arrive(membership)
         store = dist.PrefixStore(self._key(f"{membership.generation}/pg"), self._store)
         store.set_timeout(self._timeout)  # gloo's connections wait on the store: a member that never comes
         try:
@@ -329,6 +333,24 @@ class ElasticGroup:
         except Exception as exc:  # the store's and the backend's errors are many
             raise RegroupFailed(f"the new group of {membership.world_size} (generation {membership.generation}) "
                                 f"did not form: {exc}") from exc
+
+    def _all_arrive(self, membership: Membership) -> None:
+        """Wait until every member of the new group is here to form it, in short sleeps (a signal's handler runs
+        between them, where gloo's own wait in init_process_group would hold it off): a member that died after
+        the plan (a joining process killed) is given up on at the timeout, or as soon as this one must stop."""
+        key = self._key(f"{membership.generation}/arrived")
+        deadline = time.monotonic() + self._timeout.total_seconds()
+        here, pause = self._store.add(key, 1), 0.001
+        while here < membership.world_size:
+            if self.interrupted():
+                raise RegroupFailed(f"stopped while {here} of {membership.world_size} members of the new group "
+                                    "were there")
+            if time.monotonic() > deadline:
+                raise RegroupFailed(f"{here} of {membership.world_size} members of the new group came within "
+                                    "the timeout")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            here = int(self._store.add(key, 0))
 
     def _broadcast_state(self, state: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
         """Rank 0's state on every member of the new group (the ones that stay ignore it)."""

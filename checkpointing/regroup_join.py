@@ -190,6 +190,8 @@ def join_if_told() -> None:
     point = JoinPoint.from_json(raw) if raw else None
     if point is None:
         return
+    joining = contract.joining_marker(Path(tempfile.gettempdir()), os.getppid(), os.getpid())
+    joining.touch()  # left behind if this process is killed while it joins
     try:
         store = store_client(point.addr, point.port, DEFAULT_TIMEOUT_S)
         _all_here_ready(store, point)
@@ -200,6 +202,7 @@ def join_if_told() -> None:
               file=sys.stderr, flush=True)
         contract.join_failed_marker(Path(tempfile.gettempdir()), os.getppid()).touch()
         sys.exit(1)
+    joining.unlink(missing_ok=True)
     _joined = (group, change)
     os.environ.update(RANK=str(change.membership.rank), WORLD_SIZE=str(change.membership.world_size),
                       GROUP_WORLD_SIZE=str(members))

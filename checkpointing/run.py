@@ -265,6 +265,7 @@ class Run:
             return False
         joined = regroup_join.joined()  # a worker's process that joined before its script ran: its group
         self._elastic = joined if joined is not None else ElasticGroup.of_default_group()
+        self._elastic.interrupted = lambda: signal.SIGTERM in STOP_SIGNALS_TAKEN
         attempt = os.environ.get(contract.ENV_ATTEMPT)
         if self.is_main and attempt:  # where workers that start from now on join, without a restart
             regroup_join.publish(self.job_dir, attempt, self._elastic)

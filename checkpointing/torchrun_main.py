@@ -234,9 +234,13 @@ def _joined(torchrun: Callable[[list[str]], object], args: list[str]) -> bool:
     try:
         torchrun(args)
     except ChildFailedError:
-        if not failed.exists():
+        # A process that said it could not join, or one killed while it joined (its marker left behind); any
+        # other failure is the training's own, after it joined.
+        died_joining = list(failed.parent.glob(f"{failed.name}.joining.*"))
+        if not failed.exists() and not died_joining:
             raise
-        failed.unlink(missing_ok=True)
+        for marker in (failed, *died_joining):
+            marker.unlink(missing_ok=True)
         os.environ.pop(ENV_REGROUP_JOIN, None)
         print("dlsub: joining through the rendezvous instead (the group restarts)", file=sys.stderr, flush=True)
         return False

@@ -257,6 +257,13 @@ def join_failed_marker(temporary_dir: Path, agent_pid: int) -> Path:
     return temporary_dir / f"dlsub-join-failed.{agent_pid}"
 
 
+def joining_marker(temporary_dir: Path, agent_pid: int, pid: int) -> Path:
+    """Made by training process ``pid`` as it begins to join its group in process, removed once it has joined: one
+    left behind tells its torchrun (``agent_pid``) that the process died while joining (killed; it could not say
+    so), and the torchrun joins through the rendezvous instead, as after a join_failed_marker."""
+    return temporary_dir / f"dlsub-join-failed.{agent_pid}.joining.{pid}"
+
+
 def left_in_process_marker(temporary_dir: Path, agent_pid: int) -> Path:
     """Made by a training process that left its group in process (issue 52), for its torchrun (``agent_pid``, in
     the same container, whose temporary folder is ``temporary_dir``): its group goes on without this node, so

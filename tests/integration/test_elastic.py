@@ -295,9 +295,11 @@ def test_a_process_killed_as_it_joins_in_process_ends_in_the_restart_and_nothing
     user: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
     """Issue 52's fallback on a grow: the worker's process is killed (-9) once the running rank has planned its
-    place (``REGROUP_FAILPOINT=joining:planned``): rank 0 cannot form the new group, so after the re-formation's
-    timeout it checkpoints ("regroup-failed") and the group restarts from that checkpoint at 2 GPUs with the
-    worker, which joins through the rendezvous instead; the job completes, resumed at the step it checkpointed."""
+    place (``REGROUP_FAILPOINT=joining:planned``). The worker's torchrun finds it died joining and joins through the
+    rendezvous at once; the main job's torchrun then stops its rank, which gives up waiting for the dead joiner,
+    checkpoints ("regroup-failed"), and the group restarts from that checkpoint at 2 GPUs with the worker; the job
+    completes, resumed at the step it checkpointed. The fallback came 6 s after the start, the restart 2 s later
+    (2026-12-04)."""
     held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 3)]
     try:
         job = user.submit("--gpus", "1:2", "--cpus", "1", "--mem", "1G", "--export",
@@ -307,6 +309,11 @@ def test_a_process_killed_as_it_joins_in_process_ends_in_the_restart_and_nothing
         cancel_leftovers(held[1])
         _falls_back_and_completes(user, job)
         assert 2 in world_sizes(job["job_dir"]), "the restarted group has the worker"
+        # The worker's torchrun saw its process die while joining and joined through the rendezvous at once: the
+        # worker was not sent back to the pool (held) to be released and try again.
+        worker_output = "".join(p.read_text() for p in Path(job["job_dir"]).glob("slurm-*_*.out"))
+        assert "joining through the rendezvous instead" in worker_output, worker_output[-3000:]
+        assert "left the group" not in worker_output, worker_output[-3000:]
         assert not progress_events(job["job_dir"], "regrouped"), "nothing re-formed in process"
     finally:
         cancel_leftovers(*held)

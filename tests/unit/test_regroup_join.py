@@ -184,9 +184,9 @@ def test_a_joining_worker_runs_as_a_node_of_its_own() -> None:
 
 
 def test_a_worker_that_cannot_join_in_process_joins_through_the_rendezvous() -> None:
-    """torchrun_main's fallback: a process that could not join leaves the marker, the standalone torchrun fails,
-    and the caller is told to run torchrun as it was (the rendezvous); a failure without the marker is the
-    training's own and is raised as torchrun raises it."""
+    """torchrun_main's fallback: a process that could not join leaves the marker (or, killed while it joined, its
+    joining marker), the standalone torchrun fails, and the caller is told to run torchrun as it was (the
+    rendezvous); a failure without a marker is the training's own and is raised as torchrun raises it."""
     import tempfile
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
@@ -195,10 +195,12 @@ def test_a_worker_that_cannot_join_in_process_joins_through_the_rendezvous() -> 
 
     ran: list[list[str]] = []
 
-    def failing(args: list[str], marked: bool) -> None:
+    def failing(args: list[str], marked: bool, killed_joining: bool = False) -> None:
         ran.append(args)
         if marked:
             contract.join_failed_marker(Path(tempfile.gettempdir()), os.getpid()).touch()
+        if killed_joining:  # what join_if_told leaves of a process killed while it joined
+            contract.joining_marker(Path(tempfile.gettempdir()), os.getpid(), 1234).touch()
         raise ChildFailedError("train.py", {0: ProcessFailure(0, 1234, 1, "")})
 
     os.environ[contract.ENV_REGROUP_JOIN] = "{}"
@@ -210,5 +212,8 @@ def test_a_worker_that_cannot_join_in_process_joins_through_the_rendezvous() -> 
         raise AssertionError("a training's own failure was swallowed")
     except ChildFailedError:
         pass
+    os.environ[contract.ENV_REGROUP_JOIN] = "{}"
+    assert torchrun_main._joined(lambda args: failing(args, False, killed_joining=True), ["--standalone"]) is False
+    assert not contract.joining_marker(Path(tempfile.gettempdir()), os.getpid(), 1234).exists()
     assert torchrun_main._joined(lambda args: ran.append(args), ["--standalone"]) is True
-    assert len(ran) == 3
+    assert len(ran) == 4
