@@ -349,7 +349,7 @@ class ElasticGroup:
                 raise RegroupFailed(f"{here} of {membership.world_size} members of the new group came within "
                                     "the timeout")
             time.sleep(pause)
-            pause = min(pause * 2, 0.05)
+            pause = min(pause * 2, 0.01)  # a member that waits for a joiner stands still: poll often
             here = int(self._store.add(key, 0))
 
     def _broadcast_state(self, state: Callable[[], dict[str, Any]] | None) -> dict[str, Any] | None:
