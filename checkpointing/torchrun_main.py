@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.checkpointing import group_membership
-from dlsub.contract import ENV_JOIN_IN_PROCESS, ENV_REGROUP_JOIN, join_failed_marker
+from dlsub.contract import ENV_JOIN_IN_PROCESS, ENV_REGROUP_JOIN, join_failed_marker, joining_markers
 
 #: ``exec`` here: the training processes start as torchrun starts them, each a Python of its own.
 ENV_RANK_START = "DLSUB_RANK_START"
@@ -236,7 +236,7 @@ def _joined(torchrun: Callable[[list[str]], object], args: list[str]) -> bool:
     except ChildFailedError:
         # A process that said it could not join, or one killed while it joined (its marker left behind); any
         # other failure is the training's own, after it joined.
-        died_joining = list(failed.parent.glob(f"{failed.name}.joining.*"))
+        died_joining = joining_markers(failed.parent, os.getpid())
         if not failed.exists() and not died_joining:
             raise
         for marker in (failed, *died_joining):

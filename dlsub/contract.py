@@ -261,7 +261,16 @@ def joining_marker(temporary_dir: Path, agent_pid: int, pid: int) -> Path:
     """Made by training process ``pid`` as it begins to join its group in process, removed once it has joined: one
     left behind tells its torchrun (``agent_pid``) that the process died while joining (killed; it could not say
     so), and the torchrun joins through the rendezvous instead, as after a join_failed_marker."""
-    return temporary_dir / f"dlsub-join-failed.{agent_pid}.joining.{pid}"
+    return temporary_dir / f"{_joining_prefix(agent_pid)}{pid}"
+
+
+def joining_markers(temporary_dir: Path, agent_pid: int) -> list[Path]:
+    """The joining_marker files that processes of torchrun ``agent_pid`` left behind."""
+    return sorted(temporary_dir.glob(f"{_joining_prefix(agent_pid)}*"))
+
+
+def _joining_prefix(agent_pid: int) -> str:
+    return f"dlsub-join-failed.{agent_pid}.joining."
 
 
 def left_in_process_marker(temporary_dir: Path, agent_pid: int) -> Path:

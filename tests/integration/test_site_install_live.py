@@ -13,15 +13,15 @@ happens.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
+from dlsub.job_progress import read_attempts
 from livebed import EXAMPLES, TestbedUser, cancel_leftovers, on_host, slurm_job, wait_for
 
 PREFIX = Path(os.environ.get("DLSUB_PREFIX", "/opt/dlsub"))
@@ -30,17 +30,23 @@ COMPUTE_NODES = ("cpu1", "cpu2", "gpu1", "gpu2")
 
 
 @contextmanager
-def uninstalled_from(nodes: tuple[str, ...]) -> Iterator[None]:
+def mounted_over(nodes: tuple[str, ...], target: Path, *mount_args: str) -> Iterator[None]:
+    """``mount MOUNT_ARGS TARGET`` on each of ``nodes``, in its own mount namespace; unmounted after, whatever
+    happens."""
     covered: list[str] = []
     try:
         for node in nodes:
-            subprocess.run([*on_host(node), "mount", "-t", "tmpfs", "-o", "size=1m,mode=755", "uninstalled",
-                            str(PREFIX)], check=True, capture_output=True, text=True)
+            subprocess.run([*on_host(node), "mount", *mount_args, str(target)], check=True, capture_output=True,
+                           text=True)
             covered.append(node)
         yield
     finally:
         for node in covered:
-            subprocess.run([*on_host(node), "umount", str(PREFIX)], check=False, capture_output=True)
+            subprocess.run([*on_host(node), "umount", str(target)], check=False, capture_output=True)
+
+
+def uninstalled_from(nodes: tuple[str, ...]) -> AbstractContextManager[None]:
+    return mounted_over(nodes, PREFIX, "-t", "tmpfs", "-o", "size=1m,mode=755", "uninstalled")
 
 
 def test_a_job_that_starts_after_dlsub_left_its_nodes_fails_at_its_start_and_says_why(
@@ -77,16 +83,10 @@ def upgraded_on(nodes: tuple[str, ...], version: str) -> Iterator[None]:
     assert count == 1, "the package's __init__.py names its version once"
     init.write_text(text)
     os.chmod(newer.parent, 0o755)
-    bound: list[str] = []
     try:
-        for node in nodes:
-            subprocess.run([*on_host(node), "mount", "--bind", str(newer), str(installed)], check=True,
-                           capture_output=True, text=True)
-            bound.append(node)
-        yield
+        with mounted_over(nodes, installed, "--bind", str(newer)):
+            yield
     finally:
-        for node in bound:
-            subprocess.run([*on_host(node), "umount", str(installed)], check=False, capture_output=True)
         shutil.rmtree(newer.parent, ignore_errors=True)
 
 
@@ -113,8 +113,7 @@ def test_an_upgrade_in_place_reaches_a_job_queued_before_it(user: TestbedUser, u
             cancel_leftovers(*held)
             ended = user.wait_until_ended(job["id"], "the queued job to run and end", timeout=180)
         assert ended["state"] == "COMPLETED", ended
-        starts = [json.loads(line) for line in (Path(job["job_dir"]) / "attempts.jsonl").read_text().splitlines()
-                  if json.loads(line)["event"] == "start"]
+        starts = [a for a in read_attempts(Path(job["job_dir"])) if a["event"] == "start"]
         assert starts and {s["dlsub_version"] for s in starts} == {version}, starts
     finally:
         cancel_leftovers(*held)
