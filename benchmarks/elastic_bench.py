@@ -88,9 +88,10 @@ def wait_testbed_quiet(timeout: float = 180) -> None:
     wait_for("both GPU nodes idle", gpu_nodes_idle, timeout=timeout, interval=1)
 
 
-def events(job_dir: str, kind: str | None = None) -> list[dict[str, Any]]:
-    """The job's progress.jsonl events (of one kind when given), in the order written."""
-    path = Path(job_dir) / "progress.jsonl"
+def events(job_dir: str, kind: str | None = None, file: str = "progress.jsonl") -> list[dict[str, Any]]:
+    """The job's progress.jsonl events, or another of its event files' (attempts.jsonl), of one kind when given, in
+    the order written."""
+    path = Path(job_dir) / file
     if not path.exists():
         return []
     rows = []

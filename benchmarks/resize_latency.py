@@ -56,6 +56,7 @@ from elastic_bench import (
     TRAIN,
     clean_up,
     decisions,
+    events,
     first_after,
     gone,
     hold_node,
@@ -89,7 +90,7 @@ def resize(user: TestbedUser, job: dict[str, Any], kind: str, after: float, size
     if regrouped is not None:  # nothing was checkpointed for it (a later checkpoint is the epoch's)
         checkpointed = exited = None
     return {"asked": after, "decided": decided, "worker_started": _worker_started(job, decided) if kind == "grow"
-            else None,
+            else None, "worker_launched": _worker_launched(job_dir, decided) if kind == "grow" else None,
             "checkpointed": float(checkpointed["time"]) if checkpointed else None,
             "exited": float(exited["time"]) if exited else None,
             "started": float(started["time"]) if started else None,
@@ -108,8 +109,18 @@ def _worker_started(job: dict[str, Any], decided: float) -> float | None:
     return min(starts) if starts else None
 
 
+def _worker_launched(job_dir: str, decided: float) -> float | None:
+    """When the worker's batch launcher started (its start record in attempts.jsonl, written before its
+    container starts): the decision to here is Slurm's part of a grow, from here on the container's, the
+    interpreter's and the join's."""
+    starts = [float(e["time"]) for e in events(job_dir, "start", file="attempts.jsonl")
+              if e.get("role") == "worker" and float(e["time"]) >= decided]
+    return min(starts) if starts else None
+
+
 #: The phases each sample prints, in order: (label, the key of the time it ends at).
 PHASES = (("asked -> decision", "decided"), ("worker started in Slurm", "worker_started"),
+          ("worker's launcher started", "worker_launched"),
           ("old group checkpointed", "checkpointed"), ("old group exited", "exited"),
           ("re-formed in process", "regrouped"),
           ("new group started", "started"), ("restored", "restored"), ("first step", "trained"))
@@ -155,6 +166,22 @@ def one_sample(user: TestbedUser, holder: int, args: argparse.Namespace,
         wait_for("the elastic job gone from Slurm", lambda: gone(job["slurm_job_id"], job.get("worker_array_id")),
                  timeout=120, interval=0.5)
     return {"id": job["id"], "in_process": in_process, "grow": grow, "shrink": shrink}, other
+
+
+def _split(rows: list[dict[str, Any]]) -> str:
+    """A grow's two parts, medians: Slurm's (the decision -> the worker's launcher started) and the worker's (its
+    launcher -> the group re-formed in process, or the new group started)."""
+    slurm, worker = [], []
+    for r in (row["grow"] for row in rows):
+        done = r["regrouped"] if r["regrouped"] is not None else r["started"]
+        if r["worker_launched"] is not None and done is not None:
+            slurm.append(r["worker_launched"] - r["decided"])
+            worker.append(done - r["worker_launched"])
+    if not slurm:
+        return "(no worker start record: the split is unknown)"
+    return (f"of which Slurm (decision -> the worker's launcher) {statistics.median(slurm):.1f} s "
+            f"({min(slurm):.1f}-{max(slurm):.1f}), the worker (its launcher -> the group re-formed or started) "
+            f"{statistics.median(worker):.1f} s ({min(worker):.1f}-{max(worker):.1f})")
 
 
 def main() -> None:
@@ -211,6 +238,8 @@ def main() -> None:
                          f"{max(paused):.3f})" if paused else "")
                 print(f"{way:<14} {kind:<6} median over {len(these)}: {statistics.median(figures):.1f} s (range "
                       f"{min(figures):.1f}-{max(figures):.1f}; decision -> world size {size} training){stood}")
+                if kind == "grow":
+                    print(f"{'':<14} {kind:<6} {_split(these)}")
     if args.json:
         print(json.dumps(summary, indent=2))
 
