@@ -350,6 +350,20 @@ def hold_gpus(user: TestbedUser, node: str, gpus: int, partition: str = "gpu") -
     return job
 
 
+def hold_all(user: TestbedUser, *holds: tuple[str, int], partition: str = "gpu") -> list[int]:
+    """:func:`hold_gpus` for each (node, GPUs), in order. Where one fails, those already held are cancelled: in
+    ``[hold_gpus(a), hold_gpus(b)]`` a failing b leaves a's job holding its GPUs for the tests after, since the
+    list that would name it is never made."""
+    held: list[int] = []
+    try:
+        for node, gpus in holds:
+            held.append(hold_gpus(user, node, gpus, partition))
+    except BaseException:
+        cancel_leftovers(*held)
+        raise
+    return held
+
+
 def agent_last_tick(user: TestbedUser) -> float:
     """When the agent's last tick began (epoch seconds; 0: none yet), as ``dlsub agent status`` tells ``user``."""
     status = json.loads(user.run("dlsub", "agent", "status", "--json", timeout=60).stdout)

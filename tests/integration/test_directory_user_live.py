@@ -16,7 +16,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from livebed import AGENT_USER, EXAMPLES, LDAP_USER, NODES, TestbedUser, attempts, hold_gpus, on_host, wait_for
+from livebed import AGENT_USER, EXAMPLES, LDAP_USER, NODES, TestbedUser, attempts, hold_all, on_host, wait_for
 
 LDAP_UID = 10001  # testbed/ldap.sh
 TRAIN = str(EXAMPLES / "train_digits.py")
@@ -39,7 +39,7 @@ def test_it_trains_from_both_login_hosts_is_moved_cpu_to_gpu_and_only_it_can_see
         directory_user: TestbedUser, user2: TestbedUser, directory_workdir: Path) -> None:
     """From login1, a job on CPUs; from login2, an immediate-mode job for a GPU, which starts on cpu while
     another user holds every GPU and is moved to gpu once one frees. Both complete."""
-    blockers = [hold_gpus(user2, "gpu1", 4), hold_gpus(user2, "gpu2", 4)]
+    blockers = hold_all(user2, ("gpu1", 4), ("gpu2", 4))
     here = directory_user.submit("--cpus", "1", "--mem", "1G", TRAIN, "--epochs", "1", cwd=directory_workdir)
     there_run = directory_user.on_login(
         "login2", "env", "-C", str(directory_workdir), "dlsub", "--json", "--mode", "immediate", "--gpus", "1", TRAIN,

@@ -36,7 +36,7 @@ from livebed import (
     TestbedUser,
     blockers,
     cancel_leftovers,
-    hold_gpus,
+    hold_all,
     job_output,
     kill_node,
     node_back,
@@ -166,7 +166,7 @@ def test_a_job_elastic_in_gpus_grows_gpu_by_gpu_on_its_node_and_shrinks_for_a_wa
     """Its user exists only in the site's LDAP directory, its home 0700 (issue 50: an elastic job of such a user
     grows and shrinks); the GPUs' other holders are local users."""
     # gpu2 busy throughout; gpu1's GPUs held by three 1-GPU jobs but one: the job starts on that one.
-    held = [hold_gpus(user, "gpu2", 4), *(hold_gpus(user, "gpu1", 1) for _ in range(3))]
+    held = hold_all(user, ("gpu2", 4), *[("gpu1", 1)] * 3)
     other = None
     try:
         # 25 epochs (550 steps). On one thread a step takes ~0.12 s, and the grows came at steps 118, 218 and 314
@@ -262,7 +262,7 @@ def test_a_job_elastic_in_gpus_grows_and_shrinks_in_process_its_rank_0_training_
     ``Run.regroup_in_process``) grows 1 -> 2 -> 4 GPUs of gpu1 in process as they free (each worker's process
     joins; rank 0 goes on), then shrinks back to 2 in process for another user's 2-GPU job
     (_shrinks_in_process)."""
-    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 1), hold_gpus(user, "gpu1", 2)]  # one GPU free
+    held = hold_all(user, ("gpu2", 4), ("gpu1", 1), ("gpu1", 2))  # one GPU free
     other = None
     try:
         # 12 epochs (264 steps, ~0.1 s each): a grow and the shrink were over by step ~30 (2026-12-03).
@@ -300,7 +300,7 @@ def test_a_process_killed_as_it_joins_in_process_ends_in_the_restart_and_nothing
     checkpoints ("regroup-failed"), and the group restarts from that checkpoint at 2 GPUs with the worker; the job
     completes, resumed at the step it checkpointed. The fallback came 6 s after the start, the restart 2 s later
     (2026-12-04)."""
-    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 3)]
+    held = hold_all(user, ("gpu2", 4), ("gpu1", 3))
     try:
         job = user.submit("--gpus", "1:2", "--cpus", "1", "--mem", "1G", "--export",
                           "ALL,REGROUP_FAILPOINT=joining:planned", TRAIN, "--epochs", "8", "--throttle", "0.1",
@@ -347,7 +347,7 @@ def test_a_rank_killed_as_it_leaves_in_process_ends_in_the_restart_and_nothing_i
     checkpoints ("regroup-failed") and the group restarts from that checkpoint, as without the in-process path;
     the job completes, and the restart resumed at the step it checkpointed. 5 epochs (110 steps): the fallback
     came at step 5 and the restart 8.5 s after it (2026-12-03)."""
-    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 2)]
+    held = hold_all(user, ("gpu2", 4), ("gpu1", 2))
     other = None
     try:
         job = user.submit("--gpus", "1:2", "--cpus", "1", "--mem", "1G", "--export",

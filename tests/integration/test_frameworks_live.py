@@ -31,7 +31,7 @@ from livebed import (
     TestbedUser,
     agent_tick,
     attempts,
-    hold_gpus,
+    hold_all,
     job_output,
     progress_events,
     put,
@@ -257,7 +257,7 @@ def test_lightning_and_hugging_face_jobs_grow_and_shrink_resuming_at_the_step_th
     # gpu2 busy throughout, two of gpu1's GPUs held: each job starts on one of gpu1's other two. Those two are
     # held too until both jobs wait, then freed at once: a job that started while the other was still being
     # submitted grew onto the GPU meant for it (a CI run; nobody waited for it yet).
-    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 2), hold_gpus(user, "gpu1", 2)]
+    held = hold_all(user, ("gpu2", 4), ("gpu1", 2), ("gpu1", 2))
     other = None
     try:
         jobs = {}
@@ -302,7 +302,7 @@ def test_an_fsdp_job_with_sharded_checkpoints_grows_2_to_4_and_shrinks_back_resu
     user: TestbedUser, user2: TestbedUser, workdir: Path, service_agent: None
 ) -> None:
     # gpu2 busy throughout, two of gpu1's GPUs held: the job starts on gpu1's other two (world size 2).
-    held = [hold_gpus(user, "gpu2", 4), hold_gpus(user, "gpu1", 2)]
+    held = hold_all(user, ("gpu2", 4), ("gpu1", 2))
     other = None
     try:
         script = driven(user, workdir, "sharded_train.py", SHARDED_DRIVER)

@@ -47,6 +47,7 @@ from livebed import (
     agent_last_tick,
     agent_policy,
     attempts,
+    hold_all,
     hold_gpus,
     job_output,
     progress_events,
@@ -143,7 +144,7 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
         read_after(user, time.time(), "the estimate's profiling runs")
         # The second command: an earlier elastic run on a100 (all of v100's node held, by two blockers: the
         # one-GPU one goes first, below).
-        holds += [hold_gpus(user, KIND_NODE["v100"], 3), hold_gpus(user, KIND_NODE["v100"], 1)]
+        holds += hold_all(user, (KIND_NODE["v100"], 3), (KIND_NODE["v100"], 1))
         earlier = user.submit(*SHAPE, *SLOW_ON_V100, cwd=workdir)
         jobs.append(earlier)
         measured_on(earlier, "a100")
@@ -187,7 +188,7 @@ def test_two_elastic_jobs_each_end_on_the_kind_that_is_faster_for_it(
         # kind, blockers on the rest): the agent places it on v100, where its command ran fastest, and the
         # elastic worker that leaves for it is the first job's on v100, not the newer second job's on a100
         # (which it would be for a job that takes any kind).
-        holds += [hold_gpus(user, "gpu1", 2), hold_gpus(user, "gpu2", 2)]
+        holds += hold_all(user, ("gpu1", 2), ("gpu2", 2))
         for job, kind in ((first, "v100"), (second, "a100")):
             wait_for(f"job {job['id']} grown to 2 GPUs of {kind}",
                      lambda job=job, kind=kind: kind_now(job) == kind and world_size(job) == 2, timeout=240)
