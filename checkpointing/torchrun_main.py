@@ -50,6 +50,7 @@ import gc
 import importlib
 import io
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -224,6 +225,44 @@ def _joining_in_process(args: list[str], options: argparse.Namespace | None) -> 
     return regroup_join.standalone(args, len(args) - len(options.training_script_args) - 1)
 
 
+#: The loggers of torch's elastic agent, whose errors about a process that failed as it joined are left out.
+ELASTIC_LOGGERS = "torch.distributed.elastic"
+
+
+@contextlib.contextmanager
+def _quiet_join_failures(failed: Path) -> Any:
+    """Leave out torch's elastic agent's errors (a traceback of the process it lost) while a joining process has
+    failed or died joining (its marker, ``failed``, or one of the joining markers): that process fails by design
+    where it cannot join, and the traceback would read as the training's error. Its other errors, and any once
+    every process has joined, pass as they are."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (record.name.startswith(ELASTIC_LOGGERS) and record.levelno >= logging.ERROR
+                    and (failed.exists() or bool(joining_markers(failed.parent, os.getpid()))))
+
+    handlers: list[logging.Handler] = []
+    logger: logging.Logger | None = logging.getLogger(ELASTIC_LOGGERS)
+    while logger is not None:  # the handlers its records reach: torch gives torch.distributed one of its own
+        handlers += logger.handlers
+        logger = logger.parent if logger.propagate else None
+    for handler in handlers:
+        handler.addFilter(keep)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(keep)
+
+
+def _failure(exc: Exception) -> str:
+    """How the first failed process ended, in words (torch's ChildFailedError)."""
+    try:
+        _, first = exc.get_first_failure()  # type: ignore[attr-defined]
+        return f"killed by {first.signal_name()}" if first.exitcode < 0 else f"exit code {first.exitcode}"
+    except Exception:  # noqa: BLE001 - a torch without these: say only that it failed
+        return "failed"
+
+
 def _joined(torchrun: Callable[[list[str]], object], args: list[str]) -> bool:
     """Run the processes that join in process; whether they ran (False: one could not join, and the caller joins
     through the rendezvous instead)."""
@@ -232,17 +271,21 @@ def _joined(torchrun: Callable[[list[str]], object], args: list[str]) -> bool:
     print("dlsub: joining the running group in process (its ranks go on; no restart)", file=sys.stderr, flush=True)
     failed = join_failed_marker(Path(tempfile.gettempdir()), os.getpid())
     try:
-        torchrun(args)
-    except ChildFailedError:
+        with _quiet_join_failures(failed):
+            torchrun(args)
+    except ChildFailedError as exc:
         # A process that said it could not join, or one killed while it joined (its marker left behind); any
         # other failure is the training's own, after it joined.
         died_joining = joining_markers(failed.parent, os.getpid())
-        if not failed.exists() and not died_joining:
+        could_not = failed.exists()
+        if not could_not and not died_joining:
             raise
         for marker in (failed, *died_joining):
             marker.unlink(missing_ok=True)
         os.environ.pop(ENV_REGROUP_JOIN, None)
-        print("dlsub: joining through the rendezvous instead (the group restarts)", file=sys.stderr, flush=True)
+        how = "could not join" if could_not else "died as it joined"
+        print(f"dlsub: a process {how} ({_failure(exc)}); joining through the rendezvous instead (the group "
+              "restarts)", file=sys.stderr, flush=True)
         return False
     return True
 

@@ -16,6 +16,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from conftest import NO_HANG_S, REPO
 
 from dlsub import contract
@@ -183,10 +184,14 @@ def test_a_joining_worker_runs_as_a_node_of_its_own() -> None:
         "dlsub.checkpointing.rank_output", "train.py", "--nnodes", "9"]
 
 
-def test_a_worker_that_cannot_join_in_process_joins_through_the_rendezvous() -> None:
+def test_a_worker_that_cannot_join_in_process_joins_through_the_rendezvous(
+        capsys: pytest.CaptureFixture[str]) -> None:
     """torchrun_main's fallback: a process that could not join leaves the marker (or, killed while it joined, its
     joining marker), the standalone torchrun fails, and the caller is told to run torchrun as it was (the
-    rendezvous); a failure without a marker is the training's own and is raised as torchrun raises it."""
+    rendezvous); a failure without a marker is the training's own and is raised as torchrun raises it. torch's
+    agent's error about a process that failed joining is left out of the output; about the training's own
+    failure it is not."""
+    import logging
     import tempfile
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
@@ -194,6 +199,11 @@ def test_a_worker_that_cannot_join_in_process_joins_through_the_rendezvous() -> 
     from dlsub.checkpointing import torchrun_main
 
     ran: list[list[str]] = []
+    said: list[str] = []
+    torch_logs = logging.getLogger("torch.distributed.elastic")  # below the handlers torch gives its loggers
+    heard = logging.Handler()
+    heard.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    torch_logs.addHandler(heard)
 
     def failing(args: list[str], marked: bool, killed_joining: bool = False) -> None:
         ran.append(args)
@@ -201,7 +211,9 @@ def test_a_worker_that_cannot_join_in_process_joins_through_the_rendezvous() -> 
             contract.join_failed_marker(Path(tempfile.gettempdir()), os.getpid()).touch()
         if killed_joining:  # what join_if_told leaves of a process killed while it joined
             contract.joining_marker(Path(tempfile.gettempdir()), os.getpid(), 1234).touch()
-        raise ChildFailedError("train.py", {0: ProcessFailure(0, 1234, 1, "")})
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").error(
+            "failed (exitcode: %s) local_rank: 0 ... Traceback", -9 if killed_joining else 1)
+        raise ChildFailedError("train.py", {0: ProcessFailure(0, 1234, -9 if killed_joining else 1, "")})
 
     os.environ[contract.ENV_REGROUP_JOIN] = "{}"
     assert torchrun_main._joined(lambda args: failing(args, True), ["--standalone"]) is False
@@ -217,3 +229,8 @@ def test_a_worker_that_cannot_join_in_process_joins_through_the_rendezvous() -> 
     assert not contract.joining_marker(Path(tempfile.gettempdir()), os.getpid(), 1234).exists()
     assert torchrun_main._joined(lambda args: ran.append(args), ["--standalone"]) is True
     assert len(ran) == 4
+    torch_logs.removeHandler(heard)
+    assert said == ["failed (exitcode: 1) local_rank: 0 ... Traceback"], "only the training's own failure is told"
+    out = capsys.readouterr().err
+    assert "a process could not join (exit code 1); joining through the rendezvous instead" in out, out
+    assert "a process died as it joined (killed by SIGKILL); joining through the rendezvous instead" in out, out
