@@ -81,11 +81,40 @@ await_side_by_side() {
 }
 
 # True when the pid file names a live process.
+# A pid file names our process only while that process is older than the file: a run ended without
+# `make testbed-down` (a session's processes killed, the machine's state kept) leaves its pid files behind, and
+# by the next run their pids may be other processes' (CI's run found slurmdbd "alive" as some other process,
+# never started it, and waited for it in vain; stop_pidfile would have signalled that process).
 pid_alive() {
     local pidfile="$1" pid
     [ -s "$pidfile" ] || return 1
     pid="$(cat "$pidfile")"
-    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+    [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && ! zombie "$pid" && started_before "$pid" "$pidfile"
+}
+
+# A killed daemon stays a zombie until its parent (init, for a daemon) reaps it, and kill -0 still finds it.
+zombie() {  # pid
+    local stat
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
+    [ "$(awk '{ print $1 }' <<<"${stat##*) }")" = Z ]
+}
+
+# A process's start, in clock ticks since the machine booted (0 where it is gone).
+started() {  # pid
+    local stat
+    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || { echo 0; return; }
+    awk '{ print $20 }' <<<"${stat##*) }"
+}
+
+# Whether a process started no later than a file was last written (to the second: /proc/stat's boot time is
+# whole seconds). A daemon writes its pid file after it starts; a process that took the pid over after the
+# daemon died started after.
+started_before() {  # pid file
+    local ticks_per_s boot written
+    ticks_per_s="$(getconf CLK_TCK)"
+    boot="$(awk '$1 == "btime" { print $2 }' /proc/stat)"
+    written="$(stat -c %Y "$2")" || return 1
+    [ "$(started "$1")" -le "$(( (written - boot + 1) * ticks_per_s ))" ]
 }
 
 # Stop one daemon by its pid file (only processes we started), waiting for it.

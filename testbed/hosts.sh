@@ -76,7 +76,8 @@ host_keeper_pid() {  # host
     local pidfile="/run/dlsub-testbed/host-$1.pid" pid
     [ -s "$pidfile" ] || return 0
     pid="$(cat "$pidfile")"
-    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sleep ] && echo "$pid"
+    # A sleep that took a dead keeper's pid over (pid_alive) would have this run commands on the machine.
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sleep ] && started_before "$pid" "$pidfile" && echo "$pid"
     return 0
 }
 

@@ -145,12 +145,6 @@ job_user() {  # name first-subid|directory
     done
     return 0
 }
-# When a process started (clock ticks since boot: /proc/PID/stat's 22nd field, after its name in parentheses).
-started() {  # pid
-    local stat
-    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || { echo 0; return; }
-    awk '{ print $20 }' <<<"${stat##*) }"
-}
 # A pause process that died with the machine (or was ended with the processes of a finished run) leaves its
 # pid file in the runtime directory (no logind here clears it), and Podman then refuses every command until
 # the user resets it.
@@ -164,7 +158,8 @@ reset_stale_podman() {  # name host runtime-dir
     # would not see them: Podman joins it and finds no /etc/containers/storage.conf. One made before this host
     # was (its keeper is younger: the host was made again) keeps the old host's mounts, where NSS no longer
     # reaches the host's nslcd: a directory user's Podman then fails ("lookup userid ...: no such file").
-    if [ -n "$pause" ] && kill -0 "$pause" 2>/dev/null \
+    # Only a process of that user's is its pause process: a pid file a killed run left may name another's now.
+    if [[ "$pause" =~ ^[0-9]+$ ]] && [ "$(stat -c %U "/proc/$pause" 2>/dev/null)" = "$name" ] \
             && { [ "$(nsenter -t "$pause" --uts hostname 2>/dev/null)" != "$host" ] \
                  || ! nsenter -t "$pause" --mount cmp -s /etc/containers/storage.conf \
                       "$HOSTS_DIR/etc-containers/storage.conf" \

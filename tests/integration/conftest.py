@@ -53,6 +53,25 @@ def user() -> TestbedUser:
     return u
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_jobs_of_an_earlier_run(user: TestbedUser) -> None:
+    """The tests need the testbed's nodes to themselves. A run killed without `make testbed-down` (a session's
+    processes ended, the machine's state kept, as before CI on the same machine) leaves its jobs in slurmctld's
+    saved state, and Slurm starts them again once its daemons are back: they would hold nodes the tests wait for."""
+    queue = subprocess.run(["squeue", "-h", "-o", "%i %u %j %T"], capture_output=True, text=True, check=True)
+    left = queue.stdout.split("\n")
+    left = [line for line in left if line.strip()]
+    if not left:
+        return
+    print(f"conftest: cancelling {len(left)} job(s) an earlier run left on the testbed: {left}", file=sys.stderr)
+    subprocess.run(["scancel", *(line.split()[0] for line in left)], check=False)
+    deadline = time.monotonic() + 120
+    while subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.strip():
+        if time.monotonic() > deadline:
+            pytest.fail(f"jobs an earlier run left would not end: {left}; see squeue")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
 def user2(user: TestbedUser) -> TestbedUser:
     """Another unprivileged user, for tests of what one user can do to another's jobs."""

@@ -1,0 +1,112 @@
+"""Unit (real processes and pid files in a temporary folder; no Slurm, no root): the testbed's scripts
+(testbed/common.sh) trust a pid file only while the process it names is older than the file. A run ended
+without `make testbed-down` (a session's processes killed, the machine's /run kept) leaves its pid files, and a
+later run's processes may have their pids: CI's run on such a machine took slurmdbd for alive, never started
+it, and failed waiting for it ("slurmdbd does not answer"); stop_pidfile would have signalled the stranger.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+COMMON = REPO / "testbed" / "common.sh"
+
+
+def _bash(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", "-c", f'. "$0"; {script}', str(COMMON), *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+@pytest.fixture
+def stranger() -> Iterator[subprocess.Popen[bytes]]:
+    """A process of nobody's testbed, that must outlive every check."""
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _pidfile(folder: Path, pid: int, *, written_s_ago: float = 0.0) -> Path:
+    path = folder / "daemon.pid"
+    path.write_text(f"{pid}\n")
+    if written_s_ago:
+        then = time.time() - written_s_ago
+        os.utime(path, (then, then))
+    return path
+
+
+def test_a_pid_file_written_after_its_process_started_names_it(
+    tmp_path: Path, stranger: subprocess.Popen[bytes]
+) -> None:
+    pidfile = _pidfile(tmp_path, stranger.pid)
+    assert _bash('pid_alive "$1"', str(pidfile)).returncode == 0
+
+
+def test_a_pid_file_older_than_the_process_with_its_pid_names_nothing(
+    tmp_path: Path, stranger: subprocess.Popen[bytes]
+) -> None:
+    # As a killed run's file looks once a later process has its pid: written before that process started.
+    pidfile = _pidfile(tmp_path, stranger.pid, written_s_ago=30)
+    assert _bash('pid_alive "$1"', str(pidfile)).returncode == 1
+
+
+def test_stopping_by_a_stale_pid_file_signals_no_one_and_removes_the_file(
+    tmp_path: Path, stranger: subprocess.Popen[bytes]
+) -> None:
+    pidfile = _pidfile(tmp_path, stranger.pid, written_s_ago=30)
+    result = _bash('stop_pidfile "$1"', str(pidfile))
+    assert result.returncode == 0, result.stderr
+    assert not pidfile.exists()
+    assert stranger.poll() is None  # the stranger runs on
+
+
+def test_stopping_by_a_current_pid_file_stops_its_process(tmp_path: Path) -> None:
+    # A daemon's way: not this test's child (whose end would leave a zombie that kill -0 still finds).
+    started = _bash("sleep 60 >/dev/null 2>&1 & echo $!")
+    pid = int(started.stdout)
+    try:
+        pidfile = _pidfile(tmp_path, pid)
+        assert _bash('stop_pidfile "$1"', str(pidfile)).returncode == 0
+        assert not Path(f"/proc/{pid}").exists()
+        assert not pidfile.exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("content", ["", "not-a-pid\n", "-1\n", "999999999\n", "1 2\n"])
+def test_a_pid_file_naming_no_process_names_nothing(tmp_path: Path, content: str) -> None:
+    pidfile = tmp_path / "daemon.pid"
+    pidfile.write_text(content)
+    assert _bash('pid_alive "$1"', str(pidfile)).returncode == 1
+    assert _bash('pid_alive "$1"', str(tmp_path / "missing.pid")).returncode == 1
+
+
+def test_a_killed_daemon_not_yet_reaped_is_not_alive(tmp_path: Path) -> None:
+    # A session's daemons killed at its end stay zombies until init reaps them; kill -0 still finds a zombie, and
+    # the next run took munged for alive a second after the kill ("munge does not work").
+    process = subprocess.Popen(["sleep", "60"])
+    try:
+        pidfile = _pidfile(tmp_path, process.pid)
+        process.kill()
+        deadline = time.monotonic() + 20
+        while Path(f"/proc/{process.pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert _bash('pid_alive "$1"', str(pidfile)).returncode == 1
+    finally:
+        process.kill()
+        process.wait()
