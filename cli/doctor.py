@@ -408,6 +408,10 @@ def check_runtime_dir(user: pwd.struct_passwd, st: os.stat_result | None) -> Fin
     return Finding(name, OK, path)
 
 
+#: What Podman 4.3 says when its pause process's pid file names a process that is gone and it will not replace it.
+STALE_PAUSE_PID = "cannot re-exec process to join the existing user namespace"
+
+
 def check_image(user: pwd.struct_passwd, image: str, result: subprocess.CompletedProcess[str],
                 host_name: str = "this host", partition: str = "") -> Finding:
     """Whether ``image`` is in ``user``'s Podman storage as Podman on *this* host sees it (its graph root and
@@ -426,6 +430,15 @@ def check_image(user: pwd.struct_passwd, image: str, result: subprocess.Complete
     if "podman system migrate" in result.stderr:
         return Finding(name, PROBLEM, f"{user.pw_name}'s Podman pause process is gone (its pid file outlived it)",
                        f"run `podman system migrate` as {user.pw_name}")
+    if STALE_PAUSE_PID in result.stderr:
+        # Podman 4.3, where the pause process died and its "alive" file is gone too (a runtime directory that a
+        # reboot did not empty): it neither joins nor replaces the dead process, and `podman system migrate`
+        # fails the same way. Its pid file, gone, lets the next podman start a new one.
+        return Finding(name, PROBLEM, f"{user.pw_name}'s Podman pause process is gone and Podman cannot replace "
+                       "it while its pid file names it (\"cannot re-exec process to join the existing user "
+                       "namespace\")",
+                       f"as {user.pw_name}, with no podman of theirs running on this host: "
+                       "rm $XDG_RUNTIME_DIR/libpod/tmp/pause.pid")
     return Finding(name, PROBLEM, f"podman does not run for {user.pw_name}: "
                    f"{(result.stderr or result.stdout).strip()[:200]}",
                    "see `podman info` as that user (subuid/subgid, runtime directory, runc)")

@@ -302,10 +302,18 @@ def check_image(image: str) -> str:
     image_id = found.stdout.strip()
     if found.returncode == 0 and IMAGE_ID.match(image_id):
         return image_id
+    info = _podman(["info", "--format", "json"])
+    if info.returncode != 0:
+        # Not the image's fault: Podman itself does not run for this user here, and "not in your storage"
+        # (with "images there: none") would send them looking for an image they have.
+        raise ImageError(
+            f"Podman does not run for you on this host ({podman_said(info)}), so image {image!r} could not be "
+            "looked up; nothing was submitted: `dlsub doctor --user $USER` says what is wrong and how to fix it"
+        )
     known = local_images()
     listing = ", ".join(known) if known else "none"
     raise ImageError(
-        f"image {image!r} is not in your Podman storage ({_stores()}; images there: {listing}); "
+        f"image {image!r} is not in your Podman storage ({_stores(info)}; images there: {listing}); "
         f"pass one of those with --image, or ask your site to add it to its image store "
         f"(or build/pull it into your own: podman build / podman load)"
     )
@@ -431,9 +439,9 @@ def check_image_contents(image: str, image_id: str, checked: Path,
 IMAGE_ID = re.compile(r"^[0-9a-f]{64}\Z")
 
 
-def _stores() -> str:
-    """Where this user's Podman keeps and finds images, in words: its graph root and additional stores."""
-    info = _podman(["info", "--format", "json"])
+def _stores(info: subprocess.CompletedProcess[str]) -> str:
+    """Where this user's Podman keeps and finds images, in words (its graph root and additional stores), from
+    ``podman info --format json``'s answer."""
     try:
         store = json.loads(info.stdout)["store"]
         options = store.get("graphOptions") or {}

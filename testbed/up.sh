@@ -145,6 +145,18 @@ job_user() {  # name first-subid|directory
     done
     return 0
 }
+# A pause process killed with the run that made it (a session's end, without make testbed-down) leaves its pid
+# file in a runtime directory that, on a real host, the reboot or logind would have emptied; Podman 4.3 then fails
+# every command ("cannot re-exec process to join the existing user namespace", where its "alive" file is gone
+# too). What the reboot would do: the runtime directory's Podman files go. Only a process of that user's is its
+# pause process: the pid may be another's by now.
+clear_dead_pause() {  # name host runtime-dir
+    local name="$1" host="$2" runtime="$3" pause
+    pause="$(on_host "$host" cat "$runtime/libpod/tmp/pause.pid" 2>/dev/null || true)"
+    [[ "$pause" =~ ^[0-9]+$ ]] && [ "$(stat -c %U "/proc/$pause" 2>/dev/null)" != "$name" ] || return 0
+    say "$name's Podman pause process on $host ($runtime) is gone: clearing its runtime files, as a reboot would"
+    on_host "$host" rm -rf "$runtime/libpod" "$runtime/containers"
+}
 # A pause process that died with the machine (or was ended with the processes of a finished run) leaves its
 # pid file in the runtime directory (no logind here clears it), and Podman then refuses every command until
 # the user resets it.
@@ -153,13 +165,13 @@ reset_stale_podman() {  # name host runtime-dir
     home="$(on_host "$host" getent passwd "$name" | cut -d: -f6)"
     # Rootless Podman joins the user's pause process, wherever it was made: one made on another host (or on
     # this machine before its hosts existed) would show this host that one's mounts (its graph root).
-    pause="$(on_host "$host" cat "$runtime/libpod/tmp/pause.pid" 2>/dev/null || true)"
     # One made before this host's site settings were mounted (an earlier testbed's host of the same name)
     # would not see them: Podman joins it and finds no /etc/containers/storage.conf. One made before this host
     # was (its keeper is younger: the host was made again) keeps the old host's mounts, where NSS no longer
     # reaches the host's nslcd: a directory user's Podman then fails ("lookup userid ...: no such file").
-    # Only a process of that user's is its pause process: a pid file a killed run left may name another's now.
-    if [[ "$pause" =~ ^[0-9]+$ ]] && [ "$(stat -c %U "/proc/$pause" 2>/dev/null)" = "$name" ] \
+    clear_dead_pause "$name" "$host" "$runtime"
+    pause="$(on_host "$host" cat "$runtime/libpod/tmp/pause.pid" 2>/dev/null || true)"
+    if [[ "$pause" =~ ^[0-9]+$ ]] \
             && { [ "$(nsenter -t "$pause" --uts hostname 2>/dev/null)" != "$host" ] \
                  || ! nsenter -t "$pause" --mount cmp -s /etc/containers/storage.conf \
                       "$HOSTS_DIR/etc-containers/storage.conf" \
@@ -212,6 +224,8 @@ done
 site_image() {
     local build_conf="$HOSTS_DIR/build-storage.conf"
     "$repo/containers/build-image.sh" --wheels-only "$TESTBED_USER"
+    # The build store's own runtime directory (containers/image-user.sh), after a killed run as the users' own.
+    clear_dead_pause "$TESTBED_USER" "$LOGIN_HOST" "/run/user/$(id -u "$TESTBED_USER")/dlsub-image-store"
     printf '[storage]\ndriver = "overlay"\nrootless_storage_path = "%s/%s/image-build"\n' "$NODE_LOCAL" \
         "$TESTBED_USER" | install -m 644 /dev/stdin "$build_conf"
     on_host "$LOGIN_HOST" env DLSUB_IMAGE_STORE_CONF="$build_conf" "$repo/containers/build-image.sh" "$TESTBED_USER"

@@ -348,6 +348,18 @@ def test_a_dead_pause_process_is_named_with_its_reset() -> None:
     assert got.fix == "run `podman system migrate` as alice"
 
 
+def test_a_dead_pause_process_podman_cannot_replace_is_named_with_its_reset() -> None:
+    """Podman 4.3's words when the pause process died, its pid file stayed and its "alive" file did not (a killed
+    run's runtime directory, CI rehearsal 34); `podman system migrate` fails the same way there."""
+    host = FakeHost()
+    host.image_rc = 125
+    host.image_stderr = "Error: cannot re-exec process to join the existing user namespace\n"
+    got = findings(host=host)["image"]
+    assert got.status == PROBLEM and "pause process is gone" in got.detail
+    assert got.fix == ("as alice, with no podman of theirs running on this host: "
+                       "rm $XDG_RUNTIME_DIR/libpod/tmp/pause.pid")
+
+
 def test_no_user_skips_podman_and_an_unknown_one_is_a_problem() -> None:
     assert findings(user=None)["rootless Podman"].status == SKIPPED
     assert findings(user="nobody-here")["rootless Podman"].status == PROBLEM

@@ -84,3 +84,34 @@ def test_a_podman_that_cannot_start_a_container_here_blames_no_image_and_leaves_
     if failure.returncode == 124:  # the probe's container, by its name, is removed
         name = calls[0][calls[0].index("--name") + 1]
         assert calls[-1] == ["rm", "--force", "--ignore", name]
+
+
+STALE_PAUSE = "Error: cannot re-exec process to join the existing user namespace\n"
+
+
+def test_a_podman_that_does_not_run_for_the_user_is_said_to_and_no_image_is_blamed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Podman 4.3 with a dead pause process's pid file (a runtime directory no reboot emptied) fails every command:
+    submit said the site's image was "not in your Podman storage (... images there: none)", which sent the user
+    looking for an image they had (CI rehearsal 34)."""
+    monkeypatch.setattr(podman, "_podman", lambda argv: ran("", 125, STALE_PAUSE))
+    with pytest.raises(ImageError) as refused:
+        podman.check_image("localhost/dlsub-torch:2.13.0-cpu")
+    said = str(refused.value)
+    assert said.startswith("Podman does not run for you on this host (Error: cannot re-exec process to join the "
+                           "existing user namespace), so image 'localhost/dlsub-torch:2.13.0-cpu' could not be "
+                           "looked up")
+    assert "dlsub doctor --user $USER" in said and "not in your Podman storage" not in said
+
+
+def test_an_image_missing_from_a_working_podman_names_where_it_looked(monkeypatch: pytest.MonkeyPatch) -> None:
+    info = '{"store": {"graphRoot": "/var/lib/dlsub-local/alice/containers", "graphOptions": ' \
+           '{"overlay.imagestore": "/var/lib/dlsub-images"}}}'
+    answers = {"inspect": ran("", 125, "Error: inspecting object: localhost/nope:1: image not known\n"),
+               "info": ran(info), "images": ran("localhost/dlsub-torch:2.13.0-cpu\n")}
+    monkeypatch.setattr(podman, "_podman", lambda argv: answers[argv[1] if argv[0] == "image" else argv[0]])
+    with pytest.raises(ImageError) as refused:
+        podman.check_image("localhost/nope:1")
+    assert str(refused.value).startswith(
+        "image 'localhost/nope:1' is not in your Podman storage (looked in /var/lib/dlsub-local/alice/containers "
+        "and the site's read-only store /var/lib/dlsub-images; images there: localhost/dlsub-torch:2.13.0-cpu)")
