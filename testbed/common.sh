@@ -80,7 +80,7 @@ await_side_by_side() {
     side_pids=()
 }
 
-# True when the pid file names a live process.
+# True when the pid file names a live process of ours.
 # A pid file names our process only while that process is older than the file: a run ended without
 # `make testbed-down` (a session's processes killed, the machine's state kept) leaves its pid files behind, and
 # by the next run their pids may be other processes' (CI's run found slurmdbd "alive" as some other process,
@@ -92,18 +92,22 @@ pid_alive() {
     [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && ! zombie "$pid" && started_before "$pid" "$pidfile"
 }
 
-# A killed daemon stays a zombie until its parent (init, for a daemon) reaps it, and kill -0 still finds it.
-zombie() {  # pid
+# One field of /proc/PID/stat, counted from its state (field 3) on: the name before it, in parentheses, may
+# hold spaces. Fails where the process is gone.
+proc_stat_field() {  # pid n
     local stat
     stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
-    [ "$(awk '{ print $1 }' <<<"${stat##*) }")" = Z ]
+    awk -v n="$2" '{ print $n }' <<<"${stat##*) }"
+}
+
+# A killed daemon stays a zombie until its parent (init, for a daemon) reaps it, and kill -0 still finds it.
+zombie() {  # pid
+    [ "$(proc_stat_field "$1" 1)" = Z ]
 }
 
 # A process's start, in clock ticks since the machine booted (0 where it is gone).
 started() {  # pid
-    local stat
-    stat="$(cat "/proc/$1/stat" 2>/dev/null)" || { echo 0; return; }
-    awk '{ print $20 }' <<<"${stat##*) }"
+    proc_stat_field "$1" 20 || echo 0
 }
 
 # Whether a process started no later than a file was last written (to the second: /proc/stat's boot time is

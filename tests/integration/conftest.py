@@ -19,7 +19,7 @@ import pytest
 
 # The testbed helpers the integration tests share with benchmarks/ live in testbed/livebed.py.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testbed"))
-from livebed import LDAP_USER, USER, USER2, WAITS, TestbedUser, agent_service, blockers
+from livebed import LDAP_USER, USER, USER2, WAITS, TestbedUser, agent_service, blockers, wait_for
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -59,17 +59,14 @@ def _no_jobs_of_an_earlier_run(user: TestbedUser) -> None:
     processes ended, the machine's state kept, as before CI on the same machine) leaves its jobs in slurmctld's
     saved state, and Slurm starts them again once its daemons are back: they would hold nodes the tests wait for."""
     queue = subprocess.run(["squeue", "-h", "-o", "%i %u %j %T"], capture_output=True, text=True, check=True)
-    left = queue.stdout.split("\n")
-    left = [line for line in left if line.strip()]
+    left = [line for line in queue.stdout.splitlines() if line.strip()]
     if not left:
         return
     print(f"conftest: cancelling {len(left)} job(s) an earlier run left on the testbed: {left}", file=sys.stderr)
     subprocess.run(["scancel", *(line.split()[0] for line in left)], check=False)
-    deadline = time.monotonic() + 120
-    while subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.strip():
-        if time.monotonic() > deadline:
-            pytest.fail(f"jobs an earlier run left would not end: {left}; see squeue")
-        time.sleep(0.5)
+    wait_for(f"the jobs an earlier run left to end: {left}",
+             lambda: not subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout.strip(),
+             timeout=120, interval=0.5)
 
 
 @pytest.fixture(scope="session")
