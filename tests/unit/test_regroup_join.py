@@ -31,9 +31,11 @@ _SCRIPT = textwrap.dedent("""
     from dlsub import checkpointing
 
     steps = int(sys.argv[1])
-    # Past ``steps`` until the group is this large (every member sees the size change at the same step): under
-    # load a joiner may start after the members would have ended.
+    # Past ``steps`` until the group is this large, and then a few steps more at that size (every member sees the
+    # size change at the same step, the joiner at its first): under load a joiner may start after the members
+    # would have ended, and the group must still train together after it joined.
     until_world = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    AFTER_GROWN = 5
     world = int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
     run = checkpointing.init()
@@ -55,7 +57,12 @@ _SCRIPT = textwrap.dedent("""
     run.regroup_in_process(snapshot, on_change=regrouped)
     print(json.dumps({"event": "began", "pid": os.getpid(), "rank": run.rank, "world": run.world_size,
                       "step": step, "restored": state is not None}), flush=True)
-    while step < steps or (run.world_size < until_world and step < 100 * steps):
+    grown_at = None
+    while True:
+        if grown_at is None and run.world_size >= until_world:
+            grown_at = step
+        if step >= steps and (grown_at is not None and step >= grown_at + AFTER_GROWN or step >= 100 * steps):
+            break
         g = torch.Generator().manual_seed(step * 100 + run.rank)
         model.zero_grad()
         model(torch.randn(8, 4, generator=g)).pow(2).mean().backward()
