@@ -1,7 +1,8 @@
 """The files the batch launcher writes and reads in the job directory (names from dlsub.contract).
 
 * ``attempts.jsonl``: one ``start`` and one ``end`` line per attempt (and
-  per worker run), appended whole; the agent reads them (dlsub/jobdir.py).
+  per worker run), appended whole under a POSIX lock; the agent reads them
+  (dlsub/jobdir.py).
 * ``attempts/requeues``: the count of resume-requeues, written whole.
 * ``attempts/rendezvous``: a gang's rendezvous for late joiners.
 * ``attempts/<container>.exit``: the container launcher's own exit status.
@@ -12,6 +13,8 @@ error is said on stderr and the launcher goes on, as the batch shell did.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import sys
@@ -70,12 +73,48 @@ def _write_once(path: Path, text: str, flags: int) -> None:
         os.close(fd)
 
 
-def append_line(path: Path, line: str) -> None:
-    """Append ``line`` in one write (O_APPEND), creating the file as the shell's ``>>`` does."""
+#: How long an append waits for another host's lock on the file before it writes without it.
+APPEND_LOCK_WAIT_S = 10.0
+
+
+def _lock_for_append(fd: int, path: Path, wait_s: float) -> None:
+    """An exclusive POSIX lock on the open file ``fd``, waited for up to ``wait_s`` (every 50 ms).
+
+    Why: the main launcher and the workers append to one file from different nodes. A local file system
+    appends each write(2) whole at the end, but NFS does not: each client writes at the end as it last saw it,
+    so two hosts appending at once can write over each other's line. Under a lock both NFS's lock manager and
+    the client's cache agree (taking it revalidates the file's size, closing the file writes the line back
+    before the lock goes). A lock that is not free within ``wait_s`` (a dead host's, until the server
+    reclaims it) or a file system without locks costs only the guarantee: the line is written anyway."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                return  # no locks here (NFS mounted nolock says ENOLCK, some FUSE file systems ENOSYS)
+        if time.monotonic() >= deadline:
+            say(f"dlsub: {path} stayed locked for {wait_s:g} s; appending without the lock")
+            return
+        time.sleep(0.05)
+
+
+def append_line(path: Path, line: str, *, lock_wait_s: float = APPEND_LOCK_WAIT_S) -> None:
+    """Append ``line`` in one write (O_APPEND) under an exclusive POSIX lock (:func:`_lock_for_append`),
+    creating the file as the shell's ``>>`` does."""
     try:
-        _write_once(path, line, os.O_APPEND | os.O_CREAT)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     except OSError as exc:
         say(f"dlsub: cannot write {path}: {exc.strerror}")
+        return
+    try:
+        _lock_for_append(fd, path, lock_wait_s)
+        os.write(fd, line.encode("utf-8"))
+    except OSError as exc:
+        say(f"dlsub: cannot write {path}: {exc.strerror}")
+    finally:
+        os.close(fd)  # writes the line back (NFS) before it lets the lock go
 
 
 def write_whole(path: Path, text: str) -> None:
