@@ -38,6 +38,7 @@ from dlsub.checkpointing.run_support import end_process_group_at_exit
 from dlsub.contract import (
     ENV_ATTEMPT,
     ENV_JOB_DIR,
+    ENV_NVML_CHECK_SET,
     ENV_OUTPUT_SOCKET,
     ENV_SAFE_PATH_SET,
     ENV_WATCH_NO_GPU,
@@ -99,6 +100,8 @@ def run_script(script: str, args: list[str]) -> None:
     end_process_group_at_exit()  # registered before the script's own handlers, so it runs after them
     sys.argv = [script, *args]
     here = os.path.dirname(os.path.abspath(script))  # what ``python SCRIPT`` puts first
+    if os.environ.pop(ENV_NVML_CHECK_SET, None) == "1":  # set for torchrun's process alone (torchrun_main)
+        os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
     ours = os.environ.pop(ENV_SAFE_PATH_SET, None) == "1"
     if ours:  # dlsub's launcher set PYTHONSAFEPATH: sys.path[0] is not the working directory but Python's own
         os.environ.pop("PYTHONSAFEPATH", None)  # nor do the script's own subprocesses get it

@@ -59,7 +59,13 @@ from pathlib import Path
 from typing import Any
 
 from dlsub.checkpointing import group_membership
-from dlsub.contract import ENV_JOIN_IN_PROCESS, ENV_REGROUP_JOIN, join_failed_marker, joining_markers
+from dlsub.contract import (
+    ENV_JOIN_IN_PROCESS,
+    ENV_NVML_CHECK_SET,
+    ENV_REGROUP_JOIN,
+    join_failed_marker,
+    joining_markers,
+)
 
 #: ``exec`` here: the training processes start as torchrun starts them, each a Python of its own.
 ENV_RANK_START = "DLSUB_RANK_START"
@@ -178,6 +184,8 @@ def forking(args: list[str], options: argparse.Namespace | None = None) -> list[
 
     if torch.cuda.is_initialized() or not hasattr(torch.distributed.run, "run_script_path"):
         return args
+    if not cuda_checks_fork_safe(torch):
+        return args
     from dlsub.checkpointing import fork_context, forked_rank
 
     fork_context.install()  # the heap frozen before each fork; a process ends once torchrun has its value
@@ -206,6 +214,31 @@ def _set_threads(options: argparse.Namespace | None) -> None:
     threads = None if options is None else threads_per_process(os.environ, str(options.nproc_per_node))
     if threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+#: torch's documented switch: torch.cuda.is_available() asks NVML, which does not initialize CUDA in the process.
+NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+
+
+def cuda_checks_fork_safe(torch: Any) -> bool:
+    """Whether torchrun's own questions about GPUs leave this process able to fork training processes that use CUDA;
+    True after asking torch to answer them through NVML (for this process only: :data:`ENV_NVML_CHECK_SET`).
+
+    Why: torchrun's launch configuration asks ``torch.cuda.is_available()`` and ``device_count()`` (for its NUMA
+    binding) in this process before it starts the training processes. Asked through CUDA, that initializes CUDA's
+    driver here, and every forked process then fails at its first CUDA call ("Cannot re-initialize CUDA in forked
+    subprocess"): seen on an H200 with torch 2.11, every GPU job through dlsub's launcher. Through NVML it does not.
+    A CPU build of torch has nothing to initialize; where NVML does not answer (no ``libnvidia-ml``), or the user's
+    environment asks torch for the other check, torchrun starts each process itself (a fresh Python), as before."""
+    if not torch.backends.cuda.is_built():
+        return True
+    nvml_device_count = getattr(torch.cuda, "_device_count_nvml", None)  # what device_count() asks first
+    if nvml_device_count is None or nvml_device_count() < 0:
+        return False
+    if os.environ.get(NVML_CUDA_CHECK) is None:
+        os.environ[NVML_CUDA_CHECK] = "1"
+        os.environ[ENV_NVML_CHECK_SET] = "1"
+    return os.environ[NVML_CUDA_CHECK] == "1"
 
 
 def _joining_in_process(args: list[str], options: argparse.Namespace | None) -> list[str] | None:

@@ -107,6 +107,10 @@ ENV_WATCH_NO_GPU = "DLSUB_WATCH_NO_GPU"
 #: dlsub's modules, from the submit directory: a ``dlsub/`` folder there would stand in for dlsub); the entry
 #: point takes both away again before the user's script runs, which sees the environment it was given.
 ENV_SAFE_PATH_SET = "DLSUB_SAFE_PATH_SET"
+#: "1" where dlsub's torchrun set PYTORCH_NVML_BASED_CUDA_CHECK for itself, to fork its training processes (torch
+#: then asks NVML, not CUDA, whether there are GPUs: a process that initialized CUDA cannot fork one that uses it);
+#: the entry point takes both away again before the user's script runs.
+ENV_NVML_CHECK_SET = "DLSUB_NVML_CHECK_SET"
 #: "1" in a worker's container (launch ``--follow``) for its torchrun: it may join its group in process
 #: (issue 52: the record below), not through torchrun's rendezvous, which restarts every rank.
 ENV_JOIN_IN_PROCESS = "DLSUB_JOIN_IN_PROCESS"
