@@ -128,14 +128,15 @@ image-horovod: testbed
 		bash containers/build-image.sh --publish $(TEST_USER) localhost/dlsub-torch:2.13.0-cpu-horovod
 
 # The training library on a real GPU (CUDA, NCCL, the frameworks), and jobs through dlsub's container launcher
-# there (a 1-GPU job; an elastic job grown 1 -> 2 processes and shrunk, with its latencies): run on a machine
-# with one, with its own Python and torch; no Slurm, no Podman. The reports go to $(GPU_CHECK_OUT)/gpu_check.json
-# and launcher_check.json.
+# there (a 1-GPU job; an elastic job grown 1 -> 2 processes and shrunk, with its latencies), and a group grown in
+# process with its model on the GPU: run on a machine with one, with its own Python and torch; no Slurm, no
+# Podman. The reports go to $(GPU_CHECK_OUT)/gpu_check.json, launcher_check.json and regroup_check.json.
 GPU_CHECK_PYTHON ?= python3
 GPU_CHECK_OUT ?= .
 gpu-check:
 	$(GPU_CHECK_PYTHON) tests/device/gpu_check.py --out "$(GPU_CHECK_OUT)"
 	$(GPU_CHECK_PYTHON) tests/device/launcher_check.py --out "$(GPU_CHECK_OUT)"
+	$(GPU_CHECK_PYTHON) tests/device/regroup_check.py --out "$(GPU_CHECK_OUT)"
 
 # Policies and simulator: no testbed needed, only the virtualenv.
 bench-policies: install
