@@ -43,6 +43,7 @@ from dlsub.contract import (
     ENV_SAFE_PATH_SET,
     ENV_WATCH_NO_GPU,
     NO_GPU_ERRORS,
+    NVML_CUDA_CHECK,
     no_gpu_error_marker,
 )
 
@@ -101,7 +102,7 @@ def run_script(script: str, args: list[str]) -> None:
     sys.argv = [script, *args]
     here = os.path.dirname(os.path.abspath(script))  # what ``python SCRIPT`` puts first
     if os.environ.pop(ENV_NVML_CHECK_SET, None) == "1":  # set for torchrun's process alone (torchrun_main)
-        os.environ.pop("PYTORCH_NVML_BASED_CUDA_CHECK", None)
+        os.environ.pop(NVML_CUDA_CHECK, None)
     ours = os.environ.pop(ENV_SAFE_PATH_SET, None) == "1"
     if ours:  # dlsub's launcher set PYTHONSAFEPATH: sys.path[0] is not the working directory but Python's own
         os.environ.pop("PYTHONSAFEPATH", None)  # nor do the script's own subprocesses get it

@@ -63,6 +63,7 @@ from dlsub.contract import (
     ENV_JOIN_IN_PROCESS,
     ENV_NVML_CHECK_SET,
     ENV_REGROUP_JOIN,
+    NVML_CUDA_CHECK,
     join_failed_marker,
     joining_markers,
 )
@@ -214,10 +215,6 @@ def _set_threads(options: argparse.Namespace | None) -> None:
     threads = None if options is None else threads_per_process(os.environ, str(options.nproc_per_node))
     if threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(threads)
-
-
-#: torch's documented switch: torch.cuda.is_available() asks NVML, which does not initialize CUDA in the process.
-NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
 def cuda_checks_fork_safe(torch: Any) -> bool:

@@ -111,6 +111,8 @@ ENV_SAFE_PATH_SET = "DLSUB_SAFE_PATH_SET"
 #: then asks NVML, not CUDA, whether there are GPUs: a process that initialized CUDA cannot fork one that uses it);
 #: the entry point takes both away again before the user's script runs.
 ENV_NVML_CHECK_SET = "DLSUB_NVML_CHECK_SET"
+#: torch's documented switch for that: torch.cuda.is_available() asks NVML, which does not initialize CUDA.
+NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 #: "1" in a worker's container (launch ``--follow``) for its torchrun: it may join its group in process
 #: (issue 52: the record below), not through torchrun's rendezvous, which restarts every rank.
 ENV_JOIN_IN_PROCESS = "DLSUB_JOIN_IN_PROCESS"

@@ -1,7 +1,9 @@
-"""What the device checks share: a check's failure in words, and running one check so that it always reports."""
+"""What the device checks share: a check's failure in words, running one check so that it always reports, and a free
+port on loopback."""
 
 from __future__ import annotations
 
+import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -30,3 +32,10 @@ def run_check(check: Callable[[T], dict[str, Any]], argument: T) -> dict[str, An
                   "traceback": None if isinstance(exc, Failed) else traceback.format_exc()[-4000:]}
     result["seconds"] = round(time.perf_counter() - began, 1)
     return result
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (for a group's store or a rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -39,7 +39,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,7 +53,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from device_checks import Failed, expect, run_check  # noqa: E402
+from device_checks import Failed, expect, free_port, run_check  # noqa: E402
 
 from dlsub import contract  # noqa: E402
 from dlsub.containers.podman import LIBRARY_MOUNT, ContainerSpec, Raw, podman_run_lines  # noqa: E402
@@ -109,11 +108,6 @@ def library_view(tmp: Path) -> Path:
     (lib / "dlsub").symlink_to(REPO / "dlsub")
     return lib
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Node:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from device_checks import expect, run_check  # noqa: E402
+from device_checks import expect, free_port, run_check  # noqa: E402
 
 from dlsub import contract  # noqa: E402
 from dlsub.checkpointing.regroup_join import worth_joining  # noqa: E402
@@ -94,11 +93,6 @@ TRAINING = textwrap.dedent("""
     dist.destroy_process_group()
 """)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def records(out: Path) -> list[dict[str, Any]]:

@@ -19,7 +19,8 @@ import pytest
 from conftest import NO_HANG_S, REPO
 
 from dlsub import contract
-from dlsub.checkpointing.torchrun_main import NVML_CUDA_CHECK, cuda_checks_fork_safe
+from dlsub.checkpointing.torchrun_main import cuda_checks_fork_safe
+from dlsub.contract import NVML_CUDA_CHECK
 
 
 def _torch(built: bool, nvml_count: int | None) -> SimpleNamespace:
