@@ -82,6 +82,10 @@ def parse_args() -> argparse.Namespace:
                    help="also sleep this many seconds per sample of this process's share of each step: with the "
                         "global batch fixed, a step then takes THROTTLE*batch/world_size, as data-parallel "
                         "GPUs would (the testbed's fake GPUs share two cores, so more processes are not faster)")
+    p.add_argument("--throttle-per-node", type=float, default=0.0,
+                   help="also sleep this many seconds per step for each node of the group beyond the first, as a "
+                        "model whose all-reduce crosses a slow network would (the testbed's nodes share one "
+                        "machine, so a second node costs nothing): such a model is slower on two nodes than on one")
     p.add_argument("--cpu-slowdown", type=float, default=1.0,
                    help="multiply --throttle by this when no GPU is visible: on a testbed whose GPUs are fake, "
                         "makes a CPU node as much slower than a GPU one as it would be on real hardware")
@@ -112,6 +116,14 @@ def slowdown(args: argparse.Namespace) -> float:
     if not os.environ.get("CUDA_VISIBLE_DEVICES"):
         return args.cpu_slowdown
     return args.gpu_slowdown.get(os.environ.get("DLSUB_GPU_TYPE", ""), 1.0)
+
+
+def step_pause(args: argparse.Namespace, samples: int, world: int, per_node: int) -> float:
+    """Seconds a step sleeps (before --gpu-slowdown): --throttle, --throttle-per-sample for each of this process's
+    ``samples``, and --throttle-per-node for each node of a group of ``world`` processes, ``per_node`` a node,
+    beyond the first."""
+    nodes = -(-world // max(1, per_node))
+    return args.throttle + args.throttle_per_sample * samples + args.throttle_per_node * (nodes - 1)
 
 
 class GradientNoise:
@@ -155,6 +167,8 @@ class GradientNoise:
 def main() -> None:
     args = parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    # Processes on each node (torchrun's LOCAL_WORLD_SIZE): the group spans world / per_node nodes.
+    per_node = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", str(world))))
     # A group of one too where it may grow in process under torchrun (its MASTER_ADDR): the group is what a joining
     # process joins.
     distributed = world > 1 or (args.regroup_in_process and "MASTER_ADDR" in os.environ)
@@ -266,7 +280,7 @@ def main() -> None:
             step += 1
             sample_in_epoch += batch
             seen += batch
-            pause = args.throttle + args.throttle_per_sample * share[rank]
+            pause = step_pause(args, share[rank], world, per_node)
             if pause:
                 time.sleep(pause * slowdown(args))
             if step % args.report_every == 0 or sample_in_epoch + batch > len(train_y):

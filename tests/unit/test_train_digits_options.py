@@ -1,5 +1,6 @@
 """Unit: examples/train_digits.py emulates a GPU type's speed on the testbed's fake GPUs with --gpu-slowdown
-TYPE=FACTOR, read against DLSUB_GPU_TYPE (its argument parsing, no training); and it ends cleanly when resumed
+TYPE=FACTOR, read against DLSUB_GPU_TYPE, and a slow network with --throttle-per-node (its argument parsing and
+its step's pause, no training); and it ends cleanly when resumed
 from a checkpoint at its last step (a real run, on CPU)."""
 
 from __future__ import annotations
@@ -43,6 +44,20 @@ def test_a_malformed_gpu_slowdown_is_refused_saying_what_to_write(monkeypatch: p
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "--gpu-slowdown takes TYPE=FACTOR, a positive factor, e.g. --gpu-slowdown v100=2.5" in err
+
+
+@pytest.mark.parametrize(("world", "per_node", "pause"), [
+    (2, 2, 0.4 + 0.01 * 32),  # one node: no network to cross
+    (4, 2, 0.4 + 0.01 * 32 + 0.2),  # two nodes
+    (3, 2, 0.4 + 0.01 * 32 + 0.2),  # a second node half used is a second node
+    (6, 2, 0.4 + 0.01 * 32 + 0.4),
+])
+def test_a_step_sleeps_more_for_each_node_beyond_the_first(monkeypatch: pytest.MonkeyPatch, world: int,
+                                                          per_node: int, pause: float) -> None:
+    """--throttle-per-node emulates a slow all-reduce: a model slower on two nodes than on one (the goodput live
+    test's poor scaler)."""
+    args = parse(monkeypatch, "--throttle", "0.4", "--throttle-per-sample", "0.01", "--throttle-per-node", "0.2")
+    assert train_digits.step_pause(args, 32, world, per_node) == pytest.approx(pause)  # type: ignore[arg-type]
 
 
 def test_resumed_from_a_checkpoint_at_its_last_step_it_finishes_without_training(tmp_path: Path) -> None:
