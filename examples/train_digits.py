@@ -122,7 +122,7 @@ def step_pause(args: argparse.Namespace, samples: int, world: int, per_node: int
     """Seconds a step sleeps (before --gpu-slowdown): --throttle, --throttle-per-sample for each of this process's
     ``samples``, and --throttle-per-node for each node of a group of ``world`` processes, ``per_node`` a node,
     beyond the first."""
-    nodes = -(-world // max(1, per_node))
+    nodes = -(-world // per_node)
     return args.throttle + args.throttle_per_sample * samples + args.throttle_per_node * (nodes - 1)
 
 

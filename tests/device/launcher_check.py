@@ -109,7 +109,6 @@ def library_view(tmp: Path) -> Path:
     return lib
 
 
-
 class Node:
     """One node's container: the launcher's process, its output in a file."""
 

@@ -94,7 +94,6 @@ TRAINING = textwrap.dedent("""
 """)
 
 
-
 def records(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
 

@@ -4,6 +4,7 @@ group on loopback (the checkpointing library's collective calls)."""
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import shutil
 import socket
@@ -29,15 +30,25 @@ REPO = Path(__file__).resolve().parents[2]
 NO_HANG_S = 600.0
 
 
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (a group's store, a rendezvous, an endpoint)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def json_records(out: Path) -> list[dict[str, object]]:
+    """The lines of a process's output that are JSON records (those that start with ``{``), parsed."""
+    return [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
+
+
 def ranks_ended(script: str, args: list[str], env_by_rank: list[dict[str, str]],
                 timeout: float = 120, agent_store: bool = False) -> list[tuple[int, str]]:
     """Run ``script`` (``python -c``) as the ranks of one torch.distributed group (gloo, on loopback), rank r
     with ``env_by_rank[r]`` added; each rank's exit code and last line of output, once every rank has ended.
     ``agent_store``: the group's store is held here, as torchrun's agent holds it, not by rank 0 (which may then
     leave its group and exit while the others use the store)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     base = {**os.environ, "PYTHONPATH": str(REPO), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "WORLD_SIZE": str(len(env_by_rank))}
     held = None

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import free_port
 
 from dlsub import contract
 from dlsub.checkpointing.storage import checkpoint_files, checkpoint_step
@@ -31,7 +31,6 @@ import os, signal
 import torch
 import horovod.torch as hvd
 from dlsub import checkpointing
-
 
 
 def say(line):  # one write: the ranks share torchrun's output
@@ -81,12 +80,6 @@ say(f"DONE rank={hvd.rank()} size={hvd.size()} local={hvd.local_rank()}/{hvd.loc
     f"weights={','.join(f'{v:.6f}' for v in flat.tolist())}")
 run.finish()
 '''
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def base_env(job_dir: Path, **extra: str) -> dict[str, str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import NO_HANG_S
+from conftest import NO_HANG_S, free_port
 
 from dlsub.checkpointing.output_mux import PIPE_LINE_MAX
 from dlsub.containers.podman import ContainerSpec, Raw, podman_run_words
@@ -84,12 +83,6 @@ def barrier(tmp_path: Path) -> str:
     path = tmp_path / "barrier"
     path.mkdir()
     return str(path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def check_rank_lines(lines: list[str], label: re.Pattern[str], world: int, long_chars: int,

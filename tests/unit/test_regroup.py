@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,7 +15,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from conftest import NO_HANG_S, REPO, ranks_ended, run_ranks
+from conftest import NO_HANG_S, REPO, free_port, json_records, ranks_ended, run_ranks
 
 from dlsub import contract
 
@@ -109,20 +108,10 @@ _DYING_JOINER = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start(script: str, args: list[str], env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
     with open(out, "wb") as f:
         return subprocess.Popen([sys.executable, "-c", script, *args], stdout=f,
                                 env={**os.environ, "PYTHONPATH": str(REPO), **env})
-
-
-def _records(out: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
 
 
 def _wait_for(predicate: object, procs: list[subprocess.Popen[bytes]]) -> None:
@@ -138,7 +127,7 @@ Members = tuple[list[Path], list[subprocess.Popen[bytes]], dict[str, str]]
 
 def _members(tmp_path: Path, world: int, leave_at: int, timeout_s: float) -> Members:
     """``world`` member processes of generation 0 on a fresh port: their output files, processes and env."""
-    env = {"MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(world)}
+    env = {"MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
     outs = [tmp_path / f"rank{r}.out" for r in range(world)]
     procs = [_start(_TRAINER, ["member", str(leave_at), str(timeout_s)], {**env, "RANK": str(r)}, outs[r])
              for r in range(world)]
@@ -148,7 +137,7 @@ def _members(tmp_path: Path, world: int, leave_at: int, timeout_s: float) -> Mem
 def test_a_rank_leaves_and_a_process_joins_while_the_ranks_that_stay_keep_running(tmp_path: Path) -> None:
     outs, procs, env = _members(tmp_path, 3, leave_at=5, timeout_s=NO_HANG_S)
     try:
-        _wait_for(lambda: any(r["event"] == "left" for r in _records(outs[1])), procs)
+        _wait_for(lambda: any(r["event"] == "left" for r in json_records(outs[1])), procs)
         joiner_out = tmp_path / "joiner.out"
         procs.append(_start(_TRAINER, ["joiner", "-1", str(NO_HANG_S)], env, joiner_out))
         for p in procs:
@@ -156,8 +145,8 @@ def test_a_rank_leaves_and_a_process_joins_while_the_ranks_that_stay_keep_runnin
     finally:
         for p in procs:
             p.kill()
-    stayed = [_records(outs[0]), _records(outs[2])]
-    left, joined = _records(outs[1]), _records(joiner_out)
+    stayed = [json_records(outs[0]), json_records(outs[2])]
+    left, joined = json_records(outs[1]), json_records(joiner_out)
 
     # The rank that left did so at the step it asked, and the group re-formed without it.
     assert left[-1]["event"] == "left" and left[-1]["step"] == 5
@@ -186,7 +175,7 @@ def _kill_a_joiner(outs: list[Path], procs: list[subprocess.Popen[bytes]], env: 
     """Once the members train, a process joins them and is killed (-9) once they planned its place."""
     from dlsub.checkpointing.regroup import FAILPOINT_ENV
 
-    _wait_for(lambda: any(r["event"] == "step" for r in _records(outs[0])), procs)
+    _wait_for(lambda: any(r["event"] == "step" for r in json_records(outs[0])), procs)
     dying = subprocess.run([sys.executable, "-c", _DYING_JOINER], capture_output=True, text=True,
                            env={**os.environ, **env, "PYTHONPATH": str(REPO), FAILPOINT_ENV: "joining:planned"},
                            timeout=NO_HANG_S, check=False)
@@ -204,10 +193,10 @@ def test_a_joiner_killed_mid_way_leaves_the_members_to_fall_back_with_their_stat
     finally:
         for p in procs:
             p.kill()
-    ends = [_records(out)[-1] for out in outs]
+    ends = [json_records(out)[-1] for out in outs]
     assert [e["event"] for e in ends] == ["fallback", "fallback"], ends
     assert "2 of 3 members of the new group came within the timeout" in str(ends[0]["error"]), ends
-    last_steps = [[r for r in _records(out) if r["event"] == "step"][-1] for out in outs]
+    last_steps = [[r for r in json_records(out) if r["event"] == "step"][-1] for out in outs]
     # Both hold the state of the last step they took, the same on both: the checkpoint of the fallback is whole.
     assert ends[0]["checksum"] == ends[1]["checksum"] == last_steps[0]["checksum"] == last_steps[1]["checksum"]
     assert ends[0]["step"] == last_steps[0]["step"]
@@ -229,7 +218,7 @@ def test_members_waiting_for_a_killed_joiner_give_up_when_told_to_stop(tmp_path:
     finally:
         for p in procs:
             p.kill()
-    ends = [_records(out)[-1] for out in outs]
+    ends = [json_records(out)[-1] for out in outs]
     assert [e["event"] for e in ends] == ["fallback", "fallback"], ends
     assert all("stopped while" in str(e["error"]) for e in ends), ends
     assert waited_s < 60, "they gave up when told, not at the timeout"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import NO_HANG_S, REPO
+from conftest import NO_HANG_S, REPO, free_port, json_records
 
 from dlsub import contract
 from dlsub.checkpointing.regroup_join import JoinPoint, standalone, worth_joining
@@ -84,20 +83,10 @@ _SCRIPT = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _records(out: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in out.read_text().splitlines() if line.startswith("{")]
-
-
 def test_a_process_joins_a_running_group_through_the_record_and_the_members_keep_running(tmp_path: Path) -> None:
     # Rank 0 holds the group's store (torchrun's agent shares its own with no rank under dlsub: the containers
     # set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), so it must outlive the first group in rank 0's process.
-    port = _free_port()
+    port = free_port()
     script = tmp_path / "train one layer.py"  # a path with a space, as users have
     script.write_text(_SCRIPT)
     job_dir = tmp_path / "job"
@@ -113,7 +102,7 @@ def test_a_process_joins_a_running_group_through_the_record_and_the_members_keep
     try:
         record = contract.regroup_record(job_dir, "41_0")
         deadline = time.monotonic() + NO_HANG_S
-        while not (record.exists() and any(r["event"] == "step" for r in _records(outs[0]))):
+        while not (record.exists() and any(r["event"] == "step" for r in json_records(outs[0]))):
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "the members never began"
             time.sleep(0.1)
         point, why_not = worth_joining({contract.ENV_JOB_DIR: str(job_dir), contract.ENV_ATTEMPT: "41_0"})
@@ -121,7 +110,7 @@ def test_a_process_joins_a_running_group_through_the_record_and_the_members_keep
         # The joiner starts as a worker's torchrun starts it: dlsub's entry point, a group of one of its own.
         joiner_out = tmp_path / "joiner.out"
         with open(joiner_out, "wb") as f:
-            env = {**base, "RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(_free_port()),
+            env = {**base, "RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": str(free_port()),
                    contract.ENV_CONTAINER: "worker", contract.ENV_REGROUP_JOIN: point.to_json()}
             procs.append(subprocess.Popen([sys.executable, "-m", "dlsub.checkpointing.rank_output", str(script), "60",
                                            "3"],
@@ -131,8 +120,8 @@ def test_a_process_joins_a_running_group_through_the_record_and_the_members_keep
     finally:
         for p in procs:
             p.kill()
-    members = [_records(out) for out in outs]
-    joined = _records(joiner_out)
+    members = [json_records(out) for out in outs]
+    joined = json_records(joiner_out)
     for records in members:
         assert len({r["pid"] for r in records if "pid" in r}) == 1
         steps = [r["step"] for r in records if r["event"] == "step"]
@@ -177,7 +166,7 @@ def test_a_record_is_taken_only_when_whole_and_its_store_answers(tmp_path: Path)
         record.write_text(hostile)
         assert worth_joining(env)[0] is None, hostile
     # A whole record of a store that is gone (the group restarted since): not worth joining.
-    record.write_text(JoinPoint("127.0.0.1", _free_port(), "dlsub/regroup/5", "gloo").to_json())
+    record.write_text(JoinPoint("127.0.0.1", free_port(), "dlsub/regroup/5", "gloo").to_json())
     point, why_not = worth_joining(env)
     assert point is None and "did not answer" in why_not, why_not
 
