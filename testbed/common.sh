@@ -85,11 +85,41 @@ await_side_by_side() {
 # `make testbed-down` (a session's processes killed, the machine's state kept) leaves its pid files behind, and
 # by the next run their pids may be other processes' (CI's run found slurmdbd "alive" as some other process,
 # never started it, and waited for it in vain; stop_pidfile would have signalled that process).
+# That age is read once, when a process is first found alive, as the wall clock tells it; from then on the
+# process is known by its pid and its start (pid_record): the wall clock may be stepped while the testbed runs
+# (a virtual machine restored from a snapshot sets its clock forward), and a process that started a second
+# before its pid file would then look as if it had started after it. CI's run lost every host's keeper so and
+# could no longer start the agent ("nsenter: reassociate to namespace 'ns/uts' failed").
 pid_alive() {
     local pidfile="$1" pid
     [ -s "$pidfile" ] || return 1
     pid="$(cat "$pidfile")"
-    [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && ! zombie "$pid" && started_before "$pid" "$pidfile"
+    [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null && ! zombie "$pid" || return 1
+    # The process found before (the same pid, start and boot), else one older than the file.
+    [ "$(cat "$(pid_record "$pidfile")" 2>/dev/null)" = "$pid $(started "$pid") $(boot_id)" ] && return 0
+    started_before "$pid" "$pidfile" || return 1
+    remember_pid "$pidfile" "$pid" 2>/dev/null || true  # unrecorded (a folder not ours), it is read so again
+}
+
+# Where pid_alive keeps each pid file's process once found (one file per pid file, named by its path).
+PID_RECORDS="${DLSUB_TESTBED_PID_RECORDS:-/run/dlsub-testbed/pids}"
+pid_record() {  # pidfile
+    local name="${1//\//%}"
+    echo "$PID_RECORDS/$name"
+}
+
+# This boot's id: a record of an earlier boot names no process of this one, whatever its pid and start.
+boot_id() {
+    cat /proc/sys/kernel/random/boot_id
+}
+
+# Record that a pid file names a process we started (its pid and its start), for pid_alive.
+remember_pid() {  # pidfile pid
+    local record
+    record="$(pid_record "$1")"
+    mkdir -p "$PID_RECORDS"
+    printf '%s %s %s\n' "$2" "$(started "$2")" "$(boot_id)" > "$record.new"
+    mv -f "$record.new" "$record"
 }
 
 # One field of /proc/PID/stat, counted from its state (field 3) on: the name before it, in parentheses, may
@@ -125,7 +155,7 @@ started_before() {  # pid file
 stop_pidfile() {
     local pidfile="$1"
     pid_alive "$pidfile" && stop_pid "$(cat "$pidfile")"
-    rm -f "$pidfile"
+    rm -f "$pidfile" "$(pid_record "$pidfile")"
 }
 
 # Stop one process we started: TERM, then KILL if it is still there after 10 s.
@@ -210,6 +240,20 @@ stop_slurm() {
         if [ -n "$pid" ]; then
             stop_pid "$pid"
         fi
+    done
+}
+
+# Every daemon the testbed runs, known by its pid and start from now on (pid_alive records each one it finds
+# alive), so that a step of the wall clock while the testbed runs leaves them stoppable by their pid files.
+remember_daemons() {
+    local pidfile host
+    for pidfile in /run/munge/munged.pid "$MARIADB_PIDFILE" /run/dlsub-testbed/slurmdbd.pid "$LDAP_PIDFILE" \
+            /run/dlsub/agent.pid "$(slurmctld_pidfile "$HEAD_HOST")" "$(slurmctld_pidfile "$HEAD_HOST2")"; do
+        pid_alive "$pidfile" || true
+    done
+    for host in $TESTBED_HOSTS; do
+        pid_alive "/run/dlsub-testbed/slurmd-$host.pid" || true
+        pid_alive "$HOSTS_DIR/$host/run-nslcd/nslcd.pid" || true
     done
 }
 

@@ -76,8 +76,8 @@ host_keeper_pid() {  # host
     local pidfile="/run/dlsub-testbed/host-$1.pid" pid
     [ -s "$pidfile" ] || return 0
     pid="$(cat "$pidfile")"
-    # A sleep that took a dead keeper's pid over (pid_alive) would have this run commands on the machine.
-    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sleep ] && started_before "$pid" "$pidfile" && echo "$pid"
+    # A sleep that took a dead keeper's pid over would have this run commands on the machine (pid_alive).
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sleep ] && pid_alive "$pidfile" && echo "$pid"
     return 0
 }
 
@@ -200,6 +200,7 @@ host_keeper() {  # host
     (exec nsenter --net="/run/netns/dlsub-$1" --uts="$NS_DIR/$1.uts" --mount="$NS_DIR/$1.mnt" -- \
         setsid sleep infinity </dev/null >/dev/null 2>&1) &
     echo "$!" > "$pidfile"
+    remember_pid "$pidfile" "$!"
 }
 
 hosts_up() {

@@ -321,5 +321,6 @@ for node in "$LOGIN_HOST" $TESTBED_NODES; do
 done
 await_side_by_side
 
+remember_daemons
 say "testbed is up on Slurm $(slurm_cli scontrol --version | awk '{print $2}'): $(slurm_cli sinfo -h -o '%P %a %D %t' | tr '\n' ';')"
 say "log in to its login host with: sudo bash testbed/on.sh (or: bash testbed/on.sh NODE)"

@@ -3,6 +3,9 @@
 without `make testbed-down` (a session's processes killed, the machine's /run kept) leaves its pid files, and a
 later run's processes may have their pids: CI's run on such a machine took slurmdbd for alive, never started
 it, and failed waiting for it ("slurmdbd does not answer"); stop_pidfile would have signalled the stranger.
+A process once found so is known by its pid and start from then on (pid_record), so that a wall clock stepped
+forward while the testbed runs (CI's machine, restored from a snapshot mid-run) does not make it look younger
+than its file: a step forward reads as a file written earlier, which is how these tests make one.
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ def _bash(script: str, *args: str) -> subprocess.CompletedProcess[str]:
         ["bash", "-c", f'. "$0"; {script}', str(COMMON), *args],
         capture_output=True, text=True, timeout=60, check=False,
     )
+
+
+@pytest.fixture(autouse=True)
+def records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """pid_alive's records in the test's folder, not the testbed's."""
+    folder = tmp_path / "records"
+    monkeypatch.setenv("DLSUB_TESTBED_PID_RECORDS", str(folder))
+    return folder
 
 
 @pytest.fixture
@@ -110,3 +121,65 @@ def test_a_killed_daemon_not_yet_reaped_is_not_alive(tmp_path: Path) -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def _backdate(path: Path, seconds: float) -> None:
+    """As the file reads after the wall clock is stepped forward by ``seconds``."""
+    then = path.stat().st_mtime - seconds
+    os.utime(path, (then, then))
+
+
+def test_a_process_found_alive_stays_alive_when_the_wall_clock_is_stepped_forward(
+    tmp_path: Path, stranger: subprocess.Popen[bytes], records: Path
+) -> None:
+    pidfile = _pidfile(tmp_path, stranger.pid)
+    assert _bash('pid_alive "$1"', str(pidfile)).returncode == 0
+    _backdate(pidfile, 60)
+    assert _bash('pid_alive "$1"', str(pidfile)).returncode == 0
+    # Unrecorded, the same file would name nothing: the record is what keeps it.
+    for record in records.iterdir():
+        record.unlink()
+    assert _bash('pid_alive "$1"', str(pidfile)).returncode == 1
+
+
+def test_a_record_of_an_earlier_process_with_the_pid_vouches_for_no_other(
+    tmp_path: Path, stranger: subprocess.Popen[bytes], records: Path
+) -> None:
+    pidfile = _pidfile(tmp_path, stranger.pid)
+    assert _bash('pid_alive "$1"', str(pidfile)).returncode == 0
+    (record,) = records.iterdir()
+    pid, start, boot = record.read_text().split()
+    assert (int(pid), boot) == (stranger.pid, Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+    # The process that had the pid before this one (another start), or one of another boot (the same start).
+    for earlier in (f"{pid} {int(start) - 1} {boot}", f"{pid} {start} 00000000-0000-0000-0000-000000000000"):
+        record.write_text(earlier + "\n")
+        _backdate(pidfile, 60)
+        assert _bash('pid_alive "$1"', str(pidfile)).returncode == 1, earlier
+
+
+def test_stopping_removes_the_record_with_the_pid_file(tmp_path: Path, records: Path) -> None:
+    started = _bash("sleep 60 >/dev/null 2>&1 & echo $!")
+    pid = int(started.stdout)
+    try:
+        pidfile = _pidfile(tmp_path, pid)
+        assert _bash('pid_alive "$1"', str(pidfile)).returncode == 0
+        assert len(list(records.iterdir())) == 1
+        _backdate(pidfile, 60)  # stopped by its record, as after a step of the clock
+        assert _bash('stop_pidfile "$1"', str(pidfile)).returncode == 0
+        assert not Path(f"/proc/{pid}").exists()
+        assert not pidfile.exists() and not list(records.iterdir())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_record_that_cannot_be_written_leaves_the_answer_as_the_file_gives_it(
+    tmp_path: Path, stranger: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As a caller that may not write the testbed's records would find it: the age check alone.
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("DLSUB_TESTBED_PID_RECORDS", str(blocked / "records"))
+    pidfile = _pidfile(tmp_path, stranger.pid)
+    result = _bash('pid_alive "$1"', str(pidfile))
+    assert result.returncode == 0 and result.stderr == "", result
