@@ -65,8 +65,15 @@ on_host() {  # host command...
     local host="$1" keeper namespaces
     shift
     keeper="$(host_keeper_pid "$host")"
-    namespaces=(--net="/run/netns/dlsub-$host" --uts="$NS_DIR/$host.uts" --mount="$NS_DIR/$host.mnt")
-    [ -n "$keeper" ] && namespaces=(-t "$keeper" --net --uts --mount)
+    if [ -n "$keeper" ]; then
+        namespaces=(-t "$keeper" --net --uts --mount)
+    else
+        # Where the namespace files are not visible (in a host made before them they are the empty files under
+        # the bind mounts), nsenter would say only "reassociate to namespace 'ns/uts' failed".
+        [ "$(stat -f -c %T "$NS_DIR/$host.uts" 2>/dev/null)" = nsfs ] \
+            || die "host $host cannot be entered from here: its keeper (/run/dlsub-testbed/host-$host.pid) is not running, and its namespace files are not visible here; make testbed starts it again"
+        namespaces=(--net="/run/netns/dlsub-$host" --uts="$NS_DIR/$host.uts" --mount="$NS_DIR/$host.mnt")
+    fi
     # shellcheck disable=SC2016  # expanded by that sh
     nsenter "${namespaces[@]}" -- sh -c 'cd "$0" 2>/dev/null || cd /; exec "$@"' "$PWD" "$@"
 }
