@@ -251,8 +251,10 @@ remember_daemons() {
             /run/dlsub/agent.pid "$(slurmctld_pidfile "$HEAD_HOST")" "$(slurmctld_pidfile "$HEAD_HOST2")"; do
         pid_alive "$pidfile" || true
     done
-    for host in $TESTBED_HOSTS; do
+    for host in $TESTBED_NODES; do
         pid_alive "/run/dlsub-testbed/slurmd-$host.pid" || true
+    done
+    for host in $TESTBED_HOSTS; do
         pid_alive "$HOSTS_DIR/$host/run-nslcd/nslcd.pid" || true
     done
 }
