@@ -129,8 +129,11 @@ def default_mode() -> str:
     return site_policy().default_mode
 
 
-def _context() -> tuple[Settings, SlurmClient, JobStore]:
-    settings = load_settings()
+def _context(policy: AgentPolicy | None = None) -> tuple[Settings, SlurmClient, JobStore]:
+    """A user command's settings, Slurm client and job store; ``policy``: the site's, where the command makes job
+    directories (their folder may be the site's, :meth:`SitePaths.job_directories_of`)."""
+    folder = policy.site.job_directories_of(getpass.getuser()) if policy is not None else None
+    settings = load_settings(job_directories=folder)
     return settings, SlurmClient(), JobStore(settings.db_path)
 
 
@@ -206,7 +209,7 @@ def submit(from_estimate: str | None, choice: int | None, script: Path | None, a
     resources = options.resources()
     shape = options.shape()
     policy = site_policy()
-    settings, client, store = _context()
+    settings, client, store = _context(policy)
     request = SubmitRequest(
         script=script, args=tuple(args), gpus_per_node=shape.gpus_per_node, nodes=shape.nodes,
         max_members=shape.max_members,

@@ -128,6 +128,11 @@ class ContainerSpec:
     # ID as submit found it, None in a dry run). The batch script runs the one of the partition each attempt
     # runs on (``image_choice_lines``), ``image`` elsewhere. Empty: ``image`` on every partition.
     partition_images: tuple[tuple[str, str, str | None], ...] = ()
+    # The user is the same uid in the container (Podman's --userns keep-id). False where a path it mounts lies on
+    # a network file system: there the container's root, which makes the mounts, would be one of the user's
+    # subordinate ids, which the file server does not know (rootless.md: "Does not work on NFS homedirs"), and a
+    # 0700 home would refuse it; the container's root is then the user (--userns host, Podman's rootless default).
+    keep_id: bool = True
 
     @property
     def elastic(self) -> bool:
@@ -176,7 +181,7 @@ def podman_run_lines(spec: ContainerSpec, container_name: Raw, gpu_args: Raw,
         # slurmds, or a node's name shared by its containers) would be one.
         lines.append(["--pid", "host"])
     lines += [
-        ["--userns", "keep-id"],
+        ["--userns", "keep-id" if spec.keep_id else "host"],
         ["--network", "host"],  # /dev/net/tun is not usable by users; rendezvous uses host ports
         ["--shm-size", "1g"],  # DataLoader workers pass batches through /dev/shm (64 MB by default)
         ["--log-driver", "passthrough"],  # container stdio straight into Slurm's output file

@@ -4,6 +4,7 @@ shared between hosts over a network, where what works on a local disk may not (S
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -83,3 +84,22 @@ def locks_shared_between_hosts(path: Path, mountinfo: str | None = None) -> bool
     if kind == "fuse.sshfs":
         return False
     return not (kind in ("nfs", "nfs4") and options & LOCAL_LOCK_OPTIONS)
+
+
+#: getxattr's answers for a file system that keeps no POSIX ACLs (NFSv4 keeps its own, sshfs none).
+_NO_ACLS = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS})
+
+
+def posix_acls_work(path: Path) -> bool:
+    """Whether ``path``'s file system (its nearest existing folder's) keeps POSIX ACLs, as setfacl sets them: asked
+    without writing (getxattr of the access ACL: "no such attribute" where there could be one, "not supported"
+    where there cannot). True where it cannot be told (the folder cannot be reached)."""
+    for folder in (path, *path.parents):
+        try:
+            os.getxattr(folder, "system.posix_acl_access")
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            return exc.errno not in _NO_ACLS
+        return True
+    return True

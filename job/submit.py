@@ -34,6 +34,7 @@ from dlsub.contract import (
     application_digest,
     valid_gpu_type,
 )
+from dlsub.job.filesystems import filesystem_type, mount_table, on_network_filesystem
 from dlsub.job.partition_choice import Choice, Request, choose_partition
 from dlsub.job.private_files import AgentAccess, let_agent_through, make_job_dir
 from dlsub.job.script_library import script_uses_library
@@ -192,6 +193,8 @@ def plan_job(req: SubmitRequest, settings: Settings, client: SlurmClient, *, che
     # The environment's packages first after dlsub's library: they are what the user asked the job to run on.
     container = dataclasses.replace(container, python_path=(*((str(venv[1]),) if venv else ()), *python_path))
     notes += req.exports.notes
+    container, userns_note = _userns_for_mounts(container)
+    notes += (userns_note,) if userns_note else ()
     if unseen:
         notes += (f"PYTHONPATH: {', '.join(unseen)} left out: the container sees only the script's, submit and job "
                   "directories and the mounted paths (--mount, the site's shared file systems)",)
@@ -274,6 +277,21 @@ def _images_tag(by_partition: Sequence[tuple[str, str, str | None]]) -> tuple[tu
     """The ``images=`` tag: the partition images' IDs (first 12 hex digits, each once), for `dlsub doctor`."""
     ids = list(dict.fromkeys(image_id[:12] for _, _, image_id in by_partition if image_id))
     return (("images", ".".join(ids)),) if ids else ()
+
+
+def _userns_for_mounts(container: ContainerSpec) -> tuple[ContainerSpec, str]:
+    """The container with the user's uid kept (keep-id) unless a path it mounts is on a network file system
+    (ContainerSpec.keep_id), and the note that says so ("" where it is kept)."""
+    table = mount_table()
+    remote = [(m.source, filesystem_type(m.source, table)) for m in container.mounts()
+              if on_network_filesystem(m.source, table)]
+    if not remote:
+        return container, ""
+    source, kind = remote[0]
+    return dataclasses.replace(container, keep_id=False), (
+        f"{source} is on a network file system ({kind}), whose server checks the container's own ids: in the "
+        "container your job runs as root, which is you on the host (your uid owns what it writes); your "
+        "subordinate ids, which the server does not know, are left out of its mounts")
 
 
 def _venv(req: SubmitRequest, python: str | None, jobs_dir: Path,

@@ -166,8 +166,8 @@ class JobStore:
         self.locking = "posix" if locks_shared_between_hosts(path.parent, table) else "dotfile"
         if self.locking == "dotfile":
             _break_stale_lock(path.with_name(path.name + ".lock"))
-        # Autocommit (isolation_level=None): each write is its own transaction, as sqlite-utils made them.
-        self.conn = sqlite3.connect(_uri(path, self.locking), uri=True, isolation_level=None, timeout=BUSY_WAIT_S)
+        self._uri = _uri(path, self.locking)
+        self._conn = self._connect()
         if new:
             path.chmod(0o600)  # the user's own record of their jobs
         # WAL's shared memory is one host's: on a home that login nodes share over the network, two hosts'
@@ -179,8 +179,24 @@ class JobStore:
         if not have or not set(_ADDED_COLUMNS) <= have:
             self._make_table(have)
 
+    def _connect(self) -> sqlite3.Connection:
+        # Autocommit (isolation_level=None): each write is its own transaction, as sqlite-utils made them.
+        return sqlite3.connect(self._uri, uri=True, isolation_level=None, timeout=BUSY_WAIT_S)
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The connection for the next statement. Under dot-file locking, a new one each time: a network file
+        system revalidates what its host caches of a file when it is opened (NFS's close-to-open; FUSE drops its
+        page cache), and under POSIX locks SQLite's lock itself does (NFS's lock manager), but the dot-file lock
+        is a directory, which makes no host read again; a statement on an old connection would read the pages
+        it had, not another host's last write, and write over it (two login hosts' submits lost one)."""
+        if self.locking == "dotfile":
+            self._conn.close()
+            self._conn = self._connect()
+        return self._conn
+
     def close(self) -> None:
-        self.conn.close()
+        self._conn.close()
 
     def _make_table(self, have: set[str]) -> None:
         """Create the table (a new store) or add the columns a store made by an older dlsub lacks (its rows

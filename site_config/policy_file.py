@@ -247,6 +247,15 @@ class SitePaths:
     # Folders each host has of its own (None: NODE_LOCAL_PATHS, /tmp, /var/tmp, /dev/shm and /run). A shared
     # path inside one (a site's "/tmp/shared") is named in shared_paths: the nearer folder decides.
     node_local_paths: tuple[str, ...] | None = None
+    # Where a user's job directories go when their dlsub home is on a file system without POSIX ACLs (NFSv4,
+    # sshfs), "{user}" standing for their name ("/scratch/{user}/dlsub-jobs"): there the agent reads their
+    # progress through an ACL, as in a home that has them. Empty: such a home keeps them, opened by mode bits
+    # (directories 0711, progress and attempt files 0644; submit warns).
+    job_directories: str = ""
+
+    def job_directories_of(self, user: str) -> Path | None:
+        """``job_directories`` for ``user`` (None: the key is not set)."""
+        return Path(self.job_directories.replace("{user}", user)) if self.job_directories else None
 
     @property
     def node_local(self) -> tuple[str, ...]:
@@ -527,6 +536,17 @@ def _site(where: str, table: Any) -> SitePaths:
             if not path.startswith("/") or PurePosixPath(path) != PurePosixPath(os.path.normpath(path)):
                 raise PolicyFileError(f"{where}.{key}: {path!r}: expected an absolute, normal path, e.g. "
                                       "\"/scratch\"")
+    if site.job_directories:
+        template = site.job_directories
+        example = site.job_directories_of("alice")
+        try:
+            check_path_text(template, "path")
+        except MountError as exc:
+            raise PolicyFileError(f"{where}.job_directories: {exc}") from None
+        if (not template.startswith("/") or "{user}" not in template or example is None
+                or str(example) != os.path.normpath(example) or "{" in str(example) or "}" in str(example)):
+            raise PolicyFileError(f"{where}.job_directories: {template!r}: expected an absolute, normal path with "
+                                  "{user} in it, e.g. \"/scratch/{user}/dlsub-jobs\"")
     return site
 
 

@@ -291,3 +291,5 @@ wait_for_nodes() {
 . "$(dirname "${BASH_SOURCE[0]}")/hosts.sh"
 # shellcheck source=testbed/ldap.sh
 . "$(dirname "${BASH_SOURCE[0]}")/ldap.sh"
+# shellcheck source=testbed/nethome.sh
+. "$(dirname "${BASH_SOURCE[0]}")/nethome.sh"

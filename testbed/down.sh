@@ -19,6 +19,7 @@ done
 stop_pidfile /run/dlsub-testbed/slurmdbd.pid
 stop_pidfile "$MARIADB_PIDFILE"
 stop_pidfile /run/munge/munged.pid
+nethome_down
 ldap_down
 # The hosts (testbed/hosts.sh): their namespaces and the bridge. Their node-local disks stay
 # (/var/lib/dlsub-testbed/hosts), so the next `make testbed` finds its image layers and state.

@@ -63,8 +63,11 @@ class TestbedUser:
 
     def run(self, *argv: str, cwd: Path | None = None, check: bool = False,
             timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        cmd = ["runuser", "-u", self.name, "--", "env", "-i", *(f"{k}={v}" for k, v in self.env.items()), *argv]
-        result = subprocess.run(cmd, cwd=cwd or self.home, capture_output=True, text=True, timeout=timeout)
+        # The user enters the folder (env -C), not root before it: root is squashed in a home on the testbed's
+        # network file system (testbed/nethome.sh), and may not enter a folder there.
+        cmd = ["runuser", "-u", self.name, "--", "env", "-i", "-C", str(cwd or self.home),
+               *(f"{k}={v}" for k, v in self.env.items()), *argv]
+        result = subprocess.run(cmd, cwd="/", capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
             raise AssertionError(f"{argv} exited {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}")
         return result

@@ -25,6 +25,9 @@ command -v npm >/dev/null || packages+=(npm)
 # The site's directory (testbed/ldap.sh): slapd, its clients, and NSS through nslcd. Not for the demo, whose
 # user is a local one.
 [ "$TESTBED_FOR" = demo ] || packages+=(slapd ldap-utils nslcd libnss-ldapd)
+# Its home on a network file system with root squashed (testbed/nethome.sh): the head's sshd, each host's sshfs
+# and the root-squashing layer over it (Debian's fusepy, on libfuse 2).
+[ "$TESTBED_FOR" = demo ] || packages+=(openssh-server sshfs python3-fusepy)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -133,6 +136,10 @@ job_user() {  # name first-subid|directory
     for host in $TESTBED_HOSTS; do
         install -d -m 700 -o "$uid" -g "$gid" "$HOSTS_DIR/$host/local/$name"
     done
+    # Its folder on the shared scratch file system, as a site makes /scratch/$USER (policy.toml's [site]
+    # job_directories puts job directories there for a home without POSIX ACLs: testbed/nethome.sh).
+    install -d -m 755 /scratch
+    install -d -m 700 -o "$uid" -g "$gid" "/scratch/$name"
     # What logind would make on a login node: the user's runtime directory. A compute node has none for a
     # Slurm job: the batch script falls back to a private directory in the node's /tmp.
     for host in "$LOGIN_HOST" "$LOGIN_HOST2"; do
@@ -203,6 +210,7 @@ job_user "$TESTBED_USER3" 400000
 if [ "$TESTBED_FOR" != demo ]; then
     ldap_up
     job_user "$TESTBED_LDAP_USER" directory
+    nethome_up
 fi
 
 # The agent's service account: unprivileged, made a Slurm Operator below.

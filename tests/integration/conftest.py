@@ -7,10 +7,8 @@ login node. They fail (not skip) when the testbed is down: `make testbed`.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,11 +90,13 @@ def directory_user(user: TestbedUser) -> TestbedUser:
 def _fresh_dir(owner: TestbedUser) -> Iterator[Path]:
     """A fresh directory ``owner`` owns (CI's clone may be unreadable to it), on the shared filesystem (its
     home): the login host's /tmp is its own, as on a cluster, and a job's node would not see it."""
-    path = Path(tempfile.mkdtemp(prefix="dlsub-it-", dir=owner.home))
-    os.chown(path, owner.uid, owner.gid)
-    path.chmod(0o755)
+    # Made and removed by its owner: root may not write in a home on the testbed's network file system (root
+    # squashed: testbed/nethome.sh).
+    made = owner.run("mktemp", "-d", "-p", str(owner.home), "dlsub-it-XXXXXXXX", check=True)
+    path = Path(made.stdout.strip())
+    owner.run("chmod", "755", str(path), check=True)
     yield path
-    shutil.rmtree(path, ignore_errors=True)
+    owner.run("rm", "-rf", "--", str(path))
 
 
 @pytest.fixture

@@ -12,11 +12,16 @@ doctor` finds its ranges and says it is a directory's user.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from livebed import AGENT_USER, EXAMPLES, LDAP_USER, NODES, TestbedUser, attempts, hold_all, on_host, wait_for
+
+LOGIN_HOSTS = ("login1", "login2")
 
 LDAP_UID = 10001  # testbed/ldap.sh
 TRAIN = str(EXAMPLES / "train_digits.py")
@@ -64,10 +69,14 @@ def test_it_trains_from_both_login_hosts_is_moved_cpu_to_gpu_and_only_it_can_see
         assert progress.exists()
         denied = user2.run("cat", str(progress))
         assert denied.returncode != 0 and "Permission denied" in denied.stderr, denied
-        # Its home lets no one else in (0700, as pam_mkhomedir makes it): submit let the agent alone pass.
-        acl = subprocess.run(["getfacl", "-p", str(directory_user.home)], capture_output=True, text=True).stdout
-        assert f"user:{AGENT_USER}:--x" in acl and "group::---" in acl and "other::---" in acl, acl
+        # Its home (0700, on the network file system, which has no ACLs) lets no one else in, the agent neither:
+        # its job directories are on /scratch (policy.toml [site] job_directories), the agent alone let in there.
+        assert oct(directory_user.home.stat().st_mode & 0o777) == "0o700"
         assert user2.run("ls", str(directory_user.home)).returncode != 0
+        for job in jobs:
+            assert Path(job["job_dir"]).parent == Path(f"/scratch/{LDAP_USER}/dlsub-jobs"), job
+        acl = subprocess.run(["getfacl", "-p", f"/scratch/{LDAP_USER}"], capture_output=True, text=True).stdout
+        assert f"user:{AGENT_USER}:--x" in acl and "group::---" in acl and "other::---" in acl, acl
         other = user2.on_login("login2", "dlsub", "why", there["id"], "--json")
         assert other.returncode == 0 and json.loads(other.stdout) == [], other.stdout
     finally:
@@ -88,3 +97,49 @@ def test_the_agent_runs_as_its_service_account() -> None:
                    timeout=30)
     uid = int(Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[0])
     assert uid != 0, "the agent runs as root"
+
+
+def test_its_home_is_the_heads_over_the_network_with_root_squashed(directory_user: TestbedUser) -> None:
+    """Every host but the head mounts it from the head (sshfs, root's requests made as nobody's): the user reads
+    and writes there from any host; root, there, reads nothing of it."""
+    home = str(directory_user.home)
+    for host in ("head2", *LOGIN_HOSTS, *NODES):
+        mount = subprocess.run([*on_host(host), "findmnt", "-n", "-o", "FSTYPE,SOURCE", "--mountpoint", home],
+                               capture_output=True, text=True).stdout.split()
+        assert mount == ["fuse.sshfs", f"root@head:{LDAP_USER}"], (host, mount)
+    note = directory_user.home / f".it-{os.getpid()}"
+    directory_user.on_login("login1", "sh", "-c", f'echo written on login1 > "{note}"', check=True)
+    try:
+        read = directory_user.on_node("gpu2", "cat", str(note), check=True)
+        assert read.stdout == "written on login1\n"
+        owner = directory_user.on_login("login2", "stat", "-c", "%u %a", str(note), check=True).stdout.split()
+        assert owner == [str(LDAP_UID), "644"], owner
+        for host in ("login1", "cpu1"):
+            squashed = subprocess.run([*on_host(host), "cat", str(note)], capture_output=True, text=True)
+            assert squashed.returncode != 0 and "Permission denied" in squashed.stderr, (host, squashed)
+            made = subprocess.run([*on_host(host), "touch", f"{home}/by-root"], capture_output=True, text=True)
+            assert made.returncode != 0 and "Permission denied" in made.stderr, (host, made)
+        # Its job store there keeps a rollback journal, never SQLite's WAL (whose shared memory is one host's).
+        listing = directory_user.on_login("login2", "ls", "-a", f"{home}/.dlsub", check=True).stdout.split()
+        assert "dlsub.db" in listing and not any(name.endswith(("-wal", "-shm")) for name in listing), listing
+    finally:
+        directory_user.run("rm", "-f", str(note))
+
+
+def test_submits_at_once_from_both_login_hosts_all_reach_its_one_store(
+        directory_user: TestbedUser, directory_workdir: Path) -> None:
+    """Its store is on a file system whose byte-range locks each host keeps to itself: two login hosts' submits
+    at the same moment must both be kept (SQLite's dot-file locking there, job/user_store.py)."""
+    def submit(host: str) -> dict[str, Any]:
+        out = directory_user.on_login(host, "env", "-C", str(directory_workdir), "dlsub", "--json", "--cpus", "1",
+                                      "--mem", "500M", "--time", "5", TRAIN, "--epochs", "1", check=True)
+        return dict(json.loads(out.stdout))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        jobs = list(pool.map(submit, LOGIN_HOSTS * 2))
+    try:
+        listed = json.loads(directory_user.on_login("login1", "dlsub", "status", "--json", check=True).stdout)
+        assert {j["id"] for j in jobs} <= {j["id"] for j in listed}, (jobs, listed)
+        assert len({j["id"] for j in jobs}) == 4
+    finally:
+        subprocess.run(["scancel", *(str(j["slurm_job_id"]) for j in jobs)], check=False)

@@ -144,3 +144,22 @@ def test_a_lock_left_by_a_killed_command_is_broken_and_a_live_one_waited_for(
     assert lock.exists()
     lock.rmdir()
     assert user_store.JobStore(db).get("0123abcd").id == "0123abcd"
+
+
+def test_under_dot_file_locking_each_statement_opens_the_store_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host caches what it read of a file until it opens it again (NFS's close-to-open, FUSE's page cache), and
+    a dot-file lock makes it read nothing again: a connection kept from one statement to the next read its
+    old pages, and two login hosts' submits at once lost one (the live testbed's sshfs home). Each statement
+    then has a connection of its own; under POSIX locks (a lock revalidates the cache) one serves them all."""
+    table, db = _sshfs_home(tmp_path)
+    monkeypatch.setattr(filesystems, "MOUNTINFO", table)
+    store = user_store.JobStore(db)
+    assert store.locking == "dotfile"
+    first = store.conn
+    assert store.conn is not first
+    store.add(JobRecord("0123abcd", "t", "alice", "/s.py", [], "/j", "cpu", 0, 1, 1, 100, None, "img"))
+    assert store.get("0123abcd").id == "0123abcd"
+    monkeypatch.undo()
+    local = user_store.JobStore(tmp_path / "local.db")
+    assert local.locking == "posix" and local.conn is local.conn
