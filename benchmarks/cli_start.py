@@ -46,13 +46,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=9)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--user", default=USER,
+                        help="whose commands: the testbed user (its home on the machine's disk), or the directory "
+                             "user dlldap (its home on the testbed's sshfs, its store under dot-file locking)")
     args = parser.parse_args()
-    user = TestbedUser(USER)
+    user = TestbedUser(args.user)
     jobs = json.loads(user.dlsub("status", "--all", "--json").stdout)
     if not jobs:
-        raise SystemExit("cli_start: the testbed user has no dlsub job yet: run `make demo` or a test first")
+        raise SystemExit(f"cli_start: {user.name} has no dlsub job yet: run `make demo` or a test first")
     newest = max(jobs, key=lambda j: j["submitted_at"])
-    as_user = ["runuser", "-u", user.name, "--", "env", "-i", *(f"{k}={v}" for k, v in user.env.items())]
+    as_user = ["runuser", "-u", user.name, "--", "env", "-i", "-C", str(user.home),
+               *(f"{k}={v}" for k, v in user.env.items())]
     slurm_id = str(newest["slurm_job_id"])
     commands = {
         "floor": [*as_user, "sh", "-c", f'python3 -c pass && squeue --json --states=all --jobs "{slurm_id}"'],
