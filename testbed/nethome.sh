@@ -110,10 +110,14 @@ nethome_mount() {  # host user
     fi
 }
 
+# Stop one host's daemons of one user's home (by pid file: nothing entered on the host, which may be gone).
+nethome_stop() {  # host user
+    stop_pidfile "$HOSTS_DIR/$1/nethome-$2-squash.pid"
+    stop_pidfile "$HOSTS_DIR/$1/nethome-$2-sshfs.pid"
+}
+
 nethome_unmount() {  # host user
-    local state="$HOSTS_DIR/$1"
-    stop_pidfile "$state/nethome-$2-squash.pid"
-    stop_pidfile "$state/nethome-$2-sshfs.pid"
+    nethome_stop "$1" "$2"
     # What a daemon killed without unmounting left ("Transport endpoint is not connected").
     on_host "$1" umount -l "/home/$2" 2>/dev/null || true
     on_host "$1" umount -l "$NETHOME_RAW/$2" 2>/dev/null || true
@@ -133,8 +137,7 @@ nethome_down() {
     local host name
     for name in $NETHOME_USERS; do
         for host in $(nethome_hosts); do
-            stop_pidfile "$HOSTS_DIR/$host/nethome-$name-squash.pid"
-            stop_pidfile "$HOSTS_DIR/$host/nethome-$name-sshfs.pid"
+            nethome_stop "$host" "$name"
         done
     done
     stop_pidfile "$SSHD_DIR/sshd.pid"
