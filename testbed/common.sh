@@ -151,24 +151,34 @@ started_before() {  # pid file
     [ "$(started "$1")" -le "$(( (written - boot + 1) * ticks_per_s ))" ]
 }
 
-# Stop one daemon by its pid file (only processes we started), waiting for it.
-stop_pidfile() {
-    local pidfile="$1"
-    pid_alive "$pidfile" && stop_pid "$(cat "$pidfile")"
-    rm -f "$pidfile" "$(pid_record "$pidfile")"
+# Stop daemons by their pid files (only processes we started), all at once, waiting for them.
+stop_pidfile() {  # pidfile...
+    local pidfile pids=()
+    for pidfile in "$@"; do
+        pid_alive "$pidfile" && pids+=("$(cat "$pidfile")")
+    done
+    [ ${#pids[@]} -eq 0 ] || stop_pid "${pids[@]}"
+    for pidfile in "$@"; do
+        rm -f "$pidfile" "$(pid_record "$pidfile")"
+    done
 }
 
-# Stop one process we started: TERM, then KILL if it is still there after 10 s.
-stop_pid() {
-    local pid="$1"
-    kill "$pid" 2>/dev/null || true
+# Stop processes we started: TERM to each at once, then KILL to any still there after 10 s. At once, since a
+# Slurm daemon takes 2-4 s to end after its TERM (one after the other, the 4 slurmd, 2 slurmctld and slurmdbd of
+# a version switch took 17 s).
+stop_pid() {  # pid...
+    local pid left=("$@") alive
+    kill "$@" 2>/dev/null || true
     for _ in $(seq 1 50); do
-        kill -0 "$pid" 2>/dev/null || break
+        alive=()
+        for pid in "${left[@]}"; do
+            if kill -0 "$pid" 2>/dev/null; then alive+=("$pid"); fi
+        done
+        [ ${#alive[@]} -gt 0 ] || return 0
+        left=("${alive[@]}")
         sleep 0.2
     done
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -9 "$pid" 2>/dev/null || true
-    fi
+    kill -9 "${left[@]}" 2>/dev/null || true
 }
 
 # One of etc/testbed's Slurm configuration files, for the version that comes up:
@@ -229,18 +239,24 @@ runs_this_slurm() {  # pid
 }
 
 stop_slurm() {
-    local node pid head
+    local node slurmds=()
     for node in $TESTBED_NODES; do
-        stop_pidfile "/run/dlsub-testbed/slurmd-$node.pid"
+        slurmds+=("/run/dlsub-testbed/slurmd-$node.pid")
     done
-    # The backup first: stopped after the primary, it would take control in the meantime.
-    for head in "$HEAD_HOST2" "$HEAD_HOST"; do
-        stop_pidfile "$(slurmctld_pidfile "$head")"
-        pid="$(slurmctld_on_port "$head")"
-        if [ -n "$pid" ]; then
-            stop_pid "$pid"
-        fi
-    done
+    # The backup first, with the slurmds: stopped after the primary, it would take control in the meantime.
+    stop_pidfile "${slurmds[@]}" "$(slurmctld_pidfile "$HEAD_HOST2")"
+    stop_slurmctld_on_port "$HEAD_HOST2"
+    stop_pidfile "$(slurmctld_pidfile "$HEAD_HOST")"
+    stop_slurmctld_on_port "$HEAD_HOST"
+}
+
+# A slurmctld its pid file does not name (another version's, one a killed run left) that holds the port.
+stop_slurmctld_on_port() {  # head
+    local pid
+    pid="$(slurmctld_on_port "$1")"
+    if [ -n "$pid" ]; then
+        stop_pid "$pid"
+    fi
 }
 
 # Every daemon the testbed runs, known by its pid and start from now on (pid_alive records each one it finds

@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,6 +97,51 @@ def test_stopping_by_a_current_pid_file_stops_its_process(tmp_path: Path) -> Non
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan waits for init to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _ignores_term(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    ignored = next(line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:"))
+    return bool(int(ignored, 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def test_several_pid_files_are_stopped_together_the_stubborn_one_killed_the_stranger_left(
+    tmp_path: Path, stranger: subprocess.Popen[bytes]
+) -> None:
+    """stop_pidfile with several files (stop_slurm's slurmds and backup controller): each named daemon TERMed
+    at once and waited for, one that ignores TERM killed after the wait, a stale file's pid left alone, and
+    every file removed."""
+    polite = int(_bash("sleep 60 >/dev/null 2>&1 & echo $!").stdout)
+    ignore_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    stubborn = int(_bash(f'"$1" -c "{ignore_term}" >/dev/null 2>&1 & echo $!', sys.executable).stdout)
+    try:
+        deadline = time.monotonic() + 30
+        while not _ignores_term(stubborn):  # its TERM must find it ignoring TERM, not still starting
+            assert time.monotonic() < deadline, "the stubborn process never came to ignore TERM"
+            time.sleep(0.05)
+        files = []
+        for n, pid in enumerate((polite, stubborn)):
+            (folder := tmp_path / str(n)).mkdir()
+            files.append(_pidfile(folder, pid))
+        (folder := tmp_path / "stale").mkdir()
+        files.append(_pidfile(folder, stranger.pid, written_s_ago=30))
+        result = _bash('stop_pidfile "$@"', *map(str, files))
+        assert result.returncode == 0, result.stderr
+        assert not _running(polite) and not _running(stubborn)
+        assert not any(f.exists() for f in files)
+        assert stranger.poll() is None
+    finally:
+        for pid in (polite, stubborn):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("content", ["", "not-a-pid\n", "-1\n", "999999999\n", "1 2\n"])
