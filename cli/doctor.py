@@ -15,6 +15,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +26,8 @@ from typing import Any
 
 from dlsub.contract import CDI_GPU_KIND, CDI_SPEC_DIRS, SUBMIT_RECORD_PREFIX
 from dlsub.job.agent_client import AgentEndpoint, AgentUnavailable, ask
-from dlsub.job.filesystems import NETWORK_FILESYSTEMS
+from dlsub.job.filesystems import NETWORK_FILESYSTEMS, filesystem_type
+from dlsub.job.settings import HOME_DIR
 from dlsub.job.submit import library_dir
 from dlsub.site_config.policy_file import DEFAULT_PATH as DEFAULT_POLICY_PATH
 from dlsub.site_config.policy_file import AgentPolicy
@@ -54,6 +56,11 @@ class Finding:
 #: Podman's own variables for its configuration files (containers.conf(5), containers-storage.conf(5)): a job
 #: that has them in its environment runs Podman with them, so doctor reads and passes on the ones it is given.
 PODMAN_CONFIG_ENV = ("CONTAINERS_CONF", "CONTAINERS_CONF_OVERRIDE", "CONTAINERS_STORAGE_CONF")
+
+
+#: Run as the user by :meth:`Host.posix_acls` (``python -I -c``: argv[1] is the path).
+_ACL_PROBE = ("import sys; from pathlib import Path; from dlsub.job.filesystems import posix_acls_work; "
+              "print('yes' if posix_acls_work(Path(sys.argv[1])) else 'no')")
 
 
 class Host:
@@ -124,8 +131,19 @@ class Host:
         except (OSError, subprocess.TimeoutExpired) as exc:
             return subprocess.CompletedProcess(list(argv), 127, "", str(exc))
 
+    def posix_acls(self, user: pwd.struct_passwd, path: Path) -> bool | None:
+        """Whether ``path``'s file system keeps POSIX ACLs, by dlsub's own test (``posix_acls_work``, what submit
+        decides by), asked as ``user``: root may be squashed on a home the network serves. None where the
+        question could not be asked."""
+        asked = self.run_as(user, [sys.executable, "-I", "-c", _ACL_PROBE, str(path)])
+        return {"yes": True, "no": False}.get(asked.stdout.strip()) if asked.returncode == 0 else None
+
     def fs_type(self, path: Path) -> str | None:
-        """The file system type of ``path`` as the kernel names it (stat -f), or None if unknown."""
+        """The file system type of ``path`` as the mount table names it (a FUSE one by its subtype, fuse.sshfs,
+        which stat -f calls fuseblk), or as stat -f does where the table cannot be read; None if unknown."""
+        listed = filesystem_type(path)
+        if listed:
+            return listed
         try:
             out = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True,
                                  timeout=10, check=False)
@@ -522,6 +540,33 @@ def check_shared_mounts(present: dict[str, bool]) -> Finding:
     return Finding(name, OK, ", ".join(sorted(present)))
 
 
+def check_job_directories(user: pwd.struct_passwd, home_acls: bool | None, home_fs: str | None,
+                          site_folder: Path | None, site_acls: bool | None) -> Finding:
+    """Where the user's job directories go (job/settings.py ``load_settings``): in their dlsub home where its
+    file system keeps POSIX ACLs (submit lets the agent's account alone in), else in the site's folder (policy.toml
+    [site] job_directories), else in the home by mode bits, where every user can read their progress."""
+    name = f"job directories of {user.pw_name}"
+    home_jobs = Path(user.pw_dir) / HOME_DIR / "jobs"
+    if home_acls is None:
+        return Finding(name, WARN, f"could not ask, as {user.pw_name}, whether {home_jobs}'s file system keeps POSIX "
+                       "ACLs", f"run dlsub doctor --user {user.pw_name} on a host that mounts their home")
+    if home_acls:
+        return Finding(name, OK, f"{home_jobs} (its file system keeps POSIX ACLs: the agent's account alone is let "
+                       "in), unless they set DLSUB_HOME")
+    bare = f"{user.pw_dir} ({home_fs or 'file system unknown'}) keeps no POSIX ACLs"
+    if site_folder is None:
+        return Finding(name, WARN, f"{bare}: {user.pw_name}'s job directories there are opened by mode bits, and "
+                       "every user can read their progress and attempt files",
+                       'policy.toml [site] job_directories = "/scratch/{user}/dlsub-jobs" (a file system every '
+                       "node mounts that keeps POSIX ACLs), or the user sets DLSUB_HOME there")
+    if site_acls is False:
+        return Finding(name, WARN, f"{bare}, and neither does the site's folder for them, {site_folder}: every user "
+                       "can read their progress and attempt files",
+                       "point policy.toml [site] job_directories at a file system that keeps POSIX ACLs")
+    return Finding(name, OK, f"{site_folder} (policy.toml [site] job_directories): {bare}; unless they set "
+                   "DLSUB_HOME")
+
+
 def check_agent(socket_path: AgentEndpoint | Path, status: dict[str, Any] | None, error: str, *,
                 compute_node: str | None = None) -> Finding:
     """The agent answers on its socket; on a compute node, where it does not run, no answer is no problem."""
@@ -746,6 +791,8 @@ def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: st
                                    partition_images=site.partition_images_for(None, host.environ())))
     entry = host.user(user) if user is not None else None
     if entry is not None:
+        probe("job directories", f"run dlsub doctor --user {entry.pw_name} on a host that mounts their home",
+              lambda: _job_directories_check(host, entry, policy))
         probe("site images", slurm_fix, lambda: check_site_images(
             # --all: an older version a newer one was built FROM is an intermediate image, which plain
             # `podman images` hides, and it is the one whose jobs an admin waits for before removing it.
@@ -761,6 +808,13 @@ def _library_check(host: Host, library: Path) -> Finding:
               and not st.st_mode & stat.S_IXOTH]
     return check_library(library, host.stat(library / LIBRARY_ENTRY), host.stat(library), closed,
                          host.fs_type(library))
+
+
+def _job_directories_check(host: Host, entry: pwd.struct_passwd, policy: AgentPolicy) -> Finding:
+    home_acls = host.posix_acls(entry, Path(entry.pw_dir) / HOME_DIR / "jobs")
+    site_folder = policy.site.job_directories_of(entry.pw_name)
+    site_acls = host.posix_acls(entry, site_folder) if home_acls is False and site_folder is not None else None
+    return check_job_directories(entry, home_acls, host.fs_type(Path(entry.pw_dir)), site_folder, site_acls)
 
 
 def _gpu_partitions(client: SlurmClient, policy: AgentPolicy) -> dict[str, int]:

@@ -20,14 +20,14 @@ from dlsub.slurm_plugins.client import SlurmClient
 @click.command()
 @click.option("--user", "user", default=None, metavar="NAME",
               help="Check rootless Podman for this user on this host (subordinate ids, runtime directory, image, "
-                   "storage, containers.conf cgroup settings).")
+                   "storage, containers.conf cgroup settings) and where their job directories go.")
 @click.option("--policy", "policy_path_given", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="The admin's policy file [default: $DLSUB_POLICY or /etc/dlsub/policy.toml].")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object: {ok, checks: [{check, status, detail, fix}]}.")
 def doctor(user: str | None, policy_path_given: Path | None, as_json: bool) -> None:
     """Check that this site can run dlsub: Slurm version, the agent's Operator rights, job_submit.lua,
     cred_expire, GPU gres, the policy's partitions, the agent, clocks, the CDI spec of a GPU node, and rootless
-    Podman for --user. Run it on a compute node too: its checks are that node's own.
+    Podman and where the job directories go for --user. Run it on a compute node too: its checks are that node's own.
     Exits 0 only when nothing blocks dlsub (warnings do not)."""
     try:
         policy = load_policy(policy_path_given)

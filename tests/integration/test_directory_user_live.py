@@ -7,7 +7,8 @@ the admin guide's script (by uid, the same on every host). It submits from login
 runs in the site's image and completes, the second moved from cpu to gpu by the agent; `dlsub why` and
 `dlsub status` answer it on login2 about its own jobs; its 0700 home lets the agent alone pass (submit's
 ACL); another user can neither read its progress nor learn anything of its jobs through `dlsub why`; `dlsub
-doctor` finds its ranges and says it is a directory's user.
+doctor` finds its ranges and says it is a directory's user, and, on a login host, that its job directories go
+to the site's folder since its home keeps no ACLs.
 """
 
 from __future__ import annotations
@@ -90,6 +91,19 @@ def test_doctor_finds_its_ranges_and_says_it_is_a_directorys_user(directory_user
     found = checks[f"subordinate ids of {LDAP_USER}"]
     assert found["status"] == "ok" and "directory's user" in found["detail"], found
     assert checks[f"image of {LDAP_USER}"]["status"] == "ok", checks[f"image of {LDAP_USER}"]
+
+
+def test_doctor_on_a_login_host_says_its_job_directories_go_to_the_sites_folder(
+        directory_user: TestbedUser) -> None:
+    """As root on login1, where its home is the network's (root squashed): doctor asks as dlldap whether the home
+    keeps POSIX ACLs (it does not), and names the site's folder (policy.toml [site] job_directories)."""
+    result = subprocess.run([*on_host("login1"), "dlsub", "doctor", "--user", LDAP_USER, "--json"],
+                            capture_output=True, text=True, timeout=180)
+    checks = {c["check"]: c for c in json.loads(result.stdout)["checks"]}
+    found = checks[f"job directories of {LDAP_USER}"]
+    assert found["status"] == "ok", found
+    assert found["detail"].startswith(f"/scratch/{LDAP_USER}/dlsub-jobs (policy.toml [site] job_directories)"), found
+    assert f"/home/{LDAP_USER} (fuse.sshfs) keeps no POSIX ACLs" in found["detail"], found
 
 
 def test_the_agent_runs_as_its_service_account() -> None:

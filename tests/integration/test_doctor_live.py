@@ -49,7 +49,7 @@ def test_the_testbed_is_ok(user: TestbedUser) -> None:
     for name in ("agent is a Slurm Operator", "job_submit.lua", "cred_expire", "GPU gres", "policy partitions exist",
                  "agent", "clocks", f"image of {USER}", f"subordinate ids of {USER}", "job cgroups",
                  f"container storage of {USER}", "dlsub package for containers", "shared mounts",
-                 f"Podman cgroup settings of {USER}", "site images"):
+                 f"Podman cgroup settings of {USER}", "site images", f"job directories of {USER}"):
         assert checks[name]["status"] == "ok", checks[name]
     # The site's image, in the store every user reads (testbed/up.sh publishes it).
     assert "localhost/dlsub-torch:2.13.0-cpu" in checks["site images"]["detail"], checks["site images"]

@@ -69,6 +69,10 @@ class FakeHost(Host):
         self.env: dict[str, str] = {}
         self.dirs: dict[str, list[str]] = {}  # directories doctor lists (containers.conf.d drop-ins)
         self.real_dirs: list[Path] = []  # temporary directories read as they are (CDI spec directories)
+        self.no_acls: set[str] = set()  # folders whose file system keeps no POSIX ACLs (every other one does)
+        self.acls_unasked = False  # the user's probe of ACLs could not run
+        self.acls_asked: list[tuple[str, str]] = []  # (user, path) of each probe
+        self.home_fs = "ext2/ext3"
 
     def hostname(self) -> str:
         return self.name
@@ -106,7 +110,15 @@ class FakeHost(Host):
         return self.tools.get(command)
 
     def fs_type(self, path: Path) -> str | None:
+        if str(path) == USER.pw_dir:
+            return self.home_fs
         return self.fs if str(path) == self.graph_root else None
+
+    def posix_acls(self, user: pwd.struct_passwd, path: Path) -> bool | None:
+        self.acls_asked.append((user.pw_name, str(path)))
+        if self.acls_unasked:
+            return None
+        return not any(path == Path(f) or Path(f) in path.parents for f in self.no_acls)
 
     def agent_status(self, socket_path: Path) -> dict[str, Any]:
         if self.agent is None:
@@ -133,7 +145,7 @@ def test_a_testbed_like_site_is_ok_on_every_tested_version(version: str) -> None
         "agent is a Slurm Operator": OK, "policy partitions exist": OK, "agent": OK, "subordinate ids": OK,
         "cgroups": WARN, "runtime directory": OK, "image": OK, "job cgroups": OK, "container storage": OK,
         "dlsub package for containers": OK, "shared mounts": OK, "CDI spec": SKIPPED,
-        "Podman cgroup settings": OK, "site images": SKIPPED, "FUSE device": OK}
+        "Podman cgroup settings": OK, "site images": SKIPPED, "FUSE device": OK, "job directories": OK}
     assert not blocking(list(got.values()))
     assert version in got["slurm version"].detail
 
@@ -616,3 +628,78 @@ def test_no_agent_on_a_compute_node_is_no_problem_but_on_a_login_node_it_is(tmp_
     assert not blocking(list(got.values()))
     host.name = "login1"
     assert findings(host=host)["agent"].status == PROBLEM
+
+
+# ---------------------------------------------------------------- where a user's job directories go
+
+
+def _with_job_directories(template: str) -> Any:
+    return parse_policy({"policy": "fifo", "partitions": {"gpu": {"role": "gpu"}, "cpu": {"role": "cpu"}},
+                         "site": {"job_directories": template}})
+
+
+def _job_directories(host: FakeHost, policy: Any = POLICY) -> Finding:
+    found = run_doctor(SlurmClient(runner=cluster()), host, policy, user="alice", image="localhost/img",
+                       socket_path=Path("/run/dlsub/agent.sock"), library=LIBRARY, cdi_dirs=())
+    return next(f for f in found if f.check == "job directories of alice")
+
+
+def test_a_home_that_keeps_acls_keeps_the_job_directories_asked_as_the_user() -> None:
+    host = FakeHost()
+    got = _job_directories(host)
+    assert got.status == OK and "/home/alice/.dlsub/jobs" in got.detail, got
+    assert host.acls_asked == [("alice", "/home/alice/.dlsub/jobs")], "asked as alice: root may be squashed"
+
+
+def test_a_home_without_acls_and_no_site_folder_warns_that_every_user_reads_the_progress() -> None:
+    host = FakeHost()
+    host.no_acls, host.home_fs = {"/home/alice"}, "fuse.sshfs"
+    got = _job_directories(host)
+    assert got.status == WARN, got
+    assert "/home/alice (fuse.sshfs) keeps no POSIX ACLs" in got.detail and "every user can read" in got.detail
+    assert "[site] job_directories" in got.fix and "DLSUB_HOME" in got.fix
+
+
+def test_a_home_without_acls_puts_them_in_the_sites_folder_when_it_keeps_acls() -> None:
+    host = FakeHost()
+    host.no_acls, host.home_fs = {"/home/alice"}, "nfs4"
+    got = _job_directories(host, _with_job_directories("/scratch/{user}/dlsub-jobs"))
+    assert got.status == OK, got
+    assert got.detail.startswith("/scratch/alice/dlsub-jobs (policy.toml [site] job_directories)"), got
+    assert host.acls_asked[-1] == ("alice", "/scratch/alice/dlsub-jobs")
+
+
+def test_a_site_folder_without_acls_either_warns() -> None:
+    host = FakeHost()
+    host.no_acls = {"/home/alice", "/scratch"}
+    got = _job_directories(host, _with_job_directories("/scratch/{user}/dlsub-jobs"))
+    assert got.status == WARN and "/scratch/alice/dlsub-jobs" in got.detail, got
+    assert "POSIX ACLs" in got.fix
+
+
+def test_a_probe_that_could_not_run_warns_and_blocks_nothing() -> None:
+    host = FakeHost()
+    host.acls_unasked = True
+    got = _job_directories(host)
+    assert got.status == WARN and "could not ask, as alice" in got.detail, got
+
+
+def test_the_hosts_probe_answers_as_submit_decides(tmp_path: Path) -> None:
+    """Host.posix_acls runs dlsub's own test as the user (here the caller, so no runuser): the same answer as
+    posix_acls_work in this process, for a folder that exists and one that does not yet."""
+    from dlsub.job.filesystems import posix_acls_work
+    me = pwd.getpwuid(os.getuid())
+    for path in (tmp_path, tmp_path / "not" / "yet"):
+        assert Host().posix_acls(me, path) is posix_acls_work(path)
+
+
+def test_the_hosts_file_system_type_is_the_mount_tables_with_fuses_subtype(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A home on sshfs is fuse.sshfs in the mount table, one of the network file systems, where stat -f says only
+    fuseblk: doctor names it so (the graph root check judges by it)."""
+    table = tmp_path / "mountinfo"
+    table.write_text("22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
+                     "90 22 0:52 / /home/alice rw,nosuid,nodev shared:40 - fuse.sshfs root@head:/alice rw\n")
+    monkeypatch.setattr("dlsub.job.filesystems.MOUNTINFO", table)
+    assert Host().fs_type(Path("/home/alice/.local/share/containers/storage")) == "fuse.sshfs"
+    assert Host().fs_type(Path("/var/lib")) == "ext4"
