@@ -546,10 +546,10 @@ def check_job_directories(user: pwd.struct_passwd, home_acls: bool | None, home_
     file system keeps POSIX ACLs (submit lets the agent's account alone in), else in the site's folder (policy.toml
     [site] job_directories), else in the home by mode bits, where every user can read their progress."""
     name = f"job directories of {user.pw_name}"
-    home_jobs = Path(user.pw_dir) / HOME_DIR / "jobs"
+    home_jobs = _home_jobs(user)
     if home_acls is None:
         return Finding(name, WARN, f"could not ask, as {user.pw_name}, whether {home_jobs}'s file system keeps POSIX "
-                       "ACLs", f"run dlsub doctor --user {user.pw_name} on a host that mounts their home")
+                       "ACLs", _run_where_the_home_is(user))
     if home_acls:
         return Finding(name, OK, f"{home_jobs} (its file system keeps POSIX ACLs: the agent's account alone is let "
                        "in), unless they set DLSUB_HOME")
@@ -565,6 +565,15 @@ def check_job_directories(user: pwd.struct_passwd, home_acls: bool | None, home_
                        "point policy.toml [site] job_directories at a file system that keeps POSIX ACLs")
     return Finding(name, OK, f"{site_folder} (policy.toml [site] job_directories): {bare}; unless they set "
                    "DLSUB_HOME")
+
+
+def _home_jobs(user: pwd.struct_passwd) -> Path:
+    """Where dlsub keeps ``user``'s job directories by default (job/settings.py: $DLSUB_HOME unset)."""
+    return Path(user.pw_dir) / HOME_DIR / "jobs"
+
+
+def _run_where_the_home_is(user: pwd.struct_passwd) -> str:
+    return f"run dlsub doctor --user {user.pw_name} on a host that mounts their home"
 
 
 def check_agent(socket_path: AgentEndpoint | Path, status: dict[str, Any] | None, error: str, *,
@@ -791,8 +800,7 @@ def run_doctor(client: SlurmClient, host: Host, policy: AgentPolicy, *, user: st
                                    partition_images=site.partition_images_for(None, host.environ())))
     entry = host.user(user) if user is not None else None
     if entry is not None:
-        probe("job directories", f"run dlsub doctor --user {entry.pw_name} on a host that mounts their home",
-              lambda: _job_directories_check(host, entry, policy))
+        probe("job directories", _run_where_the_home_is(entry), lambda: _job_directories_check(host, entry, policy))
         probe("site images", slurm_fix, lambda: check_site_images(
             # --all: an older version a newer one was built FROM is an intermediate image, which plain
             # `podman images` hides, and it is the one whose jobs an admin waits for before removing it.
@@ -811,7 +819,7 @@ def _library_check(host: Host, library: Path) -> Finding:
 
 
 def _job_directories_check(host: Host, entry: pwd.struct_passwd, policy: AgentPolicy) -> Finding:
-    home_acls = host.posix_acls(entry, Path(entry.pw_dir) / HOME_DIR / "jobs")
+    home_acls = host.posix_acls(entry, _home_jobs(entry))
     site_folder = policy.site.job_directories_of(entry.pw_name)
     site_acls = host.posix_acls(entry, site_folder) if home_acls is False and site_folder is not None else None
     return check_job_directories(entry, home_acls, host.fs_type(Path(entry.pw_dir)), site_folder, site_acls)

@@ -99,12 +99,17 @@ def test_stopping_by_a_current_pid_file_stops_its_process(tmp_path: Path) -> Non
             os.kill(pid, signal.SIGKILL)
 
 
+def _state(pid: int) -> str | None:
+    """The process's state letter (/proc/PID/stat, after its name in parentheses); None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+    except FileNotFoundError:
+        return None
+
+
 def _running(pid: int) -> bool:
     """Alive and not a zombie (a killed orphan waits for init to reap it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+    return _state(pid) not in (None, "Z")
 
 
 def _ignores_term(pid: int) -> bool:
@@ -160,7 +165,7 @@ def test_a_killed_daemon_not_yet_reaped_is_not_alive(tmp_path: Path) -> None:
         pidfile = _pidfile(tmp_path, process.pid)
         process.kill()
         deadline = time.monotonic() + 20
-        while Path(f"/proc/{process.pid}/stat").read_text().rsplit(") ", 1)[1][0] != "Z":
+        while _state(process.pid) != "Z":
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert _bash('pid_alive "$1"', str(pidfile)).returncode == 1
