@@ -25,15 +25,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
-from livebed import EXAMPLES, TestbedUser, wait_for
+from livebed import EXAMPLES, TestbedUser, attempts, progress_events, wait_for
 
 VENV = Path(os.environ.get("DLSUB_PREFIX", "/opt/dlsub")) / "venv"
 
 
 def progress_steps(job_dir: Path) -> list[tuple[int, float]]:
     """(step, time) of each progress report the training wrote."""
-    events = [json.loads(line) for line in (job_dir / "progress.jsonl").read_text().splitlines()]
-    return [(e["step"], e["time"]) for e in events if e["event"] == "progress"]
+    return [(e["step"], e["time"]) for e in progress_events(str(job_dir), "progress")]
 
 
 def measure(submitted_at: float, job_started_at: float, job_dir: Path, warmup: int) -> dict[str, float]:
@@ -57,8 +56,8 @@ def run_container(user: TestbedUser, workdir: Path, train_args: list[str], parti
     job = user.submit("--partition", partition, str(EXAMPLES / "train_digits.py"), *train_args, cwd=workdir)
     wait_for("container run", slurm_job_gone(user, str(job["slurm_job_id"])), timeout=600, interval=0.5)
     assert user.status(job["id"])["state"] == "COMPLETED", user.dlsub("logs", job["id"]).stdout
-    attempts = [json.loads(line) for line in (Path(job["job_dir"]) / "attempts.jsonl").read_text().splitlines()]
-    started = next(a["time"] for a in attempts if a["event"] == "start")  # the batch script's first line of work
+    # The batch script's first line of work.
+    started = next(a["time"] for a in attempts(job["job_dir"]) if a["event"] == "start")
     return measure(t0, started, Path(job["job_dir"]), warmup=5)
 
 

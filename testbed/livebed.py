@@ -226,7 +226,7 @@ def timed_run(user: TestbedUser, workdir: Path, *args: str, timeout: float = 180
     records = attempts(job["job_dir"])
     start = next(a["time"] for a in records if a["event"] == "start")
     end = next(a["time"] for a in records if a["event"] == "end")
-    progress = [json.loads(line) for line in (Path(job["job_dir"]) / "progress.jsonl").read_text().splitlines()]
+    progress = progress_events(job["job_dir"])
     return end - start, max(float(e.get("peak_rss_mb") or 0) for e in progress)
 
 
@@ -373,16 +373,25 @@ def agent_last_tick(user: TestbedUser) -> float:
     return float(status.get("last_tick") or 0.0)
 
 
+def jsonl_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file a job may be writing as it is read, each line a record; none where it
+    does not exist. Only whole lines count: on the testbed's network home (sshfs) a reader on another host can
+    see a line its writer has not finished, as dlsub's own reader (dlsub.jobdir) allows for."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    whole = text[:text.rfind("\n") + 1]
+    return [json.loads(line) for line in whole.splitlines() if line.strip()]
+
+
 def attempts(job_dir: str) -> list[dict[str, Any]]:
-    path = Path(job_dir) / "attempts.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return jsonl_records(Path(job_dir) / "attempts.jsonl")
 
 
 def progress_events(job_dir: str, kind: str | None = None) -> list[dict[str, Any]]:
     """The job's progress.jsonl events (of one ``kind``, or all), in the order written."""
-    path = Path(job_dir) / "progress.jsonl"
-    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return [e for e in found if kind is None or e.get("event") == kind]
+    return [e for e in jsonl_records(Path(job_dir) / "progress.jsonl") if kind is None or e.get("event") == kind]
 
 
 def reports_on(job_dir: str, gpu_type: str) -> int:

@@ -32,6 +32,7 @@ from livebed import (
     kill_slurmd,
     node_back,
     processes_of_job,
+    progress_events,
     set_link,
     slurm_job,
     slurm_jobs,
@@ -306,7 +307,7 @@ def _lost_node_fenced_and_resumed(user: TestbedUser, workdir: Path, lose: Callab
     assert final["attempts"] == 2
     # Nothing the orphaned attempt wrote after the newer one began: no progress record, no checkpoint kept.
     orphan, newer_began = f"{starts[0]['slurm_job_id']}-0", starts[1]["time"]
-    progress = [json.loads(line) for line in (Path(job["job_dir"]) / "progress.jsonl").read_text().splitlines()]
+    progress = progress_events(job["job_dir"])
     late = [e for e in progress if e.get("attempt") == orphan and e["time"] >= newer_began]
     late += [m for _, path in checkpoint_files(Path(job["job_dir"]) / "checkpoints")
              if (m := checkpoint_meta(path)).get("attempt") == orphan and m["time"] >= newer_began]

@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from livebed import AGENT_USER, REPO, TestbedUser, put, wait_for
+from livebed import AGENT_USER, REPO, TestbedUser, progress_events, put, wait_for
 
 PLAIN = """
 import time
@@ -68,8 +68,7 @@ def _output(job: dict) -> str:
 
 
 def _events(job: dict, kind: str) -> list[dict]:
-    path = Path(job["job_dir"]) / "progress.jsonl"
-    return [e for e in map(json.loads, path.read_text().splitlines()) if e.get("event") == kind]
+    return progress_events(job["job_dir"], kind)
 
 
 def test_cancel_of_a_script_that_ignores_the_library_is_gone_within_10_s(user: TestbedUser, workdir: Path) -> None:

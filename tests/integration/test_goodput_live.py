@@ -31,7 +31,6 @@ scaler measured itself as fast on 2 nodes and kept them (the test waited
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from livebed import EXAMPLES, TestbedUser, agent_policy, slurm_job, wait_for, wait_until_quiet
+from livebed import EXAMPLES, TestbedUser, agent_policy, progress_events, slurm_job, wait_for, wait_until_quiet
 
 TRAIN = str(EXAMPLES / "train_digits.py")
 # Elastic, 1 to 2 nodes of 2 GPUs, 1 CPU and 1 GB each (two fit on one testbed node).
@@ -58,9 +57,7 @@ def goodput_agent() -> Iterator[None]:
 
 
 def starts(job_dir: str) -> list[dict[str, Any]]:
-    path = Path(job_dir) / "progress.jsonl"
-    events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    return [e for e in events if e.get("event") == "start"]
+    return progress_events(job_dir, "start")
 
 
 def world_size(job_dir: str) -> int:
@@ -70,10 +67,8 @@ def world_size(job_dir: str) -> int:
 
 def reports_at(job_dir: str, world: int) -> int:
     """Progress reports since the group last started at ``world`` processes."""
-    path = Path(job_dir) / "progress.jsonl"
     count, current = 0, None
-    for line in path.read_text().splitlines() if path.exists() else []:
-        event = json.loads(line)
+    for event in progress_events(job_dir):
         if event.get("event") == "start":
             current, count = event.get("world_size"), 0
         elif event.get("event") == "progress" and current == world:
